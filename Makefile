@@ -1,0 +1,25 @@
+# Developer entry points. `make test` is what CI runs (.ci/run).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# Stamp file: reinstall only when the dependency list changes.
+STAMP := $(VENV)/.installed
+
+.PHONY: venv test demo
+
+venv: $(STAMP)
+
+# torch is installed first and exactly: a bare `torch` requirement can resolve to the
+# multi-GB CUDA build, while this pin lets pip take the local CPU wheel.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install torch==2.13.0
+	$(BIN)/python -m pip install -e '.[dev]'
+	touch $(STAMP)
+
+test: venv
+	$(BIN)/python -m pytest -q tests
+
+demo: venv
+	$(BIN)/plan check demo:mlp --mesh 4 --steps 3
+	$(BIN)/plan demo:gpt --mesh 2x2

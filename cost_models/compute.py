@@ -1,0 +1,43 @@
+"""Analytical compute cost: the roofline model.
+
+An op takes as long as the slower of doing its arithmetic at peak FLOP/s and moving its
+bytes at peak memory bandwidth (Williams, Waterman & Patterson, "Roofline: an insightful
+visual performance model for multicore architectures", CACM 2009).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from planner.cluster import DeviceSpec
+
+# torch dtype -> key of DeviceSpec.peak_tflops. Only dtypes datasheets quote a peak for.
+_DTYPE_KEYS: dict[torch.dtype, str] = {
+    torch.float32: "fp32",
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.float8_e4m3fn: "fp8",
+    torch.float8_e5m2: "fp8",
+}
+
+
+def dtype_key(dtype: torch.dtype) -> str:
+    """The `DeviceSpec.peak_tflops` key for a torch dtype, e.g. torch.bfloat16 -> 'bf16'.
+
+    Dtypes with no datasheet peak (int64, bool, float64, ...) map to their own name
+    ('int64'), which `op_time` then treats like any unlisted key: at the fp32 peak.
+    """
+    return _DTYPE_KEYS.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def op_time(flops: float, bytes_moved: float, device: DeviceSpec, dtype: str) -> float:
+    """Roofline time in seconds: max(flops / peak FLOP/s, bytes / memory bandwidth).
+
+    `dtype` is a `dtype_key`; a key the device lists no peak for uses its fp32 peak.
+    """
+    if flops < 0 or bytes_moved < 0:
+        raise ValueError(f"flops and bytes_moved must be >= 0, got {flops} and {bytes_moved}")
+    peaks = device.peak_tflops
+    peak_flops = peaks.get(dtype, peaks["fp32"]) * 1e12
+    bandwidth = device.memory_bandwidth_gbs * 1e9
+    return max(flops / peak_flops, bytes_moved / bandwidth)
