@@ -41,3 +41,26 @@ def op_time(flops: float, bytes_moved: float, device: DeviceSpec, dtype: str) ->
     peak_flops = peaks.get(dtype, peaks["fp32"]) * 1e12
     bandwidth = device.memory_bandwidth_gbs * 1e9
     return max(flops / peak_flops, bytes_moved / bandwidth)
+
+
+def op_flops(op: object, args: tuple, kwargs: dict, out: object) -> float:
+    """FLOPs of one aten op call, with tensors (real, fake or meta) as arguments.
+
+    Matmuls, convolutions and attention use PyTorch's own formulas
+    (`torch.utils.flop_counter`); every other op is charged one FLOP per output element,
+    which only matters through the roofline's bandwidth side anyway.
+    """
+    from torch.utils.flop_counter import flop_registry
+
+    packet = getattr(op, "overloadpacket", op)
+    formula = flop_registry.get(packet)
+    if formula is not None:
+        return float(formula(*args, **kwargs, out_val=out))
+    leaves = torch.utils._pytree.tree_leaves(out)
+    return float(sum(t.numel() for t in leaves if isinstance(t, torch.Tensor)))
+
+
+def tensor_bytes(values: object) -> int:
+    """Bytes of every tensor in a (nested) value."""
+    leaves = torch.utils._pytree.tree_leaves(values)
+    return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))

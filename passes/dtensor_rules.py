@@ -1,0 +1,239 @@
+"""The one module that touches DTensor's private sharding API.
+
+Everything Tessel needs from DTensor internals goes through here, so a torch upgrade breaks
+one file: the fake process group that builds meshes of any size without processes, the
+registered op strategies (the node choices of the intra-op ILP), and the redistribution
+planner (the collectives an edge of the ILP costs). Tested on torch 2.13 (pyproject pins it).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
+from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, TupleStrategy
+from torch.distributed.tensor._ops.single_dim_strategy import (
+    _expand_single_dim_strategy_to_mesh,
+)
+from torch.distributed.tensor._redistribute import (
+    _gen_transform_infos,
+    _optimize_transform_infos,
+)
+
+Placements = tuple[Placement, ...]
+
+# DTensor warns on every unflattened multi-axis reduction; the planner costs those itself.
+logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+
+# How DTensor's redistribution planner names the collective a transform needs; Tessel's
+# communication vocabulary is the same (cost_models.comm.COLLECTIVE_KINDS).
+_COLLECTIVE_OF_TRANSFORM = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
+
+
+def fake_mesh(mesh_shape: Sequence[int]) -> DeviceMesh:
+    """A DeviceMesh of any shape with no processes behind it, for planning.
+
+    Uses torch's fake process group: collectives are accepted and do nothing. Replaces a
+    fake group left by an earlier call; refuses to replace a real one.
+    """
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    world = 1
+    for size in mesh_shape:
+        world *= size
+    if dist.is_initialized():
+        if dist.get_backend() != "fake":
+            raise RuntimeError(
+                "planning needs a fake process group but a real one is initialized; "
+                "plan before init_process_group or in another process"
+            )
+        if dist.get_world_size() != world:
+            dist.destroy_process_group()
+    if not dist.is_initialized():
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    return init_device_mesh("cpu", tuple(mesh_shape))
+
+
+def tensor_meta(value: torch.Tensor) -> TensorMeta:
+    return TensorMeta(value.shape, value.stride(), value.dtype)
+
+
+def spec(mesh: DeviceMesh, placements: Placements, meta: TensorMeta | None) -> DTensorSpec:
+    return DTensorSpec(mesh, tuple(placements), tensor_meta=meta)
+
+
+@dataclass(frozen=True)
+class OpChoice:
+    """One way DTensor can run an op: the placements it needs and the ones it produces."""
+
+    inputs: tuple[Placements | None, ...]
+    """Required placement of each tensor argument, in flattened argument order."""
+    outputs: tuple[Placements | None, ...]
+    """Placement of each tensor output (one entry for single-output ops)."""
+
+
+def has_rule(op: torch._ops.OpOverload) -> bool:
+    prop = DTensor._op_dispatcher.sharding_propagator
+    return op in prop.op_strategy_funcs or op in prop.op_single_dim_strategy_funcs
+
+
+def op_choices(
+    op: torch._ops.OpOverload,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    mesh: DeviceMesh,
+    candidate_inputs: Sequence[Sequence[Placements]],
+    output_meta: TensorMeta | Sequence[TensorMeta | None] | None,
+) -> list[OpChoice] | None:
+    """Every strategy DTensor registers for `op`, or None when it has no rule.
+
+    `args`/`kwargs` hold `TensorMeta` in place of each tensor argument (flattened order),
+    and `candidate_inputs[i]` the placements the i-th tensor argument may arrive in; rules
+    that follow their inputs (pointwise, views) only propose those.
+    """
+    prop = DTensor._op_dispatcher.sharding_propagator
+    single_dim = prop.op_single_dim_strategy_funcs.get(op)
+    full = prop.op_strategy_funcs.get(op)
+    if single_dim is None and full is None:
+        return None
+
+    flat, treedef = torch.utils._pytree.tree_flatten(
+        (args, kwargs), is_leaf=lambda a: isinstance(a, TensorMeta)
+    )
+    tensor_positions = [i for i, a in enumerate(flat) if isinstance(a, TensorMeta)]
+    for position, candidates in zip(tensor_positions, candidate_inputs):
+        meta = flat[position]
+        if single_dim is not None:
+            # Single-dim rules read the one current placement of each input only to learn
+            # which shard types fill their placeholders, then propose every combination.
+            candidates = [_representative(candidates)]
+        flat[position] = OpStrategy([OpSpec(spec(mesh, p, meta)) for p in candidates])
+    strategy_args, strategy_kwargs = torch.utils._pytree.tree_unflatten(flat, treedef)
+    schema_info = (
+        prop.op_to_schema_info_for_single_dim_strategy.get(op)
+        if single_dim is not None
+        else prop.op_to_schema_info.get(op)
+    )
+    schema = OpSchema(op, tuple(strategy_args), strategy_kwargs, schema_info=schema_info)
+    if single_dim is not None:
+        expand = _expand_single_dim_strategy_to_mesh(mesh, schema, single_dim, output_meta)
+        strategy = expand(op, schema.args_meta, schema.kwargs_meta)
+    else:
+        strategy = full(schema)
+    return [_as_choice(s, len(tensor_positions)) for s in _op_specs(strategy)]
+
+
+def _representative(candidates: Sequence[Placements]) -> Placements:
+    sharded = [p for p in candidates if any(isinstance(x, Shard) for x in p)]
+    return (sharded or list(candidates))[0]
+
+
+def _op_specs(strategy: OpStrategy | TupleStrategy) -> list[OpSpec]:
+    if isinstance(strategy, OpStrategy):
+        return list(strategy.strategies)
+    raise NotImplementedError(f"tuple strategies are not supported: {strategy}")
+
+
+def _as_choice(op_spec: OpSpec, num_tensor_args: int) -> OpChoice:
+    outputs = op_spec.output_specs
+    if isinstance(outputs, DTensorSpec):
+        out = (outputs.placements,)
+    else:
+        out = tuple(o.placements if o is not None else None for o in outputs)
+    if op_spec.input_specs is None:
+        inputs = (out[0],) * num_tensor_args
+    else:
+        inputs = tuple(s.placements if s is not None else None for s in op_spec.input_specs)
+    return OpChoice(inputs=inputs, outputs=out)
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective DTensor issues to redistribute a tensor."""
+
+    kind: str
+    """'all_reduce', 'all_gather', 'reduce_scatter' or 'all_to_all'."""
+    mesh_dims: tuple[int, ...]
+    """Mesh axes the collective runs over (several when DTensor flattens them into one)."""
+    nbytes: int
+    """Bytes of the larger of the collective's local input and output buffers."""
+
+
+def redistribution(
+    mesh: DeviceMesh, meta: TensorMeta, src: Placements, dst: Placements
+) -> list[Collective]:
+    """The collectives DTensor's `redistribute` issues to move a tensor from `src` to `dst`.
+
+    Asks DTensor's own planner (and its merging of same-kind collectives over several mesh
+    axes), so a plan's predicted collectives are the ones the runtime issues.
+    """
+    if tuple(src) == tuple(dst):
+        return []
+    src_spec, dst_spec = spec(mesh, src, meta), spec(mesh, dst, meta)
+    infos = _gen_transform_infos(src_spec, dst_spec)
+    infos = _optimize_transform_infos(infos, mesh, src_spec.placements, dst_spec.placements)
+    itemsize = meta.dtype.itemsize
+    collectives = []
+    for info in infos:
+        kind = info._comm_type_key()
+        if kind is None:
+            continue
+        dims = getattr(info, "original_mesh_dims", (info.mesh_dim,))
+        group = 1
+        for d in dims:
+            group *= mesh.size(d)
+        # logical_shape is the tensor as seen on this mesh axis (already split by the axes
+        # before it); the un-split side of the collective is that whole shape.
+        full = itemsize
+        for size in info.logical_shape:
+            full *= int(size)
+        nbytes = full if kind != "all_to_all" else full // group
+        collectives.append(Collective(kind, tuple(dims), nbytes))
+    return collectives
+
+
+def placement_str(placements: Placements | None) -> str:
+    """DTensor's compact form: 'S(0)R', 'P', ... (the form used in plans and logs)."""
+    if placements is None:
+        return "-"
+    return "".join(_one(p) for p in placements)
+
+
+def _one(p: Placement) -> str:
+    if isinstance(p, Shard):
+        return f"S({p.dim})"
+    if isinstance(p, Replicate):
+        return "R"
+    if isinstance(p, Partial):
+        return "P" if p.reduce_op == "sum" else f"P({p.reduce_op})"
+    return str(p)
+
+
+def parse_placements(text: str) -> Placements:
+    """Inverse of `placement_str`: 'S(0)R' -> (Shard(0), Replicate())."""
+    out: list[Placement] = []
+    i = 0
+    while i < len(text):
+        if text.startswith("S(", i):
+            end = text.index(")", i)
+            out.append(Shard(int(text[i + 2 : end])))
+            i = end + 1
+        elif text[i] == "R":
+            out.append(Replicate())
+            i += 1
+        elif text.startswith("P(", i):
+            end = text.index(")", i)
+            out.append(Partial(text[i + 2 : end]))
+            i = end + 1
+        elif text[i] == "P":
+            out.append(Partial())
+            i += 1
+        else:
+            raise ValueError(f"cannot parse placement {text!r} at position {i}")
+    return tuple(out)

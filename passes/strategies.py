@@ -1,0 +1,321 @@
+"""Candidate sharding strategies of every node of a traced training step on a logical mesh.
+
+A strategy says, for one node, which placement each tensor input must arrive in and which
+placement each output leaves in, what the node then costs in compute time on one device,
+and how many bytes it keeps resident. The choices come from DTensor's registered op rules
+(`passes.dtensor_rules`); an op without a rule gets one strategy, everything replicated,
+and is reported as a fallback. Ops that create tensors from nothing (arange, full) produce
+replicated values.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import operator
+from dataclasses import dataclass, replace
+from typing import Iterable, Sequence
+
+import torch
+import torch.fx as fx
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Partial, Replicate, Shard
+
+from cost_models.compute import dtype_key, op_flops, op_time, tensor_bytes
+from passes.dtensor_rules import Placements, has_rule, op_choices, tensor_meta
+from passes.trace import TracedProgram
+from planner.cluster import DeviceSpec
+
+# Parameter, gradient and AdamW's two moments, all in the parameter's dtype.
+TRAINING_STATE_COPIES = 4
+
+# Graph nodes that carry no computation to shard: shape assertions from export.
+_SKIPPED_OPS = {torch.ops.aten._assert_tensor_metadata.default}
+
+_aten = torch.ops.aten
+# Ops that read only the shape and dtype of their tensor inputs. Planned as factories
+# (replicated output, inputs never moved): the seed of the backward pass, `full_like(loss)`,
+# must not force the loss to be reduced first.
+SHAPE_ONLY_OPS = {
+    _aten.full_like.default,
+    _aten.ones_like.default,
+    _aten.zeros_like.default,
+    _aten.empty_like.default,
+}
+
+Source = tuple[str, int]
+"""Where a tensor comes from: (node name, output index); index 0 for single-output nodes."""
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One way to run one node."""
+
+    inputs: tuple[Placements, ...]
+    """Required placement of each tensor input, aligned with `NodeStrategies.sources`."""
+    outputs: tuple[Placements | None, ...]
+    """Placement of each tensor output (None where the op returns no tensor there)."""
+    compute_s: float
+    """Time of the node's local computation on one device, in seconds."""
+    memory_bytes: float
+    """Bytes the node keeps resident per device: training state for parameters, saved
+    activations for forward values the backward reads."""
+    produced: Placements | None = None
+    """When set, the op itself produces its (single) output in this placement, a partial
+    sum, and the node reduces it to `outputs[0]` at once. A value read by several
+    consumers is then reduced once, not once per consumer."""
+
+
+@dataclass
+class NodeStrategies:
+    """All strategies of one node."""
+
+    name: str
+    kind: str
+    """'parameter', 'buffer', 'input', 'op', 'factory' (no tensor inputs) or 'fallback'
+    (no sharding rule: replicated)."""
+    sources: tuple[Source, ...]
+    """The producer of each tensor input."""
+    strategies: list[Strategy]
+
+
+def is_skipped(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target in _SKIPPED_OPS
+
+
+def source_of(node: fx.Node) -> Source:
+    """(producer, output index) of a value; `getitem` nodes are views of their producer."""
+    if node.op == "call_function" and node.target is operator.getitem:
+        producer, index = node.args
+        return producer.name, int(index)
+    return node.name, 0
+
+
+def tensor_inputs(node: fx.Node) -> list[fx.Node]:
+    """Tensor-valued input nodes in flattened argument order (the order DTensor uses);
+    none for ops that only read their inputs' shapes."""
+    if node.target in SHAPE_ONLY_OPS:
+        return []
+    leaves = torch.utils._pytree.tree_leaves((node.args, node.kwargs))
+    return [a for a in leaves if isinstance(a, fx.Node) and _is_tensor(a)]
+
+
+def _is_tensor(node: fx.Node) -> bool:
+    return isinstance(node.meta.get("val"), torch.Tensor)
+
+
+def output_value(program: TracedProgram, source: Source) -> torch.Tensor:
+    value = program.nodes[source[0]].meta["val"]
+    return value[source[1]] if isinstance(value, (tuple, list)) else value
+
+
+def enumerate_strategies(
+    program: TracedProgram, mesh: DeviceMesh, device: DeviceSpec
+) -> dict[str, NodeStrategies]:
+    """Strategies of every placeholder and op node, in graph order."""
+    table: dict[str, NodeStrategies] = {}
+    saved = _saved_for_backward(program)
+    for node in program.graph.nodes:
+        if node.op == "placeholder":
+            table[node.name] = _placeholder(program, node, mesh)
+        elif node.op == "call_function" and node.target is not operator.getitem:
+            if is_skipped(node):
+                continue
+            table[node.name] = _op(node, table, program, mesh, device, node.name in saved)
+    return table
+
+
+def shardable_placements(shape: Sequence[int], mesh: DeviceMesh) -> list[Placements]:
+    """Every Replicate/Shard combination that splits `shape` evenly over `mesh`."""
+    options = [[Replicate()] + [Shard(d) for d in range(len(shape))]] * mesh.ndim
+    return [p for p in itertools.product(*options) if is_even(p, shape, mesh)]
+
+
+def is_even(placements: Placements | None, shape: Sequence[int], mesh: DeviceMesh) -> bool:
+    """True when every sharded dimension divides evenly (so every rank holds equal bytes)."""
+    if placements is None:
+        return True
+    ways = [1] * len(shape)
+    for axis, p in enumerate(placements):
+        if isinstance(p, Shard):
+            if p.dim >= len(shape):
+                return False
+            ways[p.dim] *= mesh.size(axis)
+        elif isinstance(p, Partial):
+            if p.reduce_op not in ("sum", "avg"):
+                return False  # the reductions gradients and losses need
+        elif not isinstance(p, Replicate):
+            return False  # strided and other exotic shardings are not planned for
+    return all(size % w == 0 for size, w in zip(shape, ways))
+
+
+def shard_factor(placements: Placements | None, mesh: DeviceMesh) -> int:
+    """Into how many pieces a placement splits a tensor's data (Partial counts as split
+    work: each rank computed a partial sum)."""
+    if placements is None:
+        return 1
+    return math.prod(mesh.size(a) for a, p in enumerate(placements) if not p.is_replicate())
+
+
+def _placeholder(program: TracedProgram, node: fx.Node, mesh: DeviceMesh) -> NodeStrategies:
+    value = node.meta["val"]
+    if node.name in program.parameters:
+        kind, copies = "parameter", TRAINING_STATE_COPIES
+    elif node.name in program.buffers:
+        kind, copies = "buffer", 1
+    else:
+        kind, copies = "input", 1
+    nbytes = tensor_bytes(value) * copies
+    strategies = [
+        Strategy((), (p,), 0.0, nbytes / shard_factor(p, mesh))
+        for p in shardable_placements(value.shape, mesh)
+    ]
+    return NodeStrategies(node.name, kind, (), strategies)
+
+
+def _op(
+    node: fx.Node,
+    table: dict[str, NodeStrategies],
+    program: TracedProgram,
+    mesh: DeviceMesh,
+    device: DeviceSpec,
+    saved: bool,
+) -> NodeStrategies:
+    inputs = tensor_inputs(node)
+    sources = tuple(source_of(a) for a in inputs)
+    value = node.meta.get("val")
+    flops = op_flops(node.target, *_meta_call(node), value)
+    traffic = tensor_bytes(value) + sum(tensor_bytes(a.meta["val"]) for a in inputs)
+    dtype = dtype_key(_first_tensor(value).dtype) if _first_tensor(value) is not None else "fp32"
+    out_bytes = tensor_bytes(value) if saved else 0
+
+    def strategy(ins: tuple[Placements, ...], outs: tuple[Placements | None, ...]) -> Strategy:
+        split = shard_factor(outs[0], mesh)
+        return Strategy(
+            ins, outs, op_time(flops / split, traffic / split, device, dtype), out_bytes / split
+        )
+
+    replicated = tuple(Replicate() for _ in range(mesh.ndim))
+    n_out = len(value) if isinstance(value, (tuple, list)) else 1
+    all_replicated = strategy(
+        tuple(replicated for _ in inputs), tuple(replicated for _ in range(n_out))
+    )
+    if not inputs:
+        return NodeStrategies(node.name, "factory", sources, [all_replicated])
+    if not has_rule(node.target):
+        return NodeStrategies(node.name, "fallback", sources, [all_replicated])
+
+    candidates = [_distinct_outputs(table[name], index) for name, index in sources]
+    args, kwargs = _meta_args(node)
+    out_meta = _output_meta(value)
+    try:
+        choices = op_choices(node.target, args, kwargs, mesh, candidates, out_meta)
+    except Exception:  # noqa: BLE001 - a rule that cannot handle these args: fall back
+        choices = None
+    if choices is None:
+        return NodeStrategies(node.name, "fallback", sources, [all_replicated])
+
+    shapes_in = [a.meta["val"].shape for a in inputs]
+    shapes_out = [t.shape if isinstance(t, torch.Tensor) else () for t in _as_tuple(value)]
+    seen: set = set()
+    strategies = []
+    for choice in choices:
+        key = (choice.inputs, choice.outputs)
+        if key in seen or len(choice.inputs) != len(inputs):
+            continue
+        if not all(is_even(p, s, mesh) for p, s in zip(choice.inputs, shapes_in)):
+            continue
+        if not all(is_even(p, s, mesh) for p, s in zip(choice.outputs, shapes_out)):
+            continue
+        seen.add(key)
+        strategies.append(strategy(choice.inputs, choice.outputs))
+        if len(choice.outputs) == 1 and choice.outputs[0] is not None:
+            strategies.extend(_reduced_variants(strategies[-1], shapes_out[0], mesh))
+    if not strategies:
+        return NodeStrategies(node.name, "fallback", sources, [all_replicated])
+    return NodeStrategies(node.name, "op", sources, strategies)
+
+
+def _reduced_variants(partial: Strategy, shape: Sequence[int], mesh: DeviceMesh) -> list[Strategy]:
+    """The strategy followed by an immediate reduction of its partial-sum output: to
+    replicated (all-reduce) or to a shard of one dimension (reduce-scatter)."""
+    produced = partial.outputs[0]
+    axes = [a for a, p in enumerate(produced) if isinstance(p, Partial)]
+    if not axes:
+        return []
+    targets = [Replicate()] + [Shard(d) for d in range(len(shape))]
+    variants = []
+    for target in targets:
+        out = tuple(target if a in axes else p for a, p in enumerate(produced))
+        if is_even(out, shape, mesh):
+            variants.append(replace(partial, outputs=(out,), produced=produced))
+    return variants
+
+
+def _distinct_outputs(producer: NodeStrategies, index: int) -> list[Placements]:
+    out: list[Placements] = []
+    for s in producer.strategies:
+        p = s.outputs[index]
+        if p is not None and p not in out:
+            out.append(p)
+    return out
+
+
+def _as_tuple(value: object) -> tuple:
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+def _first_tensor(value: object) -> torch.Tensor | None:
+    return next((t for t in _as_tuple(value) if isinstance(t, torch.Tensor)), None)
+
+
+def _output_meta(value: object):
+    if isinstance(value, (tuple, list)):
+        return tuple(tensor_meta(t) if isinstance(t, torch.Tensor) else None for t in value)
+    return tensor_meta(value) if isinstance(value, torch.Tensor) else None
+
+
+def _meta_args(node: fx.Node) -> tuple[tuple, dict]:
+    """The node's arguments with `TensorMeta` in place of every tensor input."""
+
+    def convert(a: object) -> object:
+        if isinstance(a, fx.Node):
+            v = a.meta.get("val")
+            return tensor_meta(v) if isinstance(v, torch.Tensor) else v
+        return a
+
+    return (
+        torch.utils._pytree.tree_map(convert, node.args),
+        torch.utils._pytree.tree_map(convert, node.kwargs),
+    )
+
+
+def _meta_call(node: fx.Node) -> tuple[tuple, dict]:
+    """The node's arguments with each input node replaced by its traced value."""
+
+    def convert(a: object) -> object:
+        return a.meta.get("val") if isinstance(a, fx.Node) else a
+
+    return (
+        torch.utils._pytree.tree_map(convert, node.args),
+        torch.utils._pytree.tree_map(convert, node.kwargs),
+    )
+
+
+def _saved_for_backward(program: TracedProgram) -> set[str]:
+    """Forward values that some backward node reads: the activations training keeps."""
+    saved = set()
+    for node in program.graph.nodes:
+        if node.meta.get("tessel_phase") != "forward" or node.op != "call_function":
+            continue
+        if any(u.meta.get("tessel_phase") == "backward" for u in node.users):
+            saved.add(source_of(node)[0])
+    return saved
+
+
+def fallback_nodes(table: dict[str, NodeStrategies]) -> list[str]:
+    return [name for name, s in table.items() if s.kind == "fallback"]
+
+
+def count_choices(table: dict[str, NodeStrategies]) -> Iterable[int]:
+    return (len(s.strategies) for s in table.values())

@@ -1,0 +1,221 @@
+"""Trace a model and its loss into one aten-level training graph (forward + backward).
+
+`torch.export` (non-strict) captures the forward with shapes, dtypes and module paths on
+every node; `_export_forward_backward` then adds the backward, so the graph the planner
+shards is the whole training step, as Alpa's is. The graph is the IR: every node keeps
+`meta["val"]` and gains two annotations:
+
+- `meta["tessel_module"]`: the module path the node came from ("blocks.0.attn"); backward
+  nodes take the path of the forward values they consume.
+- `meta["tessel_phase"]`: "forward" or "backward".
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+LossFn = Callable[..., torch.Tensor]
+
+
+class TraceError(RuntimeError):
+    """The model could not be traced; the message says where and what to try."""
+
+
+@dataclass
+class TracedProgram:
+    """The training step of one model as an aten graph, with its inputs and outputs named."""
+
+    graph_module: fx.GraphModule
+    """Joint forward + backward graph; placeholders are parameters, buffers, then inputs."""
+    parameters: dict[str, str]
+    """Placeholder node name -> parameter fully qualified name."""
+    buffers: dict[str, str]
+    """Placeholder node name -> buffer fully qualified name."""
+    user_inputs: list[str]
+    """Placeholder node names of the example inputs, in call order."""
+    loss: str
+    """Node name of the scalar loss."""
+    gradients: dict[str, str]
+    """Output node name -> fully qualified name of the parameter it is the gradient of."""
+    method: str = "torch.export"
+    """How the graph was captured: 'torch.export' or 'symbolic_trace'."""
+    nodes: dict[str, fx.Node] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.nodes = {n.name: n for n in self.graph_module.graph.nodes}
+
+    @property
+    def graph(self) -> fx.Graph:
+        return self.graph_module.graph
+
+
+class TrainingObjective(nn.Module):
+    """`model` followed by its loss, so that one export captures the whole objective.
+
+    Without a loss function the loss is the mean of the squared first tensor output, which
+    exercises every output element's gradient and needs no labels.
+    """
+
+    def __init__(self, model: nn.Module, loss_fn: LossFn | None = None) -> None:
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+
+    def forward(self, *inputs: Any) -> torch.Tensor:
+        output = self.model(*inputs)
+        if self.loss_fn is not None:
+            return self.loss_fn(output, *inputs)
+        first = next(t for t in torch.utils._pytree.tree_leaves(output) if torch.is_tensor(t))
+        return (first.float() * first.float()).mean()
+
+
+def trace(
+    model: nn.Module, example_inputs: tuple[Any, ...], loss_fn: LossFn | None = None
+) -> TracedProgram:
+    """Capture the training step of `model` on `example_inputs` as a joint aten graph.
+
+    Parameter and buffer names are the model's own (no wrapper prefix).
+    """
+    objective = TrainingObjective(model, loss_fn)
+    try:
+        exported = _export(objective, example_inputs)
+        method = "torch.export"
+    except TraceError:
+        raise
+    except Exception as export_error:  # noqa: BLE001 - any export failure tries the fallback
+        exported = _export_via_symbolic_trace(objective, example_inputs, export_error)
+        method = "symbolic_trace"
+    forward = exported.run_decompositions()
+    from torch.export.experimental import _export_forward_backward
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        joint = _export_forward_backward(forward, joint_loss_index=0)
+    return _program(joint, forward, method)
+
+
+def _export(objective: nn.Module, example_inputs: tuple[Any, ...]) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.export.export(objective, tuple(example_inputs), strict=False)
+
+
+def _export_via_symbolic_trace(
+    objective: nn.Module, example_inputs: tuple[Any, ...], export_error: Exception
+) -> Any:
+    """Retry through `torch.fx.symbolic_trace`, which handles some Python that export cannot."""
+    try:
+        traced = torch.fx.symbolic_trace(objective)
+        return _export(traced, example_inputs)
+    except Exception:  # noqa: BLE001 - report the export error, the more informative one
+        raise TraceError(describe_trace_failure(export_error)) from export_error
+
+
+def describe_trace_failure(error: Exception) -> str:
+    """One short message: where tracing failed, why, and what to try."""
+    text = str(error).strip().splitlines()
+    reason = text[0] if text else type(error).__name__
+    where = ""
+    tb = error.__traceback__
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    user = [f for f in frames if "site-packages/torch" not in f.f_code.co_filename]
+    if user:
+        frame = user[-1]
+        where = f" at {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+    return (
+        f"could not trace the model{where}: {reason}. Try calling the model with "
+        "use_cache=False, returning plain tensors, and avoiding data-dependent Python "
+        "control flow in forward."
+    )
+
+
+def _program(joint: Any, forward: Any, method: str) -> TracedProgram:
+    signature = joint.graph_signature
+    gm = joint.graph_module
+    parameters = {
+        spec.arg.name: _strip(spec.target)
+        for spec in signature.input_specs
+        if spec.kind.name == "PARAMETER"
+    }
+    buffers = {
+        spec.arg.name: _strip(spec.target)
+        for spec in signature.input_specs
+        if spec.kind.name == "BUFFER"
+    }
+    user_inputs = [
+        spec.arg.name for spec in signature.input_specs if spec.kind.name == "USER_INPUT"
+    ]
+    loss = next(s.arg.name for s in signature.output_specs if s.kind.name == "LOSS_OUTPUT")
+    gradients = {
+        s.arg.name: _strip(s.target)
+        for s in signature.output_specs
+        if s.kind.name == "GRADIENT_TO_PARAMETER"
+    }
+    _annotate(gm.graph, forward.graph, parameters, buffers, loss)
+    return TracedProgram(gm, parameters, buffers, user_inputs, loss, gradients, method)
+
+
+def _strip(fqn: str) -> str:
+    return fqn.removeprefix("model.")
+
+
+def _module_of(node: fx.Node) -> str | None:
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return None
+    return _strip(list(stack.values())[-1][0]).removeprefix("model")
+
+
+def _annotate(
+    joint: fx.Graph,
+    forward: fx.Graph,
+    parameters: dict[str, str],
+    buffers: dict[str, str],
+    loss: str,
+) -> None:
+    """Tag each joint node with its phase and module path.
+
+    The joint graph loses `nn_module_stack`, but its forward part is the decomposed forward
+    op for op, so module paths are carried over by walking both in order.
+    """
+    forward_ops = [n for n in forward.nodes if n.op == "call_function"]
+    cursor = 0
+    phase = "forward"
+    for node in joint.nodes:
+        if node.op == "placeholder":
+            fqn = parameters.get(node.name) or buffers.get(node.name)
+            node.meta["tessel_module"] = fqn.rpartition(".")[0] if fqn else ""
+            node.meta["tessel_phase"] = "forward"
+            continue
+        if node.op != "call_function":
+            continue
+        node.meta["tessel_phase"] = phase
+        if phase == "forward":
+            if cursor < len(forward_ops) and forward_ops[cursor].target == node.target:
+                node.meta["tessel_module"] = _module_of(forward_ops[cursor]) or ""
+                cursor += 1
+            else:  # aliases the joint graph adds for saved tensors
+                node.meta["tessel_module"] = _input_module(node)
+        else:
+            node.meta["tessel_module"] = _input_module(node)
+        if node.name == loss:
+            phase = "backward"
+
+
+def _input_module(node: fx.Node) -> str:
+    """The deepest module path among the node's inputs (backward mirrors forward)."""
+    paths = [
+        a.meta.get("tessel_module", "")
+        for a in node.all_input_nodes
+        if a.meta.get("tessel_module") is not None
+    ]
+    return max(paths, key=lambda p: (p.count("."), len(p)), default="")

@@ -1,0 +1,292 @@
+"""Intra-op planning: one sharding strategy per node of a training step on one logical mesh.
+
+Builds Alpa's ILP from the strategy table (node costs: compute time; edge costs: the
+collectives DTensor issues to move a value from its producer's placement to its consumer's)
+and two kinds of edges that close the training step: the loss must end replicated (it is
+reported), and each gradient must end in its parameter's placement (the optimizer updates
+shards in place; for a replicated parameter this is data parallelism's gradient all-reduce).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate
+
+from cost_models.comm import collective_time
+from passes.dtensor_rules import Collective, Placements, redistribution, tensor_meta
+from passes.strategies import NodeStrategies, Source, Strategy, output_value, source_of
+from passes.trace import TracedProgram
+from planner.buckets import Bucket, bucket_transfers
+from planner.cluster import Cluster, LinkSpec
+from planner.solver import Assignment, AssignmentProblem, SharedCost, solve_ilp
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """A value moved between placements on its way from producer to consumer."""
+
+    source: Source
+    consumer: str
+    """Consuming node name; for the closing edges, 'loss' or the parameter's placeholder."""
+    phase: str
+    """'forward', 'backward' or 'gradient_sync' (gradient to its parameter's placement)."""
+    src: Placements
+    dst: Placements
+    collectives: tuple[Collective, ...]
+
+
+@dataclass
+class IntraOpSolution:
+    choices: dict[str, int]
+    """Node name -> index into its strategy list."""
+    transfers: list[Transfer]
+    """Every redistribution with at least one collective, in graph order."""
+    compute_s: float
+    communication_s: float
+    memory_bytes: float
+    assignment: Assignment
+    num_variables: int = 0
+
+    buckets: list[Bucket] = field(default_factory=list)
+    """Gradient (and loss) all-reduces coalesced into buckets; not in `transfers`."""
+
+    def collectives(self) -> list[tuple[str, str, int]]:
+        """(phase, kind, bytes) of every collective of one training step."""
+        out = [(t.phase, c.kind, c.nbytes) for t in self.transfers for c in t.collectives]
+        out += [("gradient_sync", "all_reduce", b.nbytes) for b in self.buckets for _ in b.mesh_dims]
+        return out
+
+    def collectives_by_kind(self, phase: str | None = None) -> dict[str, dict[str, int]]:
+        counts: Counter = Counter()
+        sizes: Counter = Counter()
+        for p, kind, nbytes in self.collectives():
+            if phase is None or p == phase:
+                counts[kind] += 1
+                sizes[kind] += nbytes
+        return {k: {"count": counts[k], "bytes": sizes[k]} for k in sorted(counts)}
+
+
+@dataclass
+class CommModel:
+    """Time of a redistribution on a mesh laid over a cluster (ranks in row-major order)."""
+
+    mesh: DeviceMesh
+    cluster: Cluster
+    _cache: dict = field(default_factory=dict)
+
+    def link(self, dims: tuple[int, ...]) -> tuple[int, LinkSpec]:
+        shape = self.mesh.shape
+        size = math.prod(shape[d] for d in dims)
+        stride = math.prod(shape[max(dims) + 1 :])
+        return size, self.cluster.link_for_group(stride, size)
+
+    def transfer(
+        self, value: torch.Tensor, src: Placements, dst: Placements, bucketed: bool = False
+    ) -> tuple[float, tuple[Collective, ...]]:
+        """Seconds and collectives of one redistribution. `bucketed` all-reduces ride in a
+        gradient bucket whose latency is shared, so only their bandwidth term is charged."""
+        key = (tuple(value.shape), value.dtype, src, dst, bucketed)
+        if key not in self._cache:
+            collectives = tuple(redistribution(self.mesh, tensor_meta(value), src, dst))
+            shared = bucketed and all(c.kind == "all_reduce" for c in collectives)
+            self._cache[key] = (sum(self.time(c, shared) for c in collectives), collectives)
+        return self._cache[key]
+
+    def time(self, collective: Collective, latency_shared: bool = False) -> float:
+        size, link = self.link(collective.mesh_dims)
+        if latency_shared:
+            link = link.model_copy(update={"latency_us": 0.0})
+        return collective_time(collective.kind, collective.nbytes, size, link)
+
+
+def plan_intra_op(
+    program: TracedProgram,
+    table: dict[str, NodeStrategies],
+    mesh: DeviceMesh,
+    cluster: Cluster,
+    time_limit_s: float = 30.0,
+    backend: str = "SCIP",
+) -> IntraOpSolution:
+    """Solve the ILP and return the chosen strategy of every node with its collectives."""
+    comm = CommModel(mesh, cluster)
+    names = list(table)
+    index = {n: i for i, n in enumerate(names)}
+    node_costs = [np.array([_node_cost(program, n, s, comm) for s in table[n].strategies]) for n in names]
+    node_memory = [np.array([s.memory_bytes for s in table[n].strategies]) for n in names]
+    edges = []
+    # Gradient buckets, keyed by the mesh axes they reduce over: each bucket's latency is
+    # paid once, by whichever gradients (or the loss) fall into it.
+    buckets: dict[tuple, SharedCost] = {}
+
+    def bucket(key: tuple) -> SharedCost:
+        if key not in buckets:
+            latency = sum(comm.time(Collective("all_reduce", dims, 0)) for dims in key)
+            buckets[key] = SharedCost(latency)
+        return buckets[key]
+
+    for edge in _edges(program, table):
+        u_name, v_name, matrix, keys = _edge_matrix(edge, program, table, comm)
+        if not np.any(matrix):
+            continue
+        for (i, j), key in keys.items():
+            bucket(key).edge_triggers.append((len(edges), i, j))
+        edges.append((index[u_name], index[v_name], matrix))
+    loss_name, loss_index = source_of(program.nodes[program.loss])
+    replicated = tuple(Replicate() for _ in range(mesh.ndim))
+    loss_value = output_value(program, (loss_name, loss_index))
+    for i, s in enumerate(table[loss_name].strategies):
+        seconds, collectives = comm.transfer(
+            loss_value, s.outputs[loss_index], replicated, bucketed=True
+        )
+        node_costs[index[loss_name]][i] += seconds
+        if _all_reduce_only(collectives):
+            bucket(_bucket_key(collectives)).node_triggers.append((index[loss_name], i))
+    problem = AssignmentProblem(
+        node_costs,
+        node_memory,
+        edges,
+        memory_limit=cluster.device.memory_gib * 2**30,
+        shared_costs=list(buckets.values()),
+    )
+    assignment = solve_ilp(problem, time_limit_s=time_limit_s, backend=backend)
+    choices = {n: assignment.choices[index[n]] for n in names}
+    transfers = _transfers(program, table, choices, comm)
+    member_of = {t: _bucket_member(program, t) for t in transfers if _bucket_member(program, t)}
+    dtype_of = {t: output_value(program, t.source).dtype for t in member_of}
+    buckets, transfers = bucket_transfers(transfers, member_of, dtype_of)
+    compute = sum(table[n].strategies[choices[n]].compute_s for n in names)
+    memory = sum(table[n].strategies[choices[n]].memory_bytes for n in names)
+    communication = sum(
+        comm.transfer(output_value(program, t.source), t.src, t.dst)[0] for t in transfers
+    )
+    communication += sum(
+        comm.time(Collective("all_reduce", tuple(dims), b.nbytes))
+        for b in buckets
+        for dims in b.mesh_dims
+    )
+    return IntraOpSolution(
+        choices,
+        transfers,
+        compute,
+        communication,
+        memory,
+        assignment,
+        num_variables=sum(len(c) for c in node_costs) + sum(m.size for _, _, m in edges),
+        buckets=buckets,
+    )
+
+
+def _bucket_member(program: TracedProgram, transfer: Transfer) -> str | None:
+    """The bucket name of a gradient-sync or loss transfer, None for any other."""
+    if transfer.consumer == "loss":
+        return "loss"
+    if transfer.phase == "gradient_sync":
+        return program.parameters[transfer.consumer]
+    return None
+
+
+def _node_cost(program: TracedProgram, name: str, strategy: Strategy, comm: CommModel) -> float:
+    if strategy.produced is None:
+        return strategy.compute_s
+    value = output_value(program, (name, 0))
+    return strategy.compute_s + comm.transfer(value, strategy.produced, strategy.outputs[0])[0]
+
+
+@dataclass(frozen=True)
+class _Edge:
+    source: Source
+    consumer: str
+    position: int | None
+    """Tensor-input position at the consumer; None when the consumer is a parameter (the
+    gradient must reach the parameter's own placement)."""
+    phase: str
+
+
+def _edges(program: TracedProgram, table: dict[str, NodeStrategies]) -> list[_Edge]:
+    edges = []
+    for name, node_strategies in table.items():
+        phase = program.nodes[name].meta.get("tessel_phase", "forward")
+        for position, source in enumerate(node_strategies.sources):
+            edges.append(_Edge(source, name, position, phase))
+    param_by_fqn = {fqn: node for node, fqn in program.parameters.items()}
+    for grad_name, fqn in program.gradients.items():
+        edges.append(
+            _Edge(source_of(program.nodes[grad_name]), param_by_fqn[fqn], None, "gradient_sync")
+        )
+    return edges
+
+
+def _required(edge: _Edge, table: dict[str, NodeStrategies], choice: int) -> Placements:
+    strategy = table[edge.consumer].strategies[choice]
+    return strategy.outputs[0] if edge.position is None else strategy.inputs[edge.position]
+
+
+def _edge_matrix(
+    edge: _Edge, program: TracedProgram, table: dict[str, NodeStrategies], comm: CommModel
+) -> tuple[str, str, np.ndarray, dict[tuple[int, int], tuple]]:
+    """Cost of every (producer choice, consumer choice) pair, and for gradient edges the
+    bucket each all-reducing pair falls into."""
+    producer, index = edge.source
+    value = output_value(program, edge.source)
+    rows = table[producer].strategies
+    cols = range(len(table[edge.consumer].strategies))
+    matrix = np.zeros((len(rows), len(cols)))
+    keys = {}
+    bucketed = edge.phase == "gradient_sync"
+    for i, s in enumerate(rows):
+        for j in cols:
+            dst = _required(edge, table, j)
+            matrix[i, j], collectives = comm.transfer(value, s.outputs[index], dst, bucketed)
+            if bucketed and _all_reduce_only(collectives):
+                keys[(i, j)] = _bucket_key(collectives)
+    return producer, edge.consumer, matrix, keys
+
+
+def _all_reduce_only(collectives: tuple[Collective, ...]) -> bool:
+    return bool(collectives) and all(c.kind == "all_reduce" for c in collectives)
+
+
+def _bucket_key(collectives: tuple[Collective, ...]) -> tuple:
+    return tuple(c.mesh_dims for c in collectives)
+
+
+def _transfers(
+    program: TracedProgram,
+    table: dict[str, NodeStrategies],
+    choices: dict[str, int],
+    comm: CommModel,
+) -> list[Transfer]:
+    """The redistributions of the chosen plan, each (value, target placement) once: the
+    runtime reuses a value already moved to a placement for every consumer that needs it."""
+    out = []
+    for name, node_strategies in table.items():
+        strategy = node_strategies.strategies[choices[name]]
+        if strategy.produced is not None:
+            value = output_value(program, (name, 0))
+            _, collectives = comm.transfer(value, strategy.produced, strategy.outputs[0])
+            phase = program.nodes[name].meta.get("tessel_phase", "forward")
+            out.append(
+                Transfer((name, 0), name, phase, strategy.produced, strategy.outputs[0], collectives)
+            )
+    seen = set()
+    for edge in _edges(program, table):
+        producer, index = edge.source
+        src = table[producer].strategies[choices[producer]].outputs[index]
+        dst = _required(edge, table, choices[edge.consumer])
+        _, collectives = comm.transfer(output_value(program, edge.source), src, dst)
+        if collectives and (edge.source, dst) not in seen:
+            seen.add((edge.source, dst))
+            out.append(Transfer(edge.source, edge.consumer, edge.phase, src, dst, collectives))
+    loss_source = source_of(program.nodes[program.loss])
+    src = table[loss_source[0]].strategies[choices[loss_source[0]]].outputs[loss_source[1]]
+    dst = tuple(Replicate() for _ in range(comm.mesh.ndim))
+    _, collectives = comm.transfer(output_value(program, loss_source), src, dst)
+    if collectives and (loss_source, dst) not in seen:
+        out.append(Transfer(loss_source, "loss", "forward", src, dst, collectives))
+    return out

@@ -1,0 +1,1 @@
+"""Built-in reference models used by the CLI (``plan demo:NAME``), docs and tests."""

@@ -1,0 +1,208 @@
+"""The intra-op assignment problem and its solvers, as pure functions over numpy arrays.
+
+Alpa's formulation (Zheng et al., OSDI 2022, section 5.1): pick one strategy per node to
+minimise node costs plus edge (resharding) costs under a memory limit. Node choices are
+one-hot binaries; each edge cost is linearised with a transport-shaped block of continuous
+variables whose marginals are the two endpoints' one-hot vectors, which keeps the LP
+relaxation tight. Rows (columns) of an edge matrix that are identical share one marginal,
+so an edge costs |distinct producer placements| x |distinct consumer placements|
+variables, not |strategies|^2.
+
+Kept apart from the graph code so that it can be checked against brute force.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class AssignmentProblem:
+    """Choose one index per node."""
+
+    node_costs: list[np.ndarray]
+    """node_costs[v][i]: cost of node v taking choice i."""
+    node_memory: list[np.ndarray]
+    """node_memory[v][i]: bytes per device held when node v takes choice i."""
+    edges: list[tuple[int, int, np.ndarray]] = field(default_factory=list)
+    """(u, v, C): cost C[i, j] is paid when u takes i and v takes j."""
+    memory_limit: float = math.inf
+    """Upper bound on the summed memory of the chosen strategies."""
+    shared_costs: list[SharedCost] = field(default_factory=list)
+    """Costs paid once if any of their triggers is chosen (a gradient bucket's latency)."""
+
+
+@dataclass
+class SharedCost:
+    cost: float
+    node_triggers: list[tuple[int, int]] = field(default_factory=list)
+    """(v, i): node v taking choice i triggers the cost."""
+    edge_triggers: list[tuple[int, int, int]] = field(default_factory=list)
+    """(k, i, j): edge k's endpoints taking choices i and j trigger the cost."""
+
+
+@dataclass
+class Assignment:
+    choices: list[int]
+    objective: float
+    gap: float
+    """Relative optimality gap reported by the solver (0 when proven optimal)."""
+    status: str
+    solve_time_s: float
+
+
+class InfeasibleError(RuntimeError):
+    """No assignment fits the memory limit."""
+
+
+def evaluate(problem: AssignmentProblem, choices: list[int]) -> float:
+    """Total cost of an assignment."""
+    cost = sum(float(c[i]) for c, i in zip(problem.node_costs, choices))
+    cost += sum(float(m[choices[u], choices[v]]) for u, v, m in problem.edges)
+    for shared in problem.shared_costs:
+        by_node = any(choices[v] == i for v, i in shared.node_triggers)
+        by_edge = any(
+            choices[problem.edges[k][0]] == i and choices[problem.edges[k][1]] == j
+            for k, i, j in shared.edge_triggers
+        )
+        cost += shared.cost if by_node or by_edge else 0.0
+    return cost
+
+
+def memory_of(problem: AssignmentProblem, choices: list[int]) -> float:
+    return sum(float(m[i]) for m, i in zip(problem.node_memory, choices))
+
+
+def solve_brute_force(problem: AssignmentProblem) -> Assignment:
+    """Enumerate every assignment; for tests on tiny problems."""
+    start = time.perf_counter()
+    best: tuple[float, list[int]] | None = None
+    for combo in itertools.product(*(range(len(c)) for c in problem.node_costs)):
+        choices = list(combo)
+        if memory_of(problem, choices) > problem.memory_limit:
+            continue
+        cost = evaluate(problem, choices)
+        if best is None or cost < best[0] - 1e-15:
+            best = (cost, choices)
+    if best is None:
+        raise InfeasibleError("no assignment fits the memory limit")
+    return Assignment(best[1], best[0], 0.0, "OPTIMAL", time.perf_counter() - start)
+
+
+def solve_ilp(
+    problem: AssignmentProblem, time_limit_s: float = 30.0, backend: str = "SCIP"
+) -> Assignment:
+    """Solve with an OR-Tools MIP backend (SCIP or CBC), within a time limit."""
+    from ortools.linear_solver import pywraplp
+
+    start = time.perf_counter()
+    solver = pywraplp.Solver.CreateSolver(backend)
+    if solver is None:
+        raise RuntimeError(f"OR-Tools has no {backend} backend; use SCIP or CBC")
+    solver.SetTimeLimit(int(time_limit_s * 1000))
+    # Scale costs to microseconds-ish magnitudes so solver tolerances do not swallow them.
+    scale = _cost_scale(problem)
+
+    x = [
+        [solver.BoolVar(f"x{v}_{i}") for i in range(len(costs))]
+        for v, costs in enumerate(problem.node_costs)
+    ]
+    for v, vars_v in enumerate(x):
+        solver.Add(sum(vars_v) == 1)
+    objective = solver.Sum(
+        [float(c) * scale * var for costs, vars_v in zip(problem.node_costs, x)
+         for c, var in zip(costs, vars_v) if c != 0]
+    )
+    edge_terms = []
+    edge_vars = []
+    for k, (u, v, matrix) in enumerate(problem.edges):
+        terms, e, row_of, col_of = _add_edge(solver, k, x[u], x[v], matrix * scale)
+        edge_terms.extend(terms)
+        edge_vars.append((e, row_of, col_of))
+    for n, shared in enumerate(problem.shared_costs):
+        y = solver.BoolVar(f"shared{n}")
+        for v, i in shared.node_triggers:
+            solver.Add(y >= x[v][i])
+        for k, i, j in shared.edge_triggers:
+            e, row_of, col_of = edge_vars[k]
+            u, v, _ = problem.edges[k]
+            # Edges with a uniform matrix have no e-block: trigger on the endpoints.
+            solver.Add(
+                y >= (e[row_of[i]][col_of[j]] if e else x[u][i] + x[v][j] - 1)
+            )
+        edge_terms.append(shared.cost * scale * y)
+    if math.isfinite(problem.memory_limit):
+        solver.Add(
+            sum(float(m) * var for mem, vars_v in zip(problem.node_memory, x)
+                for m, var in zip(mem, vars_v) if m != 0)
+            <= problem.memory_limit
+        )
+    solver.Minimize(objective + solver.Sum(edge_terms))
+    status = solver.Solve()
+    if status == pywraplp.Solver.INFEASIBLE:
+        raise InfeasibleError("no sharding fits the per-device memory limit")
+    if status not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
+        raise RuntimeError(f"the ILP solver stopped without a solution (status {status})")
+    choices = [int(np.argmax([var.solution_value() for var in vars_v])) for vars_v in x]
+    best = solver.Objective().Value()
+    bound = solver.Objective().BestBound()
+    gap = 0.0 if status == pywraplp.Solver.OPTIMAL else abs(best - bound) / max(abs(best), 1e-12)
+    return Assignment(
+        choices,
+        evaluate(problem, choices),
+        gap,
+        "OPTIMAL" if status == pywraplp.Solver.OPTIMAL else "FEASIBLE",
+        time.perf_counter() - start,
+    )
+
+
+def _cost_scale(problem: AssignmentProblem) -> float:
+    values = [np.abs(c).max() for c in problem.node_costs if len(c)]
+    values += [np.abs(m).max() for _, _, m in problem.edges if m.size]
+    top = max(values, default=0.0)
+    return 1.0 / top * 1e3 if top > 0 else 1.0
+
+
+def _add_edge(solver, k: int, xu: list, xv: list, matrix: np.ndarray) -> list:
+    """Transport-shaped linearisation of x_u^T M x_v over distinct rows and columns.
+
+    Returns the cost terms, the block of edge variables (empty when the matrix is
+    uniform) and the row/column group of every choice."""
+    rows, row_of = _distinct(matrix)
+    cols, col_of = _distinct(matrix.T)
+    if len(rows) == 1 and len(cols) == 1:
+        terms = [float(matrix[0, 0]) * solver.Sum(xu)] if matrix[0, 0] else []
+        return terms, [], row_of, col_of
+    # Marginals: the indicator that u's choice falls in each distinct row group.
+    row_mass = [solver.Sum([xu[i] for i in range(len(xu)) if row_of[i] == r]) for r in range(len(rows))]
+    col_mass = [solver.Sum([xv[j] for j in range(len(xv)) if col_of[j] == c]) for c in range(len(cols))]
+    e = [[solver.NumVar(0.0, 1.0, f"e{k}_{r}_{c}") for c in range(len(cols))] for r in range(len(rows))]
+    for r in range(len(rows)):
+        solver.Add(solver.Sum(e[r]) == row_mass[r])
+    for c in range(len(cols)):
+        solver.Add(solver.Sum([e[r][c] for r in range(len(rows))]) == col_mass[c])
+    terms = []
+    for r, i in enumerate(rows):
+        for c, j in enumerate(cols):
+            if matrix[i, j] != 0:
+                terms.append(float(matrix[i, j]) * e[r][c])
+    return terms, e, row_of, col_of
+
+
+def _distinct(matrix: np.ndarray) -> tuple[list[int], list[int]]:
+    """Representative row indices, and for every row the index of its representative group."""
+    groups: dict[bytes, int] = {}
+    reps: list[int] = []
+    group_of: list[int] = []
+    for i, row in enumerate(matrix):
+        key = row.tobytes()
+        if key not in groups:
+            groups[key] = len(reps)
+            reps.append(i)
+        group_of.append(groups[key])
+    return reps, group_of

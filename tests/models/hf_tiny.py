@@ -1,0 +1,100 @@
+"""Tiny random-weight Hugging Face models for tests (helper module, not a test file).
+
+Each factory builds its config in code (no downloads), seeds the RNG, and returns
+``(model, example_inputs, loss_fn)`` in the shape ``planner.model_spec`` accepts, so a test
+can use ``tests/models/hf_tiny.py:gpt2`` as a model spec.
+
+Config choices that tracing needs (torch 2.13, transformers 5.x), checked with
+``torch.export.export(..., strict=False)`` followed by
+``torch.export.experimental._export_forward_backward`` on ``loss_fn(model(x), x)``:
+
+* ``use_cache=False, return_dict=False`` at call time: the cache object and the
+  ``ModelOutput`` dataclass are not plain tensors; the wrapper returns the logits only.
+* ``tie_word_embeddings=False`` for GPT-2: with the LM head tied to the token embedding,
+  the joint graph fails with "Found a parameter that did not receive a gradient"
+  (a shared parameter is seen twice). Llama is untied by default; it is pinned anyway.
+* ``attn_implementation="eager"`` for GPT-2: with ``"sdpa"`` the forward exports, but the
+  joint graph fails with "Cannot view a tensor ... as a tensor with shape (32, 64)":
+  GPT-2's ``Conv1D`` calls ``x.view`` on the SDPA output, whose strides after
+  decomposition differ from those recorded at export. Llama uses ``nn.Linear`` (no
+  ``view``), so its default ``"sdpa"`` traces.
+* Dropout probabilities are 0 so training-mode runs are deterministic.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+VOCAB = 128
+BATCH, SEQ_LEN = 2, 16
+
+HFTiny = tuple[nn.Module, tuple[torch.Tensor, ...], Callable[..., torch.Tensor]]
+
+
+class LogitsOnly(nn.Module):
+    """Call a Hugging Face causal LM the way ``torch.export`` can trace, returning logits."""
+
+    def __init__(self, hf_model: nn.Module) -> None:
+        super().__init__()
+        self.hf_model = hf_model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.hf_model(input_ids, use_cache=False, return_dict=False)[0]
+
+
+def next_token_loss(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """Causal LM cross-entropy: position ``t`` predicts token ``t + 1``."""
+    vocab = logits.shape[-1]
+    return nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, vocab), input_ids[:, 1:].reshape(-1)
+    )
+
+
+def _token_ids() -> tuple[torch.Tensor]:
+    return (torch.randint(0, VOCAB, (BATCH, SEQ_LEN)),)
+
+
+def gpt2() -> HFTiny:
+    """A 2-layer, 64-wide GPT-2 with untied embeddings and eager attention."""
+    torch.manual_seed(0)
+    config = GPT2Config(
+        n_layer=2,
+        n_embd=64,
+        n_head=4,
+        vocab_size=VOCAB,
+        n_positions=32,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        tie_word_embeddings=False,
+        attn_implementation="eager",
+        # GPT-2's defaults (50256) lie outside the tiny vocabulary and trigger a warning.
+        bos_token_id=VOCAB - 1,
+        eos_token_id=VOCAB - 1,
+    )
+    return LogitsOnly(GPT2LMHeadModel(config)), _token_ids(), next_token_loss
+
+
+def llama() -> HFTiny:
+    """A 2-layer, 64-wide Llama (multi-head attention: 4 query and 4 key/value heads)."""
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=VOCAB,
+        max_position_embeddings=32,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+    )
+    return LogitsOnly(LlamaForCausalLM(config)), _token_ids(), next_token_loss
+
+
+#: Factories by short name, for parametrized tests.
+HF_TINY: dict[str, Callable[[], HFTiny]] = {"gpt2": gpt2, "llama": llama}
