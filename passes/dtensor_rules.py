@@ -24,6 +24,7 @@ from torch.distributed.tensor._ops.single_dim_strategy import (
 from torch.distributed.tensor._redistribute import (
     _gen_transform_infos,
     _optimize_transform_infos,
+    redistribute_local_tensor,
 )
 
 Placements = tuple[Placement, ...]
@@ -175,6 +176,8 @@ def redistribution(
     """
     if tuple(src) == tuple(dst):
         return []
+    if not is_supported(src, dst):
+        raise UnsupportedRedistribution(f"DTensor cannot move {placement_str(src)} to {placement_str(dst)}")
     src_spec, dst_spec = spec(mesh, src, meta), spec(mesh, dst, meta)
     infos = _gen_transform_infos(src_spec, dst_spec)
     infos = _optimize_transform_infos(infos, mesh, src_spec.placements, dst_spec.placements)
@@ -196,6 +199,26 @@ def redistribution(
         nbytes = full if kind != "all_to_all" else full // group
         collectives.append(Collective(kind, tuple(dims), nbytes))
     return collectives
+
+
+class UnsupportedRedistribution(ValueError):
+    """DTensor has no way to move between these placements (e.g. a shard to a partial)."""
+
+
+def is_supported(src: Placements, dst: Placements) -> bool:
+    """DTensor makes partial values only from replicated ones."""
+    return not any(d.is_partial() and s.is_shard() for s, d in zip(src, dst))
+
+
+def redistribute(value: DTensor, placements: Placements) -> DTensor:
+    """`value.redistribute(...)` that may also target partial placements, which the
+    public API reserves for DTensor's own dispatch (replicated -> partial is local)."""
+    if not any(p.is_partial() for p in placements):
+        return value.redistribute(value.device_mesh, placements)
+    current = value._spec
+    target = spec(current.mesh, placements, current.tensor_meta)
+    local = redistribute_local_tensor(value._local_tensor, current, target)
+    return DTensor(local, target, requires_grad=value.requires_grad)
 
 
 def placement_str(placements: Placements | None) -> str:

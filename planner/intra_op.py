@@ -19,12 +19,22 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate
 
 from cost_models.comm import collective_time
-from passes.dtensor_rules import Collective, Placements, redistribution, tensor_meta
+from passes.dtensor_rules import (
+    Collective,
+    Placements,
+    is_supported,
+    redistribution,
+    tensor_meta,
+)
 from passes.strategies import NodeStrategies, Source, Strategy, output_value, source_of
 from passes.trace import TracedProgram
 from planner.buckets import Bucket, bucket_transfers
 from planner.cluster import Cluster, LinkSpec
 from planner.solver import Assignment, AssignmentProblem, SharedCost, solve_ilp
+
+
+# Cost of a move DTensor cannot make: large enough that no optimum contains one.
+IMPOSSIBLE_S = 1e6
 
 
 @dataclass(frozen=True)
@@ -93,6 +103,9 @@ class CommModel:
         gradient bucket whose latency is shared, so only their bandwidth term is charged."""
         key = (tuple(value.shape), value.dtype, src, dst, bucketed)
         if key not in self._cache:
+            if not is_supported(src, dst):
+                self._cache[key] = (IMPOSSIBLE_S, ())
+                return self._cache[key]
             collectives = tuple(redistribution(self.mesh, tensor_meta(value), src, dst))
             shared = bucketed and all(c.kind == "all_reduce" for c in collectives)
             self._cache[key] = (sum(self.time(c, shared) for c in collectives), collectives)

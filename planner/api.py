@@ -1,0 +1,179 @@
+"""Python API: plan a model, and parallelize it on an initialized process group."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from passes.dtensor_rules import fake_mesh, placement_str
+from passes.lower import RankProgram, graph_fingerprint
+from passes.strategies import enumerate_strategies
+from passes.trace import TracedProgram, trace
+from planner.cluster import Cluster
+from planner.intra_op import IntraOpSolution, plan_intra_op
+from planner.plan import (
+    PHASES,
+    CollectiveStats,
+    FallbackOp,
+    GradientBucket,
+    NodeSharding,
+    Plan,
+    Predicted,
+    SolverReport,
+)
+from runtime.trainer import ShardedTrainer
+
+
+@dataclass
+class PlanTimings:
+    """Where planning time went, in seconds."""
+
+    trace_s: float = 0.0
+    strategies_s: float = 0.0
+    ilp_s: float = 0.0
+
+
+@dataclass
+class PlannedModel:
+    """A plan together with the traced program it was made for."""
+
+    plan: Plan
+    program: TracedProgram
+    timings: PlanTimings = field(default_factory=PlanTimings)
+
+
+def plan_model(
+    model: nn.Module,
+    example_inputs: Sequence[Any],
+    mesh_shape: Sequence[int] = (4,),
+    cluster: str | Cluster = "cpu",
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    name: str | None = None,
+    mesh: DeviceMesh | None = None,
+    time_limit_s: float = 60.0,
+) -> PlannedModel:
+    """Trace `model` and choose a sharding of its training step over `mesh_shape`.
+
+    Needs no process group: the mesh is built on a fake one unless `mesh` is given.
+    """
+    cluster_spec = cluster if isinstance(cluster, Cluster) else Cluster.load(cluster)
+    timings = PlanTimings()
+    start = time.perf_counter()
+    program = trace(model, tuple(example_inputs), loss_fn)
+    timings.trace_s = time.perf_counter() - start
+    mesh = mesh if mesh is not None else fake_mesh(tuple(mesh_shape))
+    start = time.perf_counter()
+    table = enumerate_strategies(program, mesh, cluster_spec.device)
+    timings.strategies_s = time.perf_counter() - start
+    start = time.perf_counter()
+    solution = plan_intra_op(program, table, mesh, cluster_spec, time_limit_s=time_limit_s)
+    timings.ilp_s = time.perf_counter() - start
+    plan = _assemble(
+        program, table, solution, list(mesh_shape), cluster_spec.name,
+        name or type(model).__name__,
+    )
+    return PlannedModel(plan, program, timings)
+
+
+def _assemble(program, table, solution: IntraOpSolution, mesh_shape, cluster, name) -> Plan:
+    def chosen(node: str):
+        return table[node].strategies[solution.choices[node]]
+
+    nodes = {}
+    fallbacks = []
+    for node, strategies in table.items():
+        if strategies.kind in ("parameter", "buffer", "input"):
+            continue
+        s = chosen(node)
+        meta = program.nodes[node].meta
+        nodes[node] = NodeSharding(
+            op=str(program.nodes[node].target),
+            module=meta.get("tessel_module", ""),
+            phase=meta.get("tessel_phase", "forward"),
+            inputs=[placement_str(p) for p in s.inputs],
+            outputs=[placement_str(p) if p is not None else None for p in s.outputs],
+            produced=placement_str(s.produced) if s.produced is not None else None,
+        )
+        if strategies.kind == "fallback":
+            fallbacks.append(
+                FallbackOp(node=node, op=str(program.nodes[node].target),
+                           module=meta.get("tessel_module", ""))
+            )
+    return Plan(
+        model=name,
+        cluster=cluster,
+        mesh_shape=mesh_shape,
+        graph_fingerprint=graph_fingerprint(program),
+        parameters={
+            fqn: placement_str(chosen(node).outputs[0]) for node, fqn in program.parameters.items()
+        },
+        inputs={node: placement_str(chosen(node).outputs[0]) for node in program.user_inputs},
+        nodes=nodes,
+        gradient_buckets=[GradientBucket(**vars(b)) for b in solution.buckets],
+        communication=_stats(solution.collectives_by_kind()),
+        communication_by_phase={p: _stats(solution.collectives_by_kind(p)) for p in PHASES},
+        predicted=Predicted(
+            step_time_s=solution.compute_s + solution.communication_s,
+            compute_s=solution.compute_s,
+            communication_s=solution.communication_s,
+            memory_bytes_per_device=solution.memory_bytes,
+        ),
+        fallback_ops=fallbacks,
+        solver=SolverReport(
+            backend="SCIP",
+            status=solution.assignment.status,
+            gap=solution.assignment.gap,
+            solve_time_s=solution.assignment.solve_time_s,
+            num_variables=solution.num_variables,
+        ),
+    )
+
+
+def _stats(table: dict[str, dict[str, int]]) -> dict[str, CollectiveStats]:
+    return {kind: CollectiveStats(**v) for kind, v in table.items()}
+
+
+def parallelize(
+    model: nn.Module,
+    example_inputs: Sequence[Any],
+    mesh_shape: Sequence[int] = (4,),
+    cluster: str | Cluster = "cpu",
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    device_type: str = "cpu",
+) -> tuple[Plan, ShardedTrainer]:
+    """Plan `model` and return the plan and this rank's trainer.
+
+    Call on every rank of an initialized process group whose size is the product of
+    `mesh_shape`. Rank 0 plans and broadcasts the plan; each rank takes its shard of
+    `model`'s current parameters, so every rank must hold the same initial model.
+    """
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "parallelize needs an initialized process group; call "
+            "torch.distributed.init_process_group first (or use plan_model to only plan)"
+        )
+    world = math.prod(mesh_shape)
+    if dist.get_world_size() != world:
+        raise ValueError(
+            f"mesh_shape {tuple(mesh_shape)} needs {world} ranks but the process group has "
+            f"{dist.get_world_size()}; change mesh_shape or the world size"
+        )
+    mesh = init_device_mesh(device_type, tuple(mesh_shape))
+    if dist.get_rank() == 0:
+        planned = plan_model(model, example_inputs, mesh_shape, cluster, loss_fn, mesh=mesh)
+        message = [planned.plan.to_json()]
+        program = planned.program
+    else:
+        message = [None]
+        program = trace(model, tuple(example_inputs), loss_fn)
+    dist.broadcast_object_list(message, src=0)
+    plan = Plan.from_json(message[0])
+    trainer = ShardedTrainer(RankProgram(program, plan, mesh), model.state_dict())
+    return plan, trainer
