@@ -196,6 +196,9 @@ def redistribution(
         full = itemsize
         for size in info.logical_shape:
             full *= int(size)
+        if kind == "all_to_all" and mesh.device_type == "cpu":
+            # gloo has no all-to-all; DTensor all-gathers the whole tensor and keeps a chunk.
+            kind = "all_gather"
         nbytes = full if kind != "all_to_all" else full // group
         collectives.append(Collective(kind, tuple(dims), nbytes))
     return collectives
@@ -206,8 +209,8 @@ class UnsupportedRedistribution(ValueError):
 
 
 def is_supported(src: Placements, dst: Placements) -> bool:
-    """DTensor makes partial values only from replicated ones."""
-    return not any(d.is_partial() and s.is_shard() for s, d in zip(src, dst))
+    """DTensor makes partial values only from replicated ones (or the same partial)."""
+    return not any(d.is_partial() and d != s and not s.is_replicate() for s, d in zip(src, dst))
 
 
 def redistribute(value: DTensor, placements: Placements) -> DTensor:
@@ -260,3 +263,43 @@ def parse_placements(text: str) -> Placements:
         else:
             raise ValueError(f"cannot parse placement {text!r} at position {i}")
     return tuple(out)
+
+
+# -- Own rules: ops DTensor has no strategy for ----------------------------------------------
+
+_aten = torch.ops.aten
+
+
+def _register_cpu_flash_attention_rules() -> None:
+    """Shardings of CPU scaled-dot-product attention, the CPU counterpart of DTensor's rules
+    for the CUDA kernels: replicated, split by batch (dim 0) or split by heads (dim 1),
+    with every tensor of the op split alike."""
+    from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
+    from torch.distributed.tensor._ops.utils import (
+        expand_to_full_mesh_op_strategy,
+        register_op_strategy,
+    )
+
+    forward = _aten._scaled_dot_product_flash_attention_for_cpu.default
+    backward = _aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+    prop = DTensor._op_dispatcher.sharding_propagator
+    if forward in prop.op_strategy_funcs:
+        return
+
+    def rules(num_outputs: int, op_schema: OpSchema) -> list[list[Placement]]:
+        tensors = num_outputs + sum(isinstance(a, OpStrategy) for a in op_schema.args_schema)
+        tensors += sum(isinstance(v, OpStrategy) for v in op_schema.kwargs_schema.values())
+        return [[placement] * tensors for placement in (Replicate(), Shard(0), Shard(1))]
+
+    @register_op_strategy(forward, schema_info=RuntimeSchemaInfo(3))
+    def _forward(op_schema: OpSchema) -> OpStrategy:
+        mesh = op_schema.get_mesh_from_args()
+        return expand_to_full_mesh_op_strategy(mesh, op_schema, rules(2, op_schema), input_index=2)
+
+    @register_op_strategy(backward, schema_info=RuntimeSchemaInfo(6))
+    def _backward(op_schema: OpSchema) -> OpStrategy:
+        mesh = op_schema.get_mesh_from_args(validate=False)
+        return expand_to_full_mesh_op_strategy(mesh, op_schema, rules(3, op_schema), input_index=3)
+
+
+_register_cpu_flash_attention_rules()

@@ -208,10 +208,7 @@ def _op(
     candidates = [_distinct_outputs(table[name], index) for name, index in sources]
     args, kwargs = _meta_args(node)
     out_meta = _output_meta(value)
-    try:
-        choices = op_choices(node.target, args, kwargs, mesh, candidates, out_meta)
-    except Exception:  # noqa: BLE001 - a rule that cannot handle these args: fall back
-        choices = None
+    choices = _choices(node.target, args, kwargs, mesh, candidates, out_meta)
     if choices is None:
         return NodeStrategies(node.name, "fallback", sources, [all_replicated])
 
@@ -234,6 +231,28 @@ def _op(
     if not strategies:
         return NodeStrategies(node.name, "fallback", sources, [all_replicated])
     return NodeStrategies(node.name, "op", sources, strategies)
+
+
+# Combinations of input placements tried one by one when a rule rejects some of them.
+_MAX_COMBINATIONS = 256
+
+
+def _choices(op, args, kwargs, mesh, candidates, out_meta) -> list | None:
+    """DTensor's strategies for `op`, asking for all candidate inputs at once and, when the
+    rule rejects one of them (e.g. a view that cannot unflatten an uneven shard), for each
+    combination of candidates separately."""
+    try:
+        return op_choices(op, args, kwargs, mesh, candidates, out_meta)
+    except Exception:  # noqa: BLE001 - rules raise on inputs they cannot handle
+        pass
+    found: list = []
+    for combo in itertools.islice(itertools.product(*candidates), _MAX_COMBINATIONS):
+        try:
+            result = op_choices(op, args, kwargs, mesh, [[p] for p in combo], out_meta)
+        except Exception:  # noqa: BLE001
+            continue
+        found.extend(c for c in result or [] if c not in found)
+    return found or None
 
 
 def _reduced_variants(partial: Strategy, shape: Sequence[int], mesh: DeviceMesh) -> list[Strategy]:

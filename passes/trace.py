@@ -91,13 +91,48 @@ def trace(
     except Exception as export_error:  # noqa: BLE001 - any export failure tries the fallback
         exported = _export_via_symbolic_trace(objective, example_inputs, export_error)
         method = "symbolic_trace"
-    forward = exported.run_decompositions()
-    from torch.export.experimental import _export_forward_backward
+    try:
+        table = decomposition_table(keep_attention=True)
+        forward, joint = _joint(exported, table)
+    except Exception:  # noqa: BLE001 - some models only trace with attention decomposed
+        table = decomposition_table(keep_attention=False)
+        forward, joint = _joint(exported, table)
+    return _program(joint, forward, method)
+
+
+def decomposition_table(keep_attention: bool) -> dict:
+    """Core ATen decompositions; with `keep_attention`, scaled-dot-product attention stays
+    one fused op (its head and batch shardings are known; its math form loses them when
+    batch and heads are flattened together)."""
+    from torch._decomp import core_aten_decompositions
+
+    table = core_aten_decompositions()
+    if keep_attention:
+        for op in list(table):
+            if "scaled_dot_product" in str(op):
+                del table[op]
+    return table
+
+
+def _joint(exported: Any, table: dict) -> tuple[Any, Any]:
+    """The decomposed forward (for module paths) and the joint forward-backward program."""
+    from torch.export.exported_program import _decompose_exported_program
+    from torch.export.experimental import _copy_graph_module_and_signature, _remove_detach_pass
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        joint = _export_forward_backward(forward, joint_loss_index=0)
-    return _program(joint, forward, method)
+        forward = exported.run_decompositions(table)
+        # What torch.export.experimental._export_forward_backward does, with our table.
+        joint = _decompose_exported_program(
+            exported,
+            cia_to_decomp={},
+            python_decomp_table=table,
+            joint_loss_index=0,
+            decompose_custom_triton_ops=False,
+        )
+        gm, signature = _copy_graph_module_and_signature(joint)
+        _remove_detach_pass(gm, signature)
+        return forward, joint._update(gm, signature)
 
 
 def _export(objective: nn.Module, example_inputs: tuple[Any, ...]) -> Any:
