@@ -28,6 +28,11 @@ from passes.trace import TracedProgram
 from planner.plan import GradientBucket, Plan
 
 
+# A view that is valid on the full tensor can be invalid on a shard whose memory is laid
+# out differently (a column slice); reshape copies only in that case.
+_RUN_AS = {torch.ops.aten.view.default: torch.ops.aten.reshape.default}
+
+
 class PlanMismatchError(RuntimeError):
     """The plan does not describe this graph, or DTensor did not do what the plan says."""
 
@@ -113,7 +118,7 @@ class RankProgram:
             return env[a.name] if isinstance(a, fx.Node) else a
 
         args, kwargs = torch.utils._pytree.tree_map(arg, (node.args, node.kwargs))
-        out = node.target(*args, **kwargs)
+        out = _RUN_AS.get(node.target, node.target)(*args, **kwargs)
         produced = sharding.produced or sharding.outputs[0]
         first = out[0] if isinstance(out, (tuple, list)) else out
         if isinstance(first, DTensor) and placement_str(first.placements) != produced:

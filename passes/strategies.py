@@ -215,7 +215,7 @@ def _op(
     shapes_in = [a.meta["val"].shape for a in inputs]
     shapes_out = [t.shape if isinstance(t, torch.Tensor) else () for t in _as_tuple(value)]
     seen: set = set()
-    strategies = []
+    direct, moved = [], []
     for choice in choices:
         key = (choice.inputs, choice.outputs)
         if key in seen or len(choice.inputs) != len(inputs):
@@ -225,12 +225,28 @@ def _op(
         if not all(is_even(p, s, mesh) for p, s in zip(choice.outputs, shapes_out)):
             continue
         seen.add(key)
+        fed = all(_locally_reachable(p, c) for p, c in zip(choice.inputs, candidates))
+        (direct if fed else moved).append(choice)
+    # Prefer strategies every producer can feed without communicating: on 2-D meshes the
+    # rules propose every combination of placements, most of which only add ILP variables
+    # (the producers' own strategies already offer the cheap ways to get there).
+    kept = direct or moved
+    if not kept:
+        return NodeStrategies(node.name, "fallback", sources, [all_replicated])
+    strategies = []
+    for choice in kept:
         strategies.append(strategy(choice.inputs, choice.outputs))
         if len(choice.outputs) == 1 and choice.outputs[0] is not None:
             strategies.extend(_reduced_variants(strategies[-1], shapes_out[0], mesh))
-    if not strategies:
-        return NodeStrategies(node.name, "fallback", sources, [all_replicated])
     return NodeStrategies(node.name, "op", sources, strategies)
+
+
+def _locally_reachable(wanted: Placements, offered: list[Placements]) -> bool:
+    """Some offered placement becomes `wanted` with local work only: per mesh axis the
+    same placement, or replicated data sliced (shard) or kept on one rank (partial)."""
+    return any(
+        all(o == w or o.is_replicate() for o, w in zip(offer, wanted)) for offer in offered
+    )
 
 
 # Combinations of input placements tried one by one when a rule rejects some of them.

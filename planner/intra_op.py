@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -30,7 +30,14 @@ from passes.strategies import NodeStrategies, Source, Strategy, output_value, so
 from passes.trace import TracedProgram
 from planner.buckets import Bucket, bucket_transfers
 from planner.cluster import Cluster, LinkSpec
-from planner.solver import Assignment, AssignmentProblem, SharedCost, solve_ilp
+from planner.solver import (
+    Assignment,
+    AssignmentProblem,
+    SharedCost,
+    contract_followers,
+    evaluate,
+    solve_ilp,
+)
 
 
 # Cost of a move DTensor cannot make: large enough that no optimum contains one.
@@ -166,8 +173,14 @@ def plan_intra_op(
         edges,
         memory_limit=cluster.device.memory_gib * 2**30,
         shared_costs=list(buckets.values()),
+        followers=_followers(table, index),
     )
-    assignment = solve_ilp(problem, time_limit_s=time_limit_s, backend=backend)
+    reduced, contraction = contract_followers(problem)
+    reduced_assignment = solve_ilp(reduced, time_limit_s=time_limit_s, backend=backend)
+    expanded = contraction.expand(reduced_assignment.choices, len(names))
+    assignment = replace(
+        reduced_assignment, choices=expanded, objective=evaluate(problem, expanded)
+    )
     choices = {n: assignment.choices[index[n]] for n in names}
     transfers = _transfers(program, table, choices, comm)
     member_of = {t: _bucket_member(program, t) for t in transfers if _bucket_member(program, t)}
@@ -190,7 +203,8 @@ def plan_intra_op(
         communication,
         memory,
         assignment,
-        num_variables=sum(len(c) for c in node_costs) + sum(m.size for _, _, m in edges),
+        num_variables=sum(len(c) for c in reduced.node_costs)
+        + sum(m.size for _, _, m in reduced.edges),
         buckets=buckets,
     )
 
@@ -202,6 +216,36 @@ def _bucket_member(program: TracedProgram, transfer: Transfer) -> str | None:
     if transfer.phase == "gradient_sync":
         return program.parameters[transfer.consumer]
     return None
+
+
+def _followers(
+    table: dict[str, NodeStrategies], index: dict[str, int]
+) -> dict[int, tuple[int, np.ndarray]]:
+    """Single-input ops that run in the placement their input arrives in.
+
+    For each strategy of the producer, the follower takes its strategy that reads exactly
+    that placement (not a cheaper re-slicing of it: a follower that splits a replicated
+    value would leave its consumers to gather it again). An op lacking such a strategy for
+    some producer strategy stays a decision of its own.
+    """
+    followers = {}
+    for name, node in table.items():
+        if node.kind != "op" or len(node.sources) != 1:
+            continue
+        producer, out_index = node.sources[0]
+        plain = {}
+        for j, s in enumerate(node.strategies):
+            if s.produced is None:
+                plain.setdefault(s.inputs[0], j)
+        mapping = []
+        for s in table[producer].strategies:
+            j = plain.get(s.outputs[out_index])
+            if j is None:
+                break
+            mapping.append(j)
+        else:
+            followers[index[name]] = (index[producer], np.array(mapping))
+    return followers
 
 
 def _node_cost(program: TracedProgram, name: str, strategy: Strategy, comm: CommModel) -> float:

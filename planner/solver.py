@@ -35,6 +35,9 @@ class AssignmentProblem:
     """Upper bound on the summed memory of the chosen strategies."""
     shared_costs: list[SharedCost] = field(default_factory=list)
     """Costs paid once if any of their triggers is chosen (a gradient bucket's latency)."""
+    followers: dict[int, tuple[int, np.ndarray]] = field(default_factory=dict)
+    """Node v -> (its producer u, f): v may be merged into u, taking choice f[i] whenever
+    u takes choice i (see `contract_followers`)."""
 
 
 @dataclass
@@ -206,3 +209,113 @@ def _distinct(matrix: np.ndarray) -> tuple[list[int], list[int]]:
             reps.append(i)
         group_of.append(groups[key])
     return reps, group_of
+
+
+@dataclass
+class Contraction:
+    """How to expand the solution of a contracted problem to the original nodes."""
+
+    kept: list[int]
+    """Index in the contracted problem -> original node."""
+    follows: dict[int, tuple[int, np.ndarray]]
+    """Original node -> (the node it follows, its choice for each of that node's choices)."""
+
+    def expand(self, reduced_choices: list[int], num_nodes: int) -> list[int]:
+        choice: dict[int, int] = dict(zip(self.kept, reduced_choices))
+
+        def resolve(v: int) -> int:
+            if v not in choice:
+                leader, mapping = self.follows[v]
+                choice[v] = int(mapping[resolve(leader)])
+            return choice[v]
+
+        return [resolve(v) for v in range(num_nodes)]
+
+
+def contract_followers(problem: AssignmentProblem) -> tuple[AssignmentProblem, Contraction]:
+    """Merge each follower node into the producer it follows.
+
+    Alpa's operator merging (Zheng et al. 2022, section 5.1): a simple op (view, permute,
+    elementwise) runs in whatever placement its operand arrives in, so it needs no
+    decision of its own. Its costs fold into the producer and its consumers' edges start
+    from the producer, so the ILP keeps one decision per chain of simple ops. Any solution
+    of the contracted problem expands to one of the original with the same cost.
+    """
+    n = len(problem.node_costs)
+    costs = [c.astype(float).copy() for c in problem.node_costs]
+    memory = [m.astype(float).copy() for m in problem.node_memory]
+    edges: dict[int, list] = {k: [u, v, m] for k, (u, v, m) in enumerate(problem.edges)}
+    in_edges: dict[int, list[int]] = {v: [] for v in range(n)}
+    out_edges: dict[int, list[int]] = {v: [] for v in range(n)}
+    for k, (u, v, _) in edges.items():
+        out_edges[u].append(k)
+        in_edges[v].append(k)
+    node_triggers = [set(s.node_triggers) for s in problem.shared_costs]
+    edge_triggers = [set(s.edge_triggers) for s in problem.shared_costs]
+    follows: dict[int, tuple[int, np.ndarray]] = {}
+
+    for v in sorted(problem.followers):
+        u, f = problem.followers[v]
+        while u in follows:  # the leader was merged itself: follow its leader
+            u, g = follows[u]
+            f = f[g]
+        if u == v or any(edges[k][0] != u for k in in_edges[v]):
+            continue
+        f = np.asarray(f)
+        rows = np.arange(len(f))
+        costs[u] += costs[v][f]
+        memory[u] += memory[v][f]
+        for k in list(in_edges[v]):
+            _, _, m = edges.pop(k)
+            out_edges[u].remove(k)
+            costs[u] += m[rows, f]
+            for nt, et in zip(node_triggers, edge_triggers):
+                for (kk, i, j) in [t for t in et if t[0] == k]:
+                    et.discard((kk, i, j))
+                    nt.update((u, int(r)) for r in rows if r == i and f[r] == j)
+        in_edges[v].clear()
+        for nt in node_triggers:
+            for (w, j) in [t for t in nt if t[0] == v]:
+                nt.discard((w, j))
+                nt.update((u, int(i)) for i in np.flatnonzero(f == j))
+        for kk in list(out_edges[v]):
+            _, w, mm = edges[kk]
+            moved = mm[f, :]
+            out_edges[v].remove(kk)
+            for nt, et in zip(node_triggers, edge_triggers):
+                for (k2, j, jw) in [t for t in et if t[0] == kk]:
+                    et.discard((k2, j, jw))
+                    for i in np.flatnonzero(f == j):
+                        if w != u:
+                            et.add((kk, int(i), jw))
+                        elif i == jw:
+                            nt.add((u, int(i)))
+            if w == u:  # the follower feeds back into its leader: a diagonal cost
+                costs[u] += np.diag(moved)
+                edges.pop(kk)
+                in_edges[u].remove(kk)
+            else:
+                edges[kk] = [u, w, moved]
+                out_edges[u].append(kk)
+        follows[v] = (u, f)
+
+    kept = [v for v in range(n) if v not in follows]
+    new_index = {v: i for i, v in enumerate(kept)}
+    edge_ids = sorted(edges)
+    new_edge = {k: i for i, k in enumerate(edge_ids)}
+    shared = [
+        SharedCost(
+            s.cost,
+            sorted((new_index[v], i) for v, i in nt),
+            sorted((new_edge[k], i, j) for k, i, j in et),
+        )
+        for s, nt, et in zip(problem.shared_costs, node_triggers, edge_triggers)
+    ]
+    reduced = AssignmentProblem(
+        [costs[v] for v in kept],
+        [memory[v] for v in kept],
+        [(new_index[edges[k][0]], new_index[edges[k][1]], edges[k][2]) for k in edge_ids],
+        problem.memory_limit,
+        shared,
+    )
+    return reduced, Contraction(kept, follows)
