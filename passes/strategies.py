@@ -224,6 +224,10 @@ def _op(
             continue
         if not all(is_even(p, s, mesh) for p, s in zip(choice.outputs, shapes_out)):
             continue
+        if any(_averaging(p) for p in choice.inputs):
+            # Averaged partials only leave reductions (mean); as inputs they duplicate the
+            # summed-partial strategies at twice the ILP size.
+            continue
         seen.add(key)
         fed = all(_locally_reachable(p, c) for p, c in zip(choice.inputs, candidates))
         (direct if fed else moved).append(choice)
@@ -241,11 +245,24 @@ def _op(
     return NodeStrategies(node.name, "op", sources, strategies)
 
 
+def _averaging(placements: Placements | None) -> bool:
+    return placements is not None and any(
+        isinstance(p, Partial) and p.reduce_op == "avg" for p in placements
+    )
+
+
 def _locally_reachable(wanted: Placements, offered: list[Placements]) -> bool:
-    """Some offered placement becomes `wanted` with local work only: per mesh axis the
-    same placement, or replicated data sliced (shard) or kept on one rank (partial)."""
+    """The producer offers `wanted`, or something that becomes it by local work a rule
+    would ask for anyway: a replicated value read as a partial one (a bias added to a
+    partial sum), or any slice of a producer that is only ever replicated (constants,
+    the seed of the backward pass)."""
+    if wanted in offered:
+        return True
+    if all(p.is_replicate() for offer in offered for p in offer):
+        return True
     return any(
-        all(o == w or o.is_replicate() for o, w in zip(offer, wanted)) for offer in offered
+        all(o == w or (o.is_replicate() and w.is_partial()) for o, w in zip(offer, wanted))
+        for offer in offered
     )
 
 
