@@ -1,0 +1,140 @@
+"""`plan check`: train a plan on real gloo ranks and compare with one process.
+
+Both runs start from the same parameters and see the same synthetic batches; the sharded
+run must reproduce the single-process losses and final parameters, and the collectives it
+issues must be exactly the ones the plan predicted.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+
+from passes.lower import RankProgram
+from passes.trace import TracedProgram, TrainingObjective
+from planner.plan import Plan
+from runtime.comm_counter import CommCounter
+from runtime.launch import run_on_ranks
+from runtime.trainer import DEFAULT_OPTIMIZER, ShardedTrainer
+
+# fp32 training on both sides: only summation order differs.
+RELATIVE_TOLERANCE = 1e-4
+
+
+@dataclass
+class CheckReport:
+    passed: bool
+    steps: int
+    max_abs_error: float
+    """Largest elementwise difference over the losses and the final parameters."""
+    max_rel_error: float
+    """Largest relative difference: |loss - ref| / |ref| per loss, ||p - ref|| / ||ref|| per
+    parameter tensor."""
+    losses: list[float]
+    reference_losses: list[float]
+    measured_communication: dict[str, dict[str, int]]
+    """Collectives one rank issued in one step, by kind (count and bytes)."""
+    predicted_communication: dict[str, dict[str, int]]
+    communication_matches: bool
+    mismatches: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+def synthetic_batches(example_inputs: tuple, steps: int, seed: int = 0) -> list[tuple]:
+    """Batches shaped like the example inputs: normal floats, integers in the examples'
+    range (so token ids stay valid)."""
+    generator = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(steps):
+        batch = []
+        for x in example_inputs:
+            if not isinstance(x, torch.Tensor):
+                batch.append(x)
+            elif x.is_floating_point():
+                batch.append(torch.randn(x.shape, generator=generator, dtype=x.dtype))
+            else:
+                low, high = int(x.min()), int(x.max()) + 1
+                batch.append(torch.randint(low, high, x.shape, generator=generator, dtype=x.dtype))
+        batches.append(tuple(batch))
+    return batches
+
+
+def train_single_process(
+    model: nn.Module, loss_fn: Callable | None, batches: list[tuple]
+) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The reference: the unmodified model trained with the same optimizer."""
+    model = copy.deepcopy(model)
+    objective = TrainingObjective(model, loss_fn)
+    optimizer = torch.optim.AdamW(model.parameters(), **DEFAULT_OPTIMIZER)
+    losses = []
+    for batch in batches:
+        loss = objective(*batch)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+    return losses, {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def _train_rank(rank: int, world: int, program, plan, state, batches):
+    mesh = init_device_mesh("cpu", tuple(plan.mesh_shape))
+    trainer = ShardedTrainer(RankProgram(program, plan, mesh), state)
+    losses, comms = [], []
+    for batch in batches:
+        with CommCounter() as counter:
+            losses.append(trainer.step(*batch))
+        comms.append(counter.by_kind())
+    params = trainer.full_parameters()
+    return losses, comms, params if rank == 0 else None
+
+
+def check_plan(
+    model: nn.Module,
+    program: TracedProgram,
+    plan: Plan,
+    loss_fn: Callable | None = None,
+    example_inputs: tuple = (),
+    steps: int = 3,
+) -> CheckReport:
+    """Train `steps` steps on `plan.num_devices` gloo ranks and on one process; compare."""
+    batches = synthetic_batches(tuple(example_inputs), steps)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    reference_losses, reference_params = train_single_process(model, loss_fn, batches)
+    results = run_on_ranks(_train_rank, plan.num_devices, program, plan, state, batches)
+    losses, comms, params = results[0]
+
+    abs_error, rel_error = 0.0, 0.0
+    for got, want in zip(losses, reference_losses):
+        abs_error = max(abs_error, abs(got - want))
+        rel_error = max(rel_error, abs(got - want) / max(abs(want), 1e-12))
+    for name, want in reference_params.items():
+        diff = (params[name] - want).abs()
+        abs_error = max(abs_error, float(diff.max()))
+        rel_error = max(rel_error, float(diff.norm() / max(float(want.norm()), 1e-12)))
+
+    predicted = {k: v.model_dump() for k, v in plan.communication.items()}
+    mismatches = []
+    for step, measured in enumerate(comms):
+        if measured != predicted:
+            mismatches.append(f"step {step}: measured {measured}, predicted {predicted}")
+    # Every rank runs the same program; rank 0 speaks for all of them.
+    return CheckReport(
+        passed=rel_error < RELATIVE_TOLERANCE and not mismatches and math.isfinite(abs_error),
+        steps=steps,
+        max_abs_error=abs_error,
+        max_rel_error=rel_error,
+        losses=losses,
+        reference_losses=reference_losses,
+        measured_communication=comms[0] if comms else {},
+        predicted_communication=predicted,
+        communication_matches=not mismatches,
+        mismatches=mismatches,
+    )

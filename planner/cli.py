@@ -1,0 +1,194 @@
+"""The `plan` command.
+
+    plan MODEL --mesh 4 [--cluster cpu] [--json PATH] [--emit-code DIR]
+    plan check MODEL --mesh 2x2 [--steps 3] [--json PATH]
+
+MODEL is `demo:NAME`, `path/to/file.py:function` or `package.module:function`. A mistake
+in the input exits with status 2 and one line saying what to change (a traceback only with
+--debug); `plan check` exits 1 when the sharded run does not match the single process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from passes.trace import TraceError
+from planner.model_spec import ModelSpecError
+
+console = Console()
+
+
+class UsageError(ValueError):
+    """A command-line value that cannot be used; the message says what to change."""
+
+
+def parse_mesh(text: str) -> tuple[int, ...]:
+    """'4' -> (4,), '2x2' -> (2, 2)."""
+    try:
+        shape = tuple(int(part) for part in text.lower().split("x"))
+    except ValueError:
+        shape = ()
+    if not shape or any(s < 1 for s in shape):
+        raise UsageError(f"--mesh {text!r} is not a mesh shape; write sizes joined by x, e.g. 4 or 2x2")
+    return shape
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="demo:NAME, path/to/file.py:function or package.module:function")
+    parser.add_argument("--mesh", default="4", help="logical device mesh, e.g. 4 or 2x2 (default 4)")
+    parser.add_argument("--cluster", default="cpu", help="cluster preset or YAML/JSON file (default cpu)")
+    parser.add_argument("--time-limit", type=float, default=60.0, help="ILP time limit in seconds")
+    parser.add_argument("--json", metavar="PATH", help="also write the result as JSON")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    plan = argparse.ArgumentParser(
+        prog="plan", description="Plan how to shard a model's training step over a device mesh."
+    )
+    _common(plan)
+    plan.add_argument("--emit-code", metavar="DIR", help="write each rank's program as DIR/rankN.py")
+    check = argparse.ArgumentParser(
+        prog="plan check",
+        description="Plan, train on gloo ranks and on one process, and compare.",
+    )
+    _common(check)
+    check.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
+    return plan, check
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    plan_parser, check_parser = build_parsers()
+    is_check = bool(argv) and argv[0] == "check"
+    args = (check_parser if is_check else plan_parser).parse_args(argv[1:] if is_check else argv)
+    try:
+        return run_check(args) if is_check else run_plan(args)
+    except (UsageError, ModelSpecError, TraceError, ValueError, FileNotFoundError) as error:
+        if args.debug:
+            raise
+        console.print(f"[red]error:[/red] {error}", highlight=False)
+        return 2
+
+
+def _plan(args: argparse.Namespace):
+    from planner.api import plan_model
+    from planner.model_spec import load_model
+
+    mesh = parse_mesh(args.mesh)
+    loaded = load_model(args.model)
+    with console.status(f"planning {args.model} on mesh {'x'.join(map(str, mesh))}"):
+        planned = plan_model(
+            loaded.model, loaded.example_inputs, mesh, args.cluster, loaded.loss_fn,
+            name=args.model, time_limit_s=args.time_limit,
+        )
+    return loaded, planned
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    loaded, planned = _plan(args)
+    print_plan(planned)
+    if args.json:
+        planned.plan.to_json(args.json)
+        console.print(f"plan written to {args.json}")
+    if args.emit_code:
+        from passes.emit import emit_rank_programs
+
+        paths = emit_rank_programs(planned.program, planned.plan, args.emit_code)
+        console.print(f"{len(paths)} rank programs written to {args.emit_code}/")
+    return 0
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from planner.check import check_plan
+
+    if args.steps < 1:
+        raise UsageError(f"--steps {args.steps} must be at least 1")
+    loaded, planned = _plan(args)
+    print_plan(planned)
+    with console.status(f"training {args.steps} steps on {planned.plan.num_devices} gloo ranks"):
+        report = check_plan(
+            loaded.model, planned.program, planned.plan, loaded.loss_fn,
+            loaded.example_inputs, steps=args.steps,
+        )
+    print_check(report)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        console.print(f"report written to {args.json}")
+    return 0 if report.passed else 1
+
+
+def print_plan(planned) -> None:
+    plan = planned.plan
+    by_module: dict[str, list[str]] = defaultdict(list)
+    for fqn, placement in plan.parameters.items():
+        module, _, leaf = fqn.rpartition(".")
+        by_module[module or "(root)"].append(f"{leaf}={placement}")
+    table = Table(title=f"{plan.model}: parameter shardings on mesh {plan.mesh_shape}")
+    table.add_column("module")
+    table.add_column("parameters")
+    for module, entries in by_module.items():
+        table.add_row(module, "  ".join(entries))
+    console.print(table)
+
+    comm = Table(title="collectives of one training step (per rank)")
+    for column in ("phase", "kind", "count", "bytes"):
+        comm.add_column(column, justify="right" if column in ("count", "bytes") else "left")
+    for phase, kinds in plan.communication_by_phase.items():
+        for kind, stats in kinds.items():
+            comm.add_row(phase, kind, str(stats.count), f"{stats.bytes:,}")
+    console.print(comm)
+    p = plan.predicted
+    console.print(
+        f"predicted step time {p.step_time_s * 1e3:.3f} ms (compute {p.compute_s * 1e3:.3f} ms, "
+        f"communication {p.communication_s * 1e3:.3f} ms); memory per device "
+        f"{p.memory_bytes_per_device / 2**20:.2f} MiB"
+    )
+    t = planned.timings
+    console.print(
+        f"solver {plan.solver.status} (gap {plan.solver.gap:.2%}, {plan.solver.num_variables:,} "
+        f"variables); trace {t.trace_s:.1f} s, strategies {t.strategies_s:.1f} s, "
+        f"ILP {t.ilp_s:.1f} s"
+    )
+    if plan.fallback_ops:
+        ops = ", ".join(sorted({f.op for f in plan.fallback_ops}))
+        console.print(f"[yellow]replicated (no sharding rule):[/yellow] {ops}")
+
+
+def print_check(report) -> None:
+    table = Table(title=f"check over {report.steps} steps")
+    table.add_column("step", justify="right")
+    table.add_column("loss (sharded)", justify="right")
+    table.add_column("loss (one process)", justify="right")
+    for step, (got, want) in enumerate(zip(report.losses, report.reference_losses)):
+        table.add_row(str(step), f"{got:.8f}", f"{want:.8f}")
+    console.print(table)
+    comm = Table(title="collectives per step: measured vs predicted")
+    for column in ("kind", "measured", "predicted"):
+        comm.add_column(column)
+    kinds = sorted(set(report.measured_communication) | set(report.predicted_communication))
+    for kind in kinds:
+        m = report.measured_communication.get(kind, {"count": 0, "bytes": 0})
+        p = report.predicted_communication.get(kind, {"count": 0, "bytes": 0})
+        comm.add_row(kind, f"{m['count']} x, {m['bytes']:,} B", f"{p['count']} x, {p['bytes']:,} B")
+    console.print(comm)
+    verdict = "[green]PASSED[/green]" if report.passed else "[red]FAILED[/red]"
+    console.print(
+        f"{verdict}: max abs error {report.max_abs_error:.3e}, max rel error "
+        f"{report.max_rel_error:.3e}; collectives {'match' if report.communication_matches else 'differ'}"
+    )
+    for line in report.mismatches:
+        console.print(f"  {line}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
