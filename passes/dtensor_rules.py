@@ -116,6 +116,13 @@ def op_choices(
             candidates = [_representative(candidates)]
         flat[position] = OpStrategy([OpSpec(spec(mesh, p, meta)) for p in candidates])
     strategy_args, strategy_kwargs = torch.utils._pytree.tree_unflatten(flat, treedef)
+    # A list of tensors (cat, stack) is one TupleStrategy argument to DTensor's rules.
+    strategy_args = tuple(
+        TupleStrategy(list(a))
+        if isinstance(a, (list, tuple)) and a and all(isinstance(x, OpStrategy) for x in a)
+        else a
+        for a in strategy_args
+    )
     schema_info = (
         prop.op_to_schema_info_for_single_dim_strategy.get(op)
         if single_dim is not None

@@ -28,6 +28,7 @@ from planner.plan import (
     Predicted,
     SolverReport,
 )
+from planner.check import training_state
 from runtime.trainer import ShardedTrainer
 
 
@@ -175,5 +176,5 @@ def parallelize(
         program = trace(model, tuple(example_inputs), loss_fn)
     dist.broadcast_object_list(message, src=0)
     plan = Plan.from_json(message[0])
-    trainer = ShardedTrainer(RankProgram(program, plan, mesh), model.state_dict())
+    trainer = ShardedTrainer(RankProgram(program, plan, mesh), training_state(model))
     return plan, trainer
