@@ -28,9 +28,7 @@ from passes.trace import TracedProgram
 from planner.plan import GradientBucket, Plan
 
 
-# A view that is valid on the full tensor can be invalid on a shard whose memory is laid
-# out differently (a column slice); reshape copies only in that case.
-_RUN_AS = {torch.ops.aten.view.default: torch.ops.aten.reshape.default}
+_VIEW = torch.ops.aten.view.default
 
 
 class PlanMismatchError(RuntimeError):
@@ -118,7 +116,9 @@ class RankProgram:
             return env[a.name] if isinstance(a, fx.Node) else a
 
         args, kwargs = torch.utils._pytree.tree_map(arg, (node.args, node.kwargs))
-        out = _RUN_AS.get(node.target, node.target)(*args, **kwargs)
+        if node.target is _VIEW:
+            args = (_contiguous(args[0]), *args[1:])
+        out = node.target(*args, **kwargs)
         produced = sharding.produced or sharding.outputs[0]
         first = out[0] if isinstance(out, (tuple, list)) else out
         if isinstance(first, DTensor) and placement_str(first.placements) != produced:
@@ -215,6 +215,18 @@ class RankProgram:
                 shape=value.shape, stride=value.stride(),
             )
         return out
+
+
+def _contiguous(value: DTensor) -> DTensor:
+    """A view valid on the full tensor can be invalid on a shard whose memory is laid out
+    differently (a column slice of a row-major tensor); copy such shards first."""
+    local = value.to_local()
+    if local.is_contiguous():
+        return value
+    return DTensor.from_local(
+        local.contiguous(), value.device_mesh, value.placements, run_check=False,
+        shape=value.shape, stride=value.stride(),
+    )
 
 
 def _grad_node(program: TracedProgram, fqn: str) -> str:

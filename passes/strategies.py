@@ -224,6 +224,12 @@ def _op(
             continue
         if not all(is_even(p, s, mesh) for p, s in zip(choice.outputs, shapes_out)):
             continue
+        dtypes = [a.meta["val"].dtype for a in inputs] + [
+            t.dtype if isinstance(t, torch.Tensor) else None for t in _as_tuple(value)
+        ]
+        placements = (*choice.inputs, *choice.outputs)
+        if any(_partial_of_integers(p, d) for p, d in zip(placements, dtypes)):
+            continue
         if any(_averaging(p) for p in choice.inputs):
             # Averaged partials only leave reductions (mean); as inputs they duplicate the
             # summed-partial strategies at twice the ILP size.
@@ -243,6 +249,14 @@ def _op(
         if len(choice.outputs) == 1 and choice.outputs[0] is not None:
             strategies.extend(_reduced_variants(strategies[-1], shapes_out[0], mesh))
     return NodeStrategies(node.name, "op", sources, strategies)
+
+
+def _partial_of_integers(placements: Placements | None, dtype: torch.dtype | None) -> bool:
+    """Partial sums of indices or masks are meaningless (and DTensor would turn a
+    replicated int tensor into a partial one by dividing it)."""
+    if placements is None or dtype is None or dtype.is_floating_point:
+        return False
+    return any(p.is_partial() for p in placements)
 
 
 def _averaging(placements: Placements | None) -> bool:

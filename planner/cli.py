@@ -24,7 +24,7 @@ from rich.table import Table
 from passes.trace import TraceError
 from planner.model_spec import ModelSpecError
 
-console = Console()
+console = Console(emoji=False)
 
 
 class UsageError(ValueError):
