@@ -294,9 +294,18 @@ def _register_cpu_flash_attention_rules() -> None:
         return
 
     def rules(num_outputs: int, op_schema: OpSchema) -> list[list[Placement]]:
-        tensors = num_outputs + sum(isinstance(a, OpStrategy) for a in op_schema.args_schema)
-        tensors += sum(isinstance(v, OpStrategy) for v in op_schema.kwargs_schema.values())
-        return [[placement] * tensors for placement in (Replicate(), Shard(0), Shard(1))]
+        inputs = [a for a in op_schema.args_schema if isinstance(a, OpStrategy)]
+        inputs += [v for v in op_schema.kwargs_schema.values() if isinstance(v, OpStrategy)]
+        out = []
+        for placement in (Replicate(), Shard(0), Shard(1)):
+            # A mask broadcast over batch or heads (size 1 there) stays replicated.
+            per_input = [
+                Replicate() if isinstance(placement, Shard) and t.shape[placement.dim] == 1
+                else placement
+                for t in inputs
+            ]
+            out.append([placement] * num_outputs + per_input)
+        return out
 
     @register_op_strategy(forward, schema_info=RuntimeSchemaInfo(3))
     def _forward(op_schema: OpSchema) -> OpStrategy:

@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, ModelSpecError, TraceError, ValueError, FileNotFoundError) as error:
         if args.debug:
             raise
-        console.print(f"[red]error:[/red] {error}", highlight=False)
+        console.print(f"[red]error:[/red] {error}", highlight=False, soft_wrap=True)
         return 2
 
 

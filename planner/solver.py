@@ -139,8 +139,12 @@ def solve_ilp(
     )
     edge_terms = []
     edge_vars = []
+    # A shared cost triggered by one (i, j) pair must see that pair alone, not its group.
+    triggered = {k for s in problem.shared_costs for k, _, _ in s.edge_triggers}
     for k, (u, v, matrix) in enumerate(problem.edges):
-        terms, e, row_of, col_of = _add_edge(solver, k, x[u], x[v], matrix * scale)
+        terms, e, row_of, col_of = _add_edge(
+            solver, k, x[u], x[v], matrix * scale, group=k not in triggered
+        )
         edge_terms.extend(terms)
         edge_vars.append((e, row_of, col_of))
     for n, shared in enumerate(problem.shared_costs):
@@ -193,13 +197,17 @@ def _cost_scale(problem: AssignmentProblem) -> float:
     return 1.0 / top * 1e3 if top > 0 else 1.0
 
 
-def _add_edge(solver, k: int, xu: list, xv: list, matrix: np.ndarray) -> list:
+def _add_edge(solver, k: int, xu: list, xv: list, matrix: np.ndarray, group: bool = True) -> list:
     """Transport-shaped linearisation of x_u^T M x_v over distinct rows and columns.
 
     Returns the cost terms, the block of edge variables (empty when the matrix is
     uniform) and the row/column group of every choice."""
-    rows, row_of = _distinct(matrix)
-    cols, col_of = _distinct(matrix.T)
+    if group:
+        rows, row_of = _distinct(matrix)
+        cols, col_of = _distinct(matrix.T)
+    else:
+        rows, row_of = list(range(len(xu))), list(range(len(xu)))
+        cols, col_of = list(range(len(xv))), list(range(len(xv)))
     if len(rows) == 1 and len(cols) == 1:
         terms = [float(matrix[0, 0]) * solver.Sum(xu)] if matrix[0, 0] else []
         return terms, [], row_of, col_of
@@ -305,8 +313,9 @@ def contract_followers(problem: AssignmentProblem) -> tuple[AssignmentProblem, C
             moved = mm[f, :]
             out_edges[v].remove(kk)
             for nt, et in zip(node_triggers, edge_triggers):
-                for (k2, j, jw) in [t for t in et if t[0] == kk]:
-                    et.discard((k2, j, jw))
+                old = [t for t in et if t[0] == kk]
+                et.difference_update(old)  # rewrite all at once: old and new may coincide
+                for (_, j, jw) in old:
                     for i in np.flatnonzero(f == j):
                         if w != u:
                             et.add((kk, int(i), jw))

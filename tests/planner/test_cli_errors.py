@@ -56,23 +56,8 @@ def test_input_mistake_exits_2_with_a_message(case: str, capsys) -> None:
         assert fragment in text
 
 
-# The messages longer than 80 columns come out broken over two lines when stdout is not a
-# terminal: rich wraps them (bug reported; `console.print(..., soft_wrap=True)` fixes it).
-_WRAPPED = {"no-colon", "missing-file", "unknown-cluster"}
-
-
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(
-            c,
-            marks=pytest.mark.xfail(strict=True, reason="rich wraps long errors at 80 columns")
-            if c in _WRAPPED
-            else (),
-        )
-        for c in CASES
-    ],
-)
+# Messages longer than 80 columns must not be wrapped when stdout is not a terminal.
+@pytest.mark.parametrize("case", list(CASES))
 def test_input_mistake_message_is_one_line_when_piped(case: str, capsys, piped_width) -> None:
     code, output = run(CASES[case][0], capsys)
     assert code == 2

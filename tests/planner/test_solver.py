@@ -57,13 +57,13 @@ def random_problem(
     min_nodes: int = 2,
     max_nodes: int = 6,
     shared: bool = True,
-    grouped_edge_triggers: bool = False,
+    grouped_edge_triggers: bool = True,
 ) -> AssignmentProblem:
     """A DAG-shaped problem: 2-6 nodes, 1-4 choices each, edges only from lower to higher
     node index. The memory limit is binding in about half the instances.
 
-    Edge triggers of shared costs are put only on edges whose matrix is uniform or has all
-    rows and columns distinct, unless `grouped_edge_triggers` (see the xfail test below).
+    Edge triggers of shared costs go on any edge, including ones with repeated rows or
+    columns (which the ILP must then not group), unless `grouped_edge_triggers` is off.
     """
     rng = np.random.default_rng(seed)
     n = int(rng.integers(min_nodes, max_nodes + 1))
@@ -201,8 +201,6 @@ def test_exactly_fitting_memory_limit_is_feasible() -> None:
     assert memory_of(problem, got.choices) <= problem.memory_limit
 
 
-@pytest.mark.xfail(strict=True, reason="solve_ilp triggers an edge's shared cost on the whole "
-                   "row/column group of (i, j), not on (i, j) alone (bug reported)")
 def test_ilp_edge_trigger_on_a_grouped_row_fires_only_for_its_own_choice() -> None:
     # Rows 0 and 1 of the edge matrix are identical, so the ILP groups them; the shared
     # cost is triggered only by (u=0, v=0), so (u=1, v=0) costs 0.5 and is the optimum.
@@ -410,9 +408,6 @@ def test_node_with_two_producers_is_not_merged() -> None:
     assert len(reduced.edges) == 2
 
 
-@pytest.mark.xfail(strict=True, reason="contract_followers rewrites a follower's out-edge "
-                   "triggers in place, so a rewritten trigger can be discarded as if it were "
-                   "an old one (bug reported)")
 def test_two_triggers_on_a_follower_out_edge_survive_a_permuting_mapping() -> None:
     # The shared cost fires whenever node 2 takes 0 (whatever node 1 takes).
     problem = AssignmentProblem(
