@@ -210,6 +210,10 @@ def _module_of(node: fx.Node) -> str | None:
     return _strip(list(stack.values())[-1][0]).removeprefix("model")
 
 
+# How far ahead the forward-op walk looks for the op the joint graph has next.
+_RESYNC_WINDOW = 8
+
+
 def _annotate(
     joint: fx.Graph,
     forward: fx.Graph,
@@ -235,10 +239,14 @@ def _annotate(
             continue
         node.meta["tessel_phase"] = phase
         if phase == "forward":
-            if cursor < len(forward_ops) and forward_ops[cursor].target == node.target:
-                node.meta["tessel_module"] = _module_of(forward_ops[cursor]) or ""
-                cursor += 1
-            else:  # aliases the joint graph adds for saved tensors
+            # The joint graph adds ops (aliases of saved tensors, views) and may drop a few:
+            # resynchronise on the next forward op with the same target.
+            window = forward_ops[cursor : cursor + _RESYNC_WINDOW]
+            match = next((i for i, op in enumerate(window) if op.target == node.target), None)
+            if match is not None:
+                node.meta["tessel_module"] = _module_of(window[match]) or ""
+                cursor += match + 1
+            else:
                 node.meta["tessel_module"] = _input_module(node)
         else:
             node.meta["tessel_module"] = _input_module(node)

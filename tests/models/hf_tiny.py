@@ -13,11 +13,8 @@ Config choices that tracing needs (torch 2.13, transformers 5.x), checked with
 * ``tie_word_embeddings=False`` for GPT-2: with the LM head tied to the token embedding,
   the joint graph fails with "Found a parameter that did not receive a gradient"
   (a shared parameter is seen twice). Llama is untied by default; it is pinned anyway.
-* ``attn_implementation="eager"`` for GPT-2: with ``"sdpa"`` the forward exports, but the
-  joint graph fails with "Cannot view a tensor ... as a tensor with shape (32, 64)":
-  GPT-2's ``Conv1D`` calls ``x.view`` on the SDPA output, whose strides after
-  decomposition differ from those recorded at export. Llama uses ``nn.Linear`` (no
-  ``view``), so its default ``"sdpa"`` traces.
+* ``attn_implementation="sdpa"``: attention stays one fused op in Tessel's trace (its
+  decomposition keeps scaled-dot-product attention whole), so its heads can be split.
 * Dropout probabilities are 0 so training-mode runs are deterministic.
 """
 
@@ -59,7 +56,7 @@ def _token_ids() -> tuple[torch.Tensor]:
 
 
 def gpt2() -> HFTiny:
-    """A 2-layer, 64-wide GPT-2 with untied embeddings and eager attention."""
+    """A 2-layer, 64-wide GPT-2 with untied embeddings and SDPA attention."""
     torch.manual_seed(0)
     config = GPT2Config(
         n_layer=2,
@@ -71,7 +68,7 @@ def gpt2() -> HFTiny:
         embd_pdrop=0.0,
         attn_pdrop=0.0,
         tie_word_embeddings=False,
-        attn_implementation="eager",
+        attn_implementation="sdpa",
         # GPT-2's defaults (50256) lie outside the tiny vocabulary and trigger a warning.
         bos_token_id=VOCAB - 1,
         eos_token_id=VOCAB - 1,

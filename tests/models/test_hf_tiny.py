@@ -1,7 +1,7 @@
 """tests/models/hf_tiny.py: the tiny HF models load as model specs and trace for training.
 
 The tracing test guards the config choices documented in hf_tiny (untied embeddings,
-eager attention for GPT-2): if a torch or transformers upgrade changes them, it fails here
+SDPA attention): if a torch or transformers upgrade changes them, it fails here
 rather than deep inside the planner.
 """
 
