@@ -189,26 +189,38 @@ def redistribution(
     infos = _gen_transform_infos(src_spec, dst_spec)
     infos = _optimize_transform_infos(infos, mesh, src_spec.placements, dst_spec.placements)
     itemsize = meta.dtype.itemsize
+    current = list(src)
     collectives = []
     for info in infos:
         kind = info._comm_type_key()
+        dims = tuple(getattr(info, "original_mesh_dims", (info.mesh_dim,)))
+        before = _local_numel(meta.shape, current, mesh) * itemsize
+        for d in dims:
+            current[d] = info.src_dst_placements[1]
         if kind is None:
             continue
-        dims = getattr(info, "original_mesh_dims", (info.mesh_dim,))
         group = 1
         for d in dims:
             group *= mesh.size(d)
-        # logical_shape is the tensor as seen on this mesh axis (already split by the axes
-        # before it); the un-split side of the collective is that whole shape.
-        full = itemsize
-        for size in info.logical_shape:
-            full *= int(size)
         if kind == "all_to_all" and mesh.device_type == "cpu":
-            # gloo has no all-to-all; DTensor all-gathers the whole tensor and keeps a chunk.
+            # gloo has no all-to-all; DTensor all-gathers the shard and keeps a chunk.
             kind = "all_gather"
-        nbytes = full if kind != "all_to_all" else full // group
-        collectives.append(Collective(kind, tuple(dims), nbytes))
+        # The larger of the local input and output buffers: a gather's output holds
+        # `group` local inputs; the others are at most their input.
+        nbytes = before * group if kind == "all_gather" else before
+        collectives.append(Collective(kind, dims, nbytes))
     return collectives
+
+
+def _local_numel(shape: Sequence[int], placements: Sequence[Placement], mesh: DeviceMesh) -> int:
+    """Elements of one rank's shard (shapes divide evenly: see strategies.is_even)."""
+    numel = 1
+    for size in shape:
+        numel *= int(size)
+    for axis, p in enumerate(placements):
+        if isinstance(p, Shard):
+            numel //= mesh.size(axis)
+    return numel
 
 
 class UnsupportedRedistribution(ValueError):

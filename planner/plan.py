@@ -75,7 +75,10 @@ class Predicted(_Model):
 
 class SolverReport(_Model):
     backend: str = Field(description="OR-Tools backend that solved the ILP.")
-    status: str = Field(description="'OPTIMAL' or 'FEASIBLE' (time limit hit).")
+    status: str = Field(
+        description="'OPTIMAL', 'FEASIBLE' (time limit hit) or 'GREEDY' (time limit hit "
+        "before the ILP had a solution: the greedy incumbent, gap unknown, reported as 1)."
+    )
     gap: float = Field(ge=0, description="Relative optimality gap (0 when optimal).")
     solve_time_s: float = Field(ge=0, description="Wall time of the solve.")
     num_variables: int = Field(ge=0, description="Variables in the ILP.")
