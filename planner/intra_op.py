@@ -182,6 +182,11 @@ def plan_intra_op(
         reduced_assignment, choices=expanded, objective=evaluate(problem, expanded)
     )
     choices = {n: assignment.choices[index[n]] for n in names}
+    if assignment.objective >= IMPOSSIBLE_S:
+        raise RuntimeError(
+            "the solver returned a plan that needs a redistribution DTensor cannot do; "
+            f"raise the time limit (now {time_limit_s:g} s)"
+        )
     transfers = _transfers(program, table, choices, comm)
     member_of = {t: _bucket_member(program, t) for t in transfers if _bucket_member(program, t)}
     dtype_of = {t: output_value(program, t.source).dtype for t in member_of}

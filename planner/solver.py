@@ -106,14 +106,16 @@ def solve_greedy(problem: AssignmentProblem) -> list[int]:
     """Each node in order takes its cheapest choice given the choices already made
     upstream (the memory limit is not enforced): a quick incumbent for the ILP."""
     choices: list[int | None] = [None] * len(problem.node_costs)
-    incoming: dict[int, list] = {}
+    # Costs of an edge as seen from each end: rows for its producer, columns for its consumer.
+    seen_from: dict[int, list] = {}
     for u, v, m in problem.edges:
-        incoming.setdefault(v, []).append((u, m))
+        seen_from.setdefault(v, []).append((u, m))
+        seen_from.setdefault(u, []).append((v, m.T))
     for v, costs in enumerate(problem.node_costs):
         total = costs.astype(float).copy()
-        for u, m in incoming.get(v, []):
-            if choices[u] is not None:
-                total += m[choices[u], :]
+        for other, m in seen_from.get(v, []):
+            if choices[other] is not None:
+                total += m[choices[other], :]
         choices[v] = int(np.argmin(total))
     return [int(c) for c in choices]
 
