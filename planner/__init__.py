@@ -1,0 +1,20 @@
+"""Tessel: plan and run parallel training for PyTorch models.
+
+`plan_model` plans a model's training step over a device mesh; `parallelize` plans it and
+returns a trainer for the ranks of an initialized process group.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["parallelize", "plan_model"]
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use: `planner.cluster` and the CLI's error paths stay light.
+    if name in __all__:
+        from planner import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'planner' has no attribute {name!r}")
