@@ -22,4 +22,4 @@ test: venv
 
 demo: venv
 	$(BIN)/plan check demo:mlp --mesh 4 --steps 3
-	$(BIN)/plan demo:gpt --mesh 2x2
+	$(BIN)/plan demo:gpt --mesh 2x2 --time-limit 20

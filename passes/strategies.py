@@ -374,7 +374,10 @@ def _saved_for_backward(program: TracedProgram) -> set[str]:
     for node in program.graph.nodes:
         if node.meta.get("tessel_phase") != "forward" or node.op != "call_function":
             continue
-        if any(u.meta.get("tessel_phase") == "backward" for u in node.users):
+        if any(
+            u.meta.get("tessel_phase") == "backward" and u.target not in SHAPE_ONLY_OPS
+            for u in node.users
+        ):
             saved.add(source_of(node)[0])
     return saved
 

@@ -195,7 +195,8 @@ def _program(joint: Any, forward: Any, method: str) -> TracedProgram:
         for s in signature.output_specs
         if s.kind.name == "GRADIENT_TO_PARAMETER"
     }
-    _annotate(gm.graph, forward.graph, parameters, buffers, loss)
+    gradient_modules = {name: fqn.rpartition(".")[0] for name, fqn in gradients.items()}
+    _annotate(gm.graph, forward.graph, parameters, buffers, loss, gradient_modules)
     return TracedProgram(gm, parameters, buffers, user_inputs, loss, gradients, method)
 
 
@@ -220,6 +221,7 @@ def _annotate(
     parameters: dict[str, str],
     buffers: dict[str, str],
     loss: str,
+    gradient_modules: dict[str, str],
 ) -> None:
     """Tag each joint node with its phase and module path.
 
@@ -248,17 +250,52 @@ def _annotate(
                 cursor += match + 1
             else:
                 node.meta["tessel_module"] = _input_module(node)
-        else:
-            node.meta["tessel_module"] = _input_module(node)
         if node.name == loss:
             phase = "backward"
+    _annotate_backward(joint, gradient_modules)
 
 
-def _input_module(node: fx.Node) -> str:
-    """The deepest module path among the node's inputs (backward mirrors forward)."""
+def _annotate_backward(joint: fx.Graph, gradient_modules: dict[str, str]) -> None:
+    """Module paths of backward nodes.
+
+    Walking back from the gradients, two hints: the innermost module enclosing all the
+    node's users (a weight gradient's matmul feeds only that weight's gradient), and the
+    most specific module among the forward values it reads (an attention backward reads
+    its own block's saved query, key and value). The more specific hint wins.
+    """
+    backward = [n for n in joint.nodes if n.meta.get("tessel_phase") == "backward"]
+    for node in reversed(backward):
+        if node.name in gradient_modules:
+            node.meta["tessel_module"] = gradient_modules[node.name]
+            continue
+        users = [u.meta.get("tessel_module") for u in node.users if u.op != "output"]
+        enclosing = _common_module([u for u in users if u])
+        read = _input_module(node, phase="forward")
+        node.meta["tessel_module"] = max((enclosing, read), key=_depth)
+
+
+def _depth(path: str) -> int:
+    return path.count(".") + 1 if path else 0
+
+
+def _common_module(paths: list[str]) -> str:
+    if not paths:
+        return ""
+    parts = [p.split(".") for p in paths]
+    common = []
+    for level in zip(*parts):
+        if len(set(level)) != 1:
+            break
+        common.append(level[0])
+    return ".".join(common)
+
+
+def _input_module(node: fx.Node, phase: str | None = None) -> str:
+    """The most specific module path among the node's inputs (of one phase, if given)."""
     paths = [
         a.meta.get("tessel_module", "")
         for a in node.all_input_nodes
         if a.meta.get("tessel_module") is not None
+        and (phase is None or a.meta.get("tessel_phase") == phase)
     ]
-    return max(paths, key=lambda p: (p.count("."), len(p)), default="")
+    return max(paths, key=lambda p: (_depth(p), len(p)), default="")

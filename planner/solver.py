@@ -195,12 +195,20 @@ def solve_ilp(
             hint, evaluate(problem, hint), 1.0, "GREEDY", time.perf_counter() - start
         )
     choices = [int(np.argmax([var.solution_value() for var in vars_v])) for vars_v in x]
-    best = solver.Objective().Value()
-    bound = solver.Objective().BestBound()
-    gap = 0.0 if status == pywraplp.Solver.OPTIMAL else abs(best - bound) / max(abs(best), 1e-12)
+    objective = evaluate(problem, choices)
+    if status != pywraplp.Solver.OPTIMAL:
+        # Stopped by the time limit: SCIP may not have used the hint as its incumbent.
+        greedy = evaluate(problem, hint)
+        if greedy < objective and memory_of(problem, hint) <= problem.memory_limit:
+            choices, objective = hint, greedy
+    bound = solver.Objective().BestBound() / scale
+    gap = (
+        0.0 if status == pywraplp.Solver.OPTIMAL
+        else max(0.0, objective - bound) / max(abs(objective), 1e-12)
+    )
     return Assignment(
         choices,
-        evaluate(problem, choices),
+        objective,
         gap,
         "OPTIMAL" if status == pywraplp.Solver.OPTIMAL else "FEASIBLE",
         time.perf_counter() - start,

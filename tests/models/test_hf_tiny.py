@@ -11,25 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
 pytest.importorskip("transformers")
 
 from planner.model_spec import load_model  # noqa: E402
 
 HF_TINY = Path(__file__).with_name("hf_tiny.py")
-
-
-class _Loss(nn.Module):
-    """``loss_fn(model(x), x)`` as one module, the shape the planner exports."""
-
-    def __init__(self, model: nn.Module, loss_fn) -> None:
-        super().__init__()
-        self.model = model
-        self.loss_fn = loss_fn
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.loss_fn(self.model(x), x)
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
@@ -43,14 +30,17 @@ def test_loads_and_runs(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
-def test_exports_forward_and_backward(name: str) -> None:
-    from torch.export.experimental import _export_forward_backward
+def test_traces_for_training(name: str) -> None:
+    from passes.trace import trace
 
     loaded = load_model(f"{HF_TINY}:{name}")
-    torch.export.export(loaded.model, loaded.example_inputs, strict=False)
-    exported = torch.export.export(
-        _Loss(loaded.model, loaded.loss_fn), loaded.example_inputs, strict=False
-    )
-    joint = _export_forward_backward(exported)
-    kinds = {spec.kind.name for spec in joint.graph_signature.output_specs}
-    assert "GRADIENT_TO_PARAMETER" in kinds
+    program = trace(loaded.model, loaded.example_inputs, loaded.loss_fn)
+    assert program.method == "torch.export"
+    names = {n for n, _ in loaded.model.named_parameters()}
+    assert set(program.parameters.values()) == names
+    assert set(program.gradients.values()) == names
+    fused = [
+        n for n in program.graph.nodes
+        if n.target is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    ]
+    assert len(fused) == 2  # attention stays one op per layer, so its heads can be split
