@@ -184,7 +184,9 @@ def redistribution(
     if tuple(src) == tuple(dst):
         return []
     if not is_supported(src, dst):
-        raise UnsupportedRedistribution(f"DTensor cannot move {placement_str(src)} to {placement_str(dst)}")
+        raise UnsupportedRedistribution(
+            f"DTensor cannot move {placement_str(src)} to {placement_str(dst)}"
+        )
     src_spec, dst_spec = spec(mesh, src, meta), spec(mesh, dst, meta)
     infos = _gen_transform_infos(src_spec, dst_spec)
     infos = _optimize_transform_infos(infos, mesh, src_spec.placements, dst_spec.placements)

@@ -45,7 +45,7 @@ def trace_rank_program(program: TracedProgram, plan: Plan, rank: int) -> torch.f
             node, placements = layout[name]
             value = program.nodes[node].meta["val"]
             full = torch.zeros(value.shape, dtype=value.dtype)
-            shards.append(rank_program.shard(name, full, placements))
+            shards.append(rank_program.shard(full, placements))
 
         def step(*locals_: torch.Tensor):
             dtensors = {

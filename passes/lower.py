@@ -50,7 +50,7 @@ class RankProgram:
         self.program = program
         self.plan = plan
         self.mesh = mesh
-        self._replicated = tuple(Replicate() for _ in range(mesh.ndim))
+        self.replicated = tuple(Replicate() for _ in range(mesh.ndim))
         self._bucketed = {m for b in plan.gradient_buckets for m in b.members}
         self._fallbacks = {f.node for f in plan.fallback_ops}
 
@@ -59,7 +59,7 @@ class RankProgram:
     def parameter_placements(self) -> dict[str, tuple]:
         return {fqn: parse_placements(p) for fqn, p in self.plan.parameters.items()}
 
-    def shard(self, fqn_or_input: str, full: torch.Tensor, placements: tuple) -> DTensor:
+    def shard(self, full: torch.Tensor, placements: tuple) -> DTensor:
         """This rank's shard of a full tensor every rank holds: a local slice, no
         communication."""
         return distribute_tensor(full.detach(), self.mesh, placements, src_data_rank=None)
@@ -67,7 +67,7 @@ class RankProgram:
     def shard_inputs(self, inputs: tuple[torch.Tensor, ...]) -> list[DTensor]:
         names = self.program.user_inputs
         return [
-            self.shard(n, x, parse_placements(self.plan.inputs[n])) for n, x in zip(names, inputs)
+            self.shard(x, parse_placements(self.plan.inputs[n])) for n, x in zip(names, inputs)
         ]
 
     # -- one step ----------------------------------------------------------------------
@@ -143,13 +143,13 @@ class RankProgram:
             if isinstance(value, torch.Tensor):
                 if like_only:
                     return torch.zeros(value.shape, dtype=value.dtype)
-                return self._move(a, env, moved, self._replicated).to_local()
+                return self._move(a, env, moved, self.replicated).to_local()
             return env[a.name]
 
         args, kwargs = torch.utils._pytree.tree_map(arg, (node.args, node.kwargs))
         out = node.target(*args, **kwargs)
         return torch.utils._pytree.tree_map(
-            lambda t: DTensor.from_local(t, self.mesh, self._replicated, run_check=False)
+            lambda t: DTensor.from_local(t, self.mesh, self.replicated, run_check=False)
             if isinstance(t, torch.Tensor) and not isinstance(t, DTensor)
             else t,
             out,
@@ -182,7 +182,7 @@ class RankProgram:
             grads[fqn] = grad
         loss = values["loss"]
         if "loss" not in self._bucketed:
-            loss = self._move(nodes[self.program.loss], env, moved, self._replicated)
+            loss = self._move(nodes[self.program.loss], env, moved, self.replicated)
         return loss.to_local(), grads
 
     def _reduce_bucket(

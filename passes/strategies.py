@@ -383,8 +383,5 @@ def _saved_for_backward(program: TracedProgram) -> set[str]:
 
 
 def fallback_nodes(table: dict[str, NodeStrategies]) -> list[str]:
+    """Nodes whose op has no sharding rule (planned replicated), in graph order."""
     return [name for name, s in table.items() if s.kind == "fallback"]
-
-
-def count_choices(table: dict[str, NodeStrategies]) -> Iterable[int]:
-    return (len(s.strategies) for s in table.values())

@@ -14,7 +14,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from passes.dtensor_rules import fake_mesh, placement_str
 from passes.lower import RankProgram, graph_fingerprint
-from passes.strategies import enumerate_strategies
+from passes.strategies import enumerate_strategies, fallback_nodes
 from passes.trace import TracedProgram, trace
 from planner.cluster import Cluster
 from planner.intra_op import IntraOpSolution, plan_intra_op
@@ -88,7 +88,6 @@ def _assemble(program, table, solution: IntraOpSolution, mesh_shape, cluster, na
         return table[node].strategies[solution.choices[node]]
 
     nodes = {}
-    fallbacks = []
     for node, strategies in table.items():
         if strategies.kind in ("parameter", "buffer", "input"):
             continue
@@ -102,11 +101,6 @@ def _assemble(program, table, solution: IntraOpSolution, mesh_shape, cluster, na
             outputs=[placement_str(p) if p is not None else None for p in s.outputs],
             produced=placement_str(s.produced) if s.produced is not None else None,
         )
-        if strategies.kind == "fallback":
-            fallbacks.append(
-                FallbackOp(node=node, op=str(program.nodes[node].target),
-                           module=meta.get("tessel_module", ""))
-            )
     return Plan(
         model=name,
         cluster=cluster,
@@ -126,7 +120,10 @@ def _assemble(program, table, solution: IntraOpSolution, mesh_shape, cluster, na
             communication_s=solution.communication_s,
             memory_bytes_per_device=solution.memory_bytes,
         ),
-        fallback_ops=fallbacks,
+        fallback_ops=[
+            FallbackOp(node=n, op=nodes[n].op, module=nodes[n].module)
+            for n in fallback_nodes(table)
+        ],
         solver=SolverReport(
             backend="SCIP",
             status=solution.assignment.status,

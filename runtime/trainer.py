@@ -31,13 +31,12 @@ class ShardedTrainer:
         self.rank_program = rank_program
         program = rank_program.program
         placements = rank_program.parameter_placements()
-        replicated = rank_program._replicated
         self.params = {
-            fqn: rank_program.shard(fqn, state_dict[fqn], placements[fqn])
+            fqn: rank_program.shard(state_dict[fqn], placements[fqn])
             for fqn in program.parameters.values()
         }
         self.buffers = {
-            fqn: rank_program.shard(fqn, state_dict[fqn], replicated)
+            fqn: rank_program.shard(state_dict[fqn], rank_program.replicated)
             for fqn in program.buffers.values()
         }
         # The optimizer owns the local shards; DTensors are views of them.
