@@ -246,7 +246,10 @@ def _op(
     strategies = []
     for choice in kept:
         strategies.append(strategy(choice.inputs, choice.outputs))
-        if len(choice.outputs) == 1 and choice.outputs[0] is not None:
+        # On 2-D meshes, where every partial placement multiplies the ILP, reduce only
+        # where the partial sum is made (a matmul or sum over a split dimension), not
+        # again at every op it flows through.
+        if len(choice.outputs) == 1 and (mesh.ndim == 1 or _creates_partial(choice)):
             strategies.extend(_reduced_variants(strategies[-1], shapes_out[0], mesh))
     return NodeStrategies(node.name, "op", sources, strategies)
 
@@ -300,6 +303,18 @@ def _choices(op, args, kwargs, mesh, candidates, out_meta) -> list | None:
             continue
         found.extend(c for c in result or [] if c not in found)
     return found or None
+
+
+def _creates_partial(choice) -> bool:
+    """The op contracts a split dimension: its output is partial on a mesh axis along which
+    some input is sharded (not merely passed a partial input through)."""
+    out = choice.outputs[0]
+    if out is None:
+        return False
+    return any(
+        p.is_partial() and any(i is not None and i[axis].is_shard() for i in choice.inputs)
+        for axis, p in enumerate(out)
+    )
 
 
 def _reduced_variants(partial: Strategy, shape: Sequence[int], mesh: DeviceMesh) -> list[Strategy]:

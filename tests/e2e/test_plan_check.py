@@ -53,7 +53,7 @@ def planned(name: str, mesh: tuple[int, ...], cluster: str) -> tuple[tuple, Plan
     spec = COMPUTE_BOUND if cluster == "compute-bound" else cluster
     # A 2x2 mesh gives the ILP tens of thousands of variables; the greedy incumbent and a
     # time limit keep the test short (any plan must train correctly).
-    result = plan_model(model, inputs, mesh, spec, loss_fn, name=name, time_limit_s=20)
+    result = plan_model(model, inputs, mesh, spec, loss_fn, name=name, time_limit_s=60)
     return (model, inputs, loss_fn), result
 
 
@@ -143,3 +143,11 @@ def test_op_without_sharding_rule_is_replicated_and_listed() -> None:
         node = result.plan.nodes[fallback.node]
         assert set(node.inputs) == {"R"} and set(node.outputs) == {"R"}
     assert_matches_single_process(checked("cdist", (2,), "cpu"))
+
+
+def test_plans_report_how_they_were_solved() -> None:
+    for name, mesh in [("demo:mlp", (4,)), ("demo:gpt", (2, 2))]:
+        cluster = "cpu" if name == "demo:mlp" else "compute-bound"
+        solver = planned(name, mesh, cluster)[1].plan.solver
+        assert solver.status in ("OPTIMAL", "FEASIBLE", "GREEDY")
+        assert 0.0 <= solver.gap <= 1.0
