@@ -1,0 +1,136 @@
+"""Named shapes of published models, for ``plan`` and for tests of the cost model.
+
+Each preset cites where its numbers come from. Where a paper and the released model
+disagree, the released configuration wins and the comment says so.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from planner.models.config import TransformerConfig
+
+__all__ = ["PRESETS", "get_preset", "describe_presets"]
+
+
+def _gpt3(num_layers: int, hidden_size: int, num_attention_heads: int) -> TransformerConfig:
+    """GPT-3 shape as Megatron-LM trains it (Brown et al. 2020, Sec. 2.1).
+
+    Vocabulary 51200: GPT-2's 50257 BPE tokens padded, as Megatron does, to a multiple of
+    128 x tensor-parallel size. Context 2048, learned positions, LayerNorm, GeLU, biases,
+    tied input and output embeddings.
+    """
+    return TransformerConfig(
+        num_layers=num_layers,
+        hidden_size=hidden_size,
+        num_attention_heads=num_attention_heads,
+        vocab_size=51200,
+        seq_length=2048,
+        norm="layernorm",
+        activation="gelu",
+        position_embedding="learned",
+        tie_embeddings=True,
+        bias=True,
+    )
+
+
+def _llama3(
+    num_layers: int, hidden_size: int, num_attention_heads: int, ffn_hidden_size: int
+) -> TransformerConfig:
+    """Llama 3 shape (Dubey et al. 2024, "The Llama 3 Herd of Models", Table 3).
+
+    8 key/value heads, vocabulary 128256 (the released config.json; the paper rounds it to
+    128K), RMSNorm, SwiGLU, RoPE with base 500000, no biases, untied output layer.
+    Pre-training sequences are 8192 tokens; the released models extend to 131072.
+    """
+    return TransformerConfig(
+        num_layers=num_layers,
+        hidden_size=hidden_size,
+        num_attention_heads=num_attention_heads,
+        ffn_hidden_size=ffn_hidden_size,
+        num_query_groups=8,
+        vocab_size=128256,
+        seq_length=8192,
+        max_position_embeddings=131072,
+        norm="rmsnorm",
+        activation="swiglu",
+        position_embedding="rope",
+        rotary_base=500000,
+        tie_embeddings=False,
+        bias=False,
+    )
+
+
+def _mixtral(
+    num_layers: int,
+    hidden_size: int,
+    num_attention_heads: int,
+    ffn_hidden_size: int,
+    vocab_size: int,
+    max_position_embeddings: int,
+) -> TransformerConfig:
+    """Mixtral shape (Jiang et al. 2024, "Mixtral of Experts", Table 1, and the released
+    config.json files): 8 SwiGLU experts, top-2 routing, 8 key/value heads, RMSNorm, RoPE
+    with base 1e6, no biases, untied output layer. The training sequence length is not
+    published; 4096 is a common fine-tuning length well inside the context window.
+    """
+    return TransformerConfig(
+        num_layers=num_layers,
+        hidden_size=hidden_size,
+        num_attention_heads=num_attention_heads,
+        ffn_hidden_size=ffn_hidden_size,
+        num_query_groups=8,
+        vocab_size=vocab_size,
+        seq_length=4096,
+        max_position_embeddings=max_position_embeddings,
+        norm="rmsnorm",
+        activation="swiglu",
+        position_embedding="rope",
+        rotary_base=1_000_000,
+        tie_embeddings=False,
+        num_experts=8,
+        moe_top_k=2,
+        bias=False,
+    )
+
+
+PRESETS: dict[str, TransformerConfig] = {
+    # Brown et al. 2020, Table 2.1 (n_layers, d_model, n_heads).
+    "gpt3-125m": _gpt3(12, 768, 12),
+    "gpt3-350m": _gpt3(24, 1024, 16),
+    "gpt3-760m": _gpt3(24, 1536, 16),
+    # The table lists 24 heads of size 128 for d_model 2048, which cannot both hold; 16
+    # heads of 128 is what Megatron-LM and DeepSpeed train. Heads do not change the count.
+    "gpt3-1.3b": _gpt3(24, 2048, 16),
+    "gpt3-2.7b": _gpt3(32, 2560, 32),
+    "gpt3-6.7b": _gpt3(32, 4096, 32),
+    # The table's d_model 5140 is a typo for 40 heads x 128 = 5120.
+    "gpt3-13b": _gpt3(40, 5120, 40),
+    "gpt3-175b": _gpt3(96, 12288, 96),
+    # Narayanan et al. 2021 (Megatron-LM at scale), Table 1: the 1T (1008B) GPT row.
+    "gpt-1t": _gpt3(128, 25600, 160),
+    "llama3-8b": _llama3(32, 4096, 32, 14336),
+    "llama3-70b": _llama3(80, 8192, 64, 28672),
+    "llama3-405b": _llama3(126, 16384, 128, 53248),
+    # Mixtral 8x7B: 32k context. 8x22B (Mistral AI, April 2024): 64k context, 32768 vocab.
+    "mixtral-8x7b": _mixtral(32, 4096, 32, 14336, 32000, 32768),
+    "mixtral-8x22b": _mixtral(56, 6144, 48, 16384, 32768, 65536),
+}
+
+
+def get_preset(name: str) -> TransformerConfig:
+    """A copy of the preset `name`, safe to modify; ValueError naming the closest presets."""
+    try:
+        return PRESETS[name].model_copy(deep=True)
+    except KeyError:
+        pass
+    close = difflib.get_close_matches(name.lower(), PRESETS, n=3, cutoff=0.4)
+    hint = f"did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    raise ValueError(
+        f"unknown model preset {name!r}; {hint or 'known presets: ' + ', '.join(PRESETS)}"
+    )
+
+
+def describe_presets() -> list[tuple[str, int]]:
+    """``(name, parameter count)`` of every preset, in definition order."""
+    return [(name, config.num_parameters()) for name, config in PRESETS.items()]
