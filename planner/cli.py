@@ -2,6 +2,7 @@
 
     plan MODEL --mesh 4 [--cluster cpu] [--json PATH] [--emit-code DIR]
     plan check MODEL --mesh 2x2 [--steps 3] [--json PATH]
+    plan models
 
 MODEL is `demo:NAME`, `path/to/file.py:function` or `package.module:function`. A mistake
 in the input exits with status 2 and one line saying what to change (a traceback only with
@@ -68,6 +69,8 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["models"]:
+        return run_models()
     plan_parser, check_parser = build_parsers()
     is_check = bool(argv) and argv[0] == "check"
     args = (check_parser if is_check else plan_parser).parse_args(argv[1:] if is_check else argv)
@@ -125,6 +128,27 @@ def run_check(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
         console.print(f"report written to {args.json}")
     return 0 if report.passed else 1
+
+
+def run_models() -> int:
+    """`plan models`: the built-in model presets with their parameter counts."""
+    from planner.models.presets import PRESETS
+
+    table = Table(title="model presets")
+    for column in ("name", "parameters", "layers", "hidden", "heads", "kv heads", "experts"):
+        table.add_column(column, justify="left" if column == "name" else "right")
+    for name, config in PRESETS.items():
+        table.add_row(
+            name,
+            f"{config.num_parameters() / 1e9:,.2f} B",
+            str(config.num_layers),
+            str(config.hidden_size),
+            str(config.num_attention_heads),
+            str(config.num_kv_heads),
+            str(config.num_experts or "-"),
+        )
+    console.print(table)
+    return 0
 
 
 def print_plan(planned) -> None:

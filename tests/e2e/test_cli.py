@@ -51,3 +51,12 @@ def test_plan_check_reports_agreement_as_json(tmp_path: Path) -> None:
     assert report["measured_communication"] == report["predicted_communication"]
     assert report["predicted_communication"] == {"all_reduce": {"count": 1, "bytes": 32768}}
     assert len(report["losses"]) == 2
+
+
+def test_plan_models_lists_presets_with_parameter_counts() -> None:
+    result = run_plan("models")
+    assert result.returncode == 0, result.stderr
+    rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if "│" in line}
+    assert "174.62 B" in rows["gpt3-175b"]
+    assert "70.55 B" in rows["llama3-70b"]
+    assert "46.70 B" in rows["mixtral-8x7b"]
