@@ -66,9 +66,7 @@ class RankProgram:
 
     def shard_inputs(self, inputs: tuple[torch.Tensor, ...]) -> list[DTensor]:
         names = self.program.user_inputs
-        return [
-            self.shard(x, parse_placements(self.plan.inputs[n])) for n, x in zip(names, inputs)
-        ]
+        return [self.shard(x, parse_placements(self.plan.inputs[n])) for n, x in zip(names, inputs)]
 
     # -- one step ----------------------------------------------------------------------
 
@@ -149,9 +147,11 @@ class RankProgram:
         args, kwargs = torch.utils._pytree.tree_map(arg, (node.args, node.kwargs))
         out = node.target(*args, **kwargs)
         return torch.utils._pytree.tree_map(
-            lambda t: DTensor.from_local(t, self.mesh, self.replicated, run_check=False)
-            if isinstance(t, torch.Tensor) and not isinstance(t, DTensor)
-            else t,
+            lambda t: (
+                DTensor.from_local(t, self.mesh, self.replicated, run_check=False)
+                if isinstance(t, torch.Tensor) and not isinstance(t, DTensor)
+                else t
+            ),
             out,
         )
 
@@ -178,7 +178,9 @@ class RankProgram:
         for fqn in self.program.gradients.values():
             grad = values[fqn]
             if fqn not in self._bucketed:
-                grad = self._move(nodes[_grad_node(self.program, fqn)], env, moved, param_placements[fqn])
+                grad = self._move(
+                    nodes[_grad_node(self.program, fqn)], env, moved, param_placements[fqn]
+                )
             grads[fqn] = grad
         loss = values["loss"]
         if "loss" not in self._bucketed:
@@ -211,8 +213,12 @@ class RankProgram:
             if "avg" in before:
                 piece = piece / _group_size(self.mesh, bucket.mesh_dims)
             out[m] = DTensor.from_local(
-                piece, self.mesh, parse_placements(after), run_check=False,
-                shape=value.shape, stride=value.stride(),
+                piece,
+                self.mesh,
+                parse_placements(after),
+                run_check=False,
+                shape=value.shape,
+                stride=value.stride(),
             )
         return out
 
@@ -224,8 +230,12 @@ def _contiguous(value: DTensor) -> DTensor:
     if local.is_contiguous():
         return value
     return DTensor.from_local(
-        local.contiguous(), value.device_mesh, value.placements, run_check=False,
-        shape=value.shape, stride=value.stride(),
+        local.contiguous(),
+        value.device_mesh,
+        value.placements,
+        run_check=False,
+        shape=value.shape,
+        stride=value.stride(),
     )
 
 

@@ -14,7 +14,7 @@ import itertools
 import math
 import operator
 from dataclasses import dataclass, replace
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import torch
 import torch.fx as fx

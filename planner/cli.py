@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -39,14 +38,22 @@ def parse_mesh(text: str) -> tuple[int, ...]:
     except ValueError:
         shape = ()
     if not shape or any(s < 1 for s in shape):
-        raise UsageError(f"--mesh {text!r} is not a mesh shape; write sizes joined by x, e.g. 4 or 2x2")
+        raise UsageError(
+            f"--mesh {text!r} is not a mesh shape; write sizes joined by x, e.g. 4 or 2x2"
+        )
     return shape
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="demo:NAME, path/to/file.py:function or package.module:function")
-    parser.add_argument("--mesh", default="4", help="logical device mesh, e.g. 4 or 2x2 (default 4)")
-    parser.add_argument("--cluster", default="cpu", help="cluster preset or YAML/JSON file (default cpu)")
+    parser.add_argument(
+        "model", help="demo:NAME, path/to/file.py:function or package.module:function"
+    )
+    parser.add_argument(
+        "--mesh", default="4", help="logical device mesh, e.g. 4 or 2x2 (default 4)"
+    )
+    parser.add_argument(
+        "--cluster", default="cpu", help="cluster preset or YAML/JSON file (default cpu)"
+    )
     parser.add_argument("--time-limit", type=float, default=60.0, help="ILP time limit in seconds")
     parser.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -57,7 +64,9 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         prog="plan", description="Plan how to shard a model's training step over a device mesh."
     )
     _common(plan)
-    plan.add_argument("--emit-code", metavar="DIR", help="write each rank's program as DIR/rankN.py")
+    plan.add_argument(
+        "--emit-code", metavar="DIR", help="write each rank's program as DIR/rankN.py"
+    )
     check = argparse.ArgumentParser(
         prog="plan check",
         description="Plan, train on gloo ranks and on one process, and compare.",
@@ -91,8 +100,13 @@ def _plan(args: argparse.Namespace):
     loaded = load_model(args.model)
     with console.status(f"planning {args.model} on mesh {'x'.join(map(str, mesh))}"):
         planned = plan_model(
-            loaded.model, loaded.example_inputs, mesh, args.cluster, loaded.loss_fn,
-            name=args.model, time_limit_s=args.time_limit,
+            loaded.model,
+            loaded.example_inputs,
+            mesh,
+            args.cluster,
+            loaded.loss_fn,
+            name=args.model,
+            time_limit_s=args.time_limit,
         )
     return loaded, planned
 
@@ -120,8 +134,12 @@ def run_check(args: argparse.Namespace) -> int:
     print_plan(planned)
     with console.status(f"training {args.steps} steps on {planned.plan.num_devices} gloo ranks"):
         report = check_plan(
-            loaded.model, planned.program, planned.plan, loaded.loss_fn,
-            loaded.example_inputs, steps=args.steps,
+            loaded.model,
+            planned.program,
+            planned.plan,
+            loaded.loss_fn,
+            loaded.example_inputs,
+            steps=args.steps,
         )
     print_check(report)
     if args.json:
@@ -206,9 +224,10 @@ def print_check(report) -> None:
         comm.add_row(kind, f"{m['count']} x, {m['bytes']:,} B", f"{p['count']} x, {p['bytes']:,} B")
     console.print(comm)
     verdict = "[green]PASSED[/green]" if report.passed else "[red]FAILED[/red]"
+    collectives = "match" if report.communication_matches else "differ"
     console.print(
         f"{verdict}: max abs error {report.max_abs_error:.3e}, max rel error "
-        f"{report.max_rel_error:.3e}; collectives {'match' if report.communication_matches else 'differ'}"
+        f"{report.max_rel_error:.3e}; collectives {collectives}"
     )
     for line in report.mismatches:
         console.print(f"  {line}")

@@ -76,7 +76,9 @@ class IntraOpSolution:
     def collectives(self) -> list[tuple[str, str, int]]:
         """(phase, kind, bytes) of every collective of one training step."""
         out = [(t.phase, c.kind, c.nbytes) for t in self.transfers for c in t.collectives]
-        out += [("gradient_sync", "all_reduce", b.nbytes) for b in self.buckets for _ in b.mesh_dims]
+        out += [
+            ("gradient_sync", "all_reduce", b.nbytes) for b in self.buckets for _ in b.mesh_dims
+        ]
         return out
 
     def collectives_by_kind(self, phase: str | None = None) -> dict[str, dict[str, int]]:
@@ -137,7 +139,9 @@ def plan_intra_op(
     comm = CommModel(mesh, cluster)
     names = list(table)
     index = {n: i for i, n in enumerate(names)}
-    node_costs = [np.array([_node_cost(program, n, s, comm) for s in table[n].strategies]) for n in names]
+    node_costs = [
+        np.array([_node_cost(program, n, s, comm) for s in table[n].strategies]) for n in names
+    ]
     node_memory = [np.array([s.memory_bytes for s in table[n].strategies]) for n in names]
     edges = []
     # Gradient buckets, keyed by the mesh axes they reduce over: each bucket's latency is
@@ -341,7 +345,9 @@ def _transfers(
             _, collectives = comm.transfer(value, strategy.produced, strategy.outputs[0])
             phase = program.nodes[name].meta.get("tessel_phase", "forward")
             out.append(
-                Transfer((name, 0), name, phase, strategy.produced, strategy.outputs[0], collectives)
+                Transfer(
+                    (name, 0), name, phase, strategy.produced, strategy.outputs[0], collectives
+                )
             )
     seen = set()
     for edge in _edges(program, table):

@@ -141,8 +141,12 @@ def solve_ilp(
     for v, vars_v in enumerate(x):
         solver.Add(sum(vars_v) == 1)
     objective = solver.Sum(
-        [float(c) * scale * var for costs, vars_v in zip(problem.node_costs, x)
-         for c, var in zip(costs, vars_v) if c != 0]
+        [
+            float(c) * scale * var
+            for costs, vars_v in zip(problem.node_costs, x)
+            for c, var in zip(costs, vars_v)
+            if c != 0
+        ]
     )
     edge_terms = []
     edge_vars = []
@@ -162,14 +166,16 @@ def solve_ilp(
             e, row_of, col_of = edge_vars[k]
             u, v, _ = problem.edges[k]
             # Edges with a uniform matrix have no e-block: trigger on the endpoints.
-            solver.Add(
-                y >= (e[row_of[i]][col_of[j]] if e else x[u][i] + x[v][j] - 1)
-            )
+            solver.Add(y >= (e[row_of[i]][col_of[j]] if e else x[u][i] + x[v][j] - 1))
         edge_terms.append(shared.cost * scale * y)
     if math.isfinite(problem.memory_limit):
         solver.Add(
-            sum(float(m) * var for mem, vars_v in zip(problem.node_memory, x)
-                for m, var in zip(mem, vars_v) if m != 0)
+            sum(
+                float(m) * var
+                for mem, vars_v in zip(problem.node_memory, x)
+                for m, var in zip(mem, vars_v)
+                if m != 0
+            )
             <= problem.memory_limit
         )
     solver.Minimize(objective + solver.Sum(edge_terms))
@@ -187,13 +193,10 @@ def solve_ilp(
     if status not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
         if memory_of(problem, hint) > problem.memory_limit:
             raise RuntimeError(
-                f"the ILP solver found no solution within {time_limit_s:g} s; raise the "
-                "time limit"
+                f"the ILP solver found no solution within {time_limit_s:g} s; raise the time limit"
             )
         # Out of time before a first incumbent: the greedy answer, with an unknown gap.
-        return Assignment(
-            hint, evaluate(problem, hint), 1.0, "GREEDY", time.perf_counter() - start
-        )
+        return Assignment(hint, evaluate(problem, hint), 1.0, "GREEDY", time.perf_counter() - start)
     choices = [int(np.argmax([var.solution_value() for var in vars_v])) for vars_v in x]
     objective = evaluate(problem, choices)
     if status != pywraplp.Solver.OPTIMAL:
@@ -203,7 +206,8 @@ def solve_ilp(
             choices, objective = hint, greedy
     bound = solver.Objective().BestBound() / scale
     gap = (
-        0.0 if status == pywraplp.Solver.OPTIMAL
+        0.0
+        if status == pywraplp.Solver.OPTIMAL
         else max(0.0, objective - bound) / max(abs(objective), 1e-12)
     )
     return Assignment(
@@ -237,9 +241,16 @@ def _add_edge(solver, k: int, xu: list, xv: list, matrix: np.ndarray, group: boo
         terms = [float(matrix[0, 0]) * solver.Sum(xu)] if matrix[0, 0] else []
         return terms, [], row_of, col_of
     # Marginals: the indicator that u's choice falls in each distinct row group.
-    row_mass = [solver.Sum([xu[i] for i in range(len(xu)) if row_of[i] == r]) for r in range(len(rows))]
-    col_mass = [solver.Sum([xv[j] for j in range(len(xv)) if col_of[j] == c]) for c in range(len(cols))]
-    e = [[solver.NumVar(0.0, 1.0, f"e{k}_{r}_{c}") for c in range(len(cols))] for r in range(len(rows))]
+    row_mass = [
+        solver.Sum([xu[i] for i in range(len(xu)) if row_of[i] == r]) for r in range(len(rows))
+    ]
+    col_mass = [
+        solver.Sum([xv[j] for j in range(len(xv)) if col_of[j] == c]) for c in range(len(cols))
+    ]
+    e = [
+        [solver.NumVar(0.0, 1.0, f"e{k}_{r}_{c}") for c in range(len(cols))]
+        for r in range(len(rows))
+    ]
     for r in range(len(rows)):
         solver.Add(solver.Sum(e[r]) == row_mass[r])
     for c in range(len(cols)):
@@ -325,12 +336,12 @@ def contract_followers(problem: AssignmentProblem) -> tuple[AssignmentProblem, C
             out_edges[u].remove(k)
             costs[u] += m[rows, f]
             for nt, et in zip(node_triggers, edge_triggers):
-                for (kk, i, j) in [t for t in et if t[0] == k]:
+                for kk, i, j in [t for t in et if t[0] == k]:
                     et.discard((kk, i, j))
                     nt.update((u, int(r)) for r in rows if r == i and f[r] == j)
         in_edges[v].clear()
         for nt in node_triggers:
-            for (w, j) in [t for t in nt if t[0] == v]:
+            for w, j in [t for t in nt if t[0] == v]:
                 nt.discard((w, j))
                 nt.update((u, int(i)) for i in np.flatnonzero(f == j))
         for kk in list(out_edges[v]):
@@ -340,7 +351,7 @@ def contract_followers(problem: AssignmentProblem) -> tuple[AssignmentProblem, C
             for nt, et in zip(node_triggers, edge_triggers):
                 old = [t for t in et if t[0] == kk]
                 et.difference_update(old)  # rewrite all at once: old and new may coincide
-                for (_, j, jw) in old:
+                for _, j, jw in old:
                     for i in np.flatnonzero(f == j):
                         if w != u:
                             et.add((kk, int(i), jw))
