@@ -244,7 +244,8 @@ def _annotate(
             # The joint graph adds ops (aliases of saved tensors, views) and may drop a few:
             # resynchronise on the next forward op with the same target.
             window = forward_ops[cursor : cursor + _RESYNC_WINDOW]
-            match = next((i for i, op in enumerate(window) if op.target == node.target), None)
+            key = _op_key(node)
+            match = next((i for i, op in enumerate(window) if _op_key(op) == key), None)
             if match is not None:
                 node.meta["tessel_module"] = _module_of(window[match]) or ""
                 cursor += match + 1
@@ -253,6 +254,14 @@ def _annotate(
         if node.name == loss:
             phase = "backward"
     _annotate_backward(joint, gradient_modules)
+
+
+def _op_key(node: fx.Node) -> tuple:
+    """What identifies an op across the two graphs: its target and output shapes."""
+    value = node.meta.get("val")
+    values = value if isinstance(value, (tuple, list)) else (value,)
+    shapes = tuple(tuple(v.shape) for v in values if isinstance(v, torch.Tensor))
+    return node.target, shapes
 
 
 def _annotate_backward(joint: fx.Graph, gradient_modules: dict[str, str]) -> None:

@@ -1,0 +1,144 @@
+"""Group a traced training step into layers, and layers into templates.
+
+A 96-layer model is one embedding, one block template used 96 times, and one head: the
+search solves each template once and reuses the answer. Repeated blocks are found from
+module paths (children of a ModuleList: `layers.0`, `layers.1`, ...) and confirmed by a
+structural hash of their forward subgraphs (ops and shapes in order), so two blocks share
+a template only when they compute the same thing. A model with no repeated blocks is cut
+into layers of balanced FLOPs, as Alpa's layer clustering does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+
+from cost_models.compute import op_flops
+from passes.trace import TracedProgram
+
+# A module path component that indexes a ModuleList: "layers.3" -> prefix "layers", 3.
+_INDEXED = re.compile(r"^(?P<prefix>.*?\b\w+)\.(?P<index>\d+)(?:\.|$)")
+
+
+@dataclass
+class Layer:
+    name: str
+    """Module path of the layer ("model.layers.3"), or "embedding"/"head"/"layer.K"."""
+    template: str
+    """Structural hash shared by layers that compute the same thing."""
+    nodes: list[str] = field(default_factory=list)
+    """Forward op nodes of the layer, in graph order."""
+    parameters: list[str] = field(default_factory=list)
+    """Fully qualified names of the parameters the layer owns."""
+    flops: float = 0.0
+    """Forward FLOPs of the layer."""
+
+
+def find_layers(program: TracedProgram, balanced_layers: int = 4) -> list[Layer]:
+    """The layers of `program` in forward order."""
+    forward = [
+        n for n in program.graph.nodes
+        if n.op == "call_function" and n.meta.get("tessel_phase") == "forward"
+        and isinstance(n.meta.get("val"), (torch.Tensor, tuple, list))
+    ]
+    blocks = _repeated_blocks(forward)
+    if not blocks:
+        return _balanced(program, forward, balanced_layers)
+    layers: list[Layer] = []
+    first = min(i for i, n in enumerate(forward) if _block_of(n, blocks) is not None)
+    last = max(i for i, n in enumerate(forward) if _block_of(n, blocks) is not None)
+    before, after = forward[:first], forward[last + 1 :]
+    if before:
+        layers.append(Layer("embedding", "", [n.name for n in before]))
+    grouped: dict[str, list[fx.Node]] = {}
+    for node in forward[first : last + 1]:
+        grouped.setdefault(_block_of(node, blocks) or _nearest(grouped), []).append(node)
+    layers += [Layer(name, "", [n.name for n in nodes]) for name, nodes in grouped.items()]
+    if after:
+        layers.append(Layer("head", "", [n.name for n in after]))
+    for layer in layers:
+        _describe(program, layer)
+    return layers
+
+
+def _repeated_blocks(forward: list[fx.Node]) -> list[str]:
+    """Module paths of the children of the ModuleList that holds the most forward ops."""
+    counts: dict[str, dict[str, int]] = {}
+    for node in forward:
+        match = _INDEXED.match(node.meta.get("tessel_module") or "")
+        if match:
+            block = f"{match['prefix']}.{match['index']}"
+            counts.setdefault(match["prefix"], {}).setdefault(block, 0)
+            counts[match["prefix"]][block] += 1
+    if not counts:
+        return []
+    prefix = max(counts, key=lambda p: sum(counts[p].values()))
+    return list(counts[prefix]) if len(counts[prefix]) > 1 else []
+
+
+def _block_of(node: fx.Node, blocks: list[str]) -> str | None:
+    path = node.meta.get("tessel_module") or ""
+    return next((b for b in blocks if path == b or path.startswith(b + ".")), None)
+
+
+def _nearest(grouped: dict[str, list[fx.Node]]) -> str:
+    """Ops between blocks that belong to none (a residual add) join the block before."""
+    return next(reversed(grouped))
+
+
+def _describe(program: TracedProgram, layer: Layer) -> None:
+    nodes = [program.nodes[n] for n in layer.nodes]
+    position = {n.name: i for i, n in enumerate(nodes)}
+    digest = hashlib.sha256()
+    for node in nodes:
+        # Inputs as offsets within the layer (or "outside"): the same wiring, not names.
+        wiring = tuple(position.get(a.name, -1) for a in node.all_input_nodes)
+        digest.update(f"{node.target}|{_shapes(node)}|{wiring};".encode())
+    layer.template = digest.hexdigest()[:12]
+    params = {
+        program.parameters[a.name]
+        for node in nodes
+        for a in node.all_input_nodes
+        if a.name in program.parameters
+    }
+    layer.parameters = sorted(params)
+    layer.flops = sum(_flops(node) for node in nodes)
+
+
+def _shapes(node: fx.Node) -> tuple:
+    value = node.meta.get("val")
+    values = value if isinstance(value, (tuple, list)) else (value,)
+    return tuple(tuple(v.shape) for v in values if isinstance(v, torch.Tensor))
+
+
+def _flops(node: fx.Node) -> float:
+    def value(a: object) -> object:
+        return a.meta.get("val") if isinstance(a, fx.Node) else a
+
+    args, kwargs = torch.utils._pytree.tree_map(value, (node.args, node.kwargs))
+    return op_flops(node.target, args, kwargs, node.meta.get("val"))
+
+
+def _balanced(program: TracedProgram, forward: list[fx.Node], count: int) -> list[Layer]:
+    """Contiguous runs of forward ops with about equal FLOPs (Alpa's layer clustering,
+    without its communication term)."""
+    flops = [_flops(n) for n in forward]
+    total = sum(flops) or 1.0
+    layers: list[Layer] = []
+    current: list[str] = []
+    accumulated = 0.0
+    for node, f in zip(forward, flops):
+        current.append(node.name)
+        accumulated += f
+        if accumulated >= total * (len(layers) + 1) / count and len(layers) < count - 1:
+            layers.append(Layer(f"layer.{len(layers)}", "", current))
+            current = []
+    if current:
+        layers.append(Layer(f"layer.{len(layers)}", "", current))
+    for layer in layers:
+        _describe(program, layer)
+    return layers
