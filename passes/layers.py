@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from cost_models.compute import op_flops
-from passes.trace import TracedProgram
+from passes.strategies import node_flops
+from passes.trace import TracedProgram, output_shapes
 
 # A module path component that indexes a ModuleList: "layers.3" -> prefix "layers", 3.
 _INDEXED = re.compile(r"^(?P<prefix>.*?\b\w+)\.(?P<index>\d+)(?:\.|$)")
@@ -97,7 +97,7 @@ def _describe(program: TracedProgram, layer: Layer) -> None:
     for node in nodes:
         # Inputs as offsets within the layer (or "outside"): the same wiring, not names.
         wiring = tuple(position.get(a.name, -1) for a in node.all_input_nodes)
-        digest.update(f"{node.target}|{_shapes(node)}|{wiring};".encode())
+        digest.update(f"{node.target}|{output_shapes(node)}|{wiring};".encode())
     layer.template = digest.hexdigest()[:12]
     params = {
         program.parameters[a.name]
@@ -106,27 +106,13 @@ def _describe(program: TracedProgram, layer: Layer) -> None:
         if a.name in program.parameters
     }
     layer.parameters = sorted(params)
-    layer.flops = sum(_flops(node) for node in nodes)
-
-
-def _shapes(node: fx.Node) -> tuple:
-    value = node.meta.get("val")
-    values = value if isinstance(value, (tuple, list)) else (value,)
-    return tuple(tuple(v.shape) for v in values if isinstance(v, torch.Tensor))
-
-
-def _flops(node: fx.Node) -> float:
-    def value(a: object) -> object:
-        return a.meta.get("val") if isinstance(a, fx.Node) else a
-
-    args, kwargs = torch.utils._pytree.tree_map(value, (node.args, node.kwargs))
-    return op_flops(node.target, args, kwargs, node.meta.get("val"))
+    layer.flops = sum(node_flops(node) for node in nodes)
 
 
 def _balanced(program: TracedProgram, forward: list[fx.Node], count: int) -> list[Layer]:
     """Contiguous runs of forward ops with about equal FLOPs (Alpa's layer clustering,
     without its communication term)."""
-    flops = [_flops(n) for n in forward]
+    flops = [node_flops(n) for n in forward]
     total = sum(flops) or 1.0
     layers: list[Layer] = []
     current: list[str] = []

@@ -175,12 +175,10 @@ class RankProgram:
         for bucket in self.plan.gradient_buckets:
             values.update(self._reduce_bucket(bucket, values))
         param_placements = self.parameter_placements()
-        for fqn in self.program.gradients.values():
+        for grad_name, fqn in self.program.gradients.items():
             grad = values[fqn]
             if fqn not in self._bucketed:
-                grad = self._move(
-                    nodes[_grad_node(self.program, fqn)], env, moved, param_placements[fqn]
-                )
+                grad = self._move(nodes[grad_name], env, moved, param_placements[fqn])
             grads[fqn] = grad
         loss = values["loss"]
         if "loss" not in self._bucketed:
@@ -237,10 +235,6 @@ def _contiguous(value: DTensor) -> DTensor:
         shape=value.shape,
         stride=value.stride(),
     )
-
-
-def _grad_node(program: TracedProgram, fqn: str) -> str:
-    return next(name for name, f in program.gradients.items() if f == fqn)
 
 
 def _group_size(mesh: DeviceMesh, mesh_dims: list[list[int]]) -> int:

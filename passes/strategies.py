@@ -184,7 +184,7 @@ def _op(
     inputs = tensor_inputs(node)
     sources = tuple(source_of(a) for a in inputs)
     value = node.meta.get("val")
-    flops = op_flops(node.target, *_meta_call(node), value)
+    flops = node_flops(node)
     traffic = tensor_bytes(value) + sum(tensor_bytes(a.meta["val"]) for a in inputs)
     dtype = dtype_key(_first_tensor(value).dtype) if _first_tensor(value) is not None else "fp32"
     out_bytes = tensor_bytes(value) if saved else 0
@@ -371,16 +371,14 @@ def _meta_args(node: fx.Node) -> tuple[tuple, dict]:
     )
 
 
-def _meta_call(node: fx.Node) -> tuple[tuple, dict]:
-    """The node's arguments with each input node replaced by its traced value."""
+def node_flops(node: fx.Node) -> float:
+    """FLOPs of one traced op, from the values recorded on its inputs and output."""
 
     def convert(a: object) -> object:
         return a.meta.get("val") if isinstance(a, fx.Node) else a
 
-    return (
-        torch.utils._pytree.tree_map(convert, node.args),
-        torch.utils._pytree.tree_map(convert, node.kwargs),
-    )
+    args, kwargs = torch.utils._pytree.tree_map(convert, (node.args, node.kwargs))
+    return op_flops(node.target, args, kwargs, node.meta.get("val"))
 
 
 def _saved_for_backward(program: TracedProgram) -> set[str]:

@@ -256,12 +256,16 @@ def _annotate(
     _annotate_backward(joint, gradient_modules)
 
 
-def _op_key(node: fx.Node) -> tuple:
-    """What identifies an op across the two graphs: its target and output shapes."""
+def output_shapes(node: fx.Node) -> tuple[tuple[int, ...], ...]:
+    """Shapes of the tensors a node produces, as traced."""
     value = node.meta.get("val")
     values = value if isinstance(value, (tuple, list)) else (value,)
-    shapes = tuple(tuple(v.shape) for v in values if isinstance(v, torch.Tensor))
-    return node.target, shapes
+    return tuple(tuple(v.shape) for v in values if isinstance(v, torch.Tensor))
+
+
+def _op_key(node: fx.Node) -> tuple:
+    """What identifies an op across the two graphs: its target and output shapes."""
+    return node.target, output_shapes(node)
 
 
 def _annotate_backward(joint: fx.Graph, gradient_modules: dict[str, str]) -> None:

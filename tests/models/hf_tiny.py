@@ -55,11 +55,11 @@ def _token_ids() -> tuple[torch.Tensor]:
     return (torch.randint(0, VOCAB, (BATCH, SEQ_LEN)),)
 
 
-def gpt2() -> HFTiny:
-    """A 2-layer, 64-wide GPT-2 with untied embeddings and SDPA attention."""
+def gpt2(layers: int = 2) -> HFTiny:
+    """A 64-wide GPT-2 with untied embeddings and SDPA attention."""
     torch.manual_seed(0)
     config = GPT2Config(
-        n_layer=2,
+        n_layer=layers,
         n_embd=64,
         n_head=4,
         vocab_size=VOCAB,
@@ -76,15 +76,16 @@ def gpt2() -> HFTiny:
     return LogitsOnly(GPT2LMHeadModel(config)), _token_ids(), next_token_loss
 
 
-def llama() -> HFTiny:
-    """A 2-layer, 64-wide Llama (multi-head attention: 4 query and 4 key/value heads)."""
+def llama(layers: int = 2, key_value_heads: int = 4) -> HFTiny:
+    """A 64-wide Llama with 4 query heads (grouped-query attention when
+    `key_value_heads` < 4)."""
     torch.manual_seed(0)
     config = LlamaConfig(
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         hidden_size=64,
         intermediate_size=128,
         num_attention_heads=4,
-        num_key_value_heads=4,
+        num_key_value_heads=key_value_heads,
         vocab_size=VOCAB,
         max_position_embeddings=32,
         tie_word_embeddings=False,

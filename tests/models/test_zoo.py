@@ -60,30 +60,19 @@ def test_describe_presets_lists_every_preset() -> None:
 
 
 TINY = dict(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=128, seq_length=16)
+LLAMA_STYLE = dict(
+    num_query_groups=2,
+    ffn_hidden_size=96,
+    norm="rmsnorm",
+    activation="swiglu",
+    position_embedding="rope",
+    tie_embeddings=False,
+    bias=False,
+)
 TINY_FAMILIES = {
     "gpt": TransformerConfig(**TINY),
-    "llama": TransformerConfig(
-        **TINY,
-        num_query_groups=2,
-        ffn_hidden_size=96,
-        norm="rmsnorm",
-        activation="swiglu",
-        position_embedding="rope",
-        tie_embeddings=False,
-        bias=False,
-    ),
-    "mixtral": TransformerConfig(
-        **TINY,
-        num_query_groups=2,
-        ffn_hidden_size=96,
-        norm="rmsnorm",
-        activation="swiglu",
-        position_embedding="rope",
-        tie_embeddings=False,
-        bias=False,
-        num_experts=4,
-        moe_top_k=2,
-    ),
+    "llama": TransformerConfig(**TINY, **LLAMA_STYLE),
+    "mixtral": TransformerConfig(**TINY, **LLAMA_STYLE, num_experts=4, moe_top_k=2),
 }
 
 

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from passes.layers import find_layers
 from passes.trace import trace
@@ -17,28 +16,12 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "models"))
 import hf_tiny  # noqa: E402
 
 
-def _gpt2():
-    config = GPT2Config(
-        n_layer=4, n_embd=64, n_head=4, vocab_size=128, n_positions=32, resid_pdrop=0.0,
-        embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=False, attn_implementation="sdpa",
-        bos_token_id=127, eos_token_id=127,
-    )
-    return hf_tiny.LogitsOnly(GPT2LMHeadModel(config)), hf_tiny._token_ids()
-
-
-def _llama():
-    config = LlamaConfig(
-        num_hidden_layers=4, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=128, max_position_embeddings=32,
-        tie_word_embeddings=False, attn_implementation="sdpa",
-    )
-    return hf_tiny.LogitsOnly(LlamaForCausalLM(config)), hf_tiny._token_ids()
-
-
 MODELS = {
     "demo:gpt": (lambda: demo.gpt(layers=4), "blocks", 16),
-    "hf:gpt2": (_gpt2, "hf_model.transformer.h", 12),
-    "hf:llama": (_llama, "hf_model.model.layers", 9),
+    "hf:gpt2": (lambda: hf_tiny.gpt2(layers=4)[:2], "hf_model.transformer.h", 12),
+    "hf:llama": (
+        lambda: hf_tiny.llama(layers=4, key_value_heads=2)[:2], "hf_model.model.layers", 9
+    ),
 }
 
 
