@@ -53,11 +53,33 @@ def op_flops(op: object, args: tuple, kwargs: dict, out: object) -> float:
     from torch.utils.flop_counter import flop_registry
 
     packet = getattr(op, "overloadpacket", op)
+    if packet in _CPU_FLASH_ATTENTION:
+        return float(_CPU_FLASH_ATTENTION[packet](args))
     formula = flop_registry.get(packet)
     if formula is not None:
         return float(formula(*args, **kwargs, out_val=out))
     leaves = torch.utils._pytree.tree_leaves(out)
     return float(sum(t.numel() for t in leaves if isinstance(t, torch.Tensor)))
+
+
+def _cpu_flash_attention() -> dict:
+    """FLOP formulas of the CPU flash-attention kernels, which PyTorch's registry lacks:
+    its own SDPA counts (full, unmasked attention matrix, as Megatron's MFU counts it)."""
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    aten = torch.ops.aten
+    return {
+        aten._scaled_dot_product_flash_attention_for_cpu: lambda a: sdpa_flop_count(
+            a[0].shape, a[1].shape, a[2].shape
+        ),
+        # (grad_out, query, key, value, out, logsumexp, ...)
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: lambda a: (
+            sdpa_backward_flop_count(a[0].shape, a[1].shape, a[2].shape, a[3].shape)
+        ),
+    }
+
+
+_CPU_FLASH_ATTENTION = _cpu_flash_attention()
 
 
 def tensor_bytes(values: object) -> int:

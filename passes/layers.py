@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from passes.strategies import node_flops
+from cost_models.compute import tensor_bytes
+from passes.strategies import SHAPE_ONLY_OPS, node_flops
 from passes.trace import TracedProgram, output_shapes
 
 # A module path component that indexes a ModuleList: "layers.3" -> prefix "layers", 3.
@@ -36,6 +37,13 @@ class Layer:
     """Fully qualified names of the parameters the layer owns."""
     flops: float = 0.0
     """Forward FLOPs of the layer."""
+    num_parameters: int = 0
+    """Elements of the parameters the layer owns."""
+    saved_bytes: int = 0
+    """Bytes of the layer's forward values that the backward reads (its activations)."""
+    source: str = ""
+    """Name of the traced layer whose nodes these are: itself, or for a block of a model
+    traced at reduced depth, the traced block of the same template."""
 
 
 def find_layers(program: TracedProgram, balanced_layers: int = 4) -> list[Layer]:
@@ -60,8 +68,7 @@ def find_layers(program: TracedProgram, balanced_layers: int = 4) -> list[Layer]
     layers += [Layer(name, "", [n.name for n in nodes]) for name, nodes in grouped.items()]
     if after:
         layers.append(Layer("head", "", [n.name for n in after]))
-    for layer in layers:
-        _describe(program, layer)
+    _describe_all(program, layers)
     return layers
 
 
@@ -90,6 +97,50 @@ def _nearest(grouped: dict[str, list[fx.Node]]) -> str:
     return next(reversed(grouped))
 
 
+def _saved(node: fx.Node) -> bool:
+    """Whether the backward reads this forward value (it is kept until then)."""
+    return any(
+        u.meta.get("tessel_phase") == "backward" and u.target not in SHAPE_ONLY_OPS
+        for u in node.users
+    )
+
+
+def _is_view(node: fx.Node) -> bool:
+    schema = getattr(node.target, "_schema", None)
+    if schema is None or not schema.returns:
+        return False
+    alias = schema.returns[0].alias_info
+    return alias is not None and not alias.is_write
+
+
+def _storage_root(node: fx.Node) -> fx.Node:
+    """The node whose memory a view chain shares (a view costs no memory of its own)."""
+    while _is_view(node) and isinstance(node.args[0], fx.Node):
+        node = node.args[0]
+    return node
+
+
+def _activation_bytes(nodes: list[fx.Node]) -> int:
+    """Bytes kept for the backward: each saved value's storage once, and not the
+    parameters (a transposed weight saved for the weight gradient is a view of it)."""
+    roots = {_storage_root(n) for n in nodes if _saved(n)}
+    return sum(tensor_bytes(r.meta.get("val")) for r in roots if r.op != "placeholder")
+
+
+def _describe_all(program: TracedProgram, layers: list[Layer]) -> None:
+    owned: set[str] = set()
+    by_fqn = {fqn: name for name, fqn in program.parameters.items()}
+    for layer in layers:
+        _describe(program, layer)
+        # A shared parameter (a tied embedding and LM head) belongs to the first layer
+        # that reads it, so parameter counts add up to the model's.
+        layer.parameters = [p for p in layer.parameters if p not in owned]
+        owned.update(layer.parameters)
+        layer.num_parameters = sum(
+            program.nodes[by_fqn[p]].meta["val"].numel() for p in layer.parameters
+        )
+
+
 def _describe(program: TracedProgram, layer: Layer) -> None:
     nodes = [program.nodes[n] for n in layer.nodes]
     position = {n.name: i for i, n in enumerate(nodes)}
@@ -107,6 +158,8 @@ def _describe(program: TracedProgram, layer: Layer) -> None:
     }
     layer.parameters = sorted(params)
     layer.flops = sum(node_flops(node) for node in nodes)
+    layer.saved_bytes = _activation_bytes(nodes)
+    layer.source = layer.name
 
 
 def _balanced(program: TracedProgram, forward: list[fx.Node], count: int) -> list[Layer]:
@@ -125,6 +178,5 @@ def _balanced(program: TracedProgram, forward: list[fx.Node], count: int) -> lis
             current = []
     if current:
         layers.append(Layer(f"layer.{len(layers)}", "", current))
-    for layer in layers:
-        _describe(program, layer)
+    _describe_all(program, layers)
     return layers

@@ -13,8 +13,9 @@ shards is the whole training step, as Alpa's is. The graph is the IR: every node
 from __future__ import annotations
 
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.fx as fx
@@ -83,21 +84,116 @@ def trace(
     Parameter and buffer names are the model's own (no wrapper prefix).
     """
     objective = TrainingObjective(model, loss_fn)
+    # The joint export rejects a parameter reached under two names (a tied embedding and
+    # LM head), so each alias is traced as a parameter of its own and merged back after.
+    with _untied(model) as aliases, _meta_as_fake_cpu(model, example_inputs) as example_inputs:
+        try:
+            exported = _export(objective, example_inputs)
+            method = "torch.export"
+        except TraceError:
+            raise
+        except Exception as export_error:  # noqa: BLE001 - any export failure tries the fallback
+            exported = _export_via_symbolic_trace(objective, example_inputs, export_error)
+            method = "symbolic_trace"
+        try:
+            table = decomposition_table(keep_attention=True)
+            forward, joint = _joint(exported, table)
+        except Exception:  # noqa: BLE001 - some models only trace with attention decomposed
+            table = decomposition_table(keep_attention=False)
+            forward, joint = _joint(exported, table)
+    program = _program(joint, forward, method)
+    _merge_tied(program, aliases)
+    return program
+
+
+@contextmanager
+def _meta_as_fake_cpu(model: nn.Module, inputs: tuple[Any, ...]) -> Iterator[tuple[Any, ...]]:
+    """Trace a meta-device model as fake CPU tensors: still no memory, but operators pick
+    their CPU kernels (scaled-dot-product attention dispatches to the fused CPU flash
+    kernel rather than the unfused math it chooses on meta)."""
+    leaves = torch.utils._pytree.tree_leaves(inputs)
+    tensors = [*model.parameters(), *model.buffers(), *leaves]
+    if not any(isinstance(t, torch.Tensor) and t.is_meta for t in tensors):
+        yield inputs
+        return
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    cpu = torch.device("cpu")
+
+    def fake(t: Any) -> Any:
+        if isinstance(t, torch.Tensor) and t.is_meta:
+            return mode.fake_tensor_converter.from_meta_and_device(mode, t, cpu)
+        return t
+
+    originals: list[tuple[dict, str, Any]] = []
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for key, value in table.items():
+                if value is None or not value.is_meta:
+                    continue
+                originals.append((table, key, value))
+                swapped = fake(value)
+                if isinstance(value, nn.Parameter):
+                    swapped = nn.Parameter(swapped, requires_grad=value.requires_grad)
+                table[key] = swapped
     try:
-        exported = _export(objective, example_inputs)
-        method = "torch.export"
-    except TraceError:
-        raise
-    except Exception as export_error:  # noqa: BLE001 - any export failure tries the fallback
-        exported = _export_via_symbolic_trace(objective, example_inputs, export_error)
-        method = "symbolic_trace"
+        yield torch.utils._pytree.tree_map(fake, inputs)
+    finally:
+        for table, key, value in originals:
+            table[key] = value
+
+
+@contextmanager
+def _untied(model: nn.Module) -> Iterator[dict[str, str]]:
+    """Give every second name of a shared parameter a stand-in parameter of its own, for
+    the duration of the block; yields alias FQN -> the FQN the parameter keeps."""
+    first_name: dict[int, str] = {}
+    replaced: list[tuple[nn.Module, str, nn.Parameter]] = []
+    aliases: dict[str, str] = {}
+    for fqn, param in model.named_parameters(remove_duplicate=False):
+        if id(param) not in first_name:
+            first_name[id(param)] = fqn
+            continue
+        owner_path, _, leaf = fqn.rpartition(".")
+        owner = model.get_submodule(owner_path)
+        stand_in = nn.Parameter(torch.empty_like(param), requires_grad=param.requires_grad)
+        setattr(owner, leaf, stand_in)
+        replaced.append((owner, leaf, param))
+        aliases[fqn] = first_name[id(param)]
     try:
-        table = decomposition_table(keep_attention=True)
-        forward, joint = _joint(exported, table)
-    except Exception:  # noqa: BLE001 - some models only trace with attention decomposed
-        table = decomposition_table(keep_attention=False)
-        forward, joint = _joint(exported, table)
-    return _program(joint, forward, method)
+        yield aliases
+    finally:
+        for owner, leaf, param in replaced:
+            setattr(owner, leaf, param)
+
+
+def _merge_tied(program: TracedProgram, aliases: dict[str, str]) -> None:
+    """Point the uses of each alias at the shared parameter and sum the two gradients, so
+    the program has the model's own parameters, each with one gradient."""
+    if not aliases:
+        return
+    graph = program.graph
+    node_of = {fqn: name for name, fqn in program.parameters.items()}
+    grad_of = {fqn: name for name, fqn in program.gradients.items()}
+    output = next(n for n in graph.nodes if n.op == "output")
+    for alias, kept in aliases.items():
+        alias_node = program.nodes[node_of[alias]]
+        alias_node.replace_all_uses_with(program.nodes[node_of[kept]])
+        graph.erase_node(alias_node)
+        del program.parameters[alias_node.name]
+        kept_grad, alias_grad = program.nodes[grad_of[kept]], program.nodes[grad_of[alias]]
+        with graph.inserting_before(output):
+            total = graph.call_function(torch.ops.aten.add.Tensor, (kept_grad, alias_grad))
+        total.meta.update(kept_grad.meta)
+        total.meta["val"] = kept_grad.meta["val"]
+        outputs = [total if a is kept_grad else a for a in output.args[0] if a is not alias_grad]
+        output.args = (tuple(outputs),)
+        del program.gradients[kept_grad.name], program.gradients[alias_grad.name]
+        program.gradients[total.name] = kept
+    graph.lint()
+    program.graph_module.recompile()
+    program.__post_init__()
 
 
 def decomposition_table(keep_attention: bool) -> dict:

@@ -2,12 +2,17 @@
 
 Accepted forms::
 
+    gpt3-175b, llama3-70b, ...   a zoo preset (`plan models` lists them)
+    gpt, llama, mixtral          a zoo family at the shape given by Megatron-style fields
+    hf:path/to/config.json       a Hugging Face config, built by transformers on meta
     demo:NAME                    a built-in model from planner.models.demo.DEMOS
     path/to/file.py:function     a function in a Python file (path relative to the cwd)
     package.module:function      a function in an importable module
 
 The function takes no arguments and returns ``(model, example_inputs)`` or
-``(model, example_inputs, loss_fn)``. Everything a user can get wrong raises
+``(model, example_inputs, loss_fn)``. Zoo and Hugging Face models are built on the meta
+device, traced at micro-batch 1, and can be rebuilt at another depth (`LoadedModel.at_depth`)
+so that one block per template is traced. Everything a user can get wrong raises
 :class:`ModelSpecError` with one sentence naming the bad input and how to fix it.
 """
 
@@ -19,48 +24,101 @@ import importlib.util
 import inspect
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 from torch import nn
 
 from planner.models.demo import DEMOS
 
-__all__ = ["LoadedModel", "ModelSpecError", "load_model", "ACCEPTED_FORMS"]
+__all__ = ["ACCEPTED_FORMS", "BuiltModel", "LoadedModel", "ModelSpecError", "load_model"]
 
-ACCEPTED_FORMS = "demo:NAME, path/to/file.py:function or package.module:function"
+ACCEPTED_FORMS = (
+    "a preset (see `plan models`), gpt/llama/mixtral with shape flags, hf:path/to/config.json, "
+    "demo:NAME, path/to/file.py:function or package.module:function"
+)
 
 
 class ModelSpecError(ValueError):
     """A MODEL argument that cannot be resolved; the message says what to change."""
 
 
-@dataclass
-class LoadedModel:
-    """A model ready to be traced, as resolved from a model spec."""
+class BuiltModel(NamedTuple):
+    """A model with the inputs and loss of one training step."""
 
     model: nn.Module
     """The module to plan; called as ``model(*example_inputs)``."""
-
     example_inputs: tuple[Any, ...]
     """Positional inputs for one training step (always a tuple, even for one tensor)."""
-
-    loss_fn: Callable[..., torch.Tensor] | None = None
+    loss_fn: Callable[..., torch.Tensor] | None
     """``loss_fn(output, *example_inputs) -> scalar tensor``, where ``output`` is what
     ``model(*example_inputs)`` returned. ``None`` means the planner's default loss
     (the mean of the squared first output)."""
 
-    name: str = ""
-    """Short name for reports: the demo name or the factory function's name."""
+
+@dataclass
+class LoadedModel:
+    """A model ready to be traced, as resolved from a model spec; built on first use."""
+
+    name: str
+    """Short name for reports: the preset, demo or factory function's name."""
+    build: Callable[[int | None], BuiltModel] = field(repr=False)
+    """Builds the model; with an int, at that many repeated blocks (see `num_layers`)."""
+    num_layers: int | None = None
+    """Repeated blocks of the model when `build` can change their number, else None."""
+    config: Any = None
+    """The zoo TransformerConfig or transformers config the model is built from."""
+
+    @cached_property
+    def built(self) -> BuiltModel:
+        return self.build(None)
+
+    @property
+    def model(self) -> nn.Module:
+        return self.built.model
+
+    @property
+    def example_inputs(self) -> tuple[Any, ...]:
+        return self.built.example_inputs
+
+    @property
+    def loss_fn(self) -> Callable[..., torch.Tensor] | None:
+        return self.built.loss_fn
+
+    @property
+    def on_meta(self) -> bool:
+        """Whether the parameters are on the meta device (nothing allocated)."""
+        return any(p.is_meta for p in self.model.parameters())
+
+    def at_depth(self, num_layers: int) -> BuiltModel:
+        """The same model with `num_layers` repeated blocks (needs `num_layers` set)."""
+        if self.num_layers is None:
+            raise ValueError(f"model {self.name!r} cannot be rebuilt at another depth")
+        return self.build(num_layers)
 
 
-def load_model(spec: str) -> LoadedModel:
-    """Resolve ``spec`` (one of :data:`ACCEPTED_FORMS`) into a :class:`LoadedModel`."""
+def load_model(spec: str, shape: dict[str, Any] | None = None) -> LoadedModel:
+    """Resolve ``spec`` (one of :data:`ACCEPTED_FORMS`) into a :class:`LoadedModel`.
+
+    `shape` holds TransformerConfig fields given on the command line (``num_layers``,
+    ``seq_length``, ...); zoo models take them all, Hugging Face configs ``num_layers``
+    and ``seq_length``, other forms none.
+    """
+    shape = {k: v for k, v in (shape or {}).items() if v is not None}
+    if spec.startswith("hf:"):
+        return _load_hf(spec.removeprefix("hf:"), shape)
     if ":" not in spec:
-        raise ModelSpecError(f"Model spec {spec!r} has no ':'; use one of {ACCEPTED_FORMS}.")
+        return _load_zoo(spec, shape)
+    if shape:
+        flags = ", ".join("--" + k.replace("_", "-") for k in shape)
+        raise ModelSpecError(
+            f"{flags} only apply to zoo and hf: models; {spec!r} builds its own model, so "
+            "change its shape in the factory."
+        )
     # Split on the last ':' so Windows drive letters (C:\...) stay part of the path.
     target, func_name = spec.rsplit(":", 1)
     if not target or not func_name:
@@ -77,14 +135,84 @@ def load_model(spec: str) -> LoadedModel:
     else:
         module = _import_module(target, spec)
     factory = _find_function(module, func_name, target)
-    return _from_factory_result(factory(), spec, func_name)
+    return _eager(_from_factory_result(factory(), spec), func_name)
 
 
 def _load_demo(name: str) -> LoadedModel:
     if name not in DEMOS:
         known = ", ".join(sorted(DEMOS))
         raise ModelSpecError(f"Unknown demo {name!r}; known demos: {known} (use demo:NAME).")
-    return _from_factory_result(DEMOS[name](), f"demo:{name}", name)
+    return _eager(_from_factory_result(DEMOS[name](), f"demo:{name}"), name)
+
+
+def _eager(built: BuiltModel, name: str) -> LoadedModel:
+    loaded = LoadedModel(name=name, build=lambda depth: built)
+    loaded.built = built  # already built by the factory
+    return loaded
+
+
+def _load_zoo(name: str, shape: dict[str, Any]) -> LoadedModel:
+    from planner.models.presets import FAMILIES, PRESETS, zoo_config
+    from planner.models.transformer import build_model, example_inputs
+
+    if name not in PRESETS and name not in FAMILIES and name.endswith(".py"):
+        raise ModelSpecError(
+            f"Model spec {name!r} has no ':'; name the factory function as {name}:function."
+        )
+    try:
+        config = zoo_config(name, shape)
+    except ValueError as error:
+        # A suggestion is the likely fix; without one, list the other ways to name a model.
+        helpful = name in PRESETS or name in FAMILIES or "did you mean" in str(error)
+        raise ModelSpecError(
+            str(error) if helpful else f"{error} Other forms: {ACCEPTED_FORMS}."
+        ) from None
+
+    def build(depth: int | None) -> BuiltModel:
+        sized = config if depth is None else config.model_copy(update={"num_layers": depth})
+        return BuiltModel(build_model(sized), (example_inputs(sized, batch_size=1),), None)
+
+    return LoadedModel(name=name, build=build, num_layers=config.num_layers, config=config)
+
+
+def _load_hf(path: str, shape: dict[str, Any]) -> LoadedModel:
+    from planner.models import huggingface as hf
+
+    unknown = sorted(set(shape) - {"num_layers", "seq_length"})
+    if unknown:
+        flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
+        raise ModelSpecError(
+            f"{flags} cannot change a Hugging Face model; edit {path} instead (only "
+            "--num-layers and --seq-length apply to hf: models)."
+        )
+    try:
+        config = hf.load_hf_config(path)
+    except hf.HFConfigError as error:
+        raise ModelSpecError(str(error)) from None
+    uniform_depth = hf.hf_num_layers(config)
+    seq_length = shape.get("seq_length") or hf.default_seq_length(config)
+    vocab = getattr(config, "vocab_size", None) or 2
+
+    def build(depth: int | None) -> BuiltModel:
+        try:
+            model, loss = hf.build_hf_model(config, depth or shape.get("num_layers"))
+        except hf.HFConfigError as error:
+            raise ModelSpecError(str(error)) from None
+        except Exception as error:  # noqa: BLE001 - transformers validates in many ways
+            raise ModelSpecError(
+                f"transformers could not build the model in {path} ({type(error).__name__}: "
+                f"{str(error).splitlines()[0] if str(error) else ''}); fix the config."
+            ) from None
+        tokens = torch.randint(0, vocab, (1, seq_length), device="meta")
+        return BuiltModel(model, (tokens,), loss)
+
+    name = Path(path).parent.name if Path(path).name == "config.json" else Path(path).name
+    return LoadedModel(
+        name=f"hf:{name or path}",
+        build=build,
+        num_layers=uniform_depth and shape.get("num_layers", uniform_depth),
+        config=config,
+    )
 
 
 def _looks_like_path(target: str) -> bool:
@@ -151,7 +279,7 @@ def _find_function(module: ModuleType, func_name: str, target: str) -> Callable[
     )
 
 
-def _from_factory_result(result: Any, spec: str, name: str) -> LoadedModel:
+def _from_factory_result(result: Any, spec: str) -> BuiltModel:
     """Check a factory's return value and normalize it (a lone tensor becomes a 1-tuple)."""
     expected = (
         "expected (model, example_inputs) or (model, example_inputs, loss_fn) "
@@ -172,7 +300,7 @@ def _from_factory_result(result: Any, spec: str, name: str) -> LoadedModel:
     elif loss_fn is not None and not callable(loss_fn):
         wrong = f"a loss_fn of type {type(loss_fn).__name__}"
     else:
-        return LoadedModel(model=model, example_inputs=inputs, loss_fn=loss_fn, name=name)
+        return BuiltModel(model, inputs, loss_fn)
     raise ModelSpecError(f"{spec!r} returned {wrong}; {expected}.")
 
 

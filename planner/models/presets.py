@@ -7,10 +7,13 @@ disagree, the released configuration wins and the comment says so.
 from __future__ import annotations
 
 import difflib
+from typing import Any
+
+from pydantic import ValidationError
 
 from planner.models.config import TransformerConfig
 
-__all__ = ["PRESETS", "get_preset", "describe_presets"]
+__all__ = ["FAMILIES", "PRESETS", "describe_presets", "get_preset", "zoo_config"]
 
 
 def _gpt3(num_layers: int, hidden_size: int, num_attention_heads: int) -> TransformerConfig:
@@ -118,17 +121,82 @@ PRESETS: dict[str, TransformerConfig] = {
 }
 
 
+_LLAMA_FORM: dict[str, Any] = dict(
+    norm="rmsnorm", activation="swiglu", position_embedding="rope", tie_embeddings=False,
+    bias=False,
+)
+
+FAMILIES: dict[str, dict[str, Any]] = {
+    "gpt": dict(
+        norm="layernorm", activation="gelu", position_embedding="learned",
+        tie_embeddings=True, bias=True,
+    ),
+    "llama": _LLAMA_FORM,
+    "mixtral": {**_LLAMA_FORM, "num_experts": 8, "moe_top_k": 2},
+}
+"""Architectures without a size: `plan gpt --num-layers ... --hidden-size ...` builds one
+of these at the shape the flags give."""
+
+# Shape fields a family model must be given; the rest have defaults.
+REQUIRED_SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size")
+
+
+def zoo_config(name: str, shape: dict[str, Any] | None = None) -> TransformerConfig:
+    """The config of preset or family `name` with the fields in `shape` replaced.
+
+    ValueError, in one sentence per problem, for an unknown name, a family missing a
+    required shape field, or a shape that does not hold together (heads not dividing
+    the hidden size, ...).
+    """
+    shape = {k: v for k, v in (shape or {}).items() if v is not None}
+    if name in PRESETS:
+        fields = {**PRESETS[name].model_dump(), **shape}
+    elif name in FAMILIES:
+        missing = [field for field in REQUIRED_SHAPE if field not in shape]
+        if missing:
+            flags = ", ".join("--" + field.replace("_", "-") for field in missing)
+            raise ValueError(
+                f"model {name!r} needs its shape: add {flags} (or name a preset; see "
+                "`plan models`)."
+            )
+        fields = {**FAMILIES[name], **shape}
+    else:
+        get_preset(name)  # raises, naming the closest presets
+        raise AssertionError("unreachable")
+    try:
+        return TransformerConfig(**fields)
+    except ValidationError as error:
+        raise ValueError(f"model {name!r}: {validation_message(error)}") from None
+
+
+def validation_message(error: ValidationError) -> str:
+    """A pydantic error as one line: each problem's field and what is wrong with it."""
+    parts = []
+    for problem in error.errors():
+        message = problem["msg"].removeprefix("Value error, ")
+        field = ".".join(str(part) for part in problem["loc"])
+        parts.append(f"{field}: {message}" if field else message)
+    return " ".join(parts)
+
+
+def closest_names(name: str, known: list[str]) -> list[str]:
+    """Up to three of `known` that look like `name`, best first."""
+    return difflib.get_close_matches(name.lower(), known, n=3, cutoff=0.4)
+
+
 def get_preset(name: str) -> TransformerConfig:
     """A copy of the preset `name`, safe to modify; ValueError naming the closest presets."""
     try:
         return PRESETS[name].model_copy(deep=True)
     except KeyError:
         pass
-    close = difflib.get_close_matches(name.lower(), PRESETS, n=3, cutoff=0.4)
-    hint = f"did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-    raise ValueError(
-        f"unknown model preset {name!r}; {hint or 'known presets: ' + ', '.join(PRESETS)}"
-    )
+    close = closest_names(name, [*PRESETS, *FAMILIES])
+    if close:
+        raise ValueError(
+            f"unknown model {name!r}; did you mean {' or '.join(repr(c) for c in close)}? "
+            "(`plan models` lists the presets)"
+        )
+    raise ValueError(f"unknown model {name!r}; `plan models` lists the presets.")
 
 
 def describe_presets() -> list[tuple[str, int]]:

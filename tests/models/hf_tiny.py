@@ -26,29 +26,12 @@ import torch
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
+from planner.models.huggingface import LogitsOnly, next_token_loss
+
 VOCAB = 128
 BATCH, SEQ_LEN = 2, 16
 
 HFTiny = tuple[nn.Module, tuple[torch.Tensor, ...], Callable[..., torch.Tensor]]
-
-
-class LogitsOnly(nn.Module):
-    """Call a Hugging Face causal LM the way ``torch.export`` can trace, returning logits."""
-
-    def __init__(self, hf_model: nn.Module) -> None:
-        super().__init__()
-        self.hf_model = hf_model
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.hf_model(input_ids, use_cache=False, return_dict=False)[0]
-
-
-def next_token_loss(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """Causal LM cross-entropy: position ``t`` predicts token ``t + 1``."""
-    vocab = logits.shape[-1]
-    return nn.functional.cross_entropy(
-        logits[:, :-1].reshape(-1, vocab), input_ids[:, 1:].reshape(-1)
-    )
 
 
 def _token_ids() -> tuple[torch.Tensor]:

@@ -13,7 +13,7 @@ CASES = {
     "mesh-zero": (["demo:mlp", "--mesh", "0"], ["--mesh '0'", "not a mesh shape"]),
     "mesh-zero-axis": (["demo:mlp", "--mesh", "2x0"], ["--mesh '2x0'"]),
     "unknown-demo": (["demo:nope"], ["Unknown demo 'nope'", "mlp", "gpt"]),
-    "no-colon": (["nocolon"], ["'nocolon'", "no ':'", "demo:NAME"]),
+    "unknown-name": (["nocolon"], ["unknown model 'nocolon'", "plan models", "demo:NAME"]),
     "missing-file": (["nofile.py:f"], ["'nofile.py'", "does not exist"]),
     "unknown-cluster": (
         ["demo:mlp", "--cluster", "dgx-a100"],

@@ -140,9 +140,9 @@ def test_unknown_demo_lists_known_demos() -> None:
     assert "gpt" in str(info.value) and "mlp" in str(info.value)
 
 
-def test_spec_without_colon_shows_forms() -> None:
-    with pytest.raises(ModelSpecError, match="has no ':'") as info:
-        load_model("gpt")
+def test_unknown_name_without_colon_shows_forms() -> None:
+    with pytest.raises(ModelSpecError, match="unknown model 'nocolon'") as info:
+        load_model("nocolon")
     message = str(info.value)
     assert "demo:NAME" in message
     assert "path/to/file.py:function" in message
