@@ -12,8 +12,12 @@ shards is the whole training step, as Alpa's is. The graph is the IR: every node
 
 from __future__ import annotations
 
+import io
+import linecache
+import logging
+import os
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -232,9 +236,28 @@ def _joint(exported: Any, table: dict) -> tuple[Any, Any]:
 
 
 def _export(objective: nn.Module, example_inputs: tuple[Any, ...]) -> Any:
-    with warnings.catch_warnings():
+    # A failed export also prints its partial graph to stderr.
+    with _quiet_torch_logs(), warnings.catch_warnings(), redirect_stderr(io.StringIO()):
         warnings.simplefilter("ignore")
         return torch.export.export(objective, tuple(example_inputs), strict=False)
+
+
+@contextmanager
+def _quiet_torch_logs() -> Iterator[None]:
+    """A failed export logs its partial graph at WARNING from several torch loggers (each
+    with a level of its own); the TraceError already says what matters."""
+    loggers = [
+        logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
+        if name.startswith("torch")
+    ]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def _export_via_symbolic_trace(
@@ -245,27 +268,68 @@ def _export_via_symbolic_trace(
         traced = torch.fx.symbolic_trace(objective)
         return _export(traced, example_inputs)
     except Exception:  # noqa: BLE001 - report the export error, the more informative one
-        raise TraceError(describe_trace_failure(export_error)) from export_error
+        raise TraceError(describe_trace_failure(export_error, objective.model)) from export_error
 
 
-def describe_trace_failure(error: Exception) -> str:
-    """One short message: where tracing failed, why, and what to try."""
-    text = str(error).strip().splitlines()
-    reason = text[0] if text else type(error).__name__
+def describe_trace_failure(error: Exception, model: nn.Module | None = None) -> str:
+    """One short message: the module and source line where tracing failed, why, and what
+    to try."""
+    frame = _failing_frame(error)
     where = ""
-    tb = error.__traceback__
+    if frame is not None:
+        code = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+        module = _module_path(frame, model)
+        where = (
+            f" in {module}" if module else ""
+        ) + f" at {frame.f_code.co_filename}:{frame.f_lineno}" + (f" ({code})" if code else "")
+    reason, advice = _explain(error)
+    return f"could not trace the model{where}: {reason}. {advice}"
+
+
+# Frames of these files are the tracer's, not the model's.
+_TRACER_FILES = (f"{os.sep}torch{os.sep}", __file__)
+
+
+def _failing_frame(error: Exception) -> Any:
+    """The innermost frame of model code in the error's traceback."""
     frames = []
+    tb = error.__traceback__
     while tb is not None:
         frames.append(tb.tb_frame)
         tb = tb.tb_next
-    user = [f for f in frames if "site-packages/torch" not in f.f_code.co_filename]
-    if user:
-        frame = user[-1]
-        where = f" at {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+    user = [f for f in frames if not any(part in f.f_code.co_filename for part in _TRACER_FILES)]
+    return user[-1] if user else None
+
+
+def _module_path(frame: Any, model: nn.Module | None) -> str:
+    """'blocks.1 (Gate)' for a frame inside a submodule's method, else ''."""
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, nn.Module):
+            paths = {id(m): p for p, m in model.named_modules()} if model is not None else {}
+            path = paths.get(id(owner))
+            if path == "":
+                return f"{type(owner).__name__} (the model)"
+            return f"{path} ({type(owner).__name__})" if path else type(owner).__name__
+        frame = frame.f_back
+    return ""
+
+
+def _explain(error: Exception) -> tuple[str, str]:
+    """(why, what to try) for an export failure."""
+    text = str(error).strip()
+    first = text.splitlines()[0] if text else type(error).__name__
+    if "data-dependent" in text or "GuardOnDataDependent" in type(error).__name__:
+        return (
+            "Python control flow or a shape depends on tensor values "
+            f"({first.split(' (unhinted')[0][:100]})",
+            "Compute both branches and pick with torch.where, or move the decision out of "
+            "forward.",
+        )
     return (
-        f"could not trace the model{where}: {reason}. Try calling the model with "
-        "use_cache=False, returning plain tensors, and avoiding data-dependent Python "
-        "control flow in forward."
+        first[:200],
+        "Try calling the model with use_cache=False, returning plain tensors, and "
+        "avoiding data-dependent Python control flow in forward.",
     )
 
 

@@ -2,11 +2,14 @@
 
     plan MODEL --mesh 4 [--cluster cpu] [--json PATH] [--emit-code DIR]
     plan check MODEL --mesh 2x2 [--steps 3] [--json PATH]
+    plan inspect MODEL [--json PATH]
     plan models
 
-MODEL is `demo:NAME`, `path/to/file.py:function` or `package.module:function`. A mistake
-in the input exits with status 2 and one line saying what to change (a traceback only with
---debug); `plan check` exits 1 when the sharded run does not match the single process.
+MODEL is a preset (`plan models`), `gpt`/`llama`/`mixtral` with Megatron-LM shape flags
+(`--num-layers 96 --hidden-size 12288 ...`), `hf:path/to/config.json`, `demo:NAME`,
+`path/to/file.py:function` or `package.module:function`. A mistake in the input exits
+with status 2 and one line saying what to change (a traceback only with --debug);
+`plan check` exits 1 when the sharded run does not match the single process.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from rich.console import Console
 from rich.table import Table
 
 from passes.trace import TraceError
-from planner.model_spec import ModelSpecError
+from planner.model_flags import add_model_shape_flags, shape_overrides
+from planner.model_spec import ACCEPTED_FORMS, ModelSpecError
 
 console = Console(emoji=False)
 
@@ -44,10 +48,15 @@ def parse_mesh(text: str) -> tuple[int, ...]:
     return shape
 
 
+def _model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help=ACCEPTED_FORMS)
+    parser.add_argument("--json", metavar="PATH", help="also write the result as JSON")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    add_model_shape_flags(parser)
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "model", help="demo:NAME, path/to/file.py:function or package.module:function"
-    )
+    _model_arguments(parser)
     parser.add_argument(
         "--mesh", default="4", help="logical device mesh, e.g. 4 or 2x2 (default 4)"
     )
@@ -55,11 +64,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--cluster", default="cpu", help="cluster preset or YAML/JSON file (default cpu)"
     )
     parser.add_argument("--time-limit", type=float, default=60.0, help="ILP time limit in seconds")
-    parser.add_argument("--json", metavar="PATH", help="also write the result as JSON")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
-def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+def build_parsers() -> dict[str, argparse.ArgumentParser]:
+    """The parser of each subcommand; "" is plain `plan MODEL`."""
     plan = argparse.ArgumentParser(
         prog="plan", description="Plan how to shard a model's training step over a device mesh."
     )
@@ -73,18 +81,26 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     )
     _common(check)
     check.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
-    return plan, check
+    inspect = argparse.ArgumentParser(
+        prog="plan inspect",
+        description="Trace a model (on the meta device for zoo and hf: models) and list "
+        "its layers, templates, parameters, FLOPs and activation bytes per token.",
+    )
+    _model_arguments(inspect)
+    return {"": plan, "check": check, "inspect": inspect}
+
+
+_RUNNERS = {"": "run_plan", "check": "run_check", "inspect": "run_inspect"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["models"]:
         return run_models()
-    plan_parser, check_parser = build_parsers()
-    is_check = bool(argv) and argv[0] == "check"
-    args = (check_parser if is_check else plan_parser).parse_args(argv[1:] if is_check else argv)
+    command = argv[0] if argv and argv[0] in _RUNNERS else ""
+    args = build_parsers()[command].parse_args(argv[1:] if command else argv)
     try:
-        return run_check(args) if is_check else run_plan(args)
+        return globals()[_RUNNERS[command]](args)
     except (UsageError, ModelSpecError, TraceError, ValueError, FileNotFoundError) as error:
         if args.debug:
             raise
@@ -97,7 +113,7 @@ def _plan(args: argparse.Namespace):
     from planner.model_spec import load_model
 
     mesh = parse_mesh(args.mesh)
-    loaded = load_model(args.model)
+    loaded = load_model(args.model, shape_overrides(args))
     with console.status(f"planning {args.model} on mesh {'x'.join(map(str, mesh))}"):
         planned = plan_model(
             loaded.model,
@@ -131,6 +147,11 @@ def run_check(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise UsageError(f"--steps {args.steps} must be at least 1")
     loaded, planned = _plan(args)
+    if loaded.on_meta:
+        raise UsageError(
+            f"{args.model} is built on the meta device (no weights), so it cannot train; "
+            "check a model with real weights (demo:NAME or a file.py:function factory)"
+        )
     print_plan(planned)
     with console.status(f"training {args.steps} steps on {planned.plan.num_devices} gloo ranks"):
         report = check_plan(
@@ -146,6 +167,65 @@ def run_check(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
         console.print(f"report written to {args.json}")
     return 0 if report.passed else 1
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    """`plan inspect`: layers and templates of a model, traced once per template."""
+    from passes.model_graph import trace_model
+    from planner.layer_report import inspect_report
+    from planner.model_spec import load_model
+
+    loaded = load_model(args.model, shape_overrides(args))
+    with console.status(f"tracing {args.model}"):
+        graph = trace_model(loaded.build, loaded.num_layers)
+    report = inspect_report(args.model, graph)
+    print_inspect(report)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        console.print(f"report written to {args.json}")
+    return 0
+
+
+def print_inspect(report) -> None:
+    table = Table(
+        title=f"{report.model}: layers (forward ops, FLOPs and saved activations per token)"
+    )
+    for column in ("layers", "x", "template", "ops", "params", "GFLOP/tok", "act KiB/tok"):
+        justify = "left" if column in ("layers", "template") else "right"
+        table.add_column(column, justify=justify, no_wrap=True)
+    for row in report.rows:
+        # "layers.0-95": the run's first name and the last one's index.
+        span = row.first if row.count == 1 else f"{row.first}-{row.last.rpartition('.')[2]}"
+        table.add_row(
+            span, str(row.count), row.template[:8], str(row.forward_ops),
+            _compact(row.parameters), f"{row.flops_per_token / 1e9:,.3f}",
+            f"{row.activation_bytes_per_token / 1024:,.1f}",
+        )
+    console.print(table)
+    traced = (
+        f"{report.traced_blocks} blocks traced, the rest reuse their template"
+        if report.traced_blocks else "traced whole"
+    )
+    console.print(
+        f"{report.num_layers} layers, {report.num_templates} templates, "
+        f"{report.num_parameters:,} parameters ({report.num_parameters / 1e9:,.2f} B); "
+        f"trace {report.trace_s:.2f} s ({traced}), layers {report.layers_s:.2f} s"
+    )
+    if report.ops_without_rule:
+        console.print(
+            "[yellow]no sharding rule (run replicated):[/yellow] "
+            + ", ".join(report.ops_without_rule)
+        )
+    else:
+        console.print("every op has a sharding rule")
+
+
+def _compact(count: float) -> str:
+    """1234567 -> '1.23M': parameter counts that fit a narrow terminal."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.2f}{unit}"
+    return str(int(count))
 
 
 def run_models() -> int:

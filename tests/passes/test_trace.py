@@ -249,7 +249,8 @@ def test_data_dependent_control_flow_raises_a_trace_error_naming_the_line() -> N
 
     message = str(info.value)
     assert isinstance(info.value, RuntimeError)
-    assert f"{__file__}:{line} in forward" in message
-    assert message.startswith("could not trace the model at ")
-    assert "avoiding data-dependent Python control flow" in message
+    assert message.startswith("could not trace the model in _DataDependent (the model) at ")
+    assert f"{__file__}:{line} (if x.sum() > 0:)" in message
+    assert "control flow or a shape depends on tensor values" in message
+    assert "torch.where" in message
     assert "\n" not in message  # one line, not export's whole graph dump

@@ -1,0 +1,249 @@
+"""Analytical memory cost: peak bytes per device of a Megatron-LM-style training plan.
+
+- Model state (weights, gradients, optimizer): Rajbhandari et al., "ZeRO: Memory
+  Optimizations Toward Training Trillion Parameter Models" (SC 2020), Sec. 5 and Table 1;
+  Megatron-LM's `megatron/training/theoretical_memory_usage.py` for its own accounting.
+- Activations per transformer layer: Korthikanti et al., "Reducing Activation Recomputation
+  in Large Transformer Models" (MLSys 2023, arXiv:2205.05198), Sec. 4-5 and Table 2.
+- Micro-batches in flight per pipeline schedule: Narayanan et al., "Efficient Large-Scale
+  Language Model Training on GPU Clusters Using Megatron-LM" (SC 2021), Sec. 2.2, and the
+  warm-up counts of Megatron-LM's `megatron/core/pipeline_parallel/schedules.py`.
+
+Every function is pure arithmetic on plain numbers. A plan whose `MemoryBreakdown` does not
+`fit` the device is infeasible; callers must reject it rather than clamp anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
+PIPELINE_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
+ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
+
+# Memory no formula above accounts for: the CUDA context and loaded kernel images
+# (~0.5-1 GiB on Hopper), NCCL communicator buffers for the TP/PP/DP groups (~0.5-1 GiB),
+# and caching-allocator fragmentation plus transient buffers (all-gather/reduce-scatter
+# staging, cuBLAS workspaces). An engineering estimate, not a measurement; calibrate it.
+FRAMEWORK_RESERVE_BYTES: float = 3 * 2**30
+
+
+def _check_choice(name: str, value: object, valid: tuple) -> None:
+    if value not in valid:
+        names = ", ".join(repr(v) for v in valid)
+        raise ValueError(f"Unknown {name} {value!r}; expected one of {names}.")
+
+
+@dataclass(frozen=True)
+class ModelStateBytes:
+    """Bytes of model state held by one device."""
+
+    weights: float
+    """Low-precision (bf16/fp16) parameters used in forward and backward."""
+    gradients: float
+    """Gradients of those parameters (or Megatron's fp32 main grads)."""
+    optimizer: float
+    """fp32 master weights plus Adam's two moments (K = 12 bytes per parameter)."""
+    total: float = field(init=False)
+    """weights + gradients + optimizer."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "total", self.weights + self.gradients + self.optimizer)
+
+
+def model_state_bytes(
+    num_parameters: float,
+    data_parallel: int,
+    zero_stage: int,
+    distributed_optimizer: bool = False,
+    params_bytes: float = 2,
+    grads_bytes: float = 2,
+    optimizer_bytes: float = 12,
+) -> ModelStateBytes:
+    """Weights, gradients and optimizer state of one rank, with Psi = `num_parameters`
+    (those of one model-parallel rank: the caller divides by the tensor and pipeline
+    degrees) and Nd = `data_parallel`, K = `optimizer_bytes` (ZeRO, Table 1):
+
+    - stage 0 (plain data parallelism): (2 + 2 + K) Psi
+    - stage 1 (optimizer state sharded): 2 Psi + 2 Psi + K Psi / Nd
+    - stage 2 (+ gradients sharded):     2 Psi + (2 + K) Psi / Nd
+    - stage 3 (+ weights sharded):       (2 + 2 + K) Psi / Nd
+
+    `distributed_optimizer` (Megatron's `--use-distributed-optimizer`) shards the fp32
+    master weights and Adam moments over data parallel ranks: it is ZeRO stage 1, and
+    cannot be combined with stages 2 or 3.
+
+    The defaults are ZeRO's accounting, 2 + 2 + 12 = 16 bytes per parameter, the figure
+    the ZeRO paper and DESIGN.md use. Megatron-LM keeps fp32 main gradients unless
+    `--grad-reduce-in-bf16`; pass `grads_bytes=4` for its own numbers, 18 bytes per
+    parameter, or 6 + 12 / Nd with the distributed optimizer.
+    """
+    _check_choice("ZeRO stage", zero_stage, ZERO_STAGES)
+    if data_parallel < 1:
+        raise ValueError(f"data_parallel must be >= 1, got {data_parallel}")
+    if num_parameters < 0:
+        raise ValueError(f"num_parameters must be >= 0, got {num_parameters}")
+    if distributed_optimizer:
+        if zero_stage > 1:
+            raise ValueError(
+                f"distributed_optimizer is ZeRO stage 1; it cannot be combined with "
+                f"zero_stage={zero_stage}"
+            )
+        zero_stage = 1
+
+    def per_rank(first_sharding_stage: int) -> float:
+        # Parameters' worth of a state on one rank: ZeRO partitions the optimizer state from
+        # stage 1 on, the gradients from stage 2 and the weights from stage 3.
+        sharded = zero_stage >= first_sharding_stage
+        return num_parameters / data_parallel if sharded else num_parameters
+
+    return ModelStateBytes(
+        weights=params_bytes * per_rank(3),
+        gradients=grads_bytes * per_rank(2),
+        optimizer=optimizer_bytes * per_rank(1),
+    )
+
+
+def activation_bytes_per_layer(
+    seq_length: int,
+    micro_batch_size: int,
+    hidden_size: int,
+    num_attention_heads: int,
+    tensor_parallel: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+    flash_attention: bool = True,
+) -> float:
+    """Bytes of activations one transformer layer keeps for backward, for one micro-batch,
+    with 16-bit activations (Korthikanti et al., Sec. 4-5, Table 2). With s, b, h, a, t:
+
+    - none:      s b h (10 + 24/t + 5 a s / (h t)); the 10 becomes 10/t with sequence
+                 parallelism, so s b h (34 + 5 a s / h) without parallelism
+    - selective: the attention core (score matrix, softmax, its dropout: 5 a s / h) is
+                 recomputed: s b h (10 + 24/t), or s b h 34/t with sequence parallelism
+    - full:      only the layer input, 2 s b h (divided by t with sequence parallelism)
+
+    With `flash_attention` the 5 a s / h term is never stored (FlashAttention recomputes
+    scores in backward and keeps only O(a s b) softmax statistics, ignored here), so
+    'none' and 'selective' coincide. The formulas assume a GPT block (MLP width 4h,
+    multi-head attention). Context parallelism is not modelled: passing seq_length / cp
+    is exact when the scores are not stored. Full recompute also rebuilds one layer's activations
+    during backward; add `activation_bytes_per_layer(..., recompute="none")` once as
+    `extra_activation_bytes` of `peak_memory_bytes` to count that working set.
+    """
+    _check_choice("recompute mode", recompute, RECOMPUTE_MODES)
+    if tensor_parallel < 1:
+        raise ValueError(f"tensor_parallel must be >= 1, got {tensor_parallel}")
+    s, b, h, t = seq_length, micro_batch_size, hidden_size, tensor_parallel
+    # Layer norms, dropouts and residual inputs: split over t only by sequence parallelism.
+    t_sp = t if sequence_parallel else 1
+    if recompute == "full":
+        return 2 * s * b * h / t_sp
+    layer = s * b * h * (10 / t_sp + 24 / t)
+    if recompute == "none" and not flash_attention:
+        layer += 5 * num_attention_heads * s * s * b / t
+    return layer
+
+
+def output_layer_activation_bytes(
+    seq_length: int,
+    micro_batch_size: int,
+    hidden_size: int,
+    vocab_size: int,
+    tensor_parallel: int = 1,
+) -> float:
+    """Bytes the last stage keeps for the final layer norm, output projection and
+    cross-entropy of one micro-batch: 4 s b h (1 + v / h) / t (Korthikanti et al., Sec. 4,
+    as Megatron's theoretical_memory_usage.py counts it). Pass it as `extra_activation_bytes`."""
+    s, b, h, v = seq_length, micro_batch_size, hidden_size, vocab_size
+    return 4 * s * b * h * (1 + v / h) / tensor_parallel
+
+
+def in_flight_micro_batches(
+    schedule: str,
+    pipeline_parallel: int,
+    stage_index: int,
+    num_micro_batches: int,
+    virtual_stages: int = 1,
+) -> float:
+    """Micro-batches of activations stage `stage_index` (0-based) holds at its peak, in
+    units of one micro-batch through all the stage's layers. With p stages, m micro-batches:
+
+    - gpipe: all m forwards run before any backward (Huang et al., GPipe, NeurIPS 2019).
+    - 1f1b (PipeDream-Flush, Narayanan et al. Sec. 2.2.1): min(p - i, m); the first stage
+      holds p, the last 1.
+    - interleaved (Sec. 2.2.2), v model chunks per stage: Megatron's schedule warms up
+      w = 2 (p - i - 1) + (v - 1) p chunk-micro-batches, then holds one more, each worth 1/v
+      of a stage: min(w + 1, m v) / v. For the first stage that is p (1 + (p - 1) / (p v)),
+      the factor Megatron's theoretical_memory_usage.py applies (Korthikanti et al., Sec. 4).
+      With v = 1 Megatron runs plain 1F1B, and so does this.
+    """
+    _check_choice("pipeline schedule", schedule, PIPELINE_SCHEDULES)
+    p, i, m, v = pipeline_parallel, stage_index, num_micro_batches, virtual_stages
+    if p < 1 or m < 1 or v < 1:
+        raise ValueError(
+            f"pipeline_parallel, num_micro_batches and virtual_stages must be >= 1, "
+            f"got {p}, {m} and {v}"
+        )
+    if not 0 <= i < p:
+        raise ValueError(f"stage_index must be in [0, {p}), got {i}")
+    if v > 1 and schedule != "interleaved":
+        raise ValueError(f"virtual_stages={v} needs the 'interleaved' schedule, not {schedule!r}")
+    if schedule == "gpipe":
+        return float(m)
+    if schedule == "1f1b" or v == 1:
+        return float(min(p - i, m))
+    warmup = 2 * (p - i - 1) + (v - 1) * p
+    return min(warmup + 1, m * v) / v
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Peak bytes on one device of one pipeline stage."""
+
+    weights: float
+    """Low-precision parameters (after ZeRO-3 sharding, if any)."""
+    gradients: float
+    """Gradients (after ZeRO-2/3 sharding, if any)."""
+    optimizer: float
+    """fp32 master weights and Adam moments (after ZeRO / distributed-optimizer sharding)."""
+    activations: float
+    """Activations kept for backward at the peak, over all micro-batches in flight."""
+    reserve: float
+    """Fixed framework overhead: CUDA context, NCCL buffers, allocator fragmentation."""
+    total: float = field(init=False)
+    """Sum of all the above."""
+
+    def __post_init__(self) -> None:
+        parts = (self.weights, self.gradients, self.optimizer, self.activations, self.reserve)
+        object.__setattr__(self, "total", sum(parts))
+
+    def fits(self, capacity_bytes: float) -> bool:
+        """Whether the peak fits in a device of `capacity_bytes` (e.g. memory_gib * 2**30)."""
+        return self.total <= capacity_bytes
+
+
+def peak_memory_bytes(
+    model_state: ModelStateBytes,
+    layer_activation_bytes: float,
+    layers_in_stage: int,
+    micro_batches_in_flight: float,
+    extra_activation_bytes: float = 0.0,
+    reserve_bytes: float = FRAMEWORK_RESERVE_BYTES,
+) -> MemoryBreakdown:
+    """Peak memory of one device of a pipeline stage: its model state (`model_state_bytes`
+    of the stage's parameters), `layer_activation_bytes` (`activation_bytes_per_layer`)
+    x `layers_in_stage` x `micro_batches_in_flight` (`in_flight_micro_batches`), plus
+    `extra_activation_bytes` held once (e.g. `output_layer_activation_bytes` on the last
+    stage, a layer's working set under full recompute), plus the fixed `reserve_bytes`.
+    """
+    if layers_in_stage < 0 or micro_batches_in_flight < 0 or extra_activation_bytes < 0:
+        raise ValueError("layers, micro-batches in flight and extra activations must be >= 0")
+    activations = layer_activation_bytes * layers_in_stage * micro_batches_in_flight
+    return MemoryBreakdown(
+        weights=model_state.weights,
+        gradients=model_state.gradients,
+        optimizer=model_state.optimizer,
+        activations=activations + extra_activation_bytes,
+        reserve=reserve_bytes,
+    )
