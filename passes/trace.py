@@ -91,23 +91,55 @@ def trace(
     # The joint export rejects a parameter reached under two names (a tied embedding and
     # LM head), so each alias is traced as a parameter of its own and merged back after.
     with _untied(model) as aliases, _meta_as_fake_cpu(model, example_inputs) as example_inputs:
-        try:
-            exported = _export(objective, example_inputs)
-            method = "torch.export"
-        except TraceError:
-            raise
-        except Exception as export_error:  # noqa: BLE001 - any export failure tries the fallback
-            exported = _export_via_symbolic_trace(objective, example_inputs, export_error)
-            method = "symbolic_trace"
-        try:
-            table = decomposition_table(keep_attention=True)
-            forward, joint = _joint(exported, table)
-        except Exception:  # noqa: BLE001 - some models only trace with attention decomposed
-            table = decomposition_table(keep_attention=False)
-            forward, joint = _joint(exported, table)
+        exported, method = _export_forward(objective, example_inputs)
+        # The joint export also rejects a parameter forward never reads (an unused layer,
+        # or the name of a tied pair that is not the one called): such parameters are
+        # traced frozen, so they stay in the program without a gradient.
+        unused = _unused_parameters(exported)
+        with _frozen(unused):
+            if unused:
+                exported, method = _export_forward(objective, example_inputs)
+            try:
+                table = decomposition_table(keep_attention=True)
+                forward, joint = _joint(exported, table)
+            except Exception:  # noqa: BLE001 - some models only trace with attention decomposed
+                table = decomposition_table(keep_attention=False)
+                forward, joint = _joint(exported, table)
     program = _program(joint, forward, method)
     _merge_tied(program, aliases)
     return program
+
+
+def _export_forward(objective: nn.Module, example_inputs: tuple[Any, ...]) -> tuple[Any, str]:
+    """The exported forward and how it was captured: torch.export, else symbolic_trace."""
+    try:
+        return _export(objective, example_inputs), "torch.export"
+    except TraceError:
+        raise
+    except Exception as export_error:  # noqa: BLE001 - any export failure tries the fallback
+        return _export_via_symbolic_trace(objective, example_inputs, export_error), "symbolic_trace"
+
+
+def _unused_parameters(exported: Any) -> list[nn.Parameter]:
+    """Parameters requiring a gradient whose placeholder no op reads."""
+    users = {n.name: len(n.users) for n in exported.graph.nodes if n.op == "placeholder"}
+    return [
+        exported.state_dict[spec.target]
+        for spec in exported.graph_signature.input_specs
+        if spec.kind.name == "PARAMETER" and users.get(spec.arg.name) == 0
+        and exported.state_dict[spec.target].requires_grad
+    ]
+
+
+@contextmanager
+def _frozen(parameters: list[nn.Parameter]) -> Iterator[None]:
+    for parameter in parameters:
+        parameter.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for parameter in parameters:
+            parameter.requires_grad_(True)
 
 
 @contextmanager
@@ -186,6 +218,12 @@ def _merge_tied(program: TracedProgram, aliases: dict[str, str]) -> None:
         alias_node.replace_all_uses_with(program.nodes[node_of[kept]])
         graph.erase_node(alias_node)
         del program.parameters[alias_node.name]
+        if alias not in grad_of or kept not in grad_of:
+            # Only one of the two names is read: its gradient is the parameter's.
+            for name, fqn in list(program.gradients.items()):
+                if fqn == alias:
+                    program.gradients[name] = kept
+            continue
         kept_grad, alias_grad = program.nodes[grad_of[kept]], program.nodes[grad_of[alias]]
         with graph.inserting_before(output):
             total = graph.call_function(torch.ops.aten.add.Tensor, (kept_grad, alias_grad))

@@ -108,12 +108,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-def _plan(args: argparse.Namespace):
-    from planner.api import plan_model
+def _load(args: argparse.Namespace):
     from planner.model_spec import load_model
 
+    return load_model(args.model, shape_overrides(args))
+
+
+def _plan(args: argparse.Namespace, loaded):
+    from planner.api import plan_model
+
     mesh = parse_mesh(args.mesh)
-    loaded = load_model(args.model, shape_overrides(args))
     with console.status(f"planning {args.model} on mesh {'x'.join(map(str, mesh))}"):
         planned = plan_model(
             loaded.model,
@@ -124,11 +128,11 @@ def _plan(args: argparse.Namespace):
             name=args.model,
             time_limit_s=args.time_limit,
         )
-    return loaded, planned
+    return planned
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    loaded, planned = _plan(args)
+    planned = _plan(args, _load(args))
     print_plan(planned)
     if args.json:
         planned.plan.to_json(args.json)
@@ -146,12 +150,13 @@ def run_check(args: argparse.Namespace) -> int:
 
     if args.steps < 1:
         raise UsageError(f"--steps {args.steps} must be at least 1")
-    loaded, planned = _plan(args)
+    loaded = _load(args)
     if loaded.on_meta:
         raise UsageError(
             f"{args.model} is built on the meta device (no weights), so it cannot train; "
             "check a model with real weights (demo:NAME or a file.py:function factory)"
         )
+    planned = _plan(args, loaded)
     print_plan(planned)
     with console.status(f"training {args.steps} steps on {planned.plan.num_devices} gloo ranks"):
         report = check_plan(
@@ -173,9 +178,8 @@ def run_inspect(args: argparse.Namespace) -> int:
     """`plan inspect`: layers and templates of a model, traced once per template."""
     from passes.model_graph import trace_model
     from planner.layer_report import inspect_report
-    from planner.model_spec import load_model
 
-    loaded = load_model(args.model, shape_overrides(args))
+    loaded = _load(args)
     with console.status(f"tracing {args.model}"):
         graph = trace_model(loaded.build, loaded.num_layers)
     report = inspect_report(args.model, graph)

@@ -3,9 +3,14 @@ change, without a traceback. Every case here fails before tracing, so they are f
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from planner import cli
+
+UNTRACEABLE = Path(__file__).parents[1] / "fixtures" / "untraceable.py"
+SHAPE = ["--num-layers", "2", "--seq-length", "16", "--vocab-size", "64"]
 
 # (argv, fragments the message must contain)
 CASES = {
@@ -21,13 +26,50 @@ CASES = {
     ),
     "check-unknown-demo": (["check", "demo:nope", "--mesh", "2"], ["Unknown demo 'nope'"]),
     "check-bad-steps": (["check", "demo:mlp", "--steps", "0"], ["--steps 0"]),
+    "unknown-preset": (
+        ["inspect", "gpt3-17b"], ["unknown model 'gpt3-17b'", "did you mean 'gpt3-175b'"]
+    ),
+    "family-without-shape": (
+        ["inspect", "gpt"], ["model 'gpt' needs its shape", "--num-layers", "--vocab-size"]
+    ),
+    "heads-not-dividing-hidden": (
+        ["inspect", "gpt", *SHAPE, "--hidden-size", "100", "--num-attention-heads", "7"],
+        ["hidden_size (100) must be divisible by num_attention_heads (7)"],
+    ),
+    "groups-not-dividing-heads": (
+        ["inspect", "llama3-8b", "--num-query-groups", "5"],
+        ["num_attention_heads (32) must be divisible by num_query_groups (5)"],
+    ),
+    "shape-flag-on-a-factory": (["demo:mlp", "--num-layers", "3"], ["--num-layers only apply"]),
+    "hf-missing": (["inspect", "hf:nope/config.json"], ["'nope/config.json' does not exist"]),
+    "hf-malformed-json": (["inspect", "hf:bad"], ["not valid JSON", "line 2"]),
+    "hf-without-model-type": (["inspect", "hf:untyped/config.json"], ['no "model_type"']),
+    "hf-unknown-model-type": (["inspect", "hf:alien"], ["model_type 'alien-9000'"]),
+    "untraceable-module": (
+        ["inspect", f"{UNTRACEABLE}:build"],
+        [
+            "could not trace the model in blocks.1 (Gate)",
+            "untraceable.py:14 (if y.sum() > 0:)",
+            "depends on tensor values",
+            "torch.where",
+        ],
+    ),
+    "check-meta-model": (["check", "gpt3-125m"], ["meta device", "cannot train"]),
 }
 
 
 @pytest.fixture(autouse=True)
 def _in_empty_dir(tmp_path, monkeypatch):
-    # 'nofile.py' must not exist; run every case from an empty directory.
+    # 'nofile.py' must not exist; run every case from a directory holding only the
+    # broken Hugging Face configs.
     monkeypatch.chdir(tmp_path)
+    for folder, text in {
+        "bad": '{"model_type": "llama",\n',
+        "untyped": '{"hidden_size": 64}',
+        "alien": '{"model_type": "alien-9000"}',
+    }.items():
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "config.json").write_text(text)
 
 
 @pytest.fixture
