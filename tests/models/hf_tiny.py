@@ -10,9 +10,10 @@ Config choices that tracing needs (torch 2.13, transformers 5.x), checked with
 
 * ``use_cache=False, return_dict=False`` at call time: the cache object and the
   ``ModelOutput`` dataclass are not plain tensors; the wrapper returns the logits only.
-* ``tie_word_embeddings=False`` for GPT-2: with the LM head tied to the token embedding,
-  the joint graph fails with "Found a parameter that did not receive a gradient"
-  (a shared parameter is seen twice). Llama is untied by default; it is pinned anyway.
+* ``tie_word_embeddings=False`` for GPT-2 and Llama: these small models train on gloo
+  ranks in the end-to-end tests, where an untied head keeps the expected collectives
+  simple; tied weights are traced (and merged back into one parameter) just as well, see
+  tests/models/test_hf_configs.py.
 * ``attn_implementation="sdpa"``: attention stays one fused op in Tessel's trace (its
   decomposition keeps scaled-dot-product attention whole), so its heads can be split.
 * Dropout probabilities are 0 so training-mode runs are deterministic.
