@@ -14,7 +14,7 @@ import itertools
 import math
 import operator
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 import torch.fx as fx
@@ -25,6 +25,9 @@ from cost_models.compute import dtype_key, op_flops, op_time, tensor_bytes
 from passes.dtensor_rules import Placements, has_rule, op_choices, tensor_meta
 from passes.trace import TracedProgram
 from planner.cluster import DeviceSpec
+
+if TYPE_CHECKING:
+    from cost_models.profile import ProfileDatabase
 
 # Parameter, gradient and AdamW's two moments, all in the parameter's dtype.
 TRAINING_STATE_COPIES = 4
@@ -45,6 +48,9 @@ SHAPE_ONLY_OPS = {
 
 Source = tuple[str, int]
 """Where a tensor comes from: (node name, output index); index 0 for single-output nodes."""
+
+OpTimer = Callable[[float, float, str], float]
+"""Seconds of an op from (FLOPs, bytes moved, dtype key)."""
 
 
 @dataclass(frozen=True)
@@ -110,9 +116,17 @@ def output_value(program: TracedProgram, source: Source) -> torch.Tensor:
 
 
 def enumerate_strategies(
-    program: TracedProgram, mesh: DeviceMesh, device: DeviceSpec
+    program: TracedProgram,
+    mesh: DeviceMesh,
+    device: DeviceSpec,
+    profile: ProfileDatabase | None = None,
 ) -> dict[str, NodeStrategies]:
-    """Strategies of every placeholder and op node, in graph order."""
+    """Strategies of every placeholder and op node, in graph order. Ops are timed with
+    `profile`'s measurements when given, else with `device`'s roofline."""
+    timer: OpTimer = (
+        profile.op_time if profile is not None
+        else lambda flops, nbytes, dtype: op_time(flops, nbytes, device, dtype)
+    )
     table: dict[str, NodeStrategies] = {}
     saved = _saved_for_backward(program)
     for node in program.graph.nodes:
@@ -121,7 +135,7 @@ def enumerate_strategies(
         elif node.op == "call_function" and node.target is not operator.getitem:
             if is_skipped(node):
                 continue
-            table[node.name] = _op(node, table, program, mesh, device, node.name in saved)
+            table[node.name] = _op(node, table, program, mesh, timer, node.name in saved)
     return table
 
 
@@ -178,7 +192,7 @@ def _op(
     table: dict[str, NodeStrategies],
     program: TracedProgram,
     mesh: DeviceMesh,
-    device: DeviceSpec,
+    timer: OpTimer,
     saved: bool,
 ) -> NodeStrategies:
     inputs = tensor_inputs(node)
@@ -192,7 +206,7 @@ def _op(
     def strategy(ins: tuple[Placements, ...], outs: tuple[Placements | None, ...]) -> Strategy:
         split = shard_factor(outs[0], mesh)
         return Strategy(
-            ins, outs, op_time(flops / split, traffic / split, device, dtype), out_bytes / split
+            ins, outs, timer(flops / split, traffic / split, dtype), out_bytes / split
         )
 
     replicated = tuple(Replicate() for _ in range(mesh.ndim))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
@@ -12,6 +13,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from cost_models.profile import ProfileDatabase
 from passes.dtensor_rules import fake_mesh, placement_str
 from passes.lower import RankProgram, graph_fingerprint
 from passes.strategies import enumerate_strategies, fallback_nodes
@@ -59,27 +61,36 @@ def plan_model(
     name: str | None = None,
     mesh: DeviceMesh | None = None,
     time_limit_s: float = 60.0,
+    profile: str | Path | ProfileDatabase | None = None,
 ) -> PlannedModel:
     """Trace `model` and choose a sharding of its training step over `mesh_shape`.
 
     Needs no process group: the mesh is built on a fake one unless `mesh` is given.
+    `profile` (a database or its path, from `plan profile`) prices ops and collectives
+    with measured times where it has them.
     """
     cluster_spec = cluster if isinstance(cluster, Cluster) else Cluster.load(cluster)
+    if profile is not None and not isinstance(profile, ProfileDatabase):
+        profile = ProfileDatabase.load(profile)
     timings = PlanTimings()
     start = time.perf_counter()
     program = trace(model, tuple(example_inputs), loss_fn)
     timings.trace_s = time.perf_counter() - start
     mesh = mesh if mesh is not None else fake_mesh(tuple(mesh_shape))
     start = time.perf_counter()
-    table = enumerate_strategies(program, mesh, cluster_spec.device)
+    table = enumerate_strategies(program, mesh, cluster_spec.device, profile)
     timings.strategies_s = time.perf_counter() - start
     start = time.perf_counter()
-    solution = plan_intra_op(program, table, mesh, cluster_spec, time_limit_s=time_limit_s)
+    solution = plan_intra_op(
+        program, table, mesh, cluster_spec, time_limit_s=time_limit_s, profile=profile
+    )
     timings.ilp_s = time.perf_counter() - start
     plan = _assemble(
         program, table, solution, list(mesh_shape), cluster_spec.name,
         name or type(model).__name__,
     )
+    if profile is not None:
+        plan.cost_source = profile.cost_source
     return PlannedModel(plan, program, timings)
 
 

@@ -3,7 +3,9 @@
     plan MODEL --mesh 4 [--cluster cpu] [--json PATH] [--emit-code DIR]
     plan check MODEL --mesh 2x2 [--steps 3] [--json PATH]
     plan inspect MODEL [--json PATH]
+    plan profile [--output tessel-profile.json] [--ranks 2,4] [--max-bytes 16MiB]
     plan models
+    plan clusters
 
 MODEL is a preset (`plan models`), `gpt`/`llama`/`mixtral` with Megatron-LM shape flags
 (`--num-layers 96 --hidden-size 12288 ...`), `hf:path/to/config.json`, `demo:NAME`,
@@ -64,6 +66,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--cluster", default="cpu", help="cluster preset or YAML/JSON file (default cpu)"
     )
     parser.add_argument("--time-limit", type=float, default=60.0, help="ILP time limit in seconds")
+    parser.add_argument(
+        "--profile", metavar="PATH",
+        help="price ops and collectives with this `plan profile` database where it has "
+        "measurements (default: the cluster's analytical models)",
+    )
 
 
 def build_parsers() -> dict[str, argparse.ArgumentParser]:
@@ -87,16 +94,28 @@ def build_parsers() -> dict[str, argparse.ArgumentParser]:
         "its layers, templates, parameters, FLOPs and activation bytes per token.",
     )
     _model_arguments(inspect)
-    return {"": plan, "check": check, "inspect": inspect}
+    from planner.profile_command import add_profile_arguments
+
+    profile = argparse.ArgumentParser(
+        prog="plan profile",
+        description="Time matmuls, an elementwise op and collectives on this machine (CPU "
+        "and gloo, or GPUs and NCCL) and write them to a database for `plan --profile`.",
+    )
+    add_profile_arguments(profile)
+    return {"": plan, "check": check, "inspect": inspect, "profile": profile}
 
 
-_RUNNERS = {"": "run_plan", "check": "run_check", "inspect": "run_inspect"}
+_RUNNERS = {
+    "": "run_plan", "check": "run_check", "inspect": "run_inspect", "profile": "run_profile"
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["models"]:
         return run_models()
+    if argv[:1] == ["clusters"]:
+        return run_clusters()
     command = argv[0] if argv and argv[0] in _RUNNERS else ""
     args = build_parsers()[command].parse_args(argv[1:] if command else argv)
     try:
@@ -127,6 +146,7 @@ def _plan(args: argparse.Namespace, loaded):
             loaded.loss_fn,
             name=args.model,
             time_limit_s=args.time_limit,
+            profile=args.profile,
         )
     return planned
 
@@ -172,6 +192,13 @@ def run_check(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
         console.print(f"report written to {args.json}")
     return 0 if report.passed else 1
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    """`plan profile`: measure this machine into a profile database."""
+    from planner.profile_command import run_profile as measure
+
+    return measure(args, console)
 
 
 def run_inspect(args: argparse.Namespace) -> int:
@@ -253,6 +280,45 @@ def run_models() -> int:
     return 0
 
 
+def _figure(value: float | None) -> str:
+    """989.5 -> '989.5', 2000.0 -> '2000', None -> '-': datasheet numbers, compactly."""
+    return "-" if value is None else f"{value:g}"
+
+
+def run_clusters() -> int:
+    """`plan clusters`: the built-in cluster presets with their datasheet numbers."""
+    from planner.cluster import Cluster
+
+    table = Table(
+        title="cluster presets",
+        caption="per node: devices in one scale-up domain. up: scale-up link (NVLink, "
+        "Infinity Fabric, RoCE), out: scale-out network; GB/s per GPU per direction. "
+        "Datasheet peaks: `description` in each preset names its sources.",
+    )
+    columns = ("name", "device", "per\nnode", "memory\nGiB", "HBM\nGB/s", "bf16\nTFLOP/s",
+               "fp8\nTFLOP/s", "up\nGB/s", "out\nGB/s")
+    for column in columns:
+        # Names and numbers never wrap; on a narrow terminal the device name folds instead.
+        table.add_column(column, justify="left" if column in columns[:2] else "right",
+                         no_wrap=column != "device", overflow="fold")
+    for name in Cluster.presets():
+        cluster = Cluster.load(name)
+        device = cluster.device
+        table.add_row(
+            name,
+            device.name,
+            str(cluster.devices_per_node),
+            _figure(device.memory_gib),
+            _figure(device.memory_bandwidth_gbs),
+            _figure(device.peak_tflops.get("bf16")),
+            _figure(device.peak_tflops.get("fp8")),
+            _figure(cluster.intra_node.bandwidth_gbs),
+            _figure(cluster.inter_node.bandwidth_gbs),
+        )
+    console.print(table)
+    return 0
+
+
 def print_plan(planned) -> None:
     plan = planned.plan
     by_module: dict[str, list[str]] = defaultdict(list)
@@ -277,7 +343,7 @@ def print_plan(planned) -> None:
     console.print(
         f"predicted step time {p.step_time_s * 1e3:.3f} ms (compute {p.compute_s * 1e3:.3f} ms, "
         f"communication {p.communication_s * 1e3:.3f} ms); memory per device "
-        f"{p.memory_bytes_per_device / 2**20:.2f} MiB"
+        f"{p.memory_bytes_per_device / 2**20:.2f} MiB; costs {plan.cost_source}"
     )
     t = planned.timings
     console.print(

@@ -3,18 +3,35 @@
 A `Cluster` is loaded from a preset name (``planner/presets/<name>.yaml``) or from a
 YAML/JSON file of the same shape. Units follow vendor datasheets: FLOP/s in TFLOP/s,
 bandwidths in decimal GB/s (1e9 bytes/s), device memory in GiB.
+
+A cluster is a number of devices grouped into scale-up domains of `devices_per_node`: the
+devices one fast link joins (NVLink and NVSwitch in a DGX node, Infinity Fabric on an AMD
+OAM board, or a whole 72-GPU rack in GB200 NVL72). Past a domain, traffic leaves through
+the scale-out network (InfiniBand or Ethernet). Each preset describes one domain, and
+`Cluster.with_devices` sizes it: 4 GPUs of a DGX node, or 64 DGX nodes. How close real
+kernels and collectives come to these datasheet peaks is the device's `Efficiency`.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import math
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from cost_models.efficiency import Efficiency
 
 _FILE_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -36,6 +53,11 @@ class DeviceSpec(_Config):
     memory_gib: float = Field(gt=0, description="Device memory in GiB.")
     memory_bandwidth_gbs: float = Field(
         gt=0, description="Device memory bandwidth in GB/s (1e9 bytes/s)."
+    )
+    efficiency: Efficiency = Field(
+        default_factory=Efficiency,
+        description="Achieved fractions of the peaks above and of the links' bandwidths "
+        "(fitted by calibration; typical values when not given).",
     )
 
     @field_validator("peak_tflops")
@@ -61,38 +83,109 @@ class LinkSpec(_Config):
 
 
 class Cluster(_Config):
-    """A homogeneous cluster: `num_nodes` nodes of `devices_per_node` identical devices."""
+    """A homogeneous cluster: `num_devices` identical devices in scale-up domains of
+    `devices_per_node`, numbered domain-major (ranks 0..7 share the first DGX node)."""
 
     name: str = Field(description="Short name of the cluster, e.g. 'dgx-a100-80g'.")
     device: DeviceSpec = Field(description="The accelerator every rank runs on.")
-    devices_per_node: int = Field(gt=0, description="Devices in one node (scale-up domain).")
-    num_nodes: int = Field(default=1, gt=0, description="Number of nodes.")
-    intra_node: LinkSpec = Field(description="Link between devices of one node (e.g. NVLink).")
+    devices_per_node: int = Field(
+        gt=0,
+        description="Devices in one scale-up domain, the devices the intra-node link joins: "
+        "a node (8 GPUs over NVLink and NVSwitch), or a 72-GPU rack for GB200 NVL72.",
+    )
+    num_devices: int = Field(
+        gt=0,
+        description="Devices in the cluster: whole domains (a multiple of devices_per_node), "
+        "or part of one domain. Files may give num_nodes instead; one domain if neither.",
+    )
+    intra_node: LinkSpec = Field(
+        description="Link between devices of one scale-up domain (e.g. NVLink), per device."
+    )
     inter_node: LinkSpec = Field(
-        description="Link between nodes (e.g. InfiniBand), per device."
+        description="Scale-out link between domains (e.g. InfiniBand), per device."
     )
     description: str = Field(default="", description="Free text: where the numbers come from.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _nodes_to_devices(cls, data: Any) -> Any:
+        """Accept `num_nodes` (whole domains) as another way to give `num_devices`."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        nodes = data.pop("num_nodes", None)
+        per_node = data.get("devices_per_node")
+        if not isinstance(per_node, int) or per_node < 1:
+            # devices_per_node's own error is the one to report; this placeholder is unused.
+            data.setdefault("num_devices", 1)
+            return data
+        if nodes is None:
+            data.setdefault("num_devices", per_node)
+            return data
+        if not isinstance(nodes, int) or nodes < 1:
+            raise ValueError(f"num_nodes must be a whole number >= 1, got {nodes!r}")
+        if data.setdefault("num_devices", nodes * per_node) != nodes * per_node:
+            raise ValueError(
+                f"num_nodes {nodes} and num_devices {data['num_devices']} disagree for "
+                f"{per_node}-device nodes; give only one of them"
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _whole_domains(self) -> Cluster:
+        _check_size(self.num_devices, self.devices_per_node, self.name)
+        return self
+
     @property
-    def num_devices(self) -> int:
-        """Total number of devices in the cluster."""
-        return self.devices_per_node * self.num_nodes
+    def num_nodes(self) -> int:
+        """Scale-up domains the devices occupy (a part-filled one counts as one)."""
+        return math.ceil(self.num_devices / self.devices_per_node)
 
-    def link_for_group(self, group_stride: int, group_size: int) -> LinkSpec:
-        """The link a collective among `group_size` ranks spaced `group_stride` apart crosses.
+    def with_devices(self, num_devices: int) -> Cluster:
+        """A copy of this cluster sized to `num_devices` devices.
 
-        Ranks are numbered node-major, so such a group covers `stride * size` consecutive
-        ranks. If that fits in one node the collective stays on the scale-up link;
-        otherwise it spans nodes, and since a ring is as slow as its slowest hop the
-        whole collective is charged the scale-out link.
+        Up to `devices_per_node` devices are that many devices of one domain (`--gpus 4` on
+        a DGX preset: 4 GPUs of one node, still joined by NVLink); more must fill whole
+        domains. Raises ValueError otherwise, naming the domain size.
+        """
+        _check_size(num_devices, self.devices_per_node, self.name)
+        return self.model_copy(update={"num_devices": num_devices})
+
+    def spans_domains(self, group_stride: int, group_size: int) -> bool:
+        """Whether a group of `group_size` ranks spaced `group_stride` apart crosses domains.
+
+        Mesh groups are aligned blocks of `stride * size` consecutive ranks. Every such
+        block fits in one domain when it is no larger than a domain and a domain holds a
+        whole number of blocks, or when the whole cluster is one (part-filled) domain;
+        otherwise some block, and so the slowest group, crosses the scale-out network.
         """
         if group_stride < 1 or group_size < 1:
             raise ValueError(
                 f"group_stride and group_size must be >= 1, got {group_stride} and {group_size}"
             )
-        if group_stride * group_size <= self.devices_per_node:
-            return self.intra_node
-        return self.inter_node
+        span = group_stride * group_size
+        per_node = self.devices_per_node
+        fits = span <= per_node and (per_node % span == 0 or self.num_devices <= per_node)
+        return not fits
+
+    def ranks_per_domain(self, group_stride: int, group_size: int) -> int:
+        """Members of such a group that share one domain: all of them when it does not span
+        domains, else those `group_stride` apart within one domain (exact when the stride
+        divides the domain size or is a multiple of it, as mesh layouts make it)."""
+        if not self.spans_domains(group_stride, group_size):
+            return group_size
+        return max(1, min(group_size, self.devices_per_node // group_stride))
+
+    def link_for_group(self, group_stride: int, group_size: int) -> LinkSpec:
+        """The link a collective among `group_size` ranks spaced `group_stride` apart crosses.
+
+        The scale-up link if the group stays in one domain (`spans_domains`); otherwise
+        the scale-out link for the whole collective, since a ring is as slow as its
+        slowest hop.
+        """
+        if self.spans_domains(group_stride, group_size):
+            return self.inter_node
+        return self.intra_node
 
     @staticmethod
     def presets() -> list[str]:
@@ -145,6 +238,20 @@ class Cluster(_Config):
             raise ValueError(f"Invalid {source}: {_summarize(err)}.") from None
 
 
+def _check_size(num_devices: int, per_node: int, name: str) -> None:
+    """Raise unless `num_devices` is part of one domain or a whole number of domains."""
+    if num_devices < 1:
+        raise ValueError(
+            f"Cluster {name!r} cannot hold {num_devices} devices; ask for at least 1."
+        )
+    if num_devices > per_node and num_devices % per_node:
+        raise ValueError(
+            f"Cluster {name!r} has {per_node} devices per node, so {num_devices} devices "
+            f"would leave a node part-filled; use a multiple of {per_node} (or at most "
+            f"{per_node}, part of one node)."
+        )
+
+
 def _presets_dir() -> Any:
     # importlib.resources works for source checkouts, editable and wheel installs alike.
     return resources.files("planner") / "presets"
@@ -153,11 +260,12 @@ def _presets_dir() -> Any:
 def _closest(name: str, known: list[str]) -> str | None:
     """The preset a mistyped name most likely meant, or None if nothing is close."""
     # A truncated name ('dgx-a100') is the common slip; plain difflib would rank
-    # 'dgx-h100' above 'dgx-a100-80g' for it, so prefixes win first.
+    # 'dgx-h100' above 'dgx-a100-80g' for it, so prefixes win first: the shortest, and
+    # of equally short ones the last in order (the larger variant: 'dgx-a100-80g').
     lowered = name.lower()
     prefixed = [k for k in known if k.startswith(lowered)]
     if prefixed:
-        return min(prefixed, key=len)
+        return max(prefixed, key=lambda k: (-len(k), k))
     close = difflib.get_close_matches(lowered, known, n=1, cutoff=0.4)
     return close[0] if close else None
 

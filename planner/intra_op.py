@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -38,6 +39,9 @@ from planner.solver import (
     evaluate,
     solve_ilp,
 )
+
+if TYPE_CHECKING:
+    from cost_models.profile import ProfileDatabase
 
 
 # Cost of a move DTensor cannot make: large enough that no optimum contains one.
@@ -97,12 +101,17 @@ class CommModel:
 
     mesh: DeviceMesh
     cluster: Cluster
+    profile: ProfileDatabase | None = None
+    """Measured collective times, used where they cover the collective."""
     _cache: dict = field(default_factory=dict)
 
-    def link(self, dims: tuple[int, ...]) -> tuple[int, LinkSpec]:
+    def group(self, dims: tuple[int, ...]) -> tuple[int, int]:
+        """(size, stride) of the rank groups a collective over mesh axes `dims` runs in."""
         shape = self.mesh.shape
-        size = math.prod(shape[d] for d in dims)
-        stride = math.prod(shape[max(dims) + 1 :])
+        return math.prod(shape[d] for d in dims), math.prod(shape[max(dims) + 1 :])
+
+    def link(self, dims: tuple[int, ...]) -> tuple[int, LinkSpec]:
+        size, stride = self.group(dims)
         return size, self.cluster.link_for_group(stride, size)
 
     def transfer(
@@ -121,10 +130,27 @@ class CommModel:
         return self._cache[key]
 
     def time(self, collective: Collective, latency_shared: bool = False) -> float:
+        measured = self._measured(collective, latency_shared)
+        if measured is not None:
+            return measured
         size, link = self.link(collective.mesh_dims)
         if latency_shared:
             link = link.model_copy(update={"latency_us": 0.0})
         return collective_time(collective.kind, collective.nbytes, size, link)
+
+    def _measured(self, collective: Collective, latency_shared: bool) -> float | None:
+        """The profile's time, None where it has none: no profile, a kind or group size it
+        did not measure, or a group spanning nodes (a profile measures one host). With
+        `latency_shared`, the time less that of the smallest message (the latency)."""
+        if self.profile is None:
+            return None
+        size, stride = self.group(collective.mesh_dims)
+        if self.cluster.spans_domains(stride, size):
+            return None
+        seconds = self.profile.collective_time(collective.kind, collective.nbytes, size)
+        if seconds is None or not latency_shared:
+            return seconds
+        return max(seconds - self.profile.collective_time(collective.kind, 0, size), 0.0)
 
 
 def plan_intra_op(
@@ -134,9 +160,11 @@ def plan_intra_op(
     cluster: Cluster,
     time_limit_s: float = 30.0,
     backend: str = "SCIP",
+    profile: ProfileDatabase | None = None,
 ) -> IntraOpSolution:
-    """Solve the ILP and return the chosen strategy of every node with its collectives."""
-    comm = CommModel(mesh, cluster)
+    """Solve the ILP and return the chosen strategy of every node with its collectives;
+    collectives `profile` measured are charged its times."""
+    comm = CommModel(mesh, cluster, profile)
     names = list(table)
     index = {n: i for i, n in enumerate(names)}
     node_costs = [

@@ -109,6 +109,12 @@ class Plan(_Model):
         default_factory=list, description="Ops with no sharding rule, run replicated."
     )
     solver: SolverReport
+    cost_source: str = Field(
+        default="analytical",
+        description="Where op and collective times came from: 'analytical' (the cluster's "
+        "roofline and alpha-beta models) or 'profile:PATH' (a `plan profile` database, "
+        "analytical where it has no measurement).",
+    )
 
     @property
     def num_devices(self) -> int:

@@ -25,10 +25,15 @@ def free_port() -> int:
 
 
 def run_on_ranks(
-    fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 600.0
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout_s: float = 600.0,
+    backend: str = "gloo",
 ) -> list[Any]:
-    """`fn(rank, world_size, *args)` on each rank inside an initialized gloo group;
-    returns the results in rank order."""
+    """`fn(rank, world_size, *args)` on each rank inside an initialized process group
+    (gloo, or NCCL with rank r on GPU r: the parent must not have used CUDA before, since
+    ranks are forked); returns the results in rank order."""
     if dist.is_initialized():
         # A fake group left by planning must not be inherited by the forked ranks.
         dist.destroy_process_group()
@@ -36,7 +41,9 @@ def run_on_ranks(
     queue = context.SimpleQueue()
     port = free_port()
     procs = [
-        context.Process(target=_rank_main, args=(fn, rank, world_size, port, queue, args))
+        context.Process(
+            target=_rank_main, args=(fn, rank, world_size, port, queue, args, backend)
+        )
         for rank in range(world_size)
     ]
     for p in procs:
@@ -57,7 +64,7 @@ def run_on_ranks(
     return [results[r] for r in range(world_size)]
 
 
-def _rank_main(fn, rank: int, world_size: int, port: int, queue, args) -> None:
+def _rank_main(fn, rank: int, world_size: int, port: int, queue, args, backend: str) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
         WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
@@ -65,7 +72,9 @@ def _rank_main(fn, rank: int, world_size: int, port: int, queue, args) -> None:
     # Each rank gets a share of this machine's cores; oversubscription makes gloo crawl.
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, rank=rank, world_size=world_size)
         try:
             result = fn(rank, world_size, *args)
             # Tensors travel as numpy arrays: torch's shared-memory handles die with the rank.

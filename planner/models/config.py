@@ -165,13 +165,14 @@ class TransformerConfig(BaseModel):
         if self.position_embedding == "learned":
             assert self.max_position_embeddings is not None
             total += self.max_position_embeddings * h
-        total += self.num_layers * self._block_parameters()
+        total += self.num_layers * self.parameters_per_layer()
         total += self._norm_parameters()  # final norm
         if not self.tie_embeddings:
             total += v * h  # LM head; it never has a bias
         return total
 
-    def _block_parameters(self) -> int:
+    def parameters_per_layer(self) -> int:
+        """Parameters of one transformer block (all experts included)."""
         h = self.hidden_size
         kv = self.num_kv_heads * self.head_dim
         # q and o are h x h; k and v shrink to h x kv under grouped-query attention.

@@ -1,14 +1,21 @@
 import pytest
 
-from cost_models.comm import COLLECTIVE_KINDS, collective_time
+from cost_models.comm import (
+    COLLECTIVE_KINDS,
+    collective_time,
+    effective_link,
+    group_collective_time,
+    tree_all_reduce_time,
+)
 from planner.cluster import Cluster, LinkSpec
 
 GB = 1e9
+GIB = 2**30
 
 
 @pytest.fixture
 def a100() -> Cluster:
-    return Cluster.load("dgx-a100-80g").model_copy(update={"num_nodes": 2})
+    return Cluster.load("dgx-a100-80g").with_devices(16)
 
 
 def test_ring_all_reduce_within_node(a100: Cluster) -> None:
@@ -51,3 +58,104 @@ def test_group_of_one_is_free(kind: str) -> None:
 def test_unknown_kind() -> None:
     with pytest.raises(ValueError, match="broadcast"):
         collective_time("broadcast", 1.0, 2, LinkSpec(bandwidth_gbs=1, latency_us=1))
+
+
+# group_collective_time on a DGX A100 preset: NVLink 300 GB/s at 3 us, HDR 25 GB/s per GPU
+# at 10 us, both reached at the default efficiency of 0.8: 240 GB/s and 20 GB/s.
+
+
+def test_efficiency_scales_link_bandwidth(a100: Cluster) -> None:
+    assert effective_link(a100, 1, 8) == LinkSpec(bandwidth_gbs=240, latency_us=3)
+    assert effective_link(a100, 1, 16) == LinkSpec(bandwidth_gbs=20, latency_us=10)
+
+
+def test_group_all_reduce_within_node(a100: Cluster) -> None:
+    # ring: 2*7/8 * 2^30 B / 240e9 B/s + 2*7 * 3 us
+    #     = 1879048192 / 240e9 + 42e-6 = 7.829367 ms + 0.042 ms = 7.871367 ms
+    # tree: 2 * 2^30 / 240e9 + 2*3 * 3 us = 8.947849 ms + 0.018 ms, slower: ring wins.
+    t = group_collective_time("all_reduce", GIB, 8, 1, a100)
+    assert t == pytest.approx(1.75 * GIB / 240e9 + 42e-6)
+    assert t == pytest.approx(7.871367e-3, rel=1e-6)
+
+
+def test_group_all_reduce_across_two_nodes(a100: Cluster) -> None:
+    # 16 ranks span 2 nodes: every step at the scale-out link, a ring's slowest hop.
+    # ring: 2*15/16 * 2^30 / 20e9 + 2*15 * 10 us = 100.663296 ms + 0.3 ms = 100.963296 ms
+    # tree: 2 * 2^30 / 20e9 + 2*4 * 10 us = 107.374182 ms + 0.08 ms, slower.
+    t = group_collective_time("all_reduce", GIB, 16, 1, a100)
+    assert t == pytest.approx(1.875 * GIB / 20e9 + 300e-6)
+    assert t == pytest.approx(100.963296e-3, rel=1e-6)
+
+
+def test_stride_of_a_node_spans_nodes() -> None:
+    # 4 ranks 8 apart on 32 GPUs: one GPU in each of 4 nodes.
+    c = Cluster.load("dgx-a100-80g").with_devices(32)
+    assert c.spans_domains(group_stride=8, group_size=4)
+    # all-gather: 3/4 * 2^30 / 20e9 + 3 * 10 us = 40.265318 ms + 0.03 ms
+    t = group_collective_time("all_gather", GIB, 4, 8, c)
+    assert t == pytest.approx(0.75 * GIB / 20e9 + 30e-6)
+    # The same 4 ranks 2 apart sit in one node: 3/4 * 2^30 / 240e9 + 3 * 3 us.
+    inside = group_collective_time("all_gather", GIB, 4, 2, c)
+    assert inside == pytest.approx(0.75 * GIB / 240e9 + 9e-6)
+
+
+def test_tree_wins_for_small_all_reduce(a100: Cluster) -> None:
+    # 1 KB among 8 in a node: the bandwidth terms are ~8 ns; latency decides.
+    # ring: 2*7 steps * 3 us = 42 us; tree: 2*log2(8) steps * 3 us = 18 us.
+    link = effective_link(a100, 1, 8)
+    ring = collective_time("all_reduce", 1e3, 8, link)
+    tree = tree_all_reduce_time(1e3, 8, link)
+    assert tree == pytest.approx(2e3 / 240e9 + 18e-6)
+    assert ring == pytest.approx(1.75e3 / 240e9 + 42e-6)
+    assert group_collective_time("all_reduce", 1e3, 8, 1, a100) == pytest.approx(tree)
+
+
+def test_tree_depth_rounds_up() -> None:
+    link = LinkSpec(bandwidth_gbs=1, latency_us=1)
+    # 5 ranks: depth ceil(log2 5) = 3, so 6 steps.
+    assert tree_all_reduce_time(0, 5, link) == pytest.approx(6e-6)
+    assert tree_all_reduce_time(1 * GB, 1, link) == 0.0
+
+
+def test_send_recv_intra_and_inter(a100: Cluster) -> None:
+    # Pipeline stages 4 ranks apart, 2 stages: both in node 0, over NVLink.
+    # 1 GB / 240 GB/s + 3 us
+    inside = group_collective_time("send_recv", 1 * GB, 2, 4, a100)
+    assert inside == pytest.approx(1 / 240 + 3e-6)
+    # Stages a node apart: 1 GB / 20 GB/s + 10 us.
+    across = group_collective_time("send_recv", 1 * GB, 2, 8, a100)
+    assert across == pytest.approx(1 / 20 + 10e-6)
+    # 4 stages of 4 ranks: the boundary between stages 1 and 2 crosses nodes.
+    assert group_collective_time("send_recv", 1 * GB, 4, 4, a100) == pytest.approx(across)
+
+
+def test_all_to_all_across_nodes_sends_only_remote_share(a100: Cluster) -> None:
+    # 16 ranks, 8 per node: 8 of a rank's 15 peers are remote, so 8/16 of the buffer
+    # crosses the scale-out link: 0.5 * 1 GB / 20 GB/s + 15 * 10 us = 25 ms + 0.15 ms.
+    t = group_collective_time("all_to_all", 1 * GB, 16, 1, a100)
+    assert t == pytest.approx(0.5 / 20 + 150e-6)
+    # One rank per node: all (n-1)/n is remote, as in the ring formula.
+    c = Cluster.load("dgx-a100-80g").with_devices(32)
+    one_per_node = group_collective_time("all_to_all", 1 * GB, 4, 8, c)
+    assert one_per_node == pytest.approx(0.75 / 20 + 30e-6)
+
+
+def test_group_all_reduce_uses_preset_efficiency() -> None:
+    # The cpu preset's links are measured, so they are charged in full: 0.5 GB/s, 200 us.
+    cpu = Cluster.load("cpu")
+    t = group_collective_time("all_reduce", 4e6, 4, 1, cpu)
+    ring = 2 * 3 / 4 * 4e6 / 0.5e9 + 2 * 3 * 200e-6
+    tree = 2 * 4e6 / 0.5e9 + 2 * 2 * 200e-6
+    assert t == pytest.approx(min(ring, tree))
+
+
+@pytest.mark.parametrize("kind", COLLECTIVE_KINDS)
+def test_group_of_one_is_free_on_a_cluster(kind: str, a100: Cluster) -> None:
+    assert group_collective_time(kind, 1 * GB, 1, 8, a100) == 0.0
+
+
+def test_group_collective_rejects_bad_input(a100: Cluster) -> None:
+    with pytest.raises(ValueError, match="broadcast"):
+        group_collective_time("broadcast", 1.0, 2, 1, a100)
+    with pytest.raises(ValueError, match="group_stride"):
+        group_collective_time("all_reduce", 1.0, 2, 0, a100)

@@ -1,0 +1,195 @@
+"""Fit a preset's efficiency parameters to measured step times.
+
+The measurements are Megatron-LM GPT runs on A100 clusters released with vTrain (Bang et
+al., MICRO 2024; `../shared/calibration/`). Every row gives a model shape, the parallel
+degrees, batch sizes and the measured iteration time; the runs used full activation
+recomputation, the 1F1B schedule and no gradient bucketing, so gradient reduction is
+exposed. `fit_efficiency` searches the `Efficiency` parameters that minimize the mean
+absolute percentage error of `predict_step` over the rows (Nelder-Mead on unbounded
+transforms of the parameters); the fitted values go into the preset's YAML.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from cost_models.efficiency import Efficiency
+from cost_models.step_time import predict_step
+from planner.cluster import Cluster
+from planner.models.config import TransformerConfig
+from planner.parallel import ParallelConfig
+
+# The runs' scale-out network, from the configurations published with the data: 800 Gb/s
+# (100 GB/s) per 8-GPU node over InfiniBand, half a DGX A100's eight HDR links. Their
+# "intra_node_bandwidth: 150" is read as NVLink3's 300 GB/s per direction counted per
+# link pair, not as a slower NVLink: the A100 preset's NVLink is kept.
+VTRAIN_INTER_NODE_GBS_PER_GPU = 100.0 / 8
+# GPT-2's BPE vocabulary, which Megatron-LM pads to a multiple of 128 x tensor parallel.
+GPT2_VOCAB = 50257
+# The parameters a fit moves by default: the compute and scale-up ones single-node rows
+# can tell apart (scale-out bandwidth never shows in single-node measurements).
+FITTED = ("matmul", "matmul_half_dim", "attention", "memory", "kernel_overhead_us",
+          "intra_node_bandwidth")
+_FRACTIONS = {"matmul", "attention", "memory", "intra_node_bandwidth", "inter_node_bandwidth"}
+
+
+@dataclass(frozen=True)
+class MeasuredStep:
+    """One measured training configuration."""
+
+    model: TransformerConfig
+    """The GPT that was trained."""
+    parallel: ParallelConfig
+    """Its parallel degrees and batch sizes."""
+    num_gpus: int
+    """GPUs the run used."""
+    seconds: float
+    """Measured iteration time."""
+    label: str
+    """Model size as the file names it ("3.6"), or a shape summary."""
+
+
+def read_measurements(path: str | Path) -> list[MeasuredStep]:
+    """The rows of a vTrain calibration CSV as model + parallel configurations."""
+    steps = []
+    with open(path, newline="") as file:
+        for row in csv.DictReader(file):
+            t = int(row["tensor parallelism"])
+            h, layers = int(row["hidden size"]), int(row["# layers"])
+            padded = math.ceil(GPT2_VOCAB / (128 * t)) * 128 * t
+            model = TransformerConfig(
+                num_layers=layers, hidden_size=h,
+                num_attention_heads=int(row["attention heads"]),
+                seq_length=int(row["sequence length"]), vocab_size=padded,
+            )
+            parallel = ParallelConfig(
+                tensor=t, pipeline=int(row["pipeline parallelism"]),
+                data=int(row["data parallelism"]),
+                micro_batch_size=int(row["micro batch"]),
+                global_batch_size=int(row["global batch"]), recompute="full",
+            )
+            label = row.get("Parameters (billion)") or f"h{h} L{layers}"
+            steps.append(MeasuredStep(model, parallel, int(row["# GPUs"]),
+                                      float(row["iteration time (ms)"]) / 1e3, label))
+    return steps
+
+
+def vtrain_cluster(base: Cluster) -> Cluster:
+    """`base` with the links of the cluster the measurements ran on."""
+    return base.model_copy(update={
+        "inter_node": base.inter_node.model_copy(
+            update={"bandwidth_gbs": VTRAIN_INTER_NODE_GBS_PER_GPU}
+        ),
+    })
+
+
+def predict_all(
+    steps: list[MeasuredStep], cluster: Cluster, efficiency: Efficiency | None = None,
+    flash_attention: bool = False,
+) -> np.ndarray:
+    """Predicted step seconds of every measurement (with `efficiency` if given)."""
+    if efficiency is not None:
+        device = cluster.device.model_copy(update={"efficiency": efficiency})
+        cluster = cluster.model_copy(update={"device": device})
+    sized: dict[int, Cluster] = {}
+    predictions = []
+    for step in steps:
+        if step.num_gpus not in sized:
+            sized[step.num_gpus] = cluster.with_devices(step.num_gpus)
+        prediction = predict_step(step.model, sized[step.num_gpus], step.parallel,
+                                  flash_attention=flash_attention)
+        predictions.append(prediction.step_time_s)
+    return np.array(predictions)
+
+
+def mape(predicted: np.ndarray, measured: np.ndarray) -> float:
+    """Mean absolute percentage error, as a fraction."""
+    return float(np.mean(np.abs(predicted - measured) / measured))
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman rank correlation (average ranks for ties)."""
+    def ranks(x: np.ndarray) -> np.ndarray:
+        order = np.argsort(x, kind="stable")
+        r = np.empty(len(x))
+        r[order] = np.arange(len(x))
+        for value in np.unique(x):  # ties share their average rank
+            tied = x == value
+            r[tied] = r[tied].mean()
+        return r
+    ra, rb = ranks(np.asarray(a)), ranks(np.asarray(b))
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def fit_efficiency(
+    steps: list[MeasuredStep],
+    cluster: Cluster,
+    fields: tuple[str, ...] = FITTED,
+    iterations: int = 300,
+    flash_attention: bool = False,
+) -> tuple[Efficiency, float]:
+    """The efficiency minimizing MAPE over `steps`, and that MAPE."""
+    measured = np.array([s.seconds for s in steps])
+    start = cluster.device.efficiency
+
+    def efficiency_at(x: np.ndarray) -> Efficiency:
+        values = {f: _from_unbounded(f, v) for f, v in zip(fields, x)}
+        return start.model_copy(update=values)
+
+    def loss(x: np.ndarray) -> float:
+        return mape(predict_all(steps, cluster, efficiency_at(x), flash_attention), measured)
+
+    x0 = np.array([_to_unbounded(f, getattr(start, f)) for f in fields])
+    best = nelder_mead(loss, x0, step=0.5, iterations=iterations)
+    return efficiency_at(best), loss(best)
+
+
+def _to_unbounded(field: str, value: float) -> float:
+    if field in _FRACTIONS:
+        value = min(max(value, 1e-4), 1 - 1e-4)
+        return math.log(value / (1 - value))
+    return math.log(max(value, 1e-6))
+
+
+def _from_unbounded(field: str, x: float) -> float:
+    return 1 / (1 + math.exp(-x)) if field in _FRACTIONS else math.exp(x)
+
+
+def nelder_mead(
+    f: Callable[[np.ndarray], float], x0: np.ndarray, step: float = 0.5,
+    iterations: int = 300, tolerance: float = 1e-6,
+) -> np.ndarray:
+    """Minimize `f` from `x0` with the Nelder-Mead simplex (standard coefficients:
+    reflection 1, expansion 2, contraction 0.5, shrink 0.5)."""
+    n = len(x0)
+    simplex = [x0] + [x0 + step * np.eye(n)[i] for i in range(n)]
+    values = [f(x) for x in simplex]
+    for _ in range(iterations):
+        order = np.argsort(values)
+        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
+        if values[-1] - values[0] < tolerance:
+            break
+        centroid = np.mean(simplex[:-1], axis=0)
+        reflected = centroid + (centroid - simplex[-1])
+        fr = f(reflected)
+        if fr < values[0]:
+            expanded = centroid + 2 * (centroid - simplex[-1])
+            fe = f(expanded)
+            simplex[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
+        elif fr < values[-2]:
+            simplex[-1], values[-1] = reflected, fr
+        else:
+            contracted = centroid + 0.5 * (simplex[-1] - centroid)
+            fc = f(contracted)
+            if fc < values[-1]:
+                simplex[-1], values[-1] = contracted, fc
+            else:
+                simplex = [simplex[0]] + [simplex[0] + 0.5 * (x - simplex[0]) for x in simplex[1:]]
+                values = [values[0]] + [f(x) for x in simplex[1:]]
+    return simplex[int(np.argmin(values))]

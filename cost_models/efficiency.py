@@ -1,0 +1,59 @@
+"""How far below its datasheet a device runs, as a handful of fitted numbers.
+
+Peak FLOP/s and bandwidths come from datasheets (the cluster presets); what real kernels
+reach is lower, and lower still for small or skinny shapes. These parameters describe that
+gap, and are what `cost_models/calibrate.py` fits to measured step times: a preset ships
+them fitted (A100, on vTrain's single-node measurements) or at the defaults below, which
+are typical of large-model training on NVIDIA GPUs (Megatron-LM reports 50-60% of peak
+end to end for GPT-3-sized models; Narayanan et al. 2021, Table 1).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Efficiency(BaseModel):
+    """Achieved fractions of a device's peaks, and fixed per-kernel costs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    matmul: float = Field(
+        default=0.80, gt=0, le=1,
+        description="Fraction of peak FLOP/s a large dense matmul reaches.",
+    )
+    matmul_half_dim: float = Field(
+        default=96.0, ge=0,
+        description="Matmul dimension at which that dimension alone halves the efficiency: "
+        "efficiency = matmul * prod(d / (d + matmul_half_dim)) over (m, n, k), so small or "
+        "skinny matmuls run far below peak.",
+    )
+    attention: float = Field(
+        default=0.55, gt=0, le=1,
+        description="Fraction of peak FLOP/s fused (flash) attention reaches.",
+    )
+    memory: float = Field(
+        default=0.75, gt=0, le=1,
+        description="Fraction of memory bandwidth that elementwise and normalization "
+        "kernels reach.",
+    )
+    kernel_overhead_us: float = Field(
+        default=4.0, ge=0,
+        description="Fixed time per kernel (launch and tail), in microseconds.",
+    )
+    intra_node_bandwidth: float = Field(
+        default=0.80, gt=0, le=1,
+        description="Fraction of the scale-up link bandwidth collectives reach (NCCL's "
+        "bus bandwidth over the datasheet's).",
+    )
+    inter_node_bandwidth: float = Field(
+        default=0.80, gt=0, le=1,
+        description="Fraction of the scale-out bandwidth per device collectives reach.",
+    )
+
+    def matmul_fraction(self, m: float, n: float, k: float) -> float:
+        """Fraction of peak a matmul of shape (m x k) @ (k x n) reaches."""
+        fraction = self.matmul
+        for d in (m, n, k):
+            fraction *= d / (d + self.matmul_half_dim)
+        return fraction

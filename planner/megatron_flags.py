@@ -1,0 +1,95 @@
+"""Megatron-LM launch flags for a zoo model and a parallel configuration.
+
+Flag names and value types are Megatron-LM's (`pretrain_gpt.py`'s argument parser,
+checked against `../shared/reference/megatron_lm_arguments.json` by the tests); the
+configuration must also meet `validate_args`, which `megatron_compatible` checks. World
+size is not a flag: it comes from the launcher.
+"""
+
+from __future__ import annotations
+
+from planner.models.config import TransformerConfig
+from planner.parallel import ParallelConfig
+
+
+def megatron_incompatibility(
+    model: TransformerConfig, parallel: ParallelConfig, layers_per_stage: list[int]
+) -> str | None:
+    """Why Megatron-LM cannot run this layout, or None if it can."""
+    p = parallel.pipeline
+    if parallel.zero_stage > 1:
+        return f"ZeRO stage {parallel.zero_stage} (Megatron-LM shards optimizer state only)"
+    if parallel.schedule == "gpipe" and p > 1:
+        return "the GPipe schedule (Megatron-LM runs 1F1B)"
+    if parallel.sequence_parallel and parallel.tensor == 1:
+        return "sequence parallelism without tensor parallelism"
+    middle = layers_per_stage[1:-1]
+    if p > 2 and len(set(middle)) > 1:
+        return "middle pipeline stages of different sizes"
+    if p > 1 and (layers_per_stage[0] > max(layers_per_stage[1:], default=0)
+                  or layers_per_stage[-1] > max(layers_per_stage[:-1])):
+        return "a first or last stage larger than the middle ones"
+    if parallel.virtual_pipeline > 1:
+        if p == 1 or len(set(layers_per_stage)) > 1:
+            return "virtual stages need pipeline > 1 and equal stages"
+        if layers_per_stage[0] % parallel.virtual_pipeline:
+            return "layers per stage not divisible by the virtual stages"
+    return None
+
+
+def megatron_flags(
+    model: TransformerConfig, parallel: ParallelConfig, layers_per_stage: list[int]
+) -> list[str]:
+    """The flags of a Megatron-LM launch line, in the order a person would write them."""
+    flags = [
+        f"--num-layers {model.num_layers}",
+        f"--hidden-size {model.hidden_size}",
+        f"--num-attention-heads {model.num_attention_heads}",
+        f"--ffn-hidden-size {model.ffn_size}",
+        f"--seq-length {model.seq_length}",
+        f"--max-position-embeddings {model.max_position_embeddings}",
+        f"--vocab-size {model.vocab_size}",
+    ]
+    if model.num_query_groups is not None and model.num_query_groups != model.num_attention_heads:
+        flags += ["--group-query-attention", f"--num-query-groups {model.num_query_groups}"]
+    if model.norm == "rmsnorm":
+        flags.append("--normalization RMSNorm")
+    if model.activation == "swiglu":
+        flags.append("--swiglu")
+    if model.position_embedding == "rope":
+        flags += ["--position-embedding-type rope", f"--rotary-base {model.rotary_base}"]
+    if not model.tie_embeddings:
+        flags.append("--untie-embeddings-and-output-weights")
+    if not model.bias:
+        flags.append("--disable-bias-linear")
+    if model.num_experts is not None:
+        flags += [f"--num-experts {model.num_experts}", f"--moe-router-topk {model.moe_top_k}"]
+    flags += [
+        "--bf16",
+        f"--tensor-model-parallel-size {parallel.tensor}",
+        f"--pipeline-model-parallel-size {parallel.pipeline}",
+        f"--context-parallel-size {parallel.context}",
+        f"--micro-batch-size {parallel.micro_batch_size}",
+        f"--global-batch-size {parallel.global_batch_size}",
+    ]
+    if parallel.expert > 1:
+        flags.append(f"--expert-model-parallel-size {parallel.expert}")
+    if parallel.sequence_parallel:
+        flags.append("--sequence-parallel")
+    if parallel.recompute == "full":
+        flags += ["--recompute-granularity full", "--recompute-method uniform",
+                  "--recompute-num-layers 1"]
+    elif parallel.recompute == "selective":
+        flags.append("--recompute-granularity selective")
+    if parallel.zero_stage == 1:
+        flags.append("--use-distributed-optimizer")
+    if parallel.overlap_grad_reduce:
+        flags.append("--overlap-grad-reduce")
+    p = parallel.pipeline
+    if p > 1 and model.num_layers % p:
+        flags += [f"--decoder-first-pipeline-num-layers {layers_per_stage[0]}",
+                  f"--decoder-last-pipeline-num-layers {layers_per_stage[-1]}"]
+    if parallel.virtual_pipeline > 1:
+        per_chunk = layers_per_stage[0] // parallel.virtual_pipeline
+        flags.append(f"--num-layers-per-virtual-pipeline-stage {per_chunk}")
+    return flags

@@ -1,0 +1,100 @@
+"""Every parallel knob of one training configuration, in Megatron-LM's vocabulary.
+
+Like torchtitan's `ParallelDims`: the degrees live in one frozen value, `-1` means "the
+rest of the GPUs", and one validation names every degree when they do not multiply out,
+so a user sees the whole picture in one message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+RECOMPUTE = ("none", "selective", "full")
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How one training step is split over GPUs. Megatron-LM flag in parentheses."""
+
+    tensor: int = 1
+    """Tensor-parallel degree (--tensor-model-parallel-size)."""
+    pipeline: int = 1
+    """Pipeline-parallel degree (--pipeline-model-parallel-size)."""
+    data: int = -1
+    """Data-parallel degree; -1: the GPUs left over by the other degrees."""
+    context: int = 1
+    """Context-parallel degree: the sequence split over GPUs (--context-parallel-size)."""
+    expert: int = 1
+    """Expert-parallel degree for mixture-of-experts layers (--expert-model-parallel-size);
+    carved out of the data-parallel ranks, as Megatron-LM does."""
+    sequence_parallel: bool = False
+    """Shard norms and dropout over the tensor-parallel group (--sequence-parallel)."""
+    micro_batch_size: int = 1
+    """Sequences per micro-batch on one data-parallel rank (--micro-batch-size)."""
+    global_batch_size: int = 1
+    """Sequences per optimizer step over all data-parallel ranks (--global-batch-size)."""
+    recompute: str = "none"
+    """Activation recomputation: none, selective (attention core) or full
+    (--recompute-granularity)."""
+    zero_stage: int = 0
+    """ZeRO stage 0-3; 1 is Megatron-LM's distributed optimizer
+    (--use-distributed-optimizer)."""
+    schedule: str = "1f1b"
+    """Pipeline schedule: gpipe, 1f1b or interleaved (interleaved 1F1B with virtual
+    stages)."""
+    virtual_pipeline: int = 1
+    """Model chunks per pipeline rank for the interleaved schedule (Megatron-LM's
+    --num-layers-per-virtual-pipeline-stage is num_layers / (pipeline x this))."""
+    overlap_grad_reduce: bool = False
+    """Reduce gradients in buckets during the backward pass (--overlap-grad-reduce);
+    off, the reduction runs after the last micro-batch's backward."""
+
+    @property
+    def model_parallel(self) -> int:
+        """GPUs one model replica spans: tensor x pipeline x context."""
+        return self.tensor * self.pipeline * self.context
+
+    @property
+    def num_micro_batches(self) -> int:
+        """Micro-batches per step on each data-parallel rank."""
+        return self.global_batch_size // (self.micro_batch_size * self.data)
+
+    def resolve(self, num_gpus: int) -> ParallelConfig:
+        """This config with `data = -1` filled in for `num_gpus`; ValueError naming every
+        degree when they do not fit."""
+        problems = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, int) and not isinstance(value, bool) and f.name != "data":
+                if value < (0 if f.name == "zero_stage" else 1):
+                    problems.append(f"{f.name} must be positive, got {value}")
+        if self.recompute not in RECOMPUTE:
+            problems.append(f"recompute must be one of {', '.join(RECOMPUTE)}")
+        if self.schedule not in SCHEDULES:
+            problems.append(f"schedule must be one of {', '.join(SCHEDULES)}")
+        if self.zero_stage > 3:
+            problems.append(f"zero_stage must be 0-3, got {self.zero_stage}")
+        if problems:
+            raise ValueError("; ".join(problems) + ".")
+        data = self.data if self.data != -1 else num_gpus // self.model_parallel
+        resolved = replace(self, data=data)
+        degrees = (
+            f"tensor ({self.tensor}) x pipeline ({self.pipeline}) x context "
+            f"({self.context}) x data ({self.data if self.data != -1 else 'rest'})"
+        )
+        if data < 1 or self.model_parallel * data != num_gpus:
+            raise ValueError(f"{degrees} must multiply to the {num_gpus} GPUs; change a degree.")
+        if data % self.expert:
+            raise ValueError(
+                f"expert ({self.expert}) must divide data ({data}) on {num_gpus} GPUs with "
+                f"{degrees}; choose an expert degree that divides {data}."
+            )
+        if self.global_batch_size % (self.micro_batch_size * data):
+            raise ValueError(
+                f"global batch ({self.global_batch_size}) must be a multiple of micro batch "
+                f"({self.micro_batch_size}) x data ({data}) = {self.micro_batch_size * data}."
+            )
+        if self.schedule != "interleaved" and self.virtual_pipeline != 1:
+            raise ValueError("virtual_pipeline > 1 needs the interleaved schedule.")
+        return resolved
