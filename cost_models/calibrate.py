@@ -34,9 +34,23 @@ VTRAIN_INTER_NODE_GBS_PER_GPU = 100.0 / 8
 GPT2_VOCAB = 50257
 # The parameters a fit moves by default: the compute and scale-up ones single-node rows
 # can tell apart (scale-out bandwidth never shows in single-node measurements).
-FITTED = ("matmul", "matmul_half_dim", "attention", "memory", "kernel_overhead_us",
+FITTED = ("matmul", "matmul_half_dim", "memory", "kernel_overhead_us", "collective_overhead_us",
           "intra_node_bandwidth")
-_FRACTIONS = {"matmul", "attention", "memory", "intra_node_bandwidth", "inter_node_bandwidth"}
+# Where a fitted parameter may go: what hardware has been measured to reach, so that a fit
+# cannot buy accuracy on small models with a physically impossible value that then
+# mispredicts large ones (e.g. matmuls at 100% of peak with huge launch costs). Upper
+# bounds: cuBLAS bf16 GEMMs reach ~90% of an A100's peak, STREAM-like kernels ~90% of
+# HBM bandwidth, NCCL ~80% of NVLink bandwidth (nccl-tests bus bandwidth).
+BOUNDS = {
+    "matmul": (0.3, 0.9),
+    "matmul_half_dim": (1.0, 1024.0),
+    "attention": (0.2, 0.8),
+    "memory": (0.3, 0.9),
+    "kernel_overhead_us": (1.0, 100.0),
+    "collective_overhead_us": (1.0, 200.0),
+    "intra_node_bandwidth": (0.3, 0.85),
+    "inter_node_bandwidth": (0.3, 0.95),
+}
 
 
 @dataclass(frozen=True)
@@ -151,14 +165,15 @@ def fit_efficiency(
 
 
 def _to_unbounded(field: str, value: float) -> float:
-    if field in _FRACTIONS:
-        value = min(max(value, 1e-4), 1 - 1e-4)
-        return math.log(value / (1 - value))
-    return math.log(max(value, 1e-6))
+    """A bounded parameter as a real number the simplex can move freely (scaled logit)."""
+    low, high = BOUNDS[field]
+    share = min(max((value - low) / (high - low), 1e-4), 1 - 1e-4)
+    return math.log(share / (1 - share))
 
 
 def _from_unbounded(field: str, x: float) -> float:
-    return 1 / (1 + math.exp(-x)) if field in _FRACTIONS else math.exp(x)
+    low, high = BOUNDS[field]
+    return low + (high - low) / (1 + math.exp(-x))
 
 
 def nelder_mead(

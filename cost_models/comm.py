@@ -157,6 +157,15 @@ def group_collective_time(
     _check_args(kind, nbytes, group_size)
     if group_size == 1:
         return 0.0
+    # Launching and synchronizing the ranks: a barrier's depth grows as log2 of the group.
+    depth = math.ceil(math.log2(group_size))
+    overhead = cluster.device.efficiency.collective_overhead_us * 1e-6 * depth
+    return overhead + _group_time(kind, nbytes, group_size, group_stride, cluster)
+
+
+def _group_time(
+    kind: str, nbytes: float, group_size: int, group_stride: int, cluster: Cluster
+) -> float:
     link = effective_link(cluster, group_stride, group_size)
     spans = cluster.spans_domains(group_stride, group_size)
     if kind == "all_to_all" and spans:

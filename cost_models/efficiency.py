@@ -41,6 +41,12 @@ class Efficiency(BaseModel):
         default=4.0, ge=0,
         description="Fixed time per kernel (launch and tail), in microseconds.",
     )
+    collective_overhead_us: float = Field(
+        default=0.0, ge=0,
+        description="Time per collective call beyond its link latencies, per level of a "
+        "synchronization tree (x ceil(log2 group size)): launching and waiting for the "
+        "slowest rank, in microseconds.",
+    )
     intra_node_bandwidth: float = Field(
         default=0.80, gt=0, le=1,
         description="Fraction of the scale-up link bandwidth collectives reach (NCCL's "

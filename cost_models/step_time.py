@@ -27,7 +27,7 @@ pipeline; so tensor groups stay in a node and pipeline neighbours are far apart.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from cost_models import memory
 from cost_models.comm import group_collective_time
@@ -179,6 +179,22 @@ def _tensor_parallel_comm(
     return per_layer
 
 
+@dataclass(frozen=True)
+class StageLayout:
+    """One pipeline stage: its layers and the logical (data x tensor) mesh it runs on."""
+
+    layers: int
+    """Transformer layers the stage holds."""
+    tensor: int
+    """Tensor-parallel degree inside the stage."""
+    data: int
+    """Data-parallel degree inside the stage: replicas that split each micro-batch."""
+
+    @property
+    def devices(self) -> int:
+        return self.tensor * self.data
+
+
 def predict_step(
     model: TransformerConfig,
     cluster: Cluster,
@@ -186,62 +202,87 @@ def predict_step(
     flash_attention: bool = True,
     layers_per_stage: list[int] | None = None,
 ) -> StepPrediction:
-    """Predict `parallel` (resolved for the cluster's GPU count) for `model` on `cluster`."""
-    num_gpus = cluster.num_devices
-    parallel = parallel.resolve(num_gpus)
-    p, m, v = parallel.pipeline, parallel.num_micro_batches, parallel.virtual_pipeline
-    layers = layers_per_stage or _even_split(model.num_layers, p)
-    device, eff = cluster.device, cluster.device.efficiency
-    kernels, comm = _layer_pass(model, parallel, cluster, flash_attention)
-    seq = model.seq_length / parallel.context
-    head = head_ops(model, parallel.micro_batch_size, seq, parallel.tensor)
-    head_pass = _Pass(
-        sum(kernel_seconds(op, device, eff) for op in head),
-        sum(backward_seconds(op, device, eff) for op in head),
-    )
-    p2p = _pipeline_p2p(model, parallel, cluster) if p > 1 else 0.0
+    """Predict `parallel` (resolved for the cluster's GPU count) for `model` on `cluster`,
+    every stage on the same (data x tensor) mesh, as Megatron-LM lays them out."""
+    parallel = parallel.resolve(cluster.num_devices)
+    layers = layers_per_stage or _even_split(model.num_layers, parallel.pipeline)
+    stages = [StageLayout(count, parallel.tensor, parallel.data) for count in layers]
+    return predict_stages(model, cluster, parallel, stages, flash_attention)
 
-    stage_compute, stage_comm = [], []
-    for index, count in enumerate(layers):
-        compute = count * (kernels.forward + kernels.backward + kernels.recompute)
+
+def predict_stages(
+    model: TransformerConfig,
+    cluster: Cluster,
+    parallel: ParallelConfig,
+    stages: list[StageLayout],
+    flash_attention: bool = True,
+) -> StepPrediction:
+    """Predict a pipeline whose stages may differ in layers and mesh (Alpa's space).
+
+    `parallel` gives the knobs shared by all stages; its data degree and micro-batch size
+    fix the sequences of one micro-batch (`micro_batch_size x data`), which each stage
+    splits over its own data-parallel replicas.
+    """
+    num_gpus = cluster.num_devices
+    p, v = len(stages), parallel.virtual_pipeline
+    sequences = parallel.micro_batch_size * parallel.data
+    m = parallel.global_batch_size // sequences
+    device, eff = cluster.device, cluster.device.efficiency
+    p2p = _pipeline_p2p(model, parallel, stages, cluster) if p > 1 else 0.0
+
+    compute, comm, local = [], [], []
+    passes: dict[tuple[int, int], tuple[_Pass, _Pass]] = {}  # stages alike share one
+    for index, stage in enumerate(stages):
+        here = replace(parallel, tensor=stage.tensor, data=stage.data,
+                       micro_batch_size=sequences // stage.data)
+        if (stage.tensor, stage.data) not in passes:
+            passes[stage.tensor, stage.data] = _layer_pass(model, here, cluster,
+                                                          flash_attention)
+        kernels, collectives = passes[stage.tensor, stage.data]
+        work = stage.layers * (kernels.forward + kernels.backward + kernels.recompute)
         if index == p - 1:
-            compute += head_pass.forward + head_pass.backward
-        stage_compute.append(compute)
-        stage_comm.append(count * (comm.forward + comm.backward + comm.recompute))
-    stage_times = [c + x + p2p for c, x in zip(stage_compute, stage_comm)]
+            head = head_ops(model, here.micro_batch_size, model.seq_length / parallel.context,
+                            stage.tensor)
+            work += sum(kernel_seconds(op, device, eff) + backward_seconds(op, device, eff)
+                        for op in head)
+        compute.append(work)
+        comm.append(stage.layers * (collectives.forward + collectives.backward
+                                    + collectives.recompute))
+        local.append((here, kernels))
+    stage_times = [c + x + p2p for c, x in zip(compute, comm)]
     slowest = max(range(p), key=lambda i: stage_times[i])
     if parallel.schedule == "interleaved":
         pipeline_s = (m + (p - 1) / v) * stage_times[slowest] + (v - 1) * m * p2p
     else:
         pipeline_s = sum(stage_times) + (m - 1) * stage_times[slowest]
-    busy = m * stage_times[slowest]
 
-    params = _stage_parameters(model, layers, parallel)
-    data_s = _data_parallel_comm(max(params), parallel, cluster, kernels, layers[-1])
-    shard = parallel.data if parallel.zero_stage >= 1 else 1
-    optimizer_s = (
-        max(params) / shard * ADAM_BYTES_PER_PARAMETER
-        / (device.memory_bandwidth_gbs * 1e9 * eff.memory)
+    params = _stage_parameters(model, stages)
+    data_s = max(
+        _data_parallel_comm(params[i], local[i][0], cluster, local[i][1], stages[i].layers)
+        for i in range(p)
     )
+    optimizer_s = max(
+        params[i] / (stages[i].data if parallel.zero_stage >= 1 else 1)
+        for i in range(p)
+    ) * ADAM_BYTES_PER_PARAMETER / (device.memory_bandwidth_gbs * 1e9 * eff.memory)
     step = pipeline_s + data_s + optimizer_s
 
-    tokens = parallel.global_batch_size * model.seq_length
     model_flops, hardware_flops = _step_flops(model, parallel)
     peak = device.peak_tflops.get("bf16", device.peak_tflops["fp32"])
     worst_memory = max(
-        (_stage_memory(model, parallel, params[i], layers[i], i, flash_attention)
-         for i in range(p)),
+        (_stage_memory(model, local[i][0], params[i], stages[i].layers, i, p, m,
+                       flash_attention) for i in range(p)),
         key=lambda breakdown: breakdown.total,
     )
     return StepPrediction(
         step_time_s=step,
-        compute_s=m * stage_compute[slowest],
-        tensor_parallel_comm_s=m * stage_comm[slowest],
+        compute_s=m * compute[slowest],
+        tensor_parallel_comm_s=m * comm[slowest],
         pipeline_comm_s=m * p2p,
-        bubble_s=pipeline_s - busy,
+        bubble_s=pipeline_s - m * stage_times[slowest],
         data_parallel_comm_s=data_s,
         optimizer_s=optimizer_s,
-        tokens_per_s=tokens / step,
+        tokens_per_s=parallel.global_batch_size * model.seq_length / step,
         model_tflops_per_gpu=model_flops / step / num_gpus / 1e12,
         hardware_tflops_per_gpu=hardware_flops / step / num_gpus / 1e12,
         mfu=model_flops / step / num_gpus / (peak * 1e12),
@@ -255,20 +296,24 @@ def _even_split(num_layers: int, stages: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(stages)]
 
 
-def _pipeline_p2p(model: TransformerConfig, parallel: ParallelConfig, cluster: Cluster) -> float:
-    """Activation out and gradient in, per micro-batch, between neighbouring stages; each
-    rank sends its 1/t slice (Megatron's scatter-gather optimization)."""
+def _pipeline_p2p(
+    model: TransformerConfig, parallel: ParallelConfig, stages: list[StageLayout],
+    cluster: Cluster,
+) -> float:
+    """Activation out and gradient in, per micro-batch, across the slowest stage boundary;
+    each rank sends its 1/t slice (Megatron's scatter-gather optimization)."""
     seq = model.seq_length / parallel.context
-    nbytes = parallel.micro_batch_size * seq * model.hidden_size * ACTIVATION_BYTES
-    stride = parallel.tensor * parallel.context * parallel.data
-    return 2 * group_collective_time(
-        "send_recv", nbytes / parallel.tensor, parallel.pipeline, stride, cluster
+    sequences = parallel.micro_batch_size * parallel.data
+    nbytes = max(
+        sequences / stage.data * seq * model.hidden_size * ACTIVATION_BYTES / stage.tensor
+        for stage in stages
     )
+    # The stages as one group, `devices` apart: it spans domains when the pipeline does.
+    stride = min(stage.devices for stage in stages) * parallel.context
+    return 2 * group_collective_time("send_recv", nbytes, len(stages), stride, cluster)
 
 
-def _stage_parameters(
-    model: TransformerConfig, layers: list[int], parallel: ParallelConfig
-) -> list[float]:
+def _stage_parameters(model: TransformerConfig, stages: list[StageLayout]) -> list[float]:
     """Parameters one GPU of each stage holds (its tensor-parallel shard)."""
     per_layer = model.parameters_per_layer()
     embedding = model.vocab_size * model.hidden_size
@@ -276,13 +321,13 @@ def _stage_parameters(
         model.position_embedding == "learned"
     )
     params = []
-    for index, count in enumerate(layers):
-        total = count * per_layer
+    for index, stage in enumerate(stages):
+        total = stage.layers * per_layer
         if index == 0:
             total += embedding + positions
-        if index == len(layers) - 1 and (not model.tie_embeddings or len(layers) > 1):
+        if index == len(stages) - 1 and (not model.tie_embeddings or len(stages) > 1):
             total += embedding  # untied head, or the tied copy Megatron keeps last
-        params.append(total / parallel.tensor)
+        params.append(total / stage.tensor)
     return params
 
 
@@ -330,6 +375,8 @@ def _stage_memory(
     params: float,
     layers: int,
     index: int,
+    num_stages: int,
+    num_micro_batches: int,
     flash: bool,
 ) -> memory.MemoryBreakdown:
     state = memory.model_state_bytes(
@@ -341,13 +388,68 @@ def _stage_memory(
         parallel.tensor, parallel.sequence_parallel, parallel.recompute, flash,
     )
     in_flight = memory.in_flight_micro_batches(
-        parallel.schedule, parallel.pipeline, index, parallel.num_micro_batches,
-        parallel.virtual_pipeline,
+        parallel.schedule, num_stages, index, num_micro_batches, parallel.virtual_pipeline,
     )
     extra = 0.0
-    if index == parallel.pipeline - 1:
+    if index == num_stages - 1:
         extra = memory.output_layer_activation_bytes(
             seq, parallel.micro_batch_size, model.hidden_size, model.vocab_size,
             parallel.tensor,
         )
     return memory.peak_memory_bytes(state, per_layer, layers, in_flight, extra)
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """Per-micro-batch time and memory of a stage on one (data x tensor) mesh, as linear
+    functions of the layers it holds: what the inter-op DP needs for every split."""
+
+    layer_s: float
+    """Forward + backward (+ recomputation) of one layer, with its collectives."""
+    head_s: float
+    """Extra time of the last stage: final norm, output layer, loss."""
+    p2p_s: float
+    """Activation out and gradient in per micro-batch across one stage boundary."""
+    state_bytes_per_layer: float
+    """Weights, gradients and optimizer state of one layer on one GPU."""
+    state_bytes_embedding: float
+    """The same for the embedding (first stage) or output layer (last stage)."""
+    activation_bytes_per_layer: float
+    """Activations one layer keeps per micro-batch in flight."""
+    head_activation_bytes: float
+    """Activations of the output layer and loss on the last stage."""
+
+
+def stage_costs(
+    model: TransformerConfig, cluster: Cluster, parallel: ParallelConfig, tensor: int,
+    data: int, flash_attention: bool = True,
+) -> StageCosts:
+    """Costs of a stage running `parallel`'s shared knobs on a `data` x `tensor` mesh,
+    each micro-batch of `micro_batch_size x parallel.data` sequences split `data` ways."""
+    sequences = parallel.micro_batch_size * parallel.data
+    here = replace(parallel, tensor=tensor, data=data, micro_batch_size=sequences // data)
+    kernels, collectives = _layer_pass(model, here, cluster, flash_attention)
+    device, eff = cluster.device, cluster.device.efficiency
+    seq = model.seq_length / parallel.context
+    head = head_ops(model, here.micro_batch_size, seq, tensor)
+    stage = StageLayout(1, tensor, data)
+    per_param = memory.model_state_bytes(
+        1, data, parallel.zero_stage, grads_bytes=MAIN_GRAD_BYTES
+    ).total
+    activations = memory.activation_bytes_per_layer(
+        math.ceil(seq), here.micro_batch_size, model.hidden_size, model.num_attention_heads,
+        tensor, parallel.sequence_parallel, parallel.recompute, flash_attention,
+    )
+    return StageCosts(
+        layer_s=kernels.forward + kernels.backward + kernels.recompute + collectives.forward
+        + collectives.backward + collectives.recompute,
+        head_s=sum(kernel_seconds(op, device, eff) + backward_seconds(op, device, eff)
+                   for op in head),
+        p2p_s=_pipeline_p2p(model, here, [stage, stage], cluster),
+        state_bytes_per_layer=model.parameters_per_layer() / tensor * per_param,
+        state_bytes_embedding=model.vocab_size * model.hidden_size / tensor * per_param,
+        activation_bytes_per_layer=activations,
+        head_activation_bytes=memory.output_layer_activation_bytes(
+            math.ceil(seq), here.micro_batch_size, model.hidden_size, model.vocab_size, tensor
+        ),
+    )

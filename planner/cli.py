@@ -29,6 +29,7 @@ from rich.table import Table
 from passes.trace import TraceError
 from planner.model_flags import add_model_shape_flags, shape_overrides
 from planner.model_spec import ACCEPTED_FORMS, ModelSpecError
+from planner.parallel_flags import add_parallel_flags
 
 console = Console(emoji=False)
 
@@ -82,6 +83,7 @@ def build_parsers() -> dict[str, argparse.ArgumentParser]:
     plan.add_argument(
         "--emit-code", metavar="DIR", help="write each rank's program as DIR/rankN.py"
     )
+    add_parallel_flags(plan)
     check = argparse.ArgumentParser(
         prog="plan check",
         description="Plan, train on gloo ranks and on one process, and compare.",
@@ -152,7 +154,12 @@ def _plan(args: argparse.Namespace, loaded):
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    planned = _plan(args, _load(args))
+    loaded = _load(args)
+    if args.gpus is not None:
+        from planner.train_command import run_training
+
+        return run_training(args, _transformer_config(loaded), console)
+    planned = _plan(args, loaded)
     print_plan(planned)
     if args.json:
         planned.plan.to_json(args.json)
@@ -163,6 +170,22 @@ def run_plan(args: argparse.Namespace) -> int:
         paths = emit_rank_programs(planned.program, planned.plan, args.emit_code)
         console.print(f"{len(paths)} rank programs written to {args.emit_code}/")
     return 0
+
+
+def _transformer_config(loaded):
+    """The zoo shape of a model, for training plans; UsageError for other models."""
+    from planner.models.config import TransformerConfig
+
+    if isinstance(loaded.config, TransformerConfig):
+        return loaded.config
+    if loaded.config is not None:
+        from planner.models.huggingface import to_transformer_config
+
+        return to_transformer_config(loaded.config)
+    raise UsageError(
+        f"--gpus plans a transformer given by its shape (a preset, gpt/llama/mixtral flags "
+        f"or hf:config.json); for {loaded.name}, plan operator shardings with --mesh"
+    )
 
 
 def run_check(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from cost_models.step_time import StepPrediction
+from cost_models.step_time import StageLayout, StepPrediction
 from planner.parallel import ParallelConfig
 
 
@@ -91,21 +91,23 @@ class TrainingPlan(_Model):
         model: str,
         cluster: str,
         parallel: ParallelConfig,
-        layers_per_stage: list[int],
+        layouts: list[StageLayout],
         prediction: StepPrediction,
         megatron_flags: list[str] | None,
         incompatibility: str | None,
     ) -> TrainingPlan:
         stages, first = [], 0
-        per_stage = parallel.tensor * parallel.context * parallel.data
-        for count in layers_per_stage:
-            stages.append(Stage(layers=(first, first + count), num_devices=per_stage,
-                                mesh_shape=[parallel.data, parallel.tensor]))
-            first += count
+        for layout in layouts:
+            stages.append(Stage(
+                layers=(first, first + layout.layers),
+                num_devices=layout.devices * parallel.context,
+                mesh_shape=[layout.data, layout.tensor],
+            ))
+            first += layout.layers
         return cls(
             model=model,
             cluster=cluster,
-            num_gpus=per_stage * parallel.pipeline,
+            num_gpus=sum(stage.num_devices for stage in stages),
             global_batch_size=parallel.global_batch_size,
             parallel=ParallelDegrees(
                 data=parallel.data, tensor=parallel.tensor, pipeline=parallel.pipeline,

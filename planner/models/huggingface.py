@@ -161,3 +161,41 @@ def _architecture(config: Any, transformers: Any) -> Any:
         f"transformers has no model class for model_type {config.model_type!r}; "
         "name one in the config's \"architectures\" field."
     )
+
+
+# Decoder families whose config maps onto the zoo's TransformerConfig (Llama's layout).
+_LLAMA_LIKE = {"llama", "mistral", "qwen2", "mixtral"}
+
+
+def to_transformer_config(config: Any, seq_length: int | None = None) -> Any:
+    """The zoo shape of a Hugging Face decoder, for training plans (which price layers
+    by their shape, not their traced graph)."""
+    from planner.models.config import TransformerConfig
+
+    seq = seq_length or default_seq_length(config)
+    if config.model_type == "gpt2":
+        return TransformerConfig(
+            num_layers=config.n_layer, hidden_size=config.n_embd,
+            num_attention_heads=config.n_head, ffn_hidden_size=config.n_inner,
+            vocab_size=config.vocab_size, seq_length=seq,
+            max_position_embeddings=config.n_positions,
+            tie_embeddings=config.tie_word_embeddings,
+        )
+    if config.model_type not in _LLAMA_LIKE:
+        raise HFConfigError(
+            f"training plans know the shapes of {', '.join(sorted(_LLAMA_LIKE | {'gpt2'}))} "
+            f"configs, not model_type {config.model_type!r}; describe it with a zoo family "
+            "(gpt/llama/mixtral) and its shape flags."
+        )
+    experts = getattr(config, "num_local_experts", None)
+    return TransformerConfig(
+        num_layers=config.num_hidden_layers, hidden_size=config.hidden_size,
+        num_attention_heads=config.num_attention_heads,
+        num_query_groups=getattr(config, "num_key_value_heads", None),
+        ffn_hidden_size=config.intermediate_size, vocab_size=config.vocab_size,
+        seq_length=seq, max_position_embeddings=config.max_position_embeddings,
+        norm="rmsnorm", activation="swiglu", position_embedding="rope",
+        rotary_base=int(getattr(config, "rope_theta", None) or 10000),
+        tie_embeddings=bool(config.tie_word_embeddings), bias=False,
+        num_experts=experts, moe_top_k=getattr(config, "num_experts_per_tok", 2) or 2,
+    )

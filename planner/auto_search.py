@@ -1,0 +1,177 @@
+"""Alpa's search space: pipeline stages that may differ in layers and in mesh.
+
+For each setting of the knobs every stage shares (micro-batch, recomputation, sequence
+parallelism, ZeRO stage), this driver prices every (layers i..j, submesh, stages after)
+choice with the step-time model — picking for each submesh its best logical (data x
+tensor) mesh — and hands the cost array to Alpa's stage DP (`planner/inter_op.py`).
+Submeshes are Alpa's: 1, 2, 4, ... GPUs of one node, and whole nodes. Stage memory is
+checked for the micro-batches in flight under 1F1B (a stage with k stages after it holds
+k + 1). Layers are grouped into at most `MAX_LAYER_GROUPS` consecutive runs so that the
+DP stays small for 100-layer models. The plans Megatron-LM can run are searched as well
+(`search_megatron`), so the auto space is never worse than the Megatron one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from cost_models.memory import FRAMEWORK_RESERVE_BYTES
+from cost_models.step_time import StageLayout, predict_stages, predict_step, stage_costs
+from planner.cluster import Cluster
+from planner.inter_op import stage_dp
+from planner.models.config import TransformerConfig
+from planner.parallel import RECOMPUTE, ParallelConfig
+from planner.search import Candidate, Progress, SearchResult, search_megatron
+
+MAX_LAYER_GROUPS = 32
+MAX_STAGES = 16
+
+
+def submeshes(cluster: Cluster) -> list[int]:
+    """Alpa's submesh sizes: powers of two within a node, then whole nodes."""
+    per_node, nodes = cluster.devices_per_node, cluster.num_nodes
+    sizes = [2**i for i in range(per_node.bit_length()) if 2**i <= min(per_node,
+                                                                          cluster.num_devices)]
+    sizes += [per_node * k for k in range(2, nodes + 1) if k & (k - 1) == 0 or k == nodes]
+    return sorted(set(sizes))
+
+
+def layer_group_size(num_layers: int) -> int:
+    """The fewest consecutive layers per group that leaves at most MAX_LAYER_GROUPS."""
+    return next(g for g in range(1, num_layers + 1)
+                if num_layers % g == 0 and num_layers // g <= MAX_LAYER_GROUPS)
+
+
+def search_auto(
+    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: dict[str, Any],
+    flash_attention: bool = True, progress: Progress | None = None,
+) -> SearchResult:
+    start = time.perf_counter()
+    result = search_megatron(model, cluster, gbs, fixed, flash_attention)
+    megatron_s = time.perf_counter() - start
+    groups = _shared_knobs(model, cluster, gbs, fixed)
+    dp_s, evaluated = 0.0, result.evaluated
+    for index, settings in enumerate(groups):
+        # Settings in order of increasing memory relief (and cost): the first whose stage
+        # DP finds a plan that fits is kept, as in the Megatron space.
+        for shared in settings:
+            dp_start = time.perf_counter()
+            found = _best_stages(model, cluster, shared, flash_attention)
+            dp_s += time.perf_counter() - dp_start
+            if found is None:
+                continue
+            candidate = _candidate(*found)
+            evaluated += 1
+            prediction = (
+                predict_stages(model, cluster, candidate.parallel, list(candidate.stages),
+                               flash_attention)
+                if candidate.stages else predict_step(
+                    model, cluster, candidate.parallel, flash_attention,
+                    list(candidate.layers_per_stage))
+            )
+            if prediction.fits:
+                result.ranked.append((candidate, prediction))
+                break
+        if progress:
+            progress(index + 1, len(groups))
+    result.ranked.sort(key=lambda item: item[1].step_time_s)
+    result.evaluated = evaluated
+    result.timings = {"megatron_space_s": megatron_s, "stage_dp_s": dp_s}
+    return result
+
+
+def _candidate(stages: list[StageLayout], shared: ParallelConfig) -> Candidate:
+    """The DP's stages as a candidate; stages that share one mesh become a Megatron-style
+    configuration (so Megatron-LM flags can be emitted if the split allows)."""
+    split = tuple(stage.layers for stage in stages)
+    meshes = {(stage.tensor, stage.data) for stage in stages}
+    if len(meshes) > 1:
+        return Candidate(shared, split, tuple(stages))
+    tensor, data = meshes.pop()
+    uniform = replace(shared, tensor=tensor, data=data, pipeline=len(stages),
+                      micro_batch_size=shared.micro_batch_size // data)
+    return Candidate(uniform, split)
+
+
+def _shared_knobs(
+    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: dict[str, Any]
+) -> list[list[ParallelConfig]]:
+    """Per micro-batch size, the settings all stages share, least memory relief first.
+    `micro_batch_size` here is the whole micro-batch (data = 1): each stage splits it over
+    its own data-parallel replicas."""
+    sizes = [fixed["micro_batch_size"]] if "micro_batch_size" in fixed else [
+        2**i for i in range(gbs.bit_length()) if gbs % 2**i == 0
+    ]
+    recomputes = [fixed["recompute"]] if "recompute" in fixed else list(RECOMPUTE)
+    zeros = [fixed["zero_stage"]] if "zero_stage" in fixed else [1, 3]
+    sp = fixed.get("sequence_parallel", True)
+    return [
+        [
+            ParallelConfig(data=1, micro_batch_size=b, global_batch_size=gbs, recompute=r,
+                           zero_stage=z, sequence_parallel=sp, context=fixed.get("context", 1),
+                           overlap_grad_reduce=fixed.get("overlap_grad_reduce", True))
+            for z, r in itertools.product(zeros, recomputes)
+        ]
+        for b in sizes
+    ]
+
+
+def _best_stages(
+    model: TransformerConfig, cluster: Cluster, shared: ParallelConfig, flash: bool
+) -> tuple[list[StageLayout], ParallelConfig] | None:
+    sizes = submeshes(cluster)
+    group = layer_group_size(model.num_layers)
+    groups = model.num_layers // group
+    micro_batches = shared.global_batch_size // shared.micro_batch_size
+    most = min(MAX_STAGES, groups, cluster.num_devices)
+    costs = np.full((groups, groups + 1, len(sizes), most), np.inf)
+    meshes: list[list[tuple[int, int]]] = []
+    capacity = cluster.device.memory_gib * 2**30 - FRAMEWORK_RESERVE_BYTES
+    first, last = np.arange(groups)[:, None], np.arange(groups + 1)[None, :]
+    layers = (last - first) * group
+    valid = layers > 0
+    in_flight = np.minimum(np.arange(most) + 1, micro_batches)  # 1F1B: k after -> k + 1
+    chosen = np.zeros(costs.shape, dtype=int)  # which mesh priced each entry
+    for s, devices in enumerate(sizes):
+        options = _meshes(model, shared, devices)
+        meshes.append(options)
+        best = np.full((groups, groups + 1, most), np.inf)
+        for option, (tensor, data) in enumerate(options):
+            c = stage_costs(model, cluster, shared, tensor, data, flash)
+            latency = layers * c.layer_s + (last == groups) * c.head_s + c.p2p_s
+            state = (layers * c.state_bytes_per_layer
+                     + ((first == 0) + (last == groups)) * c.state_bytes_embedding)
+            activations = (layers[..., None] * c.activation_bytes_per_layer * in_flight
+                           + (last == groups)[..., None] * c.head_activation_bytes)
+            fits = (state[..., None] + activations) <= capacity
+            candidate = np.where(fits & valid[..., None], latency[..., None], np.inf)
+            chosen[:, :, s, :] = np.where(candidate < best, option, chosen[:, :, s, :])
+            best = np.minimum(best, candidate)
+        costs[:, :, s, :] = best
+    plan = stage_dp(costs, np.array(sizes), cluster.num_devices, micro_batches, most)
+    if plan is None:
+        return None
+    stages = []
+    for index, choice in enumerate(plan.stages):
+        after = len(plan.stages) - 1 - index
+        option = chosen[choice.first_layer, choice.last_layer, choice.submesh, after]
+        tensor, data = meshes[choice.submesh][option]
+        count = (choice.last_layer - choice.first_layer) * group
+        stages.append(StageLayout(count, tensor, data))
+    return stages, shared
+
+
+def _meshes(model: TransformerConfig, shared: ParallelConfig, devices: int) -> list[tuple[int, int]]:
+    """(tensor, data) meshes of `devices` GPUs that can split heads and the micro-batch."""
+    options = []
+    for tensor in (2**i for i in range(devices.bit_length())):
+        data = devices // tensor
+        if (devices % tensor == 0 and model.num_kv_heads % tensor == 0
+                and shared.micro_batch_size % data == 0 and tensor <= 8):
+            options.append((tensor, data))
+    return options

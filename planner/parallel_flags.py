@@ -1,0 +1,115 @@
+"""Parallel knobs on the command line, under Megatron-LM's flag names.
+
+A knob given on the command line is fixed; the search chooses the rest. With tensor,
+pipeline and micro-batch size all given, `plan` predicts that one configuration (knobs not
+given take Megatron-LM's defaults) instead of searching.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from planner.parallel import RECOMPUTE, SCHEDULES, ParallelConfig
+
+# Megatron-LM flag -> ParallelConfig field, for the knobs that take a number.
+_NUMBER_FLAGS = {
+    "--tensor-model-parallel-size": "tensor",
+    "--pipeline-model-parallel-size": "pipeline",
+    "--context-parallel-size": "context",
+    "--expert-model-parallel-size": "expert",
+    "--micro-batch-size": "micro_batch_size",
+    "--zero-stage": "zero_stage",
+}
+# Knobs that make a what-if prediction when all given.
+WHAT_IF = ("tensor", "pipeline", "micro_batch_size")
+
+
+# The dataclass's attribute docstrings, which argparse cannot read, as CLI help.
+_FIELD_HELP = {
+    "tensor": "Tensor-parallel degree.",
+    "pipeline": "Pipeline-parallel degree.",
+    "context": "Context-parallel degree (the sequence split over GPUs).",
+    "expert": "Expert-parallel degree for mixture-of-experts layers.",
+    "micro_batch_size": "Sequences per micro-batch on one data-parallel rank.",
+    "zero_stage": "ZeRO stage 0-3 (1 is Megatron-LM's distributed optimizer).",
+}
+
+
+def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
+    """Cluster size, batch and every parallel knob, each defaulting to 'search it'."""
+    group = parser.add_argument_group(
+        "training plan (give --gpus; knobs given are fixed, the rest are searched)"
+    )
+    group.add_argument("--gpus", type=int, help="GPUs to train on (from --cluster's nodes)")
+    group.add_argument("--global-batch-size", type=int, help="sequences per optimizer step")
+    for flag, name in _NUMBER_FLAGS.items():
+        group.add_argument(flag, dest=name, type=int, default=None, help=_FIELD_HELP[name])
+    group.add_argument(
+        "--recompute-granularity", dest="recompute", choices=RECOMPUTE, default=None,
+        help="activation recomputation: none, selective (attention core) or full",
+    )
+    group.add_argument(
+        "--sequence-parallel", dest="sequence_parallel", action="store_true", default=None,
+        help="shard norms and dropout over the tensor-parallel group",
+    )
+    group.add_argument(
+        "--use-distributed-optimizer", dest="distributed_optimizer", action="store_true",
+        help="shard optimizer state over data-parallel ranks (ZeRO stage 1)",
+    )
+    group.add_argument(
+        "--num-layers-per-virtual-pipeline-stage", dest="layers_per_virtual_stage", type=int,
+        help="layers per model chunk: the interleaved 1F1B schedule",
+    )
+    group.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule")
+    group.add_argument(
+        "--overlap-grad-reduce", dest="overlap_grad_reduce", action="store_true", default=None,
+        help="reduce gradients in buckets during the backward pass",
+    )
+    group.add_argument("--top", type=int, default=5, help="plans to list (default 5)")
+    group.add_argument(
+        "--space", choices=("auto", "megatron"), default="auto",
+        help="auto: stages may differ in size and mesh (Alpa); megatron: only layouts "
+        "Megatron-LM runs",
+    )
+
+
+def fixed_knobs(args: argparse.Namespace, num_layers: int) -> dict[str, Any]:
+    """The ParallelConfig fields the command line fixed."""
+    knobs = {name: getattr(args, name) for name in _NUMBER_FLAGS.values()}
+    knobs["recompute"] = args.recompute
+    knobs["sequence_parallel"] = args.sequence_parallel
+    knobs["schedule"] = args.schedule
+    knobs["overlap_grad_reduce"] = args.overlap_grad_reduce
+    if args.distributed_optimizer:
+        if args.zero_stage not in (None, 1):
+            raise ValueError(
+                f"--use-distributed-optimizer is ZeRO stage 1 but --zero-stage is "
+                f"{args.zero_stage}; give one of the two."
+            )
+        knobs["zero_stage"] = 1
+    if args.layers_per_virtual_stage is not None:
+        pipeline = args.pipeline
+        if not pipeline:
+            raise ValueError(
+                "--num-layers-per-virtual-pipeline-stage needs "
+                "--pipeline-model-parallel-size; give both."
+            )
+        per_stage, rest = divmod(num_layers, pipeline)
+        if rest or per_stage % args.layers_per_virtual_stage:
+            raise ValueError(
+                f"--num-layers-per-virtual-pipeline-stage {args.layers_per_virtual_stage} "
+                f"must divide the {num_layers} / {pipeline} layers of each stage."
+            )
+        knobs["virtual_pipeline"] = per_stage // args.layers_per_virtual_stage
+        knobs["schedule"] = "interleaved"
+    return {k: v for k, v in knobs.items() if v is not None}
+
+
+def is_what_if(knobs: dict[str, Any]) -> bool:
+    return all(name in knobs for name in WHAT_IF)
+
+
+def what_if_config(knobs: dict[str, Any], global_batch_size: int) -> ParallelConfig:
+    """The configuration the knobs fix, Megatron-LM's defaults for the rest."""
+    return ParallelConfig(global_batch_size=global_batch_size, **knobs)

@@ -1,0 +1,242 @@
+"""Search every parallel knob for the fastest configuration that fits.
+
+Two spaces:
+
+- `megatron`: what Megatron-LM can run. One (data x tensor x context) layout for every
+  pipeline stage; the first and last stages may hold fewer layers. Each layout is tried
+  with the least recomputation that fits: the cost model charges recomputation only time,
+  so when no recomputation fits, selective or full can only be slower, and are skipped
+  (`enumerate_megatron` lists the whole space, for tests that check this pruning).
+- `auto`: Alpa's. Stages may differ in size and mesh; `planner/inter_op.py` picks the
+  stage boundaries and submeshes by dynamic programming for each choice of the knobs all
+  stages share.
+
+Knobs fixed on the command line are never varied.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from cost_models.step_time import StageLayout, StepPrediction, predict_step
+from planner.cluster import Cluster
+from planner.models.config import TransformerConfig
+from planner.parallel import RECOMPUTE, ParallelConfig
+
+# Largest micro-batch tried: beyond it, matmuls are already large and memory is what grows.
+MAX_MICRO_BATCH = 16
+# Virtual stages tried for the interleaved schedule.
+VIRTUAL_STAGES = (2, 4)
+# Context parallelism is tried from this sequence length on (shorter sequences leave each
+# rank too little attention work to hide the key/value exchange).
+CONTEXT_PARALLEL_MIN_SEQ = 8192
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A configuration and its stages' layer counts."""
+
+    parallel: ParallelConfig
+    layers_per_stage: tuple[int, ...]
+    stages: tuple[StageLayout, ...] | None = None
+    """Each stage's mesh, when stages differ (Alpa's space); None: all stages share
+    `parallel`'s data x tensor mesh."""
+
+
+@dataclass
+class SearchResult:
+    """The best configurations found, best first, and how the search went."""
+
+    ranked: list[tuple[Candidate, StepPrediction]]
+    """Configurations that fit, fastest first."""
+    evaluated: int = 0
+    """Configurations whose step time was predicted."""
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds spent per phase."""
+
+
+def _powers_of_two_dividing(n: int, limit: int) -> list[int]:
+    return [2**i for i in range(limit.bit_length()) if 2**i <= limit and n % 2**i == 0]
+
+
+def _divisors(n: int, limit: int) -> list[int]:
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+def megatron_stage_splits(num_layers: int, stages: int) -> list[tuple[int, ...]]:
+    """How Megatron-LM can split layers over stages: evenly, or (when they do not divide)
+    with a smaller first and last stage and the rest even."""
+    if num_layers % stages == 0:
+        return [(num_layers // stages,) * stages]
+    if stages < 3:
+        return []
+    splits = []
+    for middle in range(num_layers // stages + 1, num_layers // (stages - 2) + 1):
+        ends = num_layers - middle * (stages - 2)
+        first, last = ends // 2, ends - ends // 2
+        if 1 <= first <= middle and 1 <= last <= middle:
+            splits.append((first,) + (middle,) * (stages - 2) + (last,))
+    return splits
+
+
+def _layouts(
+    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: dict[str, Any]
+) -> Iterator[tuple[int, int, int, int, int]]:
+    """(tensor, context, pipeline, data, expert) degrees that multiply to the GPUs."""
+    n = cluster.num_devices
+    heads_limit = min(cluster.devices_per_node, model.num_kv_heads)
+    tensors = [fixed["tensor"]] if "tensor" in fixed else [
+        t for t in _powers_of_two_dividing(n, heads_limit)
+        if model.num_kv_heads % t == 0 and model.num_attention_heads % t == 0
+    ]
+    contexts = [fixed["context"]] if "context" in fixed else (
+        _powers_of_two_dividing(n, 8) if model.seq_length >= CONTEXT_PARALLEL_MIN_SEQ else [1]
+    )
+    for t, c in itertools.product(tensors, contexts):
+        if n % (t * c):
+            continue
+        pipelines = [fixed["pipeline"]] if "pipeline" in fixed else _divisors(
+            n // (t * c), model.num_layers
+        )
+        for p in pipelines:
+            if n % (t * c * p):
+                continue
+            d = n // (t * c * p)
+            if gbs % d:
+                continue
+            experts = [fixed["expert"]] if "expert" in fixed else (
+                [e for e in _divisors(d, model.num_experts) if model.num_experts % e == 0]
+                if model.num_experts else [1]
+            )
+            for e in experts:
+                yield t, c, p, d, e
+
+
+def _knob_choices(
+    layout: tuple[int, int, int, int, int], model: TransformerConfig, gbs: int,
+    fixed: dict[str, Any], space: str,
+) -> Iterator[dict[str, Any]]:
+    """Every setting of the knobs other than degrees and recomputation, for one layout."""
+    t, c, p, d, e = layout
+    per_replica = gbs // d
+    micro = [fixed["micro_batch_size"]] if "micro_batch_size" in fixed else _divisors(
+        per_replica, MAX_MICRO_BATCH
+    )
+    parallel_seq = [fixed["sequence_parallel"]] if "sequence_parallel" in fixed else (
+        [False, True] if t > 1 else [False]
+    )
+    zero = [fixed["zero_stage"]] if "zero_stage" in fixed else (
+        [0, 1] if space == "megatron" else [0, 1, 2, 3]
+    )
+    overlap = [fixed.get("overlap_grad_reduce", True)]
+    for mb, sp, z, ov in itertools.product(micro, parallel_seq, zero, overlap):
+        m = per_replica // mb
+        if "schedule" in fixed:
+            schedules = [(fixed["schedule"], fixed.get("virtual_pipeline", 1))]
+        else:
+            schedules = [("1f1b", 1)]
+            if p > 1 and m % p == 0:
+                schedules += [("interleaved", v) for v in VIRTUAL_STAGES
+                              if (model.num_layers // p) % v == 0]
+            if space == "auto" and p > 1:
+                schedules.append(("gpipe", 1))
+        for schedule, v in schedules:
+            yield dict(tensor=t, context=c, pipeline=p, data=d, expert=e, micro_batch_size=mb,
+                       global_batch_size=gbs, sequence_parallel=sp, zero_stage=z,
+                       overlap_grad_reduce=ov, schedule=schedule, virtual_pipeline=v)
+
+
+def enumerate_megatron(
+    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: dict[str, Any]
+) -> Iterator[Candidate]:
+    """Every configuration of the Megatron space, recomputation modes included."""
+    recomputes = [fixed["recompute"]] if "recompute" in fixed else list(RECOMPUTE)
+    for layout in _layouts(model, cluster, gbs, fixed):
+        for knobs in _knob_choices(layout, model, gbs, fixed, "megatron"):
+            for split in _splits(model, knobs):
+                for recompute in recomputes:
+                    yield Candidate(ParallelConfig(**knobs, recompute=recompute), split)
+
+
+def _splits(model: TransformerConfig, knobs: dict[str, Any]) -> list[tuple[int, ...]]:
+    splits = megatron_stage_splits(model.num_layers, knobs["pipeline"])
+    if knobs["virtual_pipeline"] > 1:
+        splits = [s for s in splits if len(set(s)) == 1]
+    return splits
+
+
+def search_megatron(
+    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: dict[str, Any],
+    flash_attention: bool = True, progress: Progress | None = None,
+) -> SearchResult:
+    """The Megatron space, each layout with the least recomputation that fits."""
+    start = time.perf_counter()
+    recomputes = [fixed["recompute"]] if "recompute" in fixed else list(RECOMPUTE)
+    ranked: list[tuple[Candidate, StepPrediction]] = []
+    evaluated = 0
+    layouts = list(_layouts(model, cluster, gbs, fixed))
+    for index, layout in enumerate(layouts):
+        for knobs in _knob_choices(layout, model, gbs, fixed, "megatron"):
+            for split in _splits(model, knobs):
+                for recompute in recomputes:
+                    candidate = Candidate(ParallelConfig(**knobs, recompute=recompute), split)
+                    prediction = predict_step(model, cluster, candidate.parallel,
+                                              flash_attention, list(split))
+                    evaluated += 1
+                    if prediction.fits:
+                        ranked.append((candidate, prediction))
+                        break  # more recomputation would only be slower
+        if progress:
+            progress(index + 1, len(layouts))
+    ranked.sort(key=lambda item: item[1].step_time_s)
+    return SearchResult(ranked, evaluated, {"search_s": time.perf_counter() - start})
+
+
+def best_exhaustive(
+    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: dict[str, Any],
+    flash_attention: bool = True,
+) -> tuple[Candidate, StepPrediction] | None:
+    """The fastest fitting configuration of the whole Megatron space, by brute force."""
+    best = None
+    for candidate in enumerate_megatron(model, cluster, gbs, fixed):
+        prediction = predict_step(model, cluster, candidate.parallel, flash_attention,
+                                  list(candidate.layers_per_stage))
+        if prediction.fits and (best is None or prediction.step_time_s < best[1].step_time_s):
+            best = (candidate, prediction)
+    return best
+
+
+def search(
+    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: dict[str, Any],
+    space: str = "auto", progress: Progress | None = None, flash_attention: bool = True,
+) -> SearchResult:
+    """The best configurations in `space` ("megatron" or "auto"), best first."""
+    if space == "megatron":
+        return search_megatron(model, cluster, gbs, fixed, flash_attention, progress)
+    from planner.auto_search import search_auto
+
+    return search_auto(model, cluster, gbs, fixed, flash_attention, progress)
+
+
+def devices_needed(
+    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: dict[str, Any],
+    limit: int = 1 << 17,
+) -> int | None:
+    """The fewest GPUs of this kind (doubling from the cluster's count) on which some
+    Megatron configuration fits, or None up to `limit`."""
+    n = cluster.num_devices * 2
+    while n <= limit:
+        sized = cluster.with_devices(n)
+        reduced = {**fixed, "recompute": "full", "micro_batch_size": 1, "zero_stage": 1}
+        reduced = {k: v for k, v in reduced.items() if k not in ("pipeline", "tensor")}
+        if gbs % n == 0 or any(True for _ in _layouts(model, sized, gbs, reduced)):
+            result = search_megatron(model, sized, gbs, reduced)
+            if result.ranked:
+                return n
+        n *= 2
+    return None

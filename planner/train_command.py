@@ -1,0 +1,166 @@
+"""`plan MODEL --cluster C --gpus N --global-batch-size B [knobs]`: the training plan.
+
+With tensor, pipeline and micro-batch size given, the configuration is predicted as is
+(a what-if); otherwise the search chooses the knobs not given. Either way the output is a
+table of plans with their predicted numbers, the best plan's Megatron-LM launch flags, and
+with --json the `TrainingPlan` of the best.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.table import Table
+
+from dataclasses import replace
+
+from cost_models.step_time import StageLayout, predict_stages, predict_step
+from planner.cluster import Cluster
+from planner.megatron_flags import megatron_flags, megatron_incompatibility
+from planner.models.config import TransformerConfig
+from planner.parallel import ParallelConfig
+from planner.parallel_flags import fixed_knobs, is_what_if, what_if_config
+from planner.training_plan import TrainingPlan
+
+
+def training_plan(
+    name: str, model: TransformerConfig, cluster: Cluster, parallel: ParallelConfig,
+    layers_per_stage: list[int] | None = None, stages: tuple[StageLayout, ...] | None = None,
+) -> TrainingPlan:
+    """Predict one configuration and package it as a plan. `stages` gives each stage its
+    own mesh (Alpa's space); without it every stage runs on `parallel`'s mesh."""
+    if stages is None:
+        parallel = parallel.resolve(cluster.num_devices)
+        layers = layers_per_stage or _even(model.num_layers, parallel.pipeline)
+        layouts = [StageLayout(count, parallel.tensor, parallel.data) for count in layers]
+        prediction = predict_step(model, cluster, parallel, layers_per_stage=layers)
+        incompatibility = megatron_incompatibility(model, parallel, layers)
+    else:
+        layouts, layers = list(stages), [stage.layers for stage in stages]
+        prediction = predict_stages(model, cluster, parallel, layouts)
+        incompatibility = "its pipeline stages run on different meshes (Alpa's space)"
+        first = stages[0]
+        # Degrees as the first stage sees them; `stages` in the plan has every mesh.
+        parallel = replace(
+            parallel, tensor=first.tensor, data=first.data, pipeline=len(stages),
+            micro_batch_size=parallel.micro_batch_size * parallel.data // first.data,
+        )
+    flags = None if incompatibility else megatron_flags(model, parallel, layers)
+    return TrainingPlan.build(name, cluster.name, parallel, layouts, prediction, flags,
+                              incompatibility)
+
+
+def _even(num_layers: int, stages: int) -> list[int]:
+    base, extra = divmod(num_layers, stages)
+    # Megatron-LM gives any remainder to the middle stages; with equal stages, none.
+    return [base + (1 if 0 < i <= extra else 0) for i in range(stages)] if extra else [
+        base
+    ] * stages
+
+
+def run_training(args: argparse.Namespace, model: TransformerConfig, console: Console) -> int:
+    if args.global_batch_size is None:
+        raise ValueError("--gpus needs --global-batch-size (sequences per optimizer step).")
+    cluster = Cluster.load(args.cluster).with_devices(args.gpus)
+    knobs = fixed_knobs(args, model.num_layers)
+    if is_what_if(knobs):
+        plans = [training_plan(args.model, model, cluster,
+                               what_if_config(knobs, args.global_batch_size))]
+        timings = {}
+    else:
+        result = _search_with_progress(args, model, cluster, knobs, console)
+        if not result.ranked:
+            return _report_no_fit(args, model, cluster, knobs, console)
+        plans = [
+            training_plan(args.model, model, cluster, candidate.parallel,
+                          list(candidate.layers_per_stage), candidate.stages)
+            for candidate, _ in result.ranked[: max(args.top, 1)]
+        ]
+        timings = result.timings
+        console.print(f"searched {result.evaluated:,} configurations in "
+                      + ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in timings.items()),
+                      highlight=False)
+    print_training_plans(plans, console)
+    if args.json:
+        plans[0].to_json(args.json)
+        console.print(f"plan written to {args.json}")
+    return 0 if plans[0].predicted.fits else 1
+
+
+def _search_with_progress(args, model, cluster, knobs, console):
+    from rich.progress import Progress
+
+    from planner.search import search
+
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task(f"searching {args.space} space", total=None)
+
+        def advance(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        return search(model, cluster, args.global_batch_size, knobs, args.space, advance)
+
+
+def _report_no_fit(args, model, cluster, knobs, console) -> int:
+    from planner.search import devices_needed
+
+    needed = devices_needed(model, cluster, args.global_batch_size, knobs)
+    more = (f"it needs at least {needed} GPUs of this kind" if needed
+            else "no cluster of this kind up to 131072 GPUs fits it")
+    console.print(
+        f"[red]no plan fits:[/red] {args.model} does not fit on {cluster.num_devices} x "
+        f"{cluster.device.name} ({cluster.device.memory_gib:g} GiB) with global batch "
+        f"{args.global_batch_size}; {more}.", highlight=False, soft_wrap=True,
+    )
+    return 1
+
+
+def layout(plan: TrainingPlan) -> str:
+    """'t8 p8 d8', with cp/ep/sp/zero/virtual stages only where they are used."""
+    q = plan.parallel
+    parts = [f"t{q.tensor}", f"p{q.pipeline}", f"d{q.data}"]
+    parts += [f"cp{q.context}"] if q.context > 1 else []
+    parts += [f"ep{q.expert}"] if q.expert > 1 else []
+    parts += ["sp"] if q.sequence_parallel else []
+    parts += [f"zero{q.zero_stage}"] if q.zero_stage else []
+    parts += [f"v{q.virtual_pipeline}"] if q.virtual_pipeline > 1 else []
+    parts += [plan.schedule] if plan.schedule != "1f1b" else []
+    return " ".join(parts)
+
+
+def print_training_plans(plans: list[TrainingPlan], console: Console) -> None:
+    best = plans[0]
+    table = Table(title=f"{best.model} on {best.num_gpus} x {best.cluster}, global batch "
+                        f"{best.global_batch_size}")
+    columns = ("#", "layout", "mb x m", "recompute", "step s", "tokens/s", "MFU", "GiB/GPU")
+    for column in columns:
+        justify = "left" if column in ("layout", "recompute") else "right"
+        table.add_column(column, justify=justify, no_wrap=True)
+    for rank, plan in enumerate(plans, 1):
+        p = plan.predicted
+        table.add_row(
+            str(rank), layout(plan), f"{plan.micro_batch_size} x {plan.num_micro_batches}",
+            plan.recompute, f"{p.step_time_s:.3f}", f"{p.tokens_per_s:,.0f}", f"{p.mfu:.1%}",
+            f"{p.memory_gib_per_gpu:.1f}" + ("" if p.fits else " !"),
+        )
+    console.print(table)
+    b = best.predicted.breakdown
+    console.print(
+        f"best: step {best.predicted.step_time_s:.3f} s = compute {b.compute_s:.3f} + "
+        f"tensor/context comm {b.tensor_parallel_comm_s:.3f} + pipeline comm "
+        f"{b.pipeline_comm_s:.3f} + bubble {b.bubble_s:.3f} + exposed data-parallel comm "
+        f"{b.data_parallel_comm_s:.3f} + optimizer {b.optimizer_s:.3f}; "
+        f"{best.predicted.model_tflops_per_gpu:.0f} model TFLOP/s per GPU "
+        f"({best.predicted.hardware_tflops_per_gpu:.0f} with recomputation)",
+        highlight=False,
+    )
+    if not best.predicted.fits:
+        console.print(
+            f"[red]does not fit:[/red] {best.predicted.memory_gib_per_gpu:.1f} GiB per GPU",
+        )
+    if best.megatron_flags:
+        console.print("Megatron-LM flags:", highlight=False)
+        console.print(" ".join(best.megatron_flags), highlight=False, soft_wrap=True)
+    else:
+        console.print(f"not runnable by Megatron-LM: {best.megatron_incompatibility}")
