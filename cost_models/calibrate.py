@@ -167,7 +167,8 @@ def fit_efficiency(
 def _to_unbounded(field: str, value: float) -> float:
     """A bounded parameter as a real number the simplex can move freely (scaled logit)."""
     low, high = BOUNDS[field]
-    share = min(max((value - low) / (high - low), 1e-4), 1 - 1e-4)
+    # Kept off the bounds, where the logistic is flat and the simplex could not move.
+    share = min(max((value - low) / (high - low), 0.05), 0.95)
     return math.log(share / (1 - share))
 
 

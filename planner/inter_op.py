@@ -18,28 +18,32 @@ the end: with 1F1B it has that many more micro-batches in flight, so memory, and
 feasibility and the best intra-op plan, depend on it). Then T(t_max) = min_s F(s, 0, D) +
 (B - 1) * t_max, minimised over the candidate values of t_max: the distinct finite costs.
 
-Two ways of keeping this fast, both exact:
+Two ways of keeping this fast without giving up exactness:
 
 - Device counts are indexed in units of g = gcd(submesh sizes): every sum of submesh sizes is
   a multiple of g, so D' = D / g + 1 states (Alpa's submeshes (1, 2, 4, ..., M) and whole
-  nodes (n, M) give g = 1 when 1-device submeshes are allowed, and D' = D + 1).
+  nodes (n, M) give g = 1 when 1-device submeshes are allowed, and D' = D + 1). Each step
+  only reads the device counts that s - 1 stages can add up to, which for power-of-two
+  sizes and few stages are a small share of D'.
 - The t_max candidates are searched by branch and bound rather than one by one. F_t falls as
   t rises, so between two evaluated candidates t_lo < t_hi every candidate t in between has
   F_t >= F_{t_hi} and T(t) >= F_{t_hi} + (B - 1) * t: the interval is skipped when that bound
   reaches the best total found, or when F_{t_lo} == F_{t_hi} (no t in between beats t_lo).
-  Alpa's early stop, "stop once (B - 1) * t_max >= the best total", is the special case
-  F_{t_hi} = 0 of this bound. `t_max_tolerance` optionally merges candidates within a relative
-  tolerance (Alpa skips candidates closer than a gap to the last); the total is then within a
-  factor (1 + tolerance) of the optimum.
+  Alpa's early stop, "stop once (B - 1) * t_max >= the best total", is this bound with F_{t_hi}
+  replaced by 0. Optionally, and inexactly, `t_max_tolerance` merges candidates within a
+  relative tolerance (Alpa skips candidates closer than a gap to the last one); the total is
+  then within a factor (1 + tolerance) of the optimum.
 
 Complexity. One evaluation of F at a given t_max costs O(sum over k, m of T_km(t) * D') time,
 T_km(t) = the number of stages (l, j) on submesh m with k stages after them and cost <= t,
 so O(L^2 * S * K' * D') at worst, with K' = min(K, L, max_stages) the most stages a plan can
 have; it uses O(K' * L * D') memory for the tables (kept to rebuild the plan) and
-O(L^2 * D') scratch. The search evaluates O(log N) candidates to find where plans become
-feasible and O(log N) per distinct value of F in the window the bound leaves, N <= L^2 * S *
-K' being the number of distinct finite costs; with the search off (`_prune=False`) it is
-Algorithm 1's full sweep of N evaluations.
+O(L^2 * D') scratch. Of the N <= L^2 * S * K' distinct finite costs, the search evaluates
+O(log N) to find where plans become feasible and about O(log N) per distinct value of F in
+the window the bound leaves (N in the worst case); with the search off (`_prune=False`) it
+is Algorithm 1's full sweep of N evaluations. At L = 96, S = 8, D = 128, K = 16, B = 64
+that is 36 evaluations of 23,206 candidates, where Alpa's ascending sweep would reach ~12,900
+before its early stop.
 
 Kept apart from any driver (profiling, the intra-op ILP) so that it can be checked against
 `stage_brute_force`, which enumerates every split and every submesh assignment.
