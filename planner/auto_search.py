@@ -79,7 +79,9 @@ def search_auto(
                 break
         if progress:
             progress(index + 1, len(groups))
-    result.ranked.sort(key=lambda item: item[1].step_time_s)
+    # The DP may rediscover a configuration the Megatron space already holds.
+    unique = {(c.parallel, c.layers_per_stage, c.stages): (c, p) for c, p in result.ranked}
+    result.ranked = sorted(unique.values(), key=lambda item: item[1].step_time_s)
     result.evaluated = evaluated
     result.timings = {"megatron_space_s": megatron_s, "stage_dp_s": dp_s}
     return result
@@ -94,7 +96,8 @@ def _candidate(stages: list[StageLayout], shared: ParallelConfig) -> Candidate:
         return Candidate(shared, split, tuple(stages))
     tensor, data = meshes.pop()
     uniform = replace(shared, tensor=tensor, data=data, pipeline=len(stages),
-                      micro_batch_size=shared.micro_batch_size // data)
+                      micro_batch_size=shared.micro_batch_size // data,
+                      sequence_parallel=shared.sequence_parallel and tensor > 1)
     return Candidate(uniform, split)
 
 

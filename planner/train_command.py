@@ -117,15 +117,20 @@ def _report_no_fit(args, model, cluster, knobs, console) -> int:
 
 
 def layout(plan: TrainingPlan) -> str:
-    """'t8 p8 d8', with cp/ep/sp/zero/virtual stages only where they are used."""
+    """'t8 p8 d8 mb2', with cp/ep/sp/zero/virtual stages (v: interleaved 1F1B) only where
+    they are used; 'stages' when stages differ in mesh."""
     q = plan.parallel
-    parts = [f"t{q.tensor}", f"p{q.pipeline}", f"d{q.data}"]
+    if len({tuple(stage.mesh_shape) for stage in plan.stages}) > 1:
+        meshes = "+".join(f"{s.layers[1] - s.layers[0]}L:{s.mesh_shape[0]}x{s.mesh_shape[1]}"
+                          for s in plan.stages)
+        return f"stages {meshes} mb{plan.micro_batch_size}"
+    parts = [f"t{q.tensor}", f"p{q.pipeline}", f"d{q.data}", f"mb{plan.micro_batch_size}"]
     parts += [f"cp{q.context}"] if q.context > 1 else []
     parts += [f"ep{q.expert}"] if q.expert > 1 else []
     parts += ["sp"] if q.sequence_parallel else []
     parts += [f"zero{q.zero_stage}"] if q.zero_stage else []
     parts += [f"v{q.virtual_pipeline}"] if q.virtual_pipeline > 1 else []
-    parts += [plan.schedule] if plan.schedule != "1f1b" else []
+    parts += ["gpipe"] if plan.schedule == "gpipe" else []
     return " ".join(parts)
 
 
@@ -133,21 +138,21 @@ def print_training_plans(plans: list[TrainingPlan], console: Console) -> None:
     best = plans[0]
     table = Table(title=f"{best.model} on {best.num_gpus} x {best.cluster}, global batch "
                         f"{best.global_batch_size}")
-    columns = ("#", "layout", "mb x m", "recompute", "step s", "tokens/s", "MFU", "GiB/GPU")
+    columns = ("#", "layout", "recompute", "step s", "MFU", "GiB/GPU")
     for column in columns:
         justify = "left" if column in ("layout", "recompute") else "right"
         table.add_column(column, justify=justify, no_wrap=True)
     for rank, plan in enumerate(plans, 1):
         p = plan.predicted
         table.add_row(
-            str(rank), layout(plan), f"{plan.micro_batch_size} x {plan.num_micro_batches}",
-            plan.recompute, f"{p.step_time_s:.3f}", f"{p.tokens_per_s:,.0f}", f"{p.mfu:.1%}",
+            str(rank), layout(plan), plan.recompute, f"{p.step_time_s:.3f}", f"{p.mfu:.1%}",
             f"{p.memory_gib_per_gpu:.1f}" + ("" if p.fits else " !"),
         )
     console.print(table)
     b = best.predicted.breakdown
     console.print(
-        f"best: step {best.predicted.step_time_s:.3f} s = compute {b.compute_s:.3f} + "
+        f"best: {best.predicted.tokens_per_s:,.0f} tokens/s, {best.num_micro_batches} "
+        f"micro-batches; step {best.predicted.step_time_s:.3f} s = compute {b.compute_s:.3f} + "
         f"tensor/context comm {b.tensor_parallel_comm_s:.3f} + pipeline comm "
         f"{b.pipeline_comm_s:.3f} + bubble {b.bubble_s:.3f} + exposed data-parallel comm "
         f"{b.data_parallel_comm_s:.3f} + optimizer {b.optimizer_s:.3f}; "

@@ -186,7 +186,7 @@ THIRTY_LAYERS = {"--num-layers": "30", **NO_VPP}
 # (flags, world size, a fragment of the one problem expected)
 BAD_LINES = {
     "unknown-flag": (line({"--tensor-parallel-size": "2"}), 64, "no such option"),
-    "value-missing": (line({"--num-layers": ""}), 64, "takes a value"),
+    "value-missing": (line({"--hidden-size": ""}), 64, "takes a value"),
     "value-on-store-true": (line({"--bf16": "1"}), 64, "takes no value"),
     "value-on-store-false": (line({"--disable-bias-linear": "0"}), 64, "takes no value"),
     "not-an-int": (line({"--micro-batch-size": "2.5"}), 64, "not of type int"),

@@ -1,0 +1,67 @@
+"""The search: the Megatron space equals brute force, the auto space is never worse, every
+fixed knob stays fixed, and a model too big for the cluster says how many GPUs it needs."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.cluster import Cluster
+from planner.models.presets import get_preset, zoo_config
+from planner.search import best_exhaustive, megatron_stage_splits, search
+
+# Megatron-LM's 39.1B GPT (Narayanan et al. 2021, Table 1).
+GPT3_39B = dict(num_layers=48, hidden_size=8192, num_attention_heads=64, seq_length=2048,
+                vocab_size=51200)
+CASES = {
+    "gpt3-1.3b on 16": (lambda: get_preset("gpt3-1.3b"), 16, 512),
+    "gpt3-39b on 64": (lambda: zoo_config("gpt", GPT3_39B), 64, 1536),
+}
+
+
+def a100(gpus: int) -> Cluster:
+    return Cluster.load("dgx-a100-80g").with_devices(gpus)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_megatron_space_best_is_the_exhaustive_best(case: str) -> None:
+    build, gpus, batch = CASES[case]
+    model, cluster = build(), a100(gpus)
+    found = search(model, cluster, batch, {}, "megatron")
+    brute = best_exhaustive(model, cluster, batch, {})
+    assert brute is not None and found.ranked
+    best, prediction = found.ranked[0]
+    assert prediction.step_time_s == pytest.approx(brute[1].step_time_s, rel=1e-12)
+    assert best.parallel == brute[0].parallel
+    assert best.layers_per_stage == brute[0].layers_per_stage
+
+
+def test_auto_space_is_never_worse_than_megatron() -> None:
+    model, cluster = get_preset("gpt3-1.3b"), a100(16)
+    megatron = search(model, cluster, 512, {}, "megatron").ranked[0][1].step_time_s
+    auto = search(model, cluster, 512, {}, "auto").ranked[0][1].step_time_s
+    assert auto <= megatron
+
+
+def test_fixed_knobs_are_never_varied() -> None:
+    fixed = dict(tensor=2, pipeline=2, recompute="full", micro_batch_size=2)
+    result = search(get_preset("gpt3-1.3b"), a100(16), 512, fixed, "megatron")
+    assert result.ranked
+    for candidate, _ in result.ranked:
+        q = candidate.parallel
+        assert (q.tensor, q.pipeline, q.recompute, q.micro_batch_size) == (2, 2, "full", 2)
+
+
+def test_every_ranked_plan_fits_and_ranks_ascend() -> None:
+    result = search(get_preset("gpt3-13b"), a100(64), 1024, {}, "megatron")
+    times = [prediction.step_time_s for _, prediction in result.ranked]
+    assert times == sorted(times)
+    assert all(prediction.fits for _, prediction in result.ranked)
+
+
+def test_uneven_megatron_splits_shrink_first_and_last_stage() -> None:
+    assert megatron_stage_splits(96, 8) == [(12,) * 8]
+    # 30 layers on 4 stages: middle stages of 8 leave 7 each for the first and last.
+    assert (7, 8, 8, 7) in megatron_stage_splits(30, 4)
+    assert all(s[0] <= s[1] and s[-1] <= s[1] and sum(s) == 30
+               for s in megatron_stage_splits(30, 4))
+    assert megatron_stage_splits(31, 2) == []  # two stages cannot be uneven in Megatron-LM
