@@ -2,7 +2,7 @@
 
 Flag names and value types are Megatron-LM's (`pretrain_gpt.py`'s argument parser,
 checked against `../shared/reference/megatron_lm_arguments.json` by the tests); the
-configuration must also meet `validate_args`, which `megatron_compatible` checks. World
+configuration must also meet `validate_args`, which `megatron_incompatibility` checks. World
 size is not a flag: it comes from the launcher.
 """
 
@@ -23,6 +23,8 @@ def megatron_incompatibility(
         return "the GPipe schedule (Megatron-LM runs 1F1B)"
     if parallel.sequence_parallel and parallel.tensor == 1:
         return "sequence parallelism without tensor parallelism"
+    if parallel.expert > 1 and parallel.tensor > 1 and not parallel.sequence_parallel:
+        return "expert with tensor parallelism but no sequence parallelism"
     middle = layers_per_stage[1:-1]
     if p > 2 and len(set(middle)) > 1:
         return "middle pipeline stages of different sizes"
@@ -85,8 +87,9 @@ def megatron_flags(
         flags.append("--use-distributed-optimizer")
     if parallel.overlap_grad_reduce:
         flags.append("--overlap-grad-reduce")
-    p = parallel.pipeline
-    if p > 1 and model.num_layers % p:
+    # Any uneven split, also where the pipeline divides the layers: without these flags
+    # Megatron-LM splits evenly, not as planned.
+    if parallel.pipeline > 1 and len(set(layers_per_stage)) > 1:
         flags += [f"--decoder-first-pipeline-num-layers {layers_per_stage[0]}",
                   f"--decoder-last-pipeline-num-layers {layers_per_stage[-1]}"]
     if parallel.virtual_pipeline > 1:

@@ -128,7 +128,8 @@ def _knob_choices(
         per_replica, MAX_MICRO_BATCH
     )
     parallel_seq = [fixed["sequence_parallel"]] if "sequence_parallel" in fixed else (
-        [False, True] if t > 1 else [False]
+        # Megatron-LM requires sequence parallelism when experts and tensors are split.
+        [True] if t > 1 and e > 1 else [False, True] if t > 1 else [False]
     )
     zero = [fixed["zero_stage"]] if "zero_stage" in fixed else (
         [0, 1] if space == "megatron" else [0, 1, 2, 3]

@@ -20,6 +20,7 @@ from planner.cluster import Cluster
 from planner.megatron_flags import megatron_flags, megatron_incompatibility
 from planner.models.config import TransformerConfig
 from planner.parallel import ParallelConfig
+from planner.search import megatron_stage_splits
 from planner.parallel_flags import fixed_knobs, is_what_if, what_if_config
 from planner.training_plan import TrainingPlan
 
@@ -52,11 +53,13 @@ def training_plan(
 
 
 def _even(num_layers: int, stages: int) -> list[int]:
+    """Megatron-LM's split: even, or the most even one with smaller first and last
+    stages when the layers do not divide."""
+    splits = megatron_stage_splits(num_layers, stages)
+    if splits:
+        return list(splits[0])
     base, extra = divmod(num_layers, stages)
-    # Megatron-LM gives any remainder to the middle stages; with equal stages, none.
-    return [base + (1 if 0 < i <= extra else 0) for i in range(stages)] if extra else [
-        base
-    ] * stages
+    return [base + (1 if i < extra else 0) for i in range(stages)]
 
 
 def run_training(args: argparse.Namespace, model: TransformerConfig, console: Console) -> int:

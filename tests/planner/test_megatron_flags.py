@@ -20,6 +20,7 @@ import pytest
 from planner import cli
 from planner.cluster import Cluster
 from planner.models.presets import get_preset, zoo_config
+from planner.parallel import ParallelConfig
 from planner.search import search
 from planner.train_command import training_plan
 
@@ -162,6 +163,18 @@ def check_launch_line(flags: list[str], world_size: int) -> list[str]:
     return problems + validate_args_problems(values, world_size)
 
 
+def launched_split(values: dict[str, list[str]]) -> list[int]:
+    """Layers per pipeline stage that Megatron-LM runs for a valid line's flags."""
+    layers, pipeline = _int(values, "--num-layers"), _int(values, PP)
+    first, last = _int(values, FIRST, None), _int(values, LAST, None)
+    middle = pipeline - (first is not None) - (last is not None)
+    rest = layers - (first or 0) - (last or 0)
+    split = [rest // middle if middle else 0] * pipeline
+    split[0] = split[0] if first is None else first
+    split[-1] = split[-1] if last is None else last
+    return split
+
+
 # ------------------------------------------------------------- the checker rejects bad lines
 
 # Valid on 64 GPUs: t2 p4 -> data 8; 64 % (2 x 8) == 0; 32 / 4 = 8 layers per stage, 2 per
@@ -223,16 +236,16 @@ def test_checker_rejects_each_rule_once(case: str) -> None:
 
 # ------------------------------------------------------------ the zoo's best plans launch
 
-CUSTOM_GPT = dict(num_layers=30, hidden_size=3072, num_attention_heads=32, seq_length=2048,
-                  vocab_size=51200)
+CUSTOM_GPT = {"num_layers": 30, "hidden_size": 3072, "num_attention_heads": 32,
+              "seq_length": 2048, "vocab_size": 51200}
 
-# (model, GPUs, global batch). llama3-405b runs on 1024 GPUs, not 2048: its search there
-# took ~15 s, the slowest case by far.
+# (model, GPUs, global batch). The slowest, llama3-405b, searches ~10-15 s at any GPU count
+# (its 126 layers split many ways over pipeline stages); gpt-1t ~8-11 s; the rest < 4 s.
 ZOO = [
     ("gpt3-1.3b", 16, 512), ("gpt3-2.7b", 32, 512), ("gpt3-6.7b", 64, 1024),
     ("gpt3-13b", 128, 1024), ("gpt3-175b", 1024, 1536), ("gpt3-175b", 512, 1536),
     ("gpt-1t", 3072, 3072), ("llama3-8b", 64, 1024), ("llama3-70b", 512, 1024),
-    ("llama3-405b", 1024, 2048), ("mixtral-8x7b", 256, 1024), ("gpt-30-layers", 64, 512),
+    ("llama3-405b", 2048, 2048), ("mixtral-8x7b", 256, 1024), ("gpt-30-layers", 64, 512),
 ]
 
 
@@ -261,6 +274,8 @@ def assert_launchable(plan, gpus: int) -> None:
     assert [_int(values, flag) for flag in (TP, PP, CP)] == [q.tensor, q.pipeline, q.context]
     assert _int(values, "--micro-batch-size") == plan.micro_batch_size
     assert _int(values, "--global-batch-size") == plan.global_batch_size
+    assert launched_split(values) == [stop - start for start, stop in
+                                      (stage.layers for stage in plan.stages)]
     assert plan.num_gpus == gpus
 
 
@@ -280,6 +295,16 @@ def test_uneven_pipeline_splits_launch() -> None:
     for plan in uneven:
         assert_launchable(plan, 64)
         assert any(flag.startswith(FIRST) for flag in plan.megatron_flags)
+
+
+def test_uneven_split_of_divisible_layers_is_launched_as_planned() -> None:
+    """32 layers as 7 + 9 + 9 + 7: Megatron-LM would run 8 per stage unless told the first
+    and last stage sizes, though 4 divides 32."""
+    cluster = Cluster.load(CLUSTER).with_devices(64)
+    parallel = ParallelConfig(tensor=2, pipeline=4, micro_batch_size=1, global_batch_size=512)
+    plan = training_plan("gpt3-2.7b", get_preset("gpt3-2.7b"), cluster, parallel, [7, 9, 9, 7])
+    assert_launchable(plan, 64)
+    assert {f"{FIRST} 7", f"{LAST} 7"} <= set(plan.megatron_flags)
 
 
 # ----------------------------------------------------------------------------- the CLI
