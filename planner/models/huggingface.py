@@ -163,6 +163,13 @@ def _architecture(config: Any, transformers: Any) -> Any:
     )
 
 
+def _rope_theta(config: Any) -> int:
+    """Rotary base: `rope_theta` (transformers 4) or `rope_parameters["rope_theta"]` (5)."""
+    parameters = getattr(config, "rope_parameters", None) or {}
+    theta = getattr(config, "rope_theta", None) or parameters.get("rope_theta") or 10000
+    return int(theta)
+
+
 # Decoder families whose config maps onto the zoo's TransformerConfig (Llama's layout).
 _LLAMA_LIKE = {"llama", "mistral", "qwen2", "mixtral"}
 
@@ -195,7 +202,7 @@ def to_transformer_config(config: Any, seq_length: int | None = None) -> Any:
         ffn_hidden_size=config.intermediate_size, vocab_size=config.vocab_size,
         seq_length=seq, max_position_embeddings=config.max_position_embeddings,
         norm="rmsnorm", activation="swiglu", position_embedding="rope",
-        rotary_base=int(getattr(config, "rope_theta", None) or 10000),
+        rotary_base=_rope_theta(config),
         tie_embeddings=bool(config.tie_word_embeddings), bias=False,
         num_experts=experts, moe_top_k=getattr(config, "num_experts_per_tok", 2) or 2,
     )

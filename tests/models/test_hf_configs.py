@@ -22,6 +22,7 @@ pytest.importorskip("transformers")
 from passes.layers import Layer  # noqa: E402
 from passes.model_graph import TRACED_BLOCKS, ModelGraph, trace_model  # noqa: E402
 from planner.model_spec import LoadedModel, ModelSpecError, load_model  # noqa: E402
+from planner.models.huggingface import to_transformer_config  # noqa: E402
 
 BLOCKS = 4
 SHAPE = {"seq_length": 16}
@@ -242,3 +243,12 @@ def test_bad_config_raises_model_spec_error(
         load_model(f"hf:{path}", SHAPE)
     for fragment in fragments:
         assert fragment in str(raised.value)
+
+
+# Qwen2's q/k/v biases have no counterpart in the zoo's bias-free Llama layout.
+@pytest.mark.parametrize("family", ["gpt2", "llama", "mistral", "mixtral"])
+def test_zoo_shape_of_a_config_counts_its_parameters(family: str, traced: TraceFamily) -> None:
+    """Training plans price a Hugging Face model by its zoo shape: same parameters."""
+    loaded = traced(family).loaded
+    shape = to_transformer_config(loaded.config, seq_length=16)
+    assert shape.num_parameters() == sum(p.numel() for p in loaded.model.parameters())
