@@ -1,0 +1,53 @@
+"""The intra-op ILP, run on traced transformer blocks, finds Megatron-LM's tensor +
+sequence parallel layout: per block, two all-gathers and two reduce-scatters of the hidden
+state in the forward pass and as many in the backward. These are the collectives
+`cost_models/step_time.py` charges a stage per layer, so the training-plan search prices
+stages with the sharding the ILP would choose for them."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from passes.dtensor_rules import fake_mesh
+from passes.model_graph import trace_model
+from passes.strategies import enumerate_strategies
+from planner.cluster import Cluster
+from planner.intra_op import plan_intra_op
+from planner.model_spec import load_model
+
+# GPT-3 2.7B's block shape (h 2560, 32 heads, s 2048), on the meta device.
+SHAPE = dict(hidden_size=2560, num_attention_heads=32, seq_length=2048, vocab_size=51200)
+FP32 = 4
+HIDDEN = SHAPE["seq_length"] * SHAPE["hidden_size"] * FP32  # micro-batch 1, fp32 trace
+
+
+def hidden_collectives(num_layers: int, tensor: int) -> Counter:
+    """(phase, kind) -> count of the hidden-state-sized collectives the ILP plans for the
+    whole training step of a `num_layers`-block GPT on a 1-D mesh of `tensor` GPUs."""
+    loaded = load_model("gpt", {**SHAPE, "num_layers": num_layers})
+    program = trace_model(loaded.build, None).program
+    mesh = fake_mesh((tensor,))
+    cluster = Cluster.load("dgx-a100-80g")
+    table = enumerate_strategies(program, mesh, cluster.device)
+    solution = plan_intra_op(program, table, mesh, cluster, time_limit_s=60)
+    return Counter(
+        (transfer.phase, collective.kind)
+        for transfer in solution.transfers
+        for collective in transfer.collectives
+        if collective.nbytes == HIDDEN
+    )
+
+
+@pytest.mark.parametrize("tensor", [2, 8])
+def test_each_block_adds_megatron_sequence_parallel_collectives(tensor: int) -> None:
+    """One more block adds exactly two all-gathers and two reduce-scatters of the hidden
+    state in the forward and in the backward: Megatron-LM's sequence-parallel layout
+    (column-parallel q/k/v and fc1 after an all-gather, row-parallel o_proj and fc2
+    before a reduce-scatter)."""
+    two, three = hidden_collectives(2, tensor), hidden_collectives(3, tensor)
+    added = {key: three[key] - two[key] for key in set(two) | set(three)}
+    expected = {(phase, kind): 2 for phase in ("forward", "backward")
+                for kind in ("all_gather", "reduce_scatter")}
+    assert {k: v for k, v in added.items() if v} == expected
