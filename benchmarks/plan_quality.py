@@ -45,7 +45,8 @@ def regret() -> bool:
         loss = steps[pick].seconds / steps[best].seconds - 1
         ok &= loss <= REGRET_TARGET
         q = steps[pick].parallel
-        print(f"{label:<6} {len(rows):>7} {str((q.tensor, q.pipeline, q.data, q.micro_batch_size)):<22} "
+        picked = str((q.tensor, q.pipeline, q.data, q.micro_batch_size))
+        print(f"{label:<6} {len(rows):>7} {picked:<22} "
               f"{steps[pick].seconds:>10.2f} {steps[best].seconds:>7.2f} {loss:>7.1%}")
     return ok
 

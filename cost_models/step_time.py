@@ -136,7 +136,7 @@ def _layer_pass(
     device, eff = cluster.device, cluster.device.efficiency
     seq = model.seq_length / parallel.context
     ops = layer_ops(model, parallel.micro_batch_size, seq, parallel.tensor,
-                    parallel.sequence_parallel, flash)
+                    parallel.sequence_parallel, flash, parallel.context)
     forward = sum(kernel_seconds(op, device, eff) for op in ops)
     backward = sum(backward_seconds(op, device, eff) for op in ops)
     attention_core = sum(

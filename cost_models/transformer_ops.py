@@ -62,10 +62,12 @@ def layer_ops(
     tensor: int,
     sequence_parallel: bool,
     flash_attention: bool = True,
+    context: int = 1,
 ) -> list[Op]:
     """Forward kernels of one transformer block on one rank, for `seq` tokens per
-    sequence (the rank's share under context parallelism)."""
-    h, f, d = config.hidden_size, config.ffn_size, config.head_dim
+    sequence (the rank's share under context parallelism: its queries attend to all
+    `seq x context` keys, gathered around the context group)."""
+    h, d = config.hidden_size, config.head_dim
     heads, kv_heads = config.num_attention_heads / tensor, config.num_kv_heads / tensor
     tokens = micro_batch * seq
     # Norms, dropout and residual adds run on the whole hidden state, or on 1/t of the
@@ -76,16 +78,17 @@ def layer_ops(
         Memory("input norm", 2 * hidden_bytes),
         Matmul("qkv", tokens, (heads + 2 * kv_heads) * d, h),
     ]
-    scores = micro_batch * heads * seq * seq
+    keys = seq * context
+    scores = micro_batch * heads * seq * keys
     if flash_attention:
         ops.append(Attention("attention", 4 * scores * d))
     else:
         ops += [
-            Matmul("scores", seq, seq, d, count=micro_batch * heads),
+            Matmul("scores", seq, keys, d, count=micro_batch * heads),
             # Megatron's fused scale-mask-softmax reads and writes the scores once; dropout
             # on the probabilities reads them again and writes them with a mask.
             Memory("softmax", 2 * scores * ACTIVATION_BYTES + 3 * scores * ACTIVATION_BYTES),
-            Matmul("context", seq, d, seq, count=micro_batch * heads),
+            Matmul("context", seq, d, keys, count=micro_batch * heads),
         ]
     ops += [
         Matmul("attention output", tokens, h, heads * d),

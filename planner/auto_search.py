@@ -169,7 +169,9 @@ def _best_stages(
     return stages, shared
 
 
-def _meshes(model: TransformerConfig, shared: ParallelConfig, devices: int) -> list[tuple[int, int]]:
+def _meshes(
+    model: TransformerConfig, shared: ParallelConfig, devices: int
+) -> list[tuple[int, int]]:
     """(tensor, data) meshes of `devices` GPUs that can split heads and the micro-batch."""
     options = []
     for tensor in (2**i for i in range(devices.bit_length())):
