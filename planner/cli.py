@@ -61,7 +61,9 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
 def _common(parser: argparse.ArgumentParser) -> None:
     _model_arguments(parser)
     parser.add_argument(
-        "--mesh", default="4", help="logical device mesh, e.g. 4 or 2x2 (default 4)"
+        "--mesh", default=None,
+        help="logical device mesh for operator shardings, e.g. 4 or 2x2 (default 4; zoo "
+        "and hf: models plan a cluster with --gpus instead)",
     )
     parser.add_argument(
         "--cluster", default="cpu", help="cluster preset or YAML/JSON file (default cpu)"
@@ -138,7 +140,15 @@ def _load(args: argparse.Namespace):
 def _plan(args: argparse.Namespace, loaded):
     from planner.api import plan_model
 
-    mesh = parse_mesh(args.mesh)
+    if args.mesh is None and loaded.config is not None:
+        # Tracing a full-size model whole for one operator-level ILP is rarely what the
+        # user meant; a cluster plan is.
+        raise UsageError(
+            f"{args.model} is a transformer given by its shape: add --gpus N "
+            "--global-batch-size B for a training plan, or --mesh SHAPE to shard its "
+            "operators on one mesh"
+        )
+    mesh = parse_mesh(args.mesh or "4")
     with console.status(f"planning {args.model} on mesh {'x'.join(map(str, mesh))}"):
         planned = plan_model(
             loaded.model,

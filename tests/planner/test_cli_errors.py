@@ -55,6 +55,16 @@ CASES = {
         ],
     ),
     "check-meta-model": (["check", "gpt3-125m"], ["meta device", "cannot train"]),
+    "zoo-without-cluster-size": (["gpt3-125m"], ["add --gpus N", "--mesh SHAPE"]),
+    "gpus-without-batch": (
+        ["gpt3-125m", "--gpus", "8", "--cluster", "dgx-a100-80g"], ["--global-batch-size"]
+    ),
+    "degrees-not-multiplying": (
+        ["gpt3-125m", "--gpus", "8", "--cluster", "dgx-a100-80g", "--global-batch-size", "8",
+         "--tensor-model-parallel-size", "4", "--pipeline-model-parallel-size", "4",
+         "--micro-batch-size", "1"],
+        ["tensor (4) x pipeline (4) x context (1) x data (rest) must multiply to the 8 GPUs"],
+    ),
 }
 
 

@@ -11,6 +11,7 @@ picks across the model zoo, the CLI's JSON and a what-if configuration.
 from __future__ import annotations
 
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -25,9 +26,12 @@ from planner.search import search
 from planner.train_command import training_plan
 
 REPO = Path(__file__).resolve().parents[2]
+# The read-only shared inputs sit beside the checkout (../shared); TESSEL_SHARED names
+# them elsewhere.
 REFERENCE = next(
-    (p for p in (REPO / "shared" / "reference", REPO.parent / "shared" / "reference")
-     if (p / "megatron_lm_arguments.json").is_file()),
+    (p / "reference" for p in (Path(os.environ.get("TESSEL_SHARED", REPO / "shared")),
+                               REPO.parent / "shared", Path("/work/shared"))
+     if (p / "reference" / "megatron_lm_arguments.json").is_file()),
     None,
 )
 if REFERENCE is None:
