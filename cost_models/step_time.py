@@ -80,7 +80,8 @@ class StepPrediction:
     """FLOPs executed per second per GPU, recomputed forwards included (as Megatron-LM
     reports), in TFLOP/s."""
     mfu: float
-    """Model FLOPs utilization: model TFLOP/s over the device's dense bf16 peak."""
+    """Model FLOPs utilization: model TFLOP/s over the device's dense peak at the matmul
+    precision (bf16 unless fp8 was chosen)."""
     memory_gib_per_gpu: float
     """Peak memory of the fullest GPU, framework reserve included, in GiB."""
     fits: bool
@@ -90,8 +91,11 @@ class StepPrediction:
         return asdict(self)
 
 
-def kernel_seconds(op: Op, device: DeviceSpec, efficiency: Efficiency) -> float:
-    """Forward time of one kernel."""
+def kernel_seconds(
+    op: Op, device: DeviceSpec, efficiency: Efficiency, precision: str = "bf16"
+) -> float:
+    """Forward time of one kernel; matmuls run at the `precision` peak (fp8 matmuls, as
+    Transformer Engine runs them), attention and memory kernels in bf16."""
     peak = device.peak_tflops.get("bf16", device.peak_tflops["fp32"]) * 1e12
     bandwidth = device.memory_bandwidth_gbs * 1e9 * efficiency.memory
     overhead = efficiency.kernel_overhead_us * 1e-6
@@ -100,19 +104,22 @@ def kernel_seconds(op: Op, device: DeviceSpec, efficiency: Efficiency) -> float:
     if isinstance(op, Attention):
         work = op.flops / 2 if op.causal else op.flops  # causal kernels skip masked blocks
         return work / (peak * efficiency.attention) + overhead
-    compute = op.flops / (peak * efficiency.matmul_fraction(op.m, op.n, op.k))
+    matmul_peak = device.peak_tflops.get(precision, peak / 1e12) * 1e12
+    compute = op.flops / (matmul_peak * efficiency.matmul_fraction(op.m, op.n, op.k))
     traffic = (op.m * op.k + op.k * op.n + op.m * op.n) * op.count * ACTIVATION_BYTES
     return max(compute, traffic / bandwidth) + overhead
 
 
-def backward_seconds(op: Op, device: DeviceSpec, efficiency: Efficiency) -> float:
+def backward_seconds(
+    op: Op, device: DeviceSpec, efficiency: Efficiency, precision: str = "bf16"
+) -> float:
     """Backward time of one kernel: input and weight gradients of a matmul, attention's
     backward kernel, twice the bytes of a memory kernel."""
     if isinstance(op, Matmul):
         grad_input = Matmul(op.name, op.m, op.k, op.n, op.count)
         grad_weight = Matmul(op.name, op.k, op.n, op.m, op.count)
-        return kernel_seconds(grad_input, device, efficiency) + kernel_seconds(
-            grad_weight, device, efficiency
+        return kernel_seconds(grad_input, device, efficiency, precision) + kernel_seconds(
+            grad_weight, device, efficiency, precision
         )
     if isinstance(op, Attention):
         scaled = Attention(op.name, op.flops * ATTENTION_BACKWARD_FACTOR, op.causal)
@@ -137,10 +144,11 @@ def _layer_pass(
     seq = model.seq_length / parallel.context
     ops = layer_ops(model, parallel.micro_batch_size, seq, parallel.tensor,
                     parallel.sequence_parallel, flash, parallel.context)
-    forward = sum(kernel_seconds(op, device, eff) for op in ops)
-    backward = sum(backward_seconds(op, device, eff) for op in ops)
+    precision = parallel.precision
+    forward = sum(kernel_seconds(op, device, eff, precision) for op in ops)
+    backward = sum(backward_seconds(op, device, eff, precision) for op in ops)
     attention_core = sum(
-        kernel_seconds(op, device, eff) for op in ops
+        kernel_seconds(op, device, eff, precision) for op in ops
         if isinstance(op, Attention) or op.name in ("scores", "softmax", "context")
     )
     recompute = {"none": 0.0, "selective": attention_core, "full": forward}[parallel.recompute]
@@ -243,7 +251,8 @@ def predict_stages(
         if index == p - 1:
             head = head_ops(model, here.micro_batch_size, model.seq_length / parallel.context,
                             stage.tensor)
-            work += sum(kernel_seconds(op, device, eff) + backward_seconds(op, device, eff)
+            work += sum(kernel_seconds(op, device, eff, parallel.precision)
+                        + backward_seconds(op, device, eff, parallel.precision)
                         for op in head)
         compute.append(work)
         comm.append(stage.layers * (collectives.forward + collectives.backward
@@ -268,7 +277,7 @@ def predict_stages(
     step = pipeline_s + data_s + optimizer_s
 
     model_flops, hardware_flops = _step_flops(model, parallel)
-    peak = device.peak_tflops.get("bf16", device.peak_tflops["fp32"])
+    peak = device.peak_tflops.get(parallel.precision, device.peak_tflops["fp32"])
     worst_memory = max(
         (_stage_memory(model, local[i][0], params[i], stages[i].layers, i, p, m,
                        flash_attention) for i in range(p)),
@@ -443,8 +452,8 @@ def stage_costs(
     return StageCosts(
         layer_s=kernels.forward + kernels.backward + kernels.recompute + collectives.forward
         + collectives.backward + collectives.recompute,
-        head_s=sum(kernel_seconds(op, device, eff) + backward_seconds(op, device, eff)
-                   for op in head),
+        head_s=sum(kernel_seconds(op, device, eff, parallel.precision)
+                   + backward_seconds(op, device, eff, parallel.precision) for op in head),
         p2p_s=_pipeline_p2p(model, here, [stage, stage], cluster),
         state_bytes_per_layer=model.parameters_per_layer() / tensor * per_param,
         state_bytes_embedding=model.vocab_size * model.hidden_size / tensor * per_param,

@@ -117,7 +117,8 @@ def _shared_knobs(
         [
             ParallelConfig(data=1, micro_batch_size=b, global_batch_size=gbs, recompute=r,
                            zero_stage=z, sequence_parallel=sp, context=fixed.get("context", 1),
-                           overlap_grad_reduce=fixed.get("overlap_grad_reduce", True))
+                           overlap_grad_reduce=fixed.get("overlap_grad_reduce", True),
+                           precision=fixed.get("precision", "bf16"))
             for z, r in itertools.product(zeros, recomputes)
         ]
         for b in sizes

@@ -66,8 +66,9 @@ def megatron_flags(
         flags.append("--disable-bias-linear")
     if model.num_experts is not None:
         flags += [f"--num-experts {model.num_experts}", f"--moe-router-topk {model.moe_top_k}"]
+    flags += {"bf16": ["--bf16"], "fp16": ["--fp16"],
+              "fp8": ["--bf16", "--fp8-format hybrid"]}[parallel.precision]
     flags += [
-        "--bf16",
         f"--tensor-model-parallel-size {parallel.tensor}",
         f"--pipeline-model-parallel-size {parallel.pipeline}",
         f"--context-parallel-size {parallel.context}",

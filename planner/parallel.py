@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 RECOMPUTE = ("none", "selective", "full")
+PRECISIONS = ("bf16", "fp16", "fp8")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
@@ -49,6 +50,9 @@ class ParallelConfig:
     overlap_grad_reduce: bool = False
     """Reduce gradients in buckets during the backward pass (--overlap-grad-reduce);
     off, the reduction runs after the last micro-batch's backward."""
+    precision: str = "bf16"
+    """Matmul precision: bf16 (--bf16), fp16 (--fp16) or fp8 (Transformer Engine's
+    --fp8-format hybrid, with bf16 elsewhere; on devices with fp8 tensor cores)."""
 
     @property
     def model_parallel(self) -> int:
@@ -73,6 +77,8 @@ class ParallelConfig:
             problems.append(f"recompute must be one of {', '.join(RECOMPUTE)}")
         if self.schedule not in SCHEDULES:
             problems.append(f"schedule must be one of {', '.join(SCHEDULES)}")
+        if self.precision not in PRECISIONS:
+            problems.append(f"precision must be one of {', '.join(PRECISIONS)}")
         if self.zero_stage > 3:
             problems.append(f"zero_stage must be 0-3, got {self.zero_stage}")
         if problems:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from planner.parallel import RECOMPUTE, SCHEDULES, ParallelConfig
+from planner.parallel import PRECISIONS, RECOMPUTE, SCHEDULES, ParallelConfig
 
 # Megatron-LM flag -> ParallelConfig field, for the knobs that take a number.
 _NUMBER_FLAGS = {
@@ -66,6 +66,10 @@ def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
         "--overlap-grad-reduce", dest="overlap_grad_reduce", action="store_true", default=None,
         help="reduce gradients in buckets during the backward pass",
     )
+    group.add_argument(
+        "--precision", choices=PRECISIONS, default=None,
+        help="matmul precision (default bf16; fp8 needs fp8 tensor cores, e.g. H100)",
+    )
     group.add_argument("--top", type=int, default=5, help="plans to list (default 5)")
     group.add_argument(
         "--space", choices=("auto", "megatron"), default="auto",
@@ -81,6 +85,7 @@ def fixed_knobs(args: argparse.Namespace, num_layers: int) -> dict[str, Any]:
     knobs["sequence_parallel"] = args.sequence_parallel
     knobs["schedule"] = args.schedule
     knobs["overlap_grad_reduce"] = args.overlap_grad_reduce
+    knobs["precision"] = args.precision
     if args.distributed_optimizer:
         if args.zero_stage not in (None, 1):
             raise ValueError(

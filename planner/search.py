@@ -149,7 +149,8 @@ def _knob_choices(
         for schedule, v in schedules:
             yield dict(tensor=t, context=c, pipeline=p, data=d, expert=e, micro_batch_size=mb,
                        global_batch_size=gbs, sequence_parallel=sp, zero_stage=z,
-                       overlap_grad_reduce=ov, schedule=schedule, virtual_pipeline=v)
+                       overlap_grad_reduce=ov, schedule=schedule, virtual_pipeline=v,
+                       precision=fixed.get("precision", "bf16"))
 
 
 def enumerate_megatron(

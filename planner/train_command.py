@@ -67,6 +67,12 @@ def run_training(args: argparse.Namespace, model: TransformerConfig, console: Co
         raise ValueError("--gpus needs --global-batch-size (sequences per optimizer step).")
     cluster = Cluster.load(args.cluster).with_devices(args.gpus)
     knobs = fixed_knobs(args, model.num_layers)
+    precision = knobs.get("precision", "bf16")
+    if precision not in cluster.device.peak_tflops:
+        raise ValueError(
+            f"--precision {precision} needs {precision} tensor cores, which "
+            f"{cluster.device.name} lacks; use --precision bf16 or a newer cluster."
+        )
     if is_what_if(knobs):
         plans = [training_plan(args.model, model, cluster,
                                what_if_config(knobs, args.global_batch_size))]

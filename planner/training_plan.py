@@ -53,7 +53,9 @@ class Predicted(_Model):
     hardware_tflops_per_gpu: float = Field(
         description="Executed TFLOP/s per GPU, recomputation included."
     )
-    mfu: float = Field(description="Model FLOPs utilization of the dense bf16 peak.")
+    mfu: float = Field(
+        description="Model FLOPs utilization of the dense peak at the matmul precision."
+    )
     memory_gib_per_gpu: float = Field(description="Peak memory of the fullest GPU, GiB.")
     fits: bool = Field(description="Whether that peak fits in device memory.")
     breakdown: Breakdown = Field(description="Where the step time goes.")

@@ -59,6 +59,11 @@ CASES = {
     "gpus-without-batch": (
         ["gpt3-125m", "--gpus", "8", "--cluster", "dgx-a100-80g"], ["--global-batch-size"]
     ),
+    "fp8-on-a100": (
+        ["gpt3-125m", "--gpus", "8", "--cluster", "dgx-a100-80g", "--global-batch-size", "64",
+         "--precision", "fp8"],
+        ["--precision fp8 needs fp8 tensor cores", "A100"],
+    ),
     "degrees-not-multiplying": (
         ["gpt3-125m", "--gpus", "8", "--cluster", "dgx-a100-80g", "--global-batch-size", "8",
          "--tensor-model-parallel-size", "4", "--pipeline-model-parallel-size", "4",

@@ -65,3 +65,14 @@ def test_uneven_megatron_splits_shrink_first_and_last_stage() -> None:
     assert all(s[0] <= s[1] and s[-1] <= s[1] and sum(s) == 30
                for s in megatron_stage_splits(30, 4))
     assert megatron_stage_splits(31, 2) == []  # two stages cannot be uneven in Megatron-LM
+
+
+def test_a_model_that_fits_nowhere_says_how_many_gpus_it_needs(capsys) -> None:
+    from planner import cli
+
+    code = cli.main(["gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "8",
+                     "--global-batch-size", "64"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 1
+    assert "no plan fits: gpt3-175b does not fit on 8 x A100-SXM4-80GB" in out
+    assert "it needs at least 64 GPUs of this kind" in out

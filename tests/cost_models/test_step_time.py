@@ -1,0 +1,89 @@
+"""The step-time model: FLOP accounting against Megatron-LM's formula, and the behaviour
+of each knob a user would check (bubble, recomputation, overlap, precision, memory)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from cost_models.step_time import StageLayout, predict_stages, predict_step
+from planner.cluster import Cluster
+from planner.models.presets import get_preset
+from planner.parallel import ParallelConfig
+
+GPT3_175B = get_preset("gpt3-175b")
+MEGATRON_175B = ParallelConfig(tensor=8, pipeline=8, micro_batch_size=1,
+                               global_batch_size=1536, recompute="full")
+
+
+def a100(gpus: int) -> Cluster:
+    return Cluster.load("dgx-a100-80g").with_devices(gpus)
+
+
+def test_model_flops_are_megatrons_formula() -> None:
+    """Narayanan et al. 2021, eq. 3: 72 B s l h^2 (1 + s/6h + V/(12 h l)) per step for
+    the model (no recomputation); full recomputation executes 96 instead of 72 on the
+    layers (their eq. with the extra forward)."""
+    p = predict_step(GPT3_175B, a100(512), MEGATRON_175B)
+    b, s, layers, h, v = 1536, 2048, 96, 12288, 51200
+    model = 72 * b * s * layers * h * h * (1 + s / (6 * h) + v / (12 * h * layers))
+    assert p.model_tflops_per_gpu * 1e12 * p.step_time_s * 512 == pytest.approx(model, rel=1e-9)
+    layer_part = 72 * b * s * layers * h * h * (1 + s / (6 * h))
+    hardware = model + layer_part / 3
+    assert p.hardware_tflops_per_gpu * 1e12 * p.step_time_s * 512 == pytest.approx(
+        hardware, rel=1e-9
+    )
+    assert p.mfu == pytest.approx(p.model_tflops_per_gpu / 312, rel=1e-12)
+
+
+def test_fewer_micro_batches_mean_a_larger_bubble() -> None:
+    many = predict_step(GPT3_175B, a100(512), MEGATRON_175B)
+    few = predict_step(GPT3_175B, a100(512), replace(MEGATRON_175B, micro_batch_size=8))
+    # 1F1B: the bubble is (p - 1) stage times; with 8x larger micro-batches the bubble's
+    # share of the step grows from 7/192 to 7/24 of the busy time.
+    assert few.bubble_s / few.compute_s > 4 * many.bubble_s / many.compute_s
+    interleaved = predict_step(GPT3_175B, a100(512), replace(
+        MEGATRON_175B, micro_batch_size=8, schedule="interleaved", virtual_pipeline=4))
+    assert interleaved.bubble_s == pytest.approx(few.bubble_s / 4, rel=0.2)
+
+
+def test_recomputation_costs_time_and_saves_memory() -> None:
+    full = predict_step(GPT3_175B, a100(512), MEGATRON_175B)
+    none = predict_step(GPT3_175B, a100(512), replace(MEGATRON_175B, recompute="none"))
+    assert none.step_time_s < full.step_time_s
+    assert none.memory_gib_per_gpu > full.memory_gib_per_gpu
+    assert none.model_tflops_per_gpu == pytest.approx(none.hardware_tflops_per_gpu)
+
+
+def test_overlapped_gradient_reduction_is_exposed_only_where_longer() -> None:
+    config = ParallelConfig(tensor=1, pipeline=1, micro_batch_size=4, global_batch_size=512)
+    model, cluster = get_preset("gpt3-1.3b"), a100(64)
+    after = predict_step(model, cluster, config)
+    overlapped = predict_step(model, cluster, replace(config, overlap_grad_reduce=True))
+    assert after.data_parallel_comm_s > 0
+    assert overlapped.data_parallel_comm_s < after.data_parallel_comm_s
+    assert predict_step(model, a100(1), replace(config, global_batch_size=4)) \
+        .data_parallel_comm_s == 0
+
+
+def test_fp8_matmuls_are_faster_where_the_device_has_them() -> None:
+    h100 = Cluster.load("dgx-h100").with_devices(512)
+    bf16 = predict_step(GPT3_175B, h100, MEGATRON_175B)
+    fp8 = predict_step(GPT3_175B, h100, replace(MEGATRON_175B, precision="fp8"))
+    assert fp8.compute_s < bf16.compute_s
+    assert fp8.model_tflops_per_gpu > bf16.model_tflops_per_gpu
+
+
+def test_gpt3_175b_fits_as_megatron_ran_it_and_not_on_one_node() -> None:
+    assert predict_step(GPT3_175B, a100(512), MEGATRON_175B).fits
+    one_node = ParallelConfig(tensor=8, pipeline=1, micro_batch_size=1, global_batch_size=8)
+    assert not predict_step(GPT3_175B, a100(8), one_node).fits
+
+
+def test_uniform_stages_predict_as_the_megatron_layout() -> None:
+    cluster, config = a100(512), MEGATRON_175B.resolve(512)
+    stages = [StageLayout(12, 8, 8)] * 8
+    assert predict_stages(GPT3_175B, cluster, config, stages) == predict_step(
+        GPT3_175B, cluster, config
+    )
