@@ -43,6 +43,8 @@ def main(argv: list[str]) -> int:
         ok &= target is None or seconds < target
         print(f"{model:<10} {gpus:>5} {seconds:>7.1f}  {verdict}"
               + ("" if planned else "  (no plan fits)"))
+    seconds, _ = plan_seconds("gpt3-175b", "--intra-op", "ilp", gpus=1024, batch=1536)
+    print(f"{'gpt3-175b':<10} {1024:>5} {seconds:>7.1f}  (--intra-op ilp: trace + 3 ILPs)")
     print("\nscaling with depth: GPT h=4096, 32 heads, on 512 GPUs")
     print(f"{'layers':>6} {'plan s':>7} {'s per layer':>12}")
     per_layer = []

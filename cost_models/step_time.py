@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING
 
 from cost_models import memory
 from cost_models.comm import group_collective_time
@@ -43,6 +44,9 @@ from cost_models.transformer_ops import (
     layer_ops,
 )
 from planner.cluster import Cluster, DeviceSpec
+
+if TYPE_CHECKING:
+    from planner.stage_ilp import LayerCollectives
 from planner.models.config import TransformerConfig
 from planner.parallel import ParallelConfig
 
@@ -137,7 +141,8 @@ class _Pass:
 
 
 def _layer_pass(
-    model: TransformerConfig, parallel: ParallelConfig, cluster: Cluster, flash: bool
+    model: TransformerConfig, parallel: ParallelConfig, cluster: Cluster, flash: bool,
+    collectives: LayerCollectives | None = None,
 ) -> tuple[_Pass, _Pass]:
     """(kernels, tensor/context-parallel communication) of one layer, one micro-batch."""
     device, eff = cluster.device, cluster.device.efficiency
@@ -152,20 +157,28 @@ def _layer_pass(
         if isinstance(op, Attention) or op.name in ("scores", "softmax", "context")
     )
     recompute = {"none": 0.0, "selective": attention_core, "full": forward}[parallel.recompute]
-    comm = _tensor_parallel_comm(model, parallel, cluster)
+    comm = _tensor_parallel_comm(model, parallel, cluster, collectives)
     comm_recompute = comm if parallel.recompute == "full" else 0.0
     return _Pass(forward, backward, recompute), _Pass(comm, comm, comm_recompute)
 
 
 def _tensor_parallel_comm(
-    model: TransformerConfig, parallel: ParallelConfig, cluster: Cluster
+    model: TransformerConfig, parallel: ParallelConfig, cluster: Cluster,
+    collectives: LayerCollectives | None = None,
 ) -> float:
     """One direction (forward or backward) of a layer's tensor- and context-parallel
-    collectives for one micro-batch."""
+    collectives for one micro-batch: Megatron-LM's layout, or with `collectives` the
+    ones the intra-op ILP chose for the layer on this tensor-parallel degree."""
     seq = model.seq_length / parallel.context
     hidden = parallel.micro_batch_size * seq * model.hidden_size * ACTIVATION_BYTES
     t = parallel.tensor
-    if parallel.sequence_parallel:
+    if collectives is not None and t in collectives:
+        tokens = parallel.micro_batch_size * seq
+        per_layer = sum(
+            group_collective_time(c.kind, c.bytes_per_token * tokens, t, 1, cluster)
+            for c in collectives[t]
+        )
+    elif parallel.sequence_parallel:
         per_layer = 2 * (
             group_collective_time("all_gather", hidden, t, 1, cluster)
             + group_collective_time("reduce_scatter", hidden, t, 1, cluster)
@@ -209,13 +222,14 @@ def predict_step(
     parallel: ParallelConfig,
     flash_attention: bool = True,
     layers_per_stage: list[int] | None = None,
+    collectives: LayerCollectives | None = None,
 ) -> StepPrediction:
     """Predict `parallel` (resolved for the cluster's GPU count) for `model` on `cluster`,
     every stage on the same (data x tensor) mesh, as Megatron-LM lays them out."""
     parallel = parallel.resolve(cluster.num_devices)
     layers = layers_per_stage or _even_split(model.num_layers, parallel.pipeline)
     stages = [StageLayout(count, parallel.tensor, parallel.data) for count in layers]
-    return predict_stages(model, cluster, parallel, stages, flash_attention)
+    return predict_stages(model, cluster, parallel, stages, flash_attention, collectives)
 
 
 def predict_stages(
@@ -224,6 +238,7 @@ def predict_stages(
     parallel: ParallelConfig,
     stages: list[StageLayout],
     flash_attention: bool = True,
+    collectives: LayerCollectives | None = None,
 ) -> StepPrediction:
     """Predict a pipeline whose stages may differ in layers and mesh (Alpa's space).
 
@@ -245,8 +260,8 @@ def predict_stages(
                        micro_batch_size=sequences // stage.data)
         if (stage.tensor, stage.data) not in passes:
             passes[stage.tensor, stage.data] = _layer_pass(model, here, cluster,
-                                                          flash_attention)
-        kernels, collectives = passes[stage.tensor, stage.data]
+                                                          flash_attention, collectives)
+        kernels, layer_comm = passes[stage.tensor, stage.data]
         work = stage.layers * (kernels.forward + kernels.backward + kernels.recompute)
         if index == p - 1:
             head = head_ops(model, here.micro_batch_size, model.seq_length / parallel.context,
@@ -255,8 +270,8 @@ def predict_stages(
                         + backward_seconds(op, device, eff, parallel.precision)
                         for op in head)
         compute.append(work)
-        comm.append(stage.layers * (collectives.forward + collectives.backward
-                                    + collectives.recompute))
+        comm.append(stage.layers * (layer_comm.forward + layer_comm.backward
+                                    + layer_comm.recompute))
         local.append((here, kernels))
     stage_times = [c + x + p2p for c, x in zip(compute, comm)]
     slowest = max(range(p), key=lambda i: stage_times[i])
@@ -431,13 +446,13 @@ class StageCosts:
 
 def stage_costs(
     model: TransformerConfig, cluster: Cluster, parallel: ParallelConfig, tensor: int,
-    data: int, flash_attention: bool = True,
+    data: int, flash_attention: bool = True, collectives: LayerCollectives | None = None,
 ) -> StageCosts:
     """Costs of a stage running `parallel`'s shared knobs on a `data` x `tensor` mesh,
     each micro-batch of `micro_batch_size x parallel.data` sequences split `data` ways."""
     sequences = parallel.micro_batch_size * parallel.data
     here = replace(parallel, tensor=tensor, data=data, micro_batch_size=sequences // data)
-    kernels, collectives = _layer_pass(model, here, cluster, flash_attention)
+    kernels, comm = _layer_pass(model, here, cluster, flash_attention, collectives)
     device, eff = cluster.device, cluster.device.efficiency
     seq = model.seq_length / parallel.context
     head = head_ops(model, here.micro_batch_size, seq, tensor)
@@ -450,8 +465,8 @@ def stage_costs(
         tensor, parallel.sequence_parallel, parallel.recompute, flash_attention,
     )
     return StageCosts(
-        layer_s=kernels.forward + kernels.backward + kernels.recompute + collectives.forward
-        + collectives.backward + collectives.recompute,
+        layer_s=kernels.forward + kernels.backward + kernels.recompute + comm.forward
+        + comm.backward + comm.recompute,
         head_s=sum(kernel_seconds(op, device, eff, parallel.precision)
                    + backward_seconds(op, device, eff, parallel.precision) for op in head),
         p2p_s=_pipeline_p2p(model, here, [stage, stage], cluster),

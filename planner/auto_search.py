@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,6 +27,9 @@ from planner.inter_op import stage_dp
 from planner.models.config import TransformerConfig
 from planner.parallel import RECOMPUTE, ParallelConfig
 from planner.search import Candidate, Progress, SearchResult, search_megatron
+
+if TYPE_CHECKING:
+    from planner.stage_ilp import LayerCollectives
 
 MAX_LAYER_GROUPS = 32
 MAX_STAGES = 16
@@ -50,9 +53,11 @@ def layer_group_size(num_layers: int) -> int:
 def search_auto(
     model: TransformerConfig, cluster: Cluster, gbs: int, fixed: dict[str, Any],
     flash_attention: bool = True, progress: Progress | None = None,
+    collectives: LayerCollectives | None = None,
 ) -> SearchResult:
     start = time.perf_counter()
-    result = search_megatron(model, cluster, gbs, fixed, flash_attention)
+    result = search_megatron(model, cluster, gbs, fixed, flash_attention,
+                             collectives=collectives)
     megatron_s = time.perf_counter() - start
     groups = _shared_knobs(model, cluster, gbs, fixed)
     dp_s, evaluated = 0.0, result.evaluated
@@ -61,7 +66,7 @@ def search_auto(
         # DP finds a plan that fits is kept, as in the Megatron space.
         for shared in settings:
             dp_start = time.perf_counter()
-            found = _best_stages(model, cluster, shared, flash_attention)
+            found = _best_stages(model, cluster, shared, flash_attention, collectives)
             dp_s += time.perf_counter() - dp_start
             if found is None:
                 continue
@@ -69,10 +74,10 @@ def search_auto(
             evaluated += 1
             prediction = (
                 predict_stages(model, cluster, candidate.parallel, list(candidate.stages),
-                               flash_attention)
+                               flash_attention, collectives)
                 if candidate.stages else predict_step(
                     model, cluster, candidate.parallel, flash_attention,
-                    list(candidate.layers_per_stage))
+                    list(candidate.layers_per_stage), collectives)
             )
             if prediction.fits:
                 result.ranked.append((candidate, prediction))
@@ -126,7 +131,8 @@ def _shared_knobs(
 
 
 def _best_stages(
-    model: TransformerConfig, cluster: Cluster, shared: ParallelConfig, flash: bool
+    model: TransformerConfig, cluster: Cluster, shared: ParallelConfig, flash: bool,
+    collectives: LayerCollectives | None = None,
 ) -> tuple[list[StageLayout], ParallelConfig] | None:
     sizes = submeshes(cluster)
     group = layer_group_size(model.num_layers)
@@ -146,7 +152,7 @@ def _best_stages(
         meshes.append(options)
         best = np.full((groups, groups + 1, most), np.inf)
         for option, (tensor, data) in enumerate(options):
-            c = stage_costs(model, cluster, shared, tensor, data, flash)
+            c = stage_costs(model, cluster, shared, tensor, data, flash, collectives)
             latency = layers * c.layer_s + (last == groups) * c.head_s + c.p2p_s
             state = (layers * c.state_bytes_per_layer
                      + ((first == 0) + (last == groups)) * c.state_bytes_embedding)

@@ -168,7 +168,7 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.gpus is not None:
         from planner.train_command import run_training
 
-        return run_training(args, _transformer_config(loaded), console)
+        return run_training(args, _transformer_config(loaded), console, loaded)
     planned = _plan(args, loaded)
     print_plan(planned)
     if args.json:

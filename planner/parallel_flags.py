@@ -70,6 +70,12 @@ def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
         "--precision", choices=PRECISIONS, default=None,
         help="matmul precision (default bf16; fp8 needs fp8 tensor cores, e.g. H100)",
     )
+    group.add_argument(
+        "--intra-op", choices=("analytic", "ilp"), default="analytic",
+        help="how layers are sharded inside a stage: analytic (Megatron-LM's tensor + "
+        "sequence parallel layout) or ilp (trace one block and let the intra-op ILP choose "
+        "on each tensor-parallel mesh; a few seconds more)",
+    )
     group.add_argument("--top", type=int, default=5, help="plans to list (default 5)")
     group.add_argument(
         "--space", choices=("auto", "megatron"), default="auto",

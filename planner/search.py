@@ -19,12 +19,15 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from cost_models.step_time import StageLayout, StepPrediction, predict_step
 from planner.cluster import Cluster
 from planner.models.config import TransformerConfig
 from planner.parallel import RECOMPUTE, ParallelConfig
+
+if TYPE_CHECKING:
+    from planner.stage_ilp import LayerCollectives
 
 # Largest micro-batch tried: beyond it, matmuls are already large and memory is what grows.
 MAX_MICRO_BATCH = 16
@@ -175,6 +178,7 @@ def _splits(model: TransformerConfig, knobs: dict[str, Any]) -> list[tuple[int, 
 def search_megatron(
     model: TransformerConfig, cluster: Cluster, gbs: int, fixed: dict[str, Any],
     flash_attention: bool = True, progress: Progress | None = None,
+    collectives: LayerCollectives | None = None,
 ) -> SearchResult:
     """The Megatron space, each layout with the least recomputation that fits."""
     start = time.perf_counter()
@@ -188,7 +192,7 @@ def search_megatron(
                 for recompute in recomputes:
                     candidate = Candidate(ParallelConfig(**knobs, recompute=recompute), split)
                     prediction = predict_step(model, cluster, candidate.parallel,
-                                              flash_attention, list(split))
+                                              flash_attention, list(split), collectives)
                     evaluated += 1
                     if prediction.fits:
                         ranked.append((candidate, prediction))
@@ -216,13 +220,17 @@ def best_exhaustive(
 def search(
     model: TransformerConfig, cluster: Cluster, gbs: int, fixed: dict[str, Any],
     space: str = "auto", progress: Progress | None = None, flash_attention: bool = True,
+    collectives: LayerCollectives | None = None,
 ) -> SearchResult:
-    """The best configurations in `space` ("megatron" or "auto"), best first."""
+    """The best configurations in `space` ("megatron" or "auto"), best first. With
+    `collectives`, layers are charged the tensor-parallel collectives the intra-op ILP
+    chose for them (`planner/stage_ilp.py`) instead of Megatron-LM's."""
     if space == "megatron":
-        return search_megatron(model, cluster, gbs, fixed, flash_attention, progress)
+        return search_megatron(model, cluster, gbs, fixed, flash_attention, progress,
+                               collectives)
     from planner.auto_search import search_auto
 
-    return search_auto(model, cluster, gbs, fixed, flash_attention, progress)
+    return search_auto(model, cluster, gbs, fixed, flash_attention, progress, collectives)
 
 
 def devices_needed(

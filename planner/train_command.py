@@ -9,6 +9,7 @@ with --json the `TrainingPlan` of the best.
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
@@ -24,10 +25,14 @@ from planner.search import megatron_stage_splits
 from planner.parallel_flags import fixed_knobs, is_what_if, what_if_config
 from planner.training_plan import TrainingPlan
 
+if TYPE_CHECKING:
+    from planner.stage_ilp import LayerCollectives
+
 
 def training_plan(
     name: str, model: TransformerConfig, cluster: Cluster, parallel: ParallelConfig,
     layers_per_stage: list[int] | None = None, stages: tuple[StageLayout, ...] | None = None,
+    collectives: LayerCollectives | None = None,
 ) -> TrainingPlan:
     """Predict one configuration and package it as a plan. `stages` gives each stage its
     own mesh (Alpa's space); without it every stage runs on `parallel`'s mesh."""
@@ -35,11 +40,13 @@ def training_plan(
         parallel = parallel.resolve(cluster.num_devices)
         layers = layers_per_stage or _even(model.num_layers, parallel.pipeline)
         layouts = [StageLayout(count, parallel.tensor, parallel.data) for count in layers]
-        prediction = predict_step(model, cluster, parallel, layers_per_stage=layers)
+        prediction = predict_step(model, cluster, parallel, layers_per_stage=layers,
+                                  collectives=collectives)
         incompatibility = megatron_incompatibility(model, parallel, layers)
     else:
         layouts, layers = list(stages), [stage.layers for stage in stages]
-        prediction = predict_stages(model, cluster, parallel, layouts)
+        prediction = predict_stages(model, cluster, parallel, layouts,
+                                    collectives=collectives)
         incompatibility = "its pipeline stages run on different meshes (Alpa's space)"
         first = stages[0]
         # Degrees as the first stage sees them; `stages` in the plan has every mesh.
@@ -62,7 +69,9 @@ def _even(num_layers: int, stages: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(stages)]
 
 
-def run_training(args: argparse.Namespace, model: TransformerConfig, console: Console) -> int:
+def run_training(
+    args: argparse.Namespace, model: TransformerConfig, console: Console, loaded=None
+) -> int:
     if args.global_batch_size is None:
         raise ValueError("--gpus needs --global-batch-size (sequences per optimizer step).")
     cluster = Cluster.load(args.cluster).with_devices(args.gpus)
@@ -73,20 +82,23 @@ def run_training(args: argparse.Namespace, model: TransformerConfig, console: Co
             f"--precision {precision} needs {precision} tensor cores, which "
             f"{cluster.device.name} lacks; use --precision bf16 or a newer cluster."
         )
+    collectives, timings = None, {}
+    if args.intra_op == "ilp":
+        collectives, timings = _ilp_collectives(loaded, model, cluster, console)
     if is_what_if(knobs):
         plans = [training_plan(args.model, model, cluster,
-                               what_if_config(knobs, args.global_batch_size))]
-        timings = {}
+                               what_if_config(knobs, args.global_batch_size),
+                               collectives=collectives)]
     else:
-        result = _search_with_progress(args, model, cluster, knobs, console)
+        result = _search_with_progress(args, model, cluster, knobs, console, collectives)
         if not result.ranked:
             return _report_no_fit(args, model, cluster, knobs, console)
         plans = [
             training_plan(args.model, model, cluster, candidate.parallel,
-                          list(candidate.layers_per_stage), candidate.stages)
+                          list(candidate.layers_per_stage), candidate.stages, collectives)
             for candidate, _ in result.ranked[: max(args.top, 1)]
         ]
-        timings = result.timings
+        timings = {**timings, **result.timings}
         console.print(f"searched {result.evaluated:,} configurations in "
                       + ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in timings.items()),
                       highlight=False)
@@ -97,7 +109,22 @@ def run_training(args: argparse.Namespace, model: TransformerConfig, console: Co
     return 0 if plans[0].predicted.fits else 1
 
 
-def _search_with_progress(args, model, cluster, knobs, console):
+def _ilp_collectives(loaded, model: TransformerConfig, cluster: Cluster, console: Console):
+    """Trace the model once per template and solve the intra-op ILP of its block on each
+    tensor-parallel degree the search may use."""
+    from passes.model_graph import trace_model
+    from planner.stage_ilp import layer_collectives
+
+    with console.status("tracing one block per template"):
+        graph = trace_model(loaded.build, loaded.num_layers)
+    limit = min(cluster.devices_per_node, model.num_kv_heads)
+    degrees = [2**i for i in range(1, limit.bit_length()) if model.num_kv_heads % 2**i == 0]
+    with console.status(f"solving the block's intra-op ILP on {len(degrees)} meshes"):
+        collectives, ilp_s = layer_collectives(graph, cluster, degrees)
+    return collectives, {"trace_s": graph.trace_s + graph.layers_s, "intra_op_ilps_s": ilp_s}
+
+
+def _search_with_progress(args, model, cluster, knobs, console, collectives=None):
     from rich.progress import Progress
 
     from planner.search import search
@@ -108,7 +135,8 @@ def _search_with_progress(args, model, cluster, knobs, console):
         def advance(done: int, total: int) -> None:
             progress.update(task, completed=done, total=total)
 
-        return search(model, cluster, args.global_batch_size, knobs, args.space, advance)
+        return search(model, cluster, args.global_batch_size, knobs, args.space, advance,
+                      collectives=collectives)
 
 
 def _report_no_fit(args, model, cluster, knobs, console) -> int:

@@ -16,6 +16,8 @@ from passes.strategies import enumerate_strategies
 from planner.cluster import Cluster
 from planner.intra_op import plan_intra_op
 from planner.model_spec import load_model
+from planner.search import search
+from planner.stage_ilp import layer_collectives
 
 # GPT-3 2.7B's block shape (h 2560, 32 heads, s 2048), on the meta device.
 SHAPE = dict(hidden_size=2560, num_attention_heads=32, seq_length=2048, vocab_size=51200)
@@ -51,3 +53,26 @@ def test_each_block_adds_megatron_sequence_parallel_collectives(tensor: int) -> 
     expected = {(phase, kind): 2 for phase in ("forward", "backward")
                 for kind in ("all_gather", "reduce_scatter")}
     assert {k: v for k, v in added.items() if v} == expected
+
+
+@pytest.mark.parametrize("name", ["gpt3-1.3b", "llama3-8b"])
+def test_stage_collectives_from_the_ilp_are_megatrons(name: str) -> None:
+    """`plan --intra-op ilp` charges each layer what the ILP chose on the traced block:
+    for GPT and Llama blocks, 2 all-gathers + 2 reduce-scatters of the hidden state (2h
+    bf16 bytes per token) on every tensor-parallel degree, so the best plan and its step
+    time equal the analytic model's."""
+    loaded = load_model(name)
+    graph = trace_model(loaded.build, loaded.num_layers)
+    cluster = Cluster.load("dgx-a100-80g")
+    collectives, _ = layer_collectives(graph, cluster, [2, 8])
+    hidden = 2 * loaded.config.hidden_size
+    for degree in (2, 8):
+        kinds = Counter((c.kind, c.bytes_per_token) for c in collectives[degree])
+        assert kinds == {("all_gather", hidden): 2, ("reduce_scatter", hidden): 2}
+    sized = cluster.with_devices(64)
+    fixed = {"tensor": 2, "sequence_parallel": True}
+    analytic = search(loaded.config, sized, 512, fixed, "megatron").ranked[0]
+    from_ilp = search(loaded.config, sized, 512, fixed, "megatron",
+                      collectives=collectives).ranked[0]
+    assert from_ilp[0] == analytic[0]
+    assert from_ilp[1].step_time_s == pytest.approx(analytic[1].step_time_s, rel=1e-12)

@@ -1,0 +1,85 @@
+"""Per-layer collectives of a stage, chosen by the intra-op ILP on the traced template.
+
+`plan ... --intra-op ilp` prices the tensor-parallel communication of every stage with the
+sharding Alpa's intra-op ILP picks for the model's block template on each logical mesh
+(1-D meshes of 2, 4, 8 ... GPUs), instead of assuming Megatron-LM's layout. Each ILP is
+solved once per (template, mesh) on the model traced with two blocks at micro-batch 1, and
+reused for every stage, micro-batch size and recomputation mode: the hidden-state
+collectives it plans scale with the tokens of a micro-batch.
+
+Only the forward collectives of the interior block are read (module paths of forward
+nodes are exact; backward ones are inferred); the backward of a tensor-parallel layer
+moves the same volume in mirror (an all-gather's gradient is a reduce-scatter), so it is
+charged the same.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from cost_models.transformer_ops import ACTIVATION_BYTES
+from passes.dtensor_rules import fake_mesh
+from passes.model_graph import ModelGraph
+from passes.strategies import enumerate_strategies
+from planner.cluster import Cluster
+from planner.intra_op import plan_intra_op
+
+
+@dataclass(frozen=True)
+class LayerCollective:
+    """One collective a layer issues in its forward pass on a tensor-parallel group."""
+
+    kind: str
+    """all_reduce, all_gather, reduce_scatter or all_to_all."""
+    bytes_per_token: float
+    """Bytes of the full (unsharded) buffer per token of the micro-batch, in bf16."""
+
+
+LayerCollectives = dict[int, tuple[LayerCollective, ...]]
+"""Tensor-parallel degree -> the forward collectives of one layer on that group."""
+
+
+def layer_collectives(
+    graph: ModelGraph, cluster: Cluster, degrees: list[int], time_limit_s: float = 30.0
+) -> tuple[LayerCollectives, float]:
+    """The ILP's per-layer forward collectives for each degree, and the seconds spent."""
+    start = time.perf_counter()
+    block = _interior_block(graph)
+    result: LayerCollectives = {1: ()}
+    for degree in degrees:
+        if degree == 1:
+            continue
+        mesh = fake_mesh((degree,))
+        table = enumerate_strategies(graph.program, mesh, cluster.device)
+        solution = plan_intra_op(graph.program, table, mesh, cluster, time_limit_s)
+        result[degree] = tuple(
+            LayerCollective(collective.kind, _bf16(graph, collective.nbytes))
+            for transfer in solution.transfers
+            if transfer.phase == "forward" and _inside(graph, transfer.consumer, block)
+            for collective in transfer.collectives
+        )
+    return result, time.perf_counter() - start
+
+
+def _interior_block(graph: ModelGraph) -> str:
+    """Module path of a traced block with blocks on both sides in the full model."""
+    blocks = [layer.source for layer in graph.layers if layer.source != layer.name]
+    if not blocks:
+        raise ValueError(
+            "--intra-op ilp needs a model traced one block per template (a preset, a "
+            "gpt/llama/mixtral shape or an hf: config)."
+        )
+    return blocks[-1]
+
+
+def _inside(graph: ModelGraph, node: str, block: str) -> bool:
+    module = graph.program.nodes[node].meta.get("tessel_module") or ""
+    return module == block or module.startswith(block + ".")
+
+
+def _bf16(graph: ModelGraph, nbytes: float) -> float:
+    """Bytes per token in bf16 of a collective traced at the model's parameter dtype."""
+    traced = next(iter(graph.program.parameters))
+    element = graph.program.nodes[traced].meta["val"].element_size()
+    return nbytes / graph.tokens * ACTIVATION_BYTES / element
