@@ -106,11 +106,20 @@ def build_parsers() -> dict[str, argparse.ArgumentParser]:
         "and gloo, or GPUs and NCCL) and write them to a database for `plan --profile`.",
     )
     add_profile_arguments(profile)
-    return {"": plan, "check": check, "inspect": inspect, "profile": profile}
+    from planner.calibrate_command import add_calibrate_arguments
+
+    calibrate = argparse.ArgumentParser(
+        prog="plan calibrate",
+        description="Fit a cluster preset's efficiency parameters to measured step times.",
+    )
+    add_calibrate_arguments(calibrate)
+    return {"": plan, "check": check, "inspect": inspect, "profile": profile,
+            "calibrate": calibrate}
 
 
 _RUNNERS = {
-    "": "run_plan", "check": "run_check", "inspect": "run_inspect", "profile": "run_profile"
+    "": "run_plan", "check": "run_check", "inspect": "run_inspect", "profile": "run_profile",
+    "calibrate": "run_calibrate",
 }
 
 
@@ -232,6 +241,13 @@ def run_profile(args: argparse.Namespace) -> int:
     from planner.profile_command import run_profile as measure
 
     return measure(args, console)
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    """`plan calibrate`: fit a preset's efficiency to measured step times."""
+    from planner.calibrate_command import run_calibrate as fit
+
+    return fit(args, console)
 
 
 def run_inspect(args: argparse.Namespace) -> int:

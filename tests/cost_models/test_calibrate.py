@@ -85,3 +85,17 @@ def replace_seconds(step, seconds: float):
     from dataclasses import replace
 
     return replace(step, seconds=float(seconds))
+
+
+@pytest.mark.skipif(SINGLE is None, reason="no shared calibration data beside the checkout")
+def test_plan_calibrate_prints_the_fitted_block(tmp_path: Path, capsys) -> None:
+    from planner import cli
+
+    rows = (SINGLE / "calibration" / "vtrain_a100_single_node.csv").read_text().splitlines()
+    small = tmp_path / "runs.csv"
+    small.write_text("\n".join(rows[:25]) + "\n")
+    code = cli.main(["calibrate", str(small), "--fields", "kernel_overhead_us",
+                     "--iterations", "40"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "over 24 runs" in out and "efficiency:" in out and "kernel_overhead_us:" in out
