@@ -66,7 +66,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "and hf: models plan a cluster with --gpus instead)",
     )
     parser.add_argument(
-        "--cluster", default="cpu", help="cluster preset or YAML/JSON file (default cpu)"
+        "--cluster", default="cpu",
+        help="cluster preset or YAML/JSON file (default cpu; `plan clusters` lists presets)",
     )
     parser.add_argument("--time-limit", type=float, default=60.0, help="ILP time limit in seconds")
     parser.add_argument(
@@ -79,7 +80,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
 def build_parsers() -> dict[str, argparse.ArgumentParser]:
     """The parser of each subcommand; "" is plain `plan MODEL`."""
     plan = argparse.ArgumentParser(
-        prog="plan", description="Plan how to shard a model's training step over a device mesh."
+        prog="plan",
+        description="Plan how to train a model: with --gpus and --global-batch-size, the "
+        "best parallel configuration for a cluster (every knob not given is searched); "
+        "with --mesh, the sharding of every operator on one device mesh.",
     )
     _common(plan)
     plan.add_argument(
