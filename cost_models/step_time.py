@@ -280,7 +280,7 @@ def predict_stages(
     else:
         pipeline_s = sum(stage_times) + (m - 1) * stage_times[slowest]
 
-    params = _stage_parameters(model, stages)
+    params = _stage_parameters(model, stages, parallel.expert)
     data_s = max(
         _data_parallel_comm(params[i], local[i][0], cluster, local[i][1], stages[i].layers)
         for i in range(p)
@@ -337,9 +337,18 @@ def _pipeline_p2p(
     return 2 * group_collective_time("send_recv", nbytes, len(stages), stride, cluster)
 
 
-def _stage_parameters(model: TransformerConfig, stages: list[StageLayout]) -> list[float]:
+def _layer_parameters(model: TransformerConfig, expert: int) -> float:
+    """Parameters of one layer a tensor-parallel group holds: all but the experts, and of
+    those its expert-parallel share."""
+    experts = model.expert_parameters_per_layer()
+    return model.parameters_per_layer() - experts + experts / expert
+
+
+def _stage_parameters(
+    model: TransformerConfig, stages: list[StageLayout], expert: int = 1
+) -> list[float]:
     """Parameters one GPU of each stage holds (its tensor-parallel shard)."""
-    per_layer = model.parameters_per_layer()
+    per_layer = _layer_parameters(model, expert)
     embedding = model.vocab_size * model.hidden_size
     positions = model.hidden_size * (model.max_position_embeddings or 0) * (
         model.position_embedding == "learned"
@@ -470,7 +479,7 @@ def stage_costs(
         head_s=sum(kernel_seconds(op, device, eff, parallel.precision)
                    + backward_seconds(op, device, eff, parallel.precision) for op in head),
         p2p_s=_pipeline_p2p(model, here, [stage, stage], cluster),
-        state_bytes_per_layer=model.parameters_per_layer() / tensor * per_param,
+        state_bytes_per_layer=_layer_parameters(model, parallel.expert) / tensor * per_param,
         state_bytes_embedding=model.vocab_size * model.hidden_size / tensor * per_param,
         activation_bytes_per_layer=activations,
         head_activation_bytes=memory.output_layer_activation_bytes(

@@ -182,6 +182,11 @@ class TransformerConfig(BaseModel):
             mlp = self.num_experts * mlp + _linear(h, self.num_experts, self.bias)
         return 2 * self._norm_parameters() + attention + mlp
 
+    def expert_parameters_per_layer(self) -> int:
+        """Parameters of one block's experts (0 for a dense MLP): the part expert
+        parallelism shards."""
+        return (self.num_experts or 0) * self._mlp_parameters()
+
     def _mlp_parameters(self) -> int:
         h, f = self.hidden_size, self.ffn_size
         if self.activation == "swiglu":

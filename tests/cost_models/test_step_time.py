@@ -87,3 +87,13 @@ def test_uniform_stages_predict_as_the_megatron_layout() -> None:
     assert predict_stages(GPT3_175B, cluster, config, stages) == predict_step(
         GPT3_175B, cluster, config
     )
+
+
+def test_expert_parallelism_shards_the_experts_memory() -> None:
+    mixtral = get_preset("mixtral-8x7b")
+    config = ParallelConfig(tensor=2, pipeline=4, micro_batch_size=1, global_batch_size=256,
+                            recompute="full", sequence_parallel=True)
+    one = predict_step(mixtral, a100(64), config)
+    eight = predict_step(mixtral, a100(64), replace(config, expert=8))
+    # 8 experts over 8 ranks: each GPU keeps one expert of each MLP instead of eight.
+    assert eight.memory_gib_per_gpu < one.memory_gib_per_gpu / 2
