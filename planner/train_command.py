@@ -9,7 +9,7 @@ with --json the `TrainingPlan` of the best.
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -26,6 +26,8 @@ from planner.parallel_flags import fixed_knobs, is_what_if, what_if_config
 from planner.training_plan import TrainingPlan
 
 if TYPE_CHECKING:
+    from planner.model_spec import LoadedModel
+    from planner.search import SearchResult
     from planner.stage_ilp import LayerCollectives
 
 
@@ -70,8 +72,11 @@ def _even(num_layers: int, stages: int) -> list[int]:
 
 
 def run_training(
-    args: argparse.Namespace, model: TransformerConfig, console: Console, loaded=None
+    args: argparse.Namespace, model: TransformerConfig, console: Console,
+    loaded: LoadedModel | None = None,
 ) -> int:
+    """Predict (all of tensor, pipeline and micro-batch given) or search, print the plans
+    and write the best as JSON; 1 when the best does not fit or nothing does."""
     if args.global_batch_size is None:
         raise ValueError("--gpus needs --global-batch-size (sequences per optimizer step).")
     cluster = Cluster.load(args.cluster).with_devices(args.gpus)
@@ -109,12 +114,16 @@ def run_training(
     return 0 if plans[0].predicted.fits else 1
 
 
-def _ilp_collectives(loaded, model: TransformerConfig, cluster: Cluster, console: Console):
+def _ilp_collectives(
+    loaded: LoadedModel | None, model: TransformerConfig, cluster: Cluster, console: Console
+) -> tuple[LayerCollectives, dict[str, float]]:
     """Trace the model once per template and solve the intra-op ILP of its block on each
     tensor-parallel degree the search may use."""
     from passes.model_graph import trace_model
     from planner.stage_ilp import layer_collectives
 
+    if loaded is None:
+        raise ValueError("--intra-op ilp needs the model itself, not only its shape.")
     with console.status("tracing one block per template"):
         graph = trace_model(loaded.build, loaded.num_layers)
     limit = min(cluster.devices_per_node, model.num_kv_heads)
@@ -124,7 +133,10 @@ def _ilp_collectives(loaded, model: TransformerConfig, cluster: Cluster, console
     return collectives, {"trace_s": graph.trace_s + graph.layers_s, "intra_op_ilps_s": ilp_s}
 
 
-def _search_with_progress(args, model, cluster, knobs, console, collectives=None):
+def _search_with_progress(
+    args: argparse.Namespace, model: TransformerConfig, cluster: Cluster,
+    knobs: dict[str, Any], console: Console, collectives: LayerCollectives | None = None,
+) -> SearchResult:
     from rich.progress import Progress
 
     from planner.search import search
@@ -139,7 +151,10 @@ def _search_with_progress(args, model, cluster, knobs, console, collectives=None
                       collectives=collectives)
 
 
-def _report_no_fit(args, model, cluster, knobs, console) -> int:
+def _report_no_fit(
+    args: argparse.Namespace, model: TransformerConfig, cluster: Cluster,
+    knobs: dict[str, Any], console: Console,
+) -> int:
     from planner.search import devices_needed
 
     needed = devices_needed(model, cluster, args.global_batch_size, knobs)
