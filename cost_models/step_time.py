@@ -227,7 +227,7 @@ def predict_step(
     """Predict `parallel` (resolved for the cluster's GPU count) for `model` on `cluster`,
     every stage on the same (data x tensor) mesh, as Megatron-LM lays them out."""
     parallel = parallel.resolve(cluster.num_devices)
-    layers = layers_per_stage or _even_split(model.num_layers, parallel.pipeline)
+    layers = layers_per_stage or even_split(model.num_layers, parallel.pipeline)
     stages = [StageLayout(count, parallel.tensor, parallel.data) for count in layers]
     return predict_stages(model, cluster, parallel, stages, flash_attention, collectives)
 
@@ -315,7 +315,8 @@ def predict_stages(
     )
 
 
-def _even_split(num_layers: int, stages: int) -> list[int]:
+def even_split(num_layers: int, stages: int) -> list[int]:
+    """Layers per stage as even as they go, the earlier stages taking the remainder."""
     base, extra = divmod(num_layers, stages)
     return [base + (1 if i < extra else 0) for i in range(stages)]
 

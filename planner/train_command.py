@@ -16,7 +16,7 @@ from rich.table import Table
 
 from dataclasses import replace
 
-from cost_models.step_time import StageLayout, predict_stages, predict_step
+from cost_models.step_time import StageLayout, even_split, predict_stages, predict_step
 from planner.cluster import Cluster
 from planner.megatron_flags import megatron_flags, megatron_incompatibility
 from planner.models.config import TransformerConfig
@@ -65,10 +65,7 @@ def _even(num_layers: int, stages: int) -> list[int]:
     """Megatron-LM's split: even, or the most even one with smaller first and last
     stages when the layers do not divide."""
     splits = megatron_stage_splits(num_layers, stages)
-    if splits:
-        return list(splits[0])
-    base, extra = divmod(num_layers, stages)
-    return [base + (1 if i < extra else 0) for i in range(stages)]
+    return list(splits[0]) if splits else even_split(num_layers, stages)
 
 
 def run_training(

@@ -16,6 +16,23 @@ from planner.models.config import TransformerConfig
 __all__ = ["FAMILIES", "PRESETS", "describe_presets", "get_preset", "zoo_config"]
 
 
+_LLAMA_FORM: dict[str, Any] = dict(
+    norm="rmsnorm", activation="swiglu", position_embedding="rope", tie_embeddings=False,
+    bias=False,
+)
+
+FAMILIES: dict[str, dict[str, Any]] = {
+    "gpt": dict(
+        norm="layernorm", activation="gelu", position_embedding="learned",
+        tie_embeddings=True, bias=True,
+    ),
+    "llama": _LLAMA_FORM,
+    "mixtral": {**_LLAMA_FORM, "num_experts": 8, "moe_top_k": 2},
+}
+"""Architectures without a size: `plan gpt --num-layers ... --hidden-size ...` builds one
+of these at the shape the flags give."""
+
+
 def _gpt3(num_layers: int, hidden_size: int, num_attention_heads: int) -> TransformerConfig:
     """GPT-3 shape as Megatron-LM trains it (Brown et al. 2020, Sec. 2.1).
 
@@ -24,16 +41,12 @@ def _gpt3(num_layers: int, hidden_size: int, num_attention_heads: int) -> Transf
     tied input and output embeddings.
     """
     return TransformerConfig(
+        **FAMILIES["gpt"],
         num_layers=num_layers,
         hidden_size=hidden_size,
         num_attention_heads=num_attention_heads,
         vocab_size=51200,
         seq_length=2048,
-        norm="layernorm",
-        activation="gelu",
-        position_embedding="learned",
-        tie_embeddings=True,
-        bias=True,
     )
 
 
@@ -47,6 +60,7 @@ def _llama3(
     Pre-training sequences are 8192 tokens; the released models extend to 131072.
     """
     return TransformerConfig(
+        **FAMILIES["llama"],
         num_layers=num_layers,
         hidden_size=hidden_size,
         num_attention_heads=num_attention_heads,
@@ -55,12 +69,7 @@ def _llama3(
         vocab_size=128256,
         seq_length=8192,
         max_position_embeddings=131072,
-        norm="rmsnorm",
-        activation="swiglu",
-        position_embedding="rope",
         rotary_base=500000,
-        tie_embeddings=False,
-        bias=False,
     )
 
 
@@ -78,6 +87,7 @@ def _mixtral(
     published; 4096 is a common fine-tuning length well inside the context window.
     """
     return TransformerConfig(
+        **FAMILIES["mixtral"],
         num_layers=num_layers,
         hidden_size=hidden_size,
         num_attention_heads=num_attention_heads,
@@ -86,14 +96,7 @@ def _mixtral(
         vocab_size=vocab_size,
         seq_length=4096,
         max_position_embeddings=max_position_embeddings,
-        norm="rmsnorm",
-        activation="swiglu",
-        position_embedding="rope",
         rotary_base=1_000_000,
-        tie_embeddings=False,
-        num_experts=8,
-        moe_top_k=2,
-        bias=False,
     )
 
 
@@ -120,22 +123,6 @@ PRESETS: dict[str, TransformerConfig] = {
     "mixtral-8x22b": _mixtral(56, 6144, 48, 16384, 32768, 65536),
 }
 
-
-_LLAMA_FORM: dict[str, Any] = dict(
-    norm="rmsnorm", activation="swiglu", position_embedding="rope", tie_embeddings=False,
-    bias=False,
-)
-
-FAMILIES: dict[str, dict[str, Any]] = {
-    "gpt": dict(
-        norm="layernorm", activation="gelu", position_embedding="learned",
-        tie_embeddings=True, bias=True,
-    ),
-    "llama": _LLAMA_FORM,
-    "mixtral": {**_LLAMA_FORM, "num_experts": 8, "moe_top_k": 2},
-}
-"""Architectures without a size: `plan gpt --num-layers ... --hidden-size ...` builds one
-of these at the shape the flags give."""
 
 # Shape fields a family model must be given; the rest have defaults.
 REQUIRED_SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size")
