@@ -238,15 +238,14 @@ def devices_needed(
     limit: int = 1 << 17,
 ) -> int | None:
     """The fewest GPUs of this kind (doubling from the cluster's count) on which some
-    Megatron configuration fits, or None up to `limit`."""
+    Megatron configuration fits, or None up to `limit`. Tensor and pipeline degrees are
+    freed and memory relief maxed (full recomputation, micro-batch 1, distributed
+    optimizer), so the answer is the least the model needs, not the best size to train."""
+    relieved = {k: v for k, v in fixed.items() if k not in ("pipeline", "tensor")}
+    relieved.update(recompute="full", micro_batch_size=1, zero_stage=1)
     n = cluster.num_devices * 2
     while n <= limit:
-        sized = cluster.with_devices(n)
-        reduced = {**fixed, "recompute": "full", "micro_batch_size": 1, "zero_stage": 1}
-        reduced = {k: v for k, v in reduced.items() if k not in ("pipeline", "tensor")}
-        if gbs % n == 0 or any(True for _ in _layouts(model, sized, gbs, reduced)):
-            result = search_megatron(model, sized, gbs, reduced)
-            if result.ranked:
-                return n
+        if search_megatron(model, cluster.with_devices(n), gbs, relieved).ranked:
+            return n
         n *= 2
     return None
