@@ -34,8 +34,8 @@ VTRAIN_INTER_NODE_GBS_PER_GPU = 100.0 / 8
 GPT2_VOCAB = 50257
 # The parameters a fit moves by default: the compute and scale-up ones single-node rows
 # can tell apart (scale-out bandwidth never shows in single-node measurements).
-FITTED = ("matmul", "matmul_half_dim", "memory", "kernel_overhead_us", "collective_overhead_us",
-          "intra_node_bandwidth")
+FITTED = ("matmul", "matmul_half_dim", "memory", "kernel_overhead_us", "dispatch_us",
+          "collective_overhead_us", "intra_node_bandwidth")
 # Where a fitted parameter may go: what hardware has been measured to reach, so that a fit
 # cannot buy accuracy on small models with a physically impossible value that then
 # mispredicts large ones (e.g. matmuls at 100% of peak with huge launch costs). Upper
@@ -47,6 +47,7 @@ BOUNDS = {
     "attention": (0.2, 0.8),
     "memory": (0.3, 0.9),
     "kernel_overhead_us": (1.0, 100.0),
+    "dispatch_us": (1.0, 300.0),
     "collective_overhead_us": (1.0, 200.0),
     "intra_node_bandwidth": (0.3, 0.85),
     "inter_node_bandwidth": (0.3, 0.95),

@@ -39,7 +39,13 @@ class Efficiency(BaseModel):
     )
     kernel_overhead_us: float = Field(
         default=4.0, ge=0,
-        description="Fixed time per kernel (launch and tail), in microseconds.",
+        description="Fixed GPU time per kernel (ramp-up and tail), in microseconds.",
+    )
+    dispatch_us: float = Field(
+        default=0.0, ge=0,
+        description="Host time to launch one kernel, in microseconds. The host runs ahead "
+        "of the GPU, so a pass of kernels takes its GPU time or its launch time, whichever "
+        "is longer: small kernels are bound by the host.",
     )
     collective_overhead_us: float = Field(
         default=0.0, ge=0,

@@ -4,7 +4,9 @@ The model of a step, per GPU:
 
 - each kernel of a layer (`cost_models/transformer_ops.py`) takes its FLOPs over the
   device's bf16 peak times an efficiency that falls for small or skinny matmuls, or its
-  bytes over the HBM bandwidth, plus a fixed launch cost (`cost_models/efficiency.py`);
+  bytes over the HBM bandwidth, plus a fixed per-kernel cost (`cost_models/efficiency.py`);
+  the host launches kernels asynchronously, so a pass takes the longer of its GPU time and
+  its host launch time (small models and micro-batches are bound by the host);
   the backward runs each matmul twice (input and weight gradients), attention's backward
   is 2.5x its forward (FlashAttention-2's count), memory kernels move twice the bytes;
 - tensor parallelism adds two all-reduces per layer in the forward and two in the backward
@@ -131,6 +133,19 @@ def backward_seconds(
     return kernel_seconds(Memory(op.name, 2 * op.bytes), device, efficiency)
 
 
+def pass_seconds(
+    ops: list[Op], device: DeviceSpec, efficiency: Efficiency, precision: str = "bf16",
+    backward: bool = False,
+) -> float:
+    """Time of the forward (or backward) kernels of `ops` in sequence: the GPU's time, or
+    the host's time to launch them when that is longer (eager PyTorch enqueues kernels
+    asynchronously, so the two overlap and the slower one sets the pace)."""
+    timer = backward_seconds if backward else kernel_seconds
+    gpu = sum(timer(op, device, efficiency, precision) for op in ops)
+    launches = sum(2 if backward and isinstance(op, Matmul) else 1 for op in ops)
+    return max(gpu, launches * efficiency.dispatch_us * 1e-6)
+
+
 @dataclass(frozen=True)
 class _Pass:
     """Forward and backward time of some kernels, and the forward replayed in backward."""
@@ -150,11 +165,12 @@ def _layer_pass(
     ops = layer_ops(model, parallel.micro_batch_size, seq, parallel.tensor,
                     parallel.sequence_parallel, flash, parallel.context)
     precision = parallel.precision
-    forward = sum(kernel_seconds(op, device, eff, precision) for op in ops)
-    backward = sum(backward_seconds(op, device, eff, precision) for op in ops)
-    attention_core = sum(
-        kernel_seconds(op, device, eff, precision) for op in ops
-        if isinstance(op, Attention) or op.name in ("scores", "softmax", "context")
+    forward = pass_seconds(ops, device, eff, precision)
+    backward = pass_seconds(ops, device, eff, precision, backward=True)
+    attention_core = pass_seconds(
+        [op for op in ops
+         if isinstance(op, Attention) or op.name in ("scores", "softmax", "context")],
+        device, eff, precision,
     )
     recompute = {"none": 0.0, "selective": attention_core, "full": forward}[parallel.recompute]
     comm = _tensor_parallel_comm(model, parallel, cluster, collectives)
@@ -266,9 +282,8 @@ def predict_stages(
         if index == p - 1:
             head = head_ops(model, here.micro_batch_size, model.seq_length / parallel.context,
                             stage.tensor)
-            work += sum(kernel_seconds(op, device, eff, parallel.precision)
-                        + backward_seconds(op, device, eff, parallel.precision)
-                        for op in head)
+            work += pass_seconds(head, device, eff, parallel.precision) + pass_seconds(
+                head, device, eff, parallel.precision, backward=True)
         compute.append(work)
         comm.append(stage.layers * (layer_comm.forward + layer_comm.backward
                                     + layer_comm.recompute))
@@ -477,8 +492,8 @@ def stage_costs(
     return StageCosts(
         layer_s=kernels.forward + kernels.backward + kernels.recompute + comm.forward
         + comm.backward + comm.recompute,
-        head_s=sum(kernel_seconds(op, device, eff, parallel.precision)
-                   + backward_seconds(op, device, eff, parallel.precision) for op in head),
+        head_s=pass_seconds(head, device, eff, parallel.precision)
+        + pass_seconds(head, device, eff, parallel.precision, backward=True),
         p2p_s=_pipeline_p2p(model, here, [stage, stage], cluster),
         state_bytes_per_layer=_layer_parameters(model, parallel.expert) / tensor * per_param,
         state_bytes_embedding=model.vocab_size * model.hidden_size / tensor * per_param,

@@ -7,7 +7,14 @@ from dataclasses import replace
 
 import pytest
 
-from cost_models.step_time import StageLayout, predict_stages, predict_step
+from cost_models.step_time import (
+    StageLayout,
+    kernel_seconds,
+    pass_seconds,
+    predict_stages,
+    predict_step,
+)
+from cost_models.transformer_ops import Matmul, Memory
 from planner.cluster import Cluster
 from planner.models.presets import get_preset
 from planner.parallel import ParallelConfig
@@ -97,3 +104,17 @@ def test_expert_parallelism_shards_the_experts_memory() -> None:
     eight = predict_step(mixtral, a100(64), replace(config, expert=8))
     # 8 experts over 8 ranks: each GPU keeps one expert of each MLP instead of eight.
     assert eight.memory_gib_per_gpu < one.memory_gib_per_gpu / 2
+
+
+def test_a_pass_takes_its_gpu_time_or_its_host_launch_time_whichever_is_longer() -> None:
+    """Eager PyTorch launches kernels ahead of the GPU: tiny kernels wait on the host (one
+    launch per forward kernel, two per backward matmul), large ones on the GPU."""
+    device = a100(8).device
+    efficiency = device.efficiency.model_copy(update={"dispatch_us": 50.0})
+    tiny = [Matmul("tiny", 8, 8, 8), Memory("norm", 1024)]
+    assert pass_seconds(tiny, device, efficiency) == pytest.approx(2 * 50e-6)
+    assert pass_seconds(tiny, device, efficiency, backward=True) == pytest.approx(3 * 50e-6)
+    large = [Matmul("large", 8192, 8192, 8192)]
+    gpu = kernel_seconds(large[0], device, efficiency)
+    assert gpu > 50e-6
+    assert pass_seconds(large, device, efficiency) == pytest.approx(gpu)
