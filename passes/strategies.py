@@ -22,7 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Partial, Replicate, Shard
 
 from cost_models.compute import dtype_key, op_flops, op_time, tensor_bytes
-from passes.dtensor_rules import Placements, has_rule, op_choices, tensor_meta
+from passes.dtensor_rules import Placements, TensorMeta, has_rule, op_choices, tensor_meta
 from passes.trace import TracedProgram
 from planner.cluster import DeviceSpec
 
@@ -129,14 +129,45 @@ def enumerate_strategies(
     )
     table: dict[str, NodeStrategies] = {}
     saved = _saved_for_backward(program)
+    rules = _RuleCache()  # repeated blocks ask DTensor the same questions
     for node in program.graph.nodes:
         if node.op == "placeholder":
             table[node.name] = _placeholder(program, node, mesh)
         elif node.op == "call_function" and node.target is not operator.getitem:
             if is_skipped(node):
                 continue
-            table[node.name] = _op(node, table, program, mesh, timer, node.name in saved)
+            table[node.name] = _op(node, table, program, mesh, timer, node.name in saved,
+                                   rules)
     return table
+
+
+class _RuleCache:
+    """DTensor's answers for an op, keyed by everything the rule reads: the op, its
+    arguments (tensors as shape, stride and dtype), the candidate input placements and
+    the output's metadata. The blocks of a model repeat, so most ops are asked once."""
+
+    def __init__(self) -> None:
+        self._answers: dict[object, list | None] = {}
+
+    def choices(self, op, args, kwargs, mesh, candidates, out_meta) -> list | None:
+        try:
+            key = (op, _hashable((args, kwargs)), tuple(map(tuple, candidates)), out_meta)
+            hash(key)
+        except TypeError:
+            return _choices(op, args, kwargs, mesh, candidates, out_meta)
+        if key not in self._answers:
+            self._answers[key] = _choices(op, args, kwargs, mesh, candidates, out_meta)
+        return self._answers[key]
+
+
+def _hashable(value: object) -> object:
+    if isinstance(value, TensorMeta):
+        return value
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, *(_hashable(v) for v in value))
+    if isinstance(value, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    return value
 
 
 def shardable_placements(shape: Sequence[int], mesh: DeviceMesh) -> list[Placements]:
@@ -194,6 +225,7 @@ def _op(
     mesh: DeviceMesh,
     timer: OpTimer,
     saved: bool,
+    rules: _RuleCache,
 ) -> NodeStrategies:
     inputs = tensor_inputs(node)
     sources = tuple(source_of(a) for a in inputs)
@@ -222,7 +254,7 @@ def _op(
     candidates = [_distinct_outputs(table[name], index) for name, index in sources]
     args, kwargs = _meta_args(node)
     out_meta = _output_meta(value)
-    choices = _choices(node.target, args, kwargs, mesh, candidates, out_meta)
+    choices = rules.choices(node.target, args, kwargs, mesh, candidates, out_meta)
     if choices is None:
         return NodeStrategies(node.name, "fallback", sources, [all_replicated])
 

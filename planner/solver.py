@@ -134,51 +134,44 @@ def solve_ilp(
     # Scale costs to microseconds-ish magnitudes so solver tolerances do not swallow them.
     scale = _cost_scale(problem)
 
+    # Built with the solver's coefficient API: expression objects cost ~2x the build time.
+    objective = solver.Objective()
     x = [
         [solver.BoolVar(f"x{v}_{i}") for i in range(len(costs))]
         for v, costs in enumerate(problem.node_costs)
     ]
-    for v, vars_v in enumerate(x):
-        solver.Add(sum(vars_v) == 1)
-    objective = solver.Sum(
-        [
-            float(c) * scale * var
-            for costs, vars_v in zip(problem.node_costs, x)
-            for c, var in zip(costs, vars_v)
-            if c != 0
-        ]
-    )
-    edge_terms = []
+    for costs, vars_v in zip(problem.node_costs, x):
+        _constraint(solver, 1.0, 1.0, [(var, 1.0) for var in vars_v])
+        for c, var in zip(costs, vars_v):
+            if c != 0:
+                objective.SetCoefficient(var, float(c) * scale)
     edge_vars = []
     # A shared cost triggered by one (i, j) pair must see that pair alone, not its group.
     triggered = {k for s in problem.shared_costs for k, _, _ in s.edge_triggers}
     for k, (u, v, matrix) in enumerate(problem.edges):
-        terms, e, row_of, col_of = _add_edge(
-            solver, k, x[u], x[v], matrix * scale, group=k not in triggered
-        )
-        edge_terms.extend(terms)
-        edge_vars.append((e, row_of, col_of))
+        edge_vars.append(_add_edge(solver, objective, k, x[u], x[v], matrix * scale,
+                                   group=k not in triggered))
     for n, shared in enumerate(problem.shared_costs):
         y = solver.BoolVar(f"shared{n}")
         for v, i in shared.node_triggers:
-            solver.Add(y >= x[v][i])
+            _constraint(solver, 0.0, math.inf, [(y, 1.0), (x[v][i], -1.0)])
         for k, i, j in shared.edge_triggers:
             e, row_of, col_of = edge_vars[k]
             u, v, _ = problem.edges[k]
-            # Edges with a uniform matrix have no e-block: trigger on the endpoints.
-            solver.Add(y >= (e[row_of[i]][col_of[j]] if e else x[u][i] + x[v][j] - 1))
-        edge_terms.append(shared.cost * scale * y)
+            if e:
+                _constraint(solver, 0.0, math.inf, [(y, 1.0), (e[row_of[i]][col_of[j]], -1.0)])
+            else:  # a uniform matrix has no e-block: trigger on the endpoints
+                _constraint(solver, -1.0, math.inf,
+                            [(y, 1.0), (x[u][i], -1.0), (x[v][j], -1.0)])
+        objective.SetCoefficient(y, objective.GetCoefficient(y) + shared.cost * scale)
     if math.isfinite(problem.memory_limit):
-        solver.Add(
-            sum(
-                float(m) * var
-                for mem, vars_v in zip(problem.node_memory, x)
-                for m, var in zip(mem, vars_v)
-                if m != 0
-            )
-            <= problem.memory_limit
-        )
-    solver.Minimize(objective + solver.Sum(edge_terms))
+        _constraint(solver, -math.inf, problem.memory_limit, [
+            (var, float(m))
+            for mem, vars_v in zip(problem.node_memory, x)
+            for m, var in zip(mem, vars_v)
+            if m != 0
+        ])
+    objective.SetMinimization()
     # A greedy incumbent: with a time limit the answer is never worse than it.
     hint = solve_greedy(problem)
     solver.SetHint(
@@ -226,11 +219,21 @@ def _cost_scale(problem: AssignmentProblem) -> float:
     return 1.0 / top * 1e3 if top > 0 else 1.0
 
 
-def _add_edge(solver, k: int, xu: list, xv: list, matrix: np.ndarray, group: bool = True) -> list:
-    """Transport-shaped linearisation of x_u^T M x_v over distinct rows and columns.
+def _constraint(solver, low: float, high: float, terms: list) -> None:
+    """low <= sum(coefficient * variable) <= high; a variable may appear more than once."""
+    constraint = solver.Constraint(low, high)
+    for var, coefficient in terms:
+        constraint.SetCoefficient(var, constraint.GetCoefficient(var) + coefficient)
 
-    Returns the cost terms, the block of edge variables (empty when the matrix is
-    uniform) and the row/column group of every choice."""
+
+def _add_edge(
+    solver, objective, k: int, xu: list, xv: list, matrix: np.ndarray, group: bool = True
+) -> tuple[list, list[int], list[int]]:
+    """Transport-shaped linearisation of x_u^T M x_v over distinct rows and columns; adds
+    its cost to `objective`.
+
+    Returns the block of edge variables (empty when the matrix is uniform) and the
+    row/column group of every choice."""
     if group:
         rows, row_of = _distinct(matrix)
         cols, col_of = _distinct(matrix.T)
@@ -238,29 +241,27 @@ def _add_edge(solver, k: int, xu: list, xv: list, matrix: np.ndarray, group: boo
         rows, row_of = list(range(len(xu))), list(range(len(xu)))
         cols, col_of = list(range(len(xv))), list(range(len(xv)))
     if len(rows) == 1 and len(cols) == 1:
-        terms = [float(matrix[0, 0]) * solver.Sum(xu)] if matrix[0, 0] else []
-        return terms, [], row_of, col_of
-    # Marginals: the indicator that u's choice falls in each distinct row group.
-    row_mass = [
-        solver.Sum([xu[i] for i in range(len(xu)) if row_of[i] == r]) for r in range(len(rows))
-    ]
-    col_mass = [
-        solver.Sum([xv[j] for j in range(len(xv)) if col_of[j] == c]) for c in range(len(cols))
-    ]
+        if matrix[0, 0]:  # paid whatever u chooses: sum(x_u) is 1
+            for var in xu:
+                objective.SetCoefficient(var, objective.GetCoefficient(var) + float(matrix[0, 0]))
+        return [], row_of, col_of
     e = [
         [solver.NumVar(0.0, 1.0, f"e{k}_{r}_{c}") for c in range(len(cols))]
         for r in range(len(rows))
     ]
+    # Marginals: each row of e sums to the indicator that u's choice falls in that row
+    # group, each column to the indicator for v's choice.
     for r in range(len(rows)):
-        solver.Add(solver.Sum(e[r]) == row_mass[r])
+        _constraint(solver, 0.0, 0.0, [(var, 1.0) for var in e[r]]
+                    + [(xu[i], -1.0) for i in range(len(xu)) if row_of[i] == r])
     for c in range(len(cols)):
-        solver.Add(solver.Sum([e[r][c] for r in range(len(rows))]) == col_mass[c])
-    terms = []
+        _constraint(solver, 0.0, 0.0, [(e[r][c], 1.0) for r in range(len(rows))]
+                    + [(xv[j], -1.0) for j in range(len(xv)) if col_of[j] == c])
     for r, i in enumerate(rows):
         for c, j in enumerate(cols):
             if matrix[i, j] != 0:
-                terms.append(float(matrix[i, j]) * e[r][c])
-    return terms, e, row_of, col_of
+                objective.SetCoefficient(e[r][c], float(matrix[i, j]))
+    return e, row_of, col_of
 
 
 def _distinct(matrix: np.ndarray) -> tuple[list[int], list[int]]:
