@@ -15,6 +15,7 @@ charged the same.
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from dataclasses import dataclass
 
@@ -24,9 +25,10 @@ from passes.model_graph import ModelGraph
 from passes.strategies import enumerate_strategies
 from planner.cluster import Cluster
 from planner.intra_op import plan_intra_op
+from planner.models.config import TransformerConfig
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)
 class LayerCollective:
     """One collective a layer issues in its forward pass on a tensor-parallel group."""
 
@@ -40,26 +42,71 @@ LayerCollectives = dict[int, tuple[LayerCollective, ...]]
 """Tensor-parallel degree -> the forward collectives of one layer on that group."""
 
 
+def tensor_degrees(model: TransformerConfig, cluster: Cluster) -> list[int]:
+    """The tensor-parallel degrees the search may use: powers of two within a node that
+    divide the key/value heads."""
+    limit = min(cluster.devices_per_node, model.num_kv_heads)
+    return [2**i for i in range(1, limit.bit_length()) if model.num_kv_heads % 2**i == 0]
+
+
 def layer_collectives(
-    graph: ModelGraph, cluster: Cluster, degrees: list[int], time_limit_s: float = 30.0
-) -> tuple[LayerCollectives, float]:
-    """The ILP's per-layer forward collectives for each degree, and the seconds spent."""
-    start = time.perf_counter()
-    block = _interior_block(graph)
+    graph: ModelGraph, cluster: Cluster, degrees: list[int], time_limit_s: float = 30.0,
+    processes: int = 1,
+) -> tuple[LayerCollectives, dict[str, float]]:
+    """The ILP's per-layer forward collectives for each degree (in a canonical order, so
+    that equal layouts compare and price equal), and the seconds of work spent
+    enumerating strategies and solving ILPs (summed over processes).
+
+    With `processes` > 1 the degrees are solved in that many forked processes, as Alpa
+    compiles stages in parallel workers: the ILPs are independent and the graph is shared
+    copy-on-write."""
+    todo = [d for d in degrees if d != 1]
+    if processes > 1 and len(todo) > 1 and "fork" in multiprocessing.get_all_start_methods():
+        global _FORKED  # what forked workers read: the graph is not picklable
+        _FORKED = (graph, cluster, time_limit_s)
+        try:
+            with multiprocessing.get_context("fork").Pool(min(processes, len(todo))) as pool:
+                answers = pool.map(_solve_forked, todo)
+        finally:
+            _FORKED = None
+    else:
+        answers = [_solve(graph, cluster, d, time_limit_s) for d in todo]
     result: LayerCollectives = {1: ()}
-    for degree in degrees:
-        if degree == 1:
-            continue
-        mesh = fake_mesh((degree,))
-        table = enumerate_strategies(graph.program, mesh, cluster.device)
-        solution = plan_intra_op(graph.program, table, mesh, cluster, time_limit_s)
-        result[degree] = tuple(
-            LayerCollective(collective.kind, _bf16(graph, collective.nbytes))
-            for transfer in solution.transfers
-            if transfer.phase == "forward" and _inside(graph, transfer.consumer, block)
-            for collective in transfer.collectives
-        )
-    return result, time.perf_counter() - start
+    timings = {"strategies_s": 0.0, "intra_op_ilps_s": 0.0}
+    for degree, (collectives, strategies_s, ilp_s) in zip(todo, answers):
+        result[degree] = collectives
+        timings["strategies_s"] += strategies_s
+        timings["intra_op_ilps_s"] += ilp_s
+    return result, timings
+
+
+_FORKED: tuple[ModelGraph, Cluster, float] | None = None
+
+
+def _solve_forked(degree: int) -> tuple[tuple[LayerCollective, ...], float, float]:
+    graph, cluster, time_limit_s = _FORKED
+    return _solve(graph, cluster, degree, time_limit_s)
+
+
+def _solve(
+    graph: ModelGraph, cluster: Cluster, degree: int, time_limit_s: float
+) -> tuple[tuple[LayerCollective, ...], float, float]:
+    """The interior block's forward collectives on a 1-D mesh of `degree`, and the seconds
+    spent enumerating strategies and solving."""
+    block = _interior_block(graph)
+    mesh = fake_mesh((degree,))
+    start = time.perf_counter()
+    table = enumerate_strategies(graph.program, mesh, cluster.device)
+    strategies_s = time.perf_counter() - start
+    start = time.perf_counter()
+    solution = plan_intra_op(graph.program, table, mesh, cluster, time_limit_s)
+    collectives = tuple(sorted(
+        LayerCollective(collective.kind, _bf16(graph, collective.nbytes))
+        for transfer in solution.transfers
+        if transfer.phase == "forward" and _inside(graph, transfer.consumer, block)
+        for collective in transfer.collectives
+    ))
+    return collectives, strategies_s, time.perf_counter() - start
 
 
 def _interior_block(graph: ModelGraph) -> str:

@@ -9,20 +9,20 @@ with --json the `TrainingPlan` of the best.
 from __future__ import annotations
 
 import argparse
+import os
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
-
-from dataclasses import replace
 
 from cost_models.step_time import StageLayout, even_split, predict_stages, predict_step
 from planner.cluster import Cluster
 from planner.megatron_flags import megatron_flags, megatron_incompatibility
 from planner.models.config import TransformerConfig
 from planner.parallel import ParallelConfig
-from planner.search import megatron_stage_splits
 from planner.parallel_flags import fixed_knobs, is_what_if, what_if_config
+from planner.search import megatron_stage_splits
 from planner.training_plan import TrainingPlan
 
 if TYPE_CHECKING:
@@ -84,9 +84,7 @@ def run_training(
             f"--precision {precision} needs {precision} tensor cores, which "
             f"{cluster.device.name} lacks; use --precision bf16 or a newer cluster."
         )
-    collectives, timings = None, {}
-    if args.intra_op == "ilp":
-        collectives, timings = _ilp_collectives(loaded, model, cluster, console)
+    collectives, timings = _intra_op_collectives(args, loaded, model, cluster, console)
     if is_what_if(knobs):
         plans = [training_plan(args.model, model, cluster,
                                what_if_config(knobs, args.global_batch_size),
@@ -111,23 +109,26 @@ def run_training(
     return 0 if plans[0].predicted.fits else 1
 
 
-def _ilp_collectives(
-    loaded: LoadedModel | None, model: TransformerConfig, cluster: Cluster, console: Console
-) -> tuple[LayerCollectives, dict[str, float]]:
-    """Trace the model once per template and solve the intra-op ILP of its block on each
-    tensor-parallel degree the search may use."""
-    from passes.model_graph import trace_model
-    from planner.stage_ilp import layer_collectives
-
+def _intra_op_collectives(
+    args: argparse.Namespace, loaded: LoadedModel | None, model: TransformerConfig,
+    cluster: Cluster, console: Console,
+) -> tuple[LayerCollectives | None, dict[str, float]]:
+    """With --intra-op ilp, trace one block per template and solve its intra-op ILP on
+    every tensor-parallel degree the search may use, one process per core."""
+    if args.intra_op != "ilp":
+        return None, {}
     if loaded is None:
         raise ValueError("--intra-op ilp needs the model itself, not only its shape.")
+    from passes.model_graph import trace_model
+    from planner.stage_ilp import layer_collectives, tensor_degrees
+
     with console.status("tracing one block per template"):
         graph = trace_model(loaded.build, loaded.num_layers)
-    limit = min(cluster.devices_per_node, model.num_kv_heads)
-    degrees = [2**i for i in range(1, limit.bit_length()) if model.num_kv_heads % 2**i == 0]
+    degrees = tensor_degrees(model, cluster)
     with console.status(f"solving the block's intra-op ILP on {len(degrees)} meshes"):
-        collectives, ilp_s = layer_collectives(graph, cluster, degrees)
-    return collectives, {"trace_s": graph.trace_s + graph.layers_s, "intra_op_ilps_s": ilp_s}
+        collectives, timings = layer_collectives(graph, cluster, degrees,
+                                                 processes=os.cpu_count() or 1)
+    return collectives, {"trace_s": graph.trace_s + graph.layers_s, **timings}
 
 
 def _search_with_progress(

@@ -65,6 +65,8 @@ def test_stage_collectives_from_the_ilp_are_megatrons(name: str) -> None:
     graph = trace_model(loaded.build, loaded.num_layers)
     cluster = Cluster.load("dgx-a100-80g")
     collectives, _ = layer_collectives(graph, cluster, [2, 8])
+    # One forked process per degree solves the same ILPs.
+    assert layer_collectives(graph, cluster, [2, 8], processes=2)[0] == collectives
     hidden = 2 * loaded.config.hidden_size
     for degree in (2, 8):
         kinds = Counter((c.kind, c.bytes_per_token) for c in collectives[degree])
