@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: venv
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q tests
 
 demo: venv

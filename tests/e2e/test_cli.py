@@ -23,7 +23,8 @@ def run_plan(*args: str) -> subprocess.CompletedProcess:
 def test_plan_writes_json_and_one_program_per_rank(tmp_path: Path) -> None:
     plan_path = tmp_path / "plan.json"
     code_dir = tmp_path / "code"
-    result = run_plan("demo:mlp", "--mesh", "4", "--json", str(plan_path), "--emit-code", str(code_dir))
+    result = run_plan("demo:mlp", "--mesh", "4", "--json", str(plan_path),
+                      "--emit-code", str(code_dir))
     assert result.returncode == 0, result.stderr
     assert "fc1" in result.stdout and "S(0)" in result.stdout  # the summary names shardings
     plan = Plan.from_json(plan_path)
@@ -41,7 +42,8 @@ def test_plan_writes_json_and_one_program_per_rank(tmp_path: Path) -> None:
 
 def test_plan_check_reports_agreement_as_json(tmp_path: Path) -> None:
     report_path = tmp_path / "check.json"
-    result = run_plan("check", "demo:mlp", "--mesh", "4", "--steps", "2", "--json", str(report_path))
+    result = run_plan("check", "demo:mlp", "--mesh", "4", "--steps", "2",
+                      "--json", str(report_path))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "PASSED" in result.stdout
     report = json.loads(report_path.read_text())

@@ -17,9 +17,9 @@ from planner.models.transformer import apply_rotary, build_model, example_inputs
 
 def megatron_formula(config: TransformerConfig) -> float:
     """Narayanan et al. 2021: 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h))."""
-    l, h = config.num_layers, config.hidden_size
+    layers, h = config.num_layers, config.hidden_size
     v, s = config.vocab_size, config.seq_length
-    return 12 * l * h**2 * (1 + 13 / (12 * h) + (v + s) / (12 * l * h))
+    return 12 * layers * h**2 * (1 + 13 / (12 * h) + (v + s) / (12 * layers * h))
 
 
 @pytest.mark.parametrize(

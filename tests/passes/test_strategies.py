@@ -148,7 +148,8 @@ def test_fc1_offers_column_parallel(mlp, device) -> None:
     node = table[_addmm(mlp, "fc1.weight")]
     assert node.kind == "op"
     # Sources are (bias, input, weight^T), in aten.addmm's argument order.
-    assert [mlp.nodes[s].op for s, _ in node.sources] == ["placeholder", "placeholder", "call_function"]
+    kinds = [mlp.nodes[s].op for s, _ in node.sources]
+    assert kinds == ["placeholder", "placeholder", "call_function"]
     strategies = {_text(s) for s in node.strategies}
     assert (("S(0)", "R", "S(1)"), ("S(1)",), None) in strategies
     assert (("R", "R", "R"), ("R",), None) in strategies

@@ -32,7 +32,8 @@ def test_all_reduce_and_all_gather_are_counted_with_their_bytes() -> None:
         }, rank
         # Counting does not change what the collectives compute.
         torch.testing.assert_close(reduced, torch.full((16,), 3.0))
-        torch.testing.assert_close(gathered, torch.cat([torch.full((16,), 1.0), torch.full((16,), 2.0)]))
+        expected = torch.cat([torch.full((16,), 1.0), torch.full((16,), 2.0)])
+        torch.testing.assert_close(gathered, expected)
         torch.testing.assert_close(local, torch.full((16,), 2.0 * (rank + 1)))
         torch.testing.assert_close(after, torch.full((16,), 3.0))
 
