@@ -24,4 +24,4 @@ test: venv
 demo: venv
 	$(BIN)/plan gpt3-175b --cluster dgx-a100-80g --gpus 1024 --global-batch-size 1536
 	$(BIN)/plan check demo:mlp --mesh 4 --steps 3
-	$(BIN)/plan demo:gpt --mesh 2x2 --time-limit 20
+	$(BIN)/plan demo:gpt --mesh 2x2

@@ -404,6 +404,12 @@ def print_plan(planned) -> None:
         f"variables); trace {t.trace_s:.1f} s, strategies {t.strategies_s:.1f} s, "
         f"ILP {t.ilp_s:.1f} s"
     )
+    if plan.solver.status != "OPTIMAL" and plan.solver.gap > 0.01:
+        console.print(
+            f"[yellow]not proven optimal:[/yellow] the ILP stopped at its time limit with a "
+            f"{plan.solver.gap:.0%} optimality gap; raise --time-limit for a better plan",
+            highlight=False,
+        )
     if plan.fallback_ops:
         ops = ", ".join(sorted({f.op for f in plan.fallback_ops}))
         console.print(f"[yellow]replicated (no sharding rule):[/yellow] {ops}")

@@ -62,3 +62,12 @@ def test_plan_models_lists_presets_with_parameter_counts() -> None:
     assert "174.62 B" in rows["gpt3-175b"]
     assert "70.55 B" in rows["llama3-70b"]
     assert "46.70 B" in rows["mixtral-8x7b"]
+
+
+def test_a_plan_cut_short_by_the_time_limit_says_so() -> None:
+    """The 2-D GPT demo's ILP needs 15 s or more here; stopped after 1 s, the plan is the
+    best found so far and the output tells the user how to get a better one."""
+    result = run_plan("demo:gpt", "--mesh", "2x2", "--time-limit", "1")
+    assert result.returncode == 0, result.stderr
+    assert "not proven optimal" in result.stdout
+    assert "raise --time-limit" in result.stdout
