@@ -26,7 +26,7 @@ from planner.cluster import Cluster
 from planner.inter_op import stage_dp
 from planner.models.config import TransformerConfig
 from planner.parallel import RECOMPUTE, ParallelConfig
-from planner.search import Candidate, Progress, SearchResult, search_megatron
+from planner.search import Candidate, Progress, SearchResult, search_megatron, tensor_degrees
 
 if TYPE_CHECKING:
     from planner.stage_ilp import LayerCollectives
@@ -70,7 +70,7 @@ def search_auto(
             dp_s += time.perf_counter() - dp_start
             if found is None:
                 continue
-            candidate = _candidate(*found)
+            candidate = _candidate(found, shared)
             evaluated += 1
             prediction = (
                 predict_stages(model, cluster, candidate.parallel, list(candidate.stages),
@@ -85,7 +85,7 @@ def search_auto(
         if progress:
             progress(index + 1, len(groups))
     # The DP may rediscover a configuration the Megatron space already holds.
-    unique = {(c.parallel, c.layers_per_stage, c.stages): (c, p) for c, p in result.ranked}
+    unique = {c: (c, p) for c, p in result.ranked}
     result.ranked = sorted(unique.values(), key=lambda item: item[1].step_time_s)
     result.evaluated = evaluated
     result.timings = {"megatron_space_s": megatron_s, "stage_dp_s": dp_s}
@@ -133,7 +133,9 @@ def _shared_knobs(
 def _best_stages(
     model: TransformerConfig, cluster: Cluster, shared: ParallelConfig, flash: bool,
     collectives: LayerCollectives | None = None,
-) -> tuple[list[StageLayout], ParallelConfig] | None:
+) -> list[StageLayout] | None:
+    """The stage DP's best stages (layers and mesh each) under `shared`'s knobs, or None
+    when nothing fits."""
     sizes = submeshes(cluster)
     group = layer_group_size(model.num_layers)
     groups = model.num_layers // group
@@ -147,8 +149,9 @@ def _best_stages(
     valid = layers > 0
     in_flight = np.minimum(np.arange(most) + 1, micro_batches)  # 1F1B: k after -> k + 1
     chosen = np.zeros(costs.shape, dtype=int)  # which mesh priced each entry
+    degrees = tensor_degrees(model, cluster)
     for s, devices in enumerate(sizes):
-        options = _meshes(model, shared, devices)
+        options = _meshes(degrees, shared, devices)
         meshes.append(options)
         best = np.full((groups, groups + 1, most), np.inf)
         for option, (tensor, data) in enumerate(options):
@@ -173,17 +176,11 @@ def _best_stages(
         tensor, data = meshes[choice.submesh][option]
         count = (choice.last_layer - choice.first_layer) * group
         stages.append(StageLayout(count, tensor, data))
-    return stages, shared
+    return stages
 
 
-def _meshes(
-    model: TransformerConfig, shared: ParallelConfig, devices: int
-) -> list[tuple[int, int]]:
-    """(tensor, data) meshes of `devices` GPUs that can split heads and the micro-batch."""
-    options = []
-    for tensor in (2**i for i in range(devices.bit_length())):
-        data = devices // tensor
-        if (devices % tensor == 0 and model.num_kv_heads % tensor == 0
-                and shared.micro_batch_size % data == 0 and tensor <= 8):
-            options.append((tensor, data))
-    return options
+def _meshes(degrees: list[int], shared: ParallelConfig, devices: int) -> list[tuple[int, int]]:
+    """(tensor, data) meshes of `devices` GPUs, tensor one of `degrees`, whose data
+    replicas split the micro-batch."""
+    return [(tensor, devices // tensor) for tensor in degrees
+            if devices % tensor == 0 and shared.micro_batch_size % (devices // tensor) == 0]

@@ -12,9 +12,7 @@ from planner.models.config import TransformerConfig
 from planner.parallel import ParallelConfig
 
 
-def megatron_incompatibility(
-    model: TransformerConfig, parallel: ParallelConfig, layers_per_stage: list[int]
-) -> str | None:
+def megatron_incompatibility(parallel: ParallelConfig, layers_per_stage: list[int]) -> str | None:
     """Why Megatron-LM cannot run this layout, or None if it can."""
     p = parallel.pipeline
     if parallel.zero_stage > 1:

@@ -67,6 +67,14 @@ def _powers_of_two_dividing(n: int, limit: int) -> list[int]:
     return [2**i for i in range(limit.bit_length()) if 2**i <= limit and n % 2**i == 0]
 
 
+def tensor_degrees(model: TransformerConfig, cluster: Cluster) -> list[int]:
+    """Tensor-parallel degrees the search uses: powers of two that fit in one node (one
+    NVLink domain) and in the cluster, and divide the attention and key/value heads."""
+    limit = min(cluster.devices_per_node, cluster.num_devices, model.num_kv_heads)
+    return [t for t in _powers_of_two_dividing(model.num_kv_heads, limit)
+            if model.num_attention_heads % t == 0]
+
+
 def _divisors(n: int, limit: int) -> list[int]:
     return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
 
@@ -92,10 +100,8 @@ def _layouts(
 ) -> Iterator[tuple[int, int, int, int, int]]:
     """(tensor, context, pipeline, data, expert) degrees that multiply to the GPUs."""
     n = cluster.num_devices
-    heads_limit = min(cluster.devices_per_node, model.num_kv_heads)
     tensors = [fixed["tensor"]] if "tensor" in fixed else [
-        t for t in _powers_of_two_dividing(n, heads_limit)
-        if model.num_kv_heads % t == 0 and model.num_attention_heads % t == 0
+        t for t in tensor_degrees(model, cluster) if n % t == 0
     ]
     contexts = [fixed["context"]] if "context" in fixed else (
         _powers_of_two_dividing(n, 8) if model.seq_length >= CONTEXT_PARALLEL_MIN_SEQ else [1]

@@ -163,7 +163,7 @@ def solve_ilp(
             else:  # a uniform matrix has no e-block: trigger on the endpoints
                 _constraint(solver, -1.0, math.inf,
                             [(y, 1.0), (x[u][i], -1.0), (x[v][j], -1.0)])
-        objective.SetCoefficient(y, objective.GetCoefficient(y) + shared.cost * scale)
+        objective.SetCoefficient(y, shared.cost * scale)
     if math.isfinite(problem.memory_limit):
         _constraint(solver, -math.inf, problem.memory_limit, [
             (var, float(m))

@@ -25,7 +25,6 @@ from passes.model_graph import ModelGraph
 from passes.strategies import enumerate_strategies
 from planner.cluster import Cluster
 from planner.intra_op import plan_intra_op
-from planner.models.config import TransformerConfig
 
 
 @dataclass(frozen=True, order=True)
@@ -42,13 +41,6 @@ LayerCollectives = dict[int, tuple[LayerCollective, ...]]
 """Tensor-parallel degree -> the forward collectives of one layer on that group."""
 
 
-def tensor_degrees(model: TransformerConfig, cluster: Cluster) -> list[int]:
-    """The tensor-parallel degrees the search may use: powers of two within a node that
-    divide the key/value heads."""
-    limit = min(cluster.devices_per_node, model.num_kv_heads)
-    return [2**i for i in range(1, limit.bit_length()) if model.num_kv_heads % 2**i == 0]
-
-
 def layer_collectives(
     graph: ModelGraph, cluster: Cluster, degrees: list[int], time_limit_s: float = 30.0,
     processes: int = 1,
@@ -61,16 +53,17 @@ def layer_collectives(
     compiles stages in parallel workers: the ILPs are independent and the graph is shared
     copy-on-write."""
     todo = [d for d in degrees if d != 1]
+    block = _interior_block(graph)
     if processes > 1 and len(todo) > 1 and "fork" in multiprocessing.get_all_start_methods():
         global _FORKED  # what forked workers read: the graph is not picklable
-        _FORKED = (graph, cluster, time_limit_s)
+        _FORKED = (graph, block, cluster, time_limit_s)
         try:
             with multiprocessing.get_context("fork").Pool(min(processes, len(todo))) as pool:
                 answers = pool.map(_solve_forked, todo)
         finally:
             _FORKED = None
     else:
-        answers = [_solve(graph, cluster, d, time_limit_s) for d in todo]
+        answers = [_solve(graph, block, cluster, d, time_limit_s) for d in todo]
     result: LayerCollectives = {1: ()}
     timings = {"strategies_s": 0.0, "intra_op_ilps_s": 0.0}
     for degree, (collectives, strategies_s, ilp_s) in zip(todo, answers):
@@ -80,20 +73,19 @@ def layer_collectives(
     return result, timings
 
 
-_FORKED: tuple[ModelGraph, Cluster, float] | None = None
+_FORKED: tuple[ModelGraph, str, Cluster, float] | None = None
 
 
 def _solve_forked(degree: int) -> tuple[tuple[LayerCollective, ...], float, float]:
-    graph, cluster, time_limit_s = _FORKED
-    return _solve(graph, cluster, degree, time_limit_s)
+    graph, block, cluster, time_limit_s = _FORKED
+    return _solve(graph, block, cluster, degree, time_limit_s)
 
 
 def _solve(
-    graph: ModelGraph, cluster: Cluster, degree: int, time_limit_s: float
+    graph: ModelGraph, block: str, cluster: Cluster, degree: int, time_limit_s: float
 ) -> tuple[tuple[LayerCollective, ...], float, float]:
-    """The interior block's forward collectives on a 1-D mesh of `degree`, and the seconds
-    spent enumerating strategies and solving."""
-    block = _interior_block(graph)
+    """The forward collectives of `block` on a 1-D mesh of `degree`, and the seconds spent
+    enumerating strategies and solving."""
     mesh = fake_mesh((degree,))
     start = time.perf_counter()
     table = enumerate_strategies(graph.program, mesh, cluster.device)

@@ -44,7 +44,7 @@ def training_plan(
         layouts = [StageLayout(count, parallel.tensor, parallel.data) for count in layers]
         prediction = predict_step(model, cluster, parallel, layers_per_stage=layers,
                                   collectives=collectives)
-        incompatibility = megatron_incompatibility(model, parallel, layers)
+        incompatibility = megatron_incompatibility(parallel, layers)
     else:
         layouts, layers = list(stages), [stage.layers for stage in stages]
         prediction = predict_stages(model, cluster, parallel, layouts,
@@ -120,7 +120,8 @@ def _intra_op_collectives(
     if loaded is None:
         raise ValueError("--intra-op ilp needs the model itself, not only its shape.")
     from passes.model_graph import trace_model
-    from planner.stage_ilp import layer_collectives, tensor_degrees
+    from planner.search import tensor_degrees
+    from planner.stage_ilp import layer_collectives
 
     with console.status("tracing one block per template"):
         graph = trace_model(loaded.build, loaded.num_layers)
