@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from cost_models.step_time import StageLayout, even_split, predict_stages, predict_step
+from cost_models.step_time import StageLayout, StepPrediction, even_split, predict_stages
 from planner.cluster import Cluster
 from planner.megatron_flags import megatron_flags, megatron_incompatibility
 from planner.models.config import TransformerConfig
@@ -34,21 +34,22 @@ if TYPE_CHECKING:
 def training_plan(
     name: str, model: TransformerConfig, cluster: Cluster, parallel: ParallelConfig,
     layers_per_stage: list[int] | None = None, stages: tuple[StageLayout, ...] | None = None,
-    collectives: LayerCollectives | None = None,
+    collectives: LayerCollectives | None = None, prediction: StepPrediction | None = None,
 ) -> TrainingPlan:
-    """Predict one configuration and package it as a plan. `stages` gives each stage its
-    own mesh (Alpa's space); without it every stage runs on `parallel`'s mesh."""
+    """Predict one configuration (unless the search's `prediction` of it is given) and
+    package it as a plan. `stages` gives each stage its own mesh (Alpa's space); without
+    it every stage runs on `parallel`'s mesh."""
     if stages is None:
         parallel = parallel.resolve(cluster.num_devices)
         layers = layers_per_stage or _even(model.num_layers, parallel.pipeline)
         layouts = [StageLayout(count, parallel.tensor, parallel.data) for count in layers]
-        prediction = predict_step(model, cluster, parallel, layers_per_stage=layers,
-                                  collectives=collectives)
-        incompatibility = megatron_incompatibility(parallel, layers)
     else:
         layouts, layers = list(stages), [stage.layers for stage in stages]
-        prediction = predict_stages(model, cluster, parallel, layouts,
-                                    collectives=collectives)
+    if prediction is None:
+        prediction = predict_stages(model, cluster, parallel, layouts, collectives=collectives)
+    if stages is None:
+        incompatibility = megatron_incompatibility(parallel, layers)
+    else:
         incompatibility = "its pipeline stages run on different meshes (Alpa's space)"
         first = stages[0]
         # Degrees as the first stage sees them; `stages` in the plan has every mesh.
@@ -95,8 +96,9 @@ def run_training(
             return _report_no_fit(args, model, cluster, knobs, console)
         plans = [
             training_plan(args.model, model, cluster, candidate.parallel,
-                          list(candidate.layers_per_stage), candidate.stages, collectives)
-            for candidate, _ in result.ranked[: max(args.top, 1)]
+                          list(candidate.layers_per_stage), candidate.stages, collectives,
+                          prediction)
+            for candidate, prediction in result.ranked[: max(args.top, 1)]
         ]
         timings = {**timings, **result.timings}
         console.print(f"searched {result.evaluated:,} configurations in "
