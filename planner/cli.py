@@ -204,7 +204,9 @@ def _transformer_config(loaded):
     if loaded.config is not None:
         from planner.models.huggingface import to_transformer_config
 
-        return to_transformer_config(loaded.config)
+        shape = to_transformer_config(loaded.config, loaded.seq_length)
+        # --num-layers rebuilt the model at that depth; plan that depth.
+        return shape.model_copy(update={"num_layers": loaded.num_layers or shape.num_layers})
     raise UsageError(
         f"--gpus plans a transformer given by its shape (a preset, gpt/llama/mixtral flags "
         f"or hf:config.json); for {loaded.name}, plan operator shardings with --mesh"

@@ -9,7 +9,7 @@ two cannot drift apart.
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from planner.models.config import TransformerConfig
 
@@ -36,6 +36,17 @@ _SWITCHES: dict[str, tuple[str, Any]] = {
     "--untie-embeddings-and-output-weights": ("tie_embeddings", False),
     "--disable-bias-linear": ("bias", False),
 }
+# TransformerConfig field -> the flag that sets it, for messages that name the flag.
+_FLAG_OF = {
+    **{field: flag for flag, (field, _) in {**_VALUE_FLAGS, **_SWITCHES}.items()},
+    "norm": "--normalization",
+    "position_embedding": "--position-embedding-type",
+}
+
+
+def flag_names(fields: Iterable[str]) -> str:
+    """The flags that set `fields`, comma-separated: '--moe-router-topk, --swiglu'."""
+    return ", ".join(_FLAG_OF.get(field, "--" + field.replace("_", "-")) for field in fields)
 
 
 def _help(field: str) -> str:

@@ -11,7 +11,7 @@ Accepted forms::
 
 The function takes no arguments and returns ``(model, example_inputs)`` or
 ``(model, example_inputs, loss_fn)``. Zoo and Hugging Face models are built on the meta
-device, traced at micro-batch 1, and can be rebuilt at another depth (`LoadedModel.at_depth`)
+device, traced at micro-batch 1, and can be rebuilt at another depth (`LoadedModel.build`)
 so that one block per template is traced. Everything a user can get wrong raises
 :class:`ModelSpecError` with one sentence naming the bad input and how to fix it.
 """
@@ -33,6 +33,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 from torch import nn
 
+from planner.model_flags import flag_names
 from planner.models.demo import DEMOS
 
 __all__ = ["ACCEPTED_FORMS", "BuiltModel", "LoadedModel", "ModelSpecError", "load_model"]
@@ -72,6 +73,9 @@ class LoadedModel:
     """Repeated blocks of the model when `build` can change their number, else None."""
     config: Any = None
     """The zoo TransformerConfig or transformers config the model is built from."""
+    seq_length: int | None = None
+    """Tokens per sequence of a Hugging Face model's example inputs (the config's
+    default or --seq-length)."""
 
     @cached_property
     def built(self) -> BuiltModel:
@@ -94,12 +98,6 @@ class LoadedModel:
         """Whether the parameters are on the meta device (nothing allocated)."""
         return any(p.is_meta for p in self.model.parameters())
 
-    def at_depth(self, num_layers: int) -> BuiltModel:
-        """The same model with `num_layers` repeated blocks (needs `num_layers` set)."""
-        if self.num_layers is None:
-            raise ValueError(f"model {self.name!r} cannot be rebuilt at another depth")
-        return self.build(num_layers)
-
 
 def load_model(spec: str, shape: dict[str, Any] | None = None) -> LoadedModel:
     """Resolve ``spec`` (one of :data:`ACCEPTED_FORMS`) into a :class:`LoadedModel`.
@@ -114,7 +112,7 @@ def load_model(spec: str, shape: dict[str, Any] | None = None) -> LoadedModel:
     if ":" not in spec:
         return _load_zoo(spec, shape)
     if shape:
-        flags = ", ".join("--" + k.replace("_", "-") for k in shape)
+        flags = flag_names(shape)
         raise ModelSpecError(
             f"{flags} only apply to zoo and hf: models; {spec!r} builds its own model, so "
             "change its shape in the factory."
@@ -146,9 +144,7 @@ def _load_demo(name: str) -> LoadedModel:
 
 
 def _eager(built: BuiltModel, name: str) -> LoadedModel:
-    loaded = LoadedModel(name=name, build=lambda depth: built)
-    loaded.built = built  # already built by the factory
-    return loaded
+    return LoadedModel(name=name, build=lambda depth: built)
 
 
 def _load_zoo(name: str, shape: dict[str, Any]) -> LoadedModel:
@@ -180,7 +176,7 @@ def _load_hf(path: str, shape: dict[str, Any]) -> LoadedModel:
 
     unknown = sorted(set(shape) - {"num_layers", "seq_length"})
     if unknown:
-        flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
+        flags = flag_names(unknown)
         raise ModelSpecError(
             f"{flags} cannot change a Hugging Face model; edit {path} instead (only "
             "--num-layers and --seq-length apply to hf: models)."
@@ -212,6 +208,7 @@ def _load_hf(path: str, shape: dict[str, Any]) -> LoadedModel:
         build=build,
         num_layers=uniform_depth and shape.get("num_layers", uniform_depth),
         config=config,
+        seq_length=seq_length,
     )
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from planner.model_flags import flag_names
 from planner.models.config import TransformerConfig
 
 __all__ = ["FAMILIES", "PRESETS", "describe_presets", "get_preset", "zoo_config"]
@@ -141,7 +142,7 @@ def zoo_config(name: str, shape: dict[str, Any] | None = None) -> TransformerCon
     elif name in FAMILIES:
         missing = [field for field in REQUIRED_SHAPE if field not in shape]
         if missing:
-            flags = ", ".join("--" + field.replace("_", "-") for field in missing)
+            flags = flag_names(missing)
             raise ValueError(
                 f"model {name!r} needs its shape: add {flags} (or name a preset; see "
                 "`plan models`)."

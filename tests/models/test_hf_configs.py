@@ -252,3 +252,18 @@ def test_zoo_shape_of_a_config_counts_its_parameters(family: str, traced: TraceF
     loaded = traced(family).loaded
     shape = to_transformer_config(loaded.config, seq_length=16)
     assert shape.num_parameters() == sum(p.numel() for p in loaded.model.parameters())
+
+
+def test_training_plan_of_a_config_takes_its_shape_flags(tmp_path: Path) -> None:
+    """`--seq-length` and `--num-layers` reshape an hf: model for `--gpus` plans too: the
+    plan's launch flags carry them, not the config's defaults."""
+    from planner import cli
+
+    write_config(tmp_path, FAMILIES["llama"].config())
+    out = tmp_path / "plan.json"
+    code = cli.main([f"hf:{tmp_path}", "--seq-length", "32", "--num-layers", "2",
+                     "--cluster", "dgx-a100-80g", "--gpus", "8", "--global-batch-size", "8",
+                     "--json", str(out)])
+    assert code == 0
+    flags = json.loads(out.read_text())["megatron_flags"]
+    assert "--seq-length 32" in flags and "--num-layers 2" in flags

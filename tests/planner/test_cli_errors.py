@@ -41,6 +41,11 @@ CASES = {
         ["num_attention_heads (32) must be divisible by num_query_groups (5)"],
     ),
     "shape-flag-on-a-factory": (["demo:mlp", "--num-layers", "3"], ["--num-layers only apply"]),
+    # Named as typed, not as the config fields they set (moe_top_k, activation).
+    "renamed-flags-on-a-factory": (
+        ["demo:mlp", "--mesh", "2", "--moe-router-topk", "2", "--swiglu"],
+        ["--moe-router-topk, --swiglu only apply"],
+    ),
     "hf-missing": (["inspect", "hf:nope/config.json"], ["'nope/config.json' does not exist"]),
     "hf-malformed-json": (["inspect", "hf:bad"], ["not valid JSON", "line 2"]),
     "hf-without-model-type": (["inspect", "hf:untyped/config.json"], ['no "model_type"']),
