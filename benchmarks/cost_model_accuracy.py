@@ -72,8 +72,7 @@ def main(argv: list[str]) -> int:
         print("    efficiency:")
         for field, value in efficiency.model_dump().items():
             print(f"      {field}: {value:.4g}")
-        device = cluster.device.model_copy(update={"efficiency": efficiency})
-        cluster = cluster.model_copy(update={"device": device})
+        cluster = cluster.with_efficiency(efficiency)
     ok = report("single", single, predict_all(single, cluster))
     ok &= report("multi", multi, predict_all(multi, cluster))
     print("\nall targets met" if ok else "\nsome targets missed")

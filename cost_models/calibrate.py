@@ -110,8 +110,7 @@ def predict_all(
 ) -> np.ndarray:
     """Predicted step seconds of every measurement (with `efficiency` if given)."""
     if efficiency is not None:
-        device = cluster.device.model_copy(update={"efficiency": efficiency})
-        cluster = cluster.model_copy(update={"device": device})
+        cluster = cluster.with_efficiency(efficiency)
     sized: dict[int, Cluster] = {}
     predictions = []
     for step in steps:

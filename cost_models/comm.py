@@ -35,11 +35,16 @@ COLLECTIVE_KINDS: tuple[str, ...] = (
 )
 
 
-def _check_args(kind: str, nbytes: float, group_size: int) -> None:
+def check_kind(kind: str) -> None:
+    """ValueError unless `kind` is one of COLLECTIVE_KINDS."""
     if kind not in COLLECTIVE_KINDS:
         raise ValueError(
             f"Unknown collective kind {kind!r}; expected one of {', '.join(COLLECTIVE_KINDS)}."
         )
+
+
+def _check_args(kind: str, nbytes: float, group_size: int) -> None:
+    check_kind(kind)
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     if nbytes < 0:

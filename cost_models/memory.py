@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
-PIPELINE_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
+from planner.parallel import RECOMPUTE, SCHEDULES
+
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 
 # Memory no formula above accounts for: the CUDA context and loaded kernel images
@@ -131,7 +131,7 @@ def activation_bytes_per_layer(
     during backward; add `activation_bytes_per_layer(..., recompute="none")` once as
     `extra_activation_bytes` of `peak_memory_bytes` to count that working set.
     """
-    _check_choice("recompute mode", recompute, RECOMPUTE_MODES)
+    _check_choice("recompute mode", recompute, RECOMPUTE)
     if tensor_parallel < 1:
         raise ValueError(f"tensor_parallel must be >= 1, got {tensor_parallel}")
     s, b, h, t = seq_length, micro_batch_size, hidden_size, tensor_parallel
@@ -178,7 +178,7 @@ def in_flight_micro_batches(
       the factor Megatron's theoretical_memory_usage.py applies (Korthikanti et al., Sec. 4).
       With v = 1 Megatron runs plain 1F1B, and so does this.
     """
-    _check_choice("pipeline schedule", schedule, PIPELINE_SCHEDULES)
+    _check_choice("pipeline schedule", schedule, SCHEDULES)
     p, i, m, v = pipeline_parallel, stage_index, num_micro_batches, virtual_stages
     if p < 1 or m < 1 or v < 1:
         raise ValueError(

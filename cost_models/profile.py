@@ -56,19 +56,12 @@ from pydantic import (
     model_validator,
 )
 
-from cost_models.comm import COLLECTIVE_KINDS
+from cost_models.comm import COLLECTIVE_KINDS, check_kind
 
 KIB = 1024
 MIB = 1024 * KIB
 GIB = 1024 * MIB
 
-MEASURED_KINDS: tuple[str, ...] = (
-    "all_reduce",
-    "all_gather",
-    "reduce_scatter",
-    "all_to_all",
-    "send_recv",
-)
 # Square matmuls start at this dimension and double up to max_dim.
 _MIN_DIM = 32
 # Skinny matmuls: (ratio*n x n) @ (n x n/ratio), the FLOPs of the square one.
@@ -284,10 +277,7 @@ class ProfileDatabase(_Model):
         `cost_models.comm.collective_time`), or None when this database has no
         measurement of `kind` on `group_size` ranks. A message of 0 bytes costs what the
         smallest measured one did: the latency."""
-        if kind not in COLLECTIVE_KINDS:
-            raise ValueError(
-                f"Unknown collective kind {kind!r}; expected one of {', '.join(COLLECTIVE_KINDS)}."
-            )
+        check_kind(kind)
         curve = self._curves.collectives.get((kind, group_size))
         return None if curve is None else curve(nbytes)
 
@@ -399,7 +389,7 @@ def _steps(settings: ProfileSettings, gpus: int, found: _Measured) -> list[Step]
     steps: list[Step] = [
         (f"{kind} on {n} ranks", functools.partial(
             _collectives_step, found, kind, n, settings, backend, device))
-        for n in measurable for kind in MEASURED_KINDS
+        for n in measurable for kind in COLLECTIVE_KINDS
     ]
     steps += [
         (f"{dtype} matmul {m}x{k} @ {k}x{n}", functools.partial(

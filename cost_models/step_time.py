@@ -41,6 +41,7 @@ from cost_models.transformer_ops import (
     Matmul,
     Memory,
     Op,
+    attention_kernels,
     forward_flops,
     head_ops,
     layer_ops,
@@ -154,6 +155,20 @@ class _Pass:
     backward: float
     recompute: float = 0.0
 
+    @property
+    def total(self) -> float:
+        return self.forward + self.backward + self.recompute
+
+
+def _head_seconds(
+    model: TransformerConfig, parallel: ParallelConfig, device: DeviceSpec, tensor: int
+) -> float:
+    """Forward and backward of the final norm, output layer and loss for one micro-batch."""
+    head = head_ops(model, parallel.micro_batch_size, model.seq_length / parallel.context,
+                    tensor)
+    return (pass_seconds(head, device, device.efficiency, parallel.precision)
+            + pass_seconds(head, device, device.efficiency, parallel.precision, backward=True))
+
 
 def _layer_pass(
     model: TransformerConfig, parallel: ParallelConfig, cluster: Cluster, flash: bool,
@@ -167,11 +182,7 @@ def _layer_pass(
     precision = parallel.precision
     forward = pass_seconds(ops, device, eff, precision)
     backward = pass_seconds(ops, device, eff, precision, backward=True)
-    attention_core = pass_seconds(
-        [op for op in ops
-         if isinstance(op, Attention) or op.name in ("scores", "softmax", "context")],
-        device, eff, precision,
-    )
+    attention_core = pass_seconds(attention_kernels(ops), device, eff, precision)
     recompute = {"none": 0.0, "selective": attention_core, "full": forward}[parallel.recompute]
     comm = _tensor_parallel_comm(model, parallel, cluster, collectives)
     comm_recompute = comm if parallel.recompute == "full" else 0.0
@@ -278,15 +289,11 @@ def predict_stages(
             passes[stage.tensor, stage.data] = _layer_pass(model, here, cluster,
                                                           flash_attention, collectives)
         kernels, layer_comm = passes[stage.tensor, stage.data]
-        work = stage.layers * (kernels.forward + kernels.backward + kernels.recompute)
+        work = stage.layers * kernels.total
         if index == p - 1:
-            head = head_ops(model, here.micro_batch_size, model.seq_length / parallel.context,
-                            stage.tensor)
-            work += pass_seconds(head, device, eff, parallel.precision) + pass_seconds(
-                head, device, eff, parallel.precision, backward=True)
+            work += _head_seconds(model, here, device, stage.tensor)
         compute.append(work)
-        comm.append(stage.layers * (layer_comm.forward + layer_comm.backward
-                                    + layer_comm.recompute))
+        comm.append(stage.layers * layer_comm.total)
         local.append((here, kernels))
     stage_times = [c + x + p2p for c, x in zip(compute, comm)]
     slowest = max(range(p), key=lambda i: stage_times[i])
@@ -478,9 +485,7 @@ def stage_costs(
     sequences = parallel.micro_batch_size * parallel.data
     here = replace(parallel, tensor=tensor, data=data, micro_batch_size=sequences // data)
     kernels, comm = _layer_pass(model, here, cluster, flash_attention, collectives)
-    device, eff = cluster.device, cluster.device.efficiency
     seq = model.seq_length / parallel.context
-    head = head_ops(model, here.micro_batch_size, seq, tensor)
     stage = StageLayout(1, tensor, data)
     per_param = memory.model_state_bytes(
         1, data, parallel.zero_stage, grads_bytes=MAIN_GRAD_BYTES
@@ -490,10 +495,8 @@ def stage_costs(
         tensor, parallel.sequence_parallel, parallel.recompute, flash_attention,
     )
     return StageCosts(
-        layer_s=kernels.forward + kernels.backward + kernels.recompute + comm.forward
-        + comm.backward + comm.recompute,
-        head_s=pass_seconds(head, device, eff, parallel.precision)
-        + pass_seconds(head, device, eff, parallel.precision, backward=True),
+        layer_s=kernels.total + comm.total,
+        head_s=_head_seconds(model, here, cluster.device, tensor),
         p2p_s=_pipeline_p2p(model, here, [stage, stage], cluster),
         state_bytes_per_layer=_layer_parameters(model, parallel.expert) / tensor * per_param,
         state_bytes_embedding=model.vocab_size * model.hidden_size / tensor * per_param,

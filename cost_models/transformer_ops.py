@@ -129,6 +129,13 @@ def head_ops(config: TransformerConfig, micro_batch: int, seq: int, tensor: int)
     ]
 
 
+def attention_kernels(ops: list[Op]) -> list[Op]:
+    """The kernels of `ops` that selective recomputation replays: fused attention, or the
+    unfused scores, softmax and context of `layer_ops`."""
+    return [op for op in ops
+            if isinstance(op, Attention) or op.name in ("scores", "softmax", "context")]
+
+
 def forward_flops(ops: list[Op]) -> float:
     """FLOPs of the matmuls and attention of a kernel list (memory kernels count 0)."""
     return sum(op.flops for op in ops if not isinstance(op, Memory))

@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 
 from cost_models.compute import tensor_bytes
-from passes.strategies import SHAPE_ONLY_OPS, node_flops
+from passes.strategies import is_saved_for_backward, node_flops
 from passes.trace import TracedProgram, output_shapes
 
 # A module path component that indexes a ModuleList: "layers.3" -> prefix "layers", 3.
@@ -97,14 +97,6 @@ def _nearest(grouped: dict[str, list[fx.Node]]) -> str:
     return next(reversed(grouped))
 
 
-def _saved(node: fx.Node) -> bool:
-    """Whether the backward reads this forward value (it is kept until then)."""
-    return any(
-        u.meta.get("tessel_phase") == "backward" and u.target not in SHAPE_ONLY_OPS
-        for u in node.users
-    )
-
-
 def _is_view(node: fx.Node) -> bool:
     schema = getattr(node.target, "_schema", None)
     if schema is None or not schema.returns:
@@ -123,7 +115,7 @@ def _storage_root(node: fx.Node) -> fx.Node:
 def _activation_bytes(nodes: list[fx.Node]) -> int:
     """Bytes kept for the backward: each saved value's storage once, and not the
     parameters (a transposed weight saved for the weight gradient is a view of it)."""
-    roots = {_storage_root(n) for n in nodes if _saved(n)}
+    roots = {_storage_root(n) for n in nodes if is_saved_for_backward(n)}
     return sum(tensor_bytes(r.meta.get("val")) for r in roots if r.op != "placeholder")
 
 

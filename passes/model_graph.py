@@ -25,7 +25,7 @@ from torch import nn
 
 from passes.dtensor_rules import has_rule
 from passes.layers import Layer, find_layers
-from passes.strategies import SHAPE_ONLY_OPS, is_skipped, tensor_inputs
+from passes.strategies import is_skipped, tensor_inputs
 from passes.trace import LossFn, TracedProgram, trace
 
 Builder = Callable[[int | None], tuple[nn.Module, tuple[Any, ...], LossFn | None]]
@@ -129,11 +129,11 @@ def _tokens(inputs: tuple[Any, ...]) -> int:
 
 def _lacks_rule(node: fx.Node) -> bool:
     """An op the planner must run replicated. Factories (no tensor inputs: arange, full)
-    are made replicated on every rank anyway, so they do not count."""
+    are made replicated on every rank anyway, and shape-only ops read no tensor, so
+    neither counts."""
     return (
         node.op == "call_function"
         and isinstance(node.target, torch._ops.OpOverload)
-        and node.target not in SHAPE_ONLY_OPS
         and not is_skipped(node)
         and bool(tensor_inputs(node))
         and not has_rule(node.target)

@@ -150,24 +150,17 @@ class _RuleCache:
         self._answers: dict[object, list | None] = {}
 
     def choices(self, op, args, kwargs, mesh, candidates, out_meta) -> list | None:
+        leaves, structure = torch.utils._pytree.tree_flatten(
+            (args, kwargs), is_leaf=lambda a: isinstance(a, TensorMeta)
+        )
         try:
-            key = (op, _hashable((args, kwargs)), tuple(map(tuple, candidates)), out_meta)
+            key = (op, tuple(leaves), structure, tuple(map(tuple, candidates)), out_meta)
             hash(key)
         except TypeError:
             return _choices(op, args, kwargs, mesh, candidates, out_meta)
         if key not in self._answers:
             self._answers[key] = _choices(op, args, kwargs, mesh, candidates, out_meta)
         return self._answers[key]
-
-
-def _hashable(value: object) -> object:
-    if isinstance(value, TensorMeta):
-        return value
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, *(_hashable(v) for v in value))
-    if isinstance(value, dict):
-        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
-    return value
 
 
 def shardable_placements(shape: Sequence[int], mesh: DeviceMesh) -> list[Placements]:
@@ -433,12 +426,17 @@ def _saved_for_backward(program: TracedProgram) -> set[str]:
     for node in program.graph.nodes:
         if node.meta.get("tessel_phase") != "forward" or node.op != "call_function":
             continue
-        if any(
-            u.meta.get("tessel_phase") == "backward" and u.target not in SHAPE_ONLY_OPS
-            for u in node.users
-        ):
+        if is_saved_for_backward(node):
             saved.add(source_of(node)[0])
     return saved
+
+
+def is_saved_for_backward(node: fx.Node) -> bool:
+    """Whether the backward reads this forward value (it is kept until then)."""
+    return any(
+        u.meta.get("tessel_phase") == "backward" and u.target not in SHAPE_ONLY_OPS
+        for u in node.users
+    )
 
 
 def fallback_nodes(table: dict[str, NodeStrategies]) -> list[str]:

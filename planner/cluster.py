@@ -151,6 +151,11 @@ class Cluster(_Config):
         _check_size(num_devices, self.devices_per_node, self.name)
         return self.model_copy(update={"num_devices": num_devices})
 
+    def with_efficiency(self, efficiency: Efficiency) -> Cluster:
+        """A copy of this cluster whose devices reach `efficiency` (a fit, a what-if)."""
+        device = self.device.model_copy(update={"efficiency": efficiency})
+        return self.model_copy(update={"device": device})
+
     def spans_domains(self, group_stride: int, group_size: int) -> bool:
         """Whether a group of `group_size` ranks spaced `group_stride` apart crosses domains.
 

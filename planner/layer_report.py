@@ -7,7 +7,7 @@ token. The totals, the ops without a sharding rule and the trace time follow.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from passes.model_graph import ModelGraph
 
@@ -67,8 +67,7 @@ def inspect_report(name: str, graph: ModelGraph) -> InspectReport:
     for layer in graph.layers:
         previous = rows[-1] if rows else None
         if previous is not None and previous.template == layer.template:
-            rows[-1] = LayerRow(**{**asdict(previous), "last": layer.name,
-                                   "count": previous.count + 1})
+            rows[-1] = replace(previous, last=layer.name, count=previous.count + 1)
             continue
         rows.append(LayerRow(
             first=layer.name,

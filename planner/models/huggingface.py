@@ -115,7 +115,7 @@ def default_seq_length(config: Any) -> int:
 
 
 def build_hf_model(
-    config: Any, num_layers: int | None = None, device: str | torch.device = "meta"
+    config: Any, num_layers: int | None = None
 ) -> tuple[nn.Module, Callable[..., torch.Tensor] | None]:
     """The model `config` describes (optionally with `num_layers` blocks), wrapped for
     tracing, and the loss its head trains with."""
@@ -133,7 +133,7 @@ def build_hf_model(
         if isinstance(getattr(config, name, None), float):
             setattr(config, name, 0.0)
     architecture = _architecture(config, transformers)
-    with torch.device(device):
+    with torch.device("meta"):
         if architecture.__name__.startswith("Auto"):
             model = architecture.from_config(config)
         else:

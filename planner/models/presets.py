@@ -149,8 +149,7 @@ def zoo_config(name: str, shape: dict[str, Any] | None = None) -> TransformerCon
             )
         fields = {**FAMILIES[name], **shape}
     else:
-        get_preset(name)  # raises, naming the closest presets
-        raise AssertionError("unreachable")
+        raise _unknown_model(name)
     try:
         return TransformerConfig(**fields)
     except ValidationError as error:
@@ -174,17 +173,21 @@ def closest_names(name: str, known: list[str]) -> list[str]:
 
 def get_preset(name: str) -> TransformerConfig:
     """A copy of the preset `name`, safe to modify; ValueError naming the closest presets."""
-    try:
-        return PRESETS[name].model_copy(deep=True)
-    except KeyError:
-        pass
+    if name not in PRESETS:
+        raise _unknown_model(name)
+    return PRESETS[name].model_copy(deep=True)
+
+
+def _unknown_model(name: str) -> ValueError:
+    """The error for a model name that is neither a preset nor a family, naming the
+    closest ones."""
     close = closest_names(name, [*PRESETS, *FAMILIES])
     if close:
-        raise ValueError(
+        return ValueError(
             f"unknown model {name!r}; did you mean {' or '.join(repr(c) for c in close)}? "
             "(`plan models` lists the presets)"
         )
-    raise ValueError(f"unknown model {name!r}; `plan models` lists the presets.")
+    return ValueError(f"unknown model {name!r}; `plan models` lists the presets.")
 
 
 def describe_presets() -> list[tuple[str, int]]:

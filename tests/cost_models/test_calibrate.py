@@ -3,6 +3,7 @@ recovers efficiency parameters from step times they generated."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -68,23 +69,16 @@ def test_fit_recovers_the_efficiency_that_made_the_times() -> None:
     cluster = vtrain_cluster(Cluster.load("dgx-a100-80g"))
     truth = Efficiency(matmul=0.55, memory=0.6, kernel_overhead_us=20.0)
     made = predict_all(steps, cluster, truth)
-    synthetic = [replace_seconds(step, t) for step, t in zip(steps, made)]
+    synthetic = [replace(step, seconds=float(t)) for step, t in zip(steps, made)]
     start = Efficiency(matmul=0.7, memory=0.8, kernel_overhead_us=5.0)
-    device = cluster.device.model_copy(update={"efficiency": start})
     fitted, error = fit_efficiency(
-        synthetic, cluster.model_copy(update={"device": device}),
+        synthetic, cluster.with_efficiency(start),
         fields=("matmul", "memory", "kernel_overhead_us"), iterations=400,
     )
     assert error < 2e-3
     assert fitted.matmul == pytest.approx(0.55, rel=0.02)
     assert fitted.kernel_overhead_us == pytest.approx(20.0, rel=0.05)
     assert mape(predict_all(synthetic, cluster, fitted), made) < 2e-3
-
-
-def replace_seconds(step, seconds: float):
-    from dataclasses import replace
-
-    return replace(step, seconds=float(seconds))
 
 
 @pytest.mark.skipif(SINGLE is None, reason="no shared calibration data beside the checkout")

@@ -24,9 +24,7 @@ def a100_at(num_devices: int) -> Cluster:
     says, so the hand-computed values below stay valid."""
     cluster = Cluster.load("dgx-a100-80g").with_devices(num_devices)
     efficiency = Efficiency(intra_node_bandwidth=0.8, inter_node_bandwidth=0.8)
-    return cluster.model_copy(
-        update={"device": cluster.device.model_copy(update={"efficiency": efficiency})}
-    )
+    return cluster.with_efficiency(efficiency)
 
 
 def test_ring_all_reduce_within_node(a100: Cluster) -> None:

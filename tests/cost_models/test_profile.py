@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from cost_models.comm import COLLECTIVE_KINDS
 from cost_models.compute import dtype_key, tensor_bytes
 from cost_models.profile import (
-    MEASURED_KINDS,
     MatmulSample,
     ProfileDatabase,
     ProfileSettings,
@@ -156,8 +156,8 @@ def test_a_small_measurement_gives_a_loadable_database(tmp_path: Path) -> None:
     db = measure_profile(SMALL, lambda what, done, total: calls.append((what, done, total)))
     assert calls[-1] == ("done", calls[-1][2], calls[-1][2]) and len(calls) > 5
     assert db.device == "cpu" and db.backend == "gloo"
-    assert sorted(db.collectives) == sorted(MEASURED_KINDS)
-    assert all(len(db.collectives[k][2]) == 2 for k in MEASURED_KINDS)
+    assert sorted(db.collectives) == sorted(COLLECTIVE_KINDS)
+    assert all(len(db.collectives[k][2]) == 2 for k in COLLECTIVE_KINDS)
     assert len(db.matmul) == 4 and len(db.memory) == 2
     assert db.op_time(2 * 64**3, 0) > 0 and db.collective_time("send_recv", 4096, 2) > 0
     db.save(tmp_path / "db.json")
