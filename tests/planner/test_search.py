@@ -7,7 +7,7 @@ import pytest
 
 from planner.cluster import Cluster
 from planner.models.presets import get_preset, zoo_config
-from planner.search import best_exhaustive, megatron_stage_splits, search
+from planner.search import best_exhaustive, enumerate_megatron, megatron_stage_splits, search
 
 # Megatron-LM's 39.1B GPT (Narayanan et al. 2021, Table 1).
 GPT3_39B = dict(num_layers=48, hidden_size=8192, num_attention_heads=64, seq_length=2048,
@@ -33,6 +33,17 @@ def test_megatron_space_best_is_the_exhaustive_best(case: str) -> None:
     assert prediction.step_time_s == pytest.approx(brute[1].step_time_s, rel=1e-12)
     assert best.parallel == brute[0].parallel
     assert best.layers_per_stage == brute[0].layers_per_stage
+
+
+def test_megatron_space_holds_every_layout_megatron_can_launch() -> None:
+    """Checked apart from the enumerator the search shares: GPT-3 1.3B (16 heads, 24
+    layers) on 16 GPUs can run tensor 1-8 within a node and pipeline 1-8 (24 layers over
+    16 stages has no split Megatron-LM accepts), with every recomputation mode."""
+    candidates = list(enumerate_megatron(get_preset("gpt3-1.3b"), a100(16), 512, {}))
+    layouts = {(c.parallel.tensor, c.parallel.pipeline) for c in candidates}
+    assert layouts == {(t, p) for t in (1, 2, 4, 8) for p in (1, 2, 4, 8) if t * p <= 16}
+    assert {c.parallel.recompute for c in candidates} == {"none", "selective", "full"}
+    assert {c.parallel.schedule for c in candidates} == {"1f1b", "interleaved"}
 
 
 def test_auto_space_is_never_worse_than_megatron() -> None:
