@@ -35,7 +35,7 @@ from cost_models.profile import (
     format_bytes,
     measure_profile,
 )
-from planner.cli import UsageError
+from planner.cli.errors import UsageError
 
 DEFAULT_OUTPUT = "tessel-profile.json"
 _UNITS = {"": 1, "B": 1, "K": KIB, "KIB": KIB, "M": MIB, "MIB": MIB, "G": GIB, "GIB": GIB}

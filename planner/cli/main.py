@@ -23,19 +23,15 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Sequence
 
-from rich.console import Console
 from rich.table import Table
 
 from passes.trace import TraceError
 from planner.model_flags import add_model_shape_flags, shape_overrides
 from planner.model_spec import ACCEPTED_FORMS, ModelSpecError
-from planner.parallel_flags import add_parallel_flags
+from planner.cli.console import console
+from planner.cli.errors import UsageError
+from planner.cli.parallel_flags import add_parallel_flags
 
-console = Console(emoji=False)
-
-
-class UsageError(ValueError):
-    """A command-line value that cannot be used; the message says what to change."""
 
 
 def parse_mesh(text: str) -> tuple[int, ...]:
@@ -102,7 +98,7 @@ def build_parsers() -> dict[str, argparse.ArgumentParser]:
         "its layers, templates, parameters, FLOPs and activation bytes per token.",
     )
     _model_arguments(inspect)
-    from planner.profile_command import add_profile_arguments
+    from planner.cli.profile import add_profile_arguments
 
     profile = argparse.ArgumentParser(
         prog="plan profile",
@@ -110,7 +106,7 @@ def build_parsers() -> dict[str, argparse.ArgumentParser]:
         "and gloo, or GPUs and NCCL) and write them to a database for `plan --profile`.",
     )
     add_profile_arguments(profile)
-    from planner.calibrate_command import add_calibrate_arguments
+    from planner.cli.calibrate import add_calibrate_arguments
 
     calibrate = argparse.ArgumentParser(
         prog="plan calibrate",
@@ -179,7 +175,7 @@ def _plan(args: argparse.Namespace, loaded):
 def run_plan(args: argparse.Namespace) -> int:
     loaded = _load(args)
     if args.gpus is not None:
-        from planner.train_command import run_training
+        from planner.cli.train import run_training
 
         return run_training(args, _transformer_config(loaded), console, loaded)
     planned = _plan(args, loaded)
@@ -244,14 +240,14 @@ def run_check(args: argparse.Namespace) -> int:
 
 def run_profile(args: argparse.Namespace) -> int:
     """`plan profile`: measure this machine into a profile database."""
-    from planner.profile_command import run_profile as measure
+    from planner.cli.profile import run_profile as measure
 
     return measure(args, console)
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
     """`plan calibrate`: fit a preset's efficiency to measured step times."""
-    from planner.calibrate_command import run_calibrate as fit
+    from planner.cli.calibrate import run_calibrate as fit
 
     return fit(args, console)
 

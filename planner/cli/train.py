@@ -21,7 +21,7 @@ from planner.cluster import Cluster
 from planner.megatron_flags import megatron_flags, megatron_incompatibility
 from planner.models.config import TransformerConfig
 from planner.parallel import ParallelConfig
-from planner.parallel_flags import fixed_knobs, is_what_if, what_if_config
+from planner.cli.parallel_flags import fixed_knobs, is_what_if, what_if_config
 from planner.search import megatron_stage_splits
 from planner.training_plan import TrainingPlan
 
