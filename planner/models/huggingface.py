@@ -4,11 +4,17 @@
 the architecture the config names, with every parameter on the meta device, and the model
 is called the way `torch.export` can trace (no KV cache, plain tensor outputs, SDPA
 attention). Nothing is downloaded: the config file is all that is read.
+
+A config.json is data, never code: its `auto_map` (the hook transformers uses to import
+Python files that ship beside a config) and every other field that points at custom code
+are dropped before the config is built, transformers is never allowed to run remote code,
+and "architectures" resolves only to model classes defined in transformers itself.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -33,6 +39,35 @@ MAX_DEFAULT_SEQ_LENGTH = 4096
 
 class HFConfigError(ValueError):
     """A Hugging Face config that cannot be used; the message says what to change."""
+
+
+# Fields that make transformers import code from outside its own package (auto_map and
+# custom_pipelines name Python files beside the config; name_or_path is where it looks for
+# them; attention and expert implementations may name a kernel fetched from the Hub) or
+# that ask it to trust such code. None describes the architecture being planned.
+_CODE_FIELDS = frozenset({
+    "auto_map", "custom_pipelines", "trust_remote_code", "name_or_path", "_name_or_path",
+    "attn_implementation", "_attn_implementation", "_attn_implementation_internal",
+    "experts_implementation", "_experts_implementation", "_experts_implementation_internal",
+})
+
+
+def _without_code_fields(value: Any) -> Any:
+    """`value` (a config's fields, nested sub-configs included) without _CODE_FIELDS."""
+    if isinstance(value, dict):
+        return {
+            key: _without_code_fields(item)
+            for key, item in value.items()
+            if key not in _CODE_FIELDS
+        }
+    if isinstance(value, list):
+        return [_without_code_fields(item) for item in value]
+    return value
+
+
+def _one_line(text: str, limit: int = 160) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class LogitsOnly(nn.Module):
@@ -86,17 +121,47 @@ def load_hf_config(path: str | Path) -> Any:
             f"{file} has no \"model_type\" field; a Hugging Face config.json names its "
             "architecture there (e.g. \"llama\")."
         )
+    fields = _without_code_fields(fields)
     model_type = fields.pop("model_type")
+    if not isinstance(model_type, str):
+        raise HFConfigError(
+            f"{file}: \"model_type\" must be a string naming the architecture (e.g. "
+            f"\"llama\"), not {_one_line(repr(model_type), 60)}."
+        )
     try:
         return AutoConfig.for_model(model_type, **fields)
     except ValueError as error:
-        raise HFConfigError(
-            f"{file}: model_type {model_type!r} is not one this transformers version "
-            f"knows ({str(error).splitlines()[0][:120]}); upgrade transformers or fix "
-            "model_type."
-        ) from None
-    except (TypeError, AttributeError) as error:
-        raise HFConfigError(f"{file} has a field transformers cannot use: {error}.") from None
+        if model_type not in _known_model_types():
+            raise HFConfigError(
+                f"{file}: model_type {model_type!r} is not one this transformers version "
+                f"knows ({_one_line(str(error).splitlines()[0], 120)}); upgrade "
+                "transformers or fix model_type."
+            ) from None
+        raise _field_error(file, error) from None
+    except Exception as error:  # noqa: BLE001 - transformers and huggingface_hub validate
+        # in many ways (strict-dataclass errors in transformers 5 are no ValueError).
+        raise _field_error(file, error) from None
+
+
+def _known_model_types() -> set[str]:
+    from transformers import CONFIG_MAPPING
+
+    return set(CONFIG_MAPPING.keys())
+
+
+def _field_error(file: Path, error: Exception) -> HFConfigError:
+    """One line naming `file` and, where transformers says which, the field it rejected."""
+    text = str(error)
+    found = re.search(r"field '([^']+)'", text)
+    # huggingface_hub's strict-dataclass errors wrap the validator's own error.
+    wrapped = type(error).__module__.startswith("huggingface_hub") and error.__cause__
+    cause = error.__cause__ if wrapped else error
+    reason = _one_line(f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__)
+    if found:
+        return HFConfigError(
+            f"{file}: field {found.group(1)!r} is invalid ({reason}); fix it in the file."
+        )
+    return HFConfigError(f"{file} has a field transformers cannot use ({reason}); fix the file.")
 
 
 def hf_num_layers(config: Any) -> int | None:
@@ -121,7 +186,7 @@ def build_hf_model(
     tracing, and the loss its head trains with."""
     import transformers
 
-    config = config.__class__.from_dict(config.to_dict())
+    config = config.__class__.from_dict(_without_code_fields(config.to_dict()))
     config.use_cache = False
     config._attn_implementation = "sdpa"
     if num_layers is not None:
@@ -134,10 +199,9 @@ def build_hf_model(
             setattr(config, name, 0.0)
     architecture = _architecture(config, transformers)
     with torch.device("meta"):
-        if architecture.__name__.startswith("Auto"):
-            model = architecture.from_config(config)
-        else:
-            model = architecture._from_config(config)
+        # A concrete transformers class: nothing here can import code from outside the
+        # package (Auto*.from_config, the one call that can, is never made).
+        model = architecture._from_config(config)
     name = type(model).__name__
     loss = next_token_loss if name.endswith("ForCausalLM") or name.endswith("LMHeadModel") else (
         masked_token_loss if name.endswith("ForMaskedLM") else None
@@ -146,20 +210,46 @@ def build_hf_model(
 
 
 def _architecture(config: Any, transformers: Any) -> Any:
-    """The class the config names in "architectures", else the masked LM, causal LM or
-    bare model registered for its model_type (masked first: encoders such as BERT also
-    register a causal head, which they are not trained with)."""
+    """The model class to build `config` with: one of transformers' own classes, never
+    one that a config's auto_map or a name outside transformers points at.
+
+    "architectures" names are used when they name a concrete model class defined in the
+    transformers package (not an `Auto*` factory, whose `from_config` is where remote code
+    is loaded from) built for this config's class. Other names are ignored rather than
+    refused: Hub configs often name a custom class there while their model_type is one
+    transformers implements, and that implementation is the model to plan. Without a
+    usable name, the masked LM, causal LM or bare model registered for the model_type is
+    taken (masked first: encoders such as BERT also register a causal head, which they
+    are not trained with). Neither found: HFConfigError.
+    """
     for name in getattr(config, "architectures", None) or []:
-        cls = getattr(transformers, name, None)
-        if cls is not None:
+        cls = getattr(transformers, name, None) if isinstance(name, str) else None
+        if _is_own_model_class(cls, transformers) and isinstance(
+            config, getattr(cls, "config_class", None) or ()
+        ):
             return cls
     for auto in ("AutoModelForMaskedLM", "AutoModelForCausalLM", "AutoModel"):
-        auto_cls = getattr(transformers, auto)
-        if type(config) in auto_cls._model_mapping:
-            return auto_cls
+        mapping = getattr(transformers, auto)._model_mapping
+        if type(config) not in mapping:
+            continue
+        registered = mapping[type(config)]
+        for cls in registered if isinstance(registered, (list, tuple)) else [registered]:
+            if _is_own_model_class(cls, transformers):
+                return cls
     raise HFConfigError(
-        f"transformers has no model class for model_type {config.model_type!r}; "
-        "name one in the config's \"architectures\" field."
+        f"transformers has no model class of its own for model_type {config.model_type!r}; "
+        "name one of its classes in the config's \"architectures\" field (Tessel never "
+        "runs code that ships with a config)."
+    )
+
+
+def _is_own_model_class(cls: Any, transformers: Any) -> bool:
+    """Whether `cls` is a concrete model class defined inside the transformers package."""
+    return (
+        isinstance(cls, type)
+        and issubclass(cls, transformers.PreTrainedModel)
+        and not cls.__name__.startswith("Auto")
+        and (cls.__module__ == "transformers" or cls.__module__.startswith("transformers."))
     )
 
 
