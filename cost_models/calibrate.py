@@ -54,6 +54,17 @@ BOUNDS = {
 }
 
 
+# Nelder-Mead iterations a fit may run: each evaluates the step-time model on every row,
+# so more than this would run for days without improving a converged simplex.
+MAX_ITERATIONS = 100_000
+# vTrain's columns: the whole numbers (shape, degrees, batch sizes) and the measured time.
+WHOLE_COLUMNS = ("# GPUs", "global batch", "micro batch", "hidden size", "attention heads",
+                 "# layers", "sequence length", "tensor parallelism", "data parallelism",
+                 "pipeline parallelism")
+TIME_COLUMN = "iteration time (ms)"
+COLUMNS = (*WHOLE_COLUMNS, TIME_COLUMN)
+
+
 @dataclass(frozen=True)
 class MeasuredStep:
     """One measured training configuration."""
@@ -68,31 +79,143 @@ class MeasuredStep:
     """Measured iteration time."""
     label: str
     """Model size as the file names it ("3.6"), or a shape summary."""
+    line: int = 0
+    """Line of the CSV file the row was read from (0: not read from a file)."""
+
+    @property
+    def where(self) -> str:
+        """'line 4' for a row read from a file, else the row's label."""
+        return f"line {self.line}" if self.line else f"the run {self.label!r}"
 
 
 def read_measurements(path: str | Path) -> list[MeasuredStep]:
-    """The rows of a vTrain calibration CSV as model + parallel configurations."""
+    """The rows of a vTrain calibration CSV as model + parallel configurations.
+
+    Raises ValueError, in one sentence naming the file, line, column and value, for an
+    empty file, missing columns, values that are not positive whole numbers (or, for the
+    time, a positive finite number), and rows whose degrees do not fit their GPUs.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        raise ValueError(
+            f"{path} is not a text CSV file (it is not UTF-8); export the measurements as CSV."
+        ) from None
+    except OSError as error:
+        raise ValueError(f"cannot read {path}: {error.strerror or error}.") from None
+    reader = csv.DictReader(text.splitlines(keepends=True))
+    header = reader.fieldnames
+    if not header:
+        raise ValueError(
+            f"{path} is empty; give a CSV whose header has vTrain's columns "
+            f"({', '.join(COLUMNS)}) and one row per measured run."
+        )
+    missing = [c for c in COLUMNS if c not in header]
+    if missing:
+        raise ValueError(
+            f"{path} lacks the column{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(repr(c) for c in missing)} of vTrain's layout; its header is "
+            f"{', '.join(repr(c) for c in header)}."
+        )
     steps = []
-    with open(path, newline="") as file:
-        for row in csv.DictReader(file):
-            t = int(row["tensor parallelism"])
-            h, layers = int(row["hidden size"]), int(row["# layers"])
-            padded = math.ceil(GPT2_VOCAB / (128 * t)) * 128 * t
-            model = TransformerConfig(
-                num_layers=layers, hidden_size=h,
-                num_attention_heads=int(row["attention heads"]),
-                seq_length=int(row["sequence length"]), vocab_size=padded,
-            )
-            parallel = ParallelConfig(
-                tensor=t, pipeline=int(row["pipeline parallelism"]),
-                data=int(row["data parallelism"]),
-                micro_batch_size=int(row["micro batch"]),
-                global_batch_size=int(row["global batch"]), recompute="full",
-            )
-            label = row.get("Parameters (billion)") or f"h{h} L{layers}"
-            steps.append(MeasuredStep(model, parallel, int(row["# GPUs"]),
-                                      float(row["iteration time (ms)"]) / 1e3, label))
+    for row in reader:
+        steps.append(_measured_step(row, f"{path} line {reader.line_num}", reader.line_num))
+    if not steps:
+        raise ValueError(
+            f"{path} has a header but no measurements; add one row per measured run."
+        )
     return steps
+
+
+def _measured_step(row: dict, where: str, line: int) -> MeasuredStep:
+    """One CSV row (`where` names it in errors) as a measured step."""
+    if None in row:
+        raise ValueError(
+            f"{where} has {len(row) - 1 + len(row[None])} values for the header's "
+            f"{len(row) - 1} columns; remove the extra values or fix the header."
+        )
+    values: dict[str, int] = {}
+    for column in WHOLE_COLUMNS:
+        text = _cell(row, column, where)
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1 or not text.isdigit():
+            raise ValueError(
+                f"{where}, column {column!r}: {text!r} is not a positive whole number; "
+                "fix or delete the row."
+            )
+        values[column] = value
+    text = _cell(row, TIME_COLUMN, where)
+    try:
+        milliseconds = float(text)
+    except ValueError:
+        milliseconds = math.nan
+    if not (math.isfinite(milliseconds) and milliseconds > 0):
+        raise ValueError(
+            f"{where}, column {TIME_COLUMN!r}: {text!r} is not a measured time (a positive, "
+            "finite number of milliseconds); fix or delete the row."
+        )
+    t, h, layers = (values[c] for c in ("tensor parallelism", "hidden size", "# layers"))
+    padded = math.ceil(GPT2_VOCAB / (128 * t)) * 128 * t
+    num_gpus = values["# GPUs"]
+    try:
+        model = TransformerConfig(
+            num_layers=layers, hidden_size=h,
+            num_attention_heads=values["attention heads"],
+            seq_length=values["sequence length"], vocab_size=padded,
+        )
+        parallel = ParallelConfig(
+            tensor=t, pipeline=values["pipeline parallelism"],
+            data=values["data parallelism"],
+            micro_batch_size=values["micro batch"],
+            global_batch_size=values["global batch"], recompute="full",
+        )
+        parallel.resolve(num_gpus)
+    except ValueError as error:
+        reason = _first_reason(error).rstrip(".")
+        raise ValueError(f"{where} is not a run Tessel can predict: {reason}.") from None
+    if parallel.pipeline > layers:
+        raise ValueError(
+            f"{where}: pipeline parallelism {parallel.pipeline} is more stages than the "
+            f"{layers} layers; fix or delete the row."
+        )
+    label = (row.get("Parameters (billion)") or "").strip() or f"h{h} L{layers}"
+    return MeasuredStep(model, parallel, num_gpus, milliseconds / 1e3, label, line)
+
+
+def _cell(row: dict, column: str, where: str) -> str:
+    text = row.get(column)
+    if text is None or not text.strip():
+        raise ValueError(f"{where} has no value in column {column!r}; fill it in or delete "
+                         "the row.")
+    return text.strip()
+
+
+def _first_reason(error: ValueError) -> str:
+    """The message of a ValueError, or a pydantic ValidationError's first error's."""
+    from pydantic import ValidationError
+
+    if isinstance(error, ValidationError):
+        first = error.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        message = str(first["msg"]).removeprefix("Value error, ")
+        return f"{field}: {message}" if field else message
+    return str(error)
+
+
+def check_measurements(steps: list[MeasuredStep]) -> None:
+    """Raise ValueError, naming the run, unless every step can be fitted to: at least one
+    step, and every measured time positive and finite."""
+    if not steps:
+        raise ValueError("there are no measured runs to fit to; give at least one.")
+    for step in steps:
+        if not (math.isfinite(step.seconds) and step.seconds > 0):
+            raise ValueError(
+                f"{step.where} has measured time {step.seconds!r} s; a measured time must be "
+                "positive and finite."
+            )
 
 
 def vtrain_cluster(base: Cluster) -> Cluster:
@@ -123,7 +246,9 @@ def predict_all(
 
 
 def mape(predicted: np.ndarray, measured: np.ndarray) -> float:
-    """Mean absolute percentage error, as a fraction."""
+    """Mean absolute percentage error, as a fraction (NaN for no measurements)."""
+    if len(measured) == 0:
+        return math.nan
     return float(np.mean(np.abs(predicted - measured) / measured))
 
 
@@ -148,7 +273,14 @@ def fit_efficiency(
     iterations: int = 300,
     flash_attention: bool = False,
 ) -> tuple[Efficiency, float]:
-    """The efficiency minimizing MAPE over `steps`, and that MAPE."""
+    """The efficiency minimizing MAPE over `steps`, and that MAPE.
+
+    Raises ValueError for no steps or a bad measured time, `fields` empty, repeated or not
+    fitted parameters (`BOUNDS`), `iterations` outside 1..`MAX_ITERATIONS`, and a fit whose
+    error is not a finite number (a prediction that is infinite or NaN).
+    """
+    check_measurements(steps)
+    check_fit_settings(fields, iterations)
     measured = np.array([s.seconds for s in steps])
     start = cluster.device.efficiency
 
@@ -161,7 +293,36 @@ def fit_efficiency(
 
     x0 = np.array([_to_unbounded(f, getattr(start, f)) for f in fields])
     best = nelder_mead(loss, x0, step=0.5, iterations=iterations)
-    return efficiency_at(best), loss(best)
+    error = loss(best)
+    if not math.isfinite(error):
+        raise ValueError(
+            f"the fit ended with a mean absolute percentage error of {error}, so it fitted "
+            "nothing; check that the cluster's numbers and the measured times are finite."
+        )
+    return efficiency_at(best), error
+
+
+def check_fit_settings(fields: tuple[str, ...], iterations: int) -> None:
+    """Raise ValueError unless `fields` are distinct fitted parameters and `iterations` is
+    in 1..MAX_ITERATIONS."""
+    if not fields:
+        raise ValueError(
+            f"no parameters to fit; name at least one of {', '.join(BOUNDS)}."
+        )
+    unknown = [f for f in fields if f not in BOUNDS]
+    if unknown:
+        raise ValueError(
+            f"cannot fit {', '.join(unknown)}; choose parameters from {', '.join(BOUNDS)}."
+        )
+    repeated = sorted({f for f in fields if fields.count(f) > 1})
+    if repeated:
+        raise ValueError(f"{', '.join(repeated)} is named more than once; name each once.")
+    if isinstance(iterations, bool) or not isinstance(iterations, int) or not (
+        1 <= iterations <= MAX_ITERATIONS
+    ):
+        raise ValueError(
+            f"iterations {iterations!r} is out of range; give 1 to {MAX_ITERATIONS}."
+        )
 
 
 def _to_unbounded(field: str, value: float) -> float:

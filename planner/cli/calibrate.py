@@ -9,11 +9,21 @@ prints the error before and after and the YAML block to put under the preset's `
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 from rich.console import Console
 
-from cost_models.calibrate import FITTED, fit_efficiency, mape, predict_all, read_measurements
+from cost_models.calibrate import (
+    BOUNDS,
+    FITTED,
+    MAX_ITERATIONS,
+    fit_efficiency,
+    mape,
+    predict_all,
+    read_measurements,
+)
+from planner.cli.errors import UsageError
 from planner.cluster import Cluster
 
 
@@ -24,7 +34,10 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
         "--fields", default=",".join(FITTED),
         help=f"efficiency parameters to fit, comma-separated (default {','.join(FITTED)})",
     )
-    parser.add_argument("--iterations", type=int, default=300, help="Nelder-Mead iterations")
+    parser.add_argument(
+        "--iterations", type=int, default=300,
+        help=f"Nelder-Mead iterations, 1 to {MAX_ITERATIONS} (default 300)",
+    )
     parser.add_argument(
         "--flash-attention", action="store_true",
         help="the runs used flash attention (default: Megatron's fused softmax, as vTrain's)",
@@ -35,25 +48,33 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
 def run_calibrate(args: argparse.Namespace, console: Console) -> int:
     from pathlib import Path
 
-    if not Path(args.measurements).is_file():
-        raise ValueError(f"measurements file {args.measurements!r} does not exist.")
-    try:
-        steps = read_measurements(args.measurements)
-    except (KeyError, ValueError) as error:
-        raise ValueError(
-            f"{args.measurements} is not in vTrain's CSV layout ({error}); see "
-            "cost_models/calibrate.py for the columns."
-        ) from None
-    cluster = Cluster.load(args.cluster)
-    fields = tuple(f.strip() for f in args.fields.split(",") if f.strip())
-    unknown = [f for f in fields if f not in type(cluster.device.efficiency).model_fields]
-    if unknown:
-        raise ValueError(f"--fields {', '.join(unknown)} are not efficiency parameters.")
-    measured = [s.seconds for s in steps]
     import numpy as np
+
+    fields = _fields(args.fields)
+    if not 1 <= args.iterations <= MAX_ITERATIONS:
+        raise UsageError(
+            f"--iterations {args.iterations} is out of range; give 1 to {MAX_ITERATIONS}."
+        )
+    path = Path(args.measurements)
+    if not path.is_file():
+        what = "is a folder, not" if path.is_dir() else "does not exist; give"
+        raise ValueError(f"measurements file {args.measurements!r} {what} a CSV file.")
+    steps = read_measurements(args.measurements)
+    cluster = Cluster.load(args.cluster)
+    for step in steps:
+        try:
+            cluster.with_devices(step.num_gpus)
+        except ValueError as error:
+            raise ValueError(f"{args.measurements} {step.where}: {error}") from None
+    measured = [s.seconds for s in steps]
 
     flash = args.flash_attention
     before = mape(predict_all(steps, cluster, flash_attention=flash), np.array(measured))
+    if not math.isfinite(before):
+        raise ValueError(
+            f"the {args.cluster} cluster predicts a step time that is not a finite number "
+            f"for {args.measurements}, so there is nothing to fit; check its numbers."
+        )
     with console.status(f"fitting {len(fields)} parameters to {len(steps)} runs"):
         start = time.perf_counter()
         efficiency, after = fit_efficiency(steps, cluster, fields, args.iterations, flash)
@@ -63,3 +84,22 @@ def run_calibrate(args: argparse.Namespace, console: Console) -> int:
     for field, value in efficiency.model_dump().items():
         console.print(f"    {field}: {value:.4g}", highlight=False)
     return 0
+
+
+def _fields(text: str) -> tuple[str, ...]:
+    """`--fields` as parameter names: at least one, each fittable, none twice."""
+    fields = tuple(f.strip() for f in text.split(",") if f.strip())
+    if not fields:
+        raise UsageError(
+            f"--fields {text!r} names no parameter; give at least one of {', '.join(BOUNDS)}."
+        )
+    unknown = [f for f in fields if f not in BOUNDS]
+    if unknown:
+        raise UsageError(
+            f"--fields {', '.join(unknown)}: not efficiency parameters a fit can move; "
+            f"choose from {', '.join(BOUNDS)}."
+        )
+    repeated = sorted({f for f in fields if fields.count(f) > 1})
+    if repeated:
+        raise UsageError(f"--fields names {', '.join(repeated)} more than once; name each once.")
+    return fields

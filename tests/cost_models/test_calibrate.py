@@ -3,6 +3,7 @@ recovers efficiency parameters from step times they generated."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from cost_models.calibrate import (
+    MAX_ITERATIONS,
     fit_efficiency,
     mape,
     nelder_mead,
@@ -93,3 +95,179 @@ def test_plan_calibrate_prints_the_fitted_block(tmp_path: Path, capsys) -> None:
     out = capsys.readouterr().out
     assert code == 0
     assert "over 24 runs" in out and "efficiency:" in out and "kernel_overhead_us:" in out
+
+
+# --- Garbage refused (issue 10, family 6): every bad input is one sentence naming it. ---
+
+HEADER = (
+    "# GPUs,global batch,micro batch,hidden size,attention heads,# layers,sequence length,"
+    "tensor parallelism,data parallelism,pipeline parallelism,iteration time (ms)"
+)
+GOOD_ROW = "2,16,8,1024,16,24,1024,1,1,2,372.16"
+
+
+def _csv(tmp_path: Path, *rows: str, header: str = HEADER) -> Path:
+    path = tmp_path / "runs.csv"
+    path.write_text("\n".join([header, *rows]) + "\n")
+    return path
+
+
+def test_a_good_row_is_read_with_its_line(tmp_path: Path) -> None:
+    (step,) = read_measurements(_csv(tmp_path, GOOD_ROW))
+    assert (step.num_gpus, step.line, step.label) == (2, 2, "h1024 L24")
+    assert step.seconds == pytest.approx(0.37216)
+    assert (step.parallel.tensor, step.parallel.pipeline, step.parallel.data) == (1, 2, 1)
+
+
+def test_empty_csv_is_refused(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    with pytest.raises(ValueError, match=r"empty.csv is empty; give a CSV whose header"):
+        read_measurements(empty)
+    with pytest.raises(ValueError, match=r"runs.csv has a header but no measurements"):
+        read_measurements(_csv(tmp_path))
+
+
+def test_missing_columns_are_named(tmp_path: Path) -> None:
+    header = HEADER.removesuffix(",iteration time (ms)")
+    with pytest.raises(ValueError) as error:
+        read_measurements(_csv(tmp_path, "2,16,8,1024,16,24,1024,1,1,2", header=header))
+    message = str(error.value)
+    assert "runs.csv lacks the column 'iteration time (ms)'" in message
+    assert "'pipeline parallelism'" in message  # the header it has
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "row, fragment",
+    [
+        # A row short of a value, or with one too many.
+        ("2,16,8,1024,16,24,1024,1,1,2", "line 3 has no value in column 'iteration time (ms)'"),
+        ("2,16,8,1024,16,24,1024,1,1,2,372,9", "line 3 has 12 values for the header's 11"),
+        ("2,16,8,abc,16,24,1024,1,1,2,372", "line 3, column 'hidden size': 'abc' is not a "
+         "positive whole number"),
+        ("2,16,8,1024,16,24,1024,1.5,1,2,372", "column 'tensor parallelism': '1.5'"),
+        # Zero or negative degrees.
+        ("2,16,8,1024,16,24,1024,0,1,2,372", "column 'tensor parallelism': '0' is not a "
+         "positive whole number"),
+        ("2,16,8,1024,16,24,1024,1,-1,2,372", "column 'data parallelism': '-1'"),
+        ("0,16,8,1024,16,24,1024,1,1,2,372", "column '# GPUs': '0'"),
+        ("2,16,8,1024,16,24,1024,1,1,nan,372", "column 'pipeline parallelism': 'nan'"),
+        # Zero, negative, NaN, infinite or unparseable times.
+        ("2,16,8,1024,16,24,1024,1,1,2,0", "column 'iteration time (ms)': '0' is not a "
+         "measured time (a positive, finite number of milliseconds)"),
+        ("2,16,8,1024,16,24,1024,1,1,2,-94", "'iteration time (ms)': '-94'"),
+        ("2,16,8,1024,16,24,1024,1,1,2,nan", "'iteration time (ms)': 'nan'"),
+        ("2,16,8,1024,16,24,1024,1,1,2,inf", "'iteration time (ms)': 'inf'"),
+        ("2,16,8,1024,16,24,1024,1,1,2,1e999", "'iteration time (ms)': '1e999'"),
+        ("2,16,8,1024,16,24,1024,1,1,2,fast", "'iteration time (ms)': 'fast'"),
+        # Degrees that do not fit the row's GPUs, shapes no model has.
+        ("4,16,8,1024,16,24,1024,1,1,2,372", "line 3 is not a run Tessel can predict: tensor "
+         "(1) x pipeline (2) x context (1) x data (1) must multiply to the 4 GPUs"),
+        ("2,12,8,1024,16,24,1024,1,1,2,372", "global batch (12) must be a multiple of micro "
+         "batch (8)"),
+        ("2,16,8,1000,16,24,1024,1,1,2,372", "hidden_size (1000) must be divisible by "
+         "num_attention_heads (16)"),
+        ("2,16,8,1024,16,1,1024,1,1,2,372", "pipeline parallelism 2 is more stages than the 1"),
+    ],
+)
+def test_bad_rows_are_named_by_line_column_and_value(
+    tmp_path: Path, row: str, fragment: str
+) -> None:
+    with pytest.raises(ValueError) as error:
+        read_measurements(_csv(tmp_path, GOOD_ROW, row))
+    message = str(error.value)
+    assert message.startswith(f"{tmp_path / 'runs.csv'} line 3")
+    assert fragment in message
+    assert "\n" not in message
+
+
+def test_a_file_that_is_not_text_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "runs.csv"
+    path.write_bytes(b"\xff\xfe\x00\x81")
+    with pytest.raises(ValueError, match="runs.csv is not a text CSV file"):
+        read_measurements(path)
+
+
+def test_fit_refuses_bad_times_and_settings(tmp_path: Path) -> None:
+    (step,) = read_measurements(_csv(tmp_path, GOOD_ROW))
+    cluster = Cluster.load("dgx-a100-80g")
+    for seconds in (0.0, -1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match=rf"line 2 has measured time {seconds!r} s"):
+            fit_efficiency([replace(step, seconds=seconds)], cluster, ("matmul",), 1)
+    with pytest.raises(ValueError, match="no measured runs to fit to"):
+        fit_efficiency([], cluster)
+    with pytest.raises(ValueError, match="no parameters to fit"):
+        fit_efficiency([step], cluster, (), 1)
+    with pytest.raises(ValueError, match="cannot fit bogus; choose parameters from matmul"):
+        fit_efficiency([step], cluster, ("bogus",), 1)
+    with pytest.raises(ValueError, match="matmul is named more than once"):
+        fit_efficiency([step], cluster, ("matmul", "matmul"), 1)
+    for iterations in (0, -3, MAX_ITERATIONS + 1):
+        with pytest.raises(ValueError, match=rf"iterations {iterations} is out of range; "
+                           rf"give 1 to {MAX_ITERATIONS}"):
+            fit_efficiency([step], cluster, ("matmul",), iterations)
+
+
+def test_a_fit_with_a_non_finite_error_fits_nothing(tmp_path: Path, monkeypatch) -> None:
+    import cost_models.calibrate as calibrate
+
+    steps = read_measurements(_csv(tmp_path, GOOD_ROW))
+    monkeypatch.setattr(calibrate, "predict_all", lambda *a, **k: np.array([math.nan]))
+    with pytest.raises(ValueError, match="error of nan, so it fitted nothing"):
+        fit_efficiency(steps, Cluster.load("dgx-a100-80g"), ("matmul",), 3)
+
+
+@pytest.fixture
+def piped_width(monkeypatch):
+    """80 columns, as rich uses when stdout is a pipe, so one-line checks are exact."""
+    from planner import cli
+
+    monkeypatch.setattr(cli.console, "_width", 80)
+
+
+def _plan(argv: list[str], capsys) -> tuple[int, str]:
+    from planner import cli
+
+    code = cli.main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+@pytest.mark.parametrize(
+    "rows, extra, fragments",
+    [
+        ((), [], ["has a header but no measurements"]),
+        ((GOOD_ROW, "2,16,8,1024,16,24,1024,1,1,2,0"), [], ["line 3", "'0'"]),
+        ((GOOD_ROW, "2,16,8,1024,16,24,1024,1,1,2,-94"), [], ["line 3", "'-94'"]),
+        ((GOOD_ROW, "2,16,8,1024,16,24,1024,1,1,2,nan"), [], ["line 3", "'nan'"]),
+        ((GOOD_ROW, "2,16,8,1024,16,24,1024,1,1,2"), [], ["line 3", "no value"]),
+        (("12,12,1,1024,16,24,1024,1,12,1,372",), [],
+         ["line 2", "8 devices per node", "12 devices"]),
+        ((GOOD_ROW,), ["--iterations", "0"], ["--iterations 0 is out of range"]),
+        ((GOOD_ROW,), ["--iterations", "100000000"], ["--iterations 100000000", "1 to 100000"]),
+        ((GOOD_ROW,), ["--fields", ""], ["--fields '' names no parameter"]),
+        ((GOOD_ROW,), ["--fields", " , "], ["--fields ' , ' names no parameter"]),
+        ((GOOD_ROW,), ["--fields", "matmul,matmul"], ["--fields names matmul more than once"]),
+        ((GOOD_ROW,), ["--fields", "bogus"], ["--fields bogus: not efficiency parameters"]),
+    ],
+)
+def test_plan_calibrate_refuses_garbage_in_one_line(
+    tmp_path: Path, capsys, piped_width, rows, extra, fragments
+) -> None:
+    path = _csv(tmp_path, *rows)
+    code, output = _plan(["calibrate", str(path), *extra], capsys)
+    assert code == 2
+    assert "Traceback" not in output and "fitted" not in output and "MAPE" not in output
+    assert len(output.strip().splitlines()) == 1, output
+    for fragment in fragments:
+        assert fragment in output
+
+
+def test_plan_calibrate_refuses_an_empty_file_and_a_folder(tmp_path: Path, capsys) -> None:
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    code, output = _plan(["calibrate", str(empty)], capsys)
+    assert code == 2 and "empty.csv is empty" in output
+    code, output = _plan(["calibrate", str(tmp_path)], capsys)
+    assert code == 2 and "is a folder, not a CSV file" in output
