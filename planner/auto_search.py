@@ -66,7 +66,7 @@ def search_auto(
         # DP finds a plan that fits is kept, as in the Megatron space.
         for shared in settings:
             dp_start = time.perf_counter()
-            found = _best_stages(model, cluster, shared, flash_attention, collectives)
+            found = _best_stages(model, cluster, shared, fixed, flash_attention, collectives)
             dp_s += time.perf_counter() - dp_start
             if found is None:
                 continue
@@ -111,17 +111,22 @@ def _shared_knobs(
 ) -> list[list[ParallelConfig]]:
     """Per micro-batch size, the settings all stages share, least memory relief first.
     `micro_batch_size` here is the whole micro-batch (data = 1): each stage splits it over
-    its own data-parallel replicas."""
-    sizes = [fixed["micro_batch_size"]] if "micro_batch_size" in fixed else [
-        2**i for i in range(gbs.bit_length()) if gbs % 2**i == 0
-    ]
+    its own data-parallel replicas. The stage DP prices 1F1B or GPipe pipelines of one
+    chunk per stage, so a fixed interleaved schedule leaves this space to the Megatron one."""
+    if fixed.get("schedule") == "interleaved" or "virtual_pipeline" in fixed:
+        return []
+    # A fixed --micro-batch-size is per data-parallel replica: whole micro-batches of any
+    # multiple of it, each stage then replicated (whole / fixed) ways.
+    per_replica = fixed.get("micro_batch_size", 1)
+    sizes = [2**i for i in range(gbs.bit_length()) if gbs % 2**i == 0 and 2**i % per_replica == 0]
     recomputes = [fixed["recompute"]] if "recompute" in fixed else list(RECOMPUTE)
     zeros = [fixed["zero_stage"]] if "zero_stage" in fixed else [1, 3]
-    sp = fixed.get("sequence_parallel", True)
     return [
         [
             ParallelConfig(data=1, micro_batch_size=b, global_batch_size=gbs, recompute=r,
-                           zero_stage=z, sequence_parallel=sp, context=fixed.get("context", 1),
+                           zero_stage=z, sequence_parallel=fixed.get("sequence_parallel", True),
+                           context=fixed.get("context", 1), expert=fixed.get("expert", 1),
+                           schedule=fixed.get("schedule", "1f1b"),
                            overlap_grad_reduce=fixed.get("overlap_grad_reduce", True),
                            precision=fixed.get("precision", "bf16"))
             for z, r in itertools.product(zeros, recomputes)
@@ -131,27 +136,34 @@ def _shared_knobs(
 
 
 def _best_stages(
-    model: TransformerConfig, cluster: Cluster, shared: ParallelConfig, flash: bool,
-    collectives: LayerCollectives | None = None,
+    model: TransformerConfig, cluster: Cluster, shared: ParallelConfig, fixed: dict[str, Any],
+    flash: bool, collectives: LayerCollectives | None = None,
 ) -> list[StageLayout] | None:
-    """The stage DP's best stages (layers and mesh each) under `shared`'s knobs, or None
-    when nothing fits."""
+    """The stage DP's best stages (layers and mesh each) under `shared`'s knobs and the
+    fixed degrees, or None when nothing fits."""
     sizes = submeshes(cluster)
     group = layer_group_size(model.num_layers)
     groups = model.num_layers // group
     micro_batches = shared.global_batch_size // shared.micro_batch_size
-    most = min(MAX_STAGES, groups, cluster.num_devices)
+    pipeline = fixed.get("pipeline")
+    most = pipeline or min(MAX_STAGES, groups, cluster.num_devices)
+    if most > groups:
+        return None  # more stages than layer groups: the Megatron space covers it
     costs = np.full((groups, groups + 1, len(sizes), most), np.inf)
     meshes: list[list[tuple[int, int]]] = []
     capacity = cluster.device.memory_gib * 2**30 - FRAMEWORK_RESERVE_BYTES
     first, last = np.arange(groups)[:, None], np.arange(groups + 1)[None, :]
     layers = (last - first) * group
     valid = layers > 0
-    in_flight = np.minimum(np.arange(most) + 1, micro_batches)  # 1F1B: k after -> k + 1
+    after = np.arange(most)
+    in_flight = (np.full(most, micro_batches) if shared.schedule == "gpipe"
+                 else np.minimum(after + 1, micro_batches))  # 1F1B: k after -> k + 1
     chosen = np.zeros(costs.shape, dtype=int)  # which mesh priced each entry
-    degrees = tensor_degrees(model, cluster)
+    degrees = [fixed["tensor"]] if "tensor" in fixed else tensor_degrees(model, cluster)
+    if fixed.get("sequence_parallel"):
+        degrees = [t for t in degrees if t > 1]
     for s, devices in enumerate(sizes):
-        options = _meshes(degrees, shared, devices)
+        options = _meshes(degrees, shared, devices, fixed)
         meshes.append(options)
         best = np.full((groups, groups + 1, most), np.inf)
         for option, (tensor, data) in enumerate(options):
@@ -166,7 +178,8 @@ def _best_stages(
             chosen[:, :, s, :] = np.where(candidate < best, option, chosen[:, :, s, :])
             best = np.minimum(best, candidate)
         costs[:, :, s, :] = best
-    plan = stage_dp(costs, np.array(sizes), cluster.num_devices, micro_batches, most)
+    plan = stage_dp(costs, np.array(sizes), cluster.num_devices, micro_batches, most,
+                    num_stages=pipeline)
     if plan is None:
         return None
     stages = []
@@ -179,8 +192,18 @@ def _best_stages(
     return stages
 
 
-def _meshes(degrees: list[int], shared: ParallelConfig, devices: int) -> list[tuple[int, int]]:
-    """(tensor, data) meshes of `devices` GPUs, tensor one of `degrees`, whose data
-    replicas split the micro-batch."""
-    return [(tensor, devices // tensor) for tensor in degrees
-            if devices % tensor == 0 and shared.micro_batch_size % (devices // tensor) == 0]
+def _meshes(
+    degrees: list[int], shared: ParallelConfig, devices: int, fixed: dict[str, Any]
+) -> list[tuple[int, int]]:
+    """(tensor, data) meshes of `devices` GPUs (with `shared.context` context ranks),
+    tensor one of `degrees`, whose data replicas split the micro-batch, into whole
+    micro-batches of a fixed size when one is fixed, and into expert groups."""
+    options = []
+    for tensor in degrees:
+        data, rest = divmod(devices, tensor * shared.context)
+        if rest or data < 1 or shared.micro_batch_size % data or data % shared.expert:
+            continue
+        if shared.micro_batch_size // data != fixed.get("micro_batch_size", shared.micro_batch_size // data):
+            continue
+        options.append((tensor, data))
+    return options

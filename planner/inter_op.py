@@ -93,33 +93,36 @@ def stage_dp(
     max_stages: int | None = None,
     t_max_tolerance: float = 0.0,
     *,
+    num_stages: int | None = None,
     _prune: bool = True,
 ) -> StagePlan | None:
     """The plan of least pipeline latency (Alpa's Algorithm 1), or None if none is feasible.
 
     costs[i, j, s, k]: latency of a stage holding layers i..j-1 on submesh s when k stages
     follow it (shape [L, L + 1, S, K]; np.inf where infeasible). The chosen submeshes'
-    devices (`submesh_devices`, shape [S]) add up to exactly `num_devices`. `_prune=False`
+    devices (`submesh_devices`, shape [S]) add up to exactly `num_devices`. `num_stages`
+    asks for exactly that many stages (a pipeline degree the user fixed). `_prune=False`
     evaluates every candidate t_max (for tests of the search).
     """
     if num_micro_batches < 1:
         raise ValueError(f"num_micro_batches must be at least 1, got {num_micro_batches}")
     problem = _problem(costs, submesh_devices, num_devices, max_stages)
-    if problem is None:
+    if problem is None or (num_stages is not None and num_stages > len(problem.stages)):
         return None
     candidates = _candidates(problem, t_max_tolerance)
     if len(candidates) == 0:
         return None
     search = _branch_and_bound if _prune else _sweep
     index, total = search(
-        lambda i: _least_sum(_tables(problem, candidates[i])),
+        lambda i: _least_sum(_tables(problem, candidates[i]), num_stages),
         candidates,
         num_micro_batches - 1,
     )
     if not math.isfinite(total):
         return None
     t_max = float(candidates[index])
-    return _plan(_rebuild(problem, _tables(problem, t_max), t_max), num_micro_batches)
+    stages = _rebuild(problem, _tables(problem, t_max), t_max, num_stages)
+    return _plan(stages, num_micro_batches)
 
 
 def stage_brute_force(
@@ -128,6 +131,7 @@ def stage_brute_force(
     num_devices: int,
     num_micro_batches: int,
     max_stages: int | None = None,
+    num_stages: int | None = None,
 ) -> StagePlan | None:
     """Enumerate every contiguous split of the layers and every assignment of submeshes to
     its stages that uses exactly `num_devices`; for tests on small instances."""
@@ -138,6 +142,8 @@ def stage_brute_force(
     best: StagePlan | None = None
     for bounds in _splits(num_layers, most):
         count = len(bounds) - 1
+        if num_stages is not None and count != num_stages:
+            continue
         for submeshes in _assignments(sizes, count, num_devices):
             stages = tuple(
                 StageChoice(i, j, m, float(costs[i, j, m, count - 1 - n]))
@@ -269,14 +275,18 @@ def _add_stage(
     return table
 
 
-def _least_sum(tables: list[np.ndarray]) -> float:
-    """min over s >= 1 of F(s, 0, D)."""
+def _least_sum(tables: list[np.ndarray], num_stages: int | None = None) -> float:
+    """min over s >= 1 of F(s, 0, D), or F(num_stages, 0, D)."""
+    if num_stages is not None:
+        return float(tables[num_stages][0, -1]) if num_stages < len(tables) else math.inf
     return min((float(t[0, -1]) for t in tables[1:]), default=math.inf)
 
 
-def _rebuild(problem: _Problem, tables: list[np.ndarray], t_max: float) -> list[StageChoice]:
+def _rebuild(
+    problem: _Problem, tables: list[np.ndarray], t_max: float, num_stages: int | None = None
+) -> list[StageChoice]:
     """Follow the argmins from F(s*, 0, D) down to F(0, L, 0)."""
-    count = 1 + int(np.argmin([t[0, -1] for t in tables[1:]]))
+    count = num_stages or 1 + int(np.argmin([t[0, -1] for t in tables[1:]]))
     layer, devices = 0, problem.capacity
     stages = []
     for s in range(count, 0, -1):

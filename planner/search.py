@@ -98,7 +98,21 @@ def megatron_stage_splits(num_layers: int, stages: int) -> list[tuple[int, ...]]
 def _layouts(
     model: TransformerConfig, cluster: Cluster, gbs: int, fixed: dict[str, Any]
 ) -> Iterator[tuple[int, int, int, int, int]]:
-    """(tensor, context, pipeline, data, expert) degrees that multiply to the GPUs."""
+    """(tensor, context, pipeline, data, expert) degrees that multiply to the GPUs and
+    whose data-parallel replicas split the global batch."""
+    for layout in _degree_layouts(model, cluster, fixed):
+        if gbs % layout[3] == 0:
+            yield layout
+
+
+def data_degrees(model: TransformerConfig, cluster: Cluster, fixed: dict[str, Any]) -> list[int]:
+    """The data-parallel degrees of every layout the fixed knobs allow, batch aside."""
+    return sorted({layout[3] for layout in _degree_layouts(model, cluster, fixed)})
+
+
+def _degree_layouts(
+    model: TransformerConfig, cluster: Cluster, fixed: dict[str, Any]
+) -> Iterator[tuple[int, int, int, int, int]]:
     n = cluster.num_devices
     tensors = [fixed["tensor"]] if "tensor" in fixed else [
         t for t in tensor_degrees(model, cluster) if n % t == 0
@@ -116,14 +130,13 @@ def _layouts(
             if n % (t * c * p):
                 continue
             d = n // (t * c * p)
-            if gbs % d:
-                continue
             experts = [fixed["expert"]] if "expert" in fixed else (
                 [e for e in _divisors(d, model.num_experts) if model.num_experts % e == 0]
                 if model.num_experts else [1]
             )
             for e in experts:
-                yield t, c, p, d, e
+                if d % e == 0:
+                    yield t, c, p, d, e
 
 
 def _knob_choices(
@@ -133,33 +146,40 @@ def _knob_choices(
     """Every setting of the knobs other than degrees and recomputation, for one layout."""
     t, c, p, d, e = layout
     per_replica = gbs // d
-    micro = [fixed["micro_batch_size"]] if "micro_batch_size" in fixed else _divisors(
-        per_replica, MAX_MICRO_BATCH
-    )
-    parallel_seq = [fixed["sequence_parallel"]] if "sequence_parallel" in fixed else (
-        # Megatron-LM requires sequence parallelism when experts and tensors are split.
-        [True] if t > 1 and e > 1 else [False, True] if t > 1 else [False]
-    )
+    micro = _divisors(per_replica, MAX_MICRO_BATCH)
+    if "micro_batch_size" in fixed:
+        micro = [fixed["micro_batch_size"]] if per_replica % fixed["micro_batch_size"] == 0 else []
+    # Megatron-LM requires sequence parallelism when experts and tensors are split; fixed
+    # on, it needs a tensor-parallel group to shard over.
+    parallel_seq = [True] if t > 1 and e > 1 else [False, True] if t > 1 else [False]
+    if "sequence_parallel" in fixed:
+        parallel_seq = [v for v in parallel_seq if v == fixed["sequence_parallel"]]
     zero = [fixed["zero_stage"]] if "zero_stage" in fixed else (
         [0, 1] if space == "megatron" else [0, 1, 2, 3]
     )
     overlap = [fixed.get("overlap_grad_reduce", True)]
     for mb, sp, z, ov in itertools.product(micro, parallel_seq, zero, overlap):
-        m = per_replica // mb
-        if "schedule" in fixed:
-            schedules = [(fixed["schedule"], fixed.get("virtual_pipeline", 1))]
-        else:
-            schedules = [("1f1b", 1)]
-            if p > 1 and m % p == 0:
-                schedules += [("interleaved", v) for v in VIRTUAL_STAGES
-                              if (model.num_layers // p) % v == 0]
-            if space == "auto" and p > 1:
-                schedules.append(("gpipe", 1))
+        schedules = _schedules(model.num_layers, p, per_replica // mb, fixed, space)
         for schedule, v in schedules:
             yield dict(tensor=t, context=c, pipeline=p, data=d, expert=e, micro_batch_size=mb,
                        global_batch_size=gbs, sequence_parallel=sp, zero_stage=z,
                        overlap_grad_reduce=ov, schedule=schedule, virtual_pipeline=v,
                        precision=fixed.get("precision", "bf16"))
+
+
+def _schedules(
+    num_layers: int, p: int, m: int, fixed: dict[str, Any], space: str
+) -> list[tuple[str, int]]:
+    """(schedule, virtual stages) for `p` stages and `m` micro-batches, fixed ones kept.
+    Interleaving needs the micro-batches to be a multiple of the stages and the stage's
+    layers to split into the chunks (Megatron-LM's rules); GPipe is Alpa's, not Megatron's."""
+    if p == 1:
+        return [] if fixed.get("schedule") == "interleaved" else [(fixed.get("schedule", "1f1b"), 1)]
+    chunks = [fixed["virtual_pipeline"]] if "virtual_pipeline" in fixed else VIRTUAL_STAGES
+    options = [("interleaved", v) for v in chunks if m % p == 0 and (num_layers // p) % v == 0]
+    if "virtual_pipeline" not in fixed:
+        options = [("1f1b", 1), *options] + ([("gpipe", 1)] if space == "auto" else [])
+    return [o for o in options if o[0] == fixed.get("schedule", o[0])]
 
 
 def enumerate_megatron(

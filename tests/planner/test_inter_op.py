@@ -156,6 +156,22 @@ def test_dp_matches_brute_force(seed: int) -> None:
     assert_valid(expected, instance)
 
 
+@pytest.mark.parametrize("seed", range(15))
+def test_fixed_stage_count_matches_brute_force(seed: int) -> None:
+    """A pipeline degree the user fixed: exactly that many stages, the best such plan."""
+    instance = random_instance(seed)
+    most = min(instance["costs"].shape[0], instance["costs"].shape[3])
+    for count in range(1, most + 1):
+        expected = stage_brute_force(**instance, num_stages=count)
+        got = stage_dp(**instance, num_stages=count)
+        if expected is None:
+            assert got is None
+            continue
+        assert got is not None and len(got.stages) == count
+        assert got.total_latency == pytest.approx(expected.total_latency, rel=1e-9)
+        assert_valid(got, instance)
+
+
 def test_random_instances_exercise_the_interesting_cases() -> None:
     """Guard on the generator: the property test above is only worth something if its
     instances include infeasible ones, optima of several stages on several submesh shapes,

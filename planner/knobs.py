@@ -1,0 +1,147 @@
+"""Fixed parallel knobs checked against the model and the cluster before any search.
+
+A knob a user fixes is kept by every search space, so a value that no plan can honour
+must be refused up front, with the rule it breaks and the flag as typed, rather than
+searched into "no plan fits" or, worse, into a plan that Megatron-LM would reject at
+launch. The rules are Megatron-LM's (`validate_args` and the parallel-state setup):
+tensor parallelism splits attention heads and key/value groups and stays within a node,
+pipeline stages hold at least one layer, context parallelism splits the sequence into
+2 x degree chunks, expert parallelism needs experts to split, and every data-parallel
+replica needs whole micro-batches.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from planner.cluster import Cluster
+from planner.models.config import TransformerConfig
+from planner.search import data_degrees
+
+# ParallelConfig field -> the flag that fixes it, for messages that name the flag as typed.
+FLAG = {
+    "tensor": "--tensor-model-parallel-size",
+    "pipeline": "--pipeline-model-parallel-size",
+    "context": "--context-parallel-size",
+    "expert": "--expert-model-parallel-size",
+    "micro_batch_size": "--micro-batch-size",
+    "zero_stage": "--zero-stage",
+    "recompute": "--recompute-granularity",
+    "sequence_parallel": "--sequence-parallel",
+    "schedule": "--schedule",
+    "virtual_pipeline": "--num-layers-per-virtual-pipeline-stage",
+    "overlap_grad_reduce": "--overlap-grad-reduce",
+    "precision": "--precision",
+}
+
+
+def check_knobs(
+    knobs: dict[str, Any], model: TransformerConfig, cluster: Cluster,
+    global_batch_size: int, space: str,
+) -> None:
+    """ValueError naming every fixed knob that no plan of `space` can honour on `cluster`
+    (its GPU count already set) for `model`, each with its rule."""
+    problems = _degree_problems(knobs, model, cluster)
+    problems += _schedule_problems(knobs, model, space)
+    if not problems:
+        problems += _batch_problems(knobs, model, cluster, global_batch_size)
+    if problems:
+        raise ValueError("; ".join(problems) + ".")
+
+
+def _degree_problems(
+    knobs: dict[str, Any], model: TransformerConfig, cluster: Cluster
+) -> list[str]:
+    n, per_node = cluster.num_devices, min(cluster.devices_per_node, cluster.num_devices)
+    heads, groups = model.num_attention_heads, model.num_kv_heads
+    problems = []
+    t, c, p = knobs.get("tensor", 1), knobs.get("context", 1), knobs.get("pipeline", 1)
+    if heads % t or groups % t or per_node % t:
+        of_groups = f", the {groups} key/value groups" if groups != heads else ""
+        problems.append(
+            f"{FLAG['tensor']} {t} must divide the {heads} attention heads{of_groups} and "
+            f"the {per_node} GPUs of a node"
+        )
+    if c > 1 and (n % c or model.seq_length % (2 * c)):
+        problems.append(
+            f"{FLAG['context']} {c} must divide the {n} GPUs and split the "
+            f"{model.seq_length}-token sequence into {2 * c} equal chunks"
+        )
+    if p > model.num_layers:
+        problems.append(
+            f"{FLAG['pipeline']} {p} is more than the model's {model.num_layers} layers; "
+            f"each stage needs at least one"
+        )
+    if not problems and n % (t * c * p):
+        problems.append(
+            f"tensor ({t}) x context ({c}) x pipeline ({p}) must divide the {n} GPUs"
+        )
+    e = knobs.get("expert", 1)
+    if e > 1 and not model.num_experts:
+        problems.append(
+            f"{FLAG['expert']} {e} needs a mixture-of-experts model, and this one is dense "
+            "(no --num-experts)"
+        )
+    elif e > 1 and model.num_experts % e:
+        problems.append(
+            f"{FLAG['expert']} {e} must divide the model's {model.num_experts} experts"
+        )
+    sp = knobs.get("sequence_parallel")
+    if sp and knobs.get("tensor") == 1:
+        problems.append(
+            f"{FLAG['sequence_parallel']} shards over the tensor-parallel group, which "
+            f"{FLAG['tensor']} 1 leaves with one GPU; drop one of the two"
+        )
+    if sp is False and e > 1 and knobs.get("tensor", 1) > 1:
+        problems.append(
+            "--no-sequence-parallel with expert and tensor parallelism: Megatron-LM needs "
+            "sequence parallelism there"
+        )
+    return problems
+
+
+def _schedule_problems(knobs: dict[str, Any], model: TransformerConfig, space: str) -> list[str]:
+    problems = []
+    schedule, p = knobs.get("schedule"), knobs.get("pipeline")
+    if schedule == "interleaved" and p == 1:
+        problems.append(
+            f"{FLAG['schedule']} interleaved needs pipeline stages to interleave, and "
+            f"{FLAG['pipeline']} 1 has one"
+        )
+    if space == "megatron" and schedule == "gpipe":
+        problems.append(
+            f"{FLAG['schedule']} gpipe is not in --space megatron (Megatron-LM runs 1f1b and "
+            "interleaved); use --space auto"
+        )
+    if space == "megatron" and knobs.get("zero_stage", 0) > 1:
+        problems.append(
+            f"{FLAG['zero_stage']} {knobs['zero_stage']} is not in --space megatron "
+            "(Megatron-LM shards optimizer state only: stage 0 or 1); use --space auto"
+        )
+    return problems
+
+
+def _batch_problems(
+    knobs: dict[str, Any], model: TransformerConfig, cluster: Cluster, gbs: int
+) -> list[str]:
+    mb = knobs.get("micro_batch_size", 1)
+    if gbs % mb:
+        return [
+            f"{FLAG['micro_batch_size']} {mb} must divide --global-batch-size {gbs}"
+        ]
+    degrees = data_degrees(model, cluster, knobs)
+    if not degrees:
+        fixed = ", ".join(f"{FLAG[k]} {v}" for k, v in knobs.items()
+                          if k in ("tensor", "pipeline", "context", "expert"))
+        return [f"no layout of {cluster.num_devices} GPUs has {fixed}: the data-parallel "
+                "replicas left must split the experts evenly"]
+    if any(gbs % (mb * d) == 0 for d in degrees):
+        return []
+    least = min(degrees)
+    per = f"{mb} x " if mb > 1 else ""
+    return [
+        f"--global-batch-size {gbs} cannot be split over the data-parallel replicas: every "
+        f"layout of {cluster.num_devices} GPUs with these knobs has {least} or more, each "
+        f"needing {'micro-batches of ' + str(mb) if mb > 1 else 'whole sequences'}; use a "
+        f"multiple of {per}{least} or fewer --gpus"
+    ]
