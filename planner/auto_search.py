@@ -203,7 +203,7 @@ def _meshes(
         data, rest = divmod(devices, tensor * shared.context)
         if rest or data < 1 or shared.micro_batch_size % data or data % shared.expert:
             continue
-        if shared.micro_batch_size // data != fixed.get("micro_batch_size", shared.micro_batch_size // data):
-            continue
-        options.append((tensor, data))
+        per_replica = shared.micro_batch_size // data
+        if per_replica == fixed.get("micro_batch_size", per_replica):
+            options.append((tensor, data))
     return options

@@ -174,7 +174,8 @@ def _schedules(
     Interleaving needs the micro-batches to be a multiple of the stages and the stage's
     layers to split into the chunks (Megatron-LM's rules); GPipe is Alpa's, not Megatron's."""
     if p == 1:
-        return [] if fixed.get("schedule") == "interleaved" else [(fixed.get("schedule", "1f1b"), 1)]
+        schedule = fixed.get("schedule", "1f1b")
+        return [] if schedule == "interleaved" else [(schedule, 1)]
     chunks = [fixed["virtual_pipeline"]] if "virtual_pipeline" in fixed else VIRTUAL_STAGES
     options = [("interleaved", v) for v in chunks if m % p == 0 and (num_layers // p) % v == 0]
     if "virtual_pipeline" not in fixed:
