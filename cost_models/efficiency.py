@@ -14,9 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class Efficiency(BaseModel):
-    """Achieved fractions of a device's peaks, and fixed per-kernel costs."""
+    """Achieved fractions of a device's peaks, and fixed per-kernel costs.
 
-    model_config = ConfigDict(extra="forbid")
+    The fractions (`matmul`, `attention`, `memory`, `intra_node_bandwidth`,
+    `inter_node_bandwidth`) lie in (0, 1]; `matmul_half_dim` (a matmul dimension) and the
+    `*_us` costs (microseconds) are finite and >= 0. Infinite and NaN values are rejected.
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     matmul: float = Field(
         default=0.80, gt=0, le=1,

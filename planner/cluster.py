@@ -35,11 +35,17 @@ from cost_models.efficiency import Efficiency
 
 _FILE_SUFFIXES = (".yaml", ".yml", ".json")
 
+MAX_DEVICES = 1 << 20
+"""The most devices Tessel plans for: 1048576, far past the largest training clusters
+(~10^5 GPUs). A cluster, a scale-up domain or `with_devices` asking for more is refused;
+the CLI checks `--gpus` against this too."""
+
 
 class _Config(BaseModel):
     # Unknown keys are rejected so a typo in a cluster file fails loudly instead of
-    # silently leaving a default in place.
-    model_config = ConfigDict(extra="forbid")
+    # silently leaving a default in place; infinite and NaN numbers (YAML's .inf and .nan,
+    # JSON's Infinity and NaN, or 1e999) are rejected too: no device or link has them.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class DeviceSpec(_Config):
@@ -65,9 +71,12 @@ class DeviceSpec(_Config):
     def _check_peaks(cls, peaks: dict[str, float]) -> dict[str, float]:
         if "fp32" not in peaks:
             raise ValueError("must contain an 'fp32' entry (used for unlisted dtypes)")
-        bad = sorted(k for k, v in peaks.items() if v <= 0)
+        bad = sorted(k for k, v in peaks.items() if not (math.isfinite(v) and v > 0))
         if bad:
-            raise ValueError(f"peaks must be positive; not so for {', '.join(bad)}")
+            raise ValueError(
+                "peaks must be positive finite TFLOP/s; not so for "
+                + ", ".join(f"{k} ({peaks[k]})" for k in bad)
+            )
         return peaks
 
 
@@ -89,7 +98,7 @@ class Cluster(_Config):
     name: str = Field(description="Short name of the cluster, e.g. 'dgx-a100-80g'.")
     device: DeviceSpec = Field(description="The accelerator every rank runs on.")
     devices_per_node: int = Field(
-        gt=0,
+        gt=0, le=MAX_DEVICES,
         description="Devices in one scale-up domain, the devices the intra-node link joins: "
         "a node (8 GPUs over NVLink and NVSwitch), or a 72-GPU rack for GB200 NVL72.",
     )
@@ -115,7 +124,7 @@ class Cluster(_Config):
         data = dict(data)
         nodes = data.pop("num_nodes", None)
         per_node = data.get("devices_per_node")
-        if not isinstance(per_node, int) or per_node < 1:
+        if not isinstance(per_node, int) or not 1 <= per_node <= MAX_DEVICES:
             # devices_per_node's own error is the one to report; this placeholder is unused.
             data.setdefault("num_devices", 1)
             return data
@@ -221,9 +230,14 @@ class Cluster(_Config):
     def _from_file(cls, path: Path) -> Cluster:
         if not path.is_file():
             raise ValueError(f"Cluster file {str(path)!r} does not exist.")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(
+                f"Cluster file {str(path)!r} is not text (not UTF-8); give a YAML or JSON file."
+            ) from None
         return cls._from_text(
-            path.read_text(), f"cluster file {str(path)!r}",
-            is_json=path.suffix.lower() == ".json",
+            text, f"cluster file {str(path)!r}", is_json=path.suffix.lower() == ".json"
         )
 
     @classmethod
@@ -244,10 +258,16 @@ class Cluster(_Config):
 
 
 def _check_size(num_devices: int, per_node: int, name: str) -> None:
-    """Raise unless `num_devices` is part of one domain or a whole number of domains."""
+    """Raise unless `num_devices` is part of one domain or a whole number of domains, and
+    at most MAX_DEVICES."""
     if num_devices < 1:
         raise ValueError(
             f"Cluster {name!r} cannot hold {num_devices} devices; ask for at least 1."
+        )
+    if num_devices > MAX_DEVICES:
+        raise ValueError(
+            f"Cluster {name!r} cannot hold {num_devices} devices: that is more than Tessel "
+            f"plans for (at most {MAX_DEVICES} devices); ask for fewer."
         )
     if num_devices > per_node and num_devices % per_node:
         raise ValueError(
@@ -276,9 +296,14 @@ def _closest(name: str, known: list[str]) -> str | None:
 
 
 def _summarize(err: ValidationError) -> str:
-    """One line per problem, 'field.path: message', joined with '; '."""
+    """One part per problem, 'field.path: message (got value)', joined with '; '."""
     parts = []
     for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"]) or "<root>"
-        parts.append(f"{loc}: {e['msg']}")
+        loc = ".".join(str(x) for x in e["loc"])
+        message = str(e["msg"]).removeprefix("Value error, ").rstrip(".")
+        value = e.get("input")
+        shown = f" (got {value!r})" if isinstance(value, (int, float, str)) and not (
+            e["type"] == "value_error" or e["type"] == "missing"
+        ) else ""
+        parts.append(f"{loc}: {message}{shown}" if loc else f"{message}{shown}")
     return "; ".join(parts)

@@ -1,11 +1,12 @@
 import json
+import math
 
 import pytest
 import yaml
 
 from cost_models.efficiency import Efficiency
 from planner import cli
-from planner.cluster import Cluster, LinkSpec
+from planner.cluster import MAX_DEVICES, Cluster, LinkSpec
 
 PRESETS = (
     "cpu", "dgx-a100-40g", "dgx-a100-80g", "dgx-h100", "dgx-h200", "dgx-b200",
@@ -201,3 +202,170 @@ def test_ranks_per_domain() -> None:
     assert c.ranks_per_domain(group_stride=1, group_size=16) == 8   # 2 nodes x 8
     assert c.ranks_per_domain(group_stride=4, group_size=4) == 2    # 2 nodes x 2
     assert c.ranks_per_domain(group_stride=8, group_size=4) == 1    # 4 nodes x 1
+
+
+# --- Garbage refused (issue 10, family 6): infinite, NaN and absurd numbers, by field. ---
+
+
+def _write(tmp_path, data: dict, name: str = "bad.yaml"):
+    path = tmp_path / name
+    path.write_text(json.dumps(data) if name.endswith(".json") else yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    "path, value, message",
+    [
+        (("device", "memory_gib"), math.inf, "device.memory_gib: Input should be a finite "
+         "number (got inf)"),
+        (("device", "memory_bandwidth_gbs"), math.nan, "device.memory_bandwidth_gbs: Input "
+         "should be a finite number (got nan)"),
+        (("device", "peak_tflops", "bf16"), math.inf, "device.peak_tflops.bf16: Input should "
+         "be a finite number (got inf)"),
+        (("device", "peak_tflops", "fp32"), 0, "peaks must be positive finite TFLOP/s; not so "
+         "for fp32 (0"),
+        (("intra_node", "bandwidth_gbs"), math.inf, "intra_node.bandwidth_gbs: Input should be "
+         "a finite number (got inf)"),
+        (("inter_node", "bandwidth_gbs"), math.nan, "inter_node.bandwidth_gbs"),
+        (("inter_node", "latency_us"), math.inf, "inter_node.latency_us: Input should be a "
+         "finite number (got inf)"),
+        (("intra_node", "latency_us"), -1.0, "intra_node.latency_us: Input should be greater "
+         "than or equal to 0 (got -1.0)"),
+        (("device", "efficiency", "matmul"), math.nan, "device.efficiency.matmul: Input should "
+         "be a finite number (got nan)"),
+        (("device", "efficiency", "matmul_half_dim"), math.inf, "device.efficiency."
+         "matmul_half_dim: Input should be a finite number (got inf)"),
+        (("device", "efficiency", "kernel_overhead_us"), math.inf, "efficiency."
+         "kernel_overhead_us: Input should be a finite number"),
+        (("devices_per_node",), MAX_DEVICES + 1, f"devices_per_node: Input should be less "
+         f"than or equal to {MAX_DEVICES} (got {MAX_DEVICES + 1})"),
+        (("num_devices",), 8 << 20, f"cannot hold {8 << 20} devices: that is more than Tessel "
+         f"plans for (at most {MAX_DEVICES} devices)"),
+    ],
+)
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_non_finite_and_absurd_numbers_are_named_by_field(
+    tmp_path, path, value, message, suffix
+) -> None:
+    data = Cluster.load("dgx-h100").model_dump()
+    place = data
+    for key in path[:-1]:
+        place = place[key]
+    place[path[-1]] = value
+    file = _write(tmp_path, data, "bad" + suffix)  # YAML writes .inf / .nan, JSON Infinity
+    with pytest.raises(ValueError) as error:
+        Cluster.load(str(file))
+    text = str(error.value)
+    assert text.startswith(f"Invalid cluster file {str(file)!r}: ")
+    assert message in text
+    assert "\n" not in text and not text.endswith("..")
+
+
+def test_an_overflowing_number_is_infinite_and_refused(tmp_path) -> None:
+    data = Cluster.load("dgx-h100").model_dump()
+    data["device"]["memory_gib"] = 12345.5
+    text = json.dumps(data).replace('"memory_gib": 12345.5', '"memory_gib": 1e999')
+    assert "1e999" in text
+    path = tmp_path / "huge.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=r"device.memory_gib: Input should be a finite number"):
+        Cluster.load(str(path))
+
+
+# The efficiencies that are fractions of a datasheet peak, and the ones that are not.
+FRACTIONS = ("matmul", "attention", "memory", "intra_node_bandwidth", "inter_node_bandwidth")
+NOT_FRACTIONS = ("matmul_half_dim", "kernel_overhead_us", "dispatch_us",
+                 "collective_overhead_us")
+
+
+def test_every_efficiency_field_is_a_fraction_or_a_cost() -> None:
+    assert sorted(FRACTIONS + NOT_FRACTIONS) == sorted(Efficiency.model_fields)
+
+
+@pytest.mark.parametrize("field", FRACTIONS)
+@pytest.mark.parametrize("value", [0.0, -0.5, 1.01, 80.0, math.inf, math.nan])
+def test_fractions_of_a_peak_lie_in_0_to_1(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        Efficiency(**{field: value})
+    assert getattr(Efficiency(**{field: 1.0}), field) == 1.0
+
+
+@pytest.mark.parametrize("field", NOT_FRACTIONS)
+def test_costs_and_dimensions_are_finite_and_not_negative(field: str) -> None:
+    for value in (-1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match=field):
+            Efficiency(**{field: value})
+    # Not fractions: above 1 is fine (96 is the default half dimension).
+    assert getattr(Efficiency(**{field: 150.0}), field) == 150.0
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_presets_pass_the_finite_and_fraction_checks(name: str) -> None:
+    cluster = Cluster.load(name)
+    efficiency = cluster.device.efficiency
+    assert all(0 < getattr(efficiency, f) <= 1 for f in FRACTIONS)
+    numbers = [cluster.device.memory_gib, cluster.device.memory_bandwidth_gbs,
+               *cluster.device.peak_tflops.values(), cluster.intra_node.bandwidth_gbs,
+               cluster.intra_node.latency_us, cluster.inter_node.bandwidth_gbs,
+               cluster.inter_node.latency_us, *efficiency.model_dump().values()]
+    assert all(math.isfinite(x) for x in numbers)
+    # Round trip through the validation a file gets.
+    assert Cluster.model_validate(cluster.model_dump()) == cluster
+
+
+def test_max_devices_bounds_with_devices() -> None:
+    assert MAX_DEVICES == 1 << 20
+    assert Cluster.load("dgx-h100").with_devices(MAX_DEVICES).num_nodes == MAX_DEVICES // 8
+    with pytest.raises(ValueError) as error:
+        Cluster.load("dgx-h100").with_devices(10_000_000)
+    assert str(error.value) == (
+        "Cluster 'dgx-h100' cannot hold 10000000 devices: that is more than Tessel plans for "
+        "(at most 1048576 devices); ask for fewer."
+    )
+
+
+def test_num_nodes_past_max_devices_is_refused(tmp_path) -> None:
+    data = Cluster.load("dgx-a100-80g").model_dump()
+    del data["num_devices"]
+    data["num_nodes"] = 10**9
+    with pytest.raises(ValueError, match=r"cannot hold 8000000000 devices.*at most 1048576"):
+        Cluster.load(str(_write(tmp_path, data)))
+
+
+def test_a_cluster_file_that_is_not_text_is_refused(tmp_path) -> None:
+    path = tmp_path / "binary.yaml"
+    path.write_bytes(b"\xff\xfe\x00\x81")
+    with pytest.raises(ValueError, match=r"'.*binary.yaml' is not text"):
+        Cluster.load(str(path))
+
+
+@pytest.fixture
+def piped_width(monkeypatch):
+    """80 columns, as rich uses when stdout is a pipe, so one-line checks are exact."""
+    monkeypatch.setattr(cli.console, "_width", 80)
+
+
+@pytest.mark.parametrize(
+    "path, value, fragment",
+    [
+        (("device", "memory_gib"), math.inf, "device.memory_gib"),
+        (("inter_node", "bandwidth_gbs"), math.inf, "inter_node.bandwidth_gbs"),
+        (("device", "efficiency", "memory"), 1.5, "device.efficiency.memory"),
+    ],
+)
+def test_plan_with_a_garbage_cluster_exits_2_in_one_line(
+    tmp_path, capsys, piped_width, path, value, fragment
+) -> None:
+    data = Cluster.load("dgx-h100").model_dump()
+    place = data
+    for key in path[:-1]:
+        place = place[key]
+    place[path[-1]] = value
+    file = _write(tmp_path, data)
+    code = cli.main(["demo:mlp", "--mesh", "2", "--cluster", str(file)])
+    captured = capsys.readouterr()
+    output = captured.out + captured.err
+    assert code == 2
+    assert "Traceback" not in output
+    assert len(output.strip().splitlines()) == 1, output
+    assert fragment in output and str(file) in output
