@@ -74,6 +74,14 @@ _MIN_SAMPLE_S = 2e-3
 # Collectives run at least this many times untimed first: the first calls on a new group
 # (connections, buffers) are several times slower than the rest.
 _WARM_UP_CALLS = 4
+# Bounds on what `ProfileSettings` may ask for: past them a measurement would need more
+# memory than any one machine has (a 16 GiB message per rank, an 8n x n matmul of 8 GiB at
+# n = 16384) or run for days, so a larger value is a typo, not a plan.
+MAX_RANKS = 64
+MAX_BYTES = 16 * GIB
+MAX_DIM = 16384
+MAX_REPETITIONS = 1000
+MAX_THREADS = 1024
 
 Point = tuple[PositiveFloat, PositiveFloat]
 ProgressFn = Callable[[str, int, int], None]
@@ -81,7 +89,8 @@ ProgressFn = Callable[[str, int, int], None]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Infinite and NaN numbers (JSON's Infinity and NaN, or 1e999) are no measurement.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ProfileSettings(_Model):
@@ -89,50 +98,87 @@ class ProfileSettings(_Model):
 
     ranks: list[int] = Field(
         default=[2, 4],
-        description="Group sizes to time collectives on, each a group of local ranks.",
+        description=f"Group sizes to time collectives on, each a group of local ranks "
+        f"(2 to {MAX_RANKS}).",
     )
     min_bytes: int = Field(
-        default=4 * KIB, ge=64,
-        description="Smallest collective message and elementwise tensor, in bytes.",
+        default=4 * KIB,
+        description="Smallest collective message and elementwise tensor, in bytes (64 B to "
+        "16 GiB).",
     )
     max_bytes: int = Field(
-        default=16 * MIB, ge=64,
-        description="Largest collective message, in bytes; sizes grow 4x from min_bytes.",
+        default=16 * MIB,
+        description="Largest collective message, in bytes (at most 16 GiB); sizes grow 4x "
+        "from min_bytes.",
     )
     max_tensor_bytes: int | None = Field(
-        default=None, ge=64,
+        default=None,
         description="Largest elementwise-op tensor, in bytes (default max_bytes on CPU, "
         "1 GiB on a GPU).",
     )
     max_dim: int | None = Field(
-        default=None, ge=_MIN_DIM,
-        description=f"Largest matmul dimension; dimensions double from {_MIN_DIM} "
-        "(default 1024 on CPU, 8192 on a GPU).",
+        default=None,
+        description=f"Largest matmul dimension, {_MIN_DIM} to {MAX_DIM}; dimensions double "
+        f"from {_MIN_DIM} (default 1024 on CPU, 8192 on a GPU).",
     )
     repetitions: int = Field(
-        default=5, ge=1,
-        description="Timed repetitions of each measurement after a warm-up; the median "
-        "is kept.",
+        default=5,
+        description=f"Timed repetitions of each measurement after a warm-up, 1 to "
+        f"{MAX_REPETITIONS}; the median is kept.",
     )
     threads: int = Field(
-        default=1, ge=1,
-        description="CPU threads for op timings (each gloo rank of `plan check` runs with "
-        "1); unused on a GPU.",
+        default=1,
+        description=f"CPU threads for op timings, 1 to {MAX_THREADS} (each gloo rank of "
+        "`plan check` runs with 1); unused on a GPU.",
     )
 
     @field_validator("ranks")
     @classmethod
     def _groups(cls, ranks: list[int]) -> list[int]:
-        if any(n < 2 for n in ranks):
-            raise ValueError(f"group sizes must be at least 2, got {ranks}")
+        if any(not 2 <= n <= MAX_RANKS for n in ranks):
+            raise ValueError(f"each group size must be from 2 to {MAX_RANKS}")
         return sorted(set(ranks))
+
+    @field_validator("min_bytes", "max_bytes", "max_tensor_bytes")
+    @classmethod
+    def _bytes(cls, nbytes: int | None) -> int | None:
+        if nbytes is not None and not 64 <= nbytes <= MAX_BYTES:
+            raise ValueError(f"must be from 64 B to {format_bytes(MAX_BYTES)}")
+        return nbytes
+
+    @field_validator("max_dim")
+    @classmethod
+    def _dim(cls, dim: int | None) -> int | None:
+        if dim is not None and not _MIN_DIM <= dim <= MAX_DIM:
+            raise ValueError(f"must be from {_MIN_DIM} to {MAX_DIM}")
+        return dim
+
+    @field_validator("repetitions")
+    @classmethod
+    def _repetitions(cls, repetitions: int) -> int:
+        if not 1 <= repetitions <= MAX_REPETITIONS:
+            raise ValueError(f"must be from 1 to {MAX_REPETITIONS}")
+        return repetitions
+
+    @field_validator("threads")
+    @classmethod
+    def _threads(cls, threads: int) -> int:
+        if not 1 <= threads <= MAX_THREADS:
+            raise ValueError(f"must be from 1 to {MAX_THREADS}")
+        return threads
 
     @model_validator(mode="after")
     def _byte_range(self) -> ProfileSettings:
         if self.min_bytes > self.max_bytes:
             raise ValueError(
-                f"min_bytes ({self.min_bytes}) is larger than max_bytes ({self.max_bytes}); "
-                "raise max_bytes or lower min_bytes"
+                f"min_bytes ({format_bytes(self.min_bytes)}) is larger than max_bytes "
+                f"({format_bytes(self.max_bytes)}); raise max_bytes or lower min_bytes"
+            )
+        if self.max_tensor_bytes is not None and self.min_bytes > self.max_tensor_bytes:
+            raise ValueError(
+                f"min_bytes ({format_bytes(self.min_bytes)}) is larger than max_tensor_bytes "
+                f"({format_bytes(self.max_tensor_bytes)}); raise max_tensor_bytes or lower "
+                "min_bytes"
             )
         return self
 
@@ -222,6 +268,13 @@ class ProfileDatabase(_Model):
     )
     _path: str | None = PrivateAttr(default=None)
 
+    @field_validator("version")
+    @classmethod
+    def _known_version(cls, version: int) -> int:
+        if version != 1:
+            raise ValueError(f"version {version} is not one this Tessel reads (1)")
+        return version
+
     @field_validator("matmul")
     @classmethod
     def _has_fp32(cls, samples: list[MatmulSample]) -> list[MatmulSample]:
@@ -288,24 +341,76 @@ class ProfileDatabase(_Model):
 
     @classmethod
     def load(cls, path: str | Path) -> ProfileDatabase:
-        """Read a database written by `save` (or `plan profile`)."""
+        """Read a database written by `save` (or `plan profile`).
+
+        Raises ValueError in one sentence naming the file (and the bad entry with its
+        value) when it is missing, not JSON, not a profile database, or holds a time or
+        size that is zero, negative, infinite or NaN.
+        """
         file = Path(path)
+        again = f"measure it again with `plan profile --output {path}`"
         if not file.is_file():
             raise ValueError(
                 f"Profile database {str(path)!r} does not exist; measure one with "
                 f"`plan profile --output {path}`."
             )
         try:
-            database = cls.model_validate_json(file.read_text())
-        except ValidationError as error:
-            first = error.errors()[0]
-            where = ".".join(str(part) for part in first["loc"]) or "file"
+            database = cls.model_validate_json(file.read_bytes())
+        except OSError as error:
             raise ValueError(
-                f"Profile database {str(path)!r} is not a valid profile ({where}: "
-                f"{first['msg']}); measure it again with `plan profile --output {path}`."
+                f"Cannot read profile database {str(path)!r}: {error.strerror or error}."
+            ) from None
+        except ValidationError as error:
+            raise ValueError(
+                f"Profile database {str(path)!r} {_problem(error)}; {again}."
             ) from None
         database._path = str(path)
         return database
+
+
+def _problem(error: ValidationError) -> str:
+    """What is wrong with a file that failed to validate as a database, as the end of a
+    sentence starting with its name."""
+    errors = error.errors()
+    first = errors[0]
+    if first["type"] == "json_invalid":
+        return f"is not JSON ({first['msg'].removeprefix('Invalid JSON: ')})"
+    if first["type"] == "model_type":
+        return (f"is not a profile database: it holds a JSON "
+                f"{_json_kind(first['input'])}, not an object")
+    missing = [e["loc"][0] for e in errors if e["type"] == "missing" and len(e["loc"]) == 1]
+    required = [name for name, f in ProfileDatabase.model_fields.items() if f.is_required()]
+    if set(required) <= set(missing):
+        return f"is not a profile database (it has none of the keys {', '.join(required)})"
+    if missing:
+        return f"is not a valid profile (it lacks {', '.join(map(str, missing))})"
+    message = str(first["msg"]).removeprefix("Value error, ")
+    value = first.get("input")
+    shown = (f", got {value!r}" if isinstance(value, (int, float, str))
+             and first["type"] not in ("missing", "value_error") else "")
+    more = f", and {len(errors) - 1} more problems" if len(errors) > 1 else ""
+    return f"is not a valid profile ({_entry(first['loc'])}: {message}{shown}{more})"
+
+
+def _json_kind(value: object) -> str:
+    kinds = {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else kinds.get(type(value), type(value).__name__)
+
+
+def _entry(loc: tuple) -> str:
+    """A validation error's location as the entry it names: ('memory', 3, 1) ->
+    'memory[3] seconds', ('collectives', 'all_reduce', 2, 0, 0) ->
+    'collectives.all_reduce.2[0] bytes', ('matmul', 1, 'seconds') -> 'matmul[1].seconds'."""
+    parts = [str(p) for p in loc]
+    points = (loc[:1] == ("memory",) and len(loc) == 3) or (
+        loc[:1] == ("collectives",) and len(loc) == 5
+    )
+    if points:
+        *head, index, item = parts
+        return f"{'.'.join(head)}[{index}] {'bytes' if item == '0' else 'seconds'}"
+    if loc[:1] == ("matmul",) and len(loc) >= 2:
+        return f"matmul[{parts[1]}]" + "".join(f".{p}" for p in parts[2:])
+    return ".".join(parts) or "file"
 
 
 def byte_sizes(smallest: int, largest: int) -> list[int]:

@@ -115,18 +115,30 @@ def _shown(default: Any, parse: Callable[[str, str], Any]) -> str:
 
 def settings_from_args(args: argparse.Namespace) -> ProfileSettings:
     """The flags given, parsed and validated; the defaults for the rest."""
-    given = {
-        field: parse(flag, getattr(args, field))
-        for flag, (field, parse) in _FLAGS.items()
+    typed = {
+        field: (flag, getattr(args, field))
+        for flag, (field, _) in _FLAGS.items()
         if getattr(args, field) is not None
     }
+    given = {field: _FLAGS[flag][1](flag, text) for field, (flag, text) in typed.items()}
     try:
         return ProfileSettings(**given)
     except ValidationError as error:
         first = error.errors()[0]
-        flag = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else "settings"
-        message = first["msg"].removeprefix("Value error, ")
-        raise UsageError(f"{flag}: {message}") from None
+        message = str(first["msg"]).removeprefix("Value error, ")
+        field = str(first["loc"][0]) if first["loc"] else None
+        if field in typed:
+            flag, text = typed[field]
+            raise UsageError(f"{flag} {text}: {message}.") from None
+        raise UsageError(_with_flags(message) + ".") from None
+
+
+def _with_flags(message: str) -> str:
+    """A ProfileSettings message with its field names written as the flags that set them:
+    'raise max_bytes' -> 'raise --max-bytes'."""
+    for flag, (field, _) in _FLAGS.items():
+        message = re.sub(rf"\b{field}\b", flag, message)
+    return message
 
 
 def run_profile(args: argparse.Namespace, console: Console) -> int:

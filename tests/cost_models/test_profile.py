@@ -207,9 +207,9 @@ def test_plan_profile_writes_a_database_that_plan_uses(tmp_path: Path) -> None:
     "argv, message",
     [
         (["profile", "--max-bytes", "16XB"], "--max-bytes '16XB' is not a size"),
-        (["profile", "--ranks", "1"], "--ranks: group sizes must be at least 2"),
+        (["profile", "--ranks", "1"], "--ranks 1: each group size must be from 2 to 64"),
         (["profile", "--ranks", "2;4"], "--ranks '2;4' is not a list of group sizes"),
-        (["profile", "--min-bytes", "1MiB", "--max-bytes", "64KiB"], "raise max_bytes"),
+        (["profile", "--min-bytes", "1MiB", "--max-bytes", "64KiB"], "raise --max-bytes"),
         (["profile", "--output", "/no/such/dir/p.json"], "folder '/no/such/dir' does not exist"),
         (["demo:mlp", "--profile", "/no/such.json"], "'/no/such.json' does not exist"),
     ],
@@ -217,3 +217,181 @@ def test_plan_profile_writes_a_database_that_plan_uses(tmp_path: Path) -> None:
 def test_usage_errors_exit_2(argv, message, capsys) -> None:
     assert cli.main(argv) == 2
     assert message in capsys.readouterr().out.replace("\n", "")
+
+
+# --- Garbage refused (issue 10, family 6): bad databases and settings, named. ---
+
+
+def _saved(tmp_path: Path) -> tuple[Path, dict]:
+    path = tmp_path / "profile.json"
+    _database().save(path)
+    return path, json.loads(path.read_text())
+
+
+@pytest.mark.parametrize(
+    "edit, entry",
+    [
+        (lambda d: d["memory"][0].__setitem__(1, "Infinity"), "memory[0] seconds: Input should "
+         "be a finite number, got inf"),
+        (lambda d: d["memory"][1].__setitem__(1, "NaN"), "memory[1] seconds: Input should be a "
+         "finite number, got nan"),
+        (lambda d: d["memory"][0].__setitem__(1, 0), "memory[0] seconds: Input should be "
+         "greater than 0, got 0"),
+        (lambda d: d["memory"][0].__setitem__(0, -4096), "memory[0] bytes: Input should be "
+         "greater than 0, got -4096"),
+        (lambda d: d["matmul"][1].__setitem__("seconds", "1e999"), "matmul[1].seconds: Input "
+         "should be a finite number, got inf"),
+        (lambda d: d["matmul"][0].__setitem__("seconds", -1e-5), "matmul[0].seconds: Input "
+         "should be greater than 0, got -1e-05"),
+        (lambda d: d["matmul"][0].__setitem__("m", 0), "matmul[0].m: Input should be greater "
+         "than 0, got 0"),
+        (lambda d: d["collectives"]["all_reduce"]["2"][2].__setitem__(1, "-Infinity"),
+         "collectives.all_reduce.2[2] seconds: Input should be a finite number, got -inf"),
+        (lambda d: d["collectives"]["all_reduce"]["2"][0].__setitem__(0, 0),
+         "collectives.all_reduce.2[0] bytes: Input should be greater than 0, got 0"),
+        (lambda d: d["settings"].__setitem__("repetitions", 0), "settings.repetitions: must be "
+         "from 1 to 1000"),
+        (lambda d: d.__setitem__("version", 7), "version: version 7 is not one this Tessel "
+         "reads (1)"),
+    ],
+)
+def test_bad_entries_are_named_with_their_value(tmp_path: Path, edit, entry: str) -> None:
+    path, data = _saved(tmp_path)
+    edit(data)
+    # json.dumps cannot write Infinity or 1e999 from Python floats here: keep them literal.
+    text = json.dumps(data)
+    for literal in ("Infinity", "-Infinity", "NaN", "1e999"):
+        text = text.replace(f'"{literal}"', literal)
+    path.write_text(text)
+    with pytest.raises(ValueError) as error:
+        ProfileDatabase.load(path)
+    message = str(error.value)
+    assert message.startswith(f"Profile database {str(path)!r} is not a valid profile (")
+    assert entry in message
+    assert message.endswith(f"measure it again with `plan profile --output {path}`.")
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (b"", "is not JSON (EOF while parsing a value at line 1 column 0)"),
+        (b"matmul: []", "is not JSON ("),
+        (b"\xff\xfe\x00", "is not JSON ("),
+        (b"[1, 2]", "is not a profile database: it holds a JSON array, not an object"),
+        (b'"profile"', "is not a profile database: it holds a JSON string, not an object"),
+        (b"{}", "is not a profile database (it has none of the keys device, backend"),
+        # Another of Tessel's files (a cluster, a plan) is not a profile either.
+        (b'{"name": "x", "devices_per_node": 8}', "is not a profile database (it has none"),
+        (b'{"device": "cpu"}', "is not a valid profile (it lacks backend, torch_version, "
+         "created, matmul, memory)"),
+    ],
+)
+def test_a_file_that_is_not_a_profile_is_one_sentence(
+    tmp_path: Path, content: bytes, problem: str
+) -> None:
+    path = tmp_path / "p.json"
+    path.write_bytes(content)
+    with pytest.raises(ValueError) as error:
+        ProfileDatabase.load(path)
+    message = str(error.value)
+    assert message.startswith(f"Profile database {str(path)!r} {problem}")
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("ranks", [1, 2], "each group size must be from 2 to 64"),
+        ("ranks", [2, 65], "each group size must be from 2 to 64"),
+        ("ranks", [0], "each group size must be from 2 to 64"),
+        ("repetitions", 0, "must be from 1 to 1000"),
+        ("repetitions", -5, "must be from 1 to 1000"),
+        ("repetitions", 1001, "must be from 1 to 1000"),
+        ("threads", 0, "must be from 1 to 1024"),
+        ("threads", 1 << 20, "must be from 1 to 1024"),
+        ("max_dim", 16, "must be from 32 to 16384"),
+        ("max_dim", 1 << 20, "must be from 32 to 16384"),
+        ("min_bytes", 0, "must be from 64 B to 16 GiB"),
+        ("max_bytes", -1, "must be from 64 B to 16 GiB"),
+        ("max_bytes", 1 << 40, "must be from 64 B to 16 GiB"),
+        ("max_tensor_bytes", 1 << 40, "must be from 64 B to 16 GiB"),
+    ],
+)
+def test_settings_are_bounded(field: str, value, message: str) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as error:
+        ProfileSettings(**{field: value})
+    first = error.value.errors()[0]
+    assert first["loc"][0] == field and message in first["msg"]
+
+
+def test_settings_at_their_bounds_are_kept() -> None:
+    from cost_models.profile import MAX_BYTES, MAX_DIM, MAX_RANKS
+
+    settings = ProfileSettings(ranks=[2, MAX_RANKS], repetitions=1000, threads=1024,
+                               max_dim=MAX_DIM, min_bytes=64, max_bytes=MAX_BYTES,
+                               max_tensor_bytes=MAX_BYTES)
+    assert settings.ranks == [2, 64] and settings.max_dim == 16384
+    # No collectives at all is a choice, not garbage: matmuls and elementwise ops only.
+    assert ProfileSettings(ranks=[]).ranks == []
+
+
+def test_min_bytes_above_max_tensor_bytes_is_refused() -> None:
+    with pytest.raises(ValueError, match="raise max_tensor_bytes or lower min_bytes"):
+        ProfileSettings(min_bytes=1 << 20, max_tensor_bytes=1 << 16)
+
+
+@pytest.fixture
+def piped_width(monkeypatch):
+    """80 columns, as rich uses when stdout is a pipe, so one-line checks are exact."""
+    monkeypatch.setattr(cli.console, "_width", 80)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--ranks", "2,100"], "--ranks 2,100: each group size must be from 2 to 64."),
+        (["--ranks", "0"], "--ranks 0: each group size must be from 2 to 64."),
+        (["--repetitions", "0"], "--repetitions 0: must be from 1 to 1000."),
+        (["--repetitions", "-3"], "--repetitions -3: must be from 1 to 1000."),
+        (["--repetitions", "99999999"], "--repetitions 99999999: must be from 1 to 1000."),
+        (["--threads", "0"], "--threads 0: must be from 1 to 1024."),
+        (["--threads", "100000"], "--threads 100000: must be from 1 to 1024."),
+        (["--max-dim", "0"], "--max-dim 0: must be from 32 to 16384."),
+        (["--max-dim", "1000000"], "--max-dim 1000000: must be from 32 to 16384."),
+        (["--min-bytes", "0"], "--min-bytes 0: must be from 64 B to 16 GiB."),
+        (["--max-bytes", "64GiB"], "--max-bytes 64GiB: must be from 64 B to 16 GiB."),
+        (["--max-tensor-bytes", "1000G"], "--max-tensor-bytes 1000G: must be from 64 B"),
+        (["--min-bytes", "1MiB", "--max-tensor-bytes", "64KiB"],
+         "--min-bytes (1 MiB) is larger than --max-tensor-bytes (64 KiB); raise "
+         "--max-tensor-bytes or lower --min-bytes."),
+    ],
+)
+def test_plan_profile_bounds_exit_2_in_one_line(
+    flags: list[str], message: str, capsys, piped_width
+) -> None:
+    # Refused before anything is measured: the run would otherwise take seconds at least.
+    code = cli.main(["profile", "--output", "/no/such/dir/p.json", *flags])
+    captured = capsys.readouterr()
+    output = captured.out + captured.err
+    assert code == 2
+    assert "Traceback" not in output
+    assert len(output.strip().splitlines()) == 1, output
+    assert message in output
+
+
+def test_plan_with_a_garbage_profile_exits_2_in_one_line(
+    tmp_path: Path, capsys, piped_width
+) -> None:
+    path, data = _saved(tmp_path)
+    data["memory"][0][1] = "Infinity"
+    path.write_text(json.dumps(data).replace('"Infinity"', "Infinity"))
+    code = cli.main(["demo:mlp", "--mesh", "2", "--profile", str(path)])
+    captured = capsys.readouterr()
+    output = captured.out + captured.err
+    assert code == 2
+    assert "Traceback" not in output
+    assert len(output.strip().splitlines()) == 1, output
+    assert "memory[0] seconds" in output and "finite" in output
