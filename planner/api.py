@@ -14,6 +14,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from cost_models.profile import ProfileDatabase
+from passes.deadline import Deadline
 from passes.dtensor_rules import fake_mesh, placement_str
 from passes.lower import RankProgram, graph_fingerprint
 from passes.strategies import enumerate_strategies, fallback_nodes
@@ -63,7 +64,9 @@ def plan_model(
     time_limit_s: float = 60.0,
     profile: str | Path | ProfileDatabase | None = None,
 ) -> PlannedModel:
-    """Trace `model` and choose a sharding of its training step over `mesh_shape`.
+    """Trace `model` and choose a sharding of its training step over `mesh_shape`, within
+    `time_limit_s` seconds after tracing (DeadlinePassed if strategies and the ILP's
+    build take longer; the solver keeps the best plan it has found by then).
 
     Needs no process group: the mesh is built on a fake one unless `mesh` is given.
     `profile` (a database or its path, from `plan profile`) prices ops and collectives
@@ -77,12 +80,14 @@ def plan_model(
     program = trace(model, tuple(example_inputs), loss_fn)
     timings.trace_s = time.perf_counter() - start
     mesh = mesh if mesh is not None else fake_mesh(tuple(mesh_shape))
+    deadline = Deadline.after(time_limit_s)
     start = time.perf_counter()
-    table = enumerate_strategies(program, mesh, cluster_spec.device, profile)
+    table = enumerate_strategies(program, mesh, cluster_spec.device, profile, deadline)
     timings.strategies_s = time.perf_counter() - start
     start = time.perf_counter()
     solution = plan_intra_op(
-        program, table, mesh, cluster_spec, time_limit_s=time_limit_s, profile=profile
+        program, table, mesh, cluster_spec, time_limit_s=time_limit_s, profile=profile,
+        deadline=deadline,
     )
     timings.ilp_s = time.perf_counter() - start
     plan = _assemble(
@@ -160,8 +165,9 @@ def parallelize(
     """Plan `model` and return the plan and this rank's trainer.
 
     Call on every rank of an initialized process group whose size is the product of
-    `mesh_shape`. Rank 0 plans and broadcasts the plan; each rank takes its shard of
-    `model`'s current parameters, so every rank must hold the same initial model.
+    `mesh_shape`. Rank 0 plans and broadcasts the plan (as its JSON text in a byte
+    tensor: nothing is unpickled); each rank takes its shard of `model`'s current
+    parameters, so every rank must hold the same initial model.
     """
     if not dist.is_initialized():
         raise RuntimeError(
@@ -176,13 +182,37 @@ def parallelize(
         )
     mesh = init_device_mesh(device_type, tuple(mesh_shape))
     if dist.get_rank() == 0:
-        planned = plan_model(model, example_inputs, mesh_shape, cluster, loss_fn, mesh=mesh)
-        message = [planned.plan.to_json()]
+        try:
+            planned = plan_model(model, example_inputs, mesh_shape, cluster, loss_fn, mesh=mesh)
+        except BaseException:
+            _broadcast_text(None, device_type)  # tell the other ranks there is no plan
+            raise
+        # Every rank, this one included, runs the plan read back from the same text.
+        plan = Plan.from_json(_broadcast_text(planned.plan.to_json(), device_type))
         program = planned.program
     else:
-        message = [None]
         program = trace(model, tuple(example_inputs), loss_fn)
-    dist.broadcast_object_list(message, src=0)
-    plan = Plan.from_json(message[0])
+        text = _broadcast_text(None, device_type)
+        if text is None:
+            raise RuntimeError("rank 0 could not plan the model; its error says why")
+        plan = Plan.from_json(text)
     trainer = ShardedTrainer(RankProgram(program, plan, mesh), training_state(model))
     return plan, trainer
+
+
+def _broadcast_text(text: str | None, device_type: str) -> str | None:
+    """Rank 0's `text` on every rank (None: rank 0 has none), sent as its length and its
+    UTF-8 bytes in tensors rather than pickled, so a rank runs no code it receives."""
+    payload = text.encode() if text is not None else b""
+    length = torch.tensor([len(payload) if text is not None else -1], dtype=torch.int64,
+                          device=device_type)
+    dist.broadcast(length, src=0)
+    size = int(length.item())
+    if size <= 0:
+        return None if size < 0 else ""
+    if dist.get_rank() == 0:
+        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device_type)
+    else:
+        data = torch.empty(size, dtype=torch.uint8, device=device_type)
+    dist.broadcast(data, src=0)
+    return data.cpu().numpy().tobytes().decode()

@@ -1,8 +1,11 @@
-"""`planner.parallelize` on the ranks of an initialized process group."""
+"""`planner.parallelize` on the ranks of an initialized process group: it trains like one
+process, and the plan travels between ranks as JSON text, never pickled."""
 
 from __future__ import annotations
 
+import pytest
 import torch
+import torch.distributed as dist
 
 from planner.check import train_single_process
 from planner.models import demo
@@ -14,9 +17,22 @@ def _model():
     return demo.mlp(batch=8, in_features=32, hidden=64, out_features=16)
 
 
+def _no_pickle(*args, **kwargs):
+    raise AssertionError("parallelize sent an object with pickle")
+
+
+def _forbid_pickled_objects() -> None:
+    """Make every torch.distributed *_object collective fail in this rank."""
+    dist.broadcast_object_list = _no_pickle
+    dist.distributed_c10d.broadcast_object_list = _no_pickle
+    dist.distributed_c10d._object_to_tensor = _no_pickle
+    dist.distributed_c10d._tensor_to_object = _no_pickle
+
+
 def _train_with_parallelize(rank: int, world: int, batches):
     import planner
 
+    _forbid_pickled_objects()
     model, inputs = _model()
     plan, trainer = planner.parallelize(model, inputs, mesh_shape=(world,), cluster="cpu")
     losses = [trainer.step(*batch) for batch in batches]
@@ -35,3 +51,34 @@ def test_parallelize_trains_like_one_process() -> None:
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference_losses))
         for name, value in reference_params.items():
             torch.testing.assert_close(params[name], value, rtol=1e-4, atol=1e-5)
+
+
+def _parallelize_with_rank_0_unable_to_plan(rank: int, world: int):
+    import planner
+    import planner.api
+
+    if rank == 0:
+        def fail(*args, **kwargs):
+            raise ValueError("no strategy fits")
+
+        planner.api.plan_model = fail
+    model, inputs = _model()
+    planner.parallelize(model, inputs, mesh_shape=(world,), cluster="cpu")
+
+
+def _rank_1_error(rank: int, world: int):
+    try:
+        _parallelize_with_rank_0_unable_to_plan(rank, world)
+    except RuntimeError as error:
+        return str(error)
+    except ValueError:
+        return None
+    return "planned"
+
+
+def test_when_rank_0_cannot_plan_the_other_ranks_stop_instead_of_waiting() -> None:
+    with pytest.raises(RuntimeError, match="rank 0 failed: ValueError: no strategy fits"):
+        run_on_ranks(_parallelize_with_rank_0_unable_to_plan, 2)
+    assert run_on_ranks(_rank_1_error, 2)[1] == (
+        "rank 0 could not plan the model; its error says why"
+    )
