@@ -22,6 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Partial, Replicate, Shard
 
 from cost_models.compute import dtype_key, op_flops, op_time, tensor_bytes
+from passes.deadline import Deadline
 from passes.dtensor_rules import Placements, TensorMeta, has_rule, op_choices, tensor_meta
 from passes.trace import TracedProgram
 from planner.cluster import DeviceSpec
@@ -120,9 +121,11 @@ def enumerate_strategies(
     mesh: DeviceMesh,
     device: DeviceSpec,
     profile: ProfileDatabase | None = None,
+    deadline: Deadline | None = None,
 ) -> dict[str, NodeStrategies]:
     """Strategies of every placeholder and op node, in graph order. Ops are timed with
-    `profile`'s measurements when given, else with `device`'s roofline."""
+    `profile`'s measurements when given, else with `device`'s roofline. DeadlinePassed
+    when `deadline` passes first."""
     timer: OpTimer = (
         profile.op_time if profile is not None
         else lambda flops, nbytes, dtype: op_time(flops, nbytes, device, dtype)
@@ -130,7 +133,11 @@ def enumerate_strategies(
     table: dict[str, NodeStrategies] = {}
     saved = _saved_for_backward(program)
     rules = _RuleCache()  # repeated blocks ask DTensor the same questions
-    for node in program.graph.nodes:
+    nodes = list(program.graph.nodes)
+    for done, node in enumerate(nodes):
+        if deadline is not None:
+            deadline.check(f"enumerating strategies on mesh {tuple(mesh.shape)} "
+                           f"({done} of {len(nodes)} nodes)")
         if node.op == "placeholder":
             table[node.name] = _placeholder(program, node, mesh)
         elif node.op == "call_function" and node.target is not operator.getitem:

@@ -20,6 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate
 
 from cost_models.comm import collective_time
+from passes.deadline import Deadline
 from passes.dtensor_rules import (
     Collective,
     Placements,
@@ -46,6 +47,9 @@ if TYPE_CHECKING:
 
 # Cost of a move DTensor cannot make: large enough that no optimum contains one.
 IMPOSSIBLE_S = 1e6
+# Least time the solver is given when a deadline leaves less: enough to return the greedy
+# incumbent it is hinted with.
+MIN_SOLVE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -161,9 +165,12 @@ def plan_intra_op(
     time_limit_s: float = 30.0,
     backend: str = "SCIP",
     profile: ProfileDatabase | None = None,
+    deadline: Deadline | None = None,
 ) -> IntraOpSolution:
     """Solve the ILP and return the chosen strategy of every node with its collectives;
-    collectives `profile` measured are charged its times."""
+    collectives `profile` measured are charged its times. With a `deadline`, building the
+    ILP stops with DeadlinePassed when it passes, and the solver gets the time left (at
+    least `MIN_SOLVE_S`, so that it can return its greedy incumbent)."""
     comm = CommModel(mesh, cluster, profile)
     names = list(table)
     index = {n: i for i, n in enumerate(names)}
@@ -182,7 +189,10 @@ def plan_intra_op(
             buckets[key] = SharedCost(latency)
         return buckets[key]
 
-    for edge in _edges(program, table):
+    all_edges = _edges(program, table)
+    for done, edge in enumerate(all_edges):
+        if deadline is not None:
+            deadline.check(f"building the ILP ({done} of {len(all_edges)} edges)")
         u_name, v_name, matrix, keys = _edge_matrix(edge, program, table, comm)
         if not np.any(matrix):
             continue
@@ -208,6 +218,8 @@ def plan_intra_op(
         followers=_followers(table, index),
     )
     reduced, contraction = contract_followers(problem)
+    if deadline is not None:
+        time_limit_s = min(time_limit_s, max(MIN_SOLVE_S, deadline.remaining()))
     reduced_assignment = solve_ilp(reduced, time_limit_s=time_limit_s, backend=backend)
     expanded = contraction.expand(reduced_assignment.choices, len(names))
     assignment = replace(

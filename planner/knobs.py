@@ -42,6 +42,12 @@ def check_knobs(
     """ValueError naming every fixed knob that no plan of `space` can honour on `cluster`
     (its GPU count already set) for `model`, each with its rule."""
     problems = _degree_problems(knobs, model, cluster)
+    precision = knobs.get("precision", "bf16")
+    if precision not in cluster.device.peak_tflops:
+        problems.append(
+            f"{FLAG['precision']} {precision} needs {precision} tensor cores, which "
+            f"{cluster.device.name} lacks; use {FLAG['precision']} bf16 or a newer cluster"
+        )
     problems += _schedule_problems(knobs, model, space)
     if not problems:
         problems += _batch_problems(knobs, model, cluster, global_batch_size)

@@ -24,6 +24,7 @@ import importlib.util
 import inspect
 import os
 import sys
+import traceback
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -133,7 +134,23 @@ def load_model(spec: str, shape: dict[str, Any] | None = None) -> LoadedModel:
     else:
         module = _import_module(target, spec)
     factory = _find_function(module, func_name, target)
-    return _eager(_from_factory_result(factory(), spec), func_name)
+    return _eager(_from_factory_result(_call_factory(factory, spec), spec), func_name)
+
+
+def _call_factory(factory: Callable[[], Any], spec: str) -> Any:
+    """`factory()`, with anything it raises reported as the factory's error at the line of
+    the user's code that raised it (the deepest frame in the factory's own file)."""
+    try:
+        return factory()
+    except Exception as error:
+        frames = traceback.extract_tb(error.__traceback__)
+        home = inspect.getsourcefile(factory)
+        own = [f for f in frames if home and f.filename == home] or frames[-1:]
+        where = f" at {Path(own[-1].filename).name}:{own[-1].lineno}" if own else ""
+        message = " ".join(str(error).split())
+        raise ModelSpecError(
+            f"{spec!r} raised {type(error).__name__}{where}: {message}; fix the factory."
+        ) from error
 
 
 def _load_demo(name: str) -> LoadedModel:

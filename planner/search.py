@@ -37,6 +37,11 @@ VIRTUAL_STAGES = (2, 4)
 # rank too little attention work to hide the key/value exchange).
 CONTEXT_PARALLEL_MIN_SEQ = 8192
 
+# Largest cluster a training plan is searched for: the stage DP keeps one state per GPU
+# count, so its time grows with the GPUs (131072: about a minute on two cores; 2^20 GPUs
+# would take the better part of an hour). Past today's largest clusters (~100K GPUs).
+MAX_GPUS = 1 << 17
+
 Progress = Callable[[int, int], None]
 
 
@@ -262,7 +267,7 @@ def search(
 
 def devices_needed(
     model: TransformerConfig, cluster: Cluster, gbs: int, fixed: dict[str, Any],
-    limit: int = 1 << 17,
+    limit: int = MAX_GPUS,
 ) -> int | None:
     """The fewest GPUs of this kind (doubling from the cluster's count) on which some
     Megatron configuration fits, or None up to `limit`. Tensor and pipeline degrees are

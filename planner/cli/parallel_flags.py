@@ -10,7 +10,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from planner.cli.errors import UsageError
+from planner.cli.parsing import whole
+from planner.cluster import MAX_DEVICES
 from planner.parallel import PRECISIONS, RECOMPUTE, SCHEDULES, ParallelConfig
+from planner.search import MAX_GPUS
+
+# Largest global batch: 16M sequences, far past any run (Llama 3 405B: 16M tokens).
+MAX_GLOBAL_BATCH = 1 << 24
+# Most plans --top lists.
+MAX_TOP = 100
 
 # Megatron-LM flag -> ParallelConfig field, for the knobs that take a number.
 _NUMBER_FLAGS = {
@@ -19,7 +28,6 @@ _NUMBER_FLAGS = {
     "--context-parallel-size": "context",
     "--expert-model-parallel-size": "expert",
     "--micro-batch-size": "micro_batch_size",
-    "--zero-stage": "zero_stage",
 }
 # Knobs that make a what-if prediction when all given.
 WHAT_IF = ("tensor", "pipeline", "micro_batch_size")
@@ -32,7 +40,6 @@ _FIELD_HELP = {
     "context": "Context-parallel degree (the sequence split over GPUs).",
     "expert": "Expert-parallel degree for mixture-of-experts layers.",
     "micro_batch_size": "Sequences per micro-batch on one data-parallel rank.",
-    "zero_stage": "ZeRO stage 0-3 (1 is Megatron-LM's distributed optimizer).",
 }
 
 
@@ -41,30 +48,40 @@ def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "training plan (give --gpus; knobs given are fixed, the rest are searched)"
     )
-    group.add_argument("--gpus", type=int, help="GPUs to train on (from --cluster's nodes)")
-    group.add_argument("--global-batch-size", type=int, help="sequences per optimizer step")
+    group.add_argument("--gpus", type=whole(1, MAX_GPUS),
+                       help="GPUs to train on (from --cluster's nodes)")
+    group.add_argument("--global-batch-size", type=whole(1, MAX_GLOBAL_BATCH),
+                       help="sequences per optimizer step")
     for flag, name in _NUMBER_FLAGS.items():
-        group.add_argument(flag, dest=name, type=int, default=None, help=_FIELD_HELP[name])
+        group.add_argument(flag, dest=name, type=whole(1, MAX_DEVICES), default=None,
+                           help=_FIELD_HELP[name])
+    group.add_argument(
+        "--zero-stage", dest="zero_stage", type=int, choices=(0, 1, 2, 3), default=None,
+        help="ZeRO stage 0-3 (1 is Megatron-LM's distributed optimizer)",
+    )
     group.add_argument(
         "--recompute-granularity", dest="recompute", choices=RECOMPUTE, default=None,
         help="activation recomputation: none, selective (attention core) or full",
     )
     group.add_argument(
-        "--sequence-parallel", dest="sequence_parallel", action="store_true", default=None,
-        help="shard norms and dropout over the tensor-parallel group",
+        "--sequence-parallel", dest="sequence_parallel", action=argparse.BooleanOptionalAction,
+        default=None, help="shard norms and dropout over the tensor-parallel group (--no-... "
+        "fixes it off)",
     )
     group.add_argument(
         "--use-distributed-optimizer", dest="distributed_optimizer", action="store_true",
         help="shard optimizer state over data-parallel ranks (ZeRO stage 1)",
     )
     group.add_argument(
-        "--num-layers-per-virtual-pipeline-stage", dest="layers_per_virtual_stage", type=int,
+        "--num-layers-per-virtual-pipeline-stage", dest="layers_per_virtual_stage",
+        type=whole(1, MAX_DEVICES),
         help="layers per model chunk: the interleaved 1F1B schedule",
     )
     group.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule")
     group.add_argument(
-        "--overlap-grad-reduce", dest="overlap_grad_reduce", action="store_true", default=None,
-        help="reduce gradients in buckets during the backward pass",
+        "--overlap-grad-reduce", dest="overlap_grad_reduce",
+        action=argparse.BooleanOptionalAction, default=None,
+        help="reduce gradients in buckets during the backward pass (--no-... fixes it off)",
     )
     group.add_argument(
         "--precision", choices=PRECISIONS, default=None,
@@ -76,7 +93,8 @@ def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
         "sequence parallel layout) or ilp (trace one block and let the intra-op ILP choose "
         "on each tensor-parallel mesh; a few seconds more)",
     )
-    group.add_argument("--top", type=int, default=5, help="plans to list (default 5)")
+    group.add_argument("--top", type=whole(1, MAX_TOP), default=5,
+                       help="plans to list (default 5)")
     group.add_argument(
         "--space", choices=("auto", "megatron"), default="auto",
         help="auto: stages may differ in size and mesh (Alpa); megatron: only layouts "
@@ -87,6 +105,7 @@ def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
 def fixed_knobs(args: argparse.Namespace, num_layers: int) -> dict[str, Any]:
     """The ParallelConfig fields the command line fixed."""
     knobs = {name: getattr(args, name) for name in _NUMBER_FLAGS.values()}
+    knobs["zero_stage"] = args.zero_stage
     knobs["recompute"] = args.recompute
     knobs["sequence_parallel"] = args.sequence_parallel
     knobs["schedule"] = args.schedule
@@ -94,25 +113,31 @@ def fixed_knobs(args: argparse.Namespace, num_layers: int) -> dict[str, Any]:
     knobs["precision"] = args.precision
     if args.distributed_optimizer:
         if args.zero_stage not in (None, 1):
-            raise ValueError(
+            raise UsageError(
                 f"--use-distributed-optimizer is ZeRO stage 1 but --zero-stage is "
-                f"{args.zero_stage}; give one of the two."
+                f"{args.zero_stage}; give one of the two"
             )
         knobs["zero_stage"] = 1
     if args.layers_per_virtual_stage is not None:
         pipeline = args.pipeline
         if not pipeline:
-            raise ValueError(
+            raise UsageError(
                 "--num-layers-per-virtual-pipeline-stage needs "
-                "--pipeline-model-parallel-size; give both."
+                "--pipeline-model-parallel-size; give both"
             )
         per_stage, rest = divmod(num_layers, pipeline)
-        if rest or per_stage % args.layers_per_virtual_stage:
-            raise ValueError(
-                f"--num-layers-per-virtual-pipeline-stage {args.layers_per_virtual_stage} "
-                f"must divide the {num_layers} / {pipeline} layers of each stage."
+        chunk = args.layers_per_virtual_stage
+        if rest or per_stage % chunk or per_stage == chunk:
+            raise UsageError(
+                f"--num-layers-per-virtual-pipeline-stage {chunk} must divide the "
+                f"{num_layers} / {pipeline} layers of each stage into two or more chunks"
             )
-        knobs["virtual_pipeline"] = per_stage // args.layers_per_virtual_stage
+        if args.schedule not in (None, "interleaved"):
+            raise UsageError(
+                f"--num-layers-per-virtual-pipeline-stage is the interleaved schedule, not "
+                f"--schedule {args.schedule}; give one of the two"
+            )
+        knobs["virtual_pipeline"] = per_stage // chunk
         knobs["schedule"] = "interleaved"
     return {k: v for k, v in knobs.items() if v is not None}
 

@@ -21,7 +21,10 @@ from planner.cluster import Cluster
 from planner.megatron_flags import megatron_flags, megatron_incompatibility
 from planner.models.config import TransformerConfig
 from planner.parallel import ParallelConfig
+from planner.cli.errors import UsageError
+from planner.cli.model_args import load
 from planner.cli.parallel_flags import fixed_knobs, is_what_if, what_if_config
+from planner.knobs import check_knobs
 from planner.search import megatron_stage_splits
 from planner.training_plan import TrainingPlan
 
@@ -69,22 +72,20 @@ def _even(num_layers: int, stages: int) -> list[int]:
     return list(splits[0]) if splits else even_split(num_layers, stages)
 
 
-def run_training(
-    args: argparse.Namespace, model: TransformerConfig, console: Console,
-    loaded: LoadedModel | None = None,
-) -> int:
+def run_training(args: argparse.Namespace, cluster: Cluster, console: Console) -> int:
     """Predict (all of tensor, pipeline and micro-batch given) or search, print the plans
-    and write the best as JSON; 1 when the best does not fit or nothing does."""
+    and write the best as JSON. Every knob is checked against the model and the cluster
+    before any search; UsageError when the best plan does not fit or nothing does."""
     if args.global_batch_size is None:
-        raise ValueError("--gpus needs --global-batch-size (sequences per optimizer step).")
-    cluster = Cluster.load(args.cluster).with_devices(args.gpus)
+        raise UsageError("--gpus needs --global-batch-size (sequences per optimizer step)")
+    try:
+        cluster = cluster.with_devices(args.gpus)
+    except ValueError as error:
+        raise UsageError(f"--gpus {args.gpus}: {error}") from None
+    loaded = load(args)
+    model = transformer_config(loaded)
     knobs = fixed_knobs(args, model.num_layers)
-    precision = knobs.get("precision", "bf16")
-    if precision not in cluster.device.peak_tflops:
-        raise ValueError(
-            f"--precision {precision} needs {precision} tensor cores, which "
-            f"{cluster.device.name} lacks; use --precision bf16 or a newer cluster."
-        )
+    check_knobs(knobs, model, cluster, args.global_batch_size, args.space)
     collectives, timings = _intra_op_collectives(args, loaded, model, cluster, console)
     if is_what_if(knobs):
         plans = [training_plan(args.model, model, cluster,
@@ -93,12 +94,12 @@ def run_training(
     else:
         result = _search_with_progress(args, model, cluster, knobs, console, collectives)
         if not result.ranked:
-            return _report_no_fit(args, model, cluster, knobs, console)
+            raise UsageError(_no_fit(args, model, cluster, knobs))
         plans = [
             training_plan(args.model, model, cluster, candidate.parallel,
                           list(candidate.layers_per_stage), candidate.stages, collectives,
                           prediction)
-            for candidate, prediction in result.ranked[: max(args.top, 1)]
+            for candidate, prediction in result.ranked[: args.top]
         ]
         timings = {**timings, **result.timings}
         console.print(f"searched {result.evaluated:,} configurations in "
@@ -108,19 +109,40 @@ def run_training(
     if args.json:
         plans[0].to_json(args.json)
         console.print(f"plan written to {args.json}")
-    return 0 if plans[0].predicted.fits else 1
+    if not plans[0].predicted.fits:
+        raise UsageError(
+            f"the configuration asked for needs {plans[0].predicted.memory_gib_per_gpu:.1f} "
+            f"GiB per GPU, more than the {cluster.device.memory_gib:g} GiB of a "
+            f"{cluster.device.name}; relax a knob (recomputation, micro-batch, ZeRO stage) or "
+            "leave it to the search"
+        )
+    return 0
+
+
+def transformer_config(loaded: LoadedModel) -> TransformerConfig:
+    """The zoo shape of a model, for training plans; UsageError for other models."""
+    if isinstance(loaded.config, TransformerConfig):
+        return loaded.config
+    if loaded.config is not None:
+        from planner.models.huggingface import to_transformer_config
+
+        shape = to_transformer_config(loaded.config, loaded.seq_length)
+        # --num-layers rebuilt the model at that depth; plan that depth.
+        return shape.model_copy(update={"num_layers": loaded.num_layers or shape.num_layers})
+    raise UsageError(
+        f"--gpus plans a transformer given by its shape (a preset, gpt/llama/mixtral flags "
+        f"or hf:config.json); for {loaded.name}, plan operator shardings with --mesh"
+    )
 
 
 def _intra_op_collectives(
-    args: argparse.Namespace, loaded: LoadedModel | None, model: TransformerConfig,
+    args: argparse.Namespace, loaded: LoadedModel, model: TransformerConfig,
     cluster: Cluster, console: Console,
 ) -> tuple[LayerCollectives | None, dict[str, float]]:
     """With --intra-op ilp, trace one block per template and solve its intra-op ILP on
     every tensor-parallel degree the search may use, one process per core."""
     if args.intra_op != "ilp":
         return None, {}
-    if loaded is None:
-        raise ValueError("--intra-op ilp needs the model itself, not only its shape.")
     from passes.model_graph import trace_model
     from planner.search import tensor_degrees
     from planner.stage_ilp import layer_collectives
@@ -152,21 +174,19 @@ def _search_with_progress(
                       collectives=collectives)
 
 
-def _report_no_fit(
-    args: argparse.Namespace, model: TransformerConfig, cluster: Cluster,
-    knobs: dict[str, Any], console: Console,
-) -> int:
-    from planner.search import devices_needed
+def _no_fit(
+    args: argparse.Namespace, model: TransformerConfig, cluster: Cluster, knobs: dict[str, Any]
+) -> str:
+    from planner.search import MAX_GPUS, devices_needed
 
     needed = devices_needed(model, cluster, args.global_batch_size, knobs)
     more = (f"it needs at least {needed} GPUs of this kind" if needed
-            else "no cluster of this kind up to 131072 GPUs fits it")
-    console.print(
-        f"[red]no plan fits:[/red] {args.model} does not fit on {cluster.num_devices} x "
+            else f"no cluster of this kind up to {MAX_GPUS} GPUs fits it")
+    return (
+        f"no plan fits: {args.model} does not fit on {cluster.num_devices} x "
         f"{cluster.device.name} ({cluster.device.memory_gib:g} GiB) with global batch "
-        f"{args.global_batch_size}; {more}.", highlight=False, soft_wrap=True,
+        f"{args.global_batch_size}; {more}"
     )
-    return 1
 
 
 def layout(plan: TrainingPlan) -> str:

@@ -370,10 +370,13 @@ def piped_width(monkeypatch):
     ],
 )
 def test_plan_profile_bounds_exit_2_in_one_line(
-    flags: list[str], message: str, capsys, piped_width
+    flags: list[str], message: str, capsys, piped_width, tmp_path, monkeypatch
 ) -> None:
     # Refused before anything is measured: the run would otherwise take seconds at least.
-    code = cli.main(["profile", "--output", "/no/such/dir/p.json", *flags])
+    import planner.cli.profile as command
+
+    monkeypatch.setattr(command, "measure_profile", lambda *a: pytest.fail("measured"))
+    code = cli.main(["profile", "--output", str(tmp_path / "p.json"), *flags])
     captured = capsys.readouterr()
     output = captured.out + captured.err
     assert code == 2

@@ -73,7 +73,7 @@ CASES = {
         ["gpt3-125m", "--gpus", "8", "--cluster", "dgx-a100-80g", "--global-batch-size", "8",
          "--tensor-model-parallel-size", "4", "--pipeline-model-parallel-size", "4",
          "--micro-batch-size", "1"],
-        ["tensor (4) x pipeline (4) x context (1) x data (rest) must multiply to the 8 GPUs"],
+        ["tensor (4) x context (1) x pipeline (4) must divide the 8 GPUs"],
     ),
 }
 
@@ -126,11 +126,12 @@ def test_input_mistake_message_is_one_line_when_piped(case: str, capsys, piped_w
     assert len(output.strip().splitlines()) == 1, output
 
 
-def test_debug_shows_the_traceback_instead(capsys) -> None:
-    from planner.model_spec import ModelSpecError
-
-    with pytest.raises(ModelSpecError, match="Unknown demo 'nope'"):
-        cli.main(["demo:nope", "--debug"])
+def test_debug_adds_the_traceback_and_keeps_the_exit_code(capsys) -> None:
+    code = cli.main(["demo:nope", "--debug"])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "Traceback" in captured.err and "ModelSpecError" in captured.err
+    assert captured.out.startswith("error: Unknown demo 'nope'")
 
 
 def test_parse_mesh_accepts_sizes_joined_by_x() -> None:

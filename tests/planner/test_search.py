@@ -84,6 +84,6 @@ def test_a_model_that_fits_nowhere_says_how_many_gpus_it_needs(capsys) -> None:
     code = cli.main(["gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "8",
                      "--global-batch-size", "64"])
     out = " ".join(capsys.readouterr().out.split())
-    assert code == 1
+    assert code == 2
     assert "no plan fits: gpt3-175b does not fit on 8 x A100-SXM4-80GB" in out
     assert "it needs at least 64 GPUs of this kind" in out

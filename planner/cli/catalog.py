@@ -1,0 +1,88 @@
+"""`plan models` and `plan clusters`: the built-in presets, as tables or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from planner.cli.console import console
+
+
+def add_catalog_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", metavar="PATH", help="also write the presets as JSON")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def _write_json(path: str | None, rows: Any) -> None:
+    if path:
+        Path(path).write_text(json.dumps(rows, indent=2) + "\n")
+        console.print(f"presets written to {path}")
+
+
+def run_models(args: argparse.Namespace) -> int:
+    """`plan models`: the built-in model presets with their parameter counts."""
+    from planner.models.presets import PRESETS
+
+    table = Table(title="model presets")
+    for column in ("name", "parameters", "layers", "hidden", "heads", "kv heads", "experts"):
+        table.add_column(column, justify="left" if column == "name" else "right")
+    for name, config in PRESETS.items():
+        table.add_row(
+            name,
+            f"{config.num_parameters() / 1e9:,.2f} B",
+            str(config.num_layers),
+            str(config.hidden_size),
+            str(config.num_attention_heads),
+            str(config.num_kv_heads),
+            str(config.num_experts or "-"),
+        )
+    console.print(table)
+    _write_json(args.json, {
+        name: {**config.model_dump(), "num_parameters": config.num_parameters()}
+        for name, config in PRESETS.items()
+    })
+    return 0
+
+
+def _figure(value: float | None) -> str:
+    """989.5 -> '989.5', 2000.0 -> '2000', None -> '-': datasheet numbers, compactly."""
+    return "-" if value is None else f"{value:g}"
+
+
+def run_clusters(args: argparse.Namespace) -> int:
+    """`plan clusters`: the built-in cluster presets with their datasheet numbers."""
+    from planner.cluster import Cluster
+
+    table = Table(
+        title="cluster presets",
+        caption="per node: devices in one scale-up domain. up: scale-up link (NVLink, "
+        "Infinity Fabric, RoCE), out: scale-out network; GB/s per GPU per direction. "
+        "Datasheet peaks: `description` in each preset names its sources.",
+    )
+    columns = ("name", "device", "per\nnode", "memory\nGiB", "HBM\nGB/s", "bf16\nTFLOP/s",
+               "fp8\nTFLOP/s", "up\nGB/s", "out\nGB/s")
+    for column in columns:
+        # Names and numbers never wrap; on a narrow terminal the device name folds instead.
+        table.add_column(column, justify="left" if column in columns[:2] else "right",
+                         no_wrap=column != "device", overflow="fold")
+    clusters = {name: Cluster.load(name) for name in Cluster.presets()}
+    for name, cluster in clusters.items():
+        device = cluster.device
+        table.add_row(
+            name,
+            device.name,
+            str(cluster.devices_per_node),
+            _figure(device.memory_gib),
+            _figure(device.memory_bandwidth_gbs),
+            _figure(device.peak_tflops.get("bf16")),
+            _figure(device.peak_tflops.get("fp8")),
+            _figure(cluster.intra_node.bandwidth_gbs),
+            _figure(cluster.inter_node.bandwidth_gbs),
+        )
+    console.print(table)
+    _write_json(args.json, {name: c.model_dump() for name, c in clusters.items()})
+    return 0

@@ -1,0 +1,91 @@
+"""The MODEL argument and the flags every model-taking command shares."""
+
+from __future__ import annotations
+
+import argparse
+
+from typing import Any
+
+from planner.cli.parsing import seconds, whole
+from planner.model_flags import NORMALIZATION, POSITION_EMBEDDING, SWITCHES, VALUE_FLAGS
+from planner.model_spec import ACCEPTED_FORMS, LoadedModel
+from planner.models.config import TransformerConfig
+
+# Longest --time-limit: a day. Planning that needs more is not planning in seconds.
+MAX_TIME_LIMIT_S = 86400.0
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help=ACCEPTED_FORMS)
+    parser.add_argument("--json", metavar="PATH", help="also write the result as JSON")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    add_model_shape_flags(parser)
+
+
+def add_mesh_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of an operator-level plan on one device mesh."""
+    parser.add_argument(
+        "--mesh", default=None,
+        help="logical device mesh for operator shardings, e.g. 4 or 2x2 (default 4; zoo "
+        "and hf: models plan a cluster with --gpus instead)",
+    )
+    parser.add_argument(
+        "--cluster", default="cpu",
+        help="cluster preset or YAML/JSON file (default cpu; `plan clusters` lists presets)",
+    )
+    parser.add_argument(
+        "--time-limit", type=seconds(0.0, MAX_TIME_LIMIT_S), default=60.0,
+        help="seconds for choosing the shardings: enumerating strategies, building and "
+        "solving the ILP (default 60; the best plan found by then is kept)",
+    )
+    parser.add_argument(
+        "--profile", metavar="PATH",
+        help="price ops and collectives with this `plan profile` database where it has "
+        "measurements (default: the cluster's analytical models)",
+    )
+
+
+def _help(field: str) -> str:
+    return TransformerConfig.model_fields[field].description or field
+
+
+def add_model_shape_flags(parser: argparse.ArgumentParser) -> None:
+    """Add the model-shape flags, in a group of their own, all defaulting to 'not given'."""
+    group = parser.add_argument_group(
+        "model shape (Megatron-LM flags; for gpt/llama/mixtral, or to override a preset)"
+    )
+    for flag, (field, largest) in VALUE_FLAGS.items():
+        group.add_argument(flag, dest=field, type=whole(1, largest), default=None,
+                           help=_help(field))
+    group.add_argument(
+        "--normalization", choices=sorted(NORMALIZATION), default=None, help=_help("norm")
+    )
+    group.add_argument(
+        "--position-embedding-type",
+        choices=sorted(POSITION_EMBEDDING),
+        default=None,
+        help=_help("position_embedding"),
+    )
+    for flag, (field, _) in SWITCHES.items():
+        dest = flag.removeprefix("--").replace("-", "_")
+        group.add_argument(flag, dest=dest, action="store_true", help=_help(field))
+
+
+def shape_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The TransformerConfig fields the command line gave, and only those."""
+    shape = {field: getattr(args, field) for field, _ in VALUE_FLAGS.values()}
+    if args.normalization:
+        shape["norm"] = NORMALIZATION[args.normalization]
+    if args.position_embedding_type:
+        shape["position_embedding"] = POSITION_EMBEDDING[args.position_embedding_type]
+    for flag, (field, value) in SWITCHES.items():
+        if getattr(args, flag.removeprefix("--").replace("-", "_")):
+            shape[field] = value
+    return {k: v for k, v in shape.items() if v is not None}
+
+
+def load(args: argparse.Namespace) -> LoadedModel:
+    """The model the MODEL argument and the shape flags name."""
+    from planner.model_spec import load_model
+
+    return load_model(args.model, shape_overrides(args))

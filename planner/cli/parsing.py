@@ -1,0 +1,88 @@
+"""argparse, made to answer in one line: bad flags and values raise `UsageError`.
+
+argparse's own way is to print the whole usage and exit; a user who misspelt one flag
+wants to hear which flag and what it probably was (`--tensor-parallel-size` ->
+`--tensor-model-parallel-size`). Value types bound every number, so that no input asks
+for more work than can finish (a 10^9-GPU cluster, a million training steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import math
+from typing import Callable, NoReturn, Sequence
+
+from planner.cli.errors import UsageError
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one-line `UsageError`s naming the flag as typed,
+    with the closest known flag for an unknown one. `-h` prints the usage as usual."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        # Abbreviations make a misspelt prefix silently mean another flag.
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace=None):  # type: ignore[override]
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            self._unknown(extra[0])
+        return parsed
+
+    def _unknown(self, word: str) -> NoReturn:
+        if not word.startswith("-") or word == "-":
+            raise UsageError(
+                f"{self.prog}: unexpected argument {word!r}; see {self.prog} -h"
+            )
+        flag = word.split("=", 1)[0]
+        known = [o for action in self._actions for o in action.option_strings]
+        close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else f"; see {self.prog} -h"
+        raise UsageError(f"{self.prog}: unknown option {flag}{hint}")
+
+    def error(self, message: str) -> NoReturn:
+        # "argument --gpus: 0 must be ..." -> "--gpus 0 must be ..."; argparse's own
+        # wording elsewhere ("the following arguments are required: model").
+        if message.startswith("argument "):
+            flag, _, rest = message.removeprefix("argument ").partition(": ")
+            flag = flag.split("/")[0]
+            if rest.startswith("invalid choice: "):
+                rest = rest.removeprefix("invalid choice: ")
+                rest = rest.replace("(choose from", "is not one of").rstrip(")").replace("'", "")
+            message = f"{flag} {rest}"
+        raise UsageError(message)
+
+
+def whole(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from `low` to `high`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} must be from {low} to {high:,}")
+        return value
+
+    parse.__name__ = "whole number"
+    return parse
+
+
+def seconds(low: float, high: float) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds above `low`, at most `high`."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not (math.isfinite(value) and low < value <= high):
+            raise argparse.ArgumentTypeError(
+                f"{text} must be more than {low:g} and at most {high:g} seconds"
+            )
+        return value
+
+    parse.__name__ = "seconds"
+    return parse
