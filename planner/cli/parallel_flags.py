@@ -48,58 +48,73 @@ def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "training plan (give --gpus; knobs given are fixed, the rest are searched)"
     )
-    group.add_argument("--gpus", type=whole(1, MAX_GPUS),
+    actions: list[argparse.Action] = []
+
+    def add(*names: str, **options: Any) -> None:
+        actions.append(group.add_argument(*names, **options))
+
+    add("--gpus", type=whole(1, MAX_GPUS),
                        help="GPUs to train on (from --cluster's nodes)")
-    group.add_argument("--global-batch-size", type=whole(1, MAX_GLOBAL_BATCH),
+    add("--global-batch-size", type=whole(1, MAX_GLOBAL_BATCH),
                        help="sequences per optimizer step")
     for flag, name in _NUMBER_FLAGS.items():
-        group.add_argument(flag, dest=name, type=whole(1, MAX_DEVICES), default=None,
+        add(flag, dest=name, type=whole(1, MAX_DEVICES), default=None,
                            help=_FIELD_HELP[name])
-    group.add_argument(
+    add(
         "--zero-stage", dest="zero_stage", type=int, choices=(0, 1, 2, 3), default=None,
         help="ZeRO stage 0-3 (1 is Megatron-LM's distributed optimizer)",
     )
-    group.add_argument(
+    add(
         "--recompute-granularity", dest="recompute", choices=RECOMPUTE, default=None,
         help="activation recomputation: none, selective (attention core) or full",
     )
-    group.add_argument(
+    add(
         "--sequence-parallel", dest="sequence_parallel", action=argparse.BooleanOptionalAction,
         default=None, help="shard norms and dropout over the tensor-parallel group (--no-... "
         "fixes it off)",
     )
-    group.add_argument(
+    add(
         "--use-distributed-optimizer", dest="distributed_optimizer", action="store_true",
         help="shard optimizer state over data-parallel ranks (ZeRO stage 1)",
     )
-    group.add_argument(
+    add(
         "--num-layers-per-virtual-pipeline-stage", dest="layers_per_virtual_stage",
         type=whole(1, MAX_DEVICES),
         help="layers per model chunk: the interleaved 1F1B schedule",
     )
-    group.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule")
-    group.add_argument(
+    add("--schedule", choices=SCHEDULES, help="pipeline schedule")
+    add(
         "--overlap-grad-reduce", dest="overlap_grad_reduce",
         action=argparse.BooleanOptionalAction, default=None,
         help="reduce gradients in buckets during the backward pass (--no-... fixes it off)",
     )
-    group.add_argument(
+    add(
         "--precision", choices=PRECISIONS, default=None,
         help="matmul precision (default bf16; fp8 needs fp8 tensor cores, e.g. H100)",
     )
-    group.add_argument(
+    add(
         "--intra-op", choices=("analytic", "ilp"), default="analytic",
         help="how layers are sharded inside a stage: analytic (Megatron-LM's tensor + "
         "sequence parallel layout) or ilp (trace one block and let the intra-op ILP choose "
         "on each tensor-parallel mesh; a few seconds more)",
     )
-    group.add_argument("--top", type=whole(1, MAX_TOP), default=5,
+    add("--top", type=whole(1, MAX_TOP), default=5,
                        help="plans to list (default 5)")
-    group.add_argument(
+    add(
         "--space", choices=("auto", "megatron"), default="auto",
         help="auto: stages may differ in size and mesh (Alpa); megatron: only layouts "
         "Megatron-LM runs",
     )
+    # (flag, dest, default) of each, so that a plan on --mesh can refuse them by name.
+    parser.set_defaults(training_flags=tuple(
+        (action.option_strings[0], action.dest, action.default) for action in actions
+    ))
+
+
+def training_flags_given(args: argparse.Namespace) -> list[str]:
+    """The training-plan flags the command line set, as typed (their long form)."""
+    return [flag for flag, dest, default in args.training_flags
+            if getattr(args, dest) != default]
 
 
 def fixed_knobs(args: argparse.Namespace, num_layers: int) -> dict[str, Any]:

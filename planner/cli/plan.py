@@ -13,6 +13,7 @@ from passes.deadline import DeadlinePassed
 from planner.cli.console import console
 from planner.cli.errors import UsageError
 from planner.cli.model_args import load
+from planner.cli.parallel_flags import training_flags_given
 from planner.cluster import Cluster
 from planner.model_spec import LoadedModel
 
@@ -83,7 +84,22 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.gpus is not None:
         from planner.cli.train import run_training
 
+        mesh_only = [flag for flag, value in (("--mesh", args.mesh), ("--emit-code",
+                     args.emit_code), ("--profile", args.profile)) if value is not None]
+        if mesh_only:
+            raise UsageError(
+                f"{', '.join(mesh_only)} {'is' if len(mesh_only) == 1 else 'are'} for an "
+                "operator-level plan on one mesh, and --gpus "
+                "asks for a training plan of a cluster; give one of the two"
+            )
         return run_training(args, cluster, console)
+    given = training_flags_given(args)
+    if given:
+        raise UsageError(
+            f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only to training "
+            "plans: add --gpus N "
+            "--global-batch-size B (a --mesh plan chooses every operator's sharding itself)"
+        )
     mesh_for(args, cluster)  # before loading the model: a bad mesh costs nothing
     planned = plan_on_mesh(args, load(args), cluster)
     print_plan(planned)

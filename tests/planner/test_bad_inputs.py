@@ -1,0 +1,286 @@
+"""Every bad input gets one clear line: exit status 2 (130 for an interrupt), exactly one
+line of output at a piped terminal's 80 columns, no traceback, and the flag named as
+typed. Each case has a timeout, so an input that hangs fails here instead of blocking CI.
+
+The families are those a new user hit: knob values no plan can honour, failures that
+escaped as tracebacks, output paths that fail only after the work, inputs that hang or
+ask for unbounded work, garbage data files accepted, and misspelt flags.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from planner import cli
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+RAISING = FIXTURES / "raising_factory.py"
+H100 = ["--cluster", "dgx-h100"]
+GPT3 = ["gpt3-175b", *H100, "--gpus", "512", "--global-batch-size", "1536"]
+SMALL = ["gpt3-125m", *H100, "--gpus", "8", "--global-batch-size", "64"]
+MIXTRAL = ["mixtral-8x7b", *H100, "--gpus", "64", "--global-batch-size", "256"]
+
+# (argv, fragments the one line must contain)
+KNOB_VALUES = {
+    "tensor-divides-nothing": ([*GPT3, "--tensor-model-parallel-size", "5"],
+                               ["--tensor-model-parallel-size 5 must divide the 96 attention "
+                                "heads and the 8 GPUs of a node"]),
+    "tensor-beyond-a-node": (["gpt3-175b", *H100, "--gpus", "16", "--global-batch-size", "64",
+                              "--tensor-model-parallel-size", "16"], ["the 8 GPUs of a node"]),
+    "tensor-beyond-the-heads": ([*SMALL, "--tensor-model-parallel-size", "8"],
+                                ["--tensor-model-parallel-size 8", "12 attention heads"]),
+    "tensor-zero": ([*SMALL, "--tensor-model-parallel-size", "0"],
+                    ["--tensor-model-parallel-size 0 must be from 1"]),
+    "pipeline-beyond-the-layers": ([*SMALL, "--pipeline-model-parallel-size", "32"],
+                                   ["--pipeline-model-parallel-size 32 is more than the "
+                                    "model's 12 layers"]),
+    "pipeline-negative": ([*SMALL, "--pipeline-model-parallel-size", "-2"],
+                          ["--pipeline-model-parallel-size -2 must be from 1"]),
+    "degrees-not-dividing-the-gpus": ([*SMALL, "--pipeline-model-parallel-size", "3"],
+                                      ["pipeline (3) must divide the 8 GPUs"]),
+    "context-zero": ([*SMALL, "--context-parallel-size", "0"],
+                     ["--context-parallel-size 0 must be from 1"]),
+    "context-not-splitting-the-sequence": ([*SMALL, "--context-parallel-size", "3"],
+                                           ["--context-parallel-size 3 must divide the 8 GPUs"]),
+    "expert-on-a-dense-model": ([*GPT3, "--expert-model-parallel-size", "4"],
+                                ["--expert-model-parallel-size 4 needs a mixture-of-experts",
+                                 "dense"]),
+    "expert-not-dividing-the-experts": ([*MIXTRAL, "--expert-model-parallel-size", "3"],
+                                        ["must divide the model's 8 experts"]),
+    "micro-batch-zero": ([*SMALL, "--micro-batch-size", "0"],
+                         ["--micro-batch-size 0 must be from 1"]),
+    "micro-batch-not-dividing-the-batch": ([*SMALL, "--micro-batch-size", "3"],
+                                           ["--micro-batch-size 3 must divide "
+                                            "--global-batch-size 64"]),
+    "virtual-zero": ([*SMALL, "--pipeline-model-parallel-size", "2",
+                      "--num-layers-per-virtual-pipeline-stage", "0"],
+                     ["--num-layers-per-virtual-pipeline-stage 0 must be from 1"]),
+    "virtual-without-pipeline": ([*SMALL, "--num-layers-per-virtual-pipeline-stage", "2"],
+                                 ["needs --pipeline-model-parallel-size"]),
+    "virtual-not-dividing-a-stage": ([*SMALL, "--pipeline-model-parallel-size", "2",
+                                      "--num-layers-per-virtual-pipeline-stage", "4"],
+                                     ["must divide the 12 / 2 layers of each stage"]),
+    "virtual-with-another-schedule": ([*SMALL, "--pipeline-model-parallel-size", "2",
+                                       "--num-layers-per-virtual-pipeline-stage", "2",
+                                       "--schedule", "gpipe"], ["not --schedule gpipe"]),
+    "interleaving-one-stage": ([*SMALL, "--pipeline-model-parallel-size", "1", "--schedule",
+                                "interleaved"], ["--schedule interleaved needs pipeline"]),
+    "gpipe-in-the-megatron-space": ([*SMALL, "--schedule", "gpipe", "--space", "megatron"],
+                                    ["--schedule gpipe is not in --space megatron"]),
+    "zero-3-in-the-megatron-space": ([*SMALL, "--zero-stage", "3", "--space", "megatron"],
+                                     ["--zero-stage 3 is not in --space megatron"]),
+    "zero-stage-5": ([*SMALL, "--zero-stage", "5"], ["--zero-stage 5 is not one of 0, 1, 2, 3"]),
+    "distributed-optimizer-and-zero-3": ([*SMALL, "--use-distributed-optimizer",
+                                          "--zero-stage", "3"],
+                                         ["--use-distributed-optimizer is ZeRO stage 1"]),
+    "sequence-parallel-on-one-tensor-rank": ([*SMALL, "--sequence-parallel",
+                                              "--tensor-model-parallel-size", "1"],
+                                             ["--sequence-parallel shards over the "
+                                              "tensor-parallel group"]),
+    "batch-smaller-than-the-data-parallel-degree": (
+        ["gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "1024", "--global-batch-size", "1"],
+        ["--global-batch-size 1 cannot be split over the data-parallel replicas"]),
+    "batch-zero": ([*H100, "gpt3-125m", "--gpus", "8", "--global-batch-size", "0"],
+                   ["--global-batch-size 0 must be from 1"]),
+    "gpus-without-batch": (["gpt3-125m", *H100, "--gpus", "8"], ["--global-batch-size"]),
+    "gpus-leaving-a-node-part-filled": (["gpt3-125m", *H100, "--gpus", "12",
+                                         "--global-batch-size", "64"],
+                                        ["--gpus 12", "use a multiple of 8"]),
+    "fp8-without-fp8-tensor-cores": (["gpt3-125m", "--cluster", "dgx-a100-80g", "--gpus", "8",
+                                      "--global-batch-size", "64", "--precision", "fp8"],
+                                     ["--precision fp8 needs fp8 tensor cores"]),
+    "what-if-that-does-not-fit": (
+        ["gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "8", "--global-batch-size", "8",
+         "--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "1",
+         "--micro-batch-size", "1"], None),
+    "nothing-fits": (["gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "8",
+                      "--global-batch-size", "64"], ["no plan fits", "at least 64 GPUs"]),
+}
+
+ESCAPED_TRACEBACKS = {
+    "json-is-a-directory": (["demo:mlp", "--mesh", "2", "--json", "."], ["--json '.' is a "
+                                                                         "directory"]),
+    "json-in-a-missing-folder": (["demo:mlp", "--json", "no/such/dir/plan.json"],
+                                 ["--json 'no/such/dir/plan.json'", "does not exist"]),
+    "json-unwritable": (["demo:mlp", "--json", "/proc/self/plan.json"],
+                        ["--json '/proc/self/plan.json' cannot be written"]),
+    "emit-code-onto-a-file": (["demo:mlp", "--emit-code", "plain-file"],
+                              ["--emit-code 'plain-file' is a file"]),
+    "emit-code-unwritable": (["demo:mlp", "--emit-code", "/proc/self/ranks"],
+                             ["--emit-code '/proc/self/ranks' cannot be written"]),
+    "check-json-unwritable": (["check", "demo:mlp", "--mesh", "2", "--json", "/proc/self/c.json"],
+                              ["--json '/proc/self/c.json' cannot be written"]),
+    "inspect-json-is-a-directory": (["inspect", "gpt3-125m", "--json", "."], ["--json '.'"]),
+    "profile-output-is-a-directory": (["profile", "--output", "."], ["--output '.' is a "
+                                                                     "directory"]),
+    "factory-raises": ([f"{RAISING}:build", "--mesh", "2"],
+                       ["raised ZeroDivisionError at raising_factory.py:9",
+                        "fix the factory"]),
+    "hf-config-field-transformers-rejects": (["inspect", "hf:badfield"], ["badfield"]),
+    "gpus-huge": (["gpt3-175b", *H100, "--gpus", "1000000000", "--global-batch-size", "8"],
+                  ["--gpus 1000000000 must be from 1 to 131,072"]),
+    "gpus-not-a-number": ([*SMALL[:-4], "--gpus", "eight"], ["--gpus 'eight' is not a whole"]),
+}
+
+HANGS_AND_UNBOUNDED_WORK = {
+    "four-mesh-axes": (["demo:mlp", "--mesh", "2x2x2x2", "--time-limit", "5"],
+                       ["--mesh 2x2x2x2 has 4 axes", "at most 3"]),
+    "mesh-beyond-the-cluster": (["demo:mlp", "--mesh", "1000000"],
+                                ["--mesh 1000000 needs 1,000,000 devices", "--cluster cpu has 8"]),
+    "check-mesh-beyond-the-cluster": (["check", "demo:mlp", "--mesh", "16"],
+                                      ["--mesh 16 needs 16 devices"]),
+    "steps-unbounded": (["check", "demo:mlp", "--mesh", "2", "--steps", "1000000"],
+                        ["--steps 1000000 must be from 1 to 1,000"]),
+    "steps-zero": (["check", "demo:mlp", "--steps", "0"], ["--steps 0 must be from 1"]),
+    "time-limit-honoured": (["demo:gpt", "--mesh", "2x2x2", "--time-limit", "1"],
+                            ["--time-limit 1:", "did not finish within the 1 s time limit"]),
+    "time-limit-zero": (["demo:mlp", "--time-limit", "0"], ["--time-limit 0 must be more than 0"]),
+    "time-limit-nan": (["demo:mlp", "--time-limit", "nan"], ["--time-limit nan"]),
+    "time-limit-infinite": (["demo:mlp", "--time-limit", "inf"], ["--time-limit inf"]),
+    "layers-unbounded": (["inspect", "gpt", "--num-layers", "1000000007", "--hidden-size", "64",
+                          "--num-attention-heads", "4", "--vocab-size", "64", "--seq-length",
+                          "16"], ["--num-layers 1000000007 must be from 1 to 16,384"]),
+}
+
+GARBAGE = {
+    "calibrate-empty-csv": (["calibrate", "empty.csv"], ["empty.csv"]),
+    "calibrate-nan-time": (["calibrate", "nan.csv"], ["nan.csv", "line 2"]),
+    "cluster-with-infinite-memory": (["demo:mlp", "--cluster", "infinite.yaml"],
+                                     ["infinite.yaml", "memory_gib"]),
+    # Infinite times inside a real database: tests/cost_models/test_profile.py.
+    "profile-not-a-database": (["demo:mlp", "--mesh", "2", "--profile", "inf-profile.json"],
+                               ["inf-profile.json"]),
+    "top-negative": ([*SMALL, "--top", "-3"], ["--top -3 must be from 1 to 100"]),
+    "top-zero": ([*SMALL, "--top", "0"], ["--top 0 must be from 1"]),
+    "models-bogus-flag": (["models", "--bogus-flag"], ["unknown option --bogus-flag"]),
+    "clusters-bogus-flag": (["clusters", "--gpus", "8"], ["unknown option --gpus"]),
+    "clusters-json-in-a-missing-folder": (["clusters", "--json", "nope/x.json"], ["--json"]),
+    "training-knobs-on-a-mesh-plan": (["demo:mlp", "--mesh", "2", "--tensor-model-parallel-size",
+                                       "2", "--top", "3"],
+                                      ["--tensor-model-parallel-size, --top apply only to "
+                                       "training plans"]),
+    "mesh-on-a-training-plan": ([*SMALL, "--mesh", "2x2"], ["--mesh is for an operator-level "
+                                                            "plan"]),
+    "extra-positional": (["demo:mlp", "extra"], ["unexpected argument 'extra'"]),
+}
+
+MISSPELT = {
+    "tensor-parallel-size": ([*GPT3, "--tensor-parallel-size", "8"],
+                             ["unknown option --tensor-parallel-size; did you mean "
+                              "--tensor-model-parallel-size?"]),
+    "gpu": (["gpt3-125m", "--gpu", "8"], ["unknown option --gpu; did you mean --gpus?"]),
+    "check-step": (["check", "demo:mlp", "--step", "2"], ["did you mean --steps?"]),
+    "abbreviation": (["demo:mlp", "--mes", "2"], ["unknown option --mes; did you mean --mesh?"]),
+    "flag-with-equals": (["demo:mlp", "--meshes=2"], ["unknown option --meshes"]),
+    "no-model": ([], ["the following arguments are required: model"]),
+    "bad-choice": ([*SMALL, "--recompute-granularity", "all"],
+                   ["--recompute-granularity all is not one of none, selective, full"]),
+    "flag-without-value": ([*SMALL, "--micro-batch-size"], ["--micro-batch-size expected one"]),
+}
+
+FAMILIES = {**KNOB_VALUES, **ESCAPED_TRACEBACKS, **HANGS_AND_UNBOUNDED_WORK, **GARBAGE,
+            **MISSPELT}
+
+
+@pytest.fixture(autouse=True)
+def _workdir(tmp_path, monkeypatch):
+    """Run each case in a folder holding the bad files the cases name."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "plain-file").write_text("not a folder\n")
+    (tmp_path / "badfield").mkdir()
+    (tmp_path / "badfield" / "config.json").write_text(
+        json.dumps({"model_type": "llama", "hidden_size": "wide", "num_hidden_layers": [2]})
+    )
+    (tmp_path / "empty.csv").write_text("")
+    header = ("Parameters (billion),# GPUs,global batch,micro batch,hidden size,attention heads,"
+              "# layers,sequence length,tensor parallelism,data parallelism,pipeline "
+              "parallelism,iteration time (ms)\n")  # vTrain's columns
+    (tmp_path / "nan.csv").write_text(header + "3.6,8,64,1,3072,32,30,2048,8,1,1,nan\n")
+    preset = (Path(cli.__file__).parents[1] / "presets" / "cpu.yaml").read_text()
+    (tmp_path / "infinite.yaml").write_text(preset.replace("memory_gib: 24", "memory_gib: .inf"))
+    (tmp_path / "inf-profile.json").write_text(json.dumps({"memory": [[64, float("inf")]]}))
+    monkeypatch.setattr(cli.console, "_width", 80)  # a pipe's width, however run
+
+
+def run(argv: list[str], capsys) -> tuple[int, str]:
+    code = cli.main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", list(FAMILIES))
+def test_a_bad_input_gets_one_line_and_exit_2(case: str, capsys) -> None:
+    argv, fragments = FAMILIES[case]
+    code, output = run(argv, capsys)
+    assert code == 2, output
+    assert "Traceback" not in output
+    lines = output.strip().splitlines()
+    assert fragments is None or len(lines) == 1, output
+    assert lines[-1].startswith("error: ")
+    text = " ".join(output.split())
+    for fragment in fragments or []:
+        assert fragment in text
+
+
+@pytest.mark.timeout(60)
+def test_an_interrupt_exits_130_in_one_line(capsys) -> None:
+    code, output = run([f"{RAISING}:interrupted", "--mesh", "2"], capsys)
+    assert code == 130
+    assert output.strip() == "interrupted"
+
+
+@pytest.mark.timeout(60)
+def test_an_unexpected_failure_is_named_in_one_line(capsys, monkeypatch) -> None:
+    import planner.cli.catalog as catalog
+
+    def broken(args):
+        raise TypeError("unsupported operand")
+
+    monkeypatch.setattr(catalog, "run_models", broken)
+    code, output = run(["models"], capsys)
+    assert code == 2
+    assert output.strip().splitlines() == [
+        "error: TypeError: unsupported operand (rerun with --debug for the traceback)"
+    ]
+
+
+@pytest.mark.timeout(60)
+def test_debug_keeps_the_exit_code_and_adds_the_traceback(capsys) -> None:
+    code = cli.main(["gpt3-125m", *H100, "--gpus", "8", "--global-batch-size", "64",
+                     "--tensor-model-parallel-size", "5", "--debug"])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "Traceback" in captured.err
+    assert captured.out.strip().startswith("error: --tensor-model-parallel-size 5")
+
+
+@pytest.mark.timeout(60)
+def test_no_work_is_done_before_an_output_path_is_refused(capsys, monkeypatch) -> None:
+    """`plan profile --output` and `plan check --json` used to measure or train first."""
+    import planner.check
+    import planner.cli.profile
+
+    monkeypatch.setattr(planner.cli.profile, "measure_profile",
+                        lambda *a: pytest.fail("measured before checking --output"))
+    monkeypatch.setattr(planner.check, "check_plan",
+                        lambda *a, **k: pytest.fail("trained before checking --json"))
+    assert run(["profile", "--output", "/proc/self/p.json"], capsys)[0] == 2
+    assert run(["check", "demo:mlp", "--mesh", "2", "--json", "/proc/self/c.json"], capsys)[0] == 2
+
+
+def test_a_refused_output_path_leaves_no_file(capsys, tmp_path) -> None:
+    code, _ = run(["demo:mlp", "--mesh", "2x2x2x2", "--json", "plan.json"], capsys)
+    assert code == 2
+    assert not (tmp_path / "plan.json").exists()
+
+
+@pytest.mark.parametrize("command", ["models", "clusters"])
+def test_models_and_clusters_write_json(command: str, capsys, tmp_path) -> None:
+    code, _ = run([command, "--json", "out.json"], capsys)
+    assert code == 0
+    presets = json.loads((tmp_path / "out.json").read_text())
+    assert ("gpt3-175b" if command == "models" else "dgx-h100") in presets
