@@ -23,6 +23,7 @@ import importlib
 import importlib.util
 import inspect
 import os
+import re
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -177,8 +178,11 @@ def _load_zoo(name: str, shape: dict[str, Any]) -> LoadedModel:
     except ValueError as error:
         # A suggestion is the likely fix; without one, list the other ways to name a model.
         helpful = name in PRESETS or name in FAMILIES or "did you mean" in str(error)
+        message = str(error)
+        for given in shape:  # the fields the command line set, named as typed
+            message = re.sub(rf"\b{given}\b", flag_names([given]), message)
         raise ModelSpecError(
-            str(error) if helpful else f"{error} Other forms: {ACCEPTED_FORMS}."
+            message if helpful else f"{message} Other forms: {ACCEPTED_FORMS}."
         ) from None
 
     def build(depth: int | None) -> BuiltModel:

@@ -44,11 +44,12 @@ def test_a_hostile_model_name_cannot_add_code_to_the_emitted_programs(
         lines = text.splitlines()
         assert lines[0].startswith("# Rank ") and repr(HOSTILE) in lines[0]
         assert HOSTILE not in text and not any(line.startswith(PAYLOAD) for line in lines)
-        assert top_level(text) == ["Import", "FunctionDef"]
+        assert top_level(text) == ["Import", "ImportFrom", "FunctionDef"]
         namespace: dict = {}
         exec(compile(text, str(path), "exec"), namespace)  # what `python rankN.py` runs
         assert not (tmp_path / "MARKER").exists()
-        assert sorted(k for k in namespace if not k.startswith("__")) == ["forward", "torch"]
+        assert sorted(k for k in namespace if not k.startswith("__")) == [
+            "device", "forward", "torch"]
         # Parameter paths are not in the code: the graph takes positional placeholders.
         for fqn in planned.plan.parameters:
             assert fqn not in text
@@ -66,7 +67,7 @@ def test_every_line_break_in_a_name_stays_in_the_comment(planned, name: str) -> 
     header = source.split("import torch\n", 1)[0]
     assert all(line.startswith("#") for line in header.splitlines())
     assert len(header.splitlines()) == 3
-    assert top_level(source) == ["Import", "FunctionDef"]
+    assert top_level(source) == ["Import", "ImportFrom", "FunctionDef"]
 
 
 @pytest.mark.parametrize(
@@ -82,3 +83,18 @@ def test_every_line_break_in_a_name_stays_in_the_comment(planned, name: str) -> 
 def test_a_program_that_would_run_more_than_define_forward_is_refused(planned, code) -> None:
     with pytest.raises(ValueError, match="refusing to write it"):
         rank_program_source(planned.plan, 0, code)
+
+
+def test_every_name_forward_reads_is_defined_by_the_file(planned, tmp_path: Path) -> None:
+    """The emitted program is complete: no free name (FX writes `device(type='cpu')`)."""
+    for path in emit_rank_programs(planned.program, planned.plan, tmp_path / "code"):
+        tree = ast.parse(path.read_text())
+        forward = tree.body[-1]
+        read = {n.id for n in ast.walk(forward) if isinstance(n, ast.Name)
+                and isinstance(n.ctx, ast.Load)}
+        bound = {a.arg for a in forward.args.args} | {
+            t.id for n in ast.walk(forward) if isinstance(n, ast.Assign)
+            for t in n.targets if isinstance(t, ast.Name)
+        }
+        imported = {alias.asname or alias.name for node in tree.body[:-1] for alias in node.names}
+        assert read - bound <= imported, read - bound - imported

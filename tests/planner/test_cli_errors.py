@@ -34,11 +34,11 @@ CASES = {
     ),
     "heads-not-dividing-hidden": (
         ["inspect", "gpt", *SHAPE, "--hidden-size", "100", "--num-attention-heads", "7"],
-        ["hidden_size (100) must be divisible by num_attention_heads (7)"],
+        ["--hidden-size (100) must be divisible by --num-attention-heads (7)"],
     ),
     "groups-not-dividing-heads": (
         ["inspect", "llama3-8b", "--num-query-groups", "5"],
-        ["num_attention_heads (32) must be divisible by num_query_groups (5)"],
+        ["num_attention_heads (32) must be divisible by --num-query-groups (5)"],
     ),
     "shape-flag-on-a-factory": (["demo:mlp", "--num-layers", "3"], ["--num-layers only apply"]),
     # Named as typed, not as the config fields they set (moe_top_k, activation).
