@@ -151,7 +151,7 @@ def _intra_op_collectives(
         graph = trace_model(loaded.build, loaded.num_layers)
     degrees = tensor_degrees(model, cluster)
     with console.status(f"solving the block's intra-op ILP on {len(degrees)} meshes"):
-        collectives, timings = layer_collectives(graph, cluster, degrees,
+        collectives, timings = layer_collectives(graph, cluster, degrees, args.time_limit,
                                                  processes=os.cpu_count() or 1)
     return collectives, {"trace_s": graph.trace_s + graph.layers_s, **timings}
 
