@@ -15,15 +15,16 @@ import time
 from rich.console import Console
 
 from cost_models.calibrate import (
-    BOUNDS,
     FITTED,
     MAX_ITERATIONS,
+    check_fit_settings,
     fit_efficiency,
     mape,
     predict_all,
     read_measurements,
 )
 from planner.cli.errors import UsageError
+from planner.cli.parsing import whole
 from planner.cluster import Cluster
 
 
@@ -35,7 +36,7 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"efficiency parameters to fit, comma-separated (default {','.join(FITTED)})",
     )
     parser.add_argument(
-        "--iterations", type=int, default=300,
+        "--iterations", type=whole(1, MAX_ITERATIONS), default=300,
         help=f"Nelder-Mead iterations, 1 to {MAX_ITERATIONS} (default 300)",
     )
     parser.add_argument(
@@ -51,10 +52,6 @@ def run_calibrate(args: argparse.Namespace, console: Console) -> int:
     import numpy as np
 
     fields = _fields(args.fields)
-    if not 1 <= args.iterations <= MAX_ITERATIONS:
-        raise UsageError(
-            f"--iterations {args.iterations} is out of range; give 1 to {MAX_ITERATIONS}."
-        )
     path = Path(args.measurements)
     if not path.is_file():
         what = "is a folder, not" if path.is_dir() else "does not exist; give"
@@ -89,17 +86,8 @@ def run_calibrate(args: argparse.Namespace, console: Console) -> int:
 def _fields(text: str) -> tuple[str, ...]:
     """`--fields` as parameter names: at least one, each fittable, none twice."""
     fields = tuple(f.strip() for f in text.split(",") if f.strip())
-    if not fields:
-        raise UsageError(
-            f"--fields {text!r} names no parameter; give at least one of {', '.join(BOUNDS)}."
-        )
-    unknown = [f for f in fields if f not in BOUNDS]
-    if unknown:
-        raise UsageError(
-            f"--fields {', '.join(unknown)}: not efficiency parameters a fit can move; "
-            f"choose from {', '.join(BOUNDS)}."
-        )
-    repeated = sorted({f for f in fields if fields.count(f) > 1})
-    if repeated:
-        raise UsageError(f"--fields names {', '.join(repeated)} more than once; name each once.")
+    try:
+        check_fit_settings(fields, iterations=1)
+    except ValueError as error:
+        raise UsageError(f"--fields {text!r}: {error}") from None
     return fields

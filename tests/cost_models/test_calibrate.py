@@ -244,12 +244,12 @@ def _plan(argv: list[str], capsys) -> tuple[int, str]:
         ((GOOD_ROW, "2,16,8,1024,16,24,1024,1,1,2"), [], ["line 3", "no value"]),
         (("12,12,1,1024,16,24,1024,1,12,1,372",), [],
          ["line 2", "8 devices per node", "12 devices"]),
-        ((GOOD_ROW,), ["--iterations", "0"], ["--iterations 0 is out of range"]),
-        ((GOOD_ROW,), ["--iterations", "100000000"], ["--iterations 100000000", "1 to 100000"]),
-        ((GOOD_ROW,), ["--fields", ""], ["--fields '' names no parameter"]),
-        ((GOOD_ROW,), ["--fields", " , "], ["--fields ' , ' names no parameter"]),
-        ((GOOD_ROW,), ["--fields", "matmul,matmul"], ["--fields names matmul more than once"]),
-        ((GOOD_ROW,), ["--fields", "bogus"], ["--fields bogus: not efficiency parameters"]),
+        ((GOOD_ROW,), ["--iterations", "0"], ["--iterations 0 must be from 1"]),
+        ((GOOD_ROW,), ["--iterations", "100000000"], ["--iterations 100000000", "1 to 100,000"]),
+        ((GOOD_ROW,), ["--fields", ""], ["--fields '': no parameters to fit"]),
+        ((GOOD_ROW,), ["--fields", " , "], ["--fields ' , ': no parameters to fit"]),
+        ((GOOD_ROW,), ["--fields", "matmul,matmul"], ["--fields 'matmul,matmul': matmul is named more than once"]),
+        ((GOOD_ROW,), ["--fields", "bogus"], ["--fields 'bogus': cannot fit bogus"]),
     ],
 )
 def test_plan_calibrate_refuses_garbage_in_one_line(
