@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 
 # Largest micro-batch tried: beyond it, matmuls are already large and memory is what grows.
 MAX_MICRO_BATCH = 16
+# Uneven Megatron-LM splits tried per pipeline degree (middle stages 1..this many layers
+# above even, the end stages sharing the rest).
+MAX_UNEVEN_SPLITS = 8
 # Virtual stages tried for the interleaved schedule.
 VIRTUAL_STAGES = (2, 4)
 # Context parallelism is tried from this sequence length on (shorter sequences leave each
@@ -92,7 +95,10 @@ def megatron_stage_splits(num_layers: int, stages: int) -> list[tuple[int, ...]]
     if stages < 3:
         return []
     splits = []
-    for middle in range(num_layers // stages + 1, num_layers // (stages - 2) + 1):
+    # The middle stages from one layer above even upwards; the most uneven splits only
+    # starve the end stages, and a prime depth would otherwise give thousands of them.
+    most = num_layers // stages + MAX_UNEVEN_SPLITS
+    for middle in range(num_layers // stages + 1, min(num_layers // (stages - 2), most) + 1):
         ends = num_layers - middle * (stages - 2)
         first, last = ends // 2, ends - ends // 2
         if 1 <= first <= middle and 1 <= last <= middle:

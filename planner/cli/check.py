@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from rich.table import Table
@@ -16,13 +17,20 @@ from planner.cluster import Cluster
 
 # Most training steps a check runs: each is a full forward and backward on every rank.
 MAX_STEPS = 1000
+# Most ranks a check starts: each is a process on this machine.
+MAX_LOCAL_RANKS = 16
 
 
 def run_check(args: argparse.Namespace) -> int:
     from planner.check import check_plan
 
     cluster = Cluster.load(args.cluster)
-    mesh_for(args, cluster)
+    ranks = math.prod(mesh_for(args, cluster))
+    if ranks > MAX_LOCAL_RANKS:
+        raise UsageError(
+            f"--mesh {args.mesh} needs {ranks} ranks, and plan check runs each as a process "
+            f"on this machine (at most {MAX_LOCAL_RANKS}); check a smaller mesh"
+        )
     loaded = load(args)
     if loaded.on_meta:
         raise UsageError(

@@ -248,7 +248,8 @@ def _plan(argv: list[str], capsys) -> tuple[int, str]:
         ((GOOD_ROW,), ["--iterations", "100000000"], ["--iterations 100000000", "1 to 100,000"]),
         ((GOOD_ROW,), ["--fields", ""], ["--fields '': no parameters to fit"]),
         ((GOOD_ROW,), ["--fields", " , "], ["--fields ' , ': no parameters to fit"]),
-        ((GOOD_ROW,), ["--fields", "matmul,matmul"], ["--fields 'matmul,matmul': matmul is named more than once"]),
+        ((GOOD_ROW,), ["--fields", "matmul,matmul"],
+         ["--fields 'matmul,matmul': matmul is named more than once"]),
         ((GOOD_ROW,), ["--fields", "bogus"], ["--fields 'bogus': cannot fit bogus"]),
     ],
 )

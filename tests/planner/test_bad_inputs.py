@@ -132,6 +132,9 @@ HANGS_AND_UNBOUNDED_WORK = {
                                 ["--mesh 1000000 needs 1,000,000 devices", "--cluster cpu has 8"]),
     "check-mesh-beyond-the-cluster": (["check", "demo:mlp", "--mesh", "16"],
                                       ["--mesh 16 needs 16 devices"]),
+    "check-more-ranks-than-a-machine-runs": (["check", "demo:mlp", "--mesh", "32", "--cluster",
+                                              "big.yaml"],
+                                             ["--mesh 32 needs 32 ranks", "at most 16"]),
     "steps-unbounded": (["check", "demo:mlp", "--mesh", "2", "--steps", "1000000"],
                         ["--steps 1000000 must be from 1 to 1,000"]),
     "steps-zero": (["check", "demo:mlp", "--steps", "0"], ["--steps 0 must be from 1"]),
@@ -201,6 +204,7 @@ def _workdir(tmp_path, monkeypatch):
     (tmp_path / "nan.csv").write_text(header + "3.6,8,64,1,3072,32,30,2048,8,1,1,nan\n")
     preset = (Path(cli.__file__).parents[1] / "presets" / "cpu.yaml").read_text()
     (tmp_path / "infinite.yaml").write_text(preset.replace("memory_gib: 24", "memory_gib: .inf"))
+    (tmp_path / "big.yaml").write_text(preset.replace("num_devices: 8", "num_devices: 64"))
     (tmp_path / "inf-profile.json").write_text(json.dumps({"memory": [[64, float("inf")]]}))
     monkeypatch.setattr(cli.console, "_width", 80)  # a pipe's width, however run
 

@@ -87,3 +87,14 @@ def test_a_model_that_fits_nowhere_says_how_many_gpus_it_needs(capsys) -> None:
     assert code == 2
     assert "no plan fits: gpt3-175b does not fit on 8 x A100-SXM4-80GB" in out
     assert "it needs at least 64 GPUs of this kind" in out
+
+
+def test_a_prime_depth_gives_a_bounded_number_of_uneven_splits() -> None:
+    """16381 layers on 3 stages could be split ~11,000 ways; the search tries the few
+    closest to even (a deep prime-depth model used to take minutes to plan)."""
+    from planner.search import MAX_UNEVEN_SPLITS
+
+    splits = megatron_stage_splits(16381, 3)
+    assert 1 <= len(splits) <= MAX_UNEVEN_SPLITS
+    assert all(sum(s) == 16381 and s[0] <= s[1] >= s[2] for s in splits)
+    assert splits[0] == (5460, 5461, 5460)
