@@ -49,7 +49,7 @@ from cost_models.transformer_ops import (
 from planner.cluster import Cluster, DeviceSpec
 
 if TYPE_CHECKING:
-    from planner.stage_ilp import LayerCollectives
+    from cost_models.layer_collectives import LayerCollectives
 from planner.models.config import TransformerConfig
 from planner.parallel import ParallelConfig
 

@@ -20,7 +20,7 @@ from passes.lower import RankProgram, graph_fingerprint
 from passes.strategies import enumerate_strategies, fallback_nodes
 from passes.trace import TracedProgram, trace
 from planner.cluster import Cluster
-from planner.intra_op import IntraOpSolution, plan_intra_op
+from planner.search.intra_op import IntraOpSolution, plan_intra_op
 from planner.plan import (
     PHASES,
     CollectiveStats,

@@ -16,7 +16,7 @@ from typing import Any
 
 from planner.cluster import Cluster
 from planner.models.config import TransformerConfig
-from planner.search import data_degrees
+from planner.search.megatron_space import data_degrees
 
 # ParallelConfig field -> the flag that fixes it, for messages that name the flag as typed.
 FLAG = {

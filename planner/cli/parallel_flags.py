@@ -14,7 +14,7 @@ from planner.cli.errors import UsageError
 from planner.cli.parsing import whole
 from planner.cluster import MAX_DEVICES
 from planner.parallel import PRECISIONS, RECOMPUTE, SCHEDULES, ParallelConfig
-from planner.search import MAX_GPUS
+from planner.search.megatron_space import MAX_GPUS
 
 # Largest global batch: 16M sequences, far past any run (Llama 3 405B: 16M tokens).
 MAX_GLOBAL_BATCH = 1 << 24

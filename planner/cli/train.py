@@ -18,20 +18,20 @@ from rich.table import Table
 
 from cost_models.step_time import StageLayout, StepPrediction, even_split, predict_stages
 from planner.cluster import Cluster
-from planner.megatron_flags import megatron_flags, megatron_incompatibility
+from planner.export.megatron import megatron_flags, megatron_incompatibility
 from planner.models.config import TransformerConfig
 from planner.parallel import ParallelConfig
 from planner.cli.errors import UsageError
 from planner.cli.model_args import load
 from planner.cli.parallel_flags import fixed_knobs, is_what_if, what_if_config
 from planner.knobs import check_knobs
-from planner.search import megatron_stage_splits
+from planner.search.megatron_space import megatron_stage_splits
 from planner.training_plan import TrainingPlan
 
 if TYPE_CHECKING:
     from planner.model_spec import LoadedModel
-    from planner.search import SearchResult
-    from planner.stage_ilp import LayerCollectives
+    from planner.search.megatron_space import SearchResult
+    from cost_models.layer_collectives import LayerCollectives
 
 
 def training_plan(
@@ -144,8 +144,8 @@ def _intra_op_collectives(
     if args.intra_op != "ilp":
         return None, {}
     from passes.model_graph import trace_model
-    from planner.search import tensor_degrees
-    from planner.stage_ilp import layer_collectives
+    from planner.search.megatron_space import tensor_degrees
+    from planner.search.stage_ilp import layer_collectives
 
     with console.status("tracing one block per template"):
         graph = trace_model(loaded.build, loaded.num_layers)
@@ -177,7 +177,7 @@ def _search_with_progress(
 def _no_fit(
     args: argparse.Namespace, model: TransformerConfig, cluster: Cluster, knobs: dict[str, Any]
 ) -> str:
-    from planner.search import MAX_GPUS, devices_needed
+    from planner.search.megatron_space import MAX_GPUS, devices_needed
 
     needed = devices_needed(model, cluster, args.global_batch_size, knobs)
     more = (f"it needs at least {needed} GPUs of this kind" if needed

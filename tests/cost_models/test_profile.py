@@ -24,7 +24,7 @@ from passes.strategies import node_flops, shard_factor, tensor_inputs
 from passes.trace import trace
 from planner import cli
 from planner.cluster import Cluster
-from planner.intra_op import CommModel
+from planner.search.intra_op import CommModel
 from planner.model_spec import load_model
 from planner.plan import Plan
 

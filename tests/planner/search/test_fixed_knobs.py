@@ -11,7 +11,8 @@ from planner import cli
 from planner.cluster import Cluster
 from planner.models.config import TransformerConfig
 from planner.models.presets import get_preset
-from planner.search import Candidate, search
+from planner.search import search
+from planner.search.megatron_space import Candidate
 
 DENSE = get_preset("gpt3-1.3b")  # 24 layers, 16 heads
 MOE = TransformerConfig(num_layers=8, hidden_size=1024, num_attention_heads=16,

@@ -1,4 +1,4 @@
-"""planner.solver: the ILP against brute force, follower contraction, the greedy incumbent.
+"""planner.search.solver: the ILP against brute force, follower contraction, the greedy incumbent.
 
 Random instances are drawn from seeded numpy generators (one seed per test case) so a
 failure names the instance that broke and reruns identically.
@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from planner.solver import (
+from planner.search.solver import (
     AssignmentProblem,
     InfeasibleError,
     SharedCost,

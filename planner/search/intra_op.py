@@ -30,9 +30,9 @@ from passes.dtensor_rules import (
 )
 from passes.strategies import NodeStrategies, Source, Strategy, output_value, source_of
 from passes.trace import TracedProgram
-from planner.buckets import Bucket, bucket_transfers
+from planner.search.buckets import Bucket, bucket_transfers
 from planner.cluster import Cluster, LinkSpec
-from planner.solver import (
+from planner.search.solver import (
     Assignment,
     AssignmentProblem,
     SharedCost,

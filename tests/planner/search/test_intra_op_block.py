@@ -14,10 +14,10 @@ from passes.dtensor_rules import fake_mesh
 from passes.model_graph import trace_model
 from passes.strategies import enumerate_strategies
 from planner.cluster import Cluster
-from planner.intra_op import plan_intra_op
+from planner.search.intra_op import plan_intra_op
 from planner.model_spec import load_model
 from planner.search import search
-from planner.stage_ilp import layer_collectives
+from planner.search.stage_ilp import layer_collectives
 
 # GPT-3 2.7B's block shape (h 2560, 32 heads, s 2048), on the meta device.
 SHAPE = dict(hidden_size=2560, num_attention_heads=32, seq_length=2048, vocab_size=51200)

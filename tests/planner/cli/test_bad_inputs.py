@@ -16,7 +16,7 @@ import pytest
 
 from planner import cli
 
-FIXTURES = Path(__file__).parents[1] / "fixtures"
+FIXTURES = Path(__file__).parents[2] / "fixtures"
 RAISING = FIXTURES / "raising_factory.py"
 H100 = ["--cluster", "dgx-h100"]
 GPT3 = ["gpt3-175b", *H100, "--gpus", "512", "--global-batch-size", "1536"]

@@ -9,7 +9,7 @@ import pytest
 
 from planner import cli
 
-UNTRACEABLE = Path(__file__).parents[1] / "fixtures" / "untraceable.py"
+UNTRACEABLE = Path(__file__).parents[2] / "fixtures" / "untraceable.py"
 SHAPE = ["--num-layers", "2", "--seq-length", "16", "--vocab-size", "64"]
 
 # (argv, fragments the message must contain)

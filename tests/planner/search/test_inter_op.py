@@ -1,4 +1,4 @@
-"""planner.inter_op: Alpa's stage-construction DP against brute force, hand-made plans, the
+"""planner.search.inter_op: Alpa's stage-construction DP against brute force, hand-made plans, the
 t_max search against a full sweep, and the runtime at GPT-3 depth.
 
 Random instances are drawn from seeded numpy generators (one seed per test case) so a
@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from planner.inter_op import StagePlan, pipeline_latency, stage_brute_force, stage_dp
+from planner.search.inter_op import StagePlan, pipeline_latency, stage_brute_force, stage_dp
 
 SIZES = (1, 2, 4, 8, 16)
 

@@ -3,7 +3,7 @@
 For each setting of the knobs every stage shares (micro-batch, recomputation, sequence
 parallelism, ZeRO stage), this driver prices every (layers i..j, submesh, stages after)
 choice with the step-time model — picking for each submesh its best logical (data x
-tensor) mesh — and hands the cost array to Alpa's stage DP (`planner/inter_op.py`).
+tensor) mesh — and hands the cost array to Alpa's stage DP (`planner/search/inter_op.py`).
 Submeshes are Alpa's: 1, 2, 4, ... GPUs of one node, and whole nodes. Stage memory is
 checked for the micro-batches in flight under 1F1B (a stage with k stages after it holds
 k + 1). Layers are grouped into at most `MAX_LAYER_GROUPS` consecutive runs so that the
@@ -23,13 +23,19 @@ import numpy as np
 from cost_models.memory import FRAMEWORK_RESERVE_BYTES
 from cost_models.step_time import StageLayout, predict_stages, predict_step, stage_costs
 from planner.cluster import Cluster
-from planner.inter_op import stage_dp
+from planner.search.inter_op import stage_dp
 from planner.models.config import TransformerConfig
 from planner.parallel import RECOMPUTE, ParallelConfig
-from planner.search import Candidate, Progress, SearchResult, search_megatron, tensor_degrees
+from planner.search.megatron_space import (
+    Candidate,
+    Progress,
+    SearchResult,
+    search_megatron,
+    tensor_degrees,
+)
 
 if TYPE_CHECKING:
-    from planner.stage_ilp import LayerCollectives
+    from cost_models.layer_collectives import LayerCollectives
 
 MAX_LAYER_GROUPS = 32
 MAX_STAGES = 16

@@ -17,28 +17,14 @@ from __future__ import annotations
 
 import multiprocessing
 import time
-from dataclasses import dataclass
 
+from cost_models.layer_collectives import LayerCollective, LayerCollectives
 from cost_models.transformer_ops import ACTIVATION_BYTES
 from passes.dtensor_rules import fake_mesh
 from passes.model_graph import ModelGraph
 from passes.strategies import enumerate_strategies
 from planner.cluster import Cluster
-from planner.intra_op import plan_intra_op
-
-
-@dataclass(frozen=True, order=True)
-class LayerCollective:
-    """One collective a layer issues in its forward pass on a tensor-parallel group."""
-
-    kind: str
-    """all_reduce, all_gather, reduce_scatter or all_to_all."""
-    bytes_per_token: float
-    """Bytes of the full (unsharded) buffer per token of the micro-batch, in bf16."""
-
-
-LayerCollectives = dict[int, tuple[LayerCollective, ...]]
-"""Tensor-parallel degree -> the forward collectives of one layer on that group."""
+from planner.search.intra_op import plan_intra_op
 
 
 def layer_collectives(

@@ -7,7 +7,7 @@ Two spaces:
   with the least recomputation that fits: the cost model charges recomputation only time,
   so when no recomputation fits, selective or full can only be slower, and are skipped
   (`enumerate_megatron` lists the whole space, for tests that check this pruning).
-- `auto`: Alpa's. Stages may differ in size and mesh; `planner/inter_op.py` picks the
+- `auto`: Alpa's. Stages may differ in size and mesh; `planner/search/inter_op.py` picks the
   stage boundaries and submeshes by dynamic programming for each choice of the knobs all
   stages share.
 
@@ -27,7 +27,7 @@ from planner.models.config import TransformerConfig
 from planner.parallel import RECOMPUTE, ParallelConfig
 
 if TYPE_CHECKING:
-    from planner.stage_ilp import LayerCollectives
+    from cost_models.layer_collectives import LayerCollectives
 
 # Largest micro-batch tried: beyond it, matmuls are already large and memory is what grows.
 MAX_MICRO_BATCH = 16
@@ -253,22 +253,6 @@ def best_exhaustive(
         if prediction.fits and (best is None or prediction.step_time_s < best[1].step_time_s):
             best = (candidate, prediction)
     return best
-
-
-def search(
-    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: dict[str, Any],
-    space: str = "auto", progress: Progress | None = None, flash_attention: bool = True,
-    collectives: LayerCollectives | None = None,
-) -> SearchResult:
-    """The best configurations in `space` ("megatron" or "auto"), best first. With
-    `collectives`, layers are charged the tensor-parallel collectives the intra-op ILP
-    chose for them (`planner/stage_ilp.py`) instead of Megatron-LM's."""
-    if space == "megatron":
-        return search_megatron(model, cluster, gbs, fixed, flash_attention, progress,
-                               collectives)
-    from planner.auto_search import search_auto
-
-    return search_auto(model, cluster, gbs, fixed, flash_attention, progress, collectives)
 
 
 def devices_needed(

@@ -7,7 +7,8 @@ import pytest
 
 from planner.cluster import Cluster
 from planner.models.presets import get_preset, zoo_config
-from planner.search import best_exhaustive, enumerate_megatron, megatron_stage_splits, search
+from planner.search import search
+from planner.search.megatron_space import best_exhaustive, enumerate_megatron, megatron_stage_splits
 
 # Megatron-LM's 39.1B GPT (Narayanan et al. 2021, Table 1).
 GPT3_39B = dict(num_layers=48, hidden_size=8192, num_attention_heads=64, seq_length=2048,
@@ -92,7 +93,7 @@ def test_a_model_that_fits_nowhere_says_how_many_gpus_it_needs(capsys) -> None:
 def test_a_prime_depth_gives_a_bounded_number_of_uneven_splits() -> None:
     """16381 layers on 3 stages could be split ~11,000 ways; the search tries the few
     closest to even (a deep prime-depth model used to take minutes to plan)."""
-    from planner.search import MAX_UNEVEN_SPLITS
+    from planner.search.megatron_space import MAX_UNEVEN_SPLITS
 
     splits = megatron_stage_splits(16381, 3)
     assert 1 <= len(splits) <= MAX_UNEVEN_SPLITS

@@ -26,7 +26,7 @@ from planner.search import search
 from planner.cli.train import training_plan
 from planner.training_plan import TrainingPlan
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 # The read-only shared inputs sit beside the checkout (../shared); TESSEL_SHARED names
 # them elsewhere.
 REFERENCE = next(

@@ -1,0 +1,43 @@
+"""The search: which parallel plan to run.
+
+- `megatron_space`: the layouts Megatron-LM runs (one mesh for every stage), searched
+  exhaustively with pruning; `alpa_space`: Alpa's, stages that differ in layers and mesh,
+  chosen by the stage DP of `inter_op` for each setting of the knobs all stages share.
+- `intra_op` builds Alpa's operator-sharding ILP over DTensor's strategies, `solver`
+  solves it, `buckets` groups gradient reductions, `stage_ilp` prices a transformer
+  block's tensor-parallel collectives with that ILP (`--intra-op ilp`).
+
+`search` is the entry point of the training-plan search. Modules import one way:
+alpa_space -> megatron_space, stage_ilp -> intra_op -> solver, buckets.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cost_models.layer_collectives import LayerCollectives
+    from planner.cluster import Cluster
+    from planner.models.config import TransformerConfig
+    from planner.search.megatron_space import Progress, SearchResult
+
+__all__ = ["search"]
+
+
+def search(
+    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: dict[str, Any],
+    space: str = "auto", progress: Progress | None = None, flash_attention: bool = True,
+    collectives: LayerCollectives | None = None,
+) -> SearchResult:
+    """The best configurations in `space` ("megatron" or "auto"), best first; the knobs in
+    `fixed` are kept by every one. With `collectives`, layers are charged the
+    tensor-parallel collectives the intra-op ILP chose for them (`stage_ilp`) instead of
+    Megatron-LM's."""
+    if space == "megatron":
+        from planner.search.megatron_space import search_megatron
+
+        return search_megatron(model, cluster, gbs, fixed, flash_attention, progress,
+                               collectives)
+    from planner.search.alpa_space import search_auto
+
+    return search_auto(model, cluster, gbs, fixed, flash_attention, progress, collectives)
