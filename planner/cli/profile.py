@@ -33,8 +33,8 @@ from cost_models.profile import (
     ProfileDatabase,
     ProfileSettings,
     format_bytes,
-    measure_profile,
 )
+from cost_models.measure import measure_profile
 from planner.cli.errors import UsageError
 
 DEFAULT_OUTPUT = "tessel-profile.json"

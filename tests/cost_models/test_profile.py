@@ -11,14 +11,8 @@ import pytest
 
 from cost_models.comm import COLLECTIVE_KINDS
 from cost_models.compute import dtype_key, tensor_bytes
-from cost_models.profile import (
-    MatmulSample,
-    ProfileDatabase,
-    ProfileSettings,
-    byte_sizes,
-    matmul_shapes,
-    measure_profile,
-)
+from cost_models.measure import byte_sizes, matmul_shapes, measure_profile
+from cost_models.profile import MatmulSample, ProfileDatabase, ProfileSettings
 from passes.dtensor_rules import Collective, fake_mesh, parse_placements
 from passes.strategies import node_flops, shard_factor, tensor_inputs
 from passes.trace import trace
