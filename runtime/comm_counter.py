@@ -1,9 +1,13 @@
 """Count the collectives a rank actually issues, by kind, with their payload bytes.
 
 A TorchDispatchMode that sees every `_c10d_functional` collective DTensor (or Tessel's
-gradient buckets) dispatch. Bytes follow the plan's convention: the larger of the
+gradient buckets) dispatch, and every eager `c10d` op: FSDP2's all-gathers and
+reduce-scatters, the pipeline schedules' sends and receives (counted as ``send`` and
+``recv``), broadcasts and all-to-alls. (`CommDebugMode` misses point-to-point ops and
+breaks inside pipeline schedules.) Bytes follow the plan's convention: the larger of the
 collective's local input and output buffers, so they compare one to one with
-`Plan.communication`.
+`Plan.communication`. Dispatch modes are thread-local: collectives issued on another
+thread are not seen.
 """
 
 from __future__ import annotations
@@ -11,9 +15,11 @@ from __future__ import annotations
 from collections import Counter
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 _c10d = torch.ops._c10d_functional
+_eager = torch.ops.c10d
 
 # op -> (kind, how many times the input's bytes the larger buffer holds: a group size)
 _KINDS = {
@@ -22,6 +28,28 @@ _KINDS = {
     _c10d.all_gather_into_tensor.default: "all_gather",
     _c10d.reduce_scatter_tensor.default: "reduce_scatter",
     _c10d.all_to_all_single.default: "all_to_all",
+}
+
+# Eager c10d ops: their first two arguments are (output, input) buffers, or (tensors,
+# process group) for in-place ones; the bytes are the larger of the two totals.
+_EAGER_KINDS = {
+    _eager.send.default: "send",
+    _eager.recv_.default: "recv",
+    _eager.recv_any_source_.default: "recv",
+    _eager.allreduce_.default: "all_reduce",
+    _eager.allreduce_coalesced_.default: "all_reduce",
+    _eager._allgather_base_.default: "all_gather",
+    _eager.allgather_.default: "all_gather",
+    _eager.allgather_into_tensor_coalesced_.default: "all_gather",
+    _eager._reduce_scatter_base_.default: "reduce_scatter",
+    _eager.reduce_scatter_.default: "reduce_scatter",
+    _eager.reduce_scatter_tensor_coalesced_.default: "reduce_scatter",
+    _eager.broadcast_.default: "broadcast",
+    _eager.alltoall_base_.default: "all_to_all",
+    _eager.alltoall_.default: "all_to_all",
+    _eager.reduce_.default: "reduce",
+    _eager.gather_.default: "gather",
+    _eager.scatter_.default: "scatter",
 }
 
 
@@ -35,16 +63,31 @@ class CommCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if any(issubclass(t, DTensor) for t in types):
+            # Let DTensor decompose the op; its collectives come back here as plain ones.
+            return NotImplemented
         out = func(*args, **kwargs)
         kind = _KINDS.get(func)
         if kind is not None:
             nbytes = max(_nbytes(args[0]), _nbytes(out))
+        else:
+            kind = _EAGER_KINDS.get(func)
+            if kind is not None:
+                nbytes = max(_total(args[0]), _total(args[1]))
+        if kind is not None:
             self.counts[kind] += 1
             self.bytes[kind] += nbytes
         return out
 
     def by_kind(self) -> dict[str, dict[str, int]]:
         return {k: {"count": self.counts[k], "bytes": self.bytes[k]} for k in sorted(self.counts)}
+
+
+def _total(value: object) -> int:
+    """Bytes of every tensor in `value` (a tensor or nested lists of them)."""
+    if isinstance(value, (list, tuple)):
+        return sum(_total(v) for v in value)
+    return _nbytes(value)
 
 
 def _nbytes(value: object) -> int:

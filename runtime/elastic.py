@@ -1,0 +1,134 @@
+"""Start local ranks through torch's elastic launcher (what torchrun runs), one process per
+rank, and return each rank's result to the caller.
+
+`launch(fn, world_size, *args)` runs ``fn(rank, world_size, *args)`` on every rank inside
+an initialized gloo group and returns the results in rank order (tensors travel as numpy
+arrays, as in `runtime.launch`). It calls `elastic_launch` with a `LaunchConfig`; the
+elastic agent starts and watches the workers, and a failing rank raises torch's
+`ChildFailedError`, which names the rank and carries its traceback.
+
+Nothing listens beyond loopback, nor at all: the rendezvous is torch's dynamic rendezvous
+over a `FileStore` in a private temporary directory (backend ``tessel-file``, registered
+here), the agent's shared TCPStore is turned off (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``),
+the workers join their process group through a FileStore too, and gloo's sockets are
+bound to the loopback interface. The workers' store is prefixed by the restart count, so
+a restarted attempt never reads the previous one's peer addresses (trap 2 of the gloo
+notes). A real multi-node job uses torchrun's own ``c10d`` rendezvous instead.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from runtime.launch import _tree_map_tensors, loopback_interface
+
+__all__ = ["launch"]
+
+RDZV_BACKEND = "tessel-file"
+
+
+class _FileRendezvousBackend(C10dRendezvousBackend):
+    """torch's c10d rendezvous backend, over a FileStore instead of a TCPStore."""
+
+    @property
+    def name(self) -> str:
+        return RDZV_BACKEND
+
+
+def _file_rendezvous(params):
+    store = dist.FileStore(params.endpoint, -1)
+    return create_handler(store, _FileRendezvousBackend(store, params.run_id), params)
+
+
+if RDZV_BACKEND not in rendezvous_handler_registry._registry:
+    rendezvous_handler_registry.register(RDZV_BACKEND, _file_rendezvous)
+
+
+def launch(
+    fn: Callable[..., Any], world_size: int, *args: Any, collective_timeout_s: float = 120.0,
+    max_restarts: int = 0, start_method: str = "fork",
+) -> list[Any]:
+    """`fn(rank, world_size, *args)` on `world_size` local ranks; results in rank order.
+
+    `start_method` ``fork`` (the default) starts 8 ranks in about a second less than
+    ``spawn``, which re-imports torch in each; `fn` and `args` must pickle for ``spawn``.
+    """
+    if dist.is_initialized():
+        dist.destroy_process_group()  # a fake group left by planning must not be inherited
+    tmp = Path(tempfile.mkdtemp(prefix="tessel-elastic-"))  # mode 0700: this user only
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=world_size,
+        run_id=uuid.uuid4().hex, rdzv_backend=RDZV_BACKEND,
+        rdzv_endpoint=str(tmp / "rdzv"), rdzv_configs={"timeout": 60},
+        max_restarts=max_restarts, monitor_interval=0.05, start_method=start_method,
+        local_addr="127.0.0.1",
+        logs_specs=DefaultLogsSpecs(log_dir=str(tmp / "logs")),
+    )
+    previous = os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    try:
+        results = elastic_launch(config, _worker)(
+            fn, str(tmp / "store"), collective_timeout_s, args
+        )
+    finally:
+        if previous is None:
+            os.environ.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
+        else:
+            os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = previous
+        shutil.rmtree(tmp, ignore_errors=True)
+    return [
+        _tree_map_tensors(results[r], torch.from_numpy, numpy_leaves=True)
+        for r in range(world_size)
+    ]
+
+
+def forget_parent_meshes() -> None:
+    """Clear DTensor's caches a forked rank inherits from its parent.
+
+    DTensor caches sharding decisions and redistribution plans keyed by DeviceMesh, and a
+    mesh compares equal to another of the same shape and axis names whatever its process
+    groups. A parent that planned on a fake group of the same shape would hand a forked
+    rank cached results naming the parent's (dead) groups: "Could not resolve the process
+    group registered under the name 19". (Private caches of torch 2.13; `spawn` does not
+    need this.)
+    """
+    from torch.distributed.tensor import DTensor, _redistribute
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()  # the Python and the C++ fast-path caches
+    DTensor._op_dispatcher.sharding_propagator._propagate_tensor_meta_cached.cache_clear()
+    _redistribute._gen_transform_infos.cache_clear()
+
+
+def _worker(fn, store_path: str, collective_timeout_s: float, args) -> Any:
+    forget_parent_meshes()
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    loopback = loopback_interface()
+    os.environ.update(GLOO_SOCKET_IFNAME=loopback, NCCL_SOCKET_IFNAME=loopback)
+    torch.set_num_threads(1)  # each rank gets a share of the cores; oversubscribed gloo crawls
+    store = dist.PrefixStore(f"attempt{attempt}", dist.FileStore(store_path, world_size))
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=world_size,
+        timeout=timedelta(seconds=collective_timeout_s),
+    )
+    try:
+        result = fn(rank, world_size, *args)
+        dist.barrier()  # no rank tears the group down while a peer still works (trap 8)
+    finally:
+        dist.destroy_process_group()
+    return _tree_map_tensors(result, lambda t: t.detach().numpy().copy())

@@ -1,0 +1,157 @@
+"""Tensor, sequence and data parallelism, ZeRO and recomputation of one stage, with
+torch's own pieces: `parallelize_module` on the ``tp`` submesh, FSDP2 `fully_shard` on the
+``dp`` submesh, torch's checkpoint utilities.
+
+Tensor parallelism is Megatron-LM's layout: in attention, q/k/v column-parallel (heads
+split) and the output projection row-parallel; in the MLP, fc1 (gate and up) column- and
+fc2 (down) row-parallel; the token embedding split over the vocabulary (row-parallel) and
+the LM head over the vocabulary (column-parallel, logits gathered for the loss). With
+sequence parallelism the norms run on sequence shards (`SequenceParallel`), the row-
+parallel outputs are reduce-scattered to sequence shards and each block's attention and
+MLP inputs are all-gathered back (`PrepareModuleInput`).
+
+ZeRO on the data-parallel axis, with FSDP2:
+
+- ZeRO-3: ``fully_shard(reshard_after_forward=True)``: parameters, gradients and optimizer
+  state sharded; parameters all-gathered in forward and again in backward.
+- ZeRO-2: ``fully_shard(reshard_after_forward=False)``: gradients and optimizer state
+  sharded, parameters kept gathered from forward to backward (one all-gather per step).
+- ZeRO-1: the same FSDP2 call as ZeRO-2. FSDP2 cannot keep full gradients while sharding
+  only the optimizer state; Megatron's distributed optimizer (what ``--use-distributed-
+  optimizer`` is) communicates exactly this way too (reduce-scatter of gradients,
+  all-gather of parameters), so communication matches a ZeRO-1 plan and only the gradient
+  memory differs: a ZeRO-1 run holds ZeRO-2's (sharded) gradients. `ZeroRedundancy
+  Optimizer` would hold full gradients but needs DDP, which trap 1 of the gloo notes rules
+  out under pipelining.
+- ZeRO-0: FSDP2's `replicate` (``torch.distributed._composable.replicate_with_fsdp``):
+  parameters whole, gradients all-reduced, as DDP does, but with FSDP2's hooks, which the
+  pipeline schedules drive correctly (DDP's do not, trap 1).
+
+Recomputation: ``full`` wraps every block in `checkpoint_wrapper` (torch.utils.checkpoint,
+non-reentrant); ``selective`` recomputes only the attention core (softmax(QK^T)V), as
+Megatron's selective recomputation does.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed._composable.replicate_with_fsdp import replicate
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from runtime.stages import StageAttention, StageModule
+
+
+def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    """Megatron's tensor (and sequence) parallel layout of `stage` on `tp_mesh`."""
+    tp = tp_mesh.size()
+    if tp == 1:
+        return
+    seq = Shard(1) if sequence_parallel else Replicate()
+    if stage.embed is not None:
+        if stage.config.tie_embeddings:
+            raise NotImplementedError("tied embeddings with tensor parallelism are not run yet")
+        parallelize_module(stage, tp_mesh, {
+            "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+        })
+        if sequence_parallel:
+            stage.scatter_sequence = _SequenceScatter(tp_mesh)
+    for block in stage.layers.values():
+        attn: StageAttention = block.attn
+        attn.local_heads(tp)
+        plan = {
+            "attn.q_proj": ColwiseParallel(),
+            "attn.k_proj": ColwiseParallel(),
+            "attn.v_proj": ColwiseParallel(),
+            "attn.o_proj": RowwiseParallel(output_layouts=seq),
+        }
+        mlp_in, mlp_out = (
+            ("mlp.gate_proj", "mlp.up_proj"), "mlp.down_proj"
+        ) if hasattr(block.mlp, "gate_proj") else (("mlp.fc1",), "mlp.fc2")
+        plan.update({name: ColwiseParallel() for name in mlp_in})
+        plan[mlp_out] = RowwiseParallel(output_layouts=seq)
+        if sequence_parallel:
+            plan.update({
+                "attn_norm": SequenceParallel(),
+                "mlp_norm": SequenceParallel(),
+                # Block calls attn(x, rotary); rotary is None (StageAttention makes it).
+                "attn": PrepareModuleInput(
+                    input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
+                ),
+                "mlp": PrepareModuleInput(
+                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+                ),
+            })
+        parallelize_module(block, tp_mesh, plan)
+    if stage.final_norm is not None:
+        plan = {"lm_head": ColwiseParallel(input_layouts=seq, output_layouts=Replicate())}
+        if sequence_parallel:
+            plan["final_norm"] = SequenceParallel()
+        parallelize_module(stage, tp_mesh, plan)
+
+
+def keep_gradients_sharded(module: nn.Module) -> None:
+    """Give every DTensor parameter's gradient the parameter's own placements.
+
+    DTensor's embedding backward returns a replicated (full) gradient for the vocabulary-
+    sharded weight; this keeps only the rank's rows, as Megatron's vocab-parallel embedding
+    does (a local slice, no communication). Call it on the materialized module: `to_empty`
+    replaces the parameters and with them their hooks.
+    """
+    for param in module.parameters():
+        if isinstance(param, DTensor):
+            param.register_post_accumulate_grad_hook(_grad_like_param)
+
+
+def _grad_like_param(param: DTensor) -> None:
+    grad = param.grad
+    if isinstance(grad, DTensor) and grad.placements != param.placements:
+        param.grad = grad.redistribute(param.device_mesh, param.placements)
+
+
+class _SequenceScatter(nn.Module):
+    """Replicated hidden states -> this rank's sequence shard (backward: all-gather)."""
+
+    def __init__(self, tp_mesh: DeviceMesh) -> None:
+        super().__init__()
+        self.tp_mesh = tp_mesh
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        full = DTensor.from_local(x, self.tp_mesh, [Replicate()], run_check=False)
+        return full.redistribute(self.tp_mesh, [Shard(1)]).to_local()
+
+
+def apply_recompute(stage: StageModule, recompute: str) -> None:
+    """Full: checkpoint every block; selective: only each attention core."""
+    if recompute == "full":
+        for name, block in list(stage.layers.items()):
+            stage.layers[name] = checkpoint_wrapper(block)
+    elif recompute == "selective":
+        for block in stage.layers.values():
+            block.attn.recompute_core = True
+
+
+def apply_data_parallel(stage: StageModule, dp_mesh: DeviceMesh, zero_stage: int) -> None:
+    """FSDP2 on `dp_mesh`, per block and at the stage root, with the ZeRO stage mapped as
+    the module docstring says."""
+    if dp_mesh.size() == 1:
+        return
+    if zero_stage == 0:
+        for block in stage.layers.values():
+            replicate(block, mesh=dp_mesh)
+        replicate(stage, mesh=dp_mesh)
+        return
+    reshard = zero_stage == 3
+    for block in stage.layers.values():
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
+    fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard)

@@ -1,0 +1,130 @@
+"""What the runtime needs to know of a training plan, as one small frozen value.
+
+`RunSpec` holds the degrees, the layers of every pipeline chunk, the micro-batching, the
+schedule, ZeRO and recomputation: the fields of `planner.training_plan.TrainingPlan` the
+runtime reads. `from_training_plan` is the one place that reads a TrainingPlan, so the
+runtime does not follow that schema's changes field by field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runtime.mesh import Degrees
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """How one step of a training plan runs."""
+
+    degrees: Degrees
+    chunks: tuple[tuple[int, int], ...]
+    """Transformer layers [first, last) of every pipeline chunk, in model order; chunk c
+    runs on pipeline rank c % pp (Megatron's interleaved order). pp x virtual chunks."""
+    micro_batch_size: int
+    num_micro_batches: int
+    schedule: str = "1f1b"
+    virtual_pipeline: int = 1
+    sequence_parallel: bool = False
+    zero_stage: int = 0
+    recompute: str = "none"
+
+    def __post_init__(self) -> None:
+        d = self.degrees
+        problems = []
+        if self.schedule not in SCHEDULES:
+            problems.append(f"schedule must be one of {', '.join(SCHEDULES)}")
+        if self.recompute not in RECOMPUTE:
+            problems.append(f"recompute must be one of {', '.join(RECOMPUTE)}")
+        if not 0 <= self.zero_stage <= 3:
+            problems.append(f"zero_stage must be 0-3, got {self.zero_stage}")
+        if len(self.chunks) != d.pp * self.virtual_pipeline:
+            problems.append(
+                f"{len(self.chunks)} chunks for pipeline {d.pp} x virtual "
+                f"{self.virtual_pipeline}"
+            )
+        if self.virtual_pipeline > 1 and self.schedule != "interleaved":
+            problems.append("virtual stages need the interleaved schedule")
+        if self.schedule == "1f1b" and d.pp > 1 and self.num_micro_batches < d.pp:
+            problems.append(
+                f"1F1B needs at least as many micro-batches ({self.num_micro_batches}) "
+                f"as stages ({d.pp})"
+            )
+        if self.schedule == "interleaved" and self.num_micro_batches % d.pp:
+            problems.append(
+                f"interleaved 1F1B needs micro-batches ({self.num_micro_batches}) in "
+                f"multiples of the pipeline degree ({d.pp})"
+            )
+        if self.sequence_parallel and d.tp == 1:
+            problems.append("sequence parallelism needs a tensor-parallel degree above 1")
+        if d.cp != 1:
+            problems.append("context parallelism is not run yet (cp must be 1)")
+        if problems:
+            raise ValueError("; ".join(problems) + ".")
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.micro_batch_size * self.num_micro_batches * self.degrees.dp
+
+    @property
+    def num_stages(self) -> int:
+        """Pipeline stages torch's schedules see: pp x virtual."""
+        return len(self.chunks)
+
+    def stage_indices(self, pp_rank: int) -> list[int]:
+        """The pipeline stages (chunks) pipeline rank `pp_rank` runs, in order."""
+        return list(range(pp_rank, self.num_stages, self.degrees.pp))
+
+
+def even_chunks(num_layers: int, num_chunks: int) -> tuple[tuple[int, int], ...]:
+    """`num_layers` split into `num_chunks` contiguous ranges, the first ones one longer
+    when they do not divide."""
+    if num_chunks > num_layers:
+        raise ValueError(f"{num_chunks} pipeline chunks for {num_layers} layers")
+    base, extra = divmod(num_layers, num_chunks)
+    chunks, first = [], 0
+    for c in range(num_chunks):
+        size = base + (c < extra)
+        chunks.append((first, first + size))
+        first += size
+    return tuple(chunks)
+
+
+def from_training_plan(plan) -> RunSpec:
+    """The RunSpec of a `planner.training_plan.TrainingPlan`.
+
+    A plan's stages are its physical pipeline stages. Without virtual stages each stage is
+    one chunk. With `virtual_pipeline` v > 1, the model's layers are split, as Megatron
+    splits them, into pp x v chunks of equal size taken in order, chunk c on pipeline rank
+    c % pp; each of the plan's stages must then hold L / pp layers.
+    """
+    p = plan.parallel
+    degrees = Degrees(pp=p.pipeline, dp=p.data, cp=p.context, tp=p.tensor)
+    if p.expert != 1:
+        raise ValueError("expert parallelism is not run yet (expert must be 1)")
+    stages = [tuple(stage.layers) for stage in plan.stages]
+    if p.virtual_pipeline == 1:
+        chunks = tuple(stages)
+    else:
+        num_layers = stages[-1][1] - stages[0][0]
+        chunks = even_chunks(num_layers, p.pipeline * p.virtual_pipeline)
+        per_rank = num_layers // p.pipeline
+        if any(last - first != per_rank for first, last in stages):
+            raise ValueError(
+                "interleaved stages must hold equal layer counts; got "
+                + ", ".join(f"{last - first}" for first, last in stages)
+            )
+    return RunSpec(
+        degrees=degrees,
+        chunks=chunks,
+        micro_batch_size=plan.micro_batch_size,
+        num_micro_batches=plan.num_micro_batches,
+        schedule=plan.schedule,
+        virtual_pipeline=p.virtual_pipeline,
+        sequence_parallel=p.sequence_parallel,
+        zero_stage=p.zero_stage,
+        recompute=plan.recompute,
+    )

@@ -1,0 +1,207 @@
+"""One rank's pipeline stages of the zoo transformer, built on the meta device and
+materialized shard by shard with the same values a single-process build gets.
+
+A stage (`StageModule`) holds the layers of one pipeline chunk under their full-model
+names (``layers.3.attn.q_proj.weight`` stays that), the embeddings on the first chunk and
+the final norm and LM head on the last, so parameter names, initial values and the
+optimizer's view of them are those of `planner.models.transformer.Transformer`.
+
+Initial values come from `init_parameter`: every parameter's value is a function of its
+name, its shape and a seed alone (a generator seeded from both), so a rank computes one
+full parameter, keeps the slice its shard covers and drops the rest; at most one full
+parameter is in memory at a time, and the single-process reference (`build_reference`)
+gets bit-identical values.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+from torch.utils.checkpoint import checkpoint
+
+from planner.models.config import TransformerConfig
+from planner.models.transformer import (
+    Attention,
+    Block,
+    RMSNorm,
+    Transformer,
+    apply_rotary,
+    rotary_tables,
+)
+
+INIT_STD = 0.02
+CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."
+
+
+def init_parameter(name: str, shape: torch.Size | tuple[int, ...], seed: int) -> torch.Tensor:
+    """The initial value of parameter `name` (a full-model name): biases zero, norm scales
+    one, every matrix and embedding N(0, 0.02) (GPT-2's init) from a generator keyed by the
+    seed and the name."""
+    name = clean_name(name)
+    leaf = name.rsplit(".", 1)[-1]
+    module = name.rsplit(".", 2)[-2] if name.count(".") >= 1 else ""
+    if leaf == "bias":
+        return torch.zeros(shape)
+    if module.endswith("norm"):
+        return torch.ones(shape)
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+    return torch.empty(shape).normal_(0.0, INIT_STD, generator=generator)
+
+
+def clean_name(name: str) -> str:
+    """A parameter's full-model name, without the wrappers recomputation adds."""
+    return name.replace(CHECKPOINT_PREFIX, "")
+
+
+class StageAttention(Attention):
+    """The zoo's attention, runnable on a tensor-parallel shard of its heads.
+
+    Same parameters and results as `Attention`; it reads the head counts from attributes
+    that tensor parallelism divides (`local_heads`), reshapes with the local width, computes
+    rotary tables itself from its input's sequence length (the full one, also under
+    sequence parallelism) and can recompute the attention core in backward (selective
+    recomputation).
+    """
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__(config)
+        self.rope = config.position_embedding == "rope"
+        self.rotary_base = config.rotary_base
+        self.recompute_core = False
+
+    def local_heads(self, tensor_parallel: int) -> None:
+        if self.num_heads % tensor_parallel or self.num_kv_heads % tensor_parallel:
+            raise ValueError(
+                f"tensor parallelism {tensor_parallel} must divide the {self.num_heads} heads "
+                f"and {self.num_kv_heads} key/value heads"
+            )
+        self.num_heads //= tensor_parallel
+        self.num_kv_heads //= tensor_parallel
+
+    def forward(self, x: torch.Tensor, rotary=None) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self._split_heads(self.q_proj(x), self.num_heads)
+        k = self._split_heads(self.k_proj(x), self.num_kv_heads)
+        v = self._split_heads(self.v_proj(x), self.num_kv_heads)
+        if self.rope:
+            rotary = rotary_tables(s, self.head_dim, self.rotary_base, q)
+            q, k = apply_rotary(q, rotary), apply_rotary(k, rotary)
+        k, v = self._repeat_kv(k), self._repeat_kv(v)
+        if self.recompute_core:
+            y = checkpoint(_attention_core, q, k, v, use_reentrant=False)
+        else:
+            y = _attention_core(q, k, v)
+        return self.o_proj(y.transpose(1, 2).reshape(b, s, -1))
+
+
+def _attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class StageModule(nn.Module):
+    """Layers [first, last) of the model, plus the embeddings if `first_stage` and the
+    final norm and LM head if `last_stage`. Input: token ids (first stage) or hidden
+    states; output: hidden states or logits (last stage)."""
+
+    def __init__(
+        self, config: TransformerConfig, layers: tuple[int, int], first_stage: bool,
+        last_stage: bool,
+    ) -> None:
+        super().__init__()
+        if config.tie_embeddings and not (first_stage and last_stage):
+            raise NotImplementedError(
+                "tied embeddings across pipeline stages are not run yet; build the model "
+                "with tie_embeddings=False"
+            )
+        if config.is_moe:
+            raise NotImplementedError("mixture-of-experts stages are not run yet")
+        self.config = config
+        self.layer_range = layers
+        h = config.hidden_size
+        self.embed = nn.Embedding(config.vocab_size, h) if first_stage else None
+        self.pos_embed = None
+        if first_stage and config.position_embedding == "learned":
+            self.pos_embed = nn.Embedding(config.max_position_embeddings, h)
+        self.layers = nn.ModuleDict()
+        for index in range(*layers):
+            block = Block(config)
+            block.attn = StageAttention(config)
+            self.layers[str(index)] = block
+        self.final_norm = _norm_like(config) if last_stage else None
+        # An nn.Linear (not the zoo's LMHead) so ColwiseParallel can shard it; same weight
+        # name and value (LMHead of an untied model is F.linear without bias).
+        self.lm_head = None
+        if last_stage and not config.tie_embeddings:
+            self.lm_head = nn.Linear(h, config.vocab_size, bias=False)
+        # Set by tensor parallelism with sequence parallelism: embeddings -> sequence shard.
+        self.scatter_sequence = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embed is not None:
+            ids = x
+            x = self.embed(ids)
+            if self.pos_embed is not None:
+                x = x + self.pos_embed(torch.arange(ids.shape[1], device=ids.device))
+            if self.scatter_sequence is not None:
+                x = self.scatter_sequence(x)
+        for layer in self.layers.values():
+            x = layer(x)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+            if self.lm_head is None:  # tied: the head is the token embedding
+                return F.linear(x, self.embed.weight)
+            x = self.lm_head(x)
+        return x
+
+
+def _norm_like(config: TransformerConfig) -> nn.Module:
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.hidden_size)
+    return nn.LayerNorm(config.hidden_size)
+
+
+def build_stage(
+    config: TransformerConfig, layers: tuple[int, int], first_stage: bool, last_stage: bool,
+) -> StageModule:
+    """The stage on the meta device: no parameter memory."""
+    with torch.device("meta"):
+        return StageModule(config, layers, first_stage, last_stage)
+
+
+def materialize(module: nn.Module, seed: int, device: str | torch.device = "cpu") -> None:
+    """Give every meta parameter of `module` its initial value, shard by shard.
+
+    Plain tensors get the whole value; DTensors (tensor-parallel or FSDP-sharded) only the
+    slice their local shard covers, computed from their placements: each rank computes one
+    full parameter at a time, copies its slice and drops the rest.
+    """
+    module.to_empty(device=device)
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            full = init_parameter(name, param.shape, seed)
+            if isinstance(param, DTensor):
+                local = param.to_local()
+                shape, offset = compute_local_shape_and_global_offset(
+                    param.shape, param.device_mesh, param.placements
+                )
+                index = tuple(slice(o, o + n) for o, n in zip(offset, shape))
+                local.copy_(full[index].reshape(local.shape))
+            else:
+                param.copy_(full)
+            del full
+
+
+def build_reference(config: TransformerConfig, seed: int) -> Transformer:
+    """The whole model in one process with the values the stages get."""
+    with torch.device("meta"):
+        model = Transformer(config)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(init_parameter(name, param.shape, seed))
+    return model

@@ -1,0 +1,224 @@
+"""Train a training plan (`RunSpec`) on this rank: its pipeline stages of the zoo model,
+tensor/sequence parallel, FSDP2 data parallel with ZeRO, recomputation, a torch pipeline
+schedule and an fp32 optimizer; and the same training in one process, for comparison.
+
+`PipelineTrainer.step(tokens, targets)` takes the global batch (every rank passes the same
+one), keeps this rank's data-parallel slice and runs forward and backward over its
+micro-batches with the plan's schedule, then the optimizer step. Its loss is the mean of
+the rank's micro-batch losses on last-stage ranks (None elsewhere): the mean over the
+data-parallel ranks of the last stage is the loss one process computes on the whole batch.
+
+The optimizers are elementwise (SGD, AdamW), so updating each local shard on its own is
+the single-process update of the full parameter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+
+from planner.models.config import TransformerConfig
+from runtime.comm_counter import CommCounter
+from runtime.mesh import build_mesh
+from runtime.parallelize import (
+    apply_data_parallel,
+    apply_recompute,
+    apply_tensor_parallel,
+    keep_gradients_sharded,
+)
+from runtime.schedule import build_schedule
+from runtime.spec import RunSpec
+from runtime.stages import build_reference, build_stage, clean_name, materialize
+
+OPTIMIZERS = {
+    "sgd": (torch.optim.SGD, {"lr": 0.1}),
+    "adamw": (
+        torch.optim.AdamW, {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
+    ),
+}
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over every position of the batch."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+
+def _optimizer(params: list[nn.Parameter], name: str) -> torch.optim.Optimizer:
+    cls, kwargs = OPTIMIZERS[name]
+    # foreach=False: the parameters can live on different meshes (tp, dp, both).
+    return cls(params, foreach=False, **kwargs)
+
+
+class PipelineTrainer:
+    """One rank's part of a training plan. Needs an initialized process group of
+    `spec.degrees.world_size` ranks."""
+
+    def __init__(
+        self, config: TransformerConfig, spec: RunSpec, seed: int = 0, optimizer: str = "sgd",
+        mesh: DeviceMesh | None = None,
+    ) -> None:
+        self.config, self.spec = config, spec
+        self.mesh = mesh if mesh is not None else build_mesh(spec.degrees)
+        coordinate = self.mesh.get_coordinate()
+        assert coordinate is not None
+        self.coords = dict(zip(self.mesh.mesh_dim_names, coordinate))
+        self.modules: dict[int, nn.Module] = {}
+        for index in spec.stage_indices(self.coords["pp"]):
+            stage = build_stage(
+                config, spec.chunks[index], first_stage=index == 0,
+                last_stage=index == spec.num_stages - 1,
+            )
+            apply_tensor_parallel(stage, self.mesh["tp"], spec.sequence_parallel)
+            apply_recompute(stage, spec.recompute)
+            apply_data_parallel(stage, self.mesh["dp"], spec.zero_stage)
+            materialize(stage, seed)
+            keep_gradients_sharded(stage)
+            self.modules[index] = stage
+        self.is_last = spec.num_stages - 1 in self.modules
+        self.is_first = 0 in self.modules
+        self.schedule = build_schedule(
+            self.modules, spec.num_stages, spec.schedule, spec.virtual_pipeline,
+            spec.num_micro_batches, lm_loss, self.mesh["pp"].get_group(), torch.device("cpu"),
+        )
+        self.parameters = [p for m in self.modules.values() for p in m.parameters()]
+        self.optimizer = _optimizer(self.parameters, optimizer)
+        self.held: dict[str, int] = {}
+
+    def _local_batch(self, t: torch.Tensor) -> torch.Tensor:
+        dp, index = self.spec.degrees.dp, self.coords["dp"]
+        if t.shape[0] != self.spec.global_batch_size:
+            raise ValueError(
+                f"a batch of {t.shape[0]} sequences for a plan of global batch "
+                f"{self.spec.global_batch_size}"
+            )
+        return t.chunk(dp)[index]
+
+    def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> float | None:
+        """Forward and backward over the micro-batches, then the optimizer step."""
+        for module in self.modules.values():
+            module.train()
+        losses: list[torch.Tensor] = []
+        args = (self._local_batch(tokens),) if self.is_first else ()
+        kwargs: dict[str, Any] = {}
+        if self.is_last:
+            kwargs = {"target": self._local_batch(targets), "losses": losses}
+        self.schedule.step(*args, **kwargs)
+        self.held = {
+            "parameters": _bytes(self.parameters),
+            "gradients": _bytes([p.grad for p in self.parameters if p.grad is not None]),
+        }
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.held["optimizer"] = _bytes([
+            v for state in self.optimizer.state.values() for v in state.values()
+            if isinstance(v, torch.Tensor) and v.dim() > 0
+        ])
+        if not self.is_last:
+            return None
+        return float(torch.stack([loss.detach() for loss in losses]).mean())
+
+    def local_bytes(self) -> dict[str, int]:
+        """This rank's bytes of parameters and gradients (after the last backward) and of
+        optimizer state (after the last step), counted over its local shards."""
+        return dict(self.held)
+
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        """This rank's stages' parameters gathered in full, by full-model name (collective
+        over each parameter's mesh: call it on every rank)."""
+        out = {}
+        for module in self.modules.values():
+            for name, p in module.named_parameters():
+                value = p.full_tensor() if isinstance(p, DTensor) else p
+                out[clean_name(name)] = value.detach().clone()
+        return out
+
+
+def _bytes(tensors) -> int:
+    total = 0
+    for t in tensors:
+        local = t.to_local() if isinstance(t, DTensor) else t
+        total += local.numel() * local.element_size()
+    return total
+
+
+def batches(config: TransformerConfig, spec: RunSpec, steps: int, seed: int = 0):
+    """`steps` (tokens, targets) batches of the plan's global batch, the same on every
+    rank."""
+    generator = torch.Generator().manual_seed(seed + 12345)
+    shape = (spec.global_batch_size, config.seq_length)
+    return [
+        (torch.randint(0, config.vocab_size, shape, generator=generator),
+         torch.randint(0, config.vocab_size, shape, generator=generator))
+        for _ in range(steps)
+    ]
+
+
+def train_on_rank(
+    rank: int, world_size: int, config: TransformerConfig, spec: RunSpec, steps: int,
+    seed: int = 0, optimizer: str = "sgd",
+) -> dict[str, Any]:
+    """K steps of the plan on this rank: its losses, its stages' final parameters (from
+    the first rank of each stage's tp x dp group only), collectives counted per kind over
+    the steps, and its local bytes."""
+    trainer = PipelineTrainer(config, spec, seed, optimizer)
+    losses = []
+    with CommCounter() as counter:
+        for tokens, targets in batches(config, spec, steps, seed):
+            losses.append(trainer.step(tokens, targets))
+    params = trainer.full_parameters()
+    keep = trainer.coords["dp"] == 0 and trainer.coords["tp"] == 0
+    return {
+        "coords": trainer.coords,
+        "losses": losses,
+        "parameters": params if keep else {},
+        "collectives": counter.by_kind(),
+        "local_bytes": trainer.local_bytes(),
+    }
+
+
+def train_reference(
+    config: TransformerConfig, spec: RunSpec, steps: int, seed: int = 0, optimizer: str = "sgd",
+) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The same steps in one process: whole model, whole batch. Returns the losses and the
+    final parameters."""
+    model = build_reference(config, seed)
+    opt = _optimizer(list(model.parameters()), optimizer)
+    losses = []
+    for tokens, targets in batches(config, spec, steps, seed):
+        loss = lm_loss(model(tokens), targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(loss))
+    return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def merge_results(results: list[dict[str, Any]]) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Losses (mean over the last stage's data-parallel ranks) and every parameter, from
+    every rank's `train_on_rank` result."""
+    last = [r["losses"] for r in results if r["losses"] and r["losses"][0] is not None]
+    losses = [sum(step) / len(step) for step in zip(*last)]
+    params: dict[str, torch.Tensor] = {}
+    for r in results:
+        params.update(r["parameters"])
+    return losses, params
+
+
+def relative_errors(
+    losses: list[float], params: dict[str, torch.Tensor], ref_losses: list[float],
+    ref_params: dict[str, torch.Tensor],
+) -> tuple[float, float]:
+    """Largest relative error of the losses, and relative error of the parameters as one
+    vector (norm of the difference over the norm of the reference)."""
+    if set(params) != set(ref_params):
+        raise ValueError(f"parameters differ: {sorted(set(params) ^ set(ref_params))}")
+    loss_err = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses, strict=True))
+    names = sorted(ref_params)
+    got = torch.cat([params[n].flatten() for n in names])
+    want = torch.cat([ref_params[n].flatten() for n in names])
+    return loss_err, float((got - want).norm() / want.norm())
