@@ -45,7 +45,7 @@ def trace_rank_program(program: TracedProgram, plan: Plan, rank: int) -> torch.f
         for node, fqn in program.buffers.items():
             layout[fqn] = (node, replicated)
         for node in program.user_inputs:
-            layout[node] = (node, parse_placements(plan.inputs[node]))
+            layout[node] = (node, parse_placements(plan.operators.inputs[node]))
         names = list(layout)
         shards = []
         for name in names:

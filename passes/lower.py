@@ -43,7 +43,7 @@ class RankProgram:
             raise PlanMismatchError(
                 f"the plan is for mesh {plan.mesh_shape} but the mesh is {list(mesh.shape)}"
             )
-        if graph_fingerprint(program) != plan.graph_fingerprint:
+        if graph_fingerprint(program) != plan.operators.graph_fingerprint:
             raise PlanMismatchError(
                 "the plan was made for a different graph; plan this model again"
             )
@@ -51,8 +51,8 @@ class RankProgram:
         self.plan = plan
         self.mesh = mesh
         self.replicated = tuple(Replicate() for _ in range(mesh.ndim))
-        self._bucketed = {m for b in plan.gradient_buckets for m in b.members}
-        self._fallbacks = {f.node for f in plan.fallback_ops}
+        self._bucketed = {m for b in plan.operators.gradient_buckets for m in b.members}
+        self._fallbacks = {f.node for f in plan.operators.fallback_ops}
 
     # -- state -------------------------------------------------------------------------
 
@@ -66,7 +66,8 @@ class RankProgram:
 
     def shard_inputs(self, inputs: tuple[torch.Tensor, ...]) -> list[DTensor]:
         names = self.program.user_inputs
-        return [self.shard(x, parse_placements(self.plan.inputs[n])) for n, x in zip(names, inputs)]
+        placements = self.plan.operators.inputs
+        return [self.shard(x, parse_placements(placements[n])) for n, x in zip(names, inputs)]
 
     # -- one step ----------------------------------------------------------------------
 
@@ -101,7 +102,7 @@ class RankProgram:
         if node.target is operator.getitem:
             producer, index = node.args
             return env[producer.name][index]
-        sharding = self.plan.nodes[node.name]
+        sharding = self.plan.operators.nodes[node.name]
         if node.target in SHAPE_ONLY_OPS or not sharding.inputs:
             return self._replicated_call(node, env, like_only=True)
         if node.name in self._fallbacks:
@@ -172,7 +173,7 @@ class RankProgram:
         grads: dict[str, DTensor] = {}
         for grad_name, fqn in self.program.gradients.items():
             values[fqn] = env[grad_name]
-        for bucket in self.plan.gradient_buckets:
+        for bucket in self.plan.operators.gradient_buckets:
             values.update(self._reduce_bucket(bucket, values))
         param_placements = self.parameter_placements()
         for grad_name, fqn in self.program.gradients.items():

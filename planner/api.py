@@ -27,9 +27,14 @@ from planner.plan import (
     FallbackOp,
     GradientBucket,
     NodeSharding,
+    OperatorShardings,
     Plan,
     Predicted,
+    Provenance,
     SolverReport,
+    Stage,
+    logical_axes,
+    tessel_version,
 )
 from planner.check import training_state
 from runtime.trainer import ShardedTrainer
@@ -93,13 +98,16 @@ def plan_model(
     plan = _assemble(
         program, table, solution, list(mesh_shape), cluster_spec.name,
         name or type(model).__name__,
+        profile.cost_source if profile is not None else "analytical",
+        cluster_spec.device.memory_gib * 2**30,
     )
-    if profile is not None:
-        plan.cost_source = profile.cost_source
     return PlannedModel(plan, program, timings)
 
 
-def _assemble(program, table, solution: IntraOpSolution, mesh_shape, cluster, name) -> Plan:
+def _assemble(
+    program, table, solution: IntraOpSolution, mesh_shape, cluster: str, name: str,
+    cost_source: str, memory_limit: float,
+) -> Plan:
     def chosen(node: str):
         return table[node].strategies[solution.choices[node]]
 
@@ -117,25 +125,16 @@ def _assemble(program, table, solution: IntraOpSolution, mesh_shape, cluster, na
             outputs=[placement_str(p) if p is not None else None for p in s.outputs],
             produced=placement_str(s.produced) if s.produced is not None else None,
         )
-    return Plan(
-        model=name,
-        cluster=cluster,
-        mesh_shape=mesh_shape,
+    mesh = list(mesh_shape)
+    parameters = {
+        fqn: placement_str(chosen(node).outputs[0]) for node, fqn in program.parameters.items()
+    }
+    operators = OperatorShardings(
         graph_fingerprint=graph_fingerprint(program),
-        parameters={
-            fqn: placement_str(chosen(node).outputs[0]) for node, fqn in program.parameters.items()
-        },
         inputs={node: placement_str(chosen(node).outputs[0]) for node in program.user_inputs},
         nodes=nodes,
         gradient_buckets=[GradientBucket(**vars(b)) for b in solution.buckets],
-        communication=_stats(solution.collectives_by_kind()),
         communication_by_phase={p: _stats(solution.collectives_by_kind(p)) for p in PHASES},
-        predicted=Predicted(
-            step_time_s=solution.compute_s + solution.communication_s,
-            compute_s=solution.compute_s,
-            communication_s=solution.communication_s,
-            memory_bytes_per_device=solution.memory_bytes,
-        ),
         fallback_ops=[
             FallbackOp(node=n, op=nodes[n].op, module=nodes[n].module)
             for n in fallback_nodes(table)
@@ -147,6 +146,27 @@ def _assemble(program, table, solution: IntraOpSolution, mesh_shape, cluster, na
             solve_time_s=solution.assignment.solve_time_s,
             num_variables=solution.num_variables,
         ),
+    )
+    # The whole traced step is one stage: "layers" are the graph's, [0, 1).
+    stage = Stage(layers=(0, 1), num_devices=math.prod(mesh), mesh_axes=logical_axes(len(mesh)),
+                  mesh_shape=mesh, parameters=parameters, operators=operators)
+    return Plan(
+        model=name,
+        cluster=cluster,
+        num_gpus=math.prod(mesh),
+        mesh_axes=logical_axes(len(mesh)),
+        mesh_shape=mesh,
+        stages=[stage],
+        communication=_stats(solution.collectives_by_kind()),
+        predicted=Predicted(
+            step_time_s=solution.compute_s + solution.communication_s,
+            compute_s=solution.compute_s,
+            communication_s=solution.communication_s,
+            memory_gib_per_gpu=solution.memory_bytes / 2**30,
+            fits=solution.memory_bytes <= memory_limit,
+        ),
+        provenance=Provenance(model_spec=name, cluster=cluster, cost_source=cost_source,
+                              tessel_version=tessel_version()),
     )
 
 

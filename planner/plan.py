@@ -1,21 +1,38 @@
-"""The Plan: the one artifact every step after the search reads (lowering, runtime, export).
+"""The Plan: the one artifact every step after the search reads (lowering, runtime, `plan
+check`, exporters, reports); none of them calls back into the search.
 
-A pydantic model with a JSON round trip, validated on load: placements must parse, have one
-entry per mesh axis, and collectives must be of a known kind. Placements use DTensor's
-short form (`S(0)`, `R`, `P`, one per mesh axis: `S(0)R`).
+One versioned schema for both kinds of plan:
+
+- a training plan (`plan MODEL --gpus N ...`): the device mesh with named axes (`pp`, `dp`,
+  `cp`, `tp`, DeviceMesh's and torchtitan's names), the parallel degrees, the pipeline
+  stages (layers, devices, logical mesh, virtual chunks), micro-batching, schedule, ZeRO
+  stage, recomputation, precision, the predictions and the Megatron-LM launch flags;
+- an operator-level plan (`plan MODEL --mesh 2x2`): the one-stage case, whose stage holds
+  the intra-op ILP's choice for every node of the traced graph (`Stage.operators`).
+
+Placements use DTensor's short form (`S(0)`, `R`, `P`, one per mesh axis: `S(0)R`) and are
+validated on load, as are collective kinds. A version-1 file (either of the two schemas
+Tessel wrote before) is migrated on load; any other version is refused in one line.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from importlib import metadata
 from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cost_models.comm import COLLECTIVE_KINDS
 from passes.dtensor_rules import parse_placements
 
+SCHEMA_VERSION = 2
 PHASES = ("forward", "backward", "gradient_sync")
+MESH_AXES = ("pp", "dp", "cp", "tp")
+"""Named axes of a training plan's device mesh, outermost first (Megatron-LM's rank order:
+tensor fastest, then context, data, pipeline). Expert parallelism is carved out of `dp`."""
 
 
 class _Model(BaseModel):
@@ -60,19 +77,6 @@ class FallbackOp(_Model):
     module: str = Field(default="", description="Module path the node came from.")
 
 
-class Predicted(_Model):
-    step_time_s: float = Field(ge=0, description="Predicted time of one training step.")
-    compute_s: float = Field(ge=0, description="Summed compute time of the step's ops.")
-    communication_s: float = Field(ge=0, description="Summed time of the step's collectives.")
-    memory_bytes_per_device: float = Field(
-        ge=0, description="Parameters, gradients, optimizer state and saved activations."
-    )
-
-    @property
-    def memory_gib_per_device(self) -> float:
-        return self.memory_bytes_per_device / 2**30
-
-
 class SolverReport(_Model):
     backend: str = Field(description="OR-Tools backend that solved the ILP.")
     status: str = Field(
@@ -84,68 +88,196 @@ class SolverReport(_Model):
     num_variables: int = Field(ge=0, description="Variables in the ILP.")
 
 
-class Plan(_Model):
-    """How to shard one model's training step over a device mesh."""
+class OperatorShardings(_Model):
+    """What the intra-op ILP chose for a stage's traced training step."""
 
-    version: int = Field(default=1, description="Schema version.")
-    model: str = Field(description="What was planned (a model spec or class name).")
-    cluster: str = Field(description="Cluster preset or file the costs come from.")
-    mesh_shape: list[int] = Field(description="Logical device mesh, e.g. [2, 2].")
     graph_fingerprint: str = Field(
-        description="Hash of the traced graph; a plan only applies to the graph it was made for."
+        description="Hash of the traced graph; the shardings only apply to the graph they "
+        "were chosen for."
     )
-    parameters: dict[str, str] = Field(description="Parameter FQN -> placement.")
     inputs: dict[str, str] = Field(description="Input name -> placement.")
     nodes: dict[str, NodeSharding] = Field(description="Graph node -> chosen strategy.")
     gradient_buckets: list[GradientBucket] = Field(default_factory=list)
-    communication: dict[str, CollectiveStats] = Field(
-        description="Collectives of one training step, by kind."
-    )
     communication_by_phase: dict[str, dict[str, CollectiveStats]] = Field(
-        description="The same, split into forward, backward and gradient_sync."
+        description="The stage's collectives of one step, split into forward, backward and "
+        "gradient_sync."
     )
-    predicted: Predicted
     fallback_ops: list[FallbackOp] = Field(
         default_factory=list, description="Ops with no sharding rule, run replicated."
     )
     solver: SolverReport
+
+
+class Stage(_Model):
+    """One pipeline stage: its layers, its devices and the logical mesh it runs on."""
+
+    layers: tuple[int, int] = Field(description="Layers [first, last) of the stage.")
+    first_device: int = Field(default=0, ge=0, description="First global rank of the stage; "
+                              "it runs on ranks first_device .. first_device + num_devices - 1.")
+    num_devices: int = Field(ge=1, description="Devices the stage runs on.")
+    mesh_axes: list[str] = Field(description="Names of the stage mesh's axes, outermost first.")
+    mesh_shape: list[int] = Field(description="Logical mesh of the stage, e.g. [data, tensor].")
+    virtual_chunks: int = Field(default=1, ge=1, description="Model chunks of the stage "
+                                "(interleaved 1F1B), split evenly over its layers.")
+    parameters: dict[str, str] = Field(
+        default_factory=dict, description="Parameter FQN -> placement on the stage mesh."
+    )
+    operators: OperatorShardings | None = Field(
+        default=None, description="The intra-op ILP's choice for every node, where it chose."
+    )
+
+
+class ParallelDegrees(_Model):
+    data: int = Field(ge=1, description="Data-parallel degree.")
+    tensor: int = Field(ge=1, description="Tensor-parallel degree.")
+    pipeline: int = Field(ge=1, description="Pipeline-parallel degree.")
+    context: int = Field(ge=1, description="Context-parallel degree.")
+    expert: int = Field(ge=1, description="Expert-parallel degree.")
+    sequence_parallel: bool = Field(description="Sequence parallelism over the tensor group.")
+    zero_stage: int = Field(ge=0, le=3, description="ZeRO stage; 1 = distributed optimizer.")
+    virtual_pipeline: int = Field(ge=1, description="Model chunks per pipeline rank.")
+
+
+class Breakdown(_Model):
+    compute_s: float = Field(description="Kernel time of the slowest stage.")
+    tensor_parallel_comm_s: float = Field(description="Tensor/context-parallel collectives.")
+    pipeline_comm_s: float = Field(description="Stage-to-stage transfers.")
+    data_parallel_comm_s: float = Field(description="Exposed gradient reduction.")
+    bubble_s: float = Field(description="Pipeline fill and drain.")
+    optimizer_s: float = Field(description="Optimizer update.")
+
+
+class Predicted(_Model):
+    """What the cost model predicts of one optimizer step."""
+
+    step_time_s: float = Field(ge=0, description="Predicted time of one optimizer step.")
+    compute_s: float = Field(ge=0, description="Kernel time (of the slowest stage).")
+    communication_s: float = Field(ge=0, description="Collectives and transfers not hidden "
+                                   "behind compute.")
+    memory_gib_per_gpu: float = Field(ge=0, description="Peak memory of the fullest device, "
+                                      "GiB: parameters, gradients, optimizer state and saved "
+                                      "activations.")
+    fits: bool = Field(default=True, description="Whether that peak fits in device memory.")
+    tokens_per_s: float | None = Field(default=None, description="Tokens per second over the "
+                                       "cluster (training plans).")
+    model_tflops_per_gpu: float | None = Field(default=None, description="Model TFLOP/s per "
+                                               "GPU.")
+    hardware_tflops_per_gpu: float | None = Field(
+        default=None, description="Executed TFLOP/s per GPU, recomputation included."
+    )
+    mfu: float | None = Field(
+        default=None,
+        description="Model FLOPs utilization of the dense peak at the matmul precision.",
+    )
+    breakdown: Breakdown | None = Field(default=None, description="Where the step time goes.")
+
+    @property
+    def memory_bytes_per_device(self) -> float:
+        return self.memory_gib_per_gpu * 2**30
+
+
+class Provenance(_Model):
+    """Where a plan came from."""
+
+    model_spec: str = Field(description="The model as named (preset, file.py:function, ...).")
+    cluster: str = Field(description="Cluster preset or file.")
     cost_source: str = Field(
         default="analytical",
         description="Where op and collective times came from: 'analytical' (the cluster's "
         "roofline and alpha-beta models) or 'profile:PATH' (a `plan profile` database, "
         "analytical where it has no measurement).",
     )
+    tessel_version: str = Field(description="The Tessel release that made the plan.")
+
+
+def tessel_version() -> str:
+    try:
+        return metadata.version("tessel")
+    except metadata.PackageNotFoundError:  # a source tree that was never installed
+        return "unknown"
+
+
+class Plan(_Model):
+    """How to train one model: stages over a device mesh, and what that is predicted to do."""
+
+    version: Literal[2] = Field(default=SCHEMA_VERSION, description="Schema version.")
+    model: str = Field(description="What was planned (a model spec or class name).")
+    cluster: str = Field(description="Cluster preset or file the costs come from.")
+    num_gpus: int = Field(ge=1, description="Devices the plan runs on.")
+    mesh_axes: list[str] = Field(description="Names of the device mesh's axes, outermost "
+                                 "first: pp, dp, cp, tp for a training plan whose stages share "
+                                 "one layout; 'device' when stages differ (each has its own).")
+    mesh_shape: list[int] = Field(description="Sizes of those axes.")
+    parallel: ParallelDegrees | None = Field(
+        default=None, description="Parallel degrees (as the first stage sees them); None for "
+        "an operator-level plan, whose shardings are chosen per node."
+    )
+    global_batch_size: int | None = Field(default=None, ge=1,
+                                          description="Sequences per optimizer step.")
+    micro_batch_size: int | None = Field(default=None, ge=1, description="Sequences per "
+                                         "micro-batch on one data-parallel replica.")
+    num_micro_batches: int = Field(default=1, ge=1,
+                                   description="Micro-batches per step per pipeline.")
+    recompute: str = Field(default="none",
+                           description="Activation recomputation: none, selective, full.")
+    schedule: str | None = Field(default=None, description="Pipeline schedule: gpipe, 1f1b, "
+                                 "interleaved; None for one stage.")
+    precision: str = Field(default="fp32", description="Matmul precision: fp32, bf16, fp16, "
+                           "fp8.")
+    stages: list[Stage] = Field(min_length=1, description="Pipeline stages in order.")
+    communication: dict[str, CollectiveStats] = Field(
+        default_factory=dict, description="Collectives one rank issues in one step, by kind "
+        "(as `plan check` measures them)."
+    )
+    predicted: Predicted
+    megatron_flags: list[str] | None = Field(
+        default=None, description="Megatron-LM launch flags, when Megatron-LM can run it."
+    )
+    megatron_incompatibility: str | None = Field(
+        default=None, description="Why Megatron-LM cannot run the plan, if it cannot."
+    )
+    provenance: Provenance
 
     @property
     def num_devices(self) -> int:
-        return math.prod(self.mesh_shape)
+        return self.num_gpus
 
-    @field_validator("mesh_shape")
-    @classmethod
-    def _positive_mesh(cls, shape: list[int]) -> list[int]:
-        if not shape or any(s < 1 for s in shape):
-            raise ValueError(f"mesh_shape must be non-empty positive sizes, got {shape}")
-        return shape
+    @property
+    def parameters(self) -> dict[str, str]:
+        """Every stage's parameter placements, by FQN."""
+        return {fqn: p for stage in self.stages for fqn, p in stage.parameters.items()}
+
+    @property
+    def operators(self) -> OperatorShardings:
+        """The node shardings of an operator-level (one-stage) plan."""
+        if len(self.stages) != 1 or self.stages[0].operators is None:
+            raise ValueError(
+                "this plan has no operator shardings (a training plan of "
+                f"{len(self.stages)} stages); plan with --mesh for them"
+            )
+        return self.stages[0].operators
+
+    @property
+    def cost_source(self) -> str:
+        return self.provenance.cost_source
 
     @model_validator(mode="after")
-    def _check_placements(self) -> Plan:
-        ndim = len(self.mesh_shape)
-        where = list(self.parameters.items()) + list(self.inputs.items())
-        for node, sharding in self.nodes.items():
-            where += [(f"{node} input", p) for p in sharding.inputs]
-            where += [(f"{node} output", p) for p in sharding.outputs if p is not None]
-        for name, text in where:
-            try:
-                placements = parse_placements(text)
-            except ValueError as error:
-                raise ValueError(f"{name}: {error}") from None
-            if len(placements) != ndim:
-                raise ValueError(
-                    f"{name}: placement {text!r} has {len(placements)} entries, the mesh "
-                    f"{self.mesh_shape} has {ndim} axes"
-                )
-        tables = [self.communication, *self.communication_by_phase.values()]
-        for kind in (k for table in tables for k in table):
+    def _check(self) -> Plan:
+        if len(self.mesh_axes) != len(self.mesh_shape) or any(s < 1 for s in self.mesh_shape):
+            raise ValueError(
+                f"mesh_axes {self.mesh_axes} and mesh_shape {self.mesh_shape} must be as "
+                "long as each other, with positive sizes"
+            )
+        if math.prod(self.mesh_shape) != self.num_gpus:
+            raise ValueError(f"mesh_shape {self.mesh_shape} does not hold {self.num_gpus} "
+                             "devices")
+        for index, stage in enumerate(self.stages):
+            _check_stage(index, stage)
+        kinds = [k for k in self.communication] + [
+            k for stage in self.stages if stage.operators
+            for table in stage.operators.communication_by_phase.values() for k in table
+        ]
+        for kind in kinds:
             if kind not in COLLECTIVE_KINDS:
                 raise ValueError(f"unknown collective kind {kind!r}; known: {COLLECTIVE_KINDS}")
         return self
@@ -158,8 +290,127 @@ class Plan(_Model):
 
     @classmethod
     def from_json(cls, text_or_path: str | Path) -> Plan:
-        """Load and validate a plan from JSON text or a file path."""
-        path = Path(text_or_path)
-        if not str(text_or_path).lstrip().startswith("{") and path.exists():
-            return cls.model_validate_json(path.read_text())
-        return cls.model_validate_json(str(text_or_path))
+        """Load and validate a plan from JSON text or a file path; a version-1 plan is
+        migrated, anything else that is not a plan is refused with one sentence."""
+        text = str(text_or_path)
+        where = "the plan"
+        if not text.lstrip().startswith(("{", "[")):
+            path = Path(text_or_path)
+            text, where = path.read_text(), str(path)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{where} is not JSON ({error.msg} at line {error.lineno}).") \
+                from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{where} is not a Tessel plan (a JSON object).")
+        version = data.get("version", 1)
+        if version == 1:
+            data = migrate_v1(data)
+        elif version != SCHEMA_VERSION:
+            raise ValueError(
+                f"{where} is a version-{version} plan; this Tessel reads versions 1 and "
+                f"{SCHEMA_VERSION}: plan again with it."
+            )
+        try:
+            return cls.model_validate(data)
+        except ValidationError as error:
+            first = error.errors()[0]
+            field = ".".join(str(part) for part in first["loc"]) or "plan"
+            raise ValueError(
+                f"{where} is not a valid plan: {field}: "
+                f"{first['msg'].removeprefix('Value error, ')}."
+            ) from None
+
+
+def _check_stage(index: int, stage: Stage) -> None:
+    where = f"stage {index}"
+    if len(stage.mesh_axes) != len(stage.mesh_shape) or math.prod(stage.mesh_shape) != \
+            stage.num_devices:
+        raise ValueError(
+            f"{where}: mesh_axes {stage.mesh_axes} x mesh_shape {stage.mesh_shape} must "
+            f"name and hold its {stage.num_devices} devices"
+        )
+    placements = list(stage.parameters.items())
+    if stage.operators is not None:
+        placements += list(stage.operators.inputs.items())
+        for node, sharding in stage.operators.nodes.items():
+            placements += [(f"{node} input", p) for p in sharding.inputs]
+            placements += [(f"{node} output", p) for p in sharding.outputs if p is not None]
+    for name, text in placements:
+        try:
+            parsed = parse_placements(text)
+        except ValueError as error:
+            raise ValueError(f"{where}: {name}: {error}") from None
+        if len(parsed) != len(stage.mesh_shape):
+            raise ValueError(
+                f"{where}: {name}: placement {text!r} has {len(parsed)} entries, the mesh "
+                f"{stage.mesh_shape} has {len(stage.mesh_shape)} axes"
+            )
+
+
+def logical_axes(ndim: int) -> list[str]:
+    """Names of an operator-level mesh's axes: the ILP decides per op what each carries."""
+    return [f"axis{i}" for i in range(ndim)]
+
+
+def migrate_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """A version-1 plan (an operator-level `Plan` or a `TrainingPlan`) as version 2."""
+    data = dict(data)
+    data.pop("version", None)
+    if "mesh_shape" in data and "nodes" in data:  # operator-level
+        mesh = list(data.pop("mesh_shape"))
+        predicted = dict(data.pop("predicted"))
+        memory = predicted.pop("memory_bytes_per_device", 0.0)
+        operators = {key: data.pop(key) for key in (
+            "graph_fingerprint", "inputs", "nodes", "gradient_buckets",
+            "communication_by_phase", "fallback_ops", "solver") if key in data}
+        stage = {"layers": (0, 1), "num_devices": math.prod(mesh),
+                 "mesh_axes": logical_axes(len(mesh)), "mesh_shape": mesh,
+                 "parameters": data.pop("parameters"), "operators": operators}
+        return {
+            **data, "version": SCHEMA_VERSION, "num_gpus": math.prod(mesh),
+            "mesh_axes": logical_axes(len(mesh)), "mesh_shape": mesh, "stages": [stage],
+            "predicted": {**predicted, "memory_gib_per_gpu": memory / 2**30},
+            "provenance": {"model_spec": data["model"], "cluster": data["cluster"],
+                           "cost_source": data.pop("cost_source", "analytical"),
+                           "tessel_version": "0.1.0"},
+        }
+    # A v1 training plan: every stage on a [data, tensor] mesh, context ranks aside.
+    parallel = data["parallel"]
+    stages, first = [], 0
+    for stage in data.pop("stages"):
+        axes, shape = stage_mesh(stage["mesh_shape"][0], parallel["context"],
+                                 stage["mesh_shape"][1])
+        stages.append({**stage, "first_device": first, "mesh_axes": axes, "mesh_shape": shape})
+        first += stage["num_devices"]
+    predicted = dict(data.pop("predicted"))
+    breakdown = predicted.get("breakdown") or {}
+    axes, shape = training_mesh(parallel["data"], parallel["context"], parallel["tensor"],
+                                [s["mesh_shape"] for s in stages])
+    return {
+        **data, "version": SCHEMA_VERSION, "stages": stages, "mesh_axes": axes,
+        "mesh_shape": shape,
+        "predicted": {**predicted, "compute_s": breakdown.get("compute_s", 0.0),
+                      "communication_s": sum(v for k, v in breakdown.items()
+                                             if k.endswith("comm_s"))},
+        "provenance": {"model_spec": data["model"], "cluster": data["cluster"],
+                       "tessel_version": "0.1.0"},
+    }
+
+
+def stage_mesh(data: int, context: int, tensor: int) -> tuple[list[str], list[int]]:
+    """(mesh_axes, mesh_shape) of a training stage: [dp, tp], with cp between when used."""
+    if context == 1:
+        return ["dp", "tp"], [data, tensor]
+    return ["dp", "cp", "tp"], [data, context, tensor]
+
+
+def training_mesh(
+    data: int, context: int, tensor: int, stage_meshes: list[list[int]]
+) -> tuple[list[str], list[int]]:
+    """(mesh_axes, mesh_shape) of a training plan: pp x dp x cp x tp when every stage has
+    the same mesh, else one 'device' axis (each stage carves its own submesh, as in Alpa)."""
+    if len({tuple(mesh) for mesh in stage_meshes}) > 1:
+        return ["device"], [sum(math.prod(mesh) for mesh in stage_meshes)]
+    return list(MESH_AXES), [len(stage_meshes), data, context, tensor]

@@ -116,6 +116,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
 def print_plan(planned) -> None:
     plan = planned.plan
+    solver = plan.operators.solver
     by_module: dict[str, list[str]] = defaultdict(list)
     for fqn, placement in plan.parameters.items():
         module, _, leaf = fqn.rpartition(".")
@@ -130,7 +131,7 @@ def print_plan(planned) -> None:
     comm = Table(title="collectives of one training step (per rank)")
     for column in ("phase", "kind", "count", "bytes"):
         comm.add_column(column, justify="right" if column in ("count", "bytes") else "left")
-    for phase, kinds in plan.communication_by_phase.items():
+    for phase, kinds in plan.operators.communication_by_phase.items():
         for kind, stats in kinds.items():
             comm.add_row(phase, kind, str(stats.count), f"{stats.bytes:,}")
     console.print(comm)
@@ -142,18 +143,18 @@ def print_plan(planned) -> None:
     )
     t = planned.timings
     console.print(
-        f"solver {plan.solver.status} (gap {plan.solver.gap:.2%}, {plan.solver.num_variables:,} "
+        f"solver {solver.status} (gap {solver.gap:.2%}, {solver.num_variables:,} "
         f"variables); trace {t.trace_s:.1f} s, strategies {t.strategies_s:.1f} s, "
         f"ILP {t.ilp_s:.1f} s"
     )
-    if plan.solver.status != "OPTIMAL" and plan.solver.gap > 0.01:
+    if solver.status != "OPTIMAL" and solver.gap > 0.01:
         console.print(
             f"[yellow]not proven optimal:[/yellow] the ILP stopped at its time limit with a "
-            f"{plan.solver.gap:.0%} optimality gap; raise --time-limit for a better plan",
+            f"{solver.gap:.0%} optimality gap; raise --time-limit for a better plan",
             highlight=False,
         )
-    if plan.fallback_ops:
-        ops = ", ".join(sorted({f.op for f in plan.fallback_ops}))
+    if plan.operators.fallback_ops:
+        ops = ", ".join(sorted({f.op for f in plan.operators.fallback_ops}))
         console.print(f"[yellow]replicated (no sharding rule):[/yellow] {ops}")
 
 

@@ -3,7 +3,7 @@
 With tensor, pipeline and micro-batch size given, the configuration is predicted as is
 (a what-if); otherwise the search chooses the knobs not given. Either way the output is a
 table of plans with their predicted numbers, the best plan's Megatron-LM launch flags, and
-with --json the `TrainingPlan` of the best.
+with --json the `Plan` of the best (`planner/plan.py`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,17 @@ from planner.cli.model_args import load
 from planner.cli.parallel_flags import fixed_knobs, is_what_if, what_if_config
 from planner.knobs import check_knobs
 from planner.search.megatron_space import megatron_stage_splits
-from planner.training_plan import TrainingPlan
+from planner.plan import (
+    Breakdown,
+    ParallelDegrees,
+    Plan,
+    Predicted,
+    Provenance,
+    Stage,
+    stage_mesh,
+    tessel_version,
+    training_mesh,
+)
 
 if TYPE_CHECKING:
     from planner.model_spec import LoadedModel
@@ -38,7 +48,7 @@ def training_plan(
     name: str, model: TransformerConfig, cluster: Cluster, parallel: ParallelConfig,
     layers_per_stage: list[int] | None = None, stages: tuple[StageLayout, ...] | None = None,
     collectives: LayerCollectives | None = None, prediction: StepPrediction | None = None,
-) -> TrainingPlan:
+) -> Plan:
     """Predict one configuration (unless the search's `prediction` of it is given) and
     package it as a plan. `stages` gives each stage its own mesh (Alpa's space); without
     it every stage runs on `parallel`'s mesh."""
@@ -61,8 +71,49 @@ def training_plan(
             micro_batch_size=parallel.micro_batch_size * parallel.data // first.data,
         )
     flags = None if incompatibility else megatron_flags(model, parallel, layers)
-    return TrainingPlan.build(name, cluster.name, parallel, layouts, prediction, flags,
-                              incompatibility)
+    return _plan(name, cluster, parallel, layouts, prediction, flags, incompatibility)
+
+
+def _plan(
+    name: str, cluster: Cluster, parallel: ParallelConfig, layouts: list[StageLayout],
+    prediction: StepPrediction, flags: list[str] | None, incompatibility: str | None,
+) -> Plan:
+    """The Plan of a configuration whose stages run on `layouts`' meshes."""
+    stages, first_layer, first_device = [], 0, 0
+    for layout in layouts:
+        axes, shape = stage_mesh(layout.data, parallel.context, layout.tensor)
+        devices = layout.devices * parallel.context
+        chunks = parallel.virtual_pipeline
+        stages.append(Stage(layers=(first_layer, first_layer + layout.layers),
+                            first_device=first_device, num_devices=devices, mesh_axes=axes,
+                            mesh_shape=shape, virtual_chunks=chunks))
+        first_layer, first_device = first_layer + layout.layers, first_device + devices
+    mesh_axes, mesh_shape = training_mesh(parallel.data, parallel.context, parallel.tensor,
+                                          [stage.mesh_shape for stage in stages])
+    values = prediction.to_dict()
+    breakdown = Breakdown(**{k: values.pop(k) for k in Breakdown.model_fields})
+    communication = (breakdown.tensor_parallel_comm_s + breakdown.pipeline_comm_s
+                     + breakdown.data_parallel_comm_s)
+    return Plan(
+        model=name, cluster=cluster.name, num_gpus=first_device, mesh_axes=mesh_axes,
+        mesh_shape=mesh_shape,
+        parallel=ParallelDegrees(
+            data=parallel.data, tensor=parallel.tensor, pipeline=parallel.pipeline,
+            context=parallel.context, expert=parallel.expert,
+            sequence_parallel=parallel.sequence_parallel, zero_stage=parallel.zero_stage,
+            virtual_pipeline=parallel.virtual_pipeline,
+        ),
+        global_batch_size=parallel.global_batch_size,
+        micro_batch_size=parallel.micro_batch_size,
+        num_micro_batches=parallel.num_micro_batches,
+        recompute=parallel.recompute, schedule=parallel.schedule,
+        precision=parallel.precision, stages=stages,
+        predicted=Predicted(**values, compute_s=breakdown.compute_s,
+                            communication_s=communication, breakdown=breakdown),
+        megatron_flags=flags, megatron_incompatibility=incompatibility,
+        provenance=Provenance(model_spec=name, cluster=cluster.name,
+                              tessel_version=tessel_version()),
+    )
 
 
 def _even(num_layers: int, stages: int) -> list[int]:
@@ -189,12 +240,12 @@ def _no_fit(
     )
 
 
-def layout(plan: TrainingPlan) -> str:
+def layout(plan: Plan) -> str:
     """'t8 p8 d8 mb2', with cp/ep/sp/zero/virtual stages (v: interleaved 1F1B) only where
     they are used; 'stages' when stages differ in mesh."""
     q = plan.parallel
     if len({tuple(stage.mesh_shape) for stage in plan.stages}) > 1:
-        meshes = "+".join(f"{s.layers[1] - s.layers[0]}L:{s.mesh_shape[0]}x{s.mesh_shape[1]}"
+        meshes = "+".join(f"{s.layers[1] - s.layers[0]}L:{'x'.join(map(str, s.mesh_shape))}"
                           for s in plan.stages)
         return f"stages {meshes} mb{plan.micro_batch_size}"
     parts = [f"t{q.tensor}", f"p{q.pipeline}", f"d{q.data}", f"mb{plan.micro_batch_size}"]
@@ -207,7 +258,7 @@ def layout(plan: TrainingPlan) -> str:
     return " ".join(parts)
 
 
-def print_training_plans(plans: list[TrainingPlan], console: Console) -> None:
+def print_training_plans(plans: list[Plan], console: Console) -> None:
     best = plans[0]
     table = Table(title=f"{best.model} on {best.num_gpus} x {best.cluster}, global batch "
                         f"{best.global_batch_size}")

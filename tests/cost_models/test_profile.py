@@ -171,7 +171,7 @@ def _profiled_compute(plan: Plan, db: ProfileDatabase) -> float:
     program = trace(loaded.model, loaded.example_inputs, loaded.loss_fn)
     mesh = fake_mesh(tuple(plan.mesh_shape))
     total = 0.0
-    for name, sharding in plan.nodes.items():
+    for name, sharding in plan.operators.nodes.items():
         node = program.nodes[name]
         value = node.meta["val"]
         inputs = tensor_inputs(node)

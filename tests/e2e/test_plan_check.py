@@ -71,7 +71,7 @@ def assert_matches_single_process(report: CheckReport) -> None:
 
 
 def by_phase(plan, phase: str) -> dict[str, tuple[int, int]]:
-    return {k: (v.count, v.bytes) for k, v in plan.communication_by_phase[phase].items()}
+    return {k: (v.count, v.bytes) for k, v in plan.operators.communication_by_phase[phase].items()}
 
 
 def test_small_batch_mlp_is_column_then_row_parallel() -> None:
@@ -91,7 +91,7 @@ def test_wide_batch_mlp_is_data_parallel() -> None:
     _, result = planned("demo:mlp-wide-batch", (4,), "cpu")
     plan = result.plan
     assert set(plan.parameters.values()) == {"R"}
-    assert list(plan.inputs.values()) == ["S(0)"]
+    assert list(plan.operators.inputs.values()) == ["S(0)"]
     assert by_phase(plan, "forward") == {}
     assert by_phase(plan, "backward") == {}
     # One bucket: both weights and biases (64*64*2 + 64*2 floats) and the scalar loss.
@@ -128,7 +128,8 @@ def test_small_batch_splits_attention_heads_and_mlp_hidden(name: str) -> None:
         matching = {f: p for f, p in plan.parameters.items() if f.endswith(suffix)}
         assert len(matching) == 2, suffix  # one per block
         assert set(matching.values()) == {placement}, matching
-    attention = [n for n in plan.nodes.values() if "flash_attention_for_cpu.default" in n.op]
+    attention = [n for n in plan.operators.nodes.values()
+                 if "flash_attention_for_cpu.default" in n.op]
     assert len(attention) == 2
     for node in attention:
         assert node.inputs[:3] == ["S(1)"] * 3  # q, k, v split by heads
@@ -137,10 +138,10 @@ def test_small_batch_splits_attention_heads_and_mlp_hidden(name: str) -> None:
 
 def test_op_without_sharding_rule_is_replicated_and_listed() -> None:
     _, result = planned("cdist", (2,), "cpu")
-    ops = {f.op for f in result.plan.fallback_ops}
+    ops = {f.op for f in result.plan.operators.fallback_ops}
     assert ops == {"aten._cdist_forward.default", "aten._cdist_backward.default"}
-    for fallback in result.plan.fallback_ops:
-        node = result.plan.nodes[fallback.node]
+    for fallback in result.plan.operators.fallback_ops:
+        node = result.plan.operators.nodes[fallback.node]
         assert set(node.inputs) == {"R"} and set(node.outputs) == {"R"}
     assert_matches_single_process(checked("cdist", (2,), "cpu"))
 
@@ -148,6 +149,6 @@ def test_op_without_sharding_rule_is_replicated_and_listed() -> None:
 def test_plans_report_how_they_were_solved() -> None:
     for name, mesh in [("demo:mlp", (4,)), ("demo:gpt", (2, 2))]:
         cluster = "cpu" if name == "demo:mlp" else "compute-bound"
-        solver = planned(name, mesh, cluster)[1].plan.solver
+        solver = planned(name, mesh, cluster)[1].plan.operators.solver
         assert solver.status in ("OPTIMAL", "FEASIBLE", "GREEDY")
         assert 0.0 <= solver.gap <= 1.0

@@ -1,4 +1,6 @@
-"""planner.plan: the Plan's JSON round trip and the mistakes its validation catches."""
+"""planner.plan: one schema for training and operator-level plans; its JSON round trip, the
+mistakes its validation catches, the migration of version-1 files, and every plan the CLI
+writes validating as that one schema."""
 
 from __future__ import annotations
 
@@ -7,18 +9,23 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from planner import cli
 from planner.plan import (
+    SCHEMA_VERSION,
     CollectiveStats,
-    GradientBucket,
     NodeSharding,
+    OperatorShardings,
     Plan,
     Predicted,
+    Provenance,
     SolverReport,
+    Stage,
+    migrate_v1,
 )
 
 
-def plan_data() -> dict:
-    """A small valid plan on a 2x2 mesh, as plain JSON-able data."""
+def plan_data_v1() -> dict:
+    """A small valid operator-level plan on a 2x2 mesh as version 1 wrote it."""
     return {
         "model": "demo:mlp",
         "cluster": "cpu",
@@ -68,35 +75,40 @@ def plan_data() -> dict:
     }
 
 
+def plan_data() -> dict:
+    """The same plan in today's schema: one stage holding the operator shardings."""
+    return migrate_v1(plan_data_v1())
+
+
 @pytest.fixture
 def plan() -> Plan:
     return Plan.model_validate(plan_data())
 
 
 def test_plan_built_from_parts() -> None:
-    built = Plan(
-        model="demo:mlp",
-        cluster="cpu",
-        mesh_shape=[2, 2],
-        graph_fingerprint="abc123",
-        parameters={"fc1.weight": "S(0)R", "fc1.bias": "RR"},
-        inputs={"x": "S(0)R"},
+    operators = OperatorShardings(
+        graph_fingerprint="abc123", inputs={"x": "S(0)R"},
         nodes={"mm": NodeSharding(op="aten.mm.default", inputs=["S(0)R", "RR"],
                                   outputs=["S(0)R"])},
-        gradient_buckets=[GradientBucket(members=["fc1.bias"], mesh_dims=[[0]], dtype="float32",
-                                         nbytes=4, placements_before=["PR"],
-                                         placements_after=["RR"])],
-        communication={"all_reduce": CollectiveStats(count=1, bytes=4)},
         communication_by_phase={"gradient_sync": {"all_reduce": CollectiveStats(count=1, bytes=4)}},
-        predicted=Predicted(step_time_s=1.0, compute_s=0.5, communication_s=0.5,
-                            memory_bytes_per_device=2**30),
         solver=SolverReport(backend="SCIP", status="OPTIMAL", gap=0.0, solve_time_s=0.1,
                             num_variables=3),
     )
-    assert built.num_devices == 4
-    assert built.version == 1
-    assert built.nodes["mm"].phase == "forward"
-    assert built.predicted.memory_gib_per_device == pytest.approx(1.0)
+    built = Plan(
+        model="demo:mlp", cluster="cpu", num_gpus=4, mesh_axes=["axis0", "axis1"],
+        mesh_shape=[2, 2],
+        stages=[Stage(layers=(0, 1), num_devices=4, mesh_axes=["axis0", "axis1"],
+                      mesh_shape=[2, 2], parameters={"fc1.weight": "S(0)R"},
+                      operators=operators)],
+        communication={"all_reduce": CollectiveStats(count=1, bytes=4)},
+        predicted=Predicted(step_time_s=1.0, compute_s=0.5, communication_s=0.5,
+                            memory_gib_per_gpu=1.0),
+        provenance=Provenance(model_spec="demo:mlp", cluster="cpu", tessel_version="0.1.0"),
+    )
+    assert built.num_devices == 4 and built.version == SCHEMA_VERSION
+    assert built.operators.nodes["mm"].phase == "forward"
+    assert built.parameters == {"fc1.weight": "S(0)R"}
+    assert built.predicted.memory_bytes_per_device == 2**30
     assert Plan.from_json(built.to_json()) == built
 
 
@@ -104,13 +116,14 @@ def test_round_trip_through_a_file(tmp_path, plan: Plan) -> None:
     path = tmp_path / "plan.json"
     text = plan.to_json(path)
     assert path.read_text() == text + "\n"
-    assert json.loads(text)["parameters"] == {"fc1.weight": "S(0)R", "fc1.bias": "RR"}
+    assert json.loads(text)["stages"][0]["parameters"] == {"fc1.weight": "S(0)R",
+                                                           "fc1.bias": "RR"}
     loaded = Plan.from_json(path)
     assert loaded == plan
     assert Plan.from_json(str(path)) == plan
-    assert loaded.nodes["getitem"].outputs == [None]
+    assert loaded.operators.nodes["getitem"].outputs == [None]
     assert loaded.communication["all_reduce"].bytes == 4096
-    assert loaded.predicted.memory_gib_per_device == pytest.approx(3.0)
+    assert loaded.predicted.memory_gib_per_gpu == pytest.approx(3.0)
 
 
 def test_round_trip_through_text(plan: Plan) -> None:
@@ -120,9 +133,58 @@ def test_round_trip_through_text(plan: Plan) -> None:
     assert Plan.from_json("\n  " + text) == plan
 
 
+def test_a_version_1_operator_plan_is_migrated(tmp_path) -> None:
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(plan_data_v1()))
+    plan = Plan.from_json(path)
+    assert plan.version == SCHEMA_VERSION and len(plan.stages) == 1
+    assert plan.mesh_shape == [2, 2] and plan.num_gpus == 4
+    assert plan.parameters == {"fc1.weight": "S(0)R", "fc1.bias": "RR"}
+    assert plan.operators.inputs == {"x": "S(0)R"}
+    assert plan.predicted.memory_gib_per_gpu == pytest.approx(3.0)
+
+
+def test_a_version_1_training_plan_is_migrated() -> None:
+    old = {
+        "version": 1, "model": "gpt3-2.7b", "cluster": "dgx-a100-80g", "num_gpus": 16,
+        "global_batch_size": 64,
+        "parallel": {"data": 2, "tensor": 2, "pipeline": 2, "context": 2, "expert": 1,
+                     "sequence_parallel": True, "zero_stage": 1, "virtual_pipeline": 1},
+        "micro_batch_size": 1, "num_micro_batches": 32, "recompute": "full",
+        "schedule": "1f1b",
+        "stages": [{"layers": [0, 16], "num_devices": 8, "mesh_shape": [2, 2]},
+                   {"layers": [16, 32], "num_devices": 8, "mesh_shape": [2, 2]}],
+        "predicted": {"step_time_s": 2.0, "tokens_per_s": 1.0, "model_tflops_per_gpu": 1.0,
+                      "hardware_tflops_per_gpu": 1.0, "mfu": 0.4, "memory_gib_per_gpu": 9.0,
+                      "fits": True,
+                      "breakdown": {"compute_s": 1.5, "tensor_parallel_comm_s": 0.2,
+                                    "pipeline_comm_s": 0.1, "data_parallel_comm_s": 0.1,
+                                    "bubble_s": 0.1, "optimizer_s": 0.0}},
+        "megatron_flags": ["--num-layers 32"], "megatron_incompatibility": None,
+    }
+    plan = Plan.from_json(json.dumps(old))
+    assert plan.mesh_axes == ["pp", "dp", "cp", "tp"] and plan.mesh_shape == [2, 2, 2, 2]
+    assert [s.first_device for s in plan.stages] == [0, 8]
+    assert plan.stages[0].mesh_axes == ["dp", "cp", "tp"]
+    assert plan.predicted.communication_s == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [('{"version": 7, "model": "x"}', "version-7 plan; this Tessel reads versions 1 and 2"),
+     ("[1, 2]", "not a Tessel plan"),
+     ('{"version": 2, "model": "x"}', "is not a valid plan"),
+     ('{"version": 2,', "is not JSON")],
+)
+def test_what_is_not_a_plan_is_refused_in_one_sentence(text: str, fragment: str) -> None:
+    with pytest.raises(ValueError) as error:
+        Plan.from_json(text)
+    assert fragment in str(error.value) and "\n" not in str(error.value)
+
+
 def test_a_changed_plan_is_not_equal(plan: Plan) -> None:
     data = plan_data()
-    data["parameters"]["fc1.bias"] = "S(0)R"
+    data["stages"][0]["parameters"]["fc1.bias"] = "S(0)R"
     assert Plan.model_validate(data) != plan
 
 
@@ -131,32 +193,37 @@ def _invalid(mutate) -> str:
     mutate(data)
     with pytest.raises(ValidationError) as err:
         Plan.model_validate(data)
-    # The same mistake is caught when the plan comes from JSON.
-    with pytest.raises(ValidationError):
+    # The same mistake is caught when the plan comes from JSON, in one sentence.
+    with pytest.raises(ValueError):
         Plan.from_json(json.dumps(data))
     return str(err.value)
 
 
+def _stage(d: dict) -> dict:
+    return d["stages"][0]
+
+
 def test_placement_with_too_few_entries_names_the_parameter() -> None:
-    message = _invalid(lambda d: d["parameters"].update({"fc1.weight": "S(0)"}))
+    message = _invalid(lambda d: _stage(d)["parameters"].update({"fc1.weight": "S(0)"}))
     assert "fc1.weight" in message
     assert "'S(0)'" in message
     assert "2 axes" in message
 
 
 def test_placement_with_too_many_entries_in_a_node_is_refused() -> None:
-    message = _invalid(lambda d: d["nodes"]["addmm"].update({"outputs": ["RRR"]}))
+    message = _invalid(
+        lambda d: _stage(d)["operators"]["nodes"]["addmm"].update({"outputs": ["RRR"]}))
     assert "addmm output" in message
 
 
 def test_unparsable_placement_is_refused() -> None:
-    message = _invalid(lambda d: d["parameters"].update({"fc1.bias": "X(0)"}))
+    message = _invalid(lambda d: _stage(d)["parameters"].update({"fc1.bias": "X(0)"}))
     assert "fc1.bias" in message
     assert "X(0)" in message
 
 
 def test_unparsable_input_placement_is_refused() -> None:
-    message = _invalid(lambda d: d["inputs"].update({"x": "RQ"}))
+    message = _invalid(lambda d: _stage(d)["operators"]["inputs"].update({"x": "RQ"}))
     assert "x:" in message
 
 
@@ -167,7 +234,7 @@ def test_unknown_collective_kind_is_refused(table: str) -> None:
         if table == "communication":
             d["communication"]["broadcast"] = stats
         else:
-            d["communication_by_phase"]["backward"] = {"broadcast": stats}
+            _stage(d)["operators"]["communication_by_phase"]["backward"] = {"broadcast": stats}
 
     message = _invalid(mutate)
     assert "broadcast" in message
@@ -180,6 +247,11 @@ def test_non_positive_or_empty_mesh_is_refused(shape: list[int]) -> None:
     assert "mesh_shape" in message
 
 
+def test_a_stage_mesh_that_does_not_hold_its_devices_is_refused() -> None:
+    message = _invalid(lambda d: _stage(d).update({"num_devices": 8}))
+    assert "stage 0" in message and "8 devices" in message
+
+
 def test_unknown_field_is_refused() -> None:
     message = _invalid(lambda d: d.update({"mesh": [2, 2]}))
     assert "mesh" in message
@@ -187,9 +259,57 @@ def test_unknown_field_is_refused() -> None:
 
 
 def test_unknown_field_in_a_nested_model_is_refused() -> None:
-    message = _invalid(lambda d: d["solver"].update({"threads": 4}))
+    message = _invalid(lambda d: _stage(d)["operators"]["solver"].update({"threads": 4}))
     assert "threads" in message
 
 
 def test_negative_collective_count_is_refused() -> None:
     _invalid(lambda d: d["communication"]["all_reduce"].update({"count": -1}))
+
+
+# -- every plan the CLI writes is this one schema -------------------------------------------
+
+CLI_PLANS = {
+    "mesh": ["demo:mlp", "--mesh", "2x2"],
+    "gpt3-175b-a100": ["gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "1024",
+                       "--global-batch-size", "1536"],
+    "llama3-70b-h100": ["llama3-70b", "--cluster", "dgx-h100", "--gpus", "256",
+                        "--global-batch-size", "1024"],
+    "mixtral-h100-megatron": ["mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "64",
+                              "--global-batch-size", "256", "--space", "megatron"],
+    "what-if": ["gpt3-13b", "--cluster", "dgx-a100-80g", "--gpus", "64",
+                "--global-batch-size", "512", "--tensor-model-parallel-size", "2",
+                "--pipeline-model-parallel-size", "4", "--micro-batch-size", "2",
+                "--context-parallel-size", "2"],
+}
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> dict[str, tuple[Plan, dict]]:
+    out = tmp_path_factory.mktemp("plans")
+    plans = {}
+    for name, argv in CLI_PLANS.items():
+        path = out / f"{name}.json"
+        assert cli.main([*argv, "--json", str(path)]) == 0, name
+        plans[name] = (Plan.from_json(path), json.loads(path.read_text()))
+    return plans
+
+
+@pytest.mark.parametrize("name", list(CLI_PLANS))
+def test_every_plan_the_cli_writes_validates_and_round_trips(written, name: str) -> None:
+    plan, data = written[name]
+    assert Plan.from_json(plan.to_json()) == plan
+    assert data["version"] == SCHEMA_VERSION
+    assert sum(stage.num_devices for stage in plan.stages) == plan.num_gpus
+    devices = [(s.first_device, s.first_device + s.num_devices) for s in plan.stages]
+    assert all(a[1] == b[0] for a, b in zip(devices, devices[1:]))  # contiguous ranks
+
+
+def test_a_full_size_and_a_tiny_plan_are_one_schema(written) -> None:
+    full, tiny = written["gpt3-175b-a100"][1], written["mesh"][1]
+    assert set(full) == set(tiny)
+    assert len(tiny["stages"]) == 1 and tiny["stages"][0]["operators"] is not None
+    assert full["num_gpus"] == 1024 and full["parallel"] is not None
+    what_if = written["what-if"][0]
+    assert what_if.mesh_axes == ["pp", "dp", "cp", "tp"] and what_if.mesh_shape == [4, 4, 2, 2]
+    assert all(s.mesh_axes == ["dp", "cp", "tp"] for s in what_if.stages)

@@ -24,7 +24,7 @@ from planner.models.presets import get_preset, zoo_config
 from planner.parallel import ParallelConfig
 from planner.search import search
 from planner.cli.train import training_plan
-from planner.training_plan import TrainingPlan
+from planner.plan import Plan
 
 REPO = Path(__file__).resolve().parents[3]
 # The read-only shared inputs sit beside the checkout (../shared); TESSEL_SHARED names
@@ -342,7 +342,7 @@ def test_cli_plan_prints_and_writes_launchable_flags(tmp_path: Path, capsys) -> 
     assert PREDICTED_KEYS <= data["predicted"].keys()
     assert check_launch_line(data["megatron_flags"], 1024) == []
     # The file reads back as the plan it was written from.
-    loaded = TrainingPlan.from_json(tmp_path / "plan.json")
+    loaded = Plan.from_json(tmp_path / "plan.json")
     assert loaded.model_dump(mode="json") == data
 
 
