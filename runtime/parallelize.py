@@ -59,12 +59,10 @@ def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_para
         return
     seq = Shard(1) if sequence_parallel else Replicate()
     if stage.embed is not None:
-        if stage.config.tie_embeddings:
-            raise NotImplementedError("tied embeddings with tensor parallelism are not run yet")
         parallelize_module(stage, tp_mesh, {
             "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
         })
-        if sequence_parallel:
+        if sequence_parallel and stage.first_stage:
             stage.scatter_sequence = _SequenceScatter(tp_mesh)
     for block in stage.layers.values():
         attn: StageAttention = block.attn
@@ -93,8 +91,12 @@ def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_para
                 ),
             })
         parallelize_module(block, tp_mesh, plan)
-    if stage.final_norm is not None:
-        plan = {"lm_head": ColwiseParallel(input_layouts=seq, output_layouts=Replicate())}
+    if stage.last_stage:
+        plan = {}
+        if stage.lm_head is not None:
+            plan["lm_head"] = ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
+        else:
+            stage.head_input_layout = seq
         if sequence_parallel:
             plan["final_norm"] = SequenceParallel()
         parallelize_module(stage, tp_mesh, plan)

@@ -3,8 +3,10 @@ hand-built `PipelineStage`s.
 
 gpipe -> ScheduleGPipe, 1f1b -> Schedule1F1B, interleaved -> ScheduleInterleaved1F1B over
 the rank's virtual stages (stage c on pipeline rank c % pp, torch's and Megatron's order).
-Shapes between stages are inferred at the first step (no example tensors), which also
-covers sequence-parallel activations whose local sequence length is s / tp.
+Every stage is given its input and output shapes (meta tensors; `stage_shapes`), so no
+stage infers them by sending metadata at the first step, and the point-to-point traffic
+is only activations forward and their gradients back (static shapes need example
+tensors with requires_grad=True: trap 7 of the gloo notes).
 Gradients are scaled by 1 / micro-batches (`scale_grads=True`), so a step's gradient is
 the mean over the whole batch, as one process computes it.
 """
@@ -42,8 +44,33 @@ def schedule_class(schedule: str, virtual_pipeline: int) -> type:
     return SCHEDULE_CLASSES[schedule]
 
 
+def stage_shapes(
+    index: int, num_stages: int, micro_batch_size: int, seq_length: int, hidden_size: int,
+    vocab_size: int, sequence_shards: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Meta tensors of stage `index`'s input and output for one micro-batch: token ids in
+    to the first stage, logits out of the last, hidden states (a 1/sequence_shards slice
+    of the sequence under sequence parallelism) between."""
+    local = seq_length // sequence_shards
+    hidden = torch.empty(
+        micro_batch_size, local, hidden_size, device="meta", requires_grad=True
+    )
+    if index == 0:
+        inputs = torch.empty(micro_batch_size, seq_length, dtype=torch.long, device="meta")
+    else:
+        inputs = hidden
+    if index == num_stages - 1:
+        outputs = torch.empty(
+            micro_batch_size, seq_length, vocab_size, device="meta", requires_grad=True
+        )
+    else:
+        outputs = hidden
+    return inputs, outputs
+
+
 def build_schedule(
     modules: dict[int, nn.Module],
+    shapes: dict[int, tuple[torch.Tensor, torch.Tensor]],
     num_stages: int,
     schedule: str,
     virtual_pipeline: int,
@@ -52,10 +79,14 @@ def build_schedule(
     pp_group: dist.ProcessGroup,
     device: torch.device,
 ):
-    """The schedule running this rank's stages (`modules`: stage index -> module)."""
+    """The schedule running this rank's stages (`modules`: stage index -> module, `shapes`:
+    stage index -> example input and output, see `stage_shapes`)."""
     cls = schedule_class(schedule, virtual_pipeline)
     stages = [
-        PipelineStage(module, index, num_stages, device, group=pp_group)
+        PipelineStage(
+            module, index, num_stages, device, input_args=shapes[index][0],
+            output_args=shapes[index][1], group=pp_group,
+        )
         for index, module in sorted(modules.items())
     ]
     if cls is ScheduleInterleaved1F1B:

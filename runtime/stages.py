@@ -20,7 +20,7 @@ import zlib
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.utils.checkpoint import checkpoint
 
@@ -106,24 +106,27 @@ def _attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
 class StageModule(nn.Module):
     """Layers [first, last) of the model, plus the embeddings if `first_stage` and the
     final norm and LM head if `last_stage`. Input: token ids (first stage) or hidden
-    states; output: hidden states or logits (last stage)."""
+    states; output: hidden states or logits (last stage).
+
+    With tied embeddings the LM head is the token embedding's weight. A last stage that is
+    not also the first holds its own copy under the same name (``embed.weight``), as
+    Megatron-LM's last stage does; the trainer sums the two copies' gradients over the
+    embedding group (first and last pipeline rank) so they stay equal.
+    """
 
     def __init__(
         self, config: TransformerConfig, layers: tuple[int, int], first_stage: bool,
         last_stage: bool,
     ) -> None:
         super().__init__()
-        if config.tie_embeddings and not (first_stage and last_stage):
-            raise NotImplementedError(
-                "tied embeddings across pipeline stages are not run yet; build the model "
-                "with tie_embeddings=False"
-            )
         if config.is_moe:
             raise NotImplementedError("mixture-of-experts stages are not run yet")
         self.config = config
         self.layer_range = layers
+        self.first_stage, self.last_stage = first_stage, last_stage
         h = config.hidden_size
-        self.embed = nn.Embedding(config.vocab_size, h) if first_stage else None
+        tied_head = last_stage and config.tie_embeddings
+        self.embed = nn.Embedding(config.vocab_size, h) if first_stage or tied_head else None
         self.pos_embed = None
         if first_stage and config.position_embedding == "learned":
             self.pos_embed = nn.Embedding(config.max_position_embeddings, h)
@@ -140,9 +143,12 @@ class StageModule(nn.Module):
             self.lm_head = nn.Linear(h, config.vocab_size, bias=False)
         # Set by tensor parallelism with sequence parallelism: embeddings -> sequence shard.
         self.scatter_sequence = None
+        # Set by tensor parallelism: the layout of the tied head's input (Replicate(), or
+        # Shard(1) under sequence parallelism).
+        self.head_input_layout = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.embed is not None:
+        if self.first_stage:
             ids = x
             x = self.embed(ids)
             if self.pos_embed is not None:
@@ -151,12 +157,24 @@ class StageModule(nn.Module):
                 x = self.scatter_sequence(x)
         for layer in self.layers.values():
             x = layer(x)
-        if self.final_norm is not None:
+        if self.last_stage:
             x = self.final_norm(x)
             if self.lm_head is None:  # tied: the head is the token embedding
-                return F.linear(x, self.embed.weight)
+                return self._tied_head(x)
             x = self.lm_head(x)
         return x
+
+    def _tied_head(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.embed.weight
+        if self.head_input_layout is None or not isinstance(weight, DTensor):
+            return F.linear(x, weight)
+        # Vocabulary-parallel weight: logits column-parallel over the vocabulary, then
+        # gathered for the loss (what ColwiseParallel does for the untied head).
+        mesh = weight.device_mesh
+        if not isinstance(x, DTensor):  # SequenceParallel's norm output already is one
+            x = DTensor.from_local(x, mesh, [self.head_input_layout], run_check=False)
+        logits = F.linear(x.redistribute(mesh, [Replicate()]), weight)
+        return logits.redistribute(mesh, [Replicate()]).to_local()
 
 
 def _norm_like(config: TransformerConfig) -> nn.Module:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -31,7 +32,7 @@ from runtime.parallelize import (
     apply_tensor_parallel,
     keep_gradients_sharded,
 )
-from runtime.schedule import build_schedule
+from runtime.schedule import build_schedule, stage_shapes
 from runtime.spec import RunSpec
 from runtime.stages import build_reference, build_stage, clean_name, materialize
 
@@ -81,13 +82,48 @@ class PipelineTrainer:
             self.modules[index] = stage
         self.is_last = spec.num_stages - 1 in self.modules
         self.is_first = 0 in self.modules
+        shards = spec.degrees.tp if spec.sequence_parallel else 1
+        shapes = {
+            index: stage_shapes(
+                index, spec.num_stages, spec.micro_batch_size, config.seq_length,
+                config.hidden_size, config.vocab_size, shards,
+            )
+            for index in self.modules
+        }
         self.schedule = build_schedule(
-            self.modules, spec.num_stages, spec.schedule, spec.virtual_pipeline,
+            self.modules, shapes, spec.num_stages, spec.schedule, spec.virtual_pipeline,
             spec.num_micro_batches, lm_loss, self.mesh["pp"].get_group(), torch.device("cpu"),
         )
+        self.embedding_group = self._embedding_group()
         self.parameters = [p for m in self.modules.values() for p in m.parameters()]
         self.optimizer = _optimizer(self.parameters, optimizer)
         self.held: dict[str, int] = {}
+
+    def _embedding_group(self) -> dist.ProcessGroup | None:
+        """Megatron's embedding group: the first and last pipeline rank of each pipeline,
+        which both hold the tied token embedding. Every rank creates every group (new_group
+        is collective); a rank keeps the one it is in, if it holds an embedding copy."""
+        if not self.config.tie_embeddings or self.spec.degrees.pp == 1:
+            return None
+        ranks = self.mesh.mesh.reshape(self.spec.degrees.pp, -1)
+        mine = None
+        for column in range(ranks.shape[1]):
+            pair = [int(ranks[0, column]), int(ranks[-1, column])]
+            group = dist.new_group(pair)
+            if dist.get_rank() in pair:
+                mine = group
+        return mine
+
+    def _sum_tied_embedding_gradients(self) -> None:
+        """Both copies of the tied embedding get the sum of their gradients (one all-reduce
+        over the embedding group of each shard), so both take the same step."""
+        if self.embedding_group is None:
+            return
+        for module in self.modules.values():
+            if module.embed is not None:
+                grad = module.embed.weight.grad
+                local = grad.to_local() if isinstance(grad, DTensor) else grad
+                dist.all_reduce(local, group=self.embedding_group)
 
     def _local_batch(self, t: torch.Tensor) -> torch.Tensor:
         dp, index = self.spec.degrees.dp, self.coords["dp"]
@@ -108,6 +144,7 @@ class PipelineTrainer:
         if self.is_last:
             kwargs = {"target": self._local_batch(targets), "losses": losses}
         self.schedule.step(*args, **kwargs)
+        self._sum_tied_embedding_gradients()
         self.held = {
             "parameters": _bytes(self.parameters),
             "gradients": _bytes([p.grad for p in self.parameters if p.grad is not None]),

@@ -22,10 +22,10 @@ from runtime.spec import RunSpec, even_chunks, from_training_plan
 from runtime.stages import build_reference, build_stage, init_parameter, materialize
 from runtime.training import merge_results, relative_errors, train_on_rank, train_reference
 
-GPT = TransformerConfig(
+GPT = TransformerConfig(  # tied embeddings, as GPT and Megatron default to
     num_layers=4, hidden_size=64, num_attention_heads=4, vocab_size=256, seq_length=16,
-    tie_embeddings=False,
 )
+UNTIED_GPT = GPT.model_copy(update={"tie_embeddings": False})
 LLAMA = TransformerConfig(
     num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=2, vocab_size=256,
     seq_length=16, norm="rmsnorm", activation="swiglu", position_embedding="rope", bias=False,
@@ -113,7 +113,7 @@ def test_schedule_names_map_to_torch_schedules() -> None:
         schedule_class("interleaved", 1)
 
 
-@pytest.mark.parametrize("config", [GPT, LLAMA], ids=["gpt", "llama"])
+@pytest.mark.parametrize("config", [GPT, UNTIED_GPT, LLAMA], ids=["gpt", "untied", "llama"])
 def test_stages_get_the_single_process_values_and_compute_the_same(config) -> None:
     reference = build_reference(config, seed=3)
     want = dict(reference.named_parameters())
@@ -123,9 +123,12 @@ def test_stages_get_the_single_process_values_and_compute_the_same(config) -> No
     for stage in (first, last):
         materialize(stage, seed=3)
         got.update(dict(stage.named_parameters()))
+    assert not any(name.startswith("layers.2") for name, _ in first.named_parameters())
     assert set(got) == set(want)
     for name, value in want.items():
         assert torch.equal(got[name], value), name
+    if config.tie_embeddings:  # the last stage holds its own copy of the tied embedding
+        assert torch.equal(last.embed.weight, first.embed.weight)
     tokens = torch.randint(0, config.vocab_size, (2, config.seq_length))
     with torch.no_grad():
         torch.testing.assert_close(last(first(tokens)), reference(tokens), rtol=0, atol=0)
@@ -197,7 +200,7 @@ def test_tp2_dp2_sequence_parallel_llama_trains_as_one_process() -> None:
 
 
 def test_pp2_dp2_interleaved_trains_as_one_process() -> None:
-    _train(GPT, _spec(pp=2, dp=2, virtual=2, schedule="interleaved", recompute="full"))
+    _train(UNTIED_GPT, _spec(pp=2, dp=2, virtual=2, schedule="interleaved", recompute="full"))
 
 
 def test_dp4_zero3_trains_as_one_process_and_shards_every_parameter() -> None:
