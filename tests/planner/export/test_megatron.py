@@ -23,7 +23,7 @@ from planner.cluster import Cluster
 from planner.models.presets import get_preset, zoo_config
 from planner.parallel import ParallelConfig
 from planner.search import search
-from planner.cli.train import training_plan
+from planner.training import training_plan
 from planner.plan import Plan
 
 REPO = Path(__file__).resolve().parents[3]
