@@ -5,7 +5,12 @@ rank, and return each rank's result to the caller.
 an initialized gloo group and returns the results in rank order (tensors travel as numpy
 arrays, as in `runtime.launch`). It calls `elastic_launch` with a `LaunchConfig`; the
 elastic agent starts and watches the workers, and a failing rank raises torch's
-`ChildFailedError`, which names the rank and carries its traceback.
+`ChildFailedError`, which `launch` turns into `runtime.launch.RankError` (one line, the
+rank's traceback in `rank_traceback`) naming the rank that failed first-hand. torch's
+own report names the failure its agent saw first, which is often a peer that only lost
+the failed rank's connection (and it stops the other workers before they report), so each
+rank writes its own exception to a file, and `launch` picks the earliest one that is not a
+lost connection.
 
 Nothing listens beyond loopback, nor at all: the rendezvous is torch's dynamic rendezvous
 over a `FileStore` in a private temporary directory (backend ``tessel-file``, registered
@@ -18,9 +23,12 @@ notes). A real multi-node job uses torchrun's own ``c10d`` rendezvous instead.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
+import time
+import traceback
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -29,12 +37,13 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from runtime.launch import _tree_map_tensors, loopback_interface
+from runtime.launch import RankError, _tree_map_tensors, loopback_interface
 
 __all__ = ["launch"]
 
@@ -84,6 +93,8 @@ def launch(
         results = elastic_launch(config, _worker)(
             fn, str(tmp / "store"), collective_timeout_s, args
         )
+    except ChildFailedError as error:
+        raise _root_cause(error, tmp) from None
     finally:
         if previous is None:
             os.environ.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
@@ -94,6 +105,25 @@ def launch(
         _tree_map_tensors(results[r], torch.from_numpy, numpy_leaves=True)
         for r in range(world_size)
     ]
+
+
+# What a rank reports when it only lost a peer: not the root cause of a failed run.
+_PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+
+
+def _root_cause(error: ChildFailedError, tmp: Path) -> RankError:
+    reports = []
+    for path in sorted((tmp / "store.errors").glob("rank*.json")):
+        report = json.loads(path.read_text())
+        lost_peer = any(m in report["summary"] for m in _PEER_LOST)
+        reports.append((lost_peer, report["time_ns"], report))
+    if reports:
+        _, _, report = min(reports, key=lambda r: r[:2])
+        rank = report["rank"]
+        return RankError(f"rank {rank} failed: {report['summary']}", rank, report["traceback"])
+    rank, failure = min(error.failures.items())  # died without a word (killed, os._exit)
+    summary = " ".join(str(failure.message).split()) or f"exit code {failure.exitcode}"
+    return RankError(f"rank {rank} failed: {summary}", rank, "", failure.exitcode)
 
 
 def forget_parent_meshes() -> None:
@@ -114,6 +144,17 @@ def forget_parent_meshes() -> None:
     _redistribute._gen_transform_infos.cache_clear()
 
 
+def _report(folder: Path, rank: int, error: BaseException) -> None:
+    """Write this rank's exception where `launch` looks for the root cause."""
+    folder.mkdir(exist_ok=True)
+    lines = str(error).strip().splitlines()
+    summary = f"{type(error).__name__}: {' '.join(lines[0].split())}" if lines else type(
+        error).__name__
+    report = {"rank": rank, "summary": summary, "traceback": traceback.format_exc(),
+              "time_ns": time.time_ns()}
+    (folder / f"rank{rank}.json").write_text(json.dumps(report))
+
+
 def _worker(fn, store_path: str, collective_timeout_s: float, args) -> Any:
     forget_parent_meshes()
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -128,7 +169,9 @@ def _worker(fn, store_path: str, collective_timeout_s: float, args) -> Any:
     )
     try:
         result = fn(rank, world_size, *args)
-        dist.barrier()  # no rank tears the group down while a peer still works (trap 8)
-    finally:
-        dist.destroy_process_group()
+    except BaseException as error:
+        _report(Path(store_path + ".errors"), rank, error)
+        raise
+    dist.barrier()  # no rank tears the group down while a peer still works (trap 8)
+    dist.destroy_process_group()
     return _tree_map_tensors(result, lambda t: t.detach().numpy().copy())

@@ -14,6 +14,7 @@ the single-process update of the full parameter.
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ from torch.distributed.tensor import DTensor
 
 from planner.models.config import TransformerConfig
 from runtime.comm_counter import CommCounter
+from runtime.elastic import launch
 from runtime.mesh import build_mesh
 from runtime.parallelize import (
     apply_data_parallel,
@@ -259,3 +261,57 @@ def relative_errors(
     got = torch.cat([params[n].flatten() for n in names])
     want = torch.cat([ref_params[n].flatten() for n in names])
     return loss_err, float((got - want).norm() / want.norm())
+
+
+@dataclass
+class TrainingCheck:
+    """A plan trained on local ranks next to the same steps in one process."""
+
+    world_size: int
+    losses: list[float]
+    reference_losses: list[float]
+    loss_max_abs_error: float
+    loss_max_rel_error: float
+    parameter_max_abs_error: float
+    parameter_rel_error: float
+    """Norm of the difference of all parameters over the reference's norm."""
+    collectives: list[dict[str, dict[str, int]]]
+    """Per rank: kind -> count and bytes, over all steps (point-to-point as send/recv)."""
+    local_bytes: list[dict[str, int]]
+    """Per rank: bytes of parameters, gradients and optimizer state held locally."""
+    coordinates: list[dict[str, int]]
+    """Per rank: its index on each mesh axis."""
+
+    def passed(self, tolerance: float = 1e-4) -> bool:
+        return self.loss_max_rel_error < tolerance and self.parameter_rel_error < tolerance
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def check_training(
+    config: TransformerConfig, spec: RunSpec, steps: int, seed: int = 0,
+    optimizer: str = "sgd",
+) -> TrainingCheck:
+    """Train `spec` for `steps` on `spec.degrees.world_size` local gloo ranks (started by
+    torch's elastic launcher) and in one process; compare losses and final parameters."""
+    results = launch(
+        train_on_rank, spec.degrees.world_size, config, spec, steps, seed, optimizer
+    )
+    losses, params = merge_results(results)
+    ref_losses, ref_params = train_reference(config, spec, steps, seed, optimizer)
+    loss_rel, param_rel = relative_errors(losses, params, ref_losses, ref_params)
+    return TrainingCheck(
+        world_size=spec.degrees.world_size,
+        losses=losses,
+        reference_losses=ref_losses,
+        loss_max_abs_error=max(abs(a - b) for a, b in zip(losses, ref_losses)),
+        loss_max_rel_error=loss_rel,
+        parameter_max_abs_error=max(
+            float((params[n] - ref_params[n]).abs().max()) for n in ref_params
+        ),
+        parameter_rel_error=param_rel,
+        collectives=[r["collectives"] for r in results],
+        local_bytes=[r["local_bytes"] for r in results],
+        coordinates=[r["coords"] for r in results],
+    )

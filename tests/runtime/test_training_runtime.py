@@ -14,13 +14,12 @@ from torch.distributed.tensor import DTensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from planner.models.config import TransformerConfig
-from runtime.elastic import launch
 from runtime.mesh import AXES, Degrees, build_mesh
 from runtime.parallelize import apply_data_parallel, apply_tensor_parallel
 from runtime.schedule import schedule_class
 from runtime.spec import RunSpec, even_chunks, from_training_plan
 from runtime.stages import build_reference, build_stage, init_parameter, materialize
-from runtime.training import merge_results, relative_errors, train_on_rank, train_reference
+from runtime.training import TrainingCheck, check_training
 
 GPT = TransformerConfig(  # tied embeddings, as GPT and Megatron default to
     num_layers=4, hidden_size=64, num_attention_heads=4, vocab_size=256, seq_length=16,
@@ -168,23 +167,20 @@ def test_a_rank_materializes_only_its_tensor_and_data_parallel_shards(fake_world
 # ----- multi-rank: trained on local gloo ranks, compared with one process ---------------
 
 
-def _train(config: TransformerConfig, spec: RunSpec, steps: int = 2):
-    results = launch(train_on_rank, spec.degrees.world_size, config, spec, steps)
-    losses, params = merge_results(results)
-    ref_losses, ref_params = train_reference(config, spec, steps)
-    loss_err, param_err = relative_errors(losses, params, ref_losses, ref_params)
-    for r in results:
-        print(r["coords"], r["collectives"], r["local_bytes"])
-    print(f"loss rel err {loss_err:.2e}, parameter rel err {param_err:.2e}")
-    assert loss_err < TOLERANCE and param_err < TOLERANCE
-    assert losses[1] != losses[0]  # the step moved the model
-    return results
+def _train(config: TransformerConfig, spec: RunSpec, steps: int = 2) -> TrainingCheck:
+    check = check_training(config, spec, steps)
+    for coords, kinds, held in zip(check.coordinates, check.collectives, check.local_bytes):
+        print(coords, kinds, held)
+    print(f"losses {check.losses} vs {check.reference_losses}; rel err loss "
+          f"{check.loss_max_rel_error:.2e}, parameters {check.parameter_rel_error:.2e}")
+    assert check.passed(TOLERANCE)
+    assert check.losses[1] != check.losses[0]  # the step moved the model
+    return check
 
 
 def test_pp2_tp2_dp2_1f1b_trains_as_one_process() -> None:
-    results = _train(GPT, _spec(pp=2, dp=2, tp=2, schedule="1f1b", zero_stage=1))
-    for r in results:
-        kinds = r["collectives"]
+    check = _train(GPT, _spec(pp=2, dp=2, tp=2, schedule="1f1b", zero_stage=1))
+    for kinds in check.collectives:
         # 1F1B moves activations forward and gradients back; FSDP reduce-scatters and
         # all-gathers; tensor parallelism all-reduces.
         assert kinds["send"]["count"] > 0 and kinds["recv"]["count"] > 0
@@ -192,11 +188,11 @@ def test_pp2_tp2_dp2_1f1b_trains_as_one_process() -> None:
 
 
 def test_tp2_dp2_sequence_parallel_llama_trains_as_one_process() -> None:
-    results = _train(LLAMA, _spec(dp=2, tp=2, sequence_parallel=True, recompute="selective"))
-    for r in results:
+    check = _train(LLAMA, _spec(dp=2, tp=2, sequence_parallel=True, recompute="selective"))
+    for kinds in check.collectives:
         # Sequence parallelism: row-parallel outputs reduce-scattered, block inputs gathered.
-        assert r["collectives"]["reduce_scatter"]["count"] > 0
-        assert "send" not in r["collectives"]
+        assert kinds["reduce_scatter"]["count"] > 0
+        assert "send" not in kinds
 
 
 def test_pp2_dp2_interleaved_trains_as_one_process() -> None:
@@ -204,10 +200,48 @@ def test_pp2_dp2_interleaved_trains_as_one_process() -> None:
 
 
 def test_dp4_zero3_trains_as_one_process_and_shards_every_parameter() -> None:
-    results = _train(GPT, _spec(dp=4, micro_batches=2, schedule="gpipe", zero_stage=3))
+    check = _train(GPT, _spec(dp=4, micro_batches=2, schedule="gpipe", zero_stage=3))
     whole = sum(p.numel() * 4 for p in build_reference(GPT, 0).parameters())
-    held = [r["local_bytes"] for r in results]
-    assert sum(h["parameters"] for h in held) == whole
-    assert sum(h["gradients"] for h in held) == whole
-    for r in results:
-        assert set(r["collectives"]) == {"all_gather", "reduce_scatter"}
+    assert sum(h["parameters"] for h in check.local_bytes) == whole
+    assert sum(h["gradients"] for h in check.local_bytes) == whole
+    for kinds in check.collectives:
+        assert set(kinds) == {"all_gather", "reduce_scatter"}
+
+
+def _listening_sockets_of_this_job(rank: int, world_size: int) -> list[str]:
+    """Listening TCP sockets of this rank and of the elastic agent above it, as
+    'address:port' (read from `ss`, which names the owning pids)."""
+    import os
+    import subprocess
+
+    dist.barrier()  # every rank's gloo pairs are up
+    pids = {os.getpid(), os.getppid()}
+    lines = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout.splitlines()
+    found = [
+        line.split()[3] for line in lines
+        if any(f"pid={pid}," in line for pid in pids)
+    ]
+    dist.barrier()
+    return found
+
+
+def test_elastic_launch_listens_on_loopback_only() -> None:
+    from runtime.elastic import launch
+
+    for sockets in launch(_listening_sockets_of_this_job, 2):
+        assert all(address.startswith(("127.0.0.1:", "[::1]:")) for address in sockets), sockets
+
+
+def _fail_on_rank_one(rank: int, world_size: int) -> int:
+    if rank == 1:
+        raise ValueError("rank one fails on purpose")
+    return rank
+
+
+def test_a_failing_rank_is_reported_by_the_launcher() -> None:
+    from runtime.elastic import launch
+    from runtime.launch import RankError
+
+    with pytest.raises(RankError, match="rank 1 failed: .*rank one fails on purpose") as info:
+        launch(_fail_on_rank_one, 2, collective_timeout_s=10)
+    assert "_fail_on_rank_one" in info.value.rank_traceback
