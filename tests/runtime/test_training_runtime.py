@@ -15,7 +15,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from planner.models.config import TransformerConfig
 from runtime.mesh import AXES, Degrees, build_mesh
-from runtime.parallelize import apply_data_parallel, apply_tensor_parallel
+from runtime.parallelize import apply_data_parallel, apply_recompute, apply_tensor_parallel
 from runtime.schedule import schedule_class
 from runtime.spec import RunSpec, even_chunks, from_training_plan
 from runtime.stages import build_reference, build_stage, init_parameter, materialize
@@ -245,3 +245,32 @@ def test_a_failing_rank_is_reported_by_the_launcher() -> None:
     with pytest.raises(RankError, match="rank 1 failed: .*rank one fails on purpose") as info:
         launch(_fail_on_rank_one, 2, collective_timeout_s=10)
     assert "_fail_on_rank_one" in info.value.rank_traceback
+
+
+@pytest.mark.parametrize("recompute, blocks, cores", [
+    ("none", 4, 4), ("full", 8, 8), ("selective", 4, 8),
+])
+def test_recomputation_reruns_the_blocks_or_only_the_attention_cores(
+    monkeypatch, recompute, blocks, cores,
+) -> None:
+    import runtime.stages as stages
+
+    calls = {"blocks": 0, "cores": 0}
+    core = stages._attention_core
+
+    def counted_core(q, k, v):
+        calls["cores"] += 1
+        return core(q, k, v)
+
+    monkeypatch.setattr(stages, "_attention_core", counted_core)
+    stage = build_stage(GPT, (0, 4), first_stage=True, last_stage=True)
+    apply_recompute(stage, recompute)
+    materialize(stage, seed=0)
+    for block in stage.layers.values():
+        # A pre-hook: non-reentrant recomputation stops early, before the MLP returns.
+        block.mlp.register_forward_pre_hook(
+            lambda *_: calls.__setitem__("blocks", calls["blocks"] + 1)
+        )
+    tokens = torch.randint(0, GPT.vocab_size, (2, GPT.seq_length))
+    stage(tokens).sum().backward()
+    assert (calls["blocks"], calls["cores"]) == (blocks, cores)
