@@ -99,14 +99,14 @@ def plan_model(
         program, table, solution, list(mesh_shape), cluster_spec.name,
         name or type(model).__name__,
         profile.cost_source if profile is not None else "analytical",
-        cluster_spec.device.memory_gib * 2**30,
+        cluster_spec.device.memory_gib * 2**30, cluster_spec.devices_per_node,
     )
     return PlannedModel(plan, program, timings)
 
 
 def _assemble(
     program, table, solution: IntraOpSolution, mesh_shape, cluster: str, name: str,
-    cost_source: str, memory_limit: float,
+    cost_source: str, memory_limit: float, devices_per_node: int,
 ) -> Plan:
     def chosen(node: str):
         return table[node].strategies[solution.choices[node]]
@@ -154,6 +154,7 @@ def _assemble(
         model=name,
         cluster=cluster,
         num_gpus=math.prod(mesh),
+        devices_per_node=min(devices_per_node, math.prod(mesh)),
         mesh_axes=logical_axes(len(mesh)),
         mesh_shape=mesh,
         stages=[stage],

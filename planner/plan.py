@@ -204,6 +204,9 @@ class Plan(_Model):
     model: str = Field(description="What was planned (a model spec or class name).")
     cluster: str = Field(description="Cluster preset or file the costs come from.")
     num_gpus: int = Field(ge=1, description="Devices the plan runs on.")
+    devices_per_node: int = Field(default=1, ge=1, description="Devices of one node (scale-up "
+                                  "domain): consecutive ranks share a node, so a launcher "
+                                  "starts this many processes per machine.")
     mesh_axes: list[str] = Field(description="Names of the device mesh's axes, outermost "
                                  "first: pp, dp, cp, tp for a training plan whose stages share "
                                  "one layout; 'device' when stages differ (each has its own).")
@@ -388,15 +391,23 @@ def migrate_v1(data: dict[str, Any]) -> dict[str, Any]:
     breakdown = predicted.get("breakdown") or {}
     axes, shape = training_mesh(parallel["data"], parallel["context"], parallel["tensor"],
                                 [s["mesh_shape"] for s in stages])
+    per_node = _preset_devices_per_node(data["cluster"])
     return {
         **data, "version": SCHEMA_VERSION, "stages": stages, "mesh_axes": axes,
-        "mesh_shape": shape,
+        "mesh_shape": shape, "devices_per_node": min(per_node or 1, data["num_gpus"]),
         "predicted": {**predicted, "compute_s": breakdown.get("compute_s", 0.0),
                       "communication_s": sum(v for k, v in breakdown.items()
                                              if k.endswith("comm_s"))},
         "provenance": {"model_spec": data["model"], "cluster": data["cluster"],
                        "tessel_version": "0.1.0"},
     }
+
+
+def _preset_devices_per_node(cluster: str) -> int | None:
+    """Devices per node of a cluster preset (a version-1 plan did not record them)."""
+    from planner.cluster import Cluster
+
+    return Cluster.load(cluster).devices_per_node if cluster in Cluster.presets() else None
 
 
 def stage_mesh(data: int, context: int, tensor: int) -> tuple[list[str], list[int]]:

@@ -196,7 +196,12 @@ def print_training_plans(plans: list[Plan], console: Console) -> None:
             f"[red]does not fit:[/red] {best.predicted.memory_gib_per_gpu:.1f} GiB per GPU",
         )
     if best.megatron_flags:
+        from planner.export.launch import torchrun_command
+
         console.print("Megatron-LM flags:", highlight=False)
         console.print(" ".join(best.megatron_flags), highlight=False, soft_wrap=True)
+        console.print("launch on every node (MASTER_ADDR: the first node's address):",
+                      highlight=False)
+        console.print(torchrun_command(best), highlight=False, soft_wrap=True, markup=False)
     else:
         console.print(f"not runnable by Megatron-LM: {best.megatron_incompatibility}")
