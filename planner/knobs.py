@@ -42,17 +42,24 @@ def check_knobs(
     """ValueError naming every fixed knob that no plan of `space` can honour on `cluster`
     (its GPU count already set) for `model`, each with its rule."""
     problems = _degree_problems(knobs, model, cluster)
-    precision = knobs.get("precision", "bf16")
+    precision = knobs.get("precision", default_precision(cluster))
     if precision not in cluster.device.peak_tflops:
+        has = ", ".join(sorted(cluster.device.peak_tflops))
         problems.append(
             f"{FLAG['precision']} {precision} needs {precision} tensor cores, which "
-            f"{cluster.device.name} lacks; use {FLAG['precision']} bf16 or a newer cluster"
+            f"{cluster.device.name} lacks; use one it has ({has}) or a newer cluster"
         )
     problems += _schedule_problems(knobs, model, space)
     if not problems:
         problems += _batch_problems(knobs, model, cluster, global_batch_size)
     if problems:
         raise ValueError("; ".join(problems) + ".")
+
+
+def default_precision(cluster: Cluster) -> str:
+    """The matmul precision a plan uses unless told: bf16 where the device has it (mixed
+    precision, as Megatron-LM trains), else fp32 (a CPU)."""
+    return "bf16" if "bf16" in cluster.device.peak_tflops else "fp32"
 
 
 def _degree_problems(

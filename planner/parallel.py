@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 RECOMPUTE = ("none", "selective", "full")
-PRECISIONS = ("bf16", "fp16", "fp8")
+PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
@@ -51,8 +51,9 @@ class ParallelConfig:
     """Reduce gradients in buckets during the backward pass (--overlap-grad-reduce);
     off, the reduction runs after the last micro-batch's backward."""
     precision: str = "bf16"
-    """Matmul precision: bf16 (--bf16), fp16 (--fp16) or fp8 (Transformer Engine's
-    --fp8-format hybrid, with bf16 elsewhere; on devices with fp8 tensor cores)."""
+    """Matmul precision: bf16 (--bf16), fp16 (--fp16), fp8 (Transformer Engine's
+    --fp8-format hybrid, with bf16 elsewhere; on devices with fp8 tensor cores) or fp32
+    (Megatron-LM's default without either flag; what CPUs run)."""
 
     @property
     def model_parallel(self) -> int:

@@ -19,7 +19,7 @@ from planner.cli.errors import UsageError
 from planner.cli.model_args import load
 from planner.cli.parallel_flags import fixed_knobs, is_what_if, what_if_config
 from planner.cluster import Cluster
-from planner.knobs import check_knobs
+from planner.knobs import check_knobs, default_precision
 from planner.models.config import TransformerConfig
 from planner.plan import Plan
 from planner.training import training_plan
@@ -44,6 +44,7 @@ def run_training(args: argparse.Namespace, cluster: Cluster, console: Console) -
     model = transformer_config(loaded)
     knobs = fixed_knobs(args, model.num_layers)
     check_knobs(knobs, model, cluster, args.global_batch_size, args.space)
+    knobs.setdefault("precision", default_precision(cluster))
     collectives, timings = _intra_op_collectives(args, loaded, model, cluster, console)
     if is_what_if(knobs):
         plans = [training_plan(args.model, model, cluster,

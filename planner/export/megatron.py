@@ -64,7 +64,7 @@ def megatron_flags(
         flags.append("--disable-bias-linear")
     if model.num_experts is not None:
         flags += [f"--num-experts {model.num_experts}", f"--moe-router-topk {model.moe_top_k}"]
-    flags += {"bf16": ["--bf16"], "fp16": ["--fp16"],
+    flags += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": [],
               "fp8": ["--bf16", "--fp8-format hybrid"]}[parallel.precision]
     flags += [
         f"--tensor-model-parallel-size {parallel.tensor}",

@@ -277,6 +277,9 @@ CLI_PLANS = {
                         "--global-batch-size", "1024"],
     "mixtral-h100-megatron": ["mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "64",
                               "--global-batch-size", "256", "--space", "megatron"],
+    "cpu": ["llama", "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+            "--vocab-size", "256", "--seq-length", "16", "--gpus", "8",
+            "--global-batch-size", "8"],
     "what-if": ["gpt3-13b", "--cluster", "dgx-a100-80g", "--gpus", "64",
                 "--global-batch-size", "512", "--tensor-model-parallel-size", "2",
                 "--pipeline-model-parallel-size", "4", "--micro-batch-size", "2",
@@ -313,3 +316,11 @@ def test_a_full_size_and_a_tiny_plan_are_one_schema(written) -> None:
     what_if = written["what-if"][0]
     assert what_if.mesh_axes == ["pp", "dp", "cp", "tp"] and what_if.mesh_shape == [4, 4, 2, 2]
     assert all(s.mesh_axes == ["dp", "cp", "tp"] for s in what_if.stages)
+
+
+def test_a_plan_for_the_cpu_cluster_runs_fp32(written) -> None:
+    """A device without bf16 (the CPU preset) gets fp32 plans, not a refusal."""
+    plan = written["cpu"][0]
+    assert plan.precision == "fp32" and plan.cluster == "cpu" and plan.devices_per_node == 8
+    assert written["gpt3-175b-a100"][0].precision == "bf16"
+    assert "--bf16" not in " ".join(plan.megatron_flags or [])
