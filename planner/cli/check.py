@@ -12,6 +12,7 @@ from rich.table import Table
 from planner.cli.console import console
 from planner.cli.errors import UsageError
 from planner.cli.model_args import load
+from planner.check import RELATIVE_TOLERANCE
 from planner.cli.plan import mesh_for, plan_on_mesh, print_plan
 from planner.cluster import Cluster
 
@@ -25,6 +26,8 @@ def run_check(args: argparse.Namespace) -> int:
     from planner.check import check_plan
 
     cluster = Cluster.load(args.cluster)
+    if args.gpus is not None:
+        return run_training_check(args, cluster)
     ranks = math.prod(mesh_for(args, cluster))
     if ranks > MAX_LOCAL_RANKS:
         raise UsageError(
@@ -82,3 +85,58 @@ def print_check(report) -> None:
         console.print(f"  {line}")
 
 
+def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
+    """`plan check MODEL --gpus N ...`: plan (keeping the knobs given), train the best plan
+    on N local gloo ranks and the same steps in one process, and compare."""
+    from planner.cli.train import plan_training, print_training_plans
+
+    if args.mesh is not None:
+        raise UsageError("--mesh checks an operator-level plan and --gpus a training plan; "
+                         "give one of the two")
+    if args.gpus > MAX_LOCAL_RANKS:
+        raise UsageError(
+            f"--gpus {args.gpus}: plan check runs each rank as a process on this machine "
+            f"(at most {MAX_LOCAL_RANKS}); check a smaller plan"
+        )
+    if args.model.startswith("hf:"):
+        raise UsageError(
+            f"plan check --gpus trains zoo transformers for now; check {args.model} operator "
+            "by operator with --mesh, or give its shape (llama/gpt/mixtral with shape flags)"
+        )
+    plans, model = plan_training(args, cluster, console, top=1)
+    print_training_plans(plans, console)
+    from runtime.spec import from_training_plan
+    from runtime.training import check_training
+
+    plan = plans[0]
+    spec = from_training_plan(plan)
+    with console.status(f"training {args.steps} steps on {plan.num_gpus} gloo ranks"):
+        report = check_training(model, spec, args.steps)
+    print_training_check(report, args.steps)
+    if args.json:
+        Path(args.json).write_text(json.dumps(
+            {"plan": json.loads(plan.to_json()), "check": report.to_dict()}, indent=2) + "\n")
+        console.print(f"report written to {args.json}")
+    return 0 if report.passed(RELATIVE_TOLERANCE) else 1
+
+
+def print_training_check(report, steps: int) -> None:
+    table = Table(title=f"check over {steps} steps on {report.world_size} ranks")
+    for column in ("step", "loss (plan)", "loss (one process)"):
+        table.add_column(column, justify="right")
+    for step, (got, want) in enumerate(zip(report.losses, report.reference_losses)):
+        table.add_row(str(step), f"{got:.8f}", f"{want:.8f}")
+    console.print(table)
+    comm = Table(title="collectives of the whole check, rank 0 (count x, bytes)")
+    for column in ("kind", "measured"):
+        comm.add_column(column)
+    for kind, stats in sorted(report.collectives[0].items()):
+        comm.add_row(kind, f"{stats['count']} x, {stats['bytes']:,} B")
+    console.print(comm)
+    passed = report.passed(RELATIVE_TOLERANCE)
+    verdict = "[green]PASSED[/green]" if passed else "[red]FAILED[/red]"
+    console.print(
+        f"{verdict}: losses within {report.loss_max_rel_error:.3e} (relative), parameters "
+        f"within {report.parameter_rel_error:.3e} (relative norm) of one process",
+        highlight=False,
+    )

@@ -50,12 +50,15 @@ def _check_parser() -> argparse.ArgumentParser:
 
     parser = Parser(
         prog="plan check",
-        description="Plan, train on gloo ranks and on one process, and compare.",
+        description="Plan, train on gloo ranks and on one process, and compare: an "
+        "operator-level plan (--mesh) or a training plan (--gpus N --global-batch-size B "
+        "and knobs; zoo transformers).",
     )
     add_model_arguments(parser)
     add_mesh_arguments(parser)
     parser.add_argument("--steps", type=whole(1, MAX_STEPS), default=3,
                         help="training steps (default 3)")
+    add_parallel_flags(parser)
     return parser
 
 

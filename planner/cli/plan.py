@@ -42,7 +42,15 @@ def parse_mesh(text: str) -> tuple[int, ...]:
 
 
 def mesh_for(args: argparse.Namespace, cluster: Cluster) -> tuple[int, ...]:
-    """The --mesh shape (default 4), which must fit in the cluster's devices."""
+    """The --mesh shape (default 4), which must fit in the cluster's devices; UsageError
+    for training-plan flags, which an operator-level plan has no use for."""
+    given = training_flags_given(args)
+    if given:
+        raise UsageError(
+            f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only to training "
+            "plans: add --gpus N "
+            "--global-batch-size B (a --mesh plan chooses every operator's sharding itself)"
+        )
     mesh = parse_mesh(args.mesh or "4")
     if math.prod(mesh) > cluster.num_devices:
         raise UsageError(
@@ -93,13 +101,6 @@ def run_plan(args: argparse.Namespace) -> int:
                 "asks for a training plan of a cluster; give one of the two"
             )
         return run_training(args, cluster, console)
-    given = training_flags_given(args)
-    if given:
-        raise UsageError(
-            f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only to training "
-            "plans: add --gpus N "
-            "--global-batch-size B (a --mesh plan chooses every operator's sharding itself)"
-        )
     mesh_for(args, cluster)  # before loading the model: a bad mesh costs nothing
     planned = plan_on_mesh(args, load(args), cluster)
     print_plan(planned)

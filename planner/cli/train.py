@@ -34,6 +34,20 @@ def run_training(args: argparse.Namespace, cluster: Cluster, console: Console) -
     """Predict (all of tensor, pipeline and micro-batch given) or search, print the plans
     and write the best as JSON. Every knob is checked against the model and the cluster
     before any search; UsageError when the best plan does not fit or nothing does."""
+    plans, _ = plan_training(args, cluster, console)
+    print_training_plans(plans, console)
+    if args.json:
+        plans[0].to_json(args.json)
+        console.print(f"plan written to {args.json}")
+    _refuse_what_does_not_fit(plans[0], cluster.with_devices(args.gpus))
+    return 0
+
+
+def plan_training(
+    args: argparse.Namespace, cluster: Cluster, console: Console, top: int | None = None,
+) -> tuple[list[Plan], TransformerConfig]:
+    """The best plans (at most `top`, default --top) for the command line's model, cluster
+    and knobs, best first, and the model's shape."""
     if args.global_batch_size is None:
         raise UsageError("--gpus needs --global-batch-size (sequences per optimizer step)")
     try:
@@ -47,35 +61,33 @@ def run_training(args: argparse.Namespace, cluster: Cluster, console: Console) -
     knobs.setdefault("precision", default_precision(cluster))
     collectives, timings = _intra_op_collectives(args, loaded, model, cluster, console)
     if is_what_if(knobs):
-        plans = [training_plan(args.model, model, cluster,
-                               what_if_config(knobs, args.global_batch_size),
-                               collectives=collectives)]
-    else:
-        result = _search_with_progress(args, model, cluster, knobs, console, collectives)
-        if not result.ranked:
-            raise UsageError(_no_fit(args, model, cluster, knobs))
-        plans = [
-            training_plan(args.model, model, cluster, candidate.parallel,
-                          list(candidate.layers_per_stage), candidate.stages, collectives,
-                          prediction)
-            for candidate, prediction in result.ranked[: args.top]
-        ]
-        timings = {**timings, **result.timings}
-        console.print(f"searched {result.evaluated:,} configurations in "
-                      + ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in timings.items()),
-                      highlight=False)
-    print_training_plans(plans, console)
-    if args.json:
-        plans[0].to_json(args.json)
-        console.print(f"plan written to {args.json}")
-    if not plans[0].predicted.fits:
+        return [training_plan(args.model, model, cluster,
+                              what_if_config(knobs, args.global_batch_size),
+                              collectives=collectives)], model
+    result = _search_with_progress(args, model, cluster, knobs, console, collectives)
+    if not result.ranked:
+        raise UsageError(_no_fit(args, model, cluster, knobs))
+    plans = [
+        training_plan(args.model, model, cluster, candidate.parallel,
+                      list(candidate.layers_per_stage), candidate.stages, collectives,
+                      prediction)
+        for candidate, prediction in result.ranked[: top or args.top]
+    ]
+    timings = {**timings, **result.timings}
+    console.print(f"searched {result.evaluated:,} configurations in "
+                  + ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in timings.items()),
+                  highlight=False)
+    return plans, model
+
+
+def _refuse_what_does_not_fit(plan: Plan, cluster: Cluster) -> None:
+    if not plan.predicted.fits:
         raise UsageError(
-            f"the configuration asked for needs {plans[0].predicted.memory_gib_per_gpu:.1f} "
+            f"the configuration asked for needs {plan.predicted.memory_gib_per_gpu:.1f} "
             f"GiB per GPU, more than the {cluster.device.memory_gib:g} GiB of a "
             f"{cluster.device.name}; relax a knob (recomputation, micro-batch, ZeRO stage) or "
             "leave it to the search"
         )
-    return 0
 
 
 def transformer_config(loaded: LoadedModel) -> TransformerConfig:

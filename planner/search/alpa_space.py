@@ -152,9 +152,10 @@ def _best_stages(
     groups = model.num_layers // group
     micro_batches = shared.global_batch_size // shared.micro_batch_size
     pipeline = fixed.get("pipeline")
-    most = pipeline or min(MAX_STAGES, groups, cluster.num_devices)
-    if most > groups:
-        return None  # more stages than layer groups: the Megatron space covers it
+    # At most one stage per micro-batch: fewer never fill the pipeline (see megatron_space).
+    most = pipeline or min(MAX_STAGES, groups, cluster.num_devices, micro_batches)
+    if most > min(groups, micro_batches):
+        return None  # more stages than layer groups or micro-batches
     costs = np.full((groups, groups + 1, len(sizes), most), np.inf)
     meshes: list[list[tuple[int, int]]] = []
     capacity = cluster.device.memory_gib * 2**30 - FRAMEWORK_RESERVE_BYTES

@@ -187,6 +187,10 @@ def _schedules(
     if p == 1:
         schedule = fixed.get("schedule", "1f1b")
         return [] if schedule == "interleaved" else [(schedule, 1)]
+    if m < p:
+        # Fewer micro-batches than stages never fill the pipeline, and torch's schedules
+        # (what the runtime runs) refuse them.
+        return []
     chunks = [fixed["virtual_pipeline"]] if "virtual_pipeline" in fixed else VIRTUAL_STAGES
     options = [("interleaved", v) for v in chunks if m % p == 0 and (num_layers // p) % v == 0]
     if "virtual_pipeline" not in fixed:

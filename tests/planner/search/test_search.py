@@ -99,3 +99,16 @@ def test_a_prime_depth_gives_a_bounded_number_of_uneven_splits() -> None:
     assert 1 <= len(splits) <= MAX_UNEVEN_SPLITS
     assert all(sum(s) == 16381 and s[0] <= s[1] >= s[2] for s in splits)
     assert splits[0] == (5460, 5461, 5460)
+
+
+@pytest.mark.parametrize("space", ["megatron", "auto"])
+def test_every_pipelined_plan_has_a_micro_batch_per_stage(space: str) -> None:
+    """Fewer micro-batches than stages never fill a pipeline; torch's schedules, which the
+    runtime runs, refuse them. A small batch on many GPUs is where the search met them."""
+    cluster = Cluster.load("dgx-a100-80g").with_devices(16)
+    ranked = search(get_preset("gpt3-1.3b"), cluster, 16, {}, space).ranked
+    assert ranked
+    for candidate, _ in ranked:
+        stages = len(candidate.stages) if candidate.stages else candidate.parallel.pipeline
+        whole = candidate.parallel.micro_batch_size * candidate.parallel.data
+        assert stages == 1 or 16 // whole >= stages, candidate
