@@ -24,4 +24,6 @@ test: venv
 demo: venv
 	$(BIN)/plan gpt3-175b --cluster dgx-a100-80g --gpus 1024 --global-batch-size 1536
 	$(BIN)/plan check demo:mlp --mesh 4 --steps 3
-	$(BIN)/plan demo:gpt --mesh 2x2
+	$(BIN)/plan check llama --num-layers 4 --hidden-size 64 --num-attention-heads 4 \
+		--vocab-size 256 --seq-length 16 --gpus 8 --global-batch-size 16 \
+		--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --steps 3
