@@ -2,7 +2,11 @@
 hand-built `PipelineStage`s.
 
 gpipe -> ScheduleGPipe, 1f1b -> Schedule1F1B, interleaved -> ScheduleInterleaved1F1B over
-the rank's virtual stages (stage c on pipeline rank c % pp, torch's and Megatron's order).
+the rank's virtual stages (stage c on pipeline rank c % pp, torch's and Megatron's order);
+and torch's zero-bubble schedules: interleaved_zb -> ScheduleInterleavedZeroBubble (same
+order), zbv -> ScheduleZBVZeroBubble (two stages per rank in V order). Zero-bubble
+schedules write weight gradients by hand, which DDP's hooks never see (trap 1); data
+parallelism here is FSDP2, whose schedules-aware hooks reduce them.
 Every stage is given its input and output shapes (meta tensors; `stage_shapes`), so no
 stage infers them by sending metadata at the first step, and the point-to-point traffic
 is only activations forward and their gradients back (static shapes need example
@@ -23,25 +27,31 @@ from torch.distributed.pipelining import (
     Schedule1F1B,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+    ScheduleZBVZeroBubble,
 )
 
 SCHEDULE_CLASSES = {
     "gpipe": ScheduleGPipe,
     "1f1b": Schedule1F1B,
     "interleaved": ScheduleInterleaved1F1B,
+    "interleaved_zb": ScheduleInterleavedZeroBubble,
+    "zbv": ScheduleZBVZeroBubble,
 }
+_MULTI_STAGE = (ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble)
 
 
 def schedule_class(schedule: str, virtual_pipeline: int) -> type:
     """The torch schedule class a plan's schedule name maps to."""
     if schedule not in SCHEDULE_CLASSES:
         raise ValueError(f"unknown schedule {schedule!r}; one of {', '.join(SCHEDULE_CLASSES)}")
-    if (schedule == "interleaved") != (virtual_pipeline > 1):
+    cls = SCHEDULE_CLASSES[schedule]
+    if (cls in _MULTI_STAGE) != (virtual_pipeline > 1):
         raise ValueError(
             f"schedule {schedule!r} with {virtual_pipeline} virtual stages per rank: the "
-            f"interleaved schedule needs more than one, the others exactly one"
+            f"interleaved and zero-bubble schedules need more than one, the others one"
         )
-    return SCHEDULE_CLASSES[schedule]
+    return cls
 
 
 def stage_shapes(
@@ -89,7 +99,7 @@ def build_schedule(
         )
         for index, module in sorted(modules.items())
     ]
-    if cls is ScheduleInterleaved1F1B:
+    if cls in _MULTI_STAGE:
         return cls(stages, num_micro_batches, loss_fn=loss_fn, scale_grads=True)
     (stage,) = stages
     return cls(stage, num_micro_batches, loss_fn=loss_fn, scale_grads=True)

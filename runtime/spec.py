@@ -12,7 +12,10 @@ from dataclasses import dataclass
 
 from runtime.mesh import Degrees
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "interleaved_zb", "zbv")
+"""The plan's three, and torch's two zero-bubble schedules (Qi et al. 2024): interleaved
+zero bubble (loop order) and ZBV (two chunks per rank in V order)."""
+MULTI_CHUNK = ("interleaved", "interleaved_zb", "zbv")
 RECOMPUTE = ("none", "selective", "full")
 
 
@@ -22,8 +25,9 @@ class RunSpec:
 
     degrees: Degrees
     chunks: tuple[tuple[int, int], ...]
-    """Transformer layers [first, last) of every pipeline chunk, in model order; chunk c
-    runs on pipeline rank c % pp (Megatron's interleaved order). pp x virtual chunks."""
+    """Transformer layers [first, last) of every pipeline chunk, in model order; pp x
+    virtual chunks. Chunk c runs on pipeline rank c % pp (Megatron's interleaved order), or
+    for ZBV in V order: rank c for c < pp, then back, rank 2pp - 1 - c."""
     micro_batch_size: int
     num_micro_batches: int
     schedule: str = "1f1b"
@@ -46,14 +50,16 @@ class RunSpec:
                 f"{len(self.chunks)} chunks for pipeline {d.pp} x virtual "
                 f"{self.virtual_pipeline}"
             )
-        if self.virtual_pipeline > 1 and self.schedule != "interleaved":
-            problems.append("virtual stages need the interleaved schedule")
+        if self.virtual_pipeline > 1 and self.schedule not in MULTI_CHUNK:
+            problems.append("virtual stages need an interleaved (or zbv) schedule")
+        if self.schedule == "zbv" and self.virtual_pipeline != 2:
+            problems.append("zbv runs exactly 2 chunks per pipeline rank (virtual 2)")
         if self.schedule == "1f1b" and d.pp > 1 and self.num_micro_batches < d.pp:
             problems.append(
                 f"1F1B needs at least as many micro-batches ({self.num_micro_batches}) "
                 f"as stages ({d.pp})"
             )
-        if self.schedule == "interleaved" and self.num_micro_batches % d.pp:
+        if self.schedule.startswith("interleaved") and self.num_micro_batches % d.pp:
             problems.append(
                 f"interleaved 1F1B needs micro-batches ({self.num_micro_batches}) in "
                 f"multiples of the pipeline degree ({d.pp})"
@@ -74,8 +80,14 @@ class RunSpec:
         """Pipeline stages torch's schedules see: pp x virtual."""
         return len(self.chunks)
 
+    def stage_rank(self, index: int) -> int:
+        """The pipeline rank that runs stage (chunk) `index`."""
+        return next(r for r in range(self.degrees.pp) if index in self.stage_indices(r))
+
     def stage_indices(self, pp_rank: int) -> list[int]:
         """The pipeline stages (chunks) pipeline rank `pp_rank` runs, in order."""
+        if self.schedule == "zbv":
+            return [pp_rank, 2 * self.degrees.pp - 1 - pp_rank]
         return list(range(pp_rank, self.num_stages, self.degrees.pp))
 
 

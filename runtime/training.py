@@ -102,30 +102,39 @@ class PipelineTrainer:
         self.held: dict[str, int] = {}
 
     def _embedding_group(self) -> dist.ProcessGroup | None:
-        """Megatron's embedding group: the first and last pipeline rank of each pipeline,
-        which both hold the tied token embedding. Every rank creates every group (new_group
-        is collective); a rank keeps the one it is in, if it holds an embedding copy."""
-        if not self.config.tie_embeddings or self.spec.degrees.pp == 1:
+        """Megatron's embedding group: the pipeline ranks of the first and the last stage,
+        which both hold the tied token embedding, one group per pipeline. Every rank
+        creates every group (new_group is collective) and keeps the one it is in. None when
+        one rank runs both stages (no pipeline, or ZBV's V order)."""
+        spec = self.spec
+        first, last = spec.stage_rank(0), spec.stage_rank(spec.num_stages - 1)
+        if not self.config.tie_embeddings or first == last:
             return None
-        ranks = self.mesh.mesh.reshape(self.spec.degrees.pp, -1)
+        ranks = self.mesh.mesh.reshape(spec.degrees.pp, -1)
         mine = None
         for column in range(ranks.shape[1]):
-            pair = [int(ranks[0, column]), int(ranks[-1, column])]
+            pair = [int(ranks[first, column]), int(ranks[last, column])]
             group = dist.new_group(pair)
             if dist.get_rank() in pair:
                 mine = group
         return mine
 
     def _sum_tied_embedding_gradients(self) -> None:
-        """Both copies of the tied embedding get the sum of their gradients (one all-reduce
-        over the embedding group of each shard), so both take the same step."""
-        if self.embedding_group is None:
+        """Both copies of a tied embedding get the sum of their gradients, so both take the
+        same step: added locally when one rank holds both, else one all-reduce over the
+        embedding group per shard."""
+        if not self.config.tie_embeddings or self.spec.num_stages == 1:
             return
+        grads = []
         for module in self.modules.values():
             if module.embed is not None:
                 grad = module.embed.weight.grad
-                local = grad.to_local() if isinstance(grad, DTensor) else grad
-                dist.all_reduce(local, group=self.embedding_group)
+                grads.append(grad.to_local() if isinstance(grad, DTensor) else grad)
+        if len(grads) == 2:
+            grads[0].add_(grads[1])
+            grads[1].copy_(grads[0])
+        elif grads and self.embedding_group is not None:
+            dist.all_reduce(grads[0], group=self.embedding_group)
 
     def _local_batch(self, t: torch.Tensor) -> torch.Tensor:
         dp, index = self.spec.degrees.dp, self.coords["dp"]

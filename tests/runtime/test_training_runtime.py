@@ -9,7 +9,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.pipelining import (
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+    ScheduleZBVZeroBubble,
+)
 from torch.distributed.tensor import DTensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -82,9 +88,15 @@ def test_stage_split_and_interleaved_ownership() -> None:
     assert spec.chunks == ((0, 1), (1, 2), (2, 3), (3, 4))
     assert spec.stage_indices(0) == [0, 2] and spec.stage_indices(1) == [1, 3]
     assert spec.global_batch_size == 4
+    assert [spec.stage_rank(c) for c in range(4)] == [0, 1, 0, 1]
+    zbv = _spec(pp=2, virtual=2, schedule="zbv")  # V order: 0 1 | 1 0
+    assert zbv.stage_indices(0) == [0, 3] and zbv.stage_indices(1) == [1, 2]
+    assert [zbv.stage_rank(c) for c in range(4)] == [0, 1, 1, 0]
+    with pytest.raises(ValueError, match="exactly 2 chunks"):
+        _spec(pp=2, virtual=1, schedule="zbv")
     with pytest.raises(ValueError, match="1F1B needs at least"):
         _spec(pp=4, micro_batches=2, schedule="1f1b")
-    with pytest.raises(ValueError, match="interleaved schedule"):
+    with pytest.raises(ValueError, match="virtual stages need an interleaved"):
         RunSpec(degrees=Degrees(pp=2), chunks=even_chunks(4, 4), micro_batch_size=1,
                 num_micro_batches=2, virtual_pipeline=2)
 
@@ -108,6 +120,8 @@ def test_schedule_names_map_to_torch_schedules() -> None:
     assert schedule_class("gpipe", 1) is ScheduleGPipe
     assert schedule_class("1f1b", 1) is Schedule1F1B
     assert schedule_class("interleaved", 2) is ScheduleInterleaved1F1B
+    assert schedule_class("interleaved_zb", 2) is ScheduleInterleavedZeroBubble
+    assert schedule_class("zbv", 2) is ScheduleZBVZeroBubble
     with pytest.raises(ValueError, match="virtual"):
         schedule_class("interleaved", 1)
 
@@ -167,8 +181,10 @@ def test_a_rank_materializes_only_its_tensor_and_data_parallel_shards(fake_world
 # ----- multi-rank: trained on local gloo ranks, compared with one process ---------------
 
 
-def _train(config: TransformerConfig, spec: RunSpec, steps: int = 2) -> TrainingCheck:
-    check = check_training(config, spec, steps)
+def _train(
+    config: TransformerConfig, spec: RunSpec, steps: int = 2, optimizer: str = "sgd",
+) -> TrainingCheck:
+    check = check_training(config, spec, steps, optimizer=optimizer)
     for coords, kinds, held in zip(check.coordinates, check.collectives, check.local_bytes):
         print(coords, kinds, held)
     print(f"losses {check.losses} vs {check.reference_losses}; rel err loss "
@@ -199,11 +215,21 @@ def test_pp2_dp2_interleaved_trains_as_one_process() -> None:
     _train(UNTIED_GPT, _spec(pp=2, dp=2, virtual=2, schedule="interleaved", recompute="full"))
 
 
-def test_dp4_zero3_trains_as_one_process_and_shards_every_parameter() -> None:
-    check = _train(GPT, _spec(dp=4, micro_batches=2, schedule="gpipe", zero_stage=3))
+def test_pp2_dp2_zbv_zero_bubble_trains_as_one_process() -> None:
+    # Zero-bubble weight gradients are written by hand: FSDP2 still reduces them (DDP would
+    # not, trap 1). The tied embedding's two copies are both on pipeline rank 0 (V order).
+    _train(GPT, _spec(pp=2, dp=2, virtual=2, schedule="zbv", zero_stage=1))
+
+
+def test_dp4_zero3_adamw_trains_as_one_process_and_shards_every_parameter() -> None:
+    check = _train(
+        GPT, _spec(dp=4, micro_batches=2, schedule="gpipe", zero_stage=3), optimizer="adamw"
+    )
     whole = sum(p.numel() * 4 for p in build_reference(GPT, 0).parameters())
     assert sum(h["parameters"] for h in check.local_bytes) == whole
     assert sum(h["gradients"] for h in check.local_bytes) == whole
+    for held in check.local_bytes:  # AdamW: two moments per parameter element
+        assert held["optimizer"] == 2 * held["parameters"]
     for kinds in check.collectives:
         assert set(kinds) == {"all_gather", "reduce_scatter"}
 
