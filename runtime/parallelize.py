@@ -57,6 +57,8 @@ def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_para
     tp = tp_mesh.size()
     if tp == 1:
         return
+    if stage.config.is_moe:
+        raise NotImplementedError("tensor parallelism of mixture-of-experts MLPs is not run yet")
     seq = Shard(1) if sequence_parallel else Replicate()
     if stage.embed is not None:
         parallelize_module(stage, tp_mesh, {
@@ -143,17 +145,22 @@ def apply_recompute(stage: StageModule, recompute: str) -> None:
             block.attn.recompute_core = True
 
 
-def apply_data_parallel(stage: StageModule, dp_mesh: DeviceMesh, zero_stage: int) -> None:
+def apply_data_parallel(
+    stage: StageModule, dp_mesh: DeviceMesh, zero_stage: int,
+    ignored: set[nn.Parameter] | None = None,
+) -> None:
     """FSDP2 on `dp_mesh`, per block and at the stage root, with the ZeRO stage mapped as
-    the module docstring says."""
+    the module docstring says; `ignored` parameters (expert-parallel experts) are left
+    alone."""
     if dp_mesh.size() == 1:
         return
+    ignored = ignored or None
     if zero_stage == 0:
         for block in stage.layers.values():
-            replicate(block, mesh=dp_mesh)
-        replicate(stage, mesh=dp_mesh)
+            replicate(block, mesh=dp_mesh, ignored_params=ignored)
+        replicate(stage, mesh=dp_mesh, ignored_params=ignored)
         return
     reshard = zero_stage == 3
     for block in stage.layers.values():
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
-    fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard)
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, ignored_params=ignored)
+    fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard, ignored_params=ignored)

@@ -35,6 +35,9 @@ class RunSpec:
     sequence_parallel: bool = False
     zero_stage: int = 0
     recompute: str = "none"
+    expert: int = 1
+    """Expert-parallel degree, carved out of the data-parallel ranks (Megatron's
+    --expert-model-parallel-size); see `runtime.experts`."""
 
     def __post_init__(self) -> None:
         d = self.degrees
@@ -66,6 +69,12 @@ class RunSpec:
             )
         if self.sequence_parallel and d.tp == 1:
             problems.append("sequence parallelism needs a tensor-parallel degree above 1")
+        if d.dp % self.expert:
+            problems.append(
+                f"expert parallelism ({self.expert}) must divide data parallelism ({d.dp})"
+            )
+        if self.expert > 1 and d.tp > 1:
+            problems.append("expert parallelism with tensor parallelism is not run yet")
         if d.cp != 1:
             problems.append("context parallelism is not run yet (cp must be 1)")
         if problems:
@@ -115,8 +124,6 @@ def from_training_plan(plan) -> RunSpec:
     """
     p = plan.parallel
     degrees = Degrees(pp=p.pipeline, dp=p.data, cp=p.context, tp=p.tensor)
-    if p.expert != 1:
-        raise ValueError("expert parallelism is not run yet (expert must be 1)")
     stages = [tuple(stage.layers) for stage in plan.stages]
     if p.virtual_pipeline == 1:
         chunks = tuple(stages)
@@ -139,4 +146,5 @@ def from_training_plan(plan) -> RunSpec:
         sequence_parallel=p.sequence_parallel,
         zero_stage=p.zero_stage,
         recompute=plan.recompute,
+        expert=p.expert,
     )

@@ -119,8 +119,6 @@ class StageModule(nn.Module):
         last_stage: bool,
     ) -> None:
         super().__init__()
-        if config.is_moe:
-            raise NotImplementedError("mixture-of-experts stages are not run yet")
         self.config = config
         self.layer_range = layers
         self.first_stage, self.last_stage = first_stage, last_stage

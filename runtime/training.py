@@ -27,6 +27,13 @@ from torch.distributed.tensor import DTensor
 from planner.models.config import TransformerConfig
 from runtime.comm_counter import CommCounter
 from runtime.elastic import launch
+from runtime.experts import (
+    EXPERT_MARK,
+    apply_expert_parallel,
+    expert_mesh,
+    expert_parameters,
+    reduce_expert_gradients,
+)
 from runtime.mesh import build_mesh
 from runtime.parallelize import (
     apply_data_parallel,
@@ -70,15 +77,19 @@ class PipelineTrainer:
         coordinate = self.mesh.get_coordinate()
         assert coordinate is not None
         self.coords = dict(zip(self.mesh.mesh_dim_names, coordinate))
+        self.expert_mesh = expert_mesh(self.mesh, spec.expert) if spec.expert > 1 else None
         self.modules: dict[int, nn.Module] = {}
         for index in spec.stage_indices(self.coords["pp"]):
             stage = build_stage(
                 config, spec.chunks[index], first_stage=index == 0,
                 last_stage=index == spec.num_stages - 1,
             )
+            if self.expert_mesh is not None:
+                apply_expert_parallel(stage, self.expert_mesh)
             apply_tensor_parallel(stage, self.mesh["tp"], spec.sequence_parallel)
             apply_recompute(stage, spec.recompute)
-            apply_data_parallel(stage, self.mesh["dp"], spec.zero_stage)
+            ignored = set(expert_parameters(stage)) if self.expert_mesh is not None else None
+            apply_data_parallel(stage, self.mesh["dp"], spec.zero_stage, ignored)
             materialize(stage, seed)
             keep_gradients_sharded(stage)
             self.modules[index] = stage
@@ -156,6 +167,9 @@ class PipelineTrainer:
             kwargs = {"target": self._local_batch(targets), "losses": losses}
         self.schedule.step(*args, **kwargs)
         self._sum_tied_embedding_gradients()
+        if self.expert_mesh is not None:
+            for module in self.modules.values():
+                reduce_expert_gradients(module, self.expert_mesh, self.spec.degrees.dp)
         self.held = {
             "parameters": _bytes(self.parameters),
             "gradients": _bytes([p.grad for p in self.parameters if p.grad is not None]),
@@ -219,11 +233,15 @@ def train_on_rank(
         for tokens, targets in batches(config, spec, steps, seed):
             losses.append(trainer.step(tokens, targets))
     params = trainer.full_parameters()
-    keep = trainer.coords["dp"] == 0 and trainer.coords["tp"] == 0
+    # One copy of each parameter: data rank 0 of each stage; experts from their ep ranks.
+    if trainer.coords["tp"] != 0 or trainer.coords["dp"] >= spec.expert:
+        params = {}
+    elif trainer.coords["dp"] > 0:
+        params = {n: p for n, p in params.items() if EXPERT_MARK in f".{n}"}
     return {
         "coords": trainer.coords,
         "losses": losses,
-        "parameters": params if keep else {},
+        "parameters": params,
         "collectives": counter.by_kind(),
         "local_bytes": trainer.local_bytes(),
     }

@@ -36,6 +36,7 @@ LLAMA = TransformerConfig(
     seq_length=16, norm="rmsnorm", activation="swiglu", position_embedding="rope", bias=False,
     tie_embeddings=False,
 )
+MIXTRAL = LLAMA.model_copy(update={"num_experts": 4, "moe_top_k": 2})
 TOLERANCE = 1e-4
 
 
@@ -300,3 +301,25 @@ def test_recomputation_reruns_the_blocks_or_only_the_attention_cores(
     tokens = torch.randint(0, GPT.vocab_size, (2, GPT.seq_length))
     stage(tokens).sum().backward()
     assert (calls["blocks"], calls["cores"]) == (blocks, cores)
+
+
+def test_expert_parallel_ranks_hold_only_their_experts_under_full_names(fake_world) -> None:
+    from runtime.experts import apply_expert_parallel, expert_mesh
+
+    fake_world(3, 4)  # dp4, ep2: data rank 3 is expert rank 1 of expert-data group 1
+    mesh = expert_mesh(build_mesh(Degrees(dp=4)), ep=2)
+    assert dist.get_process_group_ranks(mesh["ep"].get_group()) == [2, 3]
+    assert dist.get_process_group_ranks(mesh["edp"].get_group()) == [1, 3]
+    stage = build_stage(MIXTRAL, (0, 4), first_stage=True, last_stage=True)
+    apply_expert_parallel(stage, mesh)
+    names = {n for n, _ in stage.named_parameters() if ".experts." in n}
+    assert {n.split(".experts.")[1].split(".")[0] for n in names} == {"2", "3"}
+    assert "layers.0.mlp.router.weight" in dict(stage.named_parameters())
+
+
+def test_mixtral_dp4_ep2_allgather_dispatch_trains_as_one_process() -> None:
+    check = _train(MIXTRAL, _spec(dp=4, expert=2))
+    for kinds in check.collectives:
+        # allgather dispatcher: tokens and weights gathered, outputs reduce-scattered, per
+        # MoE layer and micro-batch; dense gradients all-reduced (ZeRO-0), experts over edp.
+        assert kinds["all_gather"]["count"] == kinds["reduce_scatter"]["count"] > 0

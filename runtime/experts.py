@@ -1,0 +1,98 @@
+"""Expert parallelism for the zoo's mixture-of-experts MLP, with Megatron-LM's
+``allgather`` token dispatcher.
+
+The expert-parallel group is carved out of the data-parallel ranks, as Megatron does
+(``ep`` consecutive data-parallel ranks; the ``edp`` "expert data parallel" axis strides
+over them). Each of the ``ep`` ranks holds ``num_experts / ep`` experts under their full
+names (``mlp.experts.5.fc1.weight``). In forward every rank routes its own tokens with the
+replicated router, all-gathers the tokens and routing weights of its expert group, runs its
+experts on them and reduce-scatters the weighted outputs back to the tokens' owners; the
+backward is the mirror (all-gather of output gradients, reduce-scatter of input
+gradients), from the functional collectives' autograd. Experts run densely on the
+gathered tokens, weighted by the routing weights (zero outside each token's top-k): the
+zoo model's own formulation, so results and gradients equal a single process's.
+The all-to-all dispatcher is not run yet.
+
+Expert gradients: an expert's gradient after backward sums the losses of its expert
+group's tokens; `reduce_expert_gradients` sums it over the ``edp`` axis too and divides
+by the data-parallel degree, the mean every dense parameter gets from FSDP2. Expert
+parameters are therefore kept out of FSDP2 (``ignored_params``) and are not ZeRO-sharded.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from planner.models.transformer import MoEMLP
+
+EXPERT_MARK = ".experts."
+
+
+class ExpertParallelMoE(nn.Module):
+    """This rank's experts of one MoE MLP, with the replicated router."""
+
+    routing_weights = MoEMLP.routing_weights
+
+    def __init__(self, moe: MoEMLP, ep_group: dist.ProcessGroup, ep_rank: int, ep: int) -> None:
+        super().__init__()
+        num_experts = len(moe.experts)
+        if num_experts % ep:
+            raise ValueError(f"expert parallelism {ep} must divide the {num_experts} experts")
+        per_rank = num_experts // ep
+        self.top_k = moe.top_k
+        self.router = moe.router
+        self.experts = nn.ModuleDict({
+            str(e): moe.experts[e] for e in range(ep_rank * per_rank, (ep_rank + 1) * per_rank)
+        })
+        self.ep_group = ep_group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights = self.routing_weights(x)
+        tokens = funcol.all_gather_tensor_autograd(x, 0, self.ep_group)
+        weights = funcol.all_gather_tensor_autograd(weights, 0, self.ep_group)
+        out = torch.zeros_like(tokens)
+        for name, expert in self.experts.items():
+            e = int(name)
+            out = out + weights[..., e : e + 1] * expert(tokens)
+        return funcol.reduce_scatter_tensor_autograd(out, "sum", 0, self.ep_group)
+
+
+def expert_mesh(world_mesh: DeviceMesh, ep: int) -> DeviceMesh:
+    """The world's ranks as (pp, edp, ep, cp, tp): the data-parallel axis split into expert
+    data parallel (slow) and expert parallel (fast). Collective: every rank calls it."""
+    pp, dp, cp, tp = world_mesh.mesh.shape
+    if dp % ep:
+        raise ValueError(f"expert parallelism {ep} must divide the data-parallel degree {dp}")
+    ranks = world_mesh.mesh.reshape(pp, dp // ep, ep, cp, tp)
+    return DeviceMesh("cpu", ranks, mesh_dim_names=("pp", "edp", "ep", "cp", "tp"))
+
+
+def apply_expert_parallel(stage: nn.Module, mesh: DeviceMesh) -> None:
+    """Replace each block's MoE MLP by this rank's experts of it (on the meta device)."""
+    ep = mesh["ep"].size()
+    ep_rank = mesh["ep"].get_local_rank()
+    for block in stage.layers.values():
+        if isinstance(block.mlp, MoEMLP):
+            block.mlp = ExpertParallelMoE(block.mlp, mesh["ep"].get_group(), ep_rank, ep)
+
+
+def expert_parameters(module: nn.Module) -> list[nn.Parameter]:
+    """The module's expert parameters in name order: the same order on every rank, which
+    the gradient all-reduces need (a set's order follows object ids)."""
+    return [p for name, p in module.named_parameters() if EXPERT_MARK in f".{name}"]
+
+
+def reduce_expert_gradients(module: nn.Module, mesh: DeviceMesh, dp: int) -> None:
+    """Expert gradients summed over the expert-data-parallel axis and divided by the
+    data-parallel degree: the data-parallel mean dense parameters get."""
+    edp = mesh["edp"]
+    for param in expert_parameters(module):
+        if param.grad is None:
+            continue
+        if edp.size() > 1:
+            dist.all_reduce(param.grad, group=edp.get_group())
+        param.grad.div_(dp)
