@@ -228,10 +228,11 @@ def train_on_rank(
     the first rank of each stage's tp x dp group only), collectives counted per kind over
     the steps, and its local bytes."""
     trainer = PipelineTrainer(config, spec, seed, optimizer)
-    losses = []
-    with CommCounter() as counter:
-        for tokens, targets in batches(config, spec, steps, seed):
+    losses, per_step = [], []
+    for tokens, targets in batches(config, spec, steps, seed):
+        with CommCounter() as counter:
             losses.append(trainer.step(tokens, targets))
+        per_step.append(counter.by_kind())
     params = trainer.full_parameters()
     # One copy of each parameter: data rank 0 of each stage; experts from their ep ranks.
     if trainer.coords["tp"] != 0 or trainer.coords["dp"] >= spec.expert:
@@ -242,9 +243,20 @@ def train_on_rank(
         "coords": trainer.coords,
         "losses": losses,
         "parameters": params,
-        "collectives": counter.by_kind(),
+        "collectives": _add_counts(per_step),
+        "collectives_per_step": per_step,
         "local_bytes": trainer.local_bytes(),
     }
+
+
+def _add_counts(steps: list[dict[str, dict[str, int]]]) -> dict[str, dict[str, int]]:
+    total: dict[str, dict[str, int]] = {}
+    for step in steps:
+        for kind, c in step.items():
+            entry = total.setdefault(kind, {"count": 0, "bytes": 0})
+            entry["count"] += c["count"]
+            entry["bytes"] += c["bytes"]
+    return dict(sorted(total.items()))
 
 
 def train_reference(
@@ -304,6 +316,10 @@ class TrainingCheck:
     """Norm of the difference of all parameters over the reference's norm."""
     collectives: list[dict[str, dict[str, int]]]
     """Per rank: kind -> count and bytes, over all steps (point-to-point as send/recv)."""
+    collectives_per_step: list[list[dict[str, dict[str, int]]]]
+    """Per rank, per step: the same. The first step of a pipelined plan also carries the
+    schedule's one-time agreement on static shapes: one 4-byte int32 send and receive per
+    stage boundary each way."""
     local_bytes: list[dict[str, int]]
     """Per rank: bytes of parameters, gradients and optimizer state held locally."""
     coordinates: list[dict[str, int]]
@@ -339,6 +355,7 @@ def check_training(
         ),
         parameter_rel_error=param_rel,
         collectives=[r["collectives"] for r in results],
+        collectives_per_step=[r["collectives_per_step"] for r in results],
         local_bytes=[r["local_bytes"] for r in results],
         coordinates=[r["coords"] for r in results],
     )

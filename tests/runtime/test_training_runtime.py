@@ -202,6 +202,11 @@ def test_pp2_tp2_dp2_1f1b_trains_as_one_process() -> None:
         # all-gathers; tensor parallelism all-reduces.
         assert kinds["send"]["count"] > 0 and kinds["recv"]["count"] > 0
         assert {"all_gather", "reduce_scatter", "all_reduce"} <= set(kinds)
+    # Steady state (step 2) on the first stage: 4 micro-batches of activations out
+    # ([1, 16, 64] fp32 = 4 KiB each), 4 of their gradients back; nothing else on the wire.
+    second = check.collectives_per_step[0][1]
+    assert second["send"] == {"count": 4, "bytes": 4 * 4096}
+    assert second["recv"] == {"count": 4, "bytes": 4 * 4096}
 
 
 def test_tp2_dp2_sequence_parallel_llama_trains_as_one_process() -> None:
