@@ -1,5 +1,5 @@
-"""Expert parallelism for the zoo's mixture-of-experts MLP, with Megatron-LM's
-``allgather`` token dispatcher.
+"""Expert parallelism for the zoo's mixture-of-experts MLP, with Megatron-LM's two token
+dispatchers, ``allgather`` and ``alltoall`` (--moe-token-dispatcher-type).
 
 The expert-parallel group is carved out of the data-parallel ranks, as Megatron does
 (``ep`` consecutive data-parallel ranks; the ``edp`` "expert data parallel" axis strides
@@ -11,7 +11,13 @@ backward is the mirror (all-gather of output gradients, reduce-scatter of input
 gradients), from the functional collectives' autograd. Experts run densely on the
 gathered tokens, weighted by the routing weights (zero outside each token's top-k): the
 zoo model's own formulation, so results and gradients equal a single process's.
-The all-to-all dispatcher is not run yet.
+
+The ``alltoall`` dispatcher sends each (token, selected expert) pair only to the rank
+that holds the expert: pairs are sorted by expert, their counts exchanged (a small
+all-to-all of int64 counts), the tokens exchanged with an uneven `all_to_all_single`, each
+expert runs on the rows it received, the outputs travel back the same way and are added
+into their tokens weighted by the routing weights, in expert order (the dense sum's order
+without its zero terms).
 
 Expert gradients: an expert's gradient after backward sums the losses of its expert
 group's tokens; `reduce_expert_gradients` sums it over the ``edp`` axis too and divides
@@ -30,6 +36,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from planner.models.transformer import MoEMLP
 
 EXPERT_MARK = ".experts."
+DISPATCHERS = ("allgather", "alltoall")
 
 
 class ExpertParallelMoE(nn.Module):
@@ -37,8 +44,13 @@ class ExpertParallelMoE(nn.Module):
 
     routing_weights = MoEMLP.routing_weights
 
-    def __init__(self, moe: MoEMLP, ep_group: dist.ProcessGroup, ep_rank: int, ep: int) -> None:
+    def __init__(
+        self, moe: MoEMLP, ep_group: dist.ProcessGroup, ep_rank: int, ep: int,
+        dispatcher: str = "allgather",
+    ) -> None:
         super().__init__()
+        if dispatcher not in DISPATCHERS:
+            raise ValueError(f"token dispatcher {dispatcher!r}: one of {', '.join(DISPATCHERS)}")
         num_experts = len(moe.experts)
         if num_experts % ep:
             raise ValueError(f"expert parallelism {ep} must divide the {num_experts} experts")
@@ -49,8 +61,13 @@ class ExpertParallelMoE(nn.Module):
             str(e): moe.experts[e] for e in range(ep_rank * per_rank, (ep_rank + 1) * per_rank)
         })
         self.ep_group = ep_group
+        self.ep, self.per_rank, self.first = ep, per_rank, ep_rank * per_rank
+        self.num_experts = num_experts
+        self.dispatcher = dispatcher
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dispatcher == "alltoall":
+            return self._forward_alltoall(x)
         weights = self.routing_weights(x)
         tokens = funcol.all_gather_tensor_autograd(x, 0, self.ep_group)
         weights = funcol.all_gather_tensor_autograd(weights, 0, self.ep_group)
@@ -59,6 +76,36 @@ class ExpertParallelMoE(nn.Module):
             e = int(name)
             out = out + weights[..., e : e + 1] * expert(tokens)
         return funcol.reduce_scatter_tensor_autograd(out, "sum", 0, self.ep_group)
+
+    def _forward_alltoall(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        flat = x.reshape(-1, h)
+        # The routing of MoEMLP.routing_weights, kept sparse: top-k experts and weights.
+        probs = torch.softmax(self.router(flat).float(), dim=-1)
+        top, index = probs.topk(self.top_k, dim=-1)
+        top = (top / top.sum(dim=-1, keepdim=True)).to(x.dtype)
+        experts = index.reshape(-1)
+        order = torch.argsort(experts, stable=True)
+        token_of_pair = torch.arange(flat.shape[0]).repeat_interleave(self.top_k)[order]
+        gate = top.reshape(-1)[order]
+        per_expert = torch.bincount(experts, minlength=self.num_experts)
+        # How many pairs each rank sends me for each of my experts: [ep, per_rank].
+        received_counts = funcol.all_to_all_single(
+            per_expert, None, None, self.ep_group
+        ).reshape(self.ep, self.per_rank)
+        send = per_expert.reshape(self.ep, self.per_rank).sum(1).tolist()
+        recv = received_counts.sum(1).tolist()
+        rows = funcol.all_to_all_single_autograd(flat[token_of_pair], recv, send, self.ep_group)
+        local_expert = torch.arange(self.per_rank).repeat(self.ep).repeat_interleave(
+            received_counts.reshape(-1)
+        )
+        out = torch.zeros_like(rows)
+        for name, expert in self.experts.items():
+            where = (local_expert == int(name) - self.first).nonzero().squeeze(1)
+            out = out.index_copy(0, where, expert(rows[where]))
+        back = funcol.all_to_all_single_autograd(out, send, recv, self.ep_group)
+        combined = torch.zeros_like(flat).index_add(0, token_of_pair, back * gate[:, None])
+        return combined.reshape(b, s, h)
 
 
 def expert_mesh(world_mesh: DeviceMesh, ep: int) -> DeviceMesh:
@@ -71,13 +118,17 @@ def expert_mesh(world_mesh: DeviceMesh, ep: int) -> DeviceMesh:
     return DeviceMesh("cpu", ranks, mesh_dim_names=("pp", "edp", "ep", "cp", "tp"))
 
 
-def apply_expert_parallel(stage: nn.Module, mesh: DeviceMesh) -> None:
+def apply_expert_parallel(
+    stage: nn.Module, mesh: DeviceMesh, dispatcher: str = "allgather",
+) -> None:
     """Replace each block's MoE MLP by this rank's experts of it (on the meta device)."""
     ep = mesh["ep"].size()
     ep_rank = mesh["ep"].get_local_rank()
     for block in stage.layers.values():
         if isinstance(block.mlp, MoEMLP):
-            block.mlp = ExpertParallelMoE(block.mlp, mesh["ep"].get_group(), ep_rank, ep)
+            block.mlp = ExpertParallelMoE(
+                block.mlp, mesh["ep"].get_group(), ep_rank, ep, dispatcher
+            )
 
 
 def expert_parameters(module: nn.Module) -> list[nn.Parameter]:

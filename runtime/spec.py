@@ -38,6 +38,9 @@ class RunSpec:
     expert: int = 1
     """Expert-parallel degree, carved out of the data-parallel ranks (Megatron's
     --expert-model-parallel-size); see `runtime.experts`."""
+    expert_dispatcher: str = "allgather"
+    """Token dispatch of expert parallelism: allgather or alltoall (Megatron's
+    --moe-token-dispatcher-type)."""
 
     def __post_init__(self) -> None:
         d = self.degrees
@@ -73,6 +76,8 @@ class RunSpec:
             problems.append(
                 f"expert parallelism ({self.expert}) must divide data parallelism ({d.dp})"
             )
+        if self.expert_dispatcher not in ("allgather", "alltoall"):
+            problems.append("expert_dispatcher must be allgather or alltoall")
         if self.expert > 1 and d.tp > 1:
             problems.append("expert parallelism with tensor parallelism is not run yet")
         if d.cp != 1:
@@ -147,4 +152,5 @@ def from_training_plan(plan) -> RunSpec:
         zero_stage=p.zero_stage,
         recompute=plan.recompute,
         expert=p.expert,
+        expert_dispatcher=getattr(p, "moe_token_dispatcher", "allgather"),
     )

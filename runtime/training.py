@@ -85,7 +85,7 @@ class PipelineTrainer:
                 last_stage=index == spec.num_stages - 1,
             )
             if self.expert_mesh is not None:
-                apply_expert_parallel(stage, self.expert_mesh)
+                apply_expert_parallel(stage, self.expert_mesh, spec.expert_dispatcher)
             apply_tensor_parallel(stage, self.mesh["tp"], spec.sequence_parallel)
             apply_recompute(stage, spec.recompute)
             ignored = set(expert_parameters(stage)) if self.expert_mesh is not None else None

@@ -322,9 +322,16 @@ def test_expert_parallel_ranks_hold_only_their_experts_under_full_names(fake_wor
     assert "layers.0.mlp.router.weight" in dict(stage.named_parameters())
 
 
-def test_mixtral_dp4_ep2_allgather_dispatch_trains_as_one_process() -> None:
-    check = _train(MIXTRAL, _spec(dp=4, expert=2))
+@pytest.mark.parametrize("dispatcher", ["allgather", "alltoall"])
+def test_mixtral_dp4_ep2_trains_as_one_process(dispatcher) -> None:
+    check = _train(MIXTRAL, _spec(dp=4, expert=2, expert_dispatcher=dispatcher))
     for kinds in check.collectives:
-        # allgather dispatcher: tokens and weights gathered, outputs reduce-scattered, per
-        # MoE layer and micro-batch; dense gradients all-reduced (ZeRO-0), experts over edp.
-        assert kinds["all_gather"]["count"] == kinds["reduce_scatter"]["count"] > 0
+        if dispatcher == "allgather":
+            # Tokens and weights gathered, outputs reduce-scattered (and the mirror in
+            # backward), per MoE layer and micro-batch.
+            assert kinds["all_gather"]["count"] == kinds["reduce_scatter"]["count"] > 0
+        else:
+            # Counts, tokens and outputs exchanged forward, gradients back: 5 per MoE layer
+            # and micro-batch (4 layers x 4 micro-batches x 2 steps).
+            assert kinds["all_to_all"]["count"] == 5 * 4 * 4 * 2
+            assert "all_gather" not in kinds
