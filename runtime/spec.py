@@ -126,8 +126,17 @@ def from_training_plan(plan) -> RunSpec:
     one chunk. With `virtual_pipeline` v > 1, the model's layers are split, as Megatron
     splits them, into pp x v chunks of equal size taken in order, chunk c on pipeline rank
     c % pp; each of the plan's stages must then hold L / pp layers.
+
+    Reads only fields both `planner.training_plan.TrainingPlan` and the unified
+    `planner.plan.Plan` (version 2) have; an operator-level plan (no ``parallel``) is
+    refused: `runtime.trainer.ShardedTrainer` runs those.
     """
-    p = plan.parallel
+    p = getattr(plan, "parallel", None)
+    if p is None:
+        raise ValueError(
+            "this plan has no parallel degrees (an operator-level --mesh plan); "
+            "runtime.trainer.ShardedTrainer runs it"
+        )
     degrees = Degrees(pp=p.pipeline, dp=p.data, cp=p.context, tp=p.tensor)
     stages = [tuple(stage.layers) for stage in plan.stages]
     if p.virtual_pipeline == 1:
@@ -144,9 +153,9 @@ def from_training_plan(plan) -> RunSpec:
     return RunSpec(
         degrees=degrees,
         chunks=chunks,
-        micro_batch_size=plan.micro_batch_size,
+        micro_batch_size=plan.micro_batch_size or 1,
         num_micro_batches=plan.num_micro_batches,
-        schedule=plan.schedule,
+        schedule=plan.schedule or "1f1b",
         virtual_pipeline=p.virtual_pipeline,
         sequence_parallel=p.sequence_parallel,
         zero_stage=p.zero_stage,

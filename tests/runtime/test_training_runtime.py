@@ -115,6 +115,8 @@ def test_run_spec_from_a_training_plan() -> None:
     assert spec.degrees == Degrees(pp=2, dp=2, tp=2)
     assert spec.chunks == ((0, 2), (2, 4), (4, 6), (6, 8))
     assert (spec.zero_stage, spec.recompute, spec.sequence_parallel) == (1, "selective", True)
+    with pytest.raises(ValueError, match="operator-level"):
+        from_training_plan(SimpleNamespace(parallel=None))
 
 
 def test_schedule_names_map_to_torch_schedules() -> None:
