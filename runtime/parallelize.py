@@ -44,6 +44,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -57,8 +58,9 @@ def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_para
     tp = tp_mesh.size()
     if tp == 1:
         return
-    if stage.config.is_moe:
-        raise NotImplementedError("tensor parallelism of mixture-of-experts MLPs is not run yet")
+    moe = stage.config.is_moe
+    if moe and any(type(b.mlp).__name__ != "MoEMLP" for b in stage.layers.values()):
+        raise NotImplementedError("tensor parallelism with expert parallelism is not run yet")
     seq = Shard(1) if sequence_parallel else Replicate()
     if stage.embed is not None:
         parallelize_module(stage, tp_mesh, {
@@ -75,11 +77,20 @@ def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_para
             "attn.v_proj": ColwiseParallel(),
             "attn.o_proj": RowwiseParallel(output_layouts=seq),
         }
-        mlp_in, mlp_out = (
-            ("mlp.gate_proj", "mlp.up_proj"), "mlp.down_proj"
-        ) if hasattr(block.mlp, "gate_proj") else (("mlp.fc1",), "mlp.fc2")
-        plan.update({name: ColwiseParallel() for name in mlp_in})
-        plan[mlp_out] = RowwiseParallel(output_layouts=seq)
+        swiglu = stage.config.activation == "swiglu"
+        mlp_in, mlp_out = (("gate_proj", "up_proj"), "down_proj") if swiglu else (
+            ("fc1",), "fc2")
+        if moe:
+            # Every expert split as a dense MLP is; the router replicated. Each expert's
+            # output is all-reduced (Replicate) before its routing weight scales it, and the
+            # weighted sum is cut to sequence shards under sequence parallelism.
+            for e in range(len(block.mlp.experts)):
+                prefix = f"mlp.experts.{e}."
+                plan.update({prefix + name: ColwiseParallel() for name in mlp_in})
+                plan[prefix + mlp_out] = RowwiseParallel(output_layouts=Replicate())
+        else:
+            plan.update({f"mlp.{name}": ColwiseParallel() for name in mlp_in})
+            plan[f"mlp.{mlp_out}"] = RowwiseParallel(output_layouts=seq)
         if sequence_parallel:
             plan.update({
                 "attn_norm": SequenceParallel(),
@@ -90,6 +101,10 @@ def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_para
                 ),
                 "mlp": PrepareModuleInput(
                     input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+                ) if not moe else PrepareModuleInputOutput(
+                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                    use_local_input=True, output_layouts=(Replicate(),),
+                    desired_output_layouts=(Shard(1),), use_local_output=True,
                 ),
             })
         parallelize_module(block, tp_mesh, plan)

@@ -337,3 +337,8 @@ def test_mixtral_dp4_ep2_trains_as_one_process(dispatcher) -> None:
             # and micro-batch (4 layers x 4 micro-batches x 2 steps).
             assert kinds["all_to_all"]["count"] == 5 * 4 * 4 * 2
             assert "all_gather" not in kinds
+
+
+def test_mixtral_pp2_tp2_sequence_parallel_trains_as_one_process() -> None:
+    # Every expert split as a dense MLP is, the router replicated; no expert parallelism.
+    _train(MIXTRAL, _spec(pp=2, tp=2, sequence_parallel=True))
