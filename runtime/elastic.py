@@ -116,9 +116,10 @@ def _root_cause(error: ChildFailedError, tmp: Path) -> RankError:
     for path in sorted((tmp / "store.errors").glob("rank*.json")):
         report = json.loads(path.read_text())
         lost_peer = any(m in report["summary"] for m in _PEER_LOST)
-        reports.append((lost_peer, report["time_ns"], report))
+        # The last attempt's failures; in it, first-hand ones first, then the earliest.
+        reports.append((-report["attempt"], lost_peer, report["time_ns"], report))
     if reports:
-        _, _, report = min(reports, key=lambda r: r[:2])
+        report = min(reports, key=lambda r: r[:3])[-1]
         rank = report["rank"]
         return RankError(f"rank {rank} failed: {report['summary']}", rank, report["traceback"])
     rank, failure = min(error.failures.items())  # died without a word (killed, os._exit)
@@ -144,15 +145,15 @@ def forget_parent_meshes() -> None:
     _redistribute._gen_transform_infos.cache_clear()
 
 
-def _report(folder: Path, rank: int, error: BaseException) -> None:
+def _report(folder: Path, rank: int, attempt: int, error: BaseException) -> None:
     """Write this rank's exception where `launch` looks for the root cause."""
     folder.mkdir(exist_ok=True)
     lines = str(error).strip().splitlines()
     summary = f"{type(error).__name__}: {' '.join(lines[0].split())}" if lines else type(
         error).__name__
-    report = {"rank": rank, "summary": summary, "traceback": traceback.format_exc(),
-              "time_ns": time.time_ns()}
-    (folder / f"rank{rank}.json").write_text(json.dumps(report))
+    report = {"rank": rank, "attempt": attempt, "summary": summary,
+              "traceback": traceback.format_exc(), "time_ns": time.time_ns()}
+    (folder / f"rank{rank}.attempt{attempt}.json").write_text(json.dumps(report))
 
 
 def _worker(fn, store_path: str, collective_timeout_s: float, args) -> Any:
@@ -170,7 +171,7 @@ def _worker(fn, store_path: str, collective_timeout_s: float, args) -> Any:
     try:
         result = fn(rank, world_size, *args)
     except BaseException as error:
-        _report(Path(store_path + ".errors"), rank, error)
+        _report(Path(store_path + ".errors"), rank, int(attempt), error)
         raise
     dist.barrier()  # no rank tears the group down while a peer still works (trap 8)
     dist.destroy_process_group()

@@ -342,3 +342,22 @@ def test_mixtral_dp4_ep2_trains_as_one_process(dispatcher) -> None:
 def test_mixtral_pp2_tp2_sequence_parallel_trains_as_one_process() -> None:
     # Every expert split as a dense MLP is, the router replicated; no expert parallelism.
     _train(MIXTRAL, _spec(pp=2, tp=2, sequence_parallel=True))
+
+
+def _fail_on_the_first_attempt(rank: int, world_size: int) -> tuple[int, float]:
+    import os
+
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    if attempt == 0 and rank == 1:
+        raise RuntimeError("the first attempt fails")
+    x = torch.ones(1) * (rank + 1)
+    dist.all_reduce(x)
+    return attempt, float(x)
+
+
+def test_a_restarted_attempt_meets_in_a_fresh_store_namespace() -> None:
+    from runtime.elastic import launch
+
+    # Trap 2: the restarted ranks must not read the failed attempt's peer addresses.
+    results = launch(_fail_on_the_first_attempt, 2, max_restarts=1, collective_timeout_s=20)
+    assert results == [(1, 3.0), (1, 3.0)]
