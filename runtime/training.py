@@ -186,7 +186,13 @@ class PipelineTrainer:
 
     def local_bytes(self) -> dict[str, int]:
         """This rank's bytes of parameters and gradients (after the last backward) and of
-        optimizer state (after the last step), counted over its local shards."""
+        optimizer state (after the last step), counted over its local shards.
+
+        Parameters are counted at rest. FSDP2 keeps them sharded at rest for every ZeRO
+        stage it runs (1, 2 and 3): ZeRO-1/2 differ from ZeRO-3 in holding the gathered
+        parameters from a micro-batch's forward to its backward, a transient this count does
+        not see. A tied embedding's copy on the last pipeline stage is counted there (as
+        Megatron holds it)."""
         return dict(self.held)
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
