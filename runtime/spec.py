@@ -150,7 +150,7 @@ def from_training_plan(plan) -> RunSpec:
                 "interleaved stages must hold equal layer counts; got "
                 + ", ".join(f"{last - first}" for first, last in stages)
             )
-    return RunSpec(
+    spec = RunSpec(
         degrees=degrees,
         chunks=chunks,
         micro_batch_size=plan.micro_batch_size or 1,
@@ -163,3 +163,10 @@ def from_training_plan(plan) -> RunSpec:
         expert=p.expert,
         expert_dispatcher=getattr(p, "moe_token_dispatcher", "allgather"),
     )
+    planned = getattr(plan, "global_batch_size", None)
+    if planned is not None and planned != spec.global_batch_size:
+        raise ValueError(
+            f"the plan's global batch ({planned}) is not micro-batch ({spec.micro_batch_size})"
+            f" x micro-batches ({spec.num_micro_batches}) x data ({degrees.dp})"
+        )
+    return spec

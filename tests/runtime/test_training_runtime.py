@@ -110,11 +110,15 @@ def test_run_spec_from_a_training_plan() -> None:
         ),
         stages=[SimpleNamespace(layers=(0, 4)), SimpleNamespace(layers=(4, 8))],
         micro_batch_size=1, num_micro_batches=4, recompute="selective", schedule="interleaved",
+        global_batch_size=8,
     )
     spec = from_training_plan(plan)
     assert spec.degrees == Degrees(pp=2, dp=2, tp=2)
     assert spec.chunks == ((0, 2), (2, 4), (4, 6), (6, 8))
     assert (spec.zero_stage, spec.recompute, spec.sequence_parallel) == (1, "selective", True)
+    plan.global_batch_size = 16
+    with pytest.raises(ValueError, match="global batch"):
+        from_training_plan(plan)
     with pytest.raises(ValueError, match="operator-level"):
         from_training_plan(SimpleNamespace(parallel=None))
 
