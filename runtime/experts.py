@@ -32,6 +32,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 
 from planner.models.transformer import MoEMLP
 
@@ -144,6 +145,8 @@ def reduce_expert_gradients(module: nn.Module, mesh: DeviceMesh, dp: int) -> Non
     for param in expert_parameters(module):
         if param.grad is None:
             continue
+        # Tensor-parallel experts: each rank reduces its own shard.
+        grad = param.grad.to_local() if isinstance(param.grad, DTensor) else param.grad
         if edp.size() > 1:
-            dist.all_reduce(param.grad, group=edp.get_group())
-        param.grad.div_(dp)
+            dist.all_reduce(grad, group=edp.get_group())
+        grad.div_(dp)

@@ -59,8 +59,6 @@ def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_para
     if tp == 1:
         return
     moe = stage.config.is_moe
-    if moe and any(type(b.mlp).__name__ != "MoEMLP" for b in stage.layers.values()):
-        raise NotImplementedError("tensor parallelism with expert parallelism is not run yet")
     seq = Shard(1) if sequence_parallel else Replicate()
     if stage.embed is not None:
         parallelize_module(stage, tp_mesh, {
@@ -84,7 +82,8 @@ def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_para
             # Every expert split as a dense MLP is; the router replicated. Each expert's
             # output is all-reduced (Replicate) before its routing weight scales it, and the
             # weighted sum is cut to sequence shards under sequence parallelism.
-            for e in range(len(block.mlp.experts)):
+            # (MoEMLP's experts, or this rank's under expert parallelism, by global index.)
+            for e, _ in block.mlp.experts.named_children():
                 prefix = f"mlp.experts.{e}."
                 plan.update({prefix + name: ColwiseParallel() for name in mlp_in})
                 plan[prefix + mlp_out] = RowwiseParallel(output_layouts=Replicate())

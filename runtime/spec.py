@@ -78,8 +78,6 @@ class RunSpec:
             )
         if self.expert_dispatcher not in ("allgather", "alltoall"):
             problems.append("expert_dispatcher must be allgather or alltoall")
-        if self.expert > 1 and d.tp > 1:
-            problems.append("expert parallelism with tensor parallelism is not run yet")
         if d.cp != 1:
             problems.append("context parallelism is not run yet (cp must be 1)")
         if problems:

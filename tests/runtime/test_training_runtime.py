@@ -328,24 +328,19 @@ def test_expert_parallel_ranks_hold_only_their_experts_under_full_names(fake_wor
     assert "layers.0.mlp.router.weight" in dict(stage.named_parameters())
 
 
-@pytest.mark.parametrize("dispatcher", ["allgather", "alltoall"])
-def test_mixtral_dp4_ep2_trains_as_one_process(dispatcher) -> None:
-    check = _train(MIXTRAL, _spec(dp=4, expert=2, expert_dispatcher=dispatcher))
+def test_mixtral_dp4_ep2_allgather_trains_as_one_process() -> None:
+    # ep2 inside dp4: expert gradients also summed over the expert-data-parallel axis.
+    check = _train(MIXTRAL, _spec(dp=4, expert=2, expert_dispatcher="allgather", micro_batches=2))
     for kinds in check.collectives:
-        if dispatcher == "allgather":
-            # Tokens and weights gathered, outputs reduce-scattered (and the mirror in
-            # backward), per MoE layer and micro-batch.
-            assert kinds["all_gather"]["count"] == kinds["reduce_scatter"]["count"] > 0
-        else:
-            # Counts, tokens and outputs exchanged forward, gradients back: 5 per MoE layer
-            # and micro-batch (4 layers x 4 micro-batches x 2 steps).
-            assert kinds["all_to_all"]["count"] == 5 * 4 * 4 * 2
-            assert "all_gather" not in kinds
+        # Tokens and weights gathered, outputs reduce-scattered (and the mirror in
+        # backward), per MoE layer and micro-batch.
+        assert kinds["all_gather"]["count"] == kinds["reduce_scatter"]["count"] > 0
+        assert "all_to_all" not in kinds
 
 
 def test_mixtral_pp2_tp2_sequence_parallel_trains_as_one_process() -> None:
     # Every expert split as a dense MLP is, the router replicated; no expert parallelism.
-    _train(MIXTRAL, _spec(pp=2, tp=2, sequence_parallel=True))
+    _train(MIXTRAL, _spec(pp=2, tp=2, sequence_parallel=True, micro_batches=2))
 
 
 def _fail_on_the_first_attempt(rank: int, world_size: int) -> tuple[int, float]:
@@ -365,3 +360,16 @@ def test_a_restarted_attempt_meets_in_a_fresh_store_namespace() -> None:
     # Trap 2: the restarted ranks must not read the failed attempt's peer addresses.
     results = launch(_fail_on_the_first_attempt, 2, max_restarts=1, collective_timeout_s=20)
     assert results == [(1, 3.0), (1, 3.0)]
+
+
+def test_mixtral_tp2_dp2_ep2_alltoall_sequence_parallel_trains_as_one_process() -> None:
+    # Experts tensor-parallel inside their expert-parallel ranks (Megatron's expert tensor
+    # parallelism equal to tp); each rank's expert gradients reduced shard by shard.
+    check = _train(MIXTRAL, _spec(
+        dp=2, tp=2, expert=2, expert_dispatcher="alltoall", sequence_parallel=True,
+        micro_batches=2,
+    ))
+    for kinds in check.collectives:
+        # Counts, tokens and outputs exchanged forward, gradients back: 5 per MoE layer
+        # and micro-batch (4 layers x 2 micro-batches x 2 steps).
+        assert kinds["all_to_all"]["count"] == 5 * 4 * 2 * 2
