@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import Counter
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -60,6 +61,9 @@ class CommCounter(TorchDispatchMode):
         super().__init__()
         self.counts: Counter = Counter()
         self.bytes: Counter = Counter()
+        # (kind, ranks of the group) -> count / bytes
+        self.group_counts: Counter = Counter()
+        self.group_bytes: Counter = Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -70,17 +74,56 @@ class CommCounter(TorchDispatchMode):
         kind = _KINDS.get(func)
         if kind is not None:
             nbytes = max(_nbytes(args[0]), _nbytes(out))
+            ranks = _functional_group_ranks(args)
         else:
             kind = _EAGER_KINDS.get(func)
             if kind is not None:
                 nbytes = max(_total(args[0]), _total(args[1]))
+                ranks = _eager_group_ranks(args)
         if kind is not None:
             self.counts[kind] += 1
             self.bytes[kind] += nbytes
+            self.group_counts[kind, ranks] += 1
+            self.group_bytes[kind, ranks] += nbytes
         return out
 
     def by_kind(self) -> dict[str, dict[str, int]]:
         return {k: {"count": self.counts[k], "bytes": self.bytes[k]} for k in sorted(self.counts)}
+
+    def by_group(self) -> list[dict]:
+        """Per kind and process group (its global ranks; None where it could not be read):
+        count and bytes, sorted by kind then ranks. Tells a tensor-parallel all-reduce from a
+        data-parallel one."""
+        keys = sorted(self.group_counts, key=lambda k: (k[0], k[1] or ()))
+        return [
+            {"kind": kind, "ranks": list(ranks) if ranks is not None else None,
+             "count": self.group_counts[kind, ranks], "bytes": self.group_bytes[kind, ranks]}
+            for kind, ranks in keys
+        ]
+
+
+def _functional_group_ranks(args: tuple) -> tuple[int, ...] | None:
+    """A functional collective's last argument is its group's name."""
+    name = args[-1] if args else None
+    if not isinstance(name, str):
+        return None
+    try:
+        from torch.distributed.distributed_c10d import _resolve_process_group
+
+        return tuple(dist.get_process_group_ranks(_resolve_process_group(name)))
+    except (RuntimeError, ValueError):
+        return None
+
+
+def _eager_group_ranks(args: tuple) -> tuple[int, ...] | None:
+    """An eager c10d op's first ScriptObject argument is its (boxed) process group."""
+    for value in args[1:]:
+        if isinstance(value, torch.ScriptObject):
+            try:
+                return tuple(dist.get_process_group_ranks(dist.ProcessGroup.unbox(value)))
+            except (RuntimeError, ValueError):
+                return None
+    return None
 
 
 def _total(value: object) -> int:

@@ -235,8 +235,9 @@ def train_on_rank(
     the steps, and its local bytes."""
     trainer = PipelineTrainer(config, spec, seed, optimizer)
     losses, per_step = [], []
+    everything = CommCounter()
     for tokens, targets in batches(config, spec, steps, seed):
-        with CommCounter() as counter:
+        with everything, CommCounter() as counter:
             losses.append(trainer.step(tokens, targets))
         per_step.append(counter.by_kind())
     params = trainer.full_parameters()
@@ -251,6 +252,7 @@ def train_on_rank(
         "parameters": params,
         "collectives": _add_counts(per_step),
         "collectives_per_step": per_step,
+        "collectives_by_group": everything.by_group(),
         "local_bytes": trainer.local_bytes(),
     }
 
@@ -322,6 +324,9 @@ class TrainingCheck:
     """Norm of the difference of all parameters over the reference's norm."""
     collectives: list[dict[str, dict[str, int]]]
     """Per rank: kind -> count and bytes, over all steps (point-to-point as send/recv)."""
+    collectives_by_group: list[list[dict[str, Any]]]
+    """Per rank: count and bytes per kind and process group (global ranks), over all
+    steps: which axis each collective ran on."""
     collectives_per_step: list[list[dict[str, dict[str, int]]]]
     """Per rank, per step: the same. The first step of a pipelined plan also carries the
     schedule's one-time agreement on static shapes: one 4-byte int32 send and receive per
@@ -362,6 +367,7 @@ def check_training(
         parameter_rel_error=param_rel,
         collectives=[r["collectives"] for r in results],
         collectives_per_step=[r["collectives_per_step"] for r in results],
+        collectives_by_group=[r["collectives_by_group"] for r in results],
         local_bytes=[r["local_bytes"] for r in results],
         coordinates=[r["coords"] for r in results],
     )

@@ -210,6 +210,10 @@ def test_pp2_tp2_dp2_1f1b_trains_as_one_process() -> None:
         assert {"all_gather", "reduce_scatter", "all_reduce"} <= set(kinds)
     # Steady state (step 2) on the first stage: 4 micro-batches of activations out
     # ([1, 16, 64] fp32 = 4 KiB each), 4 of their gradients back; nothing else on the wire.
+    # Each collective on its axis (rank 0: tp group [0, 1], dp [0, 2], pp [0, 4]).
+    groups = {(g["kind"], tuple(g["ranks"])) for g in check.collectives_by_group[0]}
+    assert {("all_reduce", (0, 1)), ("reduce_scatter", (0, 2)), ("all_gather", (0, 2)),
+            ("send", (0, 4)), ("recv", (0, 4))} <= groups, groups
     second = check.collectives_per_step[0][1]
     assert second["send"] == {"count": 4, "bytes": 4 * 4096}
     assert second["recv"] == {"count": 4, "bytes": 4 * 4096}
@@ -373,3 +377,26 @@ def test_mixtral_tp2_dp2_ep2_alltoall_sequence_parallel_trains_as_one_process() 
         # Counts, tokens and outputs exchanged forward, gradients back: 5 per MoE layer
         # and micro-batch (4 layers x 2 micro-batches x 2 steps).
         assert kinds["all_to_all"]["count"] == 5 * 4 * 2 * 2
+
+
+def _point_to_point_and_a_subgroup(rank: int, world_size: int):
+    from runtime.comm_counter import CommCounter
+
+    pair = dist.new_group([0, 1])
+    x = torch.ones(8)
+    with CommCounter() as counter:
+        if rank == 0:
+            dist.send(x, 1, group=pair)
+        else:
+            dist.recv(x, 0, group=pair)
+        dist.all_reduce(x, group=pair)
+    return counter.by_kind(), counter.by_group()
+
+
+def test_eager_sends_receives_and_all_reduces_are_counted_with_their_group() -> None:
+    from runtime.elastic import launch
+
+    (kinds0, groups0), (kinds1, _) = launch(_point_to_point_and_a_subgroup, 2)
+    assert kinds0 == {"all_reduce": {"count": 1, "bytes": 32}, "send": {"count": 1, "bytes": 32}}
+    assert kinds1 == {"all_reduce": {"count": 1, "bytes": 32}, "recv": {"count": 1, "bytes": 32}}
+    assert [g["ranks"] for g in groups0] == [[0, 1], [0, 1]]
