@@ -16,8 +16,11 @@ gets bit-identical values.
 from __future__ import annotations
 
 import zlib
+from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate
@@ -73,6 +76,7 @@ class StageAttention(Attention):
         self.rope = config.position_embedding == "rope"
         self.rotary_base = config.rotary_base
         self.recompute_core = False
+        self.context: ContextShard | None = None
 
     def local_heads(self, tensor_parallel: int) -> None:
         if self.num_heads % tensor_parallel or self.num_kv_heads % tensor_parallel:
@@ -88,19 +92,55 @@ class StageAttention(Attention):
         q = self._split_heads(self.q_proj(x), self.num_heads)
         k = self._split_heads(self.k_proj(x), self.num_kv_heads)
         v = self._split_heads(self.v_proj(x), self.num_kv_heads)
+        context = self.context
+        first = context.offset(s) if context is not None else 0
         if self.rope:
-            rotary = rotary_tables(s, self.head_dim, self.rotary_base, q)
+            rotary = rotary_tables(first + s, self.head_dim, self.rotary_base, q)
+            rotary = (rotary[0][first:], rotary[1][first:])
             q, k = apply_rotary(q, rotary), apply_rotary(k, rotary)
+        mask = None
+        if context is not None:
+            # Context parallelism: every rank's keys and values gathered over the context
+            # group (backward: reduce-scattered), queries stay local; the causal mask is
+            # offset by the rank's first position.
+            k = funcol.all_gather_tensor_autograd(k, 2, context.group)
+            v = funcol.all_gather_tensor_autograd(v, 2, context.group)
+            positions = torch.arange(first, first + s, device=q.device)
+            mask = torch.arange(k.shape[2], device=q.device)[None, :] <= positions[:, None]
         k, v = self._repeat_kv(k), self._repeat_kv(v)
         if self.recompute_core:
-            y = checkpoint(_attention_core, q, k, v, use_reentrant=False)
+            y = checkpoint(_attention_core, q, k, v, mask, use_reentrant=False)
         else:
-            y = _attention_core(q, k, v)
+            y = _attention_core(q, k, v, mask)
         return self.o_proj(y.transpose(1, 2).reshape(b, s, -1))
 
 
-def _attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+def _attention_core(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+@dataclass(frozen=True)
+class ContextShard:
+    """This rank's contiguous slice of the sequence under context parallelism.
+
+    Keys and values are all-gathered over the context group (Llama 3's context
+    parallelism, and what the cost model predicts: one all-gather of K and V per layer),
+    not passed around a ring as Megatron's ring attention does. Slices are contiguous, so
+    with a causal mask the last rank does the most attention work; Megatron's 2 x cp
+    load-balancing chunks are not done.
+    """
+
+    group: dist.ProcessGroup
+    rank: int
+    size: int
+
+    def offset(self, local_length: int) -> int:
+        """The first sequence position of this rank's slice."""
+        return self.rank * local_length
 
 
 class StageModule(nn.Module):
@@ -144,13 +184,24 @@ class StageModule(nn.Module):
         # Set by tensor parallelism: the layout of the tied head's input (Replicate(), or
         # Shard(1) under sequence parallelism).
         self.head_input_layout = None
+        # Set by context parallelism (`set_context`).
+        self.context: ContextShard | None = None
+
+    def set_context(self, context: ContextShard) -> None:
+        """Run on this rank's slice of the sequence: positions offset, attention over
+        every rank's keys and values."""
+        self.context = context
+        for block in self.layers.values():
+            block.attn.context = context
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.first_stage:
             ids = x
             x = self.embed(ids)
             if self.pos_embed is not None:
-                x = x + self.pos_embed(torch.arange(ids.shape[1], device=ids.device))
+                s = ids.shape[1]
+                first = self.context.offset(s) if self.context is not None else 0
+                x = x + self.pos_embed(torch.arange(first, first + s, device=ids.device))
             if self.scatter_sequence is not None:
                 x = self.scatter_sequence(x)
         for layer in self.layers.values():

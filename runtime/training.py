@@ -43,7 +43,13 @@ from runtime.parallelize import (
 )
 from runtime.schedule import build_schedule, stage_shapes
 from runtime.spec import RunSpec
-from runtime.stages import build_reference, build_stage, clean_name, materialize
+from runtime.stages import (
+    ContextShard,
+    build_reference,
+    build_stage,
+    clean_name,
+    materialize,
+)
 
 OPTIMIZERS = {
     "sgd": (torch.optim.SGD, {"lr": 0.1}),
@@ -78,18 +84,32 @@ class PipelineTrainer:
         assert coordinate is not None
         self.coords = dict(zip(self.mesh.mesh_dim_names, coordinate))
         self.expert_mesh = expert_mesh(self.mesh, spec.expert) if spec.expert > 1 else None
+        cp = spec.degrees.cp
+        if config.seq_length % (cp * (spec.degrees.tp if spec.sequence_parallel else 1)):
+            raise ValueError(
+                f"seq_length {config.seq_length} must split over context x sequence parallelism"
+            )
+        self.context = None
+        # Gradients are averaged over data x context ranks (both see different tokens), as
+        # Megatron's data-parallel group with context parallelism is.
+        self.dp_mesh = self.mesh["dp"]
+        if cp > 1:
+            self.context = ContextShard(self.mesh["cp"].get_group(), self.coords["cp"], cp)
+            self.dp_mesh = self.mesh["dp", "cp"]._flatten("dp_cp")
         self.modules: dict[int, nn.Module] = {}
         for index in spec.stage_indices(self.coords["pp"]):
             stage = build_stage(
                 config, spec.chunks[index], first_stage=index == 0,
                 last_stage=index == spec.num_stages - 1,
             )
+            if self.context is not None:
+                stage.set_context(self.context)
             if self.expert_mesh is not None:
                 apply_expert_parallel(stage, self.expert_mesh, spec.expert_dispatcher)
             apply_tensor_parallel(stage, self.mesh["tp"], spec.sequence_parallel)
             apply_recompute(stage, spec.recompute)
             ignored = set(expert_parameters(stage)) if self.expert_mesh is not None else None
-            apply_data_parallel(stage, self.mesh["dp"], spec.zero_stage, ignored)
+            apply_data_parallel(stage, self.dp_mesh, spec.zero_stage, ignored)
             materialize(stage, seed)
             keep_gradients_sharded(stage)
             self.modules[index] = stage
@@ -98,7 +118,7 @@ class PipelineTrainer:
         shards = spec.degrees.tp if spec.sequence_parallel else 1
         shapes = {
             index: stage_shapes(
-                index, spec.num_stages, spec.micro_batch_size, config.seq_length,
+                index, spec.num_stages, spec.micro_batch_size, config.seq_length // cp,
                 config.hidden_size, config.vocab_size, shards,
             )
             for index in self.modules
@@ -154,7 +174,8 @@ class PipelineTrainer:
                 f"a batch of {t.shape[0]} sequences for a plan of global batch "
                 f"{self.spec.global_batch_size}"
             )
-        return t.chunk(dp)[index]
+        rows = t.chunk(dp)[index]
+        return rows.chunk(self.spec.degrees.cp, dim=1)[self.coords["cp"]].contiguous()
 
     def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> float | None:
         """Forward and backward over the micro-batches, then the optimizer step."""
@@ -242,7 +263,9 @@ def train_on_rank(
         per_step.append(counter.by_kind())
     params = trainer.full_parameters()
     # One copy of each parameter: data rank 0 of each stage; experts from their ep ranks.
-    if trainer.coords["tp"] != 0 or trainer.coords["dp"] >= spec.expert:
+    if trainer.coords["tp"] != 0 or trainer.coords["cp"] != 0 or (
+        trainer.coords["dp"] >= spec.expert
+    ):
         params = {}
     elif trainer.coords["dp"] > 0:
         params = {n: p for n, p in params.items() if EXPERT_MARK in f".{n}"}

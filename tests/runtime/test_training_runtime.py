@@ -40,9 +40,9 @@ MIXTRAL = LLAMA.model_copy(update={"num_experts": 4, "moe_top_k": 2})
 TOLERANCE = 1e-4
 
 
-def _spec(pp=1, dp=1, tp=1, virtual=1, micro_batches=4, **knobs) -> RunSpec:
+def _spec(pp=1, dp=1, tp=1, cp=1, virtual=1, micro_batches=4, **knobs) -> RunSpec:
     return RunSpec(
-        degrees=Degrees(pp=pp, dp=dp, tp=tp), chunks=even_chunks(4, pp * virtual),
+        degrees=Degrees(pp=pp, dp=dp, cp=cp, tp=tp), chunks=even_chunks(4, pp * virtual),
         micro_batch_size=1, num_micro_batches=micro_batches, virtual_pipeline=virtual,
         **knobs,
     )
@@ -400,3 +400,13 @@ def test_eager_sends_receives_and_all_reduces_are_counted_with_their_group() -> 
     assert kinds0 == {"all_reduce": {"count": 1, "bytes": 32}, "send": {"count": 1, "bytes": 32}}
     assert kinds1 == {"all_reduce": {"count": 1, "bytes": 32}, "recv": {"count": 1, "bytes": 32}}
     assert [g["ranks"] for g in groups0] == [[0, 1], [0, 1]]
+
+
+def test_cp2_pp2_llama_interleaved_full_recompute_trains_as_one_process() -> None:
+    # Context parallelism: keys and values all-gathered over the context group (ranks
+    # [0, 1] for rank 0), gradients averaged over data x context ranks.
+    check = _train(LLAMA, _spec(
+        cp=2, pp=2, virtual=2, schedule="interleaved", recompute="full",
+    ))
+    groups = {(g["kind"], tuple(g["ranks"])) for g in check.collectives_by_group[0]}
+    assert ("all_gather", (0, 1)) in groups and ("all_reduce", (0, 1)) in groups
