@@ -5,10 +5,10 @@ ranks share a tensor group, the group with the most traffic), then context, then
 pipeline slowest. A 2x2x2 pp.dp.tp plan puts ranks {0, 1} in one tensor group, {0, 2} in
 one data group and {0, 4} in one pipeline.
 
-Expert parallelism is not an axis of its own here: Megatron carves the expert group out of
-the data-parallel ranks, and this runtime does not run expert-parallel plans yet (see
-`RunSpec`), so the mesh has the four axes below; an axis of degree 1 is kept so that every
-rank can ask for any axis by name.
+Expert parallelism is not an axis of this mesh: Megatron carves the expert group out of
+the data-parallel ranks, and `runtime.experts.expert_mesh` splits ``dp`` into ``edp`` x
+``ep`` for it. An axis of degree 1 is kept so that every rank can ask for any axis by
+name.
 """
 
 from __future__ import annotations
