@@ -300,9 +300,9 @@ def test_recomputation_reruns_the_blocks_or_only_the_attention_cores(
     calls = {"blocks": 0, "cores": 0}
     core = stages._attention_core
 
-    def counted_core(q, k, v):
+    def counted_core(q, k, v, mask=None):
         calls["cores"] += 1
-        return core(q, k, v)
+        return core(q, k, v, mask)
 
     monkeypatch.setattr(stages, "_attention_core", counted_core)
     stage = build_stage(GPT, (0, 4), first_stage=True, last_stage=True)
