@@ -12,13 +12,15 @@ the failed rank's connection (and it stops the other workers before they report)
 rank writes its own exception to a file, and `launch` picks the earliest one that is not a
 lost connection.
 
-Nothing listens beyond loopback, nor at all: the rendezvous is torch's dynamic rendezvous
-over a `FileStore` in a private temporary directory (backend ``tessel-file``, registered
-here), the agent's shared TCPStore is turned off (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``),
-the workers join their process group through a FileStore too, and gloo's sockets are
-bound to the loopback interface. The workers' store is prefixed by the restart count, so
-a restarted attempt never reads the previous one's peer addresses (trap 2 of the gloo
-notes). A real multi-node job uses torchrun's own ``c10d`` rendezvous instead.
+Nothing listens beyond loopback: the rendezvous is torch's dynamic rendezvous over a
+`FileStore` in a private temporary directory (backend ``tessel-file``, registered here),
+the agent's shared TCPStore is turned off (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``), the
+workers join their process group through a FileStore too, and gloo's pair sockets are
+bound to the loopback interface. (The agent still picks a MASTER_PORT number, which no
+one uses here, by opening and at once closing a socket on localhost.) The workers' store
+is prefixed by the restart count, so a restarted attempt never reads the previous one's
+peer addresses (trap 2 of the gloo notes). A real multi-node job uses torchrun's own
+``c10d`` rendezvous instead.
 """
 
 from __future__ import annotations
