@@ -193,6 +193,7 @@ class PipelineTrainer:
                 reduce_expert_gradients(module, self.expert_mesh, self.spec.degrees.dp)
         self.held = {
             "parameters": _bytes(self.parameters),
+            "parameters_gathered": _gathered_bytes(self.parameters, self.dp_mesh),
             "gradients": _bytes([p.grad for p in self.parameters if p.grad is not None]),
         }
         self.optimizer.step()
@@ -209,10 +210,11 @@ class PipelineTrainer:
         """This rank's bytes of parameters and gradients (after the last backward) and of
         optimizer state (after the last step), counted over its local shards.
 
-        Parameters are counted at rest. FSDP2 keeps them sharded at rest for every ZeRO
-        stage it runs (1, 2 and 3): ZeRO-1/2 differ from ZeRO-3 in holding the gathered
-        parameters from a micro-batch's forward to its backward, a transient this count does
-        not see. A tied embedding's copy on the last pipeline stage is counted there (as
+        Parameters are counted at rest (``parameters``) and gathered over the data-parallel
+        axis (``parameters_gathered``). FSDP2 keeps them sharded at rest for every ZeRO
+        stage it runs (1, 2 and 3); ZeRO-1/2 hold the gathered ones from the forward to the
+        last backward of a step (what a ZeRO-1/2 plan predicts), ZeRO-3 one layer's at a
+        time. A tied embedding's copy on the last pipeline stage is counted there (as
         Megatron holds it)."""
         return dict(self.held)
 
@@ -225,6 +227,23 @@ class PipelineTrainer:
                 value = p.full_tensor() if isinstance(p, DTensor) else p
                 out[clean_name(name)] = value.detach().clone()
         return out
+
+
+def _gathered_bytes(params, dp_mesh: DeviceMesh) -> int:
+    """Bytes of the parameters with their data-parallel (FSDP) sharding undone: what a rank
+    holds while FSDP2 has them gathered (ZeRO-1/2: from forward to the last backward)."""
+    dp_names = set(dp_mesh.mesh_dim_names or ()) | {"dp", "cp", "dp_cp"}
+    total = 0
+    for p in params:
+        if not isinstance(p, DTensor):
+            total += p.numel() * p.element_size()
+            continue
+        mesh, numel = p.device_mesh, p.numel()
+        for dim, placement in enumerate(p.placements):
+            if placement.is_shard() and mesh.mesh_dim_names[dim] not in dp_names:
+                numel //= mesh.size(dim)  # a tensor-parallel split stays
+        total += numel * p.element_size()
+    return total
 
 
 def _bytes(tensors) -> int:

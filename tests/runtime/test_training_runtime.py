@@ -246,6 +246,7 @@ def test_dp4_zero3_adamw_trains_as_one_process_and_shards_every_parameter() -> N
     assert sum(h["gradients"] for h in check.local_bytes) == whole
     for held in check.local_bytes:  # AdamW: two moments per parameter element
         assert held["optimizer"] == 2 * held["parameters"]
+        assert held["parameters_gathered"] == whole
     for kinds in check.collectives:
         assert set(kinds) == {"all_gather", "reduce_scatter"}
 
