@@ -8,6 +8,7 @@ runtime does not follow that schema's changes field by field.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from runtime.mesh import Degrees
@@ -136,6 +137,16 @@ def from_training_plan(plan) -> RunSpec:
             "runtime.trainer.ShardedTrainer runs it"
         )
     degrees = Degrees(pp=p.pipeline, dp=p.data, cp=p.context, tp=p.tensor)
+    # Every stage on the same data x (context x) tensor mesh: what this runtime runs.
+    shapes = [list(getattr(stage, "mesh_shape", None) or []) for stage in plan.stages]
+    sizes = {p.data * p.tensor, p.data * p.tensor * p.context}
+    for i, shape in enumerate(shapes):
+        if shape and (shape != shapes[0] or math.prod(shape) not in sizes):
+            raise ValueError(
+                f"stage {i} runs on a {'x'.join(map(str, shape))} mesh, stage 0 on "
+                f"{'x'.join(map(str, shapes[0]))} and the plan's degrees are data {p.data} x "
+                f"tensor {p.tensor}; stages of different shapes are not run yet"
+            )
     stages = [tuple(stage.layers) for stage in plan.stages]
     if p.virtual_pipeline == 1:
         chunks = tuple(stages)

@@ -119,6 +119,10 @@ def test_run_spec_from_a_training_plan() -> None:
     plan.global_batch_size = 16
     with pytest.raises(ValueError, match="global batch"):
         from_training_plan(plan)
+    plan.global_batch_size = 8
+    plan.stages[1].mesh_shape = [4, 1]
+    with pytest.raises(ValueError, match="stage 1 runs on a 4x1 mesh"):
+        from_training_plan(plan)
     with pytest.raises(ValueError, match="operator-level"):
         from_training_plan(SimpleNamespace(parallel=None))
 
