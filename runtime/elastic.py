@@ -89,6 +89,8 @@ def launch(
         local_addr="127.0.0.1",
         logs_specs=DefaultLogsSpecs(log_dir=str(tmp / "logs")),
     )
+    if start_method == "fork":
+        forget_parent_meshes()
     previous = os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     try:
@@ -130,20 +132,22 @@ def _root_cause(error: ChildFailedError, tmp: Path) -> RankError:
 
 
 def forget_parent_meshes() -> None:
-    """Clear DTensor's caches a forked rank inherits from its parent.
+    """Clear DTensor's caches, which forked ranks would inherit (called before forking).
 
     DTensor caches sharding decisions and redistribution plans keyed by DeviceMesh, and a
     mesh compares equal to another of the same shape and axis names whatever its process
     groups. A parent that planned on a fake group of the same shape would hand a forked
     rank cached results naming the parent's (dead) groups: "Could not resolve the process
     group registered under the name 19". (Private caches of torch 2.13; `spawn` does not
-    need this.)
+    need this.) Cleared in the parent, once: importing what clears them in each of 8
+    ranks (torch.distributed.tensor.debug) took 5-6 s on 2 cores.
     """
     from torch.distributed.tensor import DTensor, _redistribute
-    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 
-    _clear_sharding_prop_cache()  # the Python and the C++ fast-path caches
-    DTensor._op_dispatcher.sharding_propagator._propagate_tensor_meta_cached.cache_clear()
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    propagator.propagate_op_sharding.cache_clear()
+    torch._C._clear_DTensor_sharding_propagator_cache()  # the C++ fast path's
+    propagator._propagate_tensor_meta_cached.cache_clear()
     _redistribute._gen_transform_infos.cache_clear()
 
 
@@ -159,7 +163,6 @@ def _report(folder: Path, rank: int, attempt: int, error: BaseException) -> None
 
 
 def _worker(fn, store_path: str, collective_timeout_s: float, args) -> Any:
-    forget_parent_meshes()
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     loopback = loopback_interface()
