@@ -221,6 +221,9 @@ def _rank_main(
     fn, rank: int, world_size: int, store_dir: Path, pipes, args, backend: str,
     collective_timeout_s: float,
 ) -> None:
+    # A parent that ran torch's elastic agent left its SIGTERM handler installed, which
+    # raises in the rank when `_stop` ends it after it reported: restore the default.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     connection = pipes[rank][1]
     for index, (reader, writer) in enumerate(pipes):
         reader.close()
