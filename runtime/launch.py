@@ -14,6 +14,12 @@ rank that dies without reporting (killed, segfault, `os._exit`) is named with it
 code or signal within moments; the others are then given a short grace to report and
 stopped. Collectives time out after `collective_timeout_s` (torch's default is 30
 minutes), and the whole run after `timeout_s`.
+
+Operator-level checks (`plan check --mesh`) and the tests use it; training plans start
+through torch's elastic agent (`runtime/elastic.py`), as torchrun does. Side by side here
+(`benchmarks/launcher_overhead.py`, median of 3), a launch of 2 / 4 / 8 ranks takes 0.07 /
+0.16 / 0.37 s forked and 0.33 / 0.27 / 0.69 s through the agent: 1.7-4.5x, 0.1-0.3 s a
+launch.
 """
 
 from __future__ import annotations
