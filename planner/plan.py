@@ -117,8 +117,15 @@ class Stage(_Model):
     num_devices: int = Field(ge=1, description="Devices the stage runs on.")
     mesh_axes: list[str] = Field(description="Names of the stage mesh's axes, outermost first.")
     mesh_shape: list[int] = Field(description="Logical mesh of the stage, e.g. [data, tensor].")
-    virtual_chunks: int = Field(default=1, ge=1, description="Model chunks of the stage "
-                                "(interleaved 1F1B), split evenly over its layers.")
+    virtual_chunks: int = Field(default=1, ge=1, description="Model chunks the stage holds "
+                                "(interleaved 1F1B).")
+    chunks: list[tuple[int, int]] = Field(
+        default_factory=list,
+        description="Layers [first, last) of each model chunk the stage holds, in model order. "
+        "One chunk, `layers`, without interleaving; with v chunks per stage, Megatron-LM's "
+        "order: the layers cut into pipeline x v equal chunks, chunk c on stage c % pipeline "
+        "(`layers` is then the stage's share of the layers, not a range it holds).",
+    )
     parameters: dict[str, str] = Field(
         default_factory=dict, description="Parameter FQN -> placement on the stage mesh."
     )
@@ -328,6 +335,9 @@ class Plan(_Model):
 
 def _check_stage(index: int, stage: Stage) -> None:
     where = f"stage {index}"
+    if stage.chunks and len(stage.chunks) != stage.virtual_chunks:
+        raise ValueError(f"{where}: {len(stage.chunks)} chunks listed for virtual_chunks "
+                         f"{stage.virtual_chunks}")
     if len(stage.mesh_axes) != len(stage.mesh_shape) or math.prod(stage.mesh_shape) != \
             stage.num_devices:
         raise ValueError(
@@ -385,7 +395,8 @@ def migrate_v1(data: dict[str, Any]) -> dict[str, Any]:
     for stage in data.pop("stages"):
         axes, shape = stage_mesh(stage["mesh_shape"][0], parallel["context"],
                                  stage["mesh_shape"][1])
-        stages.append({**stage, "first_device": first, "mesh_axes": axes, "mesh_shape": shape})
+        stages.append({**stage, "first_device": first, "mesh_axes": axes, "mesh_shape": shape,
+                       "virtual_chunks": parallel["virtual_pipeline"]})
         first += stage["num_devices"]
     predicted = dict(data.pop("predicted"))
     breakdown = predicted.get("breakdown") or {}

@@ -66,13 +66,16 @@ def _plan(
 ) -> Plan:
     """The Plan of a configuration whose stages run on `layouts`' meshes."""
     stages, first_layer, first_device = [], 0, 0
-    for layout in layouts:
+    interleaved = _interleaved_chunks(sum(layout.layers for layout in layouts), len(layouts),
+                                      parallel.virtual_pipeline)
+    for index, layout in enumerate(layouts):
         axes, shape = stage_mesh(layout.data, parallel.context, layout.tensor)
         devices = layout.devices * parallel.context
-        chunks = parallel.virtual_pipeline
-        stages.append(Stage(layers=(first_layer, first_layer + layout.layers),
-                            first_device=first_device, num_devices=devices, mesh_axes=axes,
-                            mesh_shape=shape, virtual_chunks=chunks))
+        layers = (first_layer, first_layer + layout.layers)
+        stages.append(Stage(layers=layers, first_device=first_device, num_devices=devices,
+                            mesh_axes=axes, mesh_shape=shape,
+                            virtual_chunks=parallel.virtual_pipeline,
+                            chunks=interleaved[index::len(layouts)] if interleaved else [layers]))
         first_layer, first_device = first_layer + layout.layers, first_device + devices
     mesh_axes, mesh_shape = training_mesh(parallel.data, parallel.context, parallel.tensor,
                                           [stage.mesh_shape for stage in stages])
@@ -108,3 +111,12 @@ def _even(num_layers: int, stages: int) -> list[int]:
     stages when the layers do not divide."""
     splits = megatron_stage_splits(num_layers, stages)
     return list(splits[0]) if splits else even_split(num_layers, stages)
+
+
+def _interleaved_chunks(num_layers: int, stages: int, virtual: int) -> list[tuple[int, int]]:
+    """Megatron-LM's interleaved chunks: the layers cut into stages x virtual equal runs
+    (chunk c runs on stage c % stages); empty without interleaving."""
+    if virtual == 1:
+        return []
+    size = num_layers // (stages * virtual)
+    return [(c * size, (c + 1) * size) for c in range(stages * virtual)]

@@ -1,9 +1,9 @@
 """What the runtime needs to know of a training plan, as one small frozen value.
 
 `RunSpec` holds the degrees, the layers of every pipeline chunk, the micro-batching, the
-schedule, ZeRO and recomputation: the fields of `planner.training_plan.TrainingPlan` the
-runtime reads. `from_training_plan` is the one place that reads a TrainingPlan, so the
-runtime does not follow that schema's changes field by field.
+schedule, ZeRO and recomputation: the fields of a training `planner.plan.Plan` the runtime
+reads. `from_training_plan` is the one place that reads a Plan, so the runtime does not
+follow that schema's changes field by field.
 """
 
 from __future__ import annotations
@@ -119,16 +119,13 @@ def even_chunks(num_layers: int, num_chunks: int) -> tuple[tuple[int, int], ...]
 
 
 def from_training_plan(plan) -> RunSpec:
-    """The RunSpec of a `planner.training_plan.TrainingPlan`.
+    """The RunSpec of a training `planner.plan.Plan`.
 
-    A plan's stages are its physical pipeline stages. Without virtual stages each stage is
-    one chunk. With `virtual_pipeline` v > 1, the model's layers are split, as Megatron
-    splits them, into pp x v chunks of equal size taken in order, chunk c on pipeline rank
-    c % pp; each of the plan's stages must then hold L / pp layers.
-
-    Reads only fields both `planner.training_plan.TrainingPlan` and the unified
-    `planner.plan.Plan` (version 2) have; an operator-level plan (no ``parallel``) is
-    refused: `runtime.trainer.ShardedTrainer` runs those.
+    A plan's stages are its physical pipeline stages, and each lists the layer ranges of
+    the model chunks it holds (`Stage.chunks`; with `virtual_pipeline` v > 1, Megatron's
+    order: pp x v equal chunks, chunk c on pipeline rank c % pp). A plan without chunk
+    lists (a stub) is read from its stages' layers the same way. An operator-level plan
+    (no ``parallel``) is refused: `runtime.trainer.ShardedTrainer` runs those.
     """
     p = getattr(plan, "parallel", None)
     if p is None:
@@ -148,7 +145,10 @@ def from_training_plan(plan) -> RunSpec:
                 f"tensor {p.tensor}; stages of different shapes are not run yet"
             )
     stages = [tuple(stage.layers) for stage in plan.stages]
-    if p.virtual_pipeline == 1:
+    listed = [tuple(chunk) for stage in plan.stages for chunk in getattr(stage, "chunks", [])]
+    if listed:
+        chunks = tuple(sorted(listed))  # model order: chunk c on stage c % pp
+    elif p.virtual_pipeline == 1:
         chunks = tuple(stages)
     else:
         num_layers = stages[-1][1] - stages[0][0]

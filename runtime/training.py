@@ -322,7 +322,7 @@ def train_reference(
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 

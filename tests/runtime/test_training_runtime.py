@@ -127,6 +127,23 @@ def test_run_spec_from_a_training_plan() -> None:
         from_training_plan(SimpleNamespace(parallel=None))
 
 
+def test_run_spec_from_a_real_interleaved_plan() -> None:
+    """The Plan lists each stage's chunks in Megatron's interleaved order, and the runtime
+    runs exactly those: 8 layers, 2 stages x 2 chunks of 2 layers, chunk c on stage c % 2."""
+    from planner.cluster import Cluster
+    from planner.parallel import ParallelConfig
+    from planner.training import training_plan
+
+    model = GPT.model_copy(update={"num_layers": 8})
+    parallel = ParallelConfig(tensor=2, pipeline=2, micro_batch_size=1, global_batch_size=8,
+                              schedule="interleaved", virtual_pipeline=2, precision="fp32")
+    plan = training_plan("gpt", model, Cluster.load("cpu").with_devices(8), parallel)
+    assert [s.chunks for s in plan.stages] == [[(0, 2), (4, 6)], [(2, 4), (6, 8)]]
+    spec = from_training_plan(plan)
+    assert spec.chunks == ((0, 2), (2, 4), (4, 6), (6, 8)) == even_chunks(8, 4)
+    assert spec.stage_indices(0) == [0, 2] and spec.stage_indices(1) == [1, 3]
+
+
 def test_schedule_names_map_to_torch_schedules() -> None:
     assert schedule_class("gpipe", 1) is ScheduleGPipe
     assert schedule_class("1f1b", 1) is Schedule1F1B
