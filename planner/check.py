@@ -22,6 +22,7 @@ from planner.plan import Plan
 from runtime.comm_counter import CommCounter
 from runtime.launch import run_on_ranks
 from runtime.trainer import DEFAULT_OPTIMIZER, ShardedTrainer
+from runtime.training import relative_errors
 
 # fp32 training on both sides: only summation order differs.
 RELATIVE_TOLERANCE = 1e-4
@@ -117,17 +118,12 @@ def check_plan(
     results = run_on_ranks(_train_rank, plan.num_devices, program, plan, state, batches)
     losses, comms, params = results[0]
 
-    abs_error, rel_error = 0.0, 0.0
-    for got, want in zip(losses, reference_losses):
-        abs_error = max(abs_error, abs(got - want))
-        rel_error = max(rel_error, abs(got - want) / max(abs(want), 1e-12))
-    diffs = torch.cat([(params[n] - w).reshape(-1) for n, w in reference_params.items()])
-    reference = torch.cat([w.reshape(-1) for w in reference_params.values()])
-    abs_error = max(abs_error, float(diffs.abs().max()))
-    # Relative error of the whole parameter vector: Adam turns rounding noise in gradients
-    # that are zero in exact arithmetic (a key bias under softmax) into updates of size lr,
-    # which no per-tensor measure of a partly-noise tensor can tell from a bug.
-    rel_error = max(rel_error, float(diffs.norm() / max(float(reference.norm()), 1e-12)))
+    loss_rel, param_rel = relative_errors(losses, params, reference_losses, reference_params)
+    rel_error = max(loss_rel, param_rel)
+    abs_error = max(
+        max(abs(got - want) for got, want in zip(losses, reference_losses)),
+        max(float((params[n] - w).abs().max()) for n, w in reference_params.items()),
+    )
 
     predicted = {k: v.model_dump() for k, v in plan.communication.items()}
     mismatches = []

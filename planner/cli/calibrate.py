@@ -12,7 +12,6 @@ import argparse
 import math
 import time
 
-from rich.console import Console
 
 from cost_models.calibrate import (
     FITTED,
@@ -23,6 +22,7 @@ from cost_models.calibrate import (
     predict_all,
     read_measurements,
 )
+from planner.cli.console import console
 from planner.cli.errors import UsageError
 from planner.cli.parsing import whole
 from planner.cluster import Cluster
@@ -46,7 +46,7 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
-def run_calibrate(args: argparse.Namespace, console: Console) -> int:
+def run_calibrate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     import numpy as np

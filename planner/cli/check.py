@@ -59,13 +59,8 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def print_check(report) -> None:
-    table = Table(title=f"check over {report.steps} steps")
-    table.add_column("step", justify="right")
-    table.add_column("loss (sharded)", justify="right")
-    table.add_column("loss (one process)", justify="right")
-    for step, (got, want) in enumerate(zip(report.losses, report.reference_losses)):
-        table.add_row(str(step), f"{got:.8f}", f"{want:.8f}")
-    console.print(table)
+    console.print(_losses(f"check over {report.steps} steps", "loss (sharded)",
+                          report.losses, report.reference_losses))
     comm = Table(title="collectives per step: measured vs predicted")
     for column in ("kind", "measured", "predicted"):
         comm.add_column(column)
@@ -121,12 +116,8 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
 
 
 def print_training_check(report, steps: int) -> None:
-    table = Table(title=f"check over {steps} steps on {report.world_size} ranks")
-    for column in ("step", "loss (plan)", "loss (one process)"):
-        table.add_column(column, justify="right")
-    for step, (got, want) in enumerate(zip(report.losses, report.reference_losses)):
-        table.add_row(str(step), f"{got:.8f}", f"{want:.8f}")
-    console.print(table)
+    console.print(_losses(f"check over {steps} steps on {report.world_size} ranks",
+                          "loss (plan)", report.losses, report.reference_losses))
     comm = Table(title="collectives of the whole check, rank 0 (count x, bytes)")
     for column in ("kind", "measured"):
         comm.add_column(column)
@@ -140,3 +131,13 @@ def print_training_check(report, steps: int) -> None:
         f"within {report.parameter_rel_error:.3e} (relative norm) of one process",
         highlight=False,
     )
+
+
+def _losses(title: str, label: str, losses: list[float], reference: list[float]) -> Table:
+    """Each step's loss next to the one-process loss."""
+    table = Table(title=title)
+    for column in ("step", label, "loss (one process)"):
+        table.add_column(column, justify="right")
+    for step, (got, want) in enumerate(zip(losses, reference)):
+        table.add_row(str(step), f"{got:.8f}", f"{want:.8f}")
+    return table

@@ -13,6 +13,7 @@ from typing import Any
 from planner.cli.errors import UsageError
 from planner.cli.parsing import whole
 from planner.cluster import MAX_DEVICES
+from planner.knobs import FLAG
 from planner.parallel import PRECISIONS, RECOMPUTE, SCHEDULES, ParallelConfig
 from planner.search.megatron_space import MAX_GPUS
 
@@ -23,11 +24,7 @@ MAX_TOP = 100
 
 # Megatron-LM flag -> ParallelConfig field, for the knobs that take a number.
 _NUMBER_FLAGS = {
-    "--tensor-model-parallel-size": "tensor",
-    "--pipeline-model-parallel-size": "pipeline",
-    "--context-parallel-size": "context",
-    "--expert-model-parallel-size": "expert",
-    "--micro-batch-size": "micro_batch_size",
+    FLAG[field]: field for field in ("tensor", "pipeline", "context", "expert", "micro_batch_size")
 }
 # Knobs that make a what-if prediction when all given.
 WHAT_IF = ("tensor", "pipeline", "micro_batch_size")

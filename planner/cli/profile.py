@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pydantic import ValidationError
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -35,6 +34,7 @@ from cost_models.profile import (
     format_bytes,
 )
 from cost_models.measure import measure_profile
+from planner.cli.console import console
 from planner.cli.errors import UsageError
 
 DEFAULT_OUTPUT = "tessel-profile.json"
@@ -141,7 +141,7 @@ def _with_flags(message: str) -> str:
     return message
 
 
-def run_profile(args: argparse.Namespace, console: Console) -> int:
+def run_profile(args: argparse.Namespace) -> int:
     """Measure, write the database to `--output`, and print what was measured."""
     settings = settings_from_args(args)
     folder = Path(args.output).resolve().parent
@@ -161,7 +161,7 @@ def run_profile(args: argparse.Namespace, console: Console) -> int:
 
         database = measure_profile(settings, report)
     database.save(args.output)
-    print_profile(database, console)
+    print_profile(database)
     console.print(
         f"profile written to {args.output} in {time.perf_counter() - start:.1f} s; plan with "
         f"it: plan MODEL --profile {args.output}"
@@ -169,7 +169,7 @@ def run_profile(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def print_profile(database: ProfileDatabase, console: Console) -> None:
+def print_profile(database: ProfileDatabase) -> None:
     """Tables of achieved matmul FLOP/s, elementwise bandwidth and collective times."""
     console.print(_matmul_table(database))
     console.print(_memory_table(database))

@@ -213,6 +213,16 @@ def _write(tmp_path, data: dict, name: str = "bad.yaml"):
     return path
 
 
+def _preset_with(name: str, path: tuple, value) -> dict:
+    """A preset's data with the field at `path` set to `value`."""
+    data = Cluster.load(name).model_dump()
+    place = data
+    for key in path[:-1]:
+        place = place[key]
+    place[path[-1]] = value
+    return data
+
+
 @pytest.mark.parametrize(
     "path, value, message",
     [
@@ -247,11 +257,7 @@ def _write(tmp_path, data: dict, name: str = "bad.yaml"):
 def test_non_finite_and_absurd_numbers_are_named_by_field(
     tmp_path, path, value, message, suffix
 ) -> None:
-    data = Cluster.load("dgx-h100").model_dump()
-    place = data
-    for key in path[:-1]:
-        place = place[key]
-    place[path[-1]] = value
+    data = _preset_with("dgx-h100", path, value)
     file = _write(tmp_path, data, "bad" + suffix)  # YAML writes .inf / .nan, JSON Infinity
     with pytest.raises(ValueError) as error:
         Cluster.load(str(file))
@@ -356,11 +362,7 @@ def piped_width(monkeypatch):
 def test_plan_with_a_garbage_cluster_exits_2_in_one_line(
     tmp_path, capsys, piped_width, path, value, fragment
 ) -> None:
-    data = Cluster.load("dgx-h100").model_dump()
-    place = data
-    for key in path[:-1]:
-        place = place[key]
-    place[path[-1]] = value
+    data = _preset_with("dgx-h100", path, value)
     file = _write(tmp_path, data)
     code = cli.main(["demo:mlp", "--mesh", "2", "--cluster", str(file)])
     captured = capsys.readouterr()
