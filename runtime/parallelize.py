@@ -90,22 +90,29 @@ def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_para
         else:
             plan.update({f"mlp.{name}": ColwiseParallel() for name in mlp_in})
             plan[f"mlp.{mlp_out}"] = RowwiseParallel(output_layouts=seq)
+        # Each block's attention and MLP input becomes one replicated DTensor that q, k and
+        # v (gate and up) all read: their input gradients add up as partial sums and are
+        # reduced once (one all-reduce, or one reduce-scatter under sequence parallelism),
+        # as Megatron's fused QKV and FC1 do, instead of once per projection.
+        # Block calls attn(x, rotary); rotary is None (StageAttention makes it).
+        plan["attn"] = PrepareModuleInput(
+            input_layouts=(seq, None), desired_input_layouts=(Replicate(), None)
+        )
+        if not moe:
+            plan["mlp"] = PrepareModuleInput(
+                input_layouts=(seq,), desired_input_layouts=(Replicate(),)
+            )
         if sequence_parallel:
             plan.update({
                 "attn_norm": SequenceParallel(),
                 "mlp_norm": SequenceParallel(),
-                # Block calls attn(x, rotary); rotary is None (StageAttention makes it).
-                "attn": PrepareModuleInput(
-                    input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
-                ),
-                "mlp": PrepareModuleInput(
-                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-                ) if not moe else PrepareModuleInputOutput(
+            })
+            if moe:
+                plan["mlp"] = PrepareModuleInputOutput(
                     input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
                     use_local_input=True, output_layouts=(Replicate(),),
                     desired_output_layouts=(Shard(1),), use_local_output=True,
-                ),
-            })
+                )
         parallelize_module(block, tp_mesh, plan)
     if stage.last_stage:
         plan = {}
