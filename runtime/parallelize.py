@@ -65,7 +65,7 @@ def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_para
             "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
         })
         if sequence_parallel and stage.first_stage:
-            stage.scatter_sequence = _SequenceScatter(tp_mesh)
+            stage.scatter_sequence = SequenceScatter(tp_mesh)
     for block in stage.layers.values():
         attn: StageAttention = block.attn
         attn.local_heads(tp)
@@ -144,7 +144,7 @@ def _grad_like_param(param: DTensor) -> None:
         param.grad = grad.redistribute(param.device_mesh, param.placements)
 
 
-class _SequenceScatter(nn.Module):
+class SequenceScatter(nn.Module):
     """Replicated hidden states -> this rank's sequence shard (backward: all-gather)."""
 
     def __init__(self, tp_mesh: DeviceMesh) -> None:

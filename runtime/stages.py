@@ -209,21 +209,23 @@ class StageModule(nn.Module):
         if self.last_stage:
             x = self.final_norm(x)
             if self.lm_head is None:  # tied: the head is the token embedding
-                return self._tied_head(x)
+                return tied_head(x, self.embed.weight, self.head_input_layout)
             x = self.lm_head(x)
         return x
 
-    def _tied_head(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.embed.weight
-        if self.head_input_layout is None or not isinstance(weight, DTensor):
-            return F.linear(x, weight)
-        # Vocabulary-parallel weight: logits column-parallel over the vocabulary, then
-        # gathered for the loss (what ColwiseParallel does for the untied head).
-        mesh = weight.device_mesh
-        if not isinstance(x, DTensor):  # SequenceParallel's norm output already is one
-            x = DTensor.from_local(x, mesh, [self.head_input_layout], run_check=False)
-        logits = F.linear(x.redistribute(mesh, [Replicate()]), weight)
-        return logits.redistribute(mesh, [Replicate()]).to_local()
+
+def tied_head(x: torch.Tensor, weight: torch.Tensor, input_layout=None) -> torch.Tensor:
+    """Logits of a head tied to the token embedding `weight`. A vocabulary-parallel weight
+    (a DTensor, with `input_layout` the layout of `x` on its mesh: Replicate(), or Shard(1)
+    under sequence parallelism) gives logits column-parallel over the vocabulary, then
+    gathered for the loss (what ColwiseParallel does for the untied head)."""
+    if input_layout is None or not isinstance(weight, DTensor):
+        return F.linear(x, weight)
+    mesh = weight.device_mesh
+    if not isinstance(x, DTensor):  # SequenceParallel's norm output already is one
+        x = DTensor.from_local(x, mesh, [input_layout], run_check=False)
+    logits = F.linear(x.redistribute(mesh, [Replicate()]), weight)
+    return logits.redistribute(mesh, [Replicate()]).to_local()
 
 
 def _norm_like(config: TransformerConfig) -> nn.Module:

@@ -1,6 +1,7 @@
-"""Train a training plan (`RunSpec`) on this rank: its pipeline stages of the zoo model,
-tensor/sequence parallel, FSDP2 data parallel with ZeRO, recomputation, a torch pipeline
-schedule and an fp32 optimizer; and the same training in one process, for comparison.
+"""Train a training plan (`RunSpec`) on this rank: its pipeline stages of the zoo model or
+of a Hugging Face decoder (`runtime.model_parts`), tensor/sequence parallel, FSDP2 data
+parallel with ZeRO, recomputation, a torch pipeline schedule and an fp32 optimizer; and
+the same training in one process, for comparison.
 
 `PipelineTrainer.step(tokens, targets)` takes the global batch (every rank passes the same
 one), keeps this rank's data-parallel slice and runs forward and backward over its
@@ -35,21 +36,11 @@ from runtime.experts import (
     reduce_expert_gradients,
 )
 from runtime.mesh import build_mesh
-from runtime.parallelize import (
-    apply_data_parallel,
-    apply_recompute,
-    apply_tensor_parallel,
-    keep_gradients_sharded,
-)
+from runtime.model_parts import model_parts
+from runtime.parallelize import apply_data_parallel, keep_gradients_sharded
 from runtime.schedule import build_schedule, stage_shapes
 from runtime.spec import RunSpec
-from runtime.stages import (
-    ContextShard,
-    build_reference,
-    build_stage,
-    clean_name,
-    materialize,
-)
+from runtime.stages import ContextShard, clean_name
 
 OPTIMIZERS = {
     "sgd": (torch.optim.SGD, {"lr": 0.1}),
@@ -72,13 +63,19 @@ def _optimizer(params: list[nn.Parameter], name: str) -> torch.optim.Optimizer:
 
 class PipelineTrainer:
     """One rank's part of a training plan. Needs an initialized process group of
-    `spec.degrees.world_size` ranks."""
+    `spec.degrees.world_size` ranks.
+
+    `config` is the model's shape; with `hf_config` (a Hugging Face config's
+    ``to_dict()``, `config` its `to_transformer_config`) the stages are that model's own
+    transformers modules, else the zoo transformer's."""
 
     def __init__(
         self, config: TransformerConfig, spec: RunSpec, seed: int = 0, optimizer: str = "sgd",
-        mesh: DeviceMesh | None = None,
+        mesh: DeviceMesh | None = None, hf_config: dict[str, Any] | None = None,
     ) -> None:
         self.config, self.spec = config, spec
+        parts = model_parts(config, hf_config)
+        parts.check(spec)
         self.mesh = mesh if mesh is not None else build_mesh(spec.degrees)
         coordinate = self.mesh.get_coordinate()
         assert coordinate is not None
@@ -98,19 +95,18 @@ class PipelineTrainer:
             self.dp_mesh = self.mesh["dp", "cp"]._flatten("dp_cp")
         self.modules: dict[int, nn.Module] = {}
         for index in spec.stage_indices(self.coords["pp"]):
-            stage = build_stage(
-                config, spec.chunks[index], first_stage=index == 0,
-                last_stage=index == spec.num_stages - 1,
+            stage = parts.build_stage(
+                spec.chunks[index], first=index == 0, last=index == spec.num_stages - 1,
             )
             if self.context is not None:
                 stage.set_context(self.context)
             if self.expert_mesh is not None:
                 apply_expert_parallel(stage, self.expert_mesh, spec.expert_dispatcher)
-            apply_tensor_parallel(stage, self.mesh["tp"], spec.sequence_parallel)
-            apply_recompute(stage, spec.recompute)
+            parts.tensor_parallel(stage, self.mesh["tp"], spec.sequence_parallel)
+            parts.recompute(stage, spec.recompute)
             ignored = set(expert_parameters(stage)) if self.expert_mesh is not None else None
             apply_data_parallel(stage, self.dp_mesh, spec.zero_stage, ignored)
-            materialize(stage, seed)
+            parts.materialize(stage, seed)
             keep_gradients_sharded(stage)
             self.modules[index] = stage
         self.is_last = spec.num_stages - 1 in self.modules
@@ -268,12 +264,12 @@ def batches(config: TransformerConfig, spec: RunSpec, steps: int, seed: int = 0)
 
 def train_on_rank(
     rank: int, world_size: int, config: TransformerConfig, spec: RunSpec, steps: int,
-    seed: int = 0, optimizer: str = "sgd",
+    seed: int = 0, optimizer: str = "sgd", hf_config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """K steps of the plan on this rank: its losses, its stages' final parameters (from
     the first rank of each stage's tp x dp group only), collectives counted per kind over
-    the steps, and its local bytes."""
-    trainer = PipelineTrainer(config, spec, seed, optimizer)
+    the steps, and its local bytes. `hf_config`: see `PipelineTrainer`."""
+    trainer = PipelineTrainer(config, spec, seed, optimizer, hf_config=hf_config)
     losses, per_step = [], []
     everything = CommCounter()
     for tokens, targets in batches(config, spec, steps, seed):
@@ -311,14 +307,17 @@ def _add_counts(steps: list[dict[str, dict[str, int]]]) -> dict[str, dict[str, i
 
 def train_reference(
     config: TransformerConfig, spec: RunSpec, steps: int, seed: int = 0, optimizer: str = "sgd",
+    hf_config: dict[str, Any] | None = None,
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """The same steps in one process: whole model, whole batch. Returns the losses and the
-    final parameters."""
-    model = build_reference(config, seed)
+    """The same steps in one process: whole model (the zoo's, or with `hf_config`
+    transformers' own causal LM), whole batch. Returns the losses and the final
+    parameters."""
+    parts = model_parts(config, hf_config)
+    model = parts.reference(seed)
     opt = _optimizer(list(model.parameters()), optimizer)
     losses = []
     for tokens, targets in batches(config, spec, steps, seed):
-        loss = lm_loss(model(tokens), targets)
+        loss = lm_loss(parts.logits(model, tokens), targets)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -391,15 +390,19 @@ class TrainingCheck:
 
 def check_training(
     config: TransformerConfig, spec: RunSpec, steps: int, seed: int = 0,
-    optimizer: str = "sgd",
+    optimizer: str = "sgd", hf_config: dict[str, Any] | None = None,
 ) -> TrainingCheck:
     """Train `spec` for `steps` on `spec.degrees.world_size` local gloo ranks (started by
-    torch's elastic launcher) and in one process; compare losses and final parameters."""
+    torch's elastic launcher) and in one process; compare losses and final parameters.
+    With `hf_config` (a Hugging Face config's ``to_dict()``; `config` its
+    `planner.models.huggingface.to_transformer_config`) both run that model's own
+    transformers modules."""
     results = launch(
-        train_on_rank, spec.degrees.world_size, config, spec, steps, seed, optimizer
+        train_on_rank, spec.degrees.world_size, config, spec, steps, seed, optimizer,
+        hf_config,
     )
     losses, params = merge_results(results)
-    ref_losses, ref_params = train_reference(config, spec, steps, seed, optimizer)
+    ref_losses, ref_params = train_reference(config, spec, steps, seed, optimizer, hf_config)
     loss_rel, param_rel = relative_errors(losses, params, ref_losses, ref_params)
     return TrainingCheck(
         world_size=spec.degrees.world_size,

@@ -1,0 +1,299 @@
+"""One rank's pipeline stages of a Hugging Face decoder (Llama family), built from the
+real transformers modules on the meta device.
+
+A stage (`HFStageModule`) holds decoder layers [first, last) as transformers' own
+``LlamaDecoderLayer(config, layer_idx)`` under their full-model names
+(``model.layers.3.self_attn.q_proj.weight``), the token embedding on the first chunk and
+the final norm and LM head (``model.norm``, ``lm_head``) on the last, so names and values
+are those of ``LlamaForCausalLM``; no rank ever builds the whole model. Values come from
+`runtime.stages.init_parameter` (keyed by name), shard by shard, as for the zoo model.
+
+Tensor and sequence parallelism use the Megatron layout the zoo Llama gets in
+`runtime.parallelize.apply_tensor_parallel`, with the same torch styles on the same
+projections, so the collectives are the same: q/k/v and gate/up column-parallel, o and
+down row-parallel, one `PrepareModuleInput` at each block's attention and MLP input,
+vocabulary-parallel embedding, column-parallel LM head with gathered logits and, under
+sequence parallelism, `SequenceParallel` norms. HF's attention reshapes with ``-1`` and
+its grouped-query ratio (``num_key_value_groups``) is the same on a head shard, so the
+modules run on local heads unchanged.
+
+Attention is torch's SDPA through transformers' own ``sdpa_attention_forward``,
+registered under `ATTENTION` so that selective recomputation can checkpoint just the
+attention core; with no attention mask it runs causal (``is_causal``), as the reference
+does.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+from torch.utils.checkpoint import checkpoint
+from transformers import CONFIG_MAPPING, AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from planner.models.huggingface import _without_code_fields
+from runtime.parallelize import SequenceScatter, apply_recompute
+from runtime.stages import init_parameter, materialize, tied_head
+
+ATTENTION = "tessel_sdpa"
+"""The attention implementation stages run: transformers' SDPA, optionally recomputed."""
+
+# Decoder families whose modules are Llama's (names, layout, forward) and that were run
+# here against the single-process model.
+SUPPORTED = ("llama",)
+
+_DROPOUTS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop")
+
+
+def _attention(module: nn.Module, query, key, value, attention_mask, **kwargs):
+    """transformers' SDPA attention; under selective recomputation (the module's
+    ``recompute_core``) only softmax(QK^T)V is checkpointed, as Megatron does."""
+    if getattr(module, "recompute_core", False) and torch.is_grad_enabled():
+        return checkpoint(
+            sdpa_attention_forward, module, query, key, value, attention_mask,
+            use_reentrant=False, **kwargs,
+        )
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+AttentionInterface.register(ATTENTION, _attention)
+
+
+def hf_config_from_dict(fields: dict[str, Any]) -> Any:
+    """The transformers config of `fields` (a config's ``to_dict()``), rebuilt with the
+    concrete config class of its model_type (never Auto* with remote code), set up for
+    training here: no KV cache, `ATTENTION`, dropout off (every rank must compute what
+    one process does)."""
+    # Without the fields that point transformers at code outside its package or pick an
+    # attention kernel (the planner's own filter).
+    fields = _without_code_fields(fields)
+    model_type = fields.get("model_type")
+    if model_type not in SUPPORTED:
+        raise ValueError(
+            f"the runtime trains Hugging Face {', '.join(SUPPORTED)} decoders, not "
+            f"model_type {model_type!r}"
+        )
+    config = CONFIG_MAPPING[model_type].from_dict(fields)
+    config.use_cache = False
+    config._attn_implementation = ATTENTION
+    for name in _DROPOUTS:
+        if isinstance(getattr(config, name, None), float):
+            setattr(config, name, 0.0)
+    return config
+
+
+def _modeling(config: Any):
+    """transformers' modeling module of the config's family (e.g. modeling_llama)."""
+    return importlib.import_module(
+        f"transformers.models.{config.model_type}.modeling_{config.model_type}"
+    )
+
+
+def _classes(config: Any) -> dict[str, type]:
+    prefix = type(config).__name__.removesuffix("Config")  # LlamaConfig -> Llama
+    module = _modeling(config)
+    return {
+        part: getattr(module, f"{prefix}{part}")
+        for part in ("DecoderLayer", "RMSNorm", "RotaryEmbedding", "ForCausalLM")
+    }
+
+
+class _Trunk(nn.Module):
+    """The ``model.`` part of a stage: what ``LlamaModel`` holds, limited to the stage."""
+
+
+class HFStageModule(nn.Module):
+    """Decoder layers [first, last) of a Hugging Face causal LM, plus ``model.embed_tokens``
+    if `first_stage` and ``model.norm`` and ``lm_head`` if `last_stage`. Input: token ids
+    (first stage) or hidden states; output: hidden states or logits (last stage).
+
+    Every stage holds its own ``model.rotary_emb`` (buffers only) and computes the
+    position embeddings of the whole sequence from it, as ``LlamaModel`` does once.
+    With tied word embeddings a last stage that is not also the first holds its own copy
+    of ``model.embed_tokens`` and uses its weight as the head (Megatron's way, as the zoo
+    stages do); the trainer keeps the two copies equal.
+    """
+
+    def __init__(
+        self, config: Any, layers: tuple[int, int], first_stage: bool, last_stage: bool,
+    ) -> None:
+        super().__init__()
+        classes = _classes(config)
+        self.hf_config = config
+        self.layer_range = layers
+        self.first_stage, self.last_stage = first_stage, last_stage
+        self.tie_embeddings = bool(config.tie_word_embeddings)
+        h = config.hidden_size
+        self.model = _Trunk()
+        if first_stage or (last_stage and self.tie_embeddings):
+            self.model.embed_tokens = nn.Embedding(config.vocab_size, h, config.pad_token_id)
+        # A ModuleDict keyed by the global layer index: full-model names, and per-block
+        # FSDP and recomputation find the blocks as they do in the zoo stages.
+        self.model.layers = nn.ModuleDict({
+            str(i): classes["DecoderLayer"](config, i) for i in range(*layers)
+        })
+        if last_stage:
+            self.model.norm = classes["RMSNorm"](h, eps=config.rms_norm_eps)
+            if not self.tie_embeddings:
+                self.lm_head = nn.Linear(h, config.vocab_size, bias=False)
+        self.model.rotary_emb = classes["RotaryEmbedding"](config=config)
+        # Set by tensor parallelism with sequence parallelism: the hidden states between
+        # blocks are 1/tp of the sequence, and the embeddings are scattered to that.
+        self.sequence_shards = 1
+        self.scatter_sequence: nn.Module | None = None
+        # Set by tensor parallelism: layout of the tied head's input.
+        self.head_input_layout = None
+
+    @property
+    def layers(self) -> nn.ModuleDict:
+        """The stage's decoder layers by global index (``model.layers``)."""
+        return self.model.layers
+
+    @property
+    def embed(self) -> nn.Embedding | None:
+        """The token embedding, where this stage holds one (what the trainer's tied-
+        embedding gradient sum reads)."""
+        return getattr(self.model, "embed_tokens", None)
+
+    def reset_buffers(self) -> None:
+        """Recompute the rotary tables (non-persistent buffers, which `to_empty` leaves
+        uninitialized) from the config."""
+        fresh = type(self.model.rotary_emb)(config=self.hf_config)
+        with torch.no_grad():
+            for name, buffer in self.model.rotary_emb.named_buffers():
+                buffer.copy_(fresh.get_buffer(name))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.first_stage:
+            length = x.shape[1]
+            x = self.model.embed_tokens(x)
+            if self.scatter_sequence is not None:
+                x = self.scatter_sequence(x)
+        else:
+            length = x.shape[1] * self.sequence_shards
+        positions = torch.arange(length, device=x.device).unsqueeze(0)
+        # Attention runs on the whole sequence (gathered under sequence parallelism).
+        position_embeddings = self.model.rotary_emb(x, positions)
+        for layer in self.layers.values():
+            x = layer(x, position_embeddings=position_embeddings)
+        if not self.last_stage:
+            return x
+        x = self.model.norm(x)
+        if self.tie_embeddings:
+            return tied_head(x, self.model.embed_tokens.weight, self.head_input_layout)
+        return self.lm_head(x)
+
+
+def build_hf_stage(
+    config: Any, layers: tuple[int, int], first_stage: bool, last_stage: bool,
+) -> HFStageModule:
+    """The stage on the meta device: no parameter memory."""
+    with torch.device("meta"):
+        return HFStageModule(config, layers, first_stage, last_stage)
+
+
+def materialize_hf_stage(stage: HFStageModule, seed: int) -> None:
+    """`runtime.stages.materialize` (each rank's shards of every parameter), then the
+    rotary buffers."""
+    materialize(stage, seed)
+    stage.reset_buffers()
+
+
+def apply_hf_tensor_parallel(
+    stage: HFStageModule, tp_mesh: DeviceMesh, sequence_parallel: bool,
+) -> None:
+    """Megatron's tensor (and sequence) parallel layout of `stage` on `tp_mesh`, style for
+    style that of `runtime.parallelize.apply_tensor_parallel` on the zoo Llama."""
+    tp = tp_mesh.size()
+    if tp == 1:
+        return
+    config = stage.hf_config
+    if config.num_attention_heads % tp or config.num_key_value_heads % tp:
+        raise ValueError(
+            f"tensor parallelism {tp} must divide the {config.num_attention_heads} heads "
+            f"and {config.num_key_value_heads} key/value heads"
+        )
+    seq = Shard(1) if sequence_parallel else Replicate()
+    if stage.embed is not None:
+        parallelize_module(stage.model, tp_mesh, {
+            "embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+        })
+        if sequence_parallel and stage.first_stage:
+            stage.scatter_sequence = SequenceScatter(tp_mesh)
+    if sequence_parallel:
+        stage.sequence_shards = tp
+    for block in stage.layers.values():
+        plan = {
+            "self_attn.q_proj": ColwiseParallel(),
+            "self_attn.k_proj": ColwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(),
+            "self_attn.o_proj": RowwiseParallel(output_layouts=seq),
+            "mlp.gate_proj": ColwiseParallel(),
+            "mlp.up_proj": ColwiseParallel(),
+            "mlp.down_proj": RowwiseParallel(output_layouts=seq),
+            # One replicated DTensor for q/k/v (gate/up) to read, so their input gradients
+            # are reduced once, as Megatron's fused QKV and FC1. The decoder layer passes
+            # the attention input by keyword, the MLP input by position.
+            "self_attn": PrepareModuleInput(
+                input_kwarg_layouts={"hidden_states": seq},
+                desired_input_kwarg_layouts={"hidden_states": Replicate()},
+            ),
+            "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
+        }
+        if sequence_parallel:
+            plan["input_layernorm"] = SequenceParallel()
+            plan["post_attention_layernorm"] = SequenceParallel()
+        parallelize_module(block, tp_mesh, plan)
+    if stage.last_stage:
+        if stage.tie_embeddings:
+            stage.head_input_layout = seq
+        else:
+            parallelize_module(stage, tp_mesh, {
+                "lm_head": ColwiseParallel(input_layouts=seq, output_layouts=Replicate()),
+            })
+        if sequence_parallel:
+            parallelize_module(stage.model, tp_mesh, {"norm": SequenceParallel()})
+
+
+def apply_hf_recompute(stage: HFStageModule, recompute: str) -> None:
+    """Full: checkpoint every decoder layer; selective: only each attention core."""
+    if recompute == "selective":
+        for block in stage.layers.values():
+            block.self_attn.recompute_core = True
+    else:
+        apply_recompute(stage, recompute)
+
+
+def build_hf_reference(config: Any, seed: int) -> nn.Module:
+    """The whole model (transformers' ``LlamaForCausalLM``) in one process with the values
+    the stages get, under its own parameter names; `hf_logits` calls it."""
+    with torch.device("meta"):
+        model = _classes(config)["ForCausalLM"](config)
+    model.to_empty(device="cpu")
+    if config.tie_word_embeddings:  # after to_empty, which gives each name its own tensor
+        model.lm_head.weight = model.model.embed_tokens.weight
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(init_parameter(name, param.shape, seed))
+        fresh = type(model.model.rotary_emb)(config=config)
+        for name, buffer in model.model.rotary_emb.named_buffers():
+            buffer.copy_(fresh.get_buffer(name))
+    model.train()
+    return model
+
+
+def hf_logits(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """The logits of a transformers causal LM on `tokens` (no cache, no mask: causal)."""
+    return model(tokens, use_cache=False).logits

@@ -1,0 +1,108 @@
+"""The model-specific steps of training a plan, chosen once per run: build a stage,
+tensor-parallelize it, set its recomputation, give it values, and build the single-process
+reference. Everything else (pipeline schedule, FSDP2 data parallelism per block, optimizer,
+counting) is the same for every model and lives in `runtime.training`.
+
+`ZooParts` runs the zoo transformer (`runtime.stages`); `HFParts` runs a Hugging Face
+decoder's own transformers modules (`runtime.hf_stages`, imported only then, as importing
+transformers takes seconds). `model_parts` picks one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from planner.models.config import TransformerConfig
+from runtime.parallelize import apply_recompute, apply_tensor_parallel
+from runtime.spec import RunSpec
+from runtime.stages import build_reference, build_stage, materialize
+
+
+class ZooParts:
+    """The zoo transformer of `config` (`planner.models.transformer.Transformer`)."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        self.config = config
+
+    def check(self, spec: RunSpec) -> None:
+        """Raise ValueError if `spec` asks for what this model cannot run."""
+
+    def build_stage(self, layers: tuple[int, int], first: bool, last: bool) -> nn.Module:
+        """Layers [first, last) on the meta device, embeddings / head on the end stages."""
+        return build_stage(self.config, layers, first_stage=first, last_stage=last)
+
+    def tensor_parallel(self, stage: nn.Module, tp_mesh: DeviceMesh, sequence: bool) -> None:
+        """Megatron's tensor (and sequence) parallel layout of `stage`."""
+        apply_tensor_parallel(stage, tp_mesh, sequence)
+
+    def recompute(self, stage: nn.Module, mode: str) -> None:
+        """Full (every block) or selective (attention cores) recomputation."""
+        apply_recompute(stage, mode)
+
+    def materialize(self, stage: nn.Module, seed: int) -> None:
+        """Give the meta stage this rank's shards of the initial values."""
+        materialize(stage, seed)
+
+    def reference(self, seed: int) -> nn.Module:
+        """The whole model in one process with the same initial values."""
+        return build_reference(self.config, seed)
+
+    def logits(self, reference: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+        """The reference's logits on `tokens`."""
+        return reference(tokens)
+
+
+class HFParts(ZooParts):
+    """A Hugging Face decoder (Llama family) from its config's ``to_dict()``, rebuilt on
+    every rank; `config` is its zoo shape (`to_transformer_config`), which sizes the
+    pipeline's activations."""
+
+    def __init__(self, config: TransformerConfig, hf_config: dict[str, Any]) -> None:
+        from runtime import hf_stages
+
+        super().__init__(config)
+        self.hf = hf_stages
+        self.hf_config = hf_stages.hf_config_from_dict(hf_config)
+        shape = {
+            "num_layers": self.hf_config.num_hidden_layers,
+            "hidden_size": self.hf_config.hidden_size,
+            "vocab_size": self.hf_config.vocab_size,
+            "tie_embeddings": bool(self.hf_config.tie_word_embeddings),
+        }
+        wrong = {k: v for k, v in shape.items() if getattr(config, k) != v}
+        if wrong:
+            raise ValueError(f"the model shape differs from the Hugging Face config's: {wrong}")
+
+    def check(self, spec: RunSpec) -> None:
+        if spec.degrees.cp > 1 or spec.expert > 1:
+            raise ValueError(
+                "context and expert parallelism run on zoo models only, not on a Hugging "
+                "Face model yet"
+            )
+
+    def build_stage(self, layers: tuple[int, int], first: bool, last: bool) -> nn.Module:
+        return self.hf.build_hf_stage(self.hf_config, layers, first, last)
+
+    def tensor_parallel(self, stage: nn.Module, tp_mesh: DeviceMesh, sequence: bool) -> None:
+        self.hf.apply_hf_tensor_parallel(stage, tp_mesh, sequence)
+
+    def recompute(self, stage: nn.Module, mode: str) -> None:
+        self.hf.apply_hf_recompute(stage, mode)
+
+    def materialize(self, stage: nn.Module, seed: int) -> None:
+        self.hf.materialize_hf_stage(stage, seed)
+
+    def reference(self, seed: int) -> nn.Module:
+        return self.hf.build_hf_reference(self.hf_config, seed)
+
+    def logits(self, reference: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+        return self.hf.hf_logits(reference, tokens)
+
+
+def model_parts(config: TransformerConfig, hf_config: dict[str, Any] | None = None) -> ZooParts:
+    """The Hugging Face model of `hf_config` if given, else the zoo model of `config`."""
+    return ZooParts(config) if hf_config is None else HFParts(config, hf_config)

@@ -1,0 +1,147 @@
+"""runtime on a Hugging Face model: transformers' own Llama modules as pipeline stages
+(tiny config: 4 layers, hidden 64, 4 heads / 2 key-value heads, seq 16), trained on gloo
+ranks equal to ``LlamaForCausalLM`` in one process, with exactly the collectives of the zoo
+Llama of the same shape under the same plan."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+transformers = pytest.importorskip("transformers")
+
+from planner.models.huggingface import to_transformer_config  # noqa: E402
+from runtime.mesh import Degrees, build_mesh  # noqa: E402
+from runtime.model_parts import model_parts  # noqa: E402
+from runtime.parallelize import apply_data_parallel  # noqa: E402
+from runtime.spec import RunSpec, even_chunks  # noqa: E402
+from runtime.training import TrainingCheck, check_training  # noqa: E402
+
+HF_LLAMA = transformers.LlamaConfig(
+    num_hidden_layers=4, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+    intermediate_size=128, vocab_size=256, max_position_embeddings=64,
+    tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+).to_dict()
+SHAPE = to_transformer_config(transformers.LlamaConfig.from_dict(HF_LLAMA), seq_length=16)
+TOLERANCE = 1e-4
+
+
+def _spec(pp=1, dp=1, tp=1, virtual=1, micro_batches=4, **knobs) -> RunSpec:
+    return RunSpec(
+        degrees=Degrees(pp=pp, dp=dp, tp=tp), chunks=even_chunks(4, pp * virtual),
+        micro_batch_size=1, num_micro_batches=micro_batches, virtual_pipeline=virtual,
+        **knobs,
+    )
+
+
+@pytest.fixture
+def fake_world():
+    def start(rank: int, world_size: int) -> None:
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+
+    yield start
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# ----- without processes -------------------------------------------------------------
+
+
+def test_hf_stages_hold_hf_names_and_compute_what_the_whole_model_does() -> None:
+    parts = model_parts(SHAPE, HF_LLAMA)
+    reference = parts.reference(seed=3)
+    assert type(reference).__name__ == "LlamaForCausalLM"
+    want = dict(reference.named_parameters())
+    first, last = parts.build_stage((0, 2), True, False), parts.build_stage((2, 4), False, True)
+    assert type(first.layers["0"]).__name__ == "LlamaDecoderLayer"
+    got = {}
+    for stage in (first, last):
+        parts.materialize(stage, seed=3)
+        got.update(dict(stage.named_parameters()))
+    assert set(got) == set(want)
+    assert {"model.layers.3.self_attn.q_proj.weight", "model.norm.weight", "lm_head.weight",
+            "model.layers.0.input_layernorm.weight"} <= set(got)
+    for name, value in want.items():
+        assert torch.equal(got[name], value), name
+    assert torch.equal(got["model.norm.weight"], torch.ones(64))
+    tokens = torch.randint(0, 256, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(
+            last(first(tokens)), parts.logits(reference, tokens), rtol=0, atol=0
+        )
+
+
+def test_a_rank_materializes_only_its_shards_of_the_hf_model(fake_world) -> None:
+    # Rank 5 of pp2.dp2.tp2: pipeline rank 1, data rank 0, tensor rank 1.
+    fake_world(5, 8)
+    mesh = build_mesh(Degrees(pp=2, dp=2, tp=2))
+    parts = model_parts(SHAPE, HF_LLAMA)
+    stage = parts.build_stage((2, 4), False, True)
+    parts.tensor_parallel(stage, mesh["tp"], True)
+    apply_data_parallel(stage, mesh["dp"], zero_stage=3)
+    parts.materialize(stage, seed=0)
+    full = dict(parts.reference(seed=0).named_parameters())
+    names = {n for n, _ in stage.named_parameters()}
+    assert names == {n for n in full if n.startswith(("model.layers.2.", "model.layers.3."))} | {
+        "model.norm.weight", "lm_head.weight"}
+    attn = stage.layers["2"].self_attn
+    q, o = attn.q_proj.weight, attn.o_proj.weight  # column- / row-parallel, then FSDP dim 0
+    assert isinstance(q, DTensor) and isinstance(o, DTensor)
+    want_q = full["model.layers.2.self_attn.q_proj.weight"].chunk(2, 0)[1].chunk(2, 0)[0]
+    want_o = full["model.layers.2.self_attn.o_proj.weight"].chunk(2, 1)[1].chunk(2, 0)[0]
+    assert torch.equal(q.to_local(), want_q) and torch.equal(o.to_local(), want_o)
+    head = stage.lm_head.weight  # vocabulary-parallel rows
+    want_head = full["lm_head.weight"].chunk(2, 0)[1].chunk(2, 0)[0]
+    assert torch.equal(head.to_local(), want_head)
+    local = sum(p.to_local().numel() for p in stage.parameters())
+    whole = sum(full[n].numel() for n in names)
+    assert whole / 4 <= local < whole / 3  # norms replicated over tp, the rest split 4 ways
+
+
+def test_selective_recomputation_reruns_only_the_hf_attention_cores(monkeypatch) -> None:
+    from runtime import hf_stages
+
+    calls = []
+    core = hf_stages.sdpa_attention_forward
+    monkeypatch.setattr(
+        hf_stages, "sdpa_attention_forward", lambda *a, **k: calls.append(1) or core(*a, **k)
+    )
+    parts = model_parts(SHAPE, HF_LLAMA)
+    stage = parts.build_stage((0, 4), True, True)
+    parts.recompute(stage, "selective")
+    parts.materialize(stage, seed=0)
+    stage(torch.randint(0, 256, (2, 16))).sum().backward()
+    assert len(calls) == 8  # 4 forward, 4 recomputed in backward
+
+
+# ----- multi-rank: trained on local gloo ranks, compared with one process ---------------
+
+
+def _train_and_compare(spec: RunSpec, steps: int = 2) -> TrainingCheck:
+    """The HF model trained as one process does, with the zoo Llama's collectives."""
+    check = check_training(SHAPE, spec, steps, hf_config=HF_LLAMA)
+    print(f"hf losses {check.losses} vs {check.reference_losses}; rel err loss "
+          f"{check.loss_max_rel_error:.2e}, parameters {check.parameter_rel_error:.2e}")
+    assert check.passed(TOLERANCE)
+    assert check.losses[1] != check.losses[0]  # the step moved the model
+    zoo = check_training(SHAPE, spec, steps)
+    assert zoo.passed(TOLERANCE)
+    for rank, (hf_kinds, zoo_kinds) in enumerate(zip(check.collectives, zoo.collectives)):
+        assert hf_kinds == zoo_kinds, (rank, hf_kinds, zoo_kinds)
+    return check
+
+
+def test_hf_llama_pp2_tp2_dp2_1f1b_trains_as_one_process_with_the_zoo_collectives() -> None:
+    check = _train_and_compare(_spec(pp=2, dp=2, tp=2, schedule="1f1b", zero_stage=1))
+    for kinds in check.collectives:
+        assert {"send", "recv", "all_gather", "reduce_scatter", "all_reduce"} <= set(kinds)
+
+
+def test_hf_llama_tp2_dp4_sequence_parallel_trains_as_one_process_with_the_zoo_collectives(
+) -> None:
+    check = _train_and_compare(_spec(dp=4, tp=2, micro_batches=2, sequence_parallel=True))
+    for kinds in check.collectives:
+        assert kinds["reduce_scatter"]["count"] > 0 and "send" not in kinds
