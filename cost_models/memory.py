@@ -51,6 +51,24 @@ class ModelStateBytes:
         object.__setattr__(self, "total", self.weights + self.gradients + self.optimizer)
 
 
+@dataclass(frozen=True)
+class StateElementBytes:
+    """Bytes per parameter of each kind of model state, at a training precision."""
+
+    params: int
+    grads: int
+    optimizer: int
+
+
+def state_element_bytes(precision: str) -> StateElementBytes:
+    """fp32 training: fp32 weights and gradients, Adam's two fp32 moments (4 + 4 + 8).
+    Mixed precision (bf16, fp16, fp8 matmuls): 16-bit weights, Megatron-LM's fp32 main
+    gradients, fp32 master weights and moments (2 + 4 + 12)."""
+    if precision == "fp32":
+        return StateElementBytes(params=4, grads=4, optimizer=8)
+    return StateElementBytes(params=2, grads=4, optimizer=12)
+
+
 def model_state_bytes(
     num_parameters: float,
     data_parallel: int,

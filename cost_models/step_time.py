@@ -435,8 +435,10 @@ def _stage_memory(
     num_micro_batches: int,
     flash: bool,
 ) -> memory.MemoryBreakdown:
+    element = memory.state_element_bytes(parallel.precision)
     state = memory.model_state_bytes(
-        params, parallel.data, parallel.zero_stage, grads_bytes=MAIN_GRAD_BYTES,
+        params, parallel.data, parallel.zero_stage, params_bytes=element.params,
+        grads_bytes=element.grads, optimizer_bytes=element.optimizer,
     )
     seq = math.ceil(model.seq_length / parallel.context)
     per_layer = memory.activation_bytes_per_layer(
@@ -487,8 +489,10 @@ def stage_costs(
     kernels, comm = _layer_pass(model, here, cluster, flash_attention, collectives)
     seq = model.seq_length / parallel.context
     stage = StageLayout(1, tensor, data)
+    element = memory.state_element_bytes(parallel.precision)
     per_param = memory.model_state_bytes(
-        1, data, parallel.zero_stage, grads_bytes=MAIN_GRAD_BYTES
+        1, data, parallel.zero_stage, params_bytes=element.params,
+        grads_bytes=element.grads, optimizer_bytes=element.optimizer,
     ).total
     activations = memory.activation_bytes_per_layer(
         math.ceil(seq), here.micro_batch_size, model.hidden_size, model.num_attention_heads,

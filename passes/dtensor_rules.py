@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+from torch.distributed.tensor.placement_types import _StridedShard
 from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, TupleStrategy
 from torch.distributed.tensor._ops.single_dim_strategy import (
     _expand_single_dim_strategy_to_mesh,
@@ -253,6 +254,8 @@ def placement_str(placements: Placements | None) -> str:
 
 
 def _one(p: Placement) -> str:
+    if isinstance(p, _StridedShard):  # a Shard subclass: test it first
+        return f"_S({p.dim},{p.split_factor})"
     if isinstance(p, Shard):
         return f"S({p.dim})"
     if isinstance(p, Replicate):
@@ -263,11 +266,17 @@ def _one(p: Placement) -> str:
 
 
 def parse_placements(text: str) -> Placements:
-    """Inverse of `placement_str`: 'S(0)R' -> (Shard(0), Replicate())."""
+    """Inverse of `placement_str`: 'S(0)R' -> (Shard(0), Replicate()); '_S(0,2)' is a
+    strided shard (dim 0 split again inside a split by 2: FSDP2 over tensor parallelism)."""
     out: list[Placement] = []
     i = 0
     while i < len(text):
-        if text.startswith("S(", i):
+        if text.startswith("_S(", i):
+            end = text.index(")", i)
+            dim, factor = (int(v) for v in text[i + 3 : end].split(","))
+            out.append(_StridedShard(dim, split_factor=factor))
+            i = end + 1
+        elif text.startswith("S(", i):
             end = text.index(")", i)
             out.append(Shard(int(text[i + 2 : end])))
             i = end + 1

@@ -30,6 +30,9 @@ from passes.dtensor_rules import parse_placements
 
 SCHEMA_VERSION = 2
 PHASES = ("forward", "backward", "gradient_sync")
+COMMUNICATION_KINDS = (*COLLECTIVE_KINDS, "send", "recv")
+"""Kinds a plan's communication tables hold: the cost model's collectives, and point-to-
+point transfers counted per side, as `plan check` measures them."""
 MESH_AXES = ("pp", "dp", "cp", "tp")
 """Named axes of a training plan's device mesh, outermost first (Megatron-LM's rank order:
 tensor fastest, then context, data, pipeline). Expert parallelism is carved out of `dp`."""
@@ -108,6 +111,20 @@ class OperatorShardings(_Model):
     solver: SolverReport
 
 
+class StageMemory(_Model):
+    """Bytes of model state one rank of a stage holds during a step, counted over its
+    local shards."""
+
+    parameters_bytes: int = Field(ge=0, description="Parameters as held from forward to "
+                                  "backward: gathered over the data axis under ZeRO-0/1/2, "
+                                  "this rank's shard under ZeRO-3.")
+    gradients_bytes: int = Field(ge=0, description="Gradients after backward: whole under "
+                                 "ZeRO-0/1, this rank's shard under ZeRO-2/3.")
+    optimizer_bytes: int = Field(ge=0, description="Optimizer state (Adam's two moments, and "
+                                 "fp32 master weights under mixed precision): sharded under "
+                                 "ZeRO-1/2/3.")
+
+
 class Stage(_Model):
     """One pipeline stage: its layers, its devices and the logical mesh it runs on."""
 
@@ -127,7 +144,21 @@ class Stage(_Model):
         "(`layers` is then the stage's share of the layers, not a range it holds).",
     )
     parameters: dict[str, str] = Field(
-        default_factory=dict, description="Parameter FQN -> placement on the stage mesh."
+        default_factory=dict, description="Parameter FQN -> placement on the stage mesh "
+        "(an expert's parameter under expert parallelism lives whole on one rank of each "
+        "expert group: R on the data axis).",
+    )
+    communication: dict[str, CollectiveStats] = Field(
+        default_factory=dict, description="Collectives one rank of the stage issues in one "
+        "training step, by kind (point-to-point as send and recv), as `plan check` "
+        "measures them.",
+    )
+    communication_once: dict[str, CollectiveStats] = Field(
+        default_factory=dict, description="Collectives a rank of the stage issues once, in "
+        "its first step: the pipeline schedule's agreement on tensor shapes.",
+    )
+    memory: StageMemory | None = Field(
+        default=None, description="Model state one rank of the stage holds (training plans).",
     )
     operators: OperatorShardings | None = Field(
         default=None, description="The intra-op ILP's choice for every node, where it chose."
@@ -284,12 +315,17 @@ class Plan(_Model):
         for index, stage in enumerate(self.stages):
             _check_stage(index, stage)
         kinds = [k for k in self.communication] + [
+            k for stage in self.stages
+            for k in [*stage.communication, *stage.communication_once]
+        ] + [
             k for stage in self.stages if stage.operators
             for table in stage.operators.communication_by_phase.values() for k in table
         ]
         for kind in kinds:
-            if kind not in COLLECTIVE_KINDS:
-                raise ValueError(f"unknown collective kind {kind!r}; known: {COLLECTIVE_KINDS}")
+            if kind not in COMMUNICATION_KINDS:
+                raise ValueError(
+                    f"unknown collective kind {kind!r}; known: {', '.join(COMMUNICATION_KINDS)}"
+                )
         return self
 
     def to_json(self, path: str | Path | None = None) -> str:

@@ -11,18 +11,23 @@ from __future__ import annotations
 from dataclasses import replace
 
 from cost_models.layer_collectives import LayerCollectives
+from cost_models.memory import state_element_bytes
+from cost_models.stage_parameters import chunk_parameters, placement, rank_state_bytes
 from cost_models.step_time import StageLayout, StepPrediction, even_split, predict_stages
+from cost_models.training_collectives import RankLayout, by_kind, rank_collectives
 from planner.cluster import Cluster
 from planner.export.megatron import megatron_flags, megatron_incompatibility
 from planner.models.config import TransformerConfig
 from planner.parallel import ParallelConfig
 from planner.plan import (
     Breakdown,
+    CollectiveStats,
     ParallelDegrees,
     Plan,
     Predicted,
     Provenance,
     Stage,
+    StageMemory,
     stage_mesh,
     tessel_version,
     training_mesh,
@@ -57,25 +62,31 @@ def training_plan(
             micro_batch_size=parallel.micro_batch_size * parallel.data // first.data,
         )
     flags = None if incompatibility else megatron_flags(model, parallel, layers)
-    return _plan(name, cluster, parallel, layouts, prediction, flags, incompatibility)
+    return _plan(name, model, cluster, parallel, layouts, prediction, flags, incompatibility)
 
 
 def _plan(
-    name: str, cluster: Cluster, parallel: ParallelConfig, layouts: list[StageLayout],
-    prediction: StepPrediction, flags: list[str] | None, incompatibility: str | None,
+    name: str, model: TransformerConfig, cluster: Cluster, parallel: ParallelConfig,
+    layouts: list[StageLayout], prediction: StepPrediction, flags: list[str] | None,
+    incompatibility: str | None,
 ) -> Plan:
     """The Plan of a configuration whose stages run on `layouts`' meshes."""
     stages, first_layer, first_device = [], 0, 0
     interleaved = _interleaved_chunks(sum(layout.layers for layout in layouts), len(layouts),
                                       parallel.virtual_pipeline)
+    bounds = [0]
+    for layout in layouts:
+        bounds.append(bounds[-1] + layout.layers)
+    chunks = interleaved or list(zip(bounds, bounds[1:]))
     for index, layout in enumerate(layouts):
         axes, shape = stage_mesh(layout.data, parallel.context, layout.tensor)
         devices = layout.devices * parallel.context
         layers = (first_layer, first_layer + layout.layers)
-        stages.append(Stage(layers=layers, first_device=first_device, num_devices=devices,
-                            mesh_axes=axes, mesh_shape=shape,
-                            virtual_chunks=parallel.virtual_pipeline,
-                            chunks=interleaved[index::len(layouts)] if interleaved else [layers]))
+        stage = Stage(layers=layers, first_device=first_device, num_devices=devices,
+                      mesh_axes=axes, mesh_shape=shape, virtual_chunks=parallel.virtual_pipeline,
+                      chunks=interleaved[index::len(layouts)] if interleaved else [layers])
+        stages.append(_with_contents(stage, index, model, parallel, layout, chunks,
+                                     len(layouts)))
         first_layer, first_device = first_layer + layout.layers, first_device + devices
     mesh_axes, mesh_shape = training_mesh(parallel.data, parallel.context, parallel.tensor,
                                           [stage.mesh_shape for stage in stages])
@@ -104,6 +115,42 @@ def _plan(
         provenance=Provenance(model_spec=name, cluster=cluster.name,
                               tessel_version=tessel_version()),
     )
+
+
+def _with_contents(
+    stage: Stage, index: int, model: TransformerConfig, parallel: ParallelConfig,
+    layout: StageLayout, chunks: list[tuple[int, int]], num_stages: int,
+) -> Stage:
+    """The stage with its parameters' placements, the collectives one of its ranks issues
+    in a step and the model state it holds (`cost_models.stage_parameters`,
+    `cost_models.training_collectives`: what the runtime runs)."""
+    last = len(chunks) - 1
+    params = [p for c, layers in enumerate(chunks) if c % num_stages == index
+              for p in chunk_parameters(model, layers, c == 0, c == last)]
+    zero, expert, shards = parallel.zero_stage, parallel.expert, layout.data * parallel.context
+    precise = parallel.precision == "fp32"
+    rank = RankLayout(
+        chunks=tuple(chunks), chunk_ranks=tuple(c % num_stages for c in range(len(chunks))),
+        tensor=layout.tensor, data=layout.data, context=parallel.context, expert=expert,
+        # Sequences per micro-batch on one replica of this stage's mesh.
+        micro_batch_size=parallel.micro_batch_size * parallel.data // layout.data,
+        num_micro_batches=parallel.num_micro_batches,
+        sequence_parallel=parallel.sequence_parallel, zero_stage=zero,
+        recompute=parallel.recompute, element_bytes=4 if precise else 2, gradient_bytes=4,
+    )
+    collectives = rank_collectives(model, rank, index)
+    steady = [c for c in collectives if c.phase != "setup"]
+    once = [c for c in collectives if c.phase == "setup"]
+    state = rank_state_bytes(params, layout.tensor, shards, zero, expert, model.num_experts,
+                             state_element_bytes(parallel.precision))
+    return stage.model_copy(update={
+        "parameters": {p.name: placement(p, stage.mesh_axes, layout.tensor, zero, expert)
+                       for p in params},
+        "communication": {k: CollectiveStats(**v) for k, v in by_kind(steady).items()},
+        "communication_once": {k: CollectiveStats(**v) for k, v in by_kind(once).items()},
+        "memory": StageMemory(parameters_bytes=state[0], gradients_bytes=state[1],
+                              optimizer_bytes=state[2]),
+    })
 
 
 def _even(num_layers: int, stages: int) -> list[int]:

@@ -15,6 +15,7 @@ from planner.cli.model_args import load
 from planner.check import RELATIVE_TOLERANCE
 from planner.cli.plan import mesh_for, plan_on_mesh, print_plan
 from planner.cluster import Cluster
+from planner.training_check import PlanComparison, compare
 
 # Most training steps a check runs: each is a full forward and backward on every rank.
 MAX_STEPS = 1000
@@ -82,7 +83,8 @@ def print_check(report) -> None:
 
 def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
     """`plan check MODEL --gpus N ...`: plan (keeping the knobs given), train the best plan
-    on N local gloo ranks and the same steps in one process, and compare."""
+    on N local gloo ranks and the same steps in one process, and compare the losses and
+    parameters with one process and the collectives and held bytes with the Plan's."""
     from planner.cli.train import plan_training, print_training_plans
 
     if args.mesh is not None:
@@ -93,44 +95,75 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
             f"--gpus {args.gpus}: plan check runs each rank as a process on this machine "
             f"(at most {MAX_LOCAL_RANKS}); check a smaller plan"
         )
-    if args.model.startswith("hf:"):
+    if args.precision not in (None, "fp32"):
         raise UsageError(
-            f"plan check --gpus trains zoo transformers for now; check {args.model} operator "
-            "by operator with --mesh, or give its shape (llama/gpt/mixtral with shape flags)"
+            f"--precision {args.precision}: plan check trains in fp32, where the ranks and "
+            "one process agree to rounding; drop --precision"
         )
-    plans, model = plan_training(args, cluster, console, top=1)
+    plans, model, loaded = plan_training(args, cluster, console, top=1)
     print_training_plans(plans, console)
     from runtime.spec import from_training_plan
     from runtime.training import check_training
 
     plan = plans[0]
     spec = from_training_plan(plan)
+    hf_config = loaded.config.to_dict() if args.model.startswith("hf:") else None
     with console.status(f"training {args.steps} steps on {plan.num_gpus} gloo ranks"):
-        report = check_training(model, spec, args.steps)
-    print_training_check(report, args.steps)
+        # AdamW: the optimizer the Plan's memory (two moments per parameter) assumes.
+        report = check_training(model, spec, args.steps, optimizer="adamw",
+                                hf_config=hf_config)
+    comparison = compare(plan, report.coordinates, report.collectives, report.local_bytes,
+                         args.steps)
+    print_training_check(report, comparison, plan, args.steps)
     if args.json:
         Path(args.json).write_text(json.dumps(
-            {"plan": json.loads(plan.to_json()), "check": report.to_dict()}, indent=2) + "\n")
+            {"plan": json.loads(plan.to_json()), "check": report.to_dict(),
+             "comparison": comparison.to_dict()}, indent=2) + "\n")
         console.print(f"report written to {args.json}")
-    return 0 if report.passed(RELATIVE_TOLERANCE) else 1
+    return 0 if report.passed(RELATIVE_TOLERANCE) and comparison.passed else 1
 
 
-def print_training_check(report, steps: int) -> None:
+def print_training_check(report, comparison: PlanComparison, plan, steps: int) -> None:
     console.print(_losses(f"check over {steps} steps on {report.world_size} ranks",
                           "loss (plan)", report.losses, report.reference_losses))
-    comm = Table(title="collectives of the whole check, rank 0 (count x, bytes)")
-    for column in ("kind", "measured"):
+    # One rank per stage: every rank of a stage is predicted alike (all are compared).
+    firsts = {}
+    for rank, coords in enumerate(report.coordinates):
+        firsts.setdefault(coords["pp"], rank)
+    comm = Table(title=f"collectives over {steps} steps, measured vs predicted "
+                 "(first rank of each stage; every rank is compared)")
+    for column in ("stage", "rank", "kind", "measured", "predicted"):
         comm.add_column(column)
-    for kind, stats in sorted(report.collectives[0].items()):
-        comm.add_row(kind, f"{stats['count']} x, {stats['bytes']:,} B")
+    for stage, rank in sorted(firsts.items()):
+        measured, predicted = comparison.measured[rank], comparison.predicted[rank]
+        for kind in sorted(set(measured) | set(predicted)):
+            m = measured.get(kind, {"count": 0, "bytes": 0})
+            p = predicted.get(kind, {"count": 0, "bytes": 0})
+            comm.add_row(str(stage), str(rank), kind, f"{m['count']} x, {m['bytes']:,} B",
+                         f"{p['count']} x, {p['bytes']:,} B")
     console.print(comm)
-    passed = report.passed(RELATIVE_TOLERANCE)
+    if comparison.memory:
+        memory = Table(title="model state a rank holds (bytes), measured vs predicted")
+        for column in ("stage", "rank", "state", "measured", "predicted", "error"):
+            memory.add_column(column)
+        for row in comparison.memory:
+            stage = report.coordinates[row.rank]["pp"]
+            if firsts[stage] == row.rank:
+                memory.add_row(str(stage), str(row.rank), row.kind, f"{row.measured:,}",
+                               f"{row.predicted:,}",
+                               row.note or f"{row.relative_error:.2%}")
+        console.print(memory)
+    passed = report.passed(RELATIVE_TOLERANCE) and comparison.passed
     verdict = "[green]PASSED[/green]" if passed else "[red]FAILED[/red]"
+    state = "match" if comparison.passed else "differ"
     console.print(
         f"{verdict}: losses within {report.loss_max_rel_error:.3e} (relative), parameters "
-        f"within {report.parameter_rel_error:.3e} (relative norm) of one process",
+        f"within {report.parameter_rel_error:.3e} (relative norm) of one process; "
+        f"collectives and held bytes {state} the plan's",
         highlight=False,
     )
+    for line in comparison.mismatches:
+        console.print(f"  {line}", highlight=False)
 
 
 def _losses(title: str, label: str, losses: list[float], reference: list[float]) -> Table:

@@ -34,7 +34,7 @@ def run_training(args: argparse.Namespace, cluster: Cluster, console: Console) -
     """Predict (all of tensor, pipeline and micro-batch given) or search, print the plans
     and write the best as JSON. Every knob is checked against the model and the cluster
     before any search; UsageError when the best plan does not fit or nothing does."""
-    plans, _ = plan_training(args, cluster, console)
+    plans, _, _ = plan_training(args, cluster, console)
     print_training_plans(plans, console)
     if args.json:
         plans[0].to_json(args.json)
@@ -45,9 +45,9 @@ def run_training(args: argparse.Namespace, cluster: Cluster, console: Console) -
 
 def plan_training(
     args: argparse.Namespace, cluster: Cluster, console: Console, top: int | None = None,
-) -> tuple[list[Plan], TransformerConfig]:
+) -> tuple[list[Plan], TransformerConfig, LoadedModel]:
     """The best plans (at most `top`, default --top) for the command line's model, cluster
-    and knobs, best first, and the model's shape."""
+    and knobs, best first, the model's shape and the model as loaded."""
     if args.global_batch_size is None:
         raise UsageError("--gpus needs --global-batch-size (sequences per optimizer step)")
     try:
@@ -63,7 +63,7 @@ def plan_training(
     if is_what_if(knobs):
         return [training_plan(args.model, model, cluster,
                               what_if_config(knobs, args.global_batch_size),
-                              collectives=collectives)], model
+                              collectives=collectives)], model, loaded
     result = _search_with_progress(args, model, cluster, knobs, console, collectives)
     if not result.ranked:
         raise UsageError(_no_fit(args, model, cluster, knobs))
@@ -77,7 +77,7 @@ def plan_training(
     console.print(f"searched {result.evaluated:,} configurations in "
                   + ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in timings.items()),
                   highlight=False)
-    return plans, model
+    return plans, model, loaded
 
 
 def _refuse_what_does_not_fit(plan: Plan, cluster: Cluster) -> None:

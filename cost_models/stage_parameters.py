@@ -1,0 +1,180 @@
+"""Every parameter of a training plan's pipeline chunk: its full-model name, shape, how
+tensor parallelism splits it, and so its placement and its bytes on one rank.
+
+The zoo transformer (`planner.models.transformer`) in Megatron-LM's tensor-parallel layout,
+as the runtime (`runtime/parallelize.py`) places it: q, k, v, fc1 (gate, up) and the LM
+head column-parallel (dim 0 split, biases too), o_proj and fc2 (down) row-parallel (dim 1
+split, bias replicated), the token embedding split over the vocabulary (dim 0), norms,
+router and learned positions replicated. Data parallelism with ZeRO 1-3 (FSDP2) then
+shards dim 0 of each rank's tensor-parallel piece over the data-parallel ranks (and the
+context-parallel ones, which see other tokens), padding dim 0 to a multiple of them; a
+dim already split by tensor parallelism is split again, which DTensor writes as a strided
+shard (`_S(0,t)`). ZeRO-0 keeps parameters whole on every data-parallel rank. Experts
+under expert parallelism are left out of ZeRO: each lives on one rank of its expert group.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from cost_models.memory import StateElementBytes
+from planner.models.config import TransformerConfig
+
+
+@dataclass(frozen=True)
+class ParameterLayout:
+    """One parameter of a pipeline chunk."""
+
+    name: str
+    """Full-model name, e.g. ``layers.3.attn.q_proj.weight``."""
+    shape: tuple[int, ...]
+    tensor_dim: int | None
+    """The dim tensor parallelism splits, or None (replicated over the tensor group)."""
+    group: str
+    """The ZeRO group (FSDP2 unit) it belongs to: ``layers.N`` or ``root`` (embeddings,
+    final norm, head)."""
+    expert: int | None = None
+    """The expert index, for an expert's parameter."""
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+def chunk_parameters(
+    model: TransformerConfig, layers: tuple[int, int], first: bool, last: bool
+) -> list[ParameterLayout]:
+    """The parameters of the chunk holding `layers`, with the embeddings if it is the
+    `first` chunk and the final norm and head if it is the `last` (a tied head's copy
+    under the embedding's name when the chunk is last but not first, as Megatron keeps)."""
+    h, v = model.hidden_size, model.vocab_size
+    out: list[ParameterLayout] = []
+    if first or (last and model.tie_embeddings):
+        out.append(ParameterLayout("embed.weight", (v, h), 0, "root"))
+    if first and model.position_embedding == "learned":
+        out.append(ParameterLayout("pos_embed.weight", (model.max_position_embeddings, h),
+                                   None, "root"))
+    for index in range(*layers):
+        out += _layer(model, index)
+    if last:
+        out += _norm(model, "final_norm", "root")
+        if not model.tie_embeddings:
+            out.append(ParameterLayout("lm_head.weight", (v, h), 0, "root"))
+    return out
+
+
+def _layer(model: TransformerConfig, index: int) -> list[ParameterLayout]:
+    h, kv = model.hidden_size, model.num_kv_heads * model.head_dim
+    group = f"layers.{index}"
+    prefix = f"{group}."
+    out = _norm(model, prefix + "attn_norm", group)
+    for name, rows, dim in (("q_proj", h, 0), ("k_proj", kv, 0), ("v_proj", kv, 0),
+                            ("o_proj", h, 1)):
+        out += _linear(model, prefix + "attn." + name, rows, h, dim, group)
+    out += _norm(model, prefix + "mlp_norm", group)
+    if model.is_moe:
+        out += _linear(model, prefix + "mlp.router", model.num_experts, h, None, group)
+        for e in range(model.num_experts):
+            out += [
+                ParameterLayout(p.name, p.shape, p.tensor_dim, group, expert=e)
+                for p in _mlp(model, f"{prefix}mlp.experts.{e}.", group)
+            ]
+    else:
+        out += _mlp(model, prefix + "mlp.", group)
+    return out
+
+
+def _mlp(model: TransformerConfig, prefix: str, group: str) -> list[ParameterLayout]:
+    h, f = model.hidden_size, model.ffn_size
+    if model.activation == "swiglu":
+        names = (("gate_proj", f, h, 0), ("up_proj", f, h, 0), ("down_proj", h, f, 1))
+    else:
+        names = (("fc1", f, h, 0), ("fc2", h, f, 1))
+    out: list[ParameterLayout] = []
+    for name, rows, cols, dim in names:
+        out += _linear(model, prefix + name, rows, cols, dim, group)
+    return out
+
+
+def _linear(
+    model: TransformerConfig, name: str, rows: int, cols: int, dim: int | None, group: str
+) -> list[ParameterLayout]:
+    """nn.Linear(cols, rows): weight [rows, cols]; a bias split like the output rows
+    (column-parallel), else replicated."""
+    out = [ParameterLayout(name + ".weight", (rows, cols), dim, group)]
+    if model.bias:
+        out.append(ParameterLayout(name + ".bias", (rows,), 0 if dim == 0 else None, group))
+    return out
+
+
+def _norm(model: TransformerConfig, name: str, group: str) -> list[ParameterLayout]:
+    out = [ParameterLayout(name + ".weight", (model.hidden_size,), None, group)]
+    if model.norm != "rmsnorm":
+        out.append(ParameterLayout(name + ".bias", (model.hidden_size,), None, group))
+    return out
+
+
+def sharded_by_zero(param: ParameterLayout, zero_stage: int, expert_parallel: int) -> bool:
+    """Whether ZeRO (FSDP2) shards the parameter over the data-parallel ranks."""
+    return zero_stage >= 1 and not (param.expert is not None and expert_parallel > 1)
+
+
+def local_shape(
+    param: ParameterLayout, tensor: int, data_shards: int, zero_stage: int,
+    expert_parallel: int = 1,
+) -> tuple[int, ...]:
+    """The shape of the first rank's local piece: tensor-parallel split, then (ZeRO >= 1)
+    dim 0 cut into `data_shards` chunks, the first of them ceil(rows / shards) long."""
+    shape = list(param.shape)
+    if param.tensor_dim is not None and tensor > 1:
+        shape[param.tensor_dim] //= tensor
+    if data_shards > 1 and sharded_by_zero(param, zero_stage, expert_parallel):
+        shape[0] = -(-shape[0] // data_shards)
+    return tuple(shape)
+
+
+def padded_numel(param: ParameterLayout, tensor: int, data_shards: int) -> int:
+    """Elements of the rank's tensor-parallel piece with dim 0 padded to a multiple of
+    `data_shards`: what FSDP2's all-gather returns and its reduce-scatter takes."""
+    shape = list(local_shape(param, tensor, 1, 0))
+    shape[0] = -(-shape[0] // data_shards) * data_shards
+    return math.prod(shape)
+
+
+def placement(
+    param: ParameterLayout, axes: list[str], tensor: int, zero_stage: int,
+    expert_parallel: int = 1,
+) -> str:
+    """DTensor's short form over the stage mesh's `axes` (``dp``, optionally ``cp``,
+    ``tp``): e.g. ``_S(0,2)S(0)`` for a column-parallel weight under ZeRO-3 on data x
+    tensor 2. An expert's parameter reads R on the data axis: it is held whole by one rank
+    of each expert group."""
+    tp = f"S({param.tensor_dim})" if param.tensor_dim is not None and tensor > 1 else "R"
+    if not sharded_by_zero(param, zero_stage, expert_parallel):
+        data = "R"
+    elif param.tensor_dim == 0 and tensor > 1:
+        data = f"_S(0,{tensor})"
+    else:
+        data = "S(0)"
+    return "".join(tp if axis == "tp" else data for axis in axes)
+
+
+def rank_state_bytes(
+    params: list[ParameterLayout], tensor: int, data_shards: int, zero_stage: int,
+    expert_parallel: int, num_experts: int | None, element: StateElementBytes,
+) -> tuple[int, int, int]:
+    """(parameters, gradients, optimizer state) bytes the first rank of a stage holds
+    during a step: parameters gathered over the data axis but under ZeRO-3, gradients
+    sharded from ZeRO-2, optimizer state from ZeRO-1; of the experts, one rank's share."""
+    mine = (num_experts or 0) // expert_parallel
+    totals = [0, 0, 0]
+    for p in params:
+        if p.expert is not None and p.expert >= mine:
+            continue  # another expert-parallel rank's expert (equal shapes: same bytes)
+        whole = math.prod(local_shape(p, tensor, 1, 0, expert_parallel))
+        shard = math.prod(local_shape(p, tensor, data_shards, zero_stage, expert_parallel))
+        totals[0] += (shard if zero_stage >= 3 else whole) * element.params
+        totals[1] += (shard if zero_stage >= 2 else whole) * element.grads
+        totals[2] += (shard if zero_stage >= 1 else whole) * element.optimizer
+    return totals[0], totals[1], totals[2]

@@ -1,0 +1,327 @@
+"""The collectives one rank of a training plan issues in one step, one by one: kind, mesh
+axis, phase, count and bytes. `plan check --gpus` compares them with what the ranks
+measure, kind by kind, in count and bytes.
+
+They follow the runtime (`runtime/`), which composes torch's pieces the Megatron-LM way:
+
+- Tensor parallelism (`parallelize_module`), per layer and micro-batch: without sequence
+  parallelism two all-reduces forward (attention and MLP outputs) and two backward (their
+  inputs' gradients, reduced once per block input); with it, an all-gather and a
+  reduce-scatter per block input and output, each way, plus one all-reduce per sequence-
+  parallel norm parameter's gradient (per micro-batch; once per step when ZeRO's hooks
+  accumulate gradients). The embedding's output is all-reduced; the head's input gradient
+  reduced and its logits all-gathered for the loss. A mixture-of-experts MLP reduces each
+  expert's output and each expert input's gradient on its own.
+- Full recomputation reruns each block's forward in backward up to the last tensor the
+  backward needs (torch's non-reentrant checkpoint stops early), so the MLP's output
+  reduction is not repeated; selective recomputation reruns no collective.
+- Context parallelism all-gathers each layer's keys and values (backward: reduce-scatter).
+- Pipelining (`torch.distributed.pipelining`): an activation out and its gradient back
+  per micro-batch and chunk boundary that crosses ranks; in the first step one 4-byte
+  shape agreement each way per boundary.
+- ZeRO (FSDP2), per FSDP unit (each block, and each chunk's remaining parameters):
+  ZeRO-0 one all-reduce of the gradients per step; ZeRO-1/2 one all-gather and one
+  reduce-scatter per step; ZeRO-3 one all-gather per micro-batch's forward and one more
+  for the backward (the parameters stay gathered between micro-batches' backwards), and
+  one reduce-scatter per step. Buffers hold dim 0 padded to a multiple of the shards.
+- A tied embedding's two copies (first and last stage) all-reduce their gradients once.
+- Expert parallelism: ``allgather`` dispatch all-gathers tokens and routing weights over the
+  expert group and reduce-scatters the outputs (backward: the mirror); ``alltoall`` sends
+  counts, tokens and outputs with all-to-alls whose sizes depend on the routing (their
+  bytes are the even-routing expectation). Expert gradients are all-reduced over the
+  expert-data-parallel ranks, one collective per parameter.
+
+Bytes follow `runtime.comm_counter`: the larger of a collective's local input and output.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from cost_models.stage_parameters import (
+    ParameterLayout,
+    chunk_parameters,
+    local_shape,
+    padded_numel,
+    sharded_by_zero,
+)
+from planner.models.config import TransformerConfig
+
+SHAPE_AGREEMENT_BYTES = 4
+"""The int32 torch's pipeline stages exchange once per boundary and direction to agree on
+static shapes."""
+COUNT_BYTES = 8
+"""An int64 count per expert, exchanged before each all-to-all token dispatch."""
+
+
+@dataclass(frozen=True)
+class Collective:
+    """`count` collectives of `bytes` each, of one kind, on one mesh axis, in one phase."""
+
+    kind: str
+    axis: str
+    """tp, cp, dp (data x context under ZeRO), pp, ep, edp or embedding (first and last
+    pipeline rank)."""
+    phase: str
+    """forward, backward, gradient_sync, or setup (first step only)."""
+    count: int
+    bytes: int
+    exact_bytes: bool = True
+    """False where the size depends on the data (all-to-all token dispatch)."""
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """What of a training plan decides one pipeline rank's collectives."""
+
+    chunks: tuple[tuple[int, int], ...]
+    """Layers [first, last) of every pipeline chunk, in model order."""
+    chunk_ranks: tuple[int, ...]
+    """The pipeline rank that runs each chunk."""
+    tensor: int
+    data: int
+    context: int
+    expert: int
+    micro_batch_size: int
+    num_micro_batches: int
+    sequence_parallel: bool
+    zero_stage: int
+    recompute: str
+    expert_dispatcher: str = "allgather"
+    element_bytes: int = 4
+    """Bytes of an activation or parameter element."""
+    gradient_bytes: int = 4
+    """Bytes of a gradient element as it is reduced (fp32 main gradients under mixed
+    precision, as Megatron-LM reduces them)."""
+
+
+def rank_collectives(
+    model: TransformerConfig, layout: RankLayout, pp_rank: int
+) -> list[Collective]:
+    """Every collective a rank on pipeline rank `pp_rank` issues in one step."""
+    out: list[Collective] = []
+    mine = [c for c, r in enumerate(layout.chunk_ranks) if r == pp_rank]
+    last = len(layout.chunks) - 1
+    for c in mine:
+        first_chunk, last_chunk = c == 0, c == last
+        layers = layout.chunks[c]
+        params = chunk_parameters(model, layers, first_chunk, last_chunk)
+        num_layers = layers[1] - layers[0]
+        out += _tensor_parallel(model, layout, num_layers, first_chunk, last_chunk)
+        out += _context_parallel(model, layout, num_layers)
+        out += _expert_parallel(model, layout, num_layers, params)
+        out += _pipeline(model, layout, c, pp_rank)
+        out += _zero(layout, params)
+    out += _tied_embedding(model, layout, pp_rank)
+    return [c for c in out if c.count]
+
+
+def by_kind(collectives: list[Collective], steps: int = 1) -> dict[str, dict[str, int]]:
+    """Count and bytes per kind over `steps` steps (setup collectives once), the shape
+    `runtime.comm_counter.CommCounter.by_kind` measures."""
+    total: dict[str, dict[str, int]] = defaultdict(lambda: {"count": 0, "bytes": 0})
+    for c in collectives:
+        times = 1 if c.phase == "setup" else steps
+        total[c.kind]["count"] += c.count * times
+        total[c.kind]["bytes"] += c.count * c.bytes * times
+    return dict(sorted(total.items()))
+
+
+def _tokens(model: TransformerConfig, layout: RankLayout) -> int:
+    """Token positions of one micro-batch on a rank (its context shard)."""
+    return layout.micro_batch_size * model.seq_length // layout.context
+
+
+def _tensor_parallel(
+    model: TransformerConfig, layout: RankLayout, num_layers: int, first: bool, last: bool,
+) -> list[Collective]:
+    t, m = layout.tensor, layout.num_micro_batches
+    if t == 1:
+        return []
+    hidden = _tokens(model, layout) * model.hidden_size * layout.element_bytes
+    logits = _tokens(model, layout) * model.vocab_size * layout.element_bytes
+    sp, full = layout.sequence_parallel, layout.recompute == "full"
+    n = num_layers * m
+    # The attention, and a dense MLP the same: its input gathered (or its gradient
+    # reduced) once, its output reduced.
+    dense_parts = 1 if model.is_moe else 2
+    if sp:
+        out = [Collective("all_gather", "tp", "forward", dense_parts * n, hidden),
+               Collective("reduce_scatter", "tp", "forward", dense_parts * n, hidden),
+               Collective("reduce_scatter", "tp", "backward", dense_parts * n, hidden),
+               Collective("all_gather", "tp", "backward", dense_parts * n, hidden)]
+        if full:  # rerun: the block inputs' gathers and the attention output's scatter
+            out += [Collective("all_gather", "tp", "backward", dense_parts * n, hidden),
+                    Collective("reduce_scatter", "tp", "backward", n, hidden)]
+    else:
+        out = [Collective("all_reduce", "tp", "forward", dense_parts * n, hidden),
+               Collective("all_reduce", "tp", "backward", dense_parts * n, hidden)]
+        if full:  # rerun up to the attention output's reduction
+            out.append(Collective("all_reduce", "tp", "backward", n, hidden))
+    if model.is_moe:
+        # Every expert (this rank's, under expert parallelism) reduces its output, and each
+        # of its column-parallel inputs' gradients, on its own.
+        # Under expert parallelism the experts run on their group's gathered tokens (or,
+        # dispatched all-to-all, on the tokens routed to them: data-dependent).
+        experts = model.num_experts // layout.expert
+        inputs = 2 if model.activation == "swiglu" else 1
+        exact = layout.expert == 1 or layout.expert_dispatcher == "allgather"
+        rows = hidden * layout.expert if exact else hidden * model.moe_top_k
+        out += [Collective("all_reduce", "tp", "forward", n * experts, rows, exact),
+                Collective("all_reduce", "tp", "backward", n * experts * inputs, rows, exact)]
+        if sp:  # the MLP input gathered; its output cut to sequence shards (backward: gather)
+            out += [Collective("all_gather", "tp", "forward", n, hidden),
+                    Collective("all_gather", "tp", "backward", n, hidden)]
+        if full:
+            out.append(Collective("all_reduce", "tp", "backward", n * experts, rows, exact))
+            if sp:
+                out.append(Collective("all_gather", "tp", "backward", n, hidden))
+    if sp:
+        out += _norm_gradients(model, layout, num_layers, last)
+    if first:
+        out.append(Collective("all_reduce", "tp", "forward", m, hidden))
+        if sp:  # the embedding's output cut to sequence shards: backward all-gathers
+            out.append(Collective("all_gather", "tp", "backward", m, hidden))
+    if last:
+        out.append(Collective("all_gather", "tp", "forward", m, logits))
+        if sp:
+            out += [Collective("all_gather", "tp", "forward", m, hidden),
+                    Collective("reduce_scatter", "tp", "backward", m, hidden)]
+        else:
+            out.append(Collective("all_reduce", "tp", "backward", m, hidden))
+    return out
+
+
+def _norm_gradients(
+    model: TransformerConfig, layout: RankLayout, num_layers: int, last: bool
+) -> list[Collective]:
+    """Sequence-parallel norms hold replicated parameters whose gradients are partial sums:
+    one all-reduce per parameter, each micro-batch, or once per step where ZeRO's hooks
+    accumulate the gradients before they are reduced."""
+    per_norm = 1 if model.norm == "rmsnorm" else 2
+    norms = 2 * num_layers + (1 if last else 0)
+    times = 1 if layout.data * layout.context > 1 else layout.num_micro_batches
+    nbytes = model.hidden_size * layout.gradient_bytes
+    return [Collective("all_reduce", "tp", "backward", norms * per_norm * times, nbytes)]
+
+
+def _context_parallel(
+    model: TransformerConfig, layout: RankLayout, num_layers: int
+) -> list[Collective]:
+    if layout.context == 1:
+        return []
+    n = num_layers * layout.num_micro_batches
+    kv_heads = model.num_kv_heads // layout.tensor
+    gathered = (layout.micro_batch_size * kv_heads * model.seq_length * model.head_dim
+                * layout.element_bytes)
+    out = [Collective("all_gather", "cp", "forward", 2 * n, gathered),
+           Collective("reduce_scatter", "cp", "backward", 2 * n, gathered)]
+    if layout.recompute == "full":
+        out.append(Collective("all_gather", "cp", "backward", 2 * n, gathered))
+    return out
+
+
+def _expert_parallel(
+    model: TransformerConfig, layout: RankLayout, num_layers: int,
+    params: list[ParameterLayout],
+) -> list[Collective]:
+    ep = layout.expert
+    if not model.is_moe or ep == 1:
+        return []
+    n = num_layers * layout.num_micro_batches
+    e = layout.element_bytes
+    tokens = _tokens(model, layout)
+    out = []
+    if layout.expert_dispatcher == "allgather":
+        gathered, weights = tokens * model.hidden_size * e * ep, tokens * model.num_experts * e * ep
+        out += [Collective("all_gather", "ep", "forward", n, gathered),
+                Collective("all_gather", "ep", "forward", n, weights),
+                Collective("reduce_scatter", "ep", "forward", n, gathered),
+                Collective("all_gather", "ep", "backward", n, gathered),
+                Collective("reduce_scatter", "ep", "backward", n, gathered),
+                Collective("reduce_scatter", "ep", "backward", n, weights)]
+        if layout.recompute == "full":
+            out += [Collective("all_gather", "ep", "backward", n, gathered),
+                    Collective("all_gather", "ep", "backward", n, weights)]
+    else:
+        pairs = tokens * model.moe_top_k * model.hidden_size * e  # even routing
+        out += [Collective("all_to_all", "ep", "forward", n, model.num_experts * COUNT_BYTES),
+                Collective("all_to_all", "ep", "forward", 2 * n, pairs, exact_bytes=False),
+                Collective("all_to_all", "ep", "backward", 2 * n, pairs, exact_bytes=False)]
+        if layout.recompute == "full":
+            out += [Collective("all_to_all", "ep", "backward", n,
+                               model.num_experts * COUNT_BYTES),
+                    Collective("all_to_all", "ep", "backward", 2 * n, pairs, exact_bytes=False)]
+    expert_data = layout.data // ep
+    if expert_data > 1:
+        mine = model.num_experts // ep
+        for p in params:
+            if p.expert is not None and p.expert < mine:  # one rank's share, by shape
+                numel = _numel(local_shape(p, layout.tensor, 1, 0))
+                out.append(Collective("all_reduce", "edp", "gradient_sync", 1,
+                                      numel * layout.gradient_bytes))
+    return out
+
+
+def _pipeline(
+    model: TransformerConfig, layout: RankLayout, chunk: int, pp_rank: int
+) -> list[Collective]:
+    m = layout.num_micro_batches
+    shards = layout.tensor if layout.sequence_parallel else 1
+    activation = _tokens(model, layout) // shards * model.hidden_size * layout.element_bytes
+    out = []
+    ranks = layout.chunk_ranks
+    if chunk > 0 and ranks[chunk - 1] != pp_rank:
+        out += [Collective("recv", "pp", "forward", m, activation),
+                Collective("send", "pp", "backward", m, activation)]
+    if chunk < len(ranks) - 1 and ranks[chunk + 1] != pp_rank:
+        out += [Collective("send", "pp", "forward", m, activation),
+                Collective("recv", "pp", "backward", m, activation)]
+    boundaries = len(out) // 2
+    out += [Collective("send", "pp", "setup", boundaries, SHAPE_AGREEMENT_BYTES),
+            Collective("recv", "pp", "setup", boundaries, SHAPE_AGREEMENT_BYTES)]
+    return out
+
+
+def _zero(layout: RankLayout, params: list[ParameterLayout]) -> list[Collective]:
+    shards = layout.data * layout.context
+    if shards == 1:
+        return []
+    e, g, m = layout.element_bytes, layout.gradient_bytes, layout.num_micro_batches
+    groups: dict[str, list[ParameterLayout]] = defaultdict(list)
+    for p in params:
+        if not (p.expert is not None and layout.expert > 1):
+            groups[p.group].append(p)
+    out = []
+    for members in groups.values():
+        if layout.zero_stage == 0:
+            numel = sum(_numel(local_shape(p, layout.tensor, 1, 0)) for p in members)
+            out.append(Collective("all_reduce", "dp", "gradient_sync", 1, numel * g))
+            continue
+        assert all(sharded_by_zero(p, layout.zero_stage, layout.expert) for p in members)
+        numel = sum(padded_numel(p, layout.tensor, shards) for p in members)
+        gathers = m + 1 if layout.zero_stage == 3 else 1
+        out += [Collective("all_gather", "dp", "forward", gathers, numel * e),
+                Collective("reduce_scatter", "dp", "gradient_sync", 1, numel * g)]
+    return out
+
+
+def _tied_embedding(
+    model: TransformerConfig, layout: RankLayout, pp_rank: int
+) -> list[Collective]:
+    ranks = layout.chunk_ranks
+    if not model.tie_embeddings or ranks[0] == ranks[-1] or pp_rank not in (ranks[0], ranks[-1]):
+        return []
+    embed = ParameterLayout("embed.weight", (model.vocab_size, model.hidden_size), 0, "root")
+    shards = layout.data * layout.context
+    numel = _numel(local_shape(embed, layout.tensor, shards, layout.zero_stage))
+    return [Collective("all_reduce", "embedding", "gradient_sync", 1,
+                       numel * layout.gradient_bytes)]
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    total = 1
+    for size in shape:
+        total *= size
+    return total
