@@ -9,6 +9,7 @@ Megatron-LM can run it.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
 
 from cost_models.layer_collectives import LayerCollectives
 from cost_models.memory import state_element_bytes
@@ -39,10 +40,12 @@ def training_plan(
     name: str, model: TransformerConfig, cluster: Cluster, parallel: ParallelConfig,
     layers_per_stage: list[int] | None = None, stages: tuple[StageLayout, ...] | None = None,
     collectives: LayerCollectives | None = None, prediction: StepPrediction | None = None,
+    parameter_names: Callable[[str], str] | None = None,
 ) -> Plan:
     """Predict one configuration (unless the search's `prediction` of it is given) and
     package it as a plan. `stages` gives each stage its own mesh (Alpa's space); without
-    it every stage runs on `parallel`'s mesh."""
+    it every stage runs on `parallel`'s mesh. `parameter_names` maps the zoo's parameter
+    names to the model's own (a Hugging Face model's)."""
     if stages is None:
         parallel = parallel.resolve(cluster.num_devices)
         layers = layers_per_stage or _even(model.num_layers, parallel.pipeline)
@@ -62,7 +65,14 @@ def training_plan(
             micro_batch_size=parallel.micro_batch_size * parallel.data // first.data,
         )
     flags = None if incompatibility else megatron_flags(model, parallel, layers)
-    return _plan(name, model, cluster, parallel, layouts, prediction, flags, incompatibility)
+    plan = _plan(name, model, cluster, parallel, layouts, prediction, flags, incompatibility)
+    if parameter_names is None:
+        return plan
+    return plan.model_copy(update={"stages": [
+        stage.model_copy(update={"parameters": {
+            parameter_names(fqn): p for fqn, p in stage.parameters.items()}})
+        for stage in plan.stages
+    ]})
 
 
 def _plan(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from rich.console import Console
 from rich.table import Table
@@ -60,17 +60,18 @@ def plan_training(
     check_knobs(knobs, model, cluster, args.global_batch_size, args.space)
     knobs.setdefault("precision", default_precision(cluster))
     collectives, timings = _intra_op_collectives(args, loaded, model, cluster, console)
+    names = _parameter_names(loaded)
     if is_what_if(knobs):
         return [training_plan(args.model, model, cluster,
                               what_if_config(knobs, args.global_batch_size),
-                              collectives=collectives)], model, loaded
+                              collectives=collectives, parameter_names=names)], model, loaded
     result = _search_with_progress(args, model, cluster, knobs, console, collectives)
     if not result.ranked:
         raise UsageError(_no_fit(args, model, cluster, knobs))
     plans = [
         training_plan(args.model, model, cluster, candidate.parallel,
                       list(candidate.layers_per_stage), candidate.stages, collectives,
-                      prediction)
+                      prediction, names)
         for candidate, prediction in result.ranked[: top or args.top]
     ]
     timings = {**timings, **result.timings}
@@ -104,6 +105,15 @@ def transformer_config(loaded: LoadedModel) -> TransformerConfig:
         f"--gpus plans a transformer given by its shape (a preset, gpt/llama/mixtral flags "
         f"or hf:config.json); for {loaded.name}, plan operator shardings with --mesh"
     )
+
+
+def _parameter_names(loaded: LoadedModel) -> Callable[[str], str] | None:
+    """A Hugging Face model's own parameter names for the zoo's, where they map."""
+    if loaded.config is None or isinstance(loaded.config, TransformerConfig):
+        return None
+    from planner.models.huggingface import parameter_namer
+
+    return parameter_namer(loaded.config)
 
 
 def _intra_op_collectives(

@@ -296,3 +296,30 @@ def to_transformer_config(config: Any, seq_length: int | None = None) -> Any:
         tie_embeddings=bool(config.tie_word_embeddings), bias=False,
         num_experts=experts, moe_top_k=getattr(config, "num_experts_per_tok", 2) or 2,
     )
+
+
+# The zoo's parameter names -> a Llama-family Hugging Face model's (transformers' own
+# module names), so an hf: plan lists the parameters the runtime builds.
+_LLAMA_ROOT_NAMES = {"embed.": "model.embed_tokens.", "final_norm.": "model.norm."}
+_LLAMA_LAYER_NAMES = {".attn_norm.": ".input_layernorm.",
+                      ".mlp_norm.": ".post_attention_layernorm.", ".attn.": ".self_attn."}
+
+
+def parameter_namer(config: Any) -> Callable[[str], str] | None:
+    """Maps the zoo's parameter names to the Hugging Face model's for the Llama family,
+    whose modules correspond one to one (``layers.3.attn.q_proj.weight`` ->
+    ``model.layers.3.self_attn.q_proj.weight``); None for other model types."""
+    if getattr(config, "model_type", None) not in _LLAMA_LIKE:
+        return None
+
+    def hf_name(name: str) -> str:
+        for zoo, hf in _LLAMA_ROOT_NAMES.items():
+            if name.startswith(zoo):
+                return hf + name.removeprefix(zoo)
+        if not name.startswith("layers."):
+            return name  # lm_head.weight
+        for zoo, hf in _LLAMA_LAYER_NAMES.items():
+            name = name.replace(zoo, hf, 1)
+        return "model." + name
+
+    return hf_name
