@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
+import torch.distributed._functional_collectives as funcol
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
@@ -188,6 +189,11 @@ def redistribution(
         raise UnsupportedRedistribution(
             f"DTensor cannot move {placement_str(src)} to {placement_str(dst)}"
         )
+    axis = _shard_move_axis(src, dst)
+    if mesh.device_type == "cpu" and axis is not None:
+        # `redistribute` below: one all-to-all of the local shard.
+        return [Collective("all_to_all", (axis,), _local_numel(meta.shape, src, mesh)
+                           * meta.dtype.itemsize)]
     src_spec, dst_spec = spec(mesh, src, meta), spec(mesh, dst, meta)
     infos = _gen_transform_infos(src_spec, dst_spec)
     infos = _optimize_transform_infos(infos, mesh, src_spec.placements, dst_spec.placements)
@@ -202,12 +208,12 @@ def redistribution(
             current[d] = info.src_dst_placements[1]
         if kind is None:
             continue
+        if kind == "all_to_all" and mesh.device_type == "cpu":
+            # A move over several axes: DTensor all-gathers the shard and keeps a chunk.
+            kind = "all_gather"
         group = 1
         for d in dims:
             group *= mesh.size(d)
-        if kind == "all_to_all" and mesh.device_type == "cpu":
-            # gloo has no all-to-all; DTensor all-gathers the shard and keeps a chunk.
-            kind = "all_gather"
         # The larger of the local input and output buffers: a gather's output holds
         # `group` local inputs; the others are at most their input.
         nbytes = before * group if kind == "all_gather" else before
@@ -237,13 +243,59 @@ def is_supported(src: Placements, dst: Placements) -> bool:
 
 def redistribute(value: DTensor, placements: Placements) -> DTensor:
     """`value.redistribute(...)` that may also target partial placements, which the
-    public API reserves for DTensor's own dispatch (replicated -> partial is local)."""
+    public API reserves for DTensor's own dispatch (replicated -> partial is local), and
+    that moves a shard from one dim to another with an all-to-all on CPU meshes too."""
+    moved = _shard_to_shard(value, placements)
+    if moved is not None:
+        return moved
     if not any(p.is_partial() for p in placements):
         return value.redistribute(value.device_mesh, placements)
     current = value._spec
     target = spec(current.mesh, placements, current.tensor_meta)
     local = redistribute_local_tensor(value._local_tensor, current, target)
     return DTensor(local, target, requires_grad=value.requires_grad)
+
+
+def _shard_move_axis(src: Placements, dst: Placements) -> int | None:
+    """The one mesh axis on which `src` -> `dst` moves a shard from one dim to another,
+    when nothing else changes and no other axis splits either dim (then the local pieces
+    are plain slices of the two dims), else None."""
+    if len(src) != len(dst):
+        return None
+    changed = [axis for axis, (a, b) in enumerate(zip(src, dst)) if a != b]
+    if len(changed) != 1:
+        return None
+    a, b = src[changed[0]], dst[changed[0]]
+    if type(a) is not Shard or type(b) is not Shard:  # strided shards are not plain slices
+        return None
+    others = [p for axis, p in enumerate(src) if axis != changed[0]]
+    if any(p.is_shard() and p.dim in (a.dim, b.dim) for p in others):
+        return None
+    return changed[0]
+
+
+def _shard_to_shard(value: DTensor, placements: Placements) -> DTensor | None:
+    """S(i) -> S(j) on one mesh axis of a CPU mesh as one all-to-all, or None when the move
+    is anything else.
+
+    torch 2.13's DTensor all-gathers and keeps a chunk on CPU meshes ("gloo does not
+    support alltoall"), but gloo does run `all_to_all_single`: each rank cuts its shard
+    into one piece per peer along dim j, exchanges them, and joins what it receives along
+    dim i. Its backward is the reverse all-to-all. Uneven pieces are left to DTensor.
+    """
+    mesh, src = value.device_mesh, value.placements
+    axis = _shard_move_axis(src, placements)
+    if mesh.device_type != "cpu" or axis is None:
+        return None
+    a, b = src[axis], placements[axis]
+    local, n = value.to_local(), mesh.size(axis)
+    if local.dim() <= max(a.dim, b.dim) or local.shape[b.dim] % n:
+        return None
+    pieces = torch.stack(local.chunk(n, dim=b.dim))
+    received = funcol.all_to_all_single_autograd(pieces, None, None, mesh.get_group(axis))
+    joined = torch.cat(list(received.unbind(0)), dim=a.dim)
+    return DTensor.from_local(joined, mesh, placements, run_check=False,
+                              shape=value.shape, stride=value.stride())
 
 
 def placement_str(placements: Placements | None) -> str:

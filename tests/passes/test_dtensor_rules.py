@@ -1,12 +1,13 @@
 """passes.dtensor_rules: placement strings, fake meshes, redistribution collectives and the
-op strategies DTensor registers."""
+op strategies DTensor registers; a shard moved between dims on 2 gloo ranks."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import Partial, Replicate, Shard
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 
 from passes.dtensor_rules import (
     Collective,
@@ -17,9 +18,12 @@ from passes.dtensor_rules import (
     op_choices,
     parse_placements,
     placement_str,
+    redistribute,
     redistribution,
     tensor_meta,
 )
+from runtime.comm_counter import CommCounter
+from runtime.launch import run_on_ranks
 
 P = parse_placements
 
@@ -106,12 +110,37 @@ def test_redistribution_on_a_1d_mesh(mesh4, src: str, dst: str, expected: list) 
     assert redistribution(mesh4, META, P(src), P(dst)) == expected
 
 
-def test_shard_to_shard_on_a_cpu_mesh_is_an_all_gather(mesh4) -> None:
-    # gloo has no all-to-all: DTensor gathers the whole tensor and keeps its chunk.
+def test_shard_to_shard_on_a_cpu_mesh_is_one_all_to_all(mesh4) -> None:
+    # gloo runs all_to_all_single, so `redistribute` moves a shard with one (DTensor itself
+    # would all-gather on CPU): each rank sends and receives its local 128 bytes.
     assert mesh4.device_type == "cpu"
     assert redistribution(mesh4, META, P("S(0)"), P("S(1)")) == [
-        Collective("all_gather", (0,), 512)
+        Collective("all_to_all", (0,), 128)
     ]
+
+
+def _move_shard(rank: int, world: int) -> dict:
+    mesh = init_device_mesh("cpu", (world,))
+    full = torch.arange(8 * 16, dtype=torch.float32).reshape(8, 16).requires_grad_()
+    x = distribute_tensor(full.detach(), mesh, [Shard(0)]).requires_grad_()
+    with CommCounter() as counter:
+        y = redistribute(x, (Shard(1),))
+        (y.to_local() * (rank + 1)).sum().backward()
+    return {"local": y.to_local(), "grad": x.grad.to_local(), "counts": counter.by_kind(),
+            "placements": placement_str(y.placements)}
+
+
+def test_a_shard_moves_between_dims_by_all_to_all_on_gloo_with_its_gradient() -> None:
+    results = run_on_ranks(_move_shard, 2)
+    full = torch.arange(8 * 16, dtype=torch.float32).reshape(8, 16)
+    for rank, result in enumerate(results):
+        assert result["placements"] == "S(1)"
+        assert torch.equal(result["local"], full.chunk(2, dim=1)[rank])
+        # Forward and backward: one all-to-all each, 256 bytes (a rank's [4, 16] shard).
+        assert result["counts"] == {"all_to_all": {"count": 2, "bytes": 512}}
+        # d(sum over ranks of (rank + 1) * y_rank) / dx: column half c weighs c + 1.
+        want = torch.cat([torch.ones(8, 8), 2 * torch.ones(8, 8)], dim=1).chunk(2, dim=0)[rank]
+        assert torch.equal(result["grad"], want)
 
 
 def test_redistribution_bytes_follow_the_dtype(mesh4) -> None:
