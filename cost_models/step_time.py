@@ -35,6 +35,12 @@ from typing import TYPE_CHECKING
 from cost_models import memory
 from cost_models.comm import group_collective_time
 from cost_models.efficiency import Efficiency
+from cost_models.training_collectives import (
+    Collective,
+    RankLayout,
+    end_collectives,
+    layer_collectives,
+)
 from cost_models.transformer_ops import (
     ACTIVATION_BYTES,
     Attention,
@@ -184,47 +190,65 @@ def _layer_pass(
     backward = pass_seconds(ops, device, eff, precision, backward=True)
     attention_core = pass_seconds(attention_kernels(ops), device, eff, precision)
     recompute = {"none": 0.0, "selective": attention_core, "full": forward}[parallel.recompute]
-    comm = _tensor_parallel_comm(model, parallel, cluster, collectives)
-    comm_recompute = comm if parallel.recompute == "full" else 0.0
-    return _Pass(forward, backward, recompute), _Pass(comm, comm, comm_recompute)
+    return _Pass(forward, backward, recompute), _tensor_parallel_comm(
+        model, parallel, cluster, collectives)
 
 
 def _tensor_parallel_comm(
     model: TransformerConfig, parallel: ParallelConfig, cluster: Cluster,
     collectives: LayerCollectives | None = None,
-) -> float:
-    """One direction (forward or backward) of a layer's tensor- and context-parallel
-    collectives for one micro-batch: Megatron-LM's layout, or with `collectives` the
-    ones the intra-op ILP chose for the layer on this tensor-parallel degree."""
-    seq = model.seq_length / parallel.context
-    hidden = parallel.micro_batch_size * seq * model.hidden_size * ACTIVATION_BYTES
+) -> _Pass:
+    """A layer's tensor-, context- and expert-parallel collectives for one micro-batch,
+    forward, backward and rerun in backward: the ones the runtime issues
+    (`cost_models.training_collectives`), or with `collectives` the tensor-parallel ones
+    the intra-op ILP chose for the layer on this tensor-parallel degree."""
+    issued = layer_collectives(model, rank_layout(parallel))
     t = parallel.tensor
     if collectives is not None and t in collectives:
-        tokens = parallel.micro_batch_size * seq
-        per_layer = sum(
+        tokens = parallel.micro_batch_size * model.seq_length / parallel.context
+        chosen = sum(
             group_collective_time(c.kind, c.bytes_per_token * tokens, t, 1, cluster)
             for c in collectives[t]
         )
-    elif parallel.sequence_parallel:
-        per_layer = 2 * (
-            group_collective_time("all_gather", hidden, t, 1, cluster)
-            + group_collective_time("reduce_scatter", hidden, t, 1, cluster)
-        )
-    else:
-        per_layer = 2 * group_collective_time("all_reduce", hidden, t, 1, cluster)
-    if model.num_experts is not None and parallel.expert > 1:
-        routed = hidden * model.moe_top_k / t
-        per_layer += 2 * group_collective_time(
-            "all_to_all", routed, parallel.expert, t * parallel.context, cluster
-        )
-    if parallel.context > 1:
-        # Ring attention passes each rank's keys and values around the context group.
-        kv = 2 * parallel.micro_batch_size * seq * model.num_kv_heads * model.head_dim
-        per_layer += group_collective_time(
-            "all_gather", kv * ACTIVATION_BYTES * parallel.context / t, parallel.context,
-            t, cluster,
-        )
-    return per_layer
+        others = price(
+            [c for c in issued if c.axis != "tp"], parallel, cluster)
+        rerun = chosen if parallel.recompute == "full" else 0.0
+        return _Pass(others.forward + chosen, others.backward + chosen,
+                     others.recompute + rerun)
+    return price(issued, parallel, cluster)
+
+
+def rank_layout(parallel: ParallelConfig) -> RankLayout:
+    """The knobs of `parallel` that decide a rank's per-layer collectives (a one-chunk
+    pipeline: pipeline transfers are priced by `_pipeline_p2p`)."""
+    return RankLayout(
+        chunks=((0, 1),), chunk_ranks=(0,), tensor=parallel.tensor, data=parallel.data,
+        context=parallel.context, expert=parallel.expert,
+        micro_batch_size=parallel.micro_batch_size,
+        num_micro_batches=parallel.num_micro_batches,
+        sequence_parallel=parallel.sequence_parallel, zero_stage=parallel.zero_stage,
+        recompute=parallel.recompute, element_bytes=activation_bytes(parallel.precision),
+        gradient_bytes=MAIN_GRAD_BYTES,
+    )
+
+
+def activation_bytes(precision: str) -> int:
+    """Bytes of an activation element: fp32 training moves fp32, mixed precision 16-bit."""
+    return 4 if precision == "fp32" else ACTIVATION_BYTES
+
+
+def price(collectives: list[Collective], parallel: ParallelConfig, cluster: Cluster) -> _Pass:
+    """Seconds of `collectives` by phase (forward, backward, and recompute: the forward
+    rerun in backward), each on its mesh axis's group: tensor ranks adjacent, context
+    ranks `tensor` apart, expert ranks `tensor x context` apart."""
+    t, cp = parallel.tensor, parallel.context
+    groups = {"tp": (t, 1), "cp": (cp, t), "ep": (parallel.expert, t * cp)}
+    seconds = {"forward": 0.0, "backward": 0.0, "recompute": 0.0}
+    for c in collectives:
+        size, stride = groups[c.axis]
+        seconds[c.phase] += c.count * group_collective_time(c.kind, c.bytes, size, stride,
+                                                            cluster)
+    return _Pass(seconds["forward"], seconds["backward"], seconds["recompute"])
 
 
 @dataclass(frozen=True)
@@ -293,7 +317,10 @@ def predict_stages(
         if index == p - 1:
             work += _head_seconds(model, here, device, stage.tensor)
         compute.append(work)
-        comm.append(stage.layers * layer_comm.total)
+        # The embedding's and the head's own collectives on the first and last stage.
+        ends = price(end_collectives(model, rank_layout(here), index == 0, index == p - 1),
+                     here, cluster)
+        comm.append(stage.layers * layer_comm.total + ends.total)
         local.append((here, kernels))
     stage_times = [c + x + p2p for c, x in zip(compute, comm)]
     slowest = max(range(p), key=lambda i: stage_times[i])
@@ -348,11 +375,14 @@ def _pipeline_p2p(
     cluster: Cluster,
 ) -> float:
     """Activation out and gradient in, per micro-batch, across the slowest stage boundary;
-    each rank sends its 1/t slice (Megatron's scatter-gather optimization)."""
+    each rank sends its hidden states, a 1/t slice of them under sequence parallelism (as
+    the runtime's pipeline stages do)."""
     seq = model.seq_length / parallel.context
     sequences = parallel.micro_batch_size * parallel.data
+    element = activation_bytes(parallel.precision)
     nbytes = max(
-        sequences / stage.data * seq * model.hidden_size * ACTIVATION_BYTES / stage.tensor
+        sequences / stage.data * seq * model.hidden_size * element
+        / (stage.tensor if parallel.sequence_parallel else 1)
         for stage in stages
     )
     # The stages as one group, `devices` apart: it spans domains when the pipeline does.
@@ -395,17 +425,21 @@ def _data_parallel_comm(
     if d == 1:
         return 0.0
     stride = parallel.tensor * parallel.context
-    grads = params * MAIN_GRAD_BYTES
+    element = memory.state_element_bytes(parallel.precision)
+    grads = params * element.grads
     if parallel.zero_stage == 0:
         total = group_collective_time("all_reduce", grads, d, stride, cluster)
     else:
-        # Reduce-scatter the gradients, all-gather the updated bf16 weights.
+        # Reduce-scatter the gradients, all-gather the updated weights.
         total = group_collective_time("reduce_scatter", grads, d, stride, cluster)
-        total += group_collective_time("all_gather", params * 2, d, stride, cluster)
+        total += group_collective_time("all_gather", params * element.params, d, stride,
+                                       cluster)
     if parallel.zero_stage == 3:
-        # Weights gathered again for every micro-batch's forward and backward.
-        total += 2 * parallel.num_micro_batches * group_collective_time(
-            "all_gather", params * 2, d, stride, cluster
+        # Weights gathered again for every micro-batch's forward, and once for the
+        # backward (FSDP2 keeps them gathered between micro-batches' backwards): m + 1
+        # gathers in all, as `cost_models.training_collectives` counts them.
+        total += parallel.num_micro_batches * group_collective_time(
+            "all_gather", params * element.params, d, stride, cluster
         )
     if parallel.overlap_grad_reduce:
         hidden_by = layers * (kernels.backward + kernels.recompute)

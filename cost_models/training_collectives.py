@@ -37,7 +37,7 @@ Bytes follow `runtime.comm_counter`: the larger of a collective's local input an
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cost_models.stage_parameters import (
     ParameterLayout,
@@ -64,7 +64,8 @@ class Collective:
     """tp, cp, dp (data x context under ZeRO), pp, ep, edp or embedding (first and last
     pipeline rank)."""
     phase: str
-    """forward, backward, gradient_sync, or setup (first step only)."""
+    """forward, backward, recompute (the forward rerun in backward), gradient_sync, or
+    setup (first step only)."""
     count: int
     bytes: int
     exact_bytes: bool = True
@@ -103,18 +104,55 @@ def rank_collectives(
     out: list[Collective] = []
     mine = [c for c, r in enumerate(layout.chunk_ranks) if r == pp_rank]
     last = len(layout.chunks) - 1
+    m = layout.num_micro_batches
+    per_layer = layer_collectives(model, layout)
     for c in mine:
         first_chunk, last_chunk = c == 0, c == last
         layers = layout.chunks[c]
         params = chunk_parameters(model, layers, first_chunk, last_chunk)
         num_layers = layers[1] - layers[0]
-        out += _tensor_parallel(model, layout, num_layers, first_chunk, last_chunk)
-        out += _context_parallel(model, layout, num_layers)
-        out += _expert_parallel(model, layout, num_layers, params)
+        out += _scaled(per_layer, num_layers * m)
+        out += _scaled(end_collectives(model, layout, first_chunk, last_chunk), m)
+        if layout.tensor > 1 and layout.sequence_parallel:
+            out += _norm_gradients(model, layout, num_layers, last_chunk)
+        out += _expert_gradients(model, layout, params)
         out += _pipeline(model, layout, c, pp_rank)
         out += _zero(layout, params)
     out += _tied_embedding(model, layout, pp_rank)
     return [c for c in out if c.count]
+
+
+def layer_collectives(model: TransformerConfig, layout: RankLayout) -> list[Collective]:
+    """The tensor-, context- and expert-parallel collectives of one transformer layer for
+    one micro-batch: phase forward, backward, or recompute (the forward rerun in
+    backward). What the step-time model prices per layer."""
+    return [*_layer_tensor_parallel(model, layout), *_layer_context_parallel(model, layout),
+            *_layer_expert_dispatch(model, layout)]
+
+
+def end_collectives(
+    model: TransformerConfig, layout: RankLayout, first: bool, last: bool
+) -> list[Collective]:
+    """The tensor-parallel collectives of the embedding (`first` chunk) and of the head and
+    loss (`last` chunk) for one micro-batch."""
+    if layout.tensor == 1:
+        return []
+    hidden = _hidden_bytes(model, layout)
+    sp = layout.sequence_parallel
+    out = []
+    if first:
+        out.append(Collective("all_reduce", "tp", "forward", 1, hidden))
+        if sp:  # the embedding's output cut to sequence shards: backward all-gathers
+            out.append(Collective("all_gather", "tp", "backward", 1, hidden))
+    if last:
+        logits = _tokens(model, layout) * model.vocab_size * layout.element_bytes
+        out.append(Collective("all_gather", "tp", "forward", 1, logits))
+        if sp:
+            out += [Collective("all_gather", "tp", "forward", 1, hidden),
+                    Collective("reduce_scatter", "tp", "backward", 1, hidden)]
+        else:
+            out.append(Collective("all_reduce", "tp", "backward", 1, hidden))
+    return out
 
 
 def by_kind(collectives: list[Collective], steps: int = 1) -> dict[str, dict[str, int]]:
@@ -128,68 +166,59 @@ def by_kind(collectives: list[Collective], steps: int = 1) -> dict[str, dict[str
     return dict(sorted(total.items()))
 
 
+def _scaled(collectives: list[Collective], times: int) -> list[Collective]:
+    return [replace(c, count=c.count * times) for c in collectives]
+
+
 def _tokens(model: TransformerConfig, layout: RankLayout) -> int:
     """Token positions of one micro-batch on a rank (its context shard)."""
     return layout.micro_batch_size * model.seq_length // layout.context
 
 
-def _tensor_parallel(
-    model: TransformerConfig, layout: RankLayout, num_layers: int, first: bool, last: bool,
-) -> list[Collective]:
-    t, m = layout.tensor, layout.num_micro_batches
-    if t == 1:
+def _hidden_bytes(model: TransformerConfig, layout: RankLayout) -> int:
+    """One micro-batch's hidden states on a rank, whole over the sequence shard."""
+    return _tokens(model, layout) * model.hidden_size * layout.element_bytes
+
+
+def _layer_tensor_parallel(model: TransformerConfig, layout: RankLayout) -> list[Collective]:
+    if layout.tensor == 1:
         return []
-    hidden = _tokens(model, layout) * model.hidden_size * layout.element_bytes
-    logits = _tokens(model, layout) * model.vocab_size * layout.element_bytes
+    hidden = _hidden_bytes(model, layout)
     sp, full = layout.sequence_parallel, layout.recompute == "full"
-    n = num_layers * m
     # The attention, and a dense MLP the same: its input gathered (or its gradient
     # reduced) once, its output reduced.
-    dense_parts = 1 if model.is_moe else 2
+    dense = 1 if model.is_moe else 2
     if sp:
-        out = [Collective("all_gather", "tp", "forward", dense_parts * n, hidden),
-               Collective("reduce_scatter", "tp", "forward", dense_parts * n, hidden),
-               Collective("reduce_scatter", "tp", "backward", dense_parts * n, hidden),
-               Collective("all_gather", "tp", "backward", dense_parts * n, hidden)]
+        out = [Collective("all_gather", "tp", "forward", dense, hidden),
+               Collective("reduce_scatter", "tp", "forward", dense, hidden),
+               Collective("reduce_scatter", "tp", "backward", dense, hidden),
+               Collective("all_gather", "tp", "backward", dense, hidden)]
         if full:  # rerun: the block inputs' gathers and the attention output's scatter
-            out += [Collective("all_gather", "tp", "backward", dense_parts * n, hidden),
-                    Collective("reduce_scatter", "tp", "backward", n, hidden)]
+            out += [Collective("all_gather", "tp", "recompute", dense, hidden),
+                    Collective("reduce_scatter", "tp", "recompute", 1, hidden)]
     else:
-        out = [Collective("all_reduce", "tp", "forward", dense_parts * n, hidden),
-               Collective("all_reduce", "tp", "backward", dense_parts * n, hidden)]
+        out = [Collective("all_reduce", "tp", "forward", dense, hidden),
+               Collective("all_reduce", "tp", "backward", dense, hidden)]
         if full:  # rerun up to the attention output's reduction
-            out.append(Collective("all_reduce", "tp", "backward", n, hidden))
+            out.append(Collective("all_reduce", "tp", "recompute", 1, hidden))
     if model.is_moe:
         # Every expert (this rank's, under expert parallelism) reduces its output, and each
-        # of its column-parallel inputs' gradients, on its own.
-        # Under expert parallelism the experts run on their group's gathered tokens (or,
-        # dispatched all-to-all, on the tokens routed to them: data-dependent).
+        # of its column-parallel inputs' gradients, on its own. Under expert parallelism
+        # the experts run on their group's gathered tokens (or, dispatched all-to-all, on
+        # the tokens routed to them: data-dependent).
         experts = model.num_experts // layout.expert
         inputs = 2 if model.activation == "swiglu" else 1
         exact = layout.expert == 1 or layout.expert_dispatcher == "allgather"
         rows = hidden * layout.expert if exact else hidden * model.moe_top_k
-        out += [Collective("all_reduce", "tp", "forward", n * experts, rows, exact),
-                Collective("all_reduce", "tp", "backward", n * experts * inputs, rows, exact)]
+        out += [Collective("all_reduce", "tp", "forward", experts, rows, exact),
+                Collective("all_reduce", "tp", "backward", experts * inputs, rows, exact)]
         if sp:  # the MLP input gathered; its output cut to sequence shards (backward: gather)
-            out += [Collective("all_gather", "tp", "forward", n, hidden),
-                    Collective("all_gather", "tp", "backward", n, hidden)]
+            out += [Collective("all_gather", "tp", "forward", 1, hidden),
+                    Collective("all_gather", "tp", "backward", 1, hidden)]
         if full:
-            out.append(Collective("all_reduce", "tp", "backward", n * experts, rows, exact))
+            out.append(Collective("all_reduce", "tp", "recompute", experts, rows, exact))
             if sp:
-                out.append(Collective("all_gather", "tp", "backward", n, hidden))
-    if sp:
-        out += _norm_gradients(model, layout, num_layers, last)
-    if first:
-        out.append(Collective("all_reduce", "tp", "forward", m, hidden))
-        if sp:  # the embedding's output cut to sequence shards: backward all-gathers
-            out.append(Collective("all_gather", "tp", "backward", m, hidden))
-    if last:
-        out.append(Collective("all_gather", "tp", "forward", m, logits))
-        if sp:
-            out += [Collective("all_gather", "tp", "forward", m, hidden),
-                    Collective("reduce_scatter", "tp", "backward", m, hidden)]
-        else:
-            out.append(Collective("all_reduce", "tp", "backward", m, hidden))
+                out.append(Collective("all_gather", "tp", "recompute", 1, hidden))
     return out
 
 
@@ -206,62 +235,63 @@ def _norm_gradients(
     return [Collective("all_reduce", "tp", "backward", norms * per_norm * times, nbytes)]
 
 
-def _context_parallel(
-    model: TransformerConfig, layout: RankLayout, num_layers: int
-) -> list[Collective]:
+def _layer_context_parallel(model: TransformerConfig, layout: RankLayout) -> list[Collective]:
     if layout.context == 1:
         return []
-    n = num_layers * layout.num_micro_batches
     kv_heads = model.num_kv_heads // layout.tensor
     gathered = (layout.micro_batch_size * kv_heads * model.seq_length * model.head_dim
                 * layout.element_bytes)
-    out = [Collective("all_gather", "cp", "forward", 2 * n, gathered),
-           Collective("reduce_scatter", "cp", "backward", 2 * n, gathered)]
+    out = [Collective("all_gather", "cp", "forward", 2, gathered),
+           Collective("reduce_scatter", "cp", "backward", 2, gathered)]
     if layout.recompute == "full":
-        out.append(Collective("all_gather", "cp", "backward", 2 * n, gathered))
+        out.append(Collective("all_gather", "cp", "recompute", 2, gathered))
     return out
 
 
-def _expert_parallel(
-    model: TransformerConfig, layout: RankLayout, num_layers: int,
-    params: list[ParameterLayout],
-) -> list[Collective]:
+def _layer_expert_dispatch(model: TransformerConfig, layout: RankLayout) -> list[Collective]:
     ep = layout.expert
     if not model.is_moe or ep == 1:
         return []
-    n = num_layers * layout.num_micro_batches
     e = layout.element_bytes
     tokens = _tokens(model, layout)
-    out = []
+    full = layout.recompute == "full"
     if layout.expert_dispatcher == "allgather":
         gathered, weights = tokens * model.hidden_size * e * ep, tokens * model.num_experts * e * ep
-        out += [Collective("all_gather", "ep", "forward", n, gathered),
-                Collective("all_gather", "ep", "forward", n, weights),
-                Collective("reduce_scatter", "ep", "forward", n, gathered),
-                Collective("all_gather", "ep", "backward", n, gathered),
-                Collective("reduce_scatter", "ep", "backward", n, gathered),
-                Collective("reduce_scatter", "ep", "backward", n, weights)]
-        if layout.recompute == "full":
-            out += [Collective("all_gather", "ep", "backward", n, gathered),
-                    Collective("all_gather", "ep", "backward", n, weights)]
-    else:
-        pairs = tokens * model.moe_top_k * model.hidden_size * e  # even routing
-        out += [Collective("all_to_all", "ep", "forward", n, model.num_experts * COUNT_BYTES),
-                Collective("all_to_all", "ep", "forward", 2 * n, pairs, exact_bytes=False),
-                Collective("all_to_all", "ep", "backward", 2 * n, pairs, exact_bytes=False)]
-        if layout.recompute == "full":
-            out += [Collective("all_to_all", "ep", "backward", n,
-                               model.num_experts * COUNT_BYTES),
-                    Collective("all_to_all", "ep", "backward", 2 * n, pairs, exact_bytes=False)]
-    expert_data = layout.data // ep
-    if expert_data > 1:
-        mine = model.num_experts // ep
-        for p in params:
-            if p.expert is not None and p.expert < mine:  # one rank's share, by shape
-                numel = _numel(local_shape(p, layout.tensor, 1, 0))
-                out.append(Collective("all_reduce", "edp", "gradient_sync", 1,
-                                      numel * layout.gradient_bytes))
+        out = [Collective("all_gather", "ep", "forward", 1, gathered),
+               Collective("all_gather", "ep", "forward", 1, weights),
+               Collective("reduce_scatter", "ep", "forward", 1, gathered),
+               Collective("all_gather", "ep", "backward", 1, gathered),
+               Collective("reduce_scatter", "ep", "backward", 1, gathered),
+               Collective("reduce_scatter", "ep", "backward", 1, weights)]
+        if full:
+            out += [Collective("all_gather", "ep", "recompute", 1, gathered),
+                    Collective("all_gather", "ep", "recompute", 1, weights)]
+        return out
+    counts = model.num_experts * COUNT_BYTES
+    pairs = tokens * model.moe_top_k * model.hidden_size * e  # even routing
+    out = [Collective("all_to_all", "ep", "forward", 1, counts),
+           Collective("all_to_all", "ep", "forward", 2, pairs, exact_bytes=False),
+           Collective("all_to_all", "ep", "backward", 2, pairs, exact_bytes=False)]
+    if full:
+        out += [Collective("all_to_all", "ep", "recompute", 1, counts),
+                Collective("all_to_all", "ep", "recompute", 2, pairs, exact_bytes=False)]
     return out
+
+
+def _expert_gradients(
+    model: TransformerConfig, layout: RankLayout, params: list[ParameterLayout]
+) -> list[Collective]:
+    """Expert gradients summed over the expert-data-parallel ranks: one all-reduce per
+    parameter of the rank's experts."""
+    ep = layout.expert
+    if not model.is_moe or ep == 1 or layout.data // ep == 1:
+        return []
+    mine = model.num_experts // ep
+    return [
+        Collective("all_reduce", "edp", "gradient_sync", 1,
+                   _numel(local_shape(p, layout.tensor, 1, 0)) * layout.gradient_bytes)
+        for p in params if p.expert is not None and p.expert < mine  # equal shapes
+    ]
 
 
 def _pipeline(
