@@ -38,6 +38,7 @@ from cost_models.efficiency import Efficiency
 from cost_models.training_collectives import (
     Collective,
     RankLayout,
+    boundary_collectives,
     end_collectives,
     layer_collectives,
 )
@@ -318,9 +319,13 @@ def predict_stages(
             work += _head_seconds(model, here, device, stage.tensor)
         compute.append(work)
         # The embedding's and the head's own collectives on the first and last stage.
-        ends = price(end_collectives(model, rank_layout(here), index == 0, index == p - 1),
-                     here, cluster)
-        comm.append(stage.layers * layer_comm.total + ends.total)
+        layout = rank_layout(here)
+        ends = price(end_collectives(model, layout, index == 0, index == p - 1), here, cluster)
+        # Each of the stage's v chunks gathers the slices it receives and their gradients.
+        slices = price(boundary_collectives(model, layout, index == 0 and v == 1,
+                                            index == p - 1 and v == 1), here, cluster) \
+            if p > 1 else _Pass(0.0, 0.0)
+        comm.append(stage.layers * layer_comm.total + ends.total + v * slices.total)
         local.append((here, kernels))
     stage_times = [c + x + p2p for c, x in zip(compute, comm)]
     slowest = max(range(p), key=lambda i: stage_times[i])
@@ -375,14 +380,14 @@ def _pipeline_p2p(
     cluster: Cluster,
 ) -> float:
     """Activation out and gradient in, per micro-batch, across the slowest stage boundary;
-    each rank sends its hidden states, a 1/t slice of them under sequence parallelism (as
-    the runtime's pipeline stages do)."""
+    each rank sends its 1/t slice (sequence parallelism's, or Megatron's scatter-gather:
+    the all-gathers that undo it are priced with the stage's collectives)."""
     seq = model.seq_length / parallel.context
     sequences = parallel.micro_batch_size * parallel.data
     element = activation_bytes(parallel.precision)
     nbytes = max(
         sequences / stage.data * seq * model.hidden_size * element
-        / (stage.tensor if parallel.sequence_parallel else 1)
+        / stage.tensor
         for stage in stages
     )
     # The stages as one group, `devices` apart: it spans domains when the pipeline does.

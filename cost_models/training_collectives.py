@@ -17,7 +17,9 @@ They follow the runtime (`runtime/`), which composes torch's pieces the Megatron
   reduction is not repeated; selective recomputation reruns no collective.
 - Context parallelism all-gathers each layer's keys and values (backward: reduce-scatter).
 - Pipelining (`torch.distributed.pipelining`): an activation out and its gradient back
-  per micro-batch and chunk boundary that crosses ranks; in the first step one 4-byte
+  per micro-batch and chunk boundary that crosses ranks, each rank sending its 1/t slice
+  of the sequence (without sequence parallelism Megatron's scatter-gather: the receiver
+  all-gathers the slices, the sender their gradients); in the first step one 4-byte
   shape agreement each way per boundary.
 - ZeRO (FSDP2), per FSDP unit (each block, and each chunk's remaining parameters):
   ZeRO-0 one all-reduce of the gradients per step; ZeRO-1/2 one all-gather and one
@@ -298,10 +300,15 @@ def _pipeline(
     model: TransformerConfig, layout: RankLayout, chunk: int, pp_rank: int
 ) -> list[Collective]:
     m = layout.num_micro_batches
-    shards = layout.tensor if layout.sequence_parallel else 1
-    activation = _tokens(model, layout) // shards * model.hidden_size * layout.element_bytes
-    out = []
+    # Each rank sends its 1/t slice of the sequence: sequence parallelism's shard, or
+    # without it Megatron's scatter-gather (the receiving stage all-gathers the slices,
+    # the sending one all-gathers their gradients).
+    activation = (_tokens(model, layout) // layout.tensor * model.hidden_size
+                  * layout.element_bytes)
     ranks = layout.chunk_ranks
+    gathers = _scaled(boundary_collectives(model, layout, chunk == 0, chunk == len(ranks) - 1),
+                      m)
+    out = []
     if chunk > 0 and ranks[chunk - 1] != pp_rank:
         out += [Collective("recv", "pp", "forward", m, activation),
                 Collective("send", "pp", "backward", m, activation)]
@@ -311,6 +318,23 @@ def _pipeline(
     boundaries = len(out) // 2
     out += [Collective("send", "pp", "setup", boundaries, SHAPE_AGREEMENT_BYTES),
             Collective("recv", "pp", "setup", boundaries, SHAPE_AGREEMENT_BYTES)]
+    return gathers + out
+
+
+def boundary_collectives(
+    model: TransformerConfig, layout: RankLayout, first: bool, last: bool
+) -> list[Collective]:
+    """Megatron's scatter-gather at a pipeline chunk's ends, for one micro-batch, without
+    sequence parallelism: the chunk all-gathers the sequence slices it receives (unless
+    `first`) and, in backward, the gradients of the slices it sent (unless `last`)."""
+    if layout.tensor == 1 or layout.sequence_parallel:
+        return []
+    hidden = _hidden_bytes(model, layout)
+    out = []
+    if not first:
+        out.append(Collective("all_gather", "tp", "forward", 1, hidden))
+    if not last:
+        out.append(Collective("all_gather", "tp", "backward", 1, hidden))
     return out
 
 

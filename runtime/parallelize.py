@@ -156,6 +156,30 @@ class SequenceScatter(nn.Module):
         return full.redistribute(self.tp_mesh, [Shard(1)]).to_local()
 
 
+def slice_stage_boundaries(stage: nn.Module, tp_mesh: DeviceMesh, first: bool, last: bool) -> None:
+    """Megatron's scatter-gather between pipeline stages without sequence parallelism: a
+    stage's hidden-state output is replicated over the tensor group, so each rank sends
+    only its 1/t slice of the sequence (forward hook; backward: all-gather of the slices'
+    gradients) and the next stage all-gathers the slices it receives (forward pre-hook;
+    backward: the rank's slice of the replicated gradient). Under sequence parallelism the
+    hidden states already are such slices."""
+    if tp_mesh.size() == 1:
+        return
+    if not first:
+        stage.register_forward_pre_hook(
+            lambda module, args: (_gather_sequence(args[0], tp_mesh), *args[1:]))
+    if not last:
+        scatter = SequenceScatter(tp_mesh)
+        # A copy, not a view of the output: the zero-bubble schedules detach stage outputs
+        # in place, which autograd refuses on views.
+        stage.register_forward_hook(lambda module, args, output: scatter(output).clone())
+
+
+def _gather_sequence(x: torch.Tensor, tp_mesh: DeviceMesh) -> torch.Tensor:
+    shards = DTensor.from_local(x, tp_mesh, [Shard(1)], run_check=False)
+    return shards.redistribute(tp_mesh, [Replicate()]).to_local()
+
+
 def apply_recompute(stage: StageModule, recompute: str) -> None:
     """Full: checkpoint every block; selective: only each attention core."""
     if recompute == "full":

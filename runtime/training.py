@@ -37,7 +37,11 @@ from runtime.experts import (
 )
 from runtime.mesh import build_mesh
 from runtime.model_parts import model_parts
-from runtime.parallelize import apply_data_parallel, keep_gradients_sharded
+from runtime.parallelize import (
+    apply_data_parallel,
+    keep_gradients_sharded,
+    slice_stage_boundaries,
+)
 from runtime.schedule import build_schedule, stage_shapes
 from runtime.spec import RunSpec
 from runtime.stages import ContextShard, clean_name
@@ -82,9 +86,10 @@ class PipelineTrainer:
         self.coords = dict(zip(self.mesh.mesh_dim_names, coordinate))
         self.expert_mesh = expert_mesh(self.mesh, spec.expert) if spec.expert > 1 else None
         cp = spec.degrees.cp
-        if config.seq_length % (cp * (spec.degrees.tp if spec.sequence_parallel else 1)):
+        if config.seq_length % (cp * spec.degrees.tp):
             raise ValueError(
-                f"seq_length {config.seq_length} must split over context x sequence parallelism"
+                f"seq_length {config.seq_length} must split over context x tensor parallelism "
+                "(sequence shards, and the slices pipeline stages send)"
             )
         self.context = None
         # Gradients are averaged over data x context ranks (both see different tokens), as
@@ -103,6 +108,9 @@ class PipelineTrainer:
             if self.expert_mesh is not None:
                 apply_expert_parallel(stage, self.expert_mesh, spec.expert_dispatcher)
             parts.tensor_parallel(stage, self.mesh["tp"], spec.sequence_parallel)
+            if not spec.sequence_parallel:
+                slice_stage_boundaries(stage, self.mesh["tp"], first=index == 0,
+                                       last=index == spec.num_stages - 1)
             parts.recompute(stage, spec.recompute)
             ignored = set(expert_parameters(stage)) if self.expert_mesh is not None else None
             apply_data_parallel(stage, self.dp_mesh, spec.zero_stage, ignored)
@@ -111,7 +119,9 @@ class PipelineTrainer:
             self.modules[index] = stage
         self.is_last = spec.num_stages - 1 in self.modules
         self.is_first = 0 in self.modules
-        shards = spec.degrees.tp if spec.sequence_parallel else 1
+        # Hidden states cross stage boundaries as 1/t slices of the sequence: sequence
+        # parallelism's, or Megatron's scatter-gather without it.
+        shards = spec.degrees.tp
         shapes = {
             index: stage_shapes(
                 index, spec.num_stages, spec.micro_batch_size, config.seq_length // cp,

@@ -5,6 +5,7 @@ DTensor placements and local shard bytes are read back."""
 from __future__ import annotations
 
 import math
+import multiprocessing
 
 import pytest
 import torch.distributed as dist
@@ -60,6 +61,24 @@ def _placement(param, axes: list[str]) -> str:
     return "".join(by_axis.get(axis, "R") for axis in axes)
 
 
+def _build_rank(model: TransformerConfig, spec, rank: int, world: int, axes: list[str]):
+    """(placements by parameter name, local elements) of `rank`'s stages, built on a fake
+    process group. Runs in a forked child: torch's DeviceMesh keeps per-process state that
+    a second rank's build in the same process would inherit."""
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    try:
+        trainer = PipelineTrainer(model, spec, optimizer="adamw")
+        held = {}
+        for module in trainer.modules.values():
+            for name, param in module.named_parameters():
+                held[name.replace("_checkpoint_wrapped_module.", "")] = param
+    finally:
+        dist.destroy_process_group()
+    local = sum(math.prod((p.to_local() if isinstance(p, DTensor) else p).shape)
+                for p in held.values())
+    return {n: _placement(p, axes) for n, p in held.items()}, local
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_every_stage_holds_the_plans_placements_and_bytes(case: str) -> None:
     model, knobs = CASES[case]
@@ -67,23 +86,13 @@ def test_every_stage_holds_the_plans_placements_and_bytes(case: str) -> None:
     spec = from_training_plan(plan)
     element = state_element_bytes("fp32")
     for stage in plan.stages:
-        dist.init_process_group("fake", store=FakeStore(), rank=stage.first_device,
-                                world_size=plan.num_gpus)
-        try:
-            trainer = PipelineTrainer(model, spec, optimizer="adamw")
-            held = {}
-            for module in trainer.modules.values():
-                for name, param in module.named_parameters():
-                    held[name.replace("_checkpoint_wrapped_module.", "")] = param
-        finally:
-            dist.destroy_process_group()
-        placements = {n: _placement(p, stage.mesh_axes) for n, p in held.items()}
+        with multiprocessing.get_context("fork").Pool(1) as pool:
+            placements, local = pool.apply(
+                _build_rank, (model, spec, stage.first_device, plan.num_gpus, stage.mesh_axes))
         # The rank's experts are those of its expert group; the plan lists every expert.
         listed = {n: p for n, p in stage.parameters.items()
-                  if ".experts." not in n or n in held}
+                  if ".experts." not in n or n in placements}
         assert placements == listed
-        local = sum(math.prod((p.to_local() if isinstance(p, DTensor) else p).shape)
-                    for p in held.values())
         # Parameters at rest are the rank's shards under every ZeRO stage FSDP2 runs.
         assert stage.memory is not None
         at_rest = stage.memory.optimizer_bytes // element.optimizer if plan.parallel.zero_stage \

@@ -229,15 +229,16 @@ def test_pp2_tp2_dp2_1f1b_trains_as_one_process() -> None:
         # all-gathers; tensor parallelism all-reduces.
         assert kinds["send"]["count"] > 0 and kinds["recv"]["count"] > 0
         assert {"all_gather", "reduce_scatter", "all_reduce"} <= set(kinds)
-    # Steady state (step 2) on the first stage: 4 micro-batches of activations out
-    # ([1, 16, 64] fp32 = 4 KiB each), 4 of their gradients back; nothing else on the wire.
+    # Steady state (step 2) on the first stage: 4 micro-batches of activations out, each
+    # tensor rank its half of the sequence (Megatron's scatter-gather: [1, 8, 64] fp32 =
+    # 2 KiB), 4 of their gradients back; nothing else on the wire.
     # Each collective on its axis (rank 0: tp group [0, 1], dp [0, 2], pp [0, 4]).
     groups = {(g["kind"], tuple(g["ranks"])) for g in check.collectives_by_group[0]}
     assert {("all_reduce", (0, 1)), ("reduce_scatter", (0, 2)), ("all_gather", (0, 2)),
             ("send", (0, 4)), ("recv", (0, 4))} <= groups, groups
     second = check.collectives_per_step[0][1]
-    assert second["send"] == {"count": 4, "bytes": 4 * 4096}
-    assert second["recv"] == {"count": 4, "bytes": 4 * 4096}
+    assert second["send"] == {"count": 4, "bytes": 4 * 2048}
+    assert second["recv"] == {"count": 4, "bytes": 4 * 2048}
 
 
 def test_tp2_dp2_sequence_parallel_llama_trains_as_one_process() -> None:
