@@ -73,6 +73,7 @@ def test_a_training_plan_runs_as_predicted(model: str, layout: str, tmp_path, ca
                   tmp_path, capsys)
     plan, check, comparison = data["plan"], data["check"], data["comparison"]
     p = plan["parallel"]
+    assert plan["cluster"] == "cpu" and plan["precision"] == "fp32"  # plan check's defaults
     tensor, pipeline, dp, zero, schedule, recompute = expected
     assert (p["tensor"], p["pipeline"], p["data"]) == (tensor, pipeline, dp)
     assert zero is None or p["zero_stage"] == zero
