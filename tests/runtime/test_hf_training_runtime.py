@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.tensor import DTensor
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
 transformers = pytest.importorskip("transformers")
 
@@ -35,16 +33,6 @@ def _spec(pp=1, dp=1, tp=1, virtual=1, micro_batches=4, **knobs) -> RunSpec:
         micro_batch_size=1, num_micro_batches=micro_batches, virtual_pipeline=virtual,
         **knobs,
     )
-
-
-@pytest.fixture
-def fake_world():
-    def start(rank: int, world_size: int) -> None:
-        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
-
-    yield start
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 # ----- without processes -------------------------------------------------------------

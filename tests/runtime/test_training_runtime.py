@@ -17,7 +17,6 @@ from torch.distributed.pipelining import (
     ScheduleZBVZeroBubble,
 )
 from torch.distributed.tensor import DTensor
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from planner.models.config import TransformerConfig
 from runtime.mesh import AXES, Degrees, build_mesh
@@ -61,16 +60,6 @@ def test_mesh_axes_put_tensor_fastest_and_pipeline_slowest() -> None:
     assert d.group(5, "pp") == [1, 5]
     with pytest.raises(ValueError, match="outside"):
         d.coordinates(8)
-
-
-@pytest.fixture
-def fake_world():
-    def start(rank: int, world_size: int) -> None:
-        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
-
-    yield start
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def test_device_mesh_groups_match_megatron_rank_order(fake_world) -> None:
