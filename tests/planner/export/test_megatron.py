@@ -260,14 +260,18 @@ def zoo_model(name: str):
     return zoo_config("gpt", CUSTOM_GPT) if name == "gpt-30-layers" else get_preset(name)
 
 
-def searched_plans(name: str, gpus: int, global_batch: int) -> list:
-    """Training plans of every fitting Megatron configuration the search ranks, best first."""
+def searched_plans(
+    name: str, gpus: int, global_batch: int, top: int | None = None, keep=lambda c: True,
+) -> list:
+    """Training plans of the fitting Megatron configurations the search ranks (the `top`
+    best, or every one `keep` accepts), best first."""
     model, cluster = zoo_model(name), Cluster.load(CLUSTER).with_devices(gpus)
     result = search(model, cluster, global_batch, {}, "megatron")
     assert result.ranked, f"no plan fits {name} on {gpus} GPUs"
+    ranked = [candidate for candidate, _ in result.ranked if keep(candidate)][:top]
     return [training_plan(name, model, cluster, candidate.parallel,
                           list(candidate.layers_per_stage), candidate.stages)
-            for candidate, _ in result.ranked]
+            for candidate in ranked]
 
 
 def assert_launchable(plan, gpus: int) -> None:
@@ -287,15 +291,15 @@ def assert_launchable(plan, gpus: int) -> None:
 @pytest.mark.parametrize(("name", "gpus", "global_batch"), ZOO,
                          ids=[f"{n}-{g}gpus-gbs{b}" for n, g, b in ZOO])
 def test_best_plans_launch(name: str, gpus: int, global_batch: int) -> None:
-    for plan in searched_plans(name, gpus, global_batch)[:5]:
+    for plan in searched_plans(name, gpus, global_batch, top=5):
         assert_launchable(plan, gpus)
 
 
 def test_uneven_pipeline_splits_launch() -> None:
     """Every fitting plan of the 30-layer GPT on pipelines that do not divide 30 names its
     smaller first and last stages."""
-    uneven = [plan for plan in searched_plans("gpt-30-layers", 64, 512)
-              if 30 % plan.parallel.pipeline]
+    uneven = searched_plans("gpt-30-layers", 64, 512,
+                            keep=lambda candidate: 30 % candidate.parallel.pipeline)
     assert uneven
     for plan in uneven:
         assert_launchable(plan, 64)
