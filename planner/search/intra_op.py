@@ -38,6 +38,7 @@ from planner.search.solver import (
     SharedCost,
     contract_followers,
     evaluate,
+    prune_dominated,
     solve_ilp,
 )
 
@@ -217,11 +218,12 @@ def plan_intra_op(
         shared_costs=list(buckets.values()),
         followers=_followers(table, index),
     )
-    reduced, contraction = contract_followers(problem)
+    contracted, contraction = contract_followers(problem)
+    reduced, pruning = prune_dominated(contracted)
     if deadline is not None:
         time_limit_s = min(time_limit_s, max(MIN_SOLVE_S, deadline.remaining()))
     reduced_assignment = solve_ilp(reduced, time_limit_s=time_limit_s, backend=backend)
-    expanded = contraction.expand(reduced_assignment.choices, len(names))
+    expanded = contraction.expand(pruning.expand(reduced_assignment.choices), len(names))
     assignment = replace(
         reduced_assignment, choices=expanded, objective=evaluate(problem, expanded)
     )

@@ -387,3 +387,95 @@ def contract_followers(problem: AssignmentProblem) -> tuple[AssignmentProblem, C
         shared,
     )
     return reduced, Contraction(kept, follows)
+
+
+@dataclass
+class Pruning:
+    """Which choices of each node a pruned problem kept."""
+
+    kept: list[np.ndarray]
+    """kept[v][i]: the original index of choice i of node v in the pruned problem."""
+
+    def expand(self, choices: list[int]) -> list[int]:
+        return [int(self.kept[v][i]) for v, i in enumerate(choices)]
+
+
+def prune_dominated(problem: AssignmentProblem) -> tuple[AssignmentProblem, Pruning]:
+    """Drop every choice another choice of the same node dominates: no more node cost, no
+    more memory, and no more cost on any edge whatever the neighbour chooses (rows of the
+    node's outgoing edge matrices, columns of its incoming ones, compared elementwise).
+    Any assignment that uses a dominated choice costs at least as much as the one that
+    swaps in its dominator, and needs no less memory, so the pruned problem has the same
+    optimum (ties keep the lowest index). Choices a shared cost names are kept, and
+    dominate nothing, since the costs they trigger are not elementwise. Repeated until
+    nothing changes: pruning a neighbour's choices removes matrix columns, which can make
+    more rows comparable.
+    """
+    n = len(problem.node_costs)
+    kept = [np.arange(len(c)) for c in problem.node_costs]
+    pinned: list[set[int]] = [set() for _ in range(n)]
+    for shared in problem.shared_costs:
+        for v, i in shared.node_triggers:
+            pinned[v].add(i)
+        for k, i, j in shared.edge_triggers:
+            u, w, _ = problem.edges[k]
+            pinned[u].add(i)
+            pinned[w].add(j)
+    outgoing: list[list[int]] = [[] for _ in range(n)]
+    incoming: list[list[int]] = [[] for _ in range(n)]
+    for k, (u, w, _) in enumerate(problem.edges):
+        outgoing[u].append(k)
+        incoming[w].append(k)
+
+    def profile(v: int) -> np.ndarray:
+        """One row per kept choice of v: its node cost, memory and every edge cost it
+        can incur, over the neighbours' kept choices."""
+        rows = kept[v]
+        parts = [problem.node_costs[v][rows, None], problem.node_memory[v][rows, None]]
+        for k in outgoing[v]:
+            _, w, m = problem.edges[k]
+            parts.append(m[np.ix_(rows, kept[w])])
+        for k in incoming[v]:
+            u, _, m = problem.edges[k]
+            parts.append(m[np.ix_(kept[u], rows)].T)
+        return np.hstack([np.asarray(p, dtype=float) for p in parts])
+
+    changed = True
+    while changed:
+        changed = False
+        for v in range(n):
+            if len(kept[v]) < 2:
+                continue
+            rows = profile(v)
+            free = np.array([int(i) not in pinned[v] for i in kept[v]])
+            # dominates[a, b]: choice a is nowhere worse than b.
+            dominates = (rows[:, None, :] <= rows[None, :, :]).all(axis=2)
+            dominates &= free[:, None] & free[None, :]
+            equal = dominates & dominates.T
+            drop = np.zeros(len(rows), dtype=bool)
+            for b in range(len(rows)):
+                # b goes if something strictly better dominates it, or an equal one
+                # with a lower index survives.
+                strict = dominates[:, b] & ~equal[:, b]
+                tie = equal[:b, b] & ~drop[:b]
+                drop[b] = strict.any() or tie.any()
+            if drop.any():
+                kept[v] = kept[v][~drop]
+                changed = True
+    edges = [(u, w, m[np.ix_(kept[u], kept[w])]) for u, w, m in problem.edges]
+    where = [{int(i): r for r, i in enumerate(k)} for k in kept]
+    shared = [
+        SharedCost(
+            s.cost,
+            [(v, where[v][i]) for v, i in s.node_triggers],
+            [(k, where[problem.edges[k][0]][i], where[problem.edges[k][1]][j])
+             for k, i, j in s.edge_triggers],
+        )
+        for s in problem.shared_costs
+    ]
+    pruned = AssignmentProblem(
+        [c[k] for c, k in zip(problem.node_costs, kept)],
+        [m[k] for m, k in zip(problem.node_memory, kept)],
+        edges, problem.memory_limit, shared,
+    )
+    return pruned, Pruning(kept)

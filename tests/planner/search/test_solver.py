@@ -19,6 +19,7 @@ from planner.search.solver import (
     contract_followers,
     evaluate,
     memory_of,
+    prune_dominated,
     solve_brute_force,
     solve_greedy,
     solve_ilp,
@@ -418,3 +419,62 @@ def test_two_triggers_on_a_follower_out_edge_survive_a_permuting_mapping() -> No
         followers={1: (0, np.array([1, 0]))},
     )
     _check_contraction(problem)
+
+
+# -- dominated choices -----------------------------------------------------------------------
+
+
+def _with_dominated_copies(problem: AssignmentProblem, seed: int) -> tuple[AssignmentProblem, int]:
+    """The problem with a worse copy of one choice of each node added: the same costs
+    plus non-negative noise on its node cost, memory and every edge entry (or an exact
+    copy, a tie). Returns it and the number of copies."""
+    rng = np.random.default_rng(seed)
+    costs = [c.copy() for c in problem.node_costs]
+    memory = [m.copy() for m in problem.node_memory]
+    edges = [[u, v, m.copy()] for u, v, m in problem.edges]
+    for v in range(len(costs)):
+        i = int(rng.integers(0, len(costs[v])))
+        worse = rng.random() < 0.7
+        noise = (lambda shape: rng.uniform(0, 3, size=shape).round(2)) if worse else np.zeros
+        costs[v] = np.append(costs[v], costs[v][i] + noise(()))
+        memory[v] = np.append(memory[v], memory[v][i] + noise(()))
+        for edge in edges:
+            u, w, m = edge
+            if u == v:
+                edge[2] = np.vstack([m, m[i] + noise(m.shape[1])])
+            if w == v:
+                edge[2] = np.hstack([edge[2], edge[2][:, [i]] + noise((edge[2].shape[0], 1))])
+    return AssignmentProblem(costs, memory, [tuple(e) for e in edges], problem.memory_limit,
+                             problem.shared_costs), len(costs)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_pruning_dominated_choices_keeps_the_optimum(seed: int) -> None:
+    problem, copies = _with_dominated_copies(random_problem(seed, shared=False), seed)
+    pruned, pruning = prune_dominated(problem)
+    # Every planted copy goes (it is a copy's own original, or better, that dominates it).
+    removed = sum(len(a) - len(b) for a, b in zip(problem.node_costs, pruned.node_costs))
+    assert removed >= copies
+    try:
+        expected = solve_brute_force(problem)
+    except InfeasibleError:
+        with pytest.raises(InfeasibleError):
+            solve_brute_force(pruned)
+        return
+    got = solve_brute_force(pruned)
+    choices = pruning.expand(got.choices)
+    assert evaluate(problem, choices) == pytest.approx(expected.objective, rel=1e-9, abs=1e-9)
+    assert memory_of(problem, choices) <= problem.memory_limit
+
+
+def test_choices_a_shared_cost_names_are_never_pruned() -> None:
+    # Choice 1 of node 0 triggers a shared cost, which elementwise comparison does not
+    # see: it stays, though choice 0 is cheaper on every other count.
+    problem = AssignmentProblem(
+        [np.array([1.0, 2.0]), np.array([0.0])], [np.zeros(2), np.zeros(1)],
+        [(0, 1, np.array([[0.0], [0.0]]))],
+        shared_costs=[SharedCost(5.0, node_triggers=[(0, 1)])],
+    )
+    pruned, pruning = prune_dominated(problem)
+    assert [list(k) for k in pruning.kept] == [[0, 1], [0]]
+    assert len(pruned.shared_costs[0].node_triggers) == 1
