@@ -109,8 +109,10 @@ def kernel_seconds(
     op: Op, device: DeviceSpec, efficiency: Efficiency, precision: str = "bf16"
 ) -> float:
     """Forward time of one kernel; matmuls run at the `precision` peak (fp8 matmuls, as
-    Transformer Engine runs them), attention and memory kernels in bf16."""
-    peak = device.peak_tflops.get("bf16", device.peak_tflops["fp32"]) * 1e12
+    Transformer Engine runs them), attention and memory kernels in bf16, or in fp16 on a
+    device without bf16 (a V100), where mixed precision is fp16 throughout."""
+    peaks = device.peak_tflops
+    peak = peaks.get("bf16", peaks.get("fp16", peaks["fp32"])) * 1e12
     bandwidth = device.memory_bandwidth_gbs * 1e9 * efficiency.memory
     overhead = efficiency.kernel_overhead_us * 1e-6
     if isinstance(op, Memory):

@@ -87,7 +87,8 @@ def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--precision", choices=PRECISIONS, default=None,
-        help="matmul precision (default bf16; fp8 needs fp8 tensor cores, e.g. H100)",
+        help="matmul precision (default bf16, fp16 on a device without bf16 such as V100; "
+        "fp8 needs fp8 tensor cores, e.g. H100)",
     )
     add(
         "--intra-op", choices=("analytic", "ilp"), default="analytic",

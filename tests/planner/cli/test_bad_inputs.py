@@ -92,6 +92,10 @@ KNOB_VALUES = {
     "fp8-without-fp8-tensor-cores": (["gpt3-125m", "--cluster", "dgx-a100-80g", "--gpus", "8",
                                       "--global-batch-size", "64", "--precision", "fp8"],
                                      ["--precision fp8 needs fp8 tensor cores"]),
+    "bf16-on-a-v100": (["gpt3-350m", "--cluster", "aws-p3.16xlarge", "--gpus", "8",
+                        "--global-batch-size", "64", "--precision", "bf16"],
+                       ["--precision bf16 needs bf16 tensor cores", "V100-SXM2-16GB",
+                        "fp16, fp32"]),
     "what-if-that-does-not-fit": (
         ["gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "8", "--global-batch-size", "8",
          "--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "1",
