@@ -79,6 +79,14 @@ class DeviceSpec(_Config):
             )
         return peaks
 
+    @property
+    def default_precision(self) -> str:
+        """The matmul precision a plan uses unless told: bf16 where the device has it
+        (mixed precision, as Megatron-LM trains), else fp16 where it has that (a V100:
+        mixed precision with loss scaling, Megatron-LM's --fp16), else fp32 (a CPU)."""
+        peaks = self.peak_tflops
+        return "bf16" if "bf16" in peaks else "fp16" if "fp16" in peaks else "fp32"
+
 
 class LinkSpec(_Config):
     """One class of interconnect, as seen by a single device (alpha-beta model)."""

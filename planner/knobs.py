@@ -57,11 +57,8 @@ def check_knobs(
 
 
 def default_precision(cluster: Cluster) -> str:
-    """The matmul precision a plan uses unless told: bf16 where the device has it (mixed
-    precision, as Megatron-LM trains), else fp16 where it has that (a V100: mixed precision
-    with loss scaling, Megatron-LM's --fp16), else fp32 (a CPU)."""
-    peaks = cluster.device.peak_tflops
-    return "bf16" if "bf16" in peaks else "fp16" if "fp16" in peaks else "fp32"
+    """The matmul precision a plan uses unless told (`DeviceSpec.default_precision`)."""
+    return cluster.device.default_precision
 
 
 def _degree_problems(

@@ -32,7 +32,9 @@ def search(
     """The best configurations in `space` ("megatron" or "auto"), best first; the knobs in
     `fixed` are kept by every one. With `collectives`, layers are charged the
     tensor-parallel collectives the intra-op ILP chose for them (`stage_ilp`) instead of
-    Megatron-LM's."""
+    Megatron-LM's. Unless `fixed` names a precision, plans use the device's default
+    (bf16, fp16 on a device without it, fp32 on a CPU)."""
+    fixed = {"precision": cluster.device.default_precision, **fixed}
     if space == "megatron":
         from planner.search.megatron_space import search_megatron
 

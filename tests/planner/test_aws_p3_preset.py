@@ -75,3 +75,13 @@ def test_fp16_plan_reports_mfu_against_fp16_and_launches_with_fp16(p3: Cluster) 
     assert plan.precision == "fp16"
     assert "--fp16" in plan.megatron_flags
     assert "--bf16" not in plan.megatron_flags
+
+
+def test_the_search_plans_in_the_devices_default_precision(p3: Cluster) -> None:
+    # A caller of the search who fixes no precision gets fp16 on a V100, as the CLI does.
+    from planner.models.presets import get_preset
+    from planner.search import search
+
+    result = search(get_preset("gpt3-350m"), p3.with_devices(8), 64, {}, "megatron")
+    assert result.ranked
+    assert {candidate.parallel.precision for candidate, _ in result.ranked} == {"fp16"}
