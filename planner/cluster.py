@@ -65,6 +65,11 @@ class DeviceSpec(_Config):
         description="Achieved fractions of the peaks above and of the links' bandwidths "
         "(fitted by calibration; typical values when not given).",
     )
+    flash_attention: bool = Field(
+        default=True, description="Whether fused (FlashAttention-style) attention kernels "
+        "run on it, so attention keeps no score matrix (FlashAttention 2 needs an A100 or "
+        "newer; a V100 has none).",
+    )
 
     @field_validator("peak_tflops")
     @classmethod

@@ -53,7 +53,8 @@ def training_plan(
     else:
         layouts, layers = list(stages), [stage.layers for stage in stages]
     if prediction is None:
-        prediction = predict_stages(model, cluster, parallel, layouts, collectives=collectives)
+        prediction = predict_stages(model, cluster, parallel, layouts,
+                                    cluster.device.flash_attention, collectives)
     if stages is None:
         incompatibility = megatron_incompatibility(parallel, layers)
     else:

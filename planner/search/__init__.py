@@ -26,15 +26,18 @@ __all__ = ["search"]
 
 def search(
     model: TransformerConfig, cluster: Cluster, gbs: int, fixed: dict[str, Any],
-    space: str = "auto", progress: Progress | None = None, flash_attention: bool = True,
+    space: str = "auto", progress: Progress | None = None, flash_attention: bool | None = None,
     collectives: LayerCollectives | None = None,
 ) -> SearchResult:
     """The best configurations in `space` ("megatron" or "auto"), best first; the knobs in
     `fixed` are kept by every one. With `collectives`, layers are charged the
     tensor-parallel collectives the intra-op ILP chose for them (`stage_ilp`) instead of
     Megatron-LM's. Unless `fixed` names a precision, plans use the device's default
-    (bf16, fp16 on a device without it, fp32 on a CPU)."""
+    (bf16, fp16 on a device without it, fp32 on a CPU), and attention is priced fused
+    where the device runs fused attention, unless `flash_attention` says."""
     fixed = {"precision": cluster.device.default_precision, **fixed}
+    if flash_attention is None:  # as the device runs attention
+        flash_attention = cluster.device.flash_attention
     if space == "megatron":
         from planner.search.megatron_space import search_megatron
 

@@ -85,3 +85,21 @@ def test_the_search_plans_in_the_devices_default_precision(p3: Cluster) -> None:
     result = search(get_preset("gpt3-350m"), p3.with_devices(8), 64, {}, "megatron")
     assert result.ranked
     assert {candidate.parallel.precision for candidate, _ in result.ranked} == {"fp16"}
+
+
+def test_plans_on_a_v100_price_attention_unfused(p3: Cluster) -> None:
+    # Volta runs no FlashAttention: the search and the plan price the score matrix.
+    from planner.models.presets import get_preset
+    from planner.search import search
+    from planner.training import training_plan
+
+    assert not p3.device.flash_attention and Cluster.load("dgx-a100-80g").device.flash_attention
+    cluster = p3.with_devices(8)
+    model = get_preset("gpt3-350m")
+    candidate, prediction = search(model, cluster, 64, {}, "megatron").ranked[0]
+    unfused = predict_step(model, cluster, candidate.parallel, flash_attention=False,
+                           layers_per_stage=list(candidate.layers_per_stage))
+    assert prediction.step_time_s == pytest.approx(unfused.step_time_s, rel=1e-12)
+    plan = training_plan("gpt3-350m", model, cluster, candidate.parallel,
+                         list(candidate.layers_per_stage))
+    assert plan.predicted.step_time_s == pytest.approx(unfused.step_time_s, rel=1e-12)
