@@ -37,10 +37,6 @@ class ParameterLayout:
     expert: int | None = None
     """The expert index, for an expert's parameter."""
 
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
 
 def chunk_parameters(
     model: TransformerConfig, layers: tuple[int, int], first: bool, last: bool

@@ -221,11 +221,15 @@ def _tensor_parallel_comm(
     return price(issued, parallel, cluster)
 
 
-def rank_layout(parallel: ParallelConfig) -> RankLayout:
-    """The knobs of `parallel` that decide a rank's per-layer collectives (a one-chunk
-    pipeline: pipeline transfers are priced by `_pipeline_p2p`)."""
+def rank_layout(
+    parallel: ParallelConfig, chunks: tuple[tuple[int, int], ...] = ((0, 1),),
+    chunk_ranks: tuple[int, ...] = (0,),
+) -> RankLayout:
+    """The knobs of `parallel` that decide a rank's collectives, on a pipeline of `chunks`
+    run by `chunk_ranks` (by default one chunk: what per-layer pricing needs; pipeline
+    transfers are priced by `_pipeline_p2p`)."""
     return RankLayout(
-        chunks=((0, 1),), chunk_ranks=(0,), tensor=parallel.tensor, data=parallel.data,
+        chunks=chunks, chunk_ranks=chunk_ranks, tensor=parallel.tensor, data=parallel.data,
         context=parallel.context, expert=parallel.expert,
         micro_batch_size=parallel.micro_batch_size,
         num_micro_batches=parallel.num_micro_batches,

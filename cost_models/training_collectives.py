@@ -38,6 +38,7 @@ Bytes follow `runtime.comm_counter`: the larger of a collective's local input an
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
@@ -70,8 +71,6 @@ class Collective:
     setup (first step only)."""
     count: int
     bytes: int
-    exact_bytes: bool = True
-    """False where the size depends on the data (all-to-all token dispatch)."""
 
 
 @dataclass(frozen=True)
@@ -210,15 +209,15 @@ def _layer_tensor_parallel(model: TransformerConfig, layout: RankLayout) -> list
         # the tokens routed to them: data-dependent).
         experts = model.num_experts // layout.expert
         inputs = 2 if model.activation == "swiglu" else 1
-        exact = layout.expert == 1 or layout.expert_dispatcher == "allgather"
-        rows = hidden * layout.expert if exact else hidden * model.moe_top_k
-        out += [Collective("all_reduce", "tp", "forward", experts, rows, exact),
-                Collective("all_reduce", "tp", "backward", experts * inputs, rows, exact)]
+        gathered = layout.expert == 1 or layout.expert_dispatcher == "allgather"
+        rows = hidden * layout.expert if gathered else hidden * model.moe_top_k
+        out += [Collective("all_reduce", "tp", "forward", experts, rows),
+                Collective("all_reduce", "tp", "backward", experts * inputs, rows)]
         if sp:  # the MLP input gathered; its output cut to sequence shards (backward: gather)
             out += [Collective("all_gather", "tp", "forward", 1, hidden),
                     Collective("all_gather", "tp", "backward", 1, hidden)]
         if full:
-            out.append(Collective("all_reduce", "tp", "recompute", experts, rows, exact))
+            out.append(Collective("all_reduce", "tp", "recompute", experts, rows))
             if sp:
                 out.append(Collective("all_gather", "tp", "recompute", 1, hidden))
     return out
@@ -272,11 +271,11 @@ def _layer_expert_dispatch(model: TransformerConfig, layout: RankLayout) -> list
     counts = model.num_experts * COUNT_BYTES
     pairs = tokens * model.moe_top_k * model.hidden_size * e  # even routing
     out = [Collective("all_to_all", "ep", "forward", 1, counts),
-           Collective("all_to_all", "ep", "forward", 2, pairs, exact_bytes=False),
-           Collective("all_to_all", "ep", "backward", 2, pairs, exact_bytes=False)]
+           Collective("all_to_all", "ep", "forward", 2, pairs),
+           Collective("all_to_all", "ep", "backward", 2, pairs)]
     if full:
         out += [Collective("all_to_all", "ep", "recompute", 1, counts),
-                Collective("all_to_all", "ep", "recompute", 2, pairs, exact_bytes=False)]
+                Collective("all_to_all", "ep", "recompute", 2, pairs)]
     return out
 
 
@@ -291,7 +290,7 @@ def _expert_gradients(
     mine = model.num_experts // ep
     return [
         Collective("all_reduce", "edp", "gradient_sync", 1,
-                   _numel(local_shape(p, layout.tensor, 1, 0)) * layout.gradient_bytes)
+                   math.prod(local_shape(p, layout.tensor, 1, 0)) * layout.gradient_bytes)
         for p in params if p.expert is not None and p.expert < mine  # equal shapes
     ]
 
@@ -350,7 +349,7 @@ def _zero(layout: RankLayout, params: list[ParameterLayout]) -> list[Collective]
     out = []
     for members in groups.values():
         if layout.zero_stage == 0:
-            numel = sum(_numel(local_shape(p, layout.tensor, 1, 0)) for p in members)
+            numel = sum(math.prod(local_shape(p, layout.tensor, 1, 0)) for p in members)
             out.append(Collective("all_reduce", "dp", "gradient_sync", 1, numel * g))
             continue
         assert all(sharded_by_zero(p, layout.zero_stage, layout.expert) for p in members)
@@ -369,13 +368,7 @@ def _tied_embedding(
         return []
     embed = ParameterLayout("embed.weight", (model.vocab_size, model.hidden_size), 0, "root")
     shards = layout.data * layout.context
-    numel = _numel(local_shape(embed, layout.tensor, shards, layout.zero_stage))
+    numel = math.prod(local_shape(embed, layout.tensor, shards, layout.zero_stage))
     return [Collective("all_reduce", "embedding", "gradient_sync", 1,
                        numel * layout.gradient_bytes)]
 
-
-def _numel(shape: tuple[int, ...]) -> int:
-    total = 1
-    for size in shape:
-        total *= size
-    return total

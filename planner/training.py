@@ -14,8 +14,14 @@ from typing import Callable
 from cost_models.layer_collectives import LayerCollectives
 from cost_models.memory import state_element_bytes
 from cost_models.stage_parameters import chunk_parameters, placement, rank_state_bytes
-from cost_models.step_time import StageLayout, StepPrediction, even_split, predict_stages
-from cost_models.training_collectives import RankLayout, by_kind, rank_collectives
+from cost_models.step_time import (
+    StageLayout,
+    StepPrediction,
+    even_split,
+    predict_stages,
+    rank_layout,
+)
+from cost_models.training_collectives import by_kind, rank_collectives
 from planner.cluster import Cluster
 from planner.export.megatron import megatron_flags, megatron_incompatibility
 from planner.models.config import TransformerConfig
@@ -139,16 +145,10 @@ def _with_contents(
     params = [p for c, layers in enumerate(chunks) if c % num_stages == index
               for p in chunk_parameters(model, layers, c == 0, c == last)]
     zero, expert, shards = parallel.zero_stage, parallel.expert, layout.data * parallel.context
-    precise = parallel.precision == "fp32"
-    rank = RankLayout(
-        chunks=tuple(chunks), chunk_ranks=tuple(c % num_stages for c in range(len(chunks))),
-        tensor=layout.tensor, data=layout.data, context=parallel.context, expert=expert,
-        # Sequences per micro-batch on one replica of this stage's mesh.
-        micro_batch_size=parallel.micro_batch_size * parallel.data // layout.data,
-        num_micro_batches=parallel.num_micro_batches,
-        sequence_parallel=parallel.sequence_parallel, zero_stage=zero,
-        recompute=parallel.recompute, element_bytes=4 if precise else 2, gradient_bytes=4,
-    )
+    # The stage's own mesh, with the sequences of one micro-batch split over its replicas.
+    here = replace(parallel, tensor=layout.tensor, data=layout.data,
+                   micro_batch_size=parallel.micro_batch_size * parallel.data // layout.data)
+    rank = rank_layout(here, tuple(chunks), tuple(c % num_stages for c in range(len(chunks))))
     collectives = rank_collectives(model, rank, index)
     steady = [c for c in collectives if c.phase != "setup"]
     once = [c for c in collectives if c.phase == "setup"]
