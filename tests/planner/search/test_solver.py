@@ -16,6 +16,7 @@ from planner.search.solver import (
     AssignmentProblem,
     InfeasibleError,
     SharedCost,
+    _capped,
     contract_followers,
     evaluate,
     memory_of,
@@ -215,6 +216,47 @@ def test_ilp_edge_trigger_on_a_grouped_row_fires_only_for_its_own_choice() -> No
     assert solve_ilp(problem).objective == pytest.approx(0.5)
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_impossible_costs_capped_keep_the_optimum(seed: int) -> None:
+    """Costs a million times the rest (the graph code's price of a move DTensor cannot
+    make) are capped before solving: the ILP still finds brute force's optimum, and
+    reports the objective of the uncapped problem."""
+    problem = random_problem(200 + seed)
+    rng = np.random.default_rng(seed)
+    scale = 1e-6  # real costs of microseconds, like a training step's
+    problem.node_costs = [c * scale for c in problem.node_costs]
+    problem.shared_costs = [SharedCost(s.cost * scale, s.node_triggers, s.edge_triggers)
+                            for s in problem.shared_costs]
+    edges = []
+    for u, v, m in problem.edges:
+        m = m * scale
+        m[rng.random(m.shape) < 0.3] = 1e6
+        edges.append((u, v, m))
+    problem.edges = edges
+    try:
+        expected = solve_brute_force(problem)
+    except InfeasibleError:
+        return
+    got = solve_ilp(problem)
+    assert got.objective == pytest.approx(expected.objective, rel=1e-6)
+    assert got.objective == pytest.approx(evaluate(problem, got.choices), rel=1e-12)
+
+
+def test_capped_is_a_no_op_when_the_incumbent_bounds_nothing() -> None:
+    """Over the memory limit (or with a negative cost) the greedy answer is no upper
+    bound on the optimum, so nothing is capped."""
+    problem = AssignmentProblem(
+        node_costs=[np.array([1.0, 5e6]), np.array([1.0, 3.0])],
+        node_memory=[np.array([100.0, 10.0]), np.array([100.0, 10.0])],
+        memory_limit=110.0,
+    )
+    assert _capped(problem, [0, 0]) is problem  # 200 bytes of 110
+    negative = AssignmentProblem([np.array([-1.0, 5e6])], [np.zeros(2)])
+    assert _capped(negative, [0]) is negative
+    fits = AssignmentProblem([np.array([1.0, 5e6])], [np.zeros(2)])
+    assert list(_capped(fits, [0]).node_costs[0]) == [1.0, 2.0]
+
+
 # -- greedy ----------------------------------------------------------------------------------
 
 
@@ -225,6 +267,15 @@ def test_greedy_returns_a_valid_assignment(seed: int) -> None:
     assert len(choices) == len(problem.node_costs)
     assert all(isinstance(c, int) and 0 <= c < len(k)
                for c, k in zip(choices, problem.node_costs))
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_greedy_fits_the_memory_limit_whenever_some_assignment_does(seed: int) -> None:
+    """Its answer bounds the optimum, so the ILP may cap costs by it."""
+    problem = random_problem(seed)
+    least = sum(float(m.min()) for m in problem.node_memory)
+    if least <= problem.memory_limit:
+        assert memory_of(problem, solve_greedy(problem)) <= problem.memory_limit
 
 
 def test_greedy_follows_the_upstream_choice() -> None:
