@@ -349,18 +349,34 @@ def _edge_matrix(
     bucket each all-reducing pair falls into."""
     producer, index = edge.source
     value = output_value(program, edge.source)
-    rows = table[producer].strategies
-    cols = range(len(table[edge.consumer].strategies))
-    matrix = np.zeros((len(rows), len(cols)))
-    keys = {}
+    # Many strategies share a placement (a producer's strategies differ in their inputs,
+    # a consumer's in its other operands): price each distinct pair once, then spread.
+    srcs, row_of = _distinct([s.outputs[index] for s in table[producer].strategies])
+    dsts, col_of = _distinct(
+        [_required(edge, table, j) for j in range(len(table[edge.consumer].strategies))]
+    )
+    small = np.zeros((len(srcs), len(dsts)))
     bucketed = edge.phase == "gradient_sync"
-    for i, s in enumerate(rows):
-        for j in cols:
-            dst = _required(edge, table, j)
-            matrix[i, j], collectives = comm.transfer(value, s.outputs[index], dst, bucketed)
+    small_keys = {}
+    for a, src in enumerate(srcs):
+        for b, dst in enumerate(dsts):
+            small[a, b], collectives = comm.transfer(value, src, dst, bucketed)
             if bucketed and _all_reduce_only(collectives):
-                keys[(i, j)] = _bucket_key(collectives)
-    return producer, edge.consumer, matrix, keys
+                small_keys[(a, b)] = _bucket_key(collectives)
+    keys = {
+        (i, j): small_keys[(a, b)]
+        for i, a in enumerate(row_of)
+        for j, b in enumerate(col_of)
+        if (a, b) in small_keys
+    }
+    return producer, edge.consumer, small[np.ix_(row_of, col_of)], keys
+
+
+def _distinct(placements: list[Placements]) -> tuple[list[Placements], np.ndarray]:
+    """The distinct placements, and for each entry the index of its own among them."""
+    first: dict[Placements, int] = {}
+    of = [first.setdefault(p, len(first)) for p in placements]
+    return list(first), np.array(of, dtype=int)
 
 
 def _all_reduce_only(collectives: tuple[Collective, ...]) -> bool:
