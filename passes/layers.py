@@ -73,10 +73,15 @@ def find_layers(program: TracedProgram, balanced_layers: int = 4) -> list[Layer]
 
 
 def _repeated_blocks(forward: list[fx.Node]) -> list[str]:
-    """Module paths of the children of the ModuleList that holds the most forward ops."""
+    return repeated_blocks([node.meta.get("tessel_module") or "" for node in forward])
+
+
+def repeated_blocks(paths: list[str]) -> list[str]:
+    """Of the module paths of a forward's ops, the children of the ModuleList that holds
+    the most ops (`layers.0`, `layers.1`, ...); none unless there are two or more."""
     counts: dict[str, dict[str, int]] = {}
-    for node in forward:
-        match = _INDEXED.match(node.meta.get("tessel_module") or "")
+    for path in paths:
+        match = _INDEXED.match(path)
         if match:
             block = f"{match['prefix']}.{match['index']}"
             counts.setdefault(match["prefix"], {}).setdefault(block, 0)
@@ -88,7 +93,11 @@ def _repeated_blocks(forward: list[fx.Node]) -> list[str]:
 
 
 def _block_of(node: fx.Node, blocks: list[str]) -> str | None:
-    path = node.meta.get("tessel_module") or ""
+    return block_of(node.meta.get("tessel_module") or "", blocks)
+
+
+def block_of(path: str, blocks: list[str]) -> str | None:
+    """The block of `blocks` the module at `path` is in, if any."""
     return next((b for b in blocks if path == b or path.startswith(b + ".")), None)
 
 

@@ -38,12 +38,22 @@ class PlanMismatchError(RuntimeError):
 class RankProgram:
     """One rank's view of a planned training step."""
 
-    def __init__(self, program: TracedProgram, plan: Plan, mesh: DeviceMesh) -> None:
-        if list(mesh.shape) != list(plan.mesh_shape):
+    def __init__(
+        self, program: TracedProgram, plan: Plan, mesh: DeviceMesh, stage: int = 0
+    ) -> None:
+        self.stage = plan.stages[stage]
+        if list(mesh.shape) != list(self.stage.mesh_shape):
             raise PlanMismatchError(
-                f"the plan is for mesh {plan.mesh_shape} but the mesh is {list(mesh.shape)}"
+                f"the plan is for mesh {self.stage.mesh_shape} but the mesh is "
+                f"{list(mesh.shape)}"
             )
-        if graph_fingerprint(program) != plan.operators.graph_fingerprint:
+        if self.stage.operators is None:
+            raise PlanMismatchError(
+                f"stage {stage} of the plan has no operator shardings; plan with --mesh, "
+                "or a model traced as a graph (--gpus with a model of your own)"
+            )
+        self.operators = self.stage.operators
+        if graph_fingerprint(program) != self.operators.graph_fingerprint:
             raise PlanMismatchError(
                 "the plan was made for a different graph; plan this model again"
             )
@@ -51,13 +61,13 @@ class RankProgram:
         self.plan = plan
         self.mesh = mesh
         self.replicated = tuple(Replicate() for _ in range(mesh.ndim))
-        self._bucketed = {m for b in plan.operators.gradient_buckets for m in b.members}
-        self._fallbacks = {f.node for f in plan.operators.fallback_ops}
+        self._bucketed = {m for b in self.operators.gradient_buckets for m in b.members}
+        self._fallbacks = {f.node for f in self.operators.fallback_ops}
 
     # -- state -------------------------------------------------------------------------
 
     def parameter_placements(self) -> dict[str, tuple]:
-        return {fqn: parse_placements(p) for fqn, p in self.plan.parameters.items()}
+        return {fqn: parse_placements(p) for fqn, p in self.stage.parameters.items()}
 
     def shard(self, full: torch.Tensor, placements: tuple) -> DTensor:
         """This rank's shard of a full tensor every rank holds: a local slice, no
@@ -66,7 +76,7 @@ class RankProgram:
 
     def shard_inputs(self, inputs: tuple[torch.Tensor, ...]) -> list[DTensor]:
         names = self.program.user_inputs
-        placements = self.plan.operators.inputs
+        placements = self.operators.inputs
         return [self.shard(x, parse_placements(placements[n])) for n, x in zip(names, inputs)]
 
     # -- one step ----------------------------------------------------------------------
@@ -79,30 +89,57 @@ class RankProgram:
     ) -> tuple[torch.Tensor, dict[str, DTensor]]:
         """Forward and backward of one step: (replicated loss, gradients by parameter FQN
         in their parameter's placement)."""
+        env, moved = self.bind(params, buffers, inputs)
+        self.run_nodes(env, moved)
+        output = next(n for n in self.program.graph.nodes if n.op == "output")
+        return self._finish(output, env, moved)
+
+    def bind(
+        self, params: dict[str, DTensor], buffers: dict[str, DTensor], inputs: list[DTensor]
+    ) -> tuple[dict[str, Any], dict[tuple[str, tuple], DTensor]]:
+        """A fresh environment holding the placeholders' values; user inputs past
+        `inputs` are left for the caller to bind (a pipeline stage's received gradients)."""
         env: dict[str, Any] = {}
-        moved: dict[tuple[str, tuple], DTensor] = {}
         input_iter = iter(inputs)
         for node in self.program.graph.nodes:
-            if node.op == "placeholder":
-                if node.name in self.program.parameters:
-                    env[node.name] = params[self.program.parameters[node.name]]
-                elif node.name in self.program.buffers:
-                    env[node.name] = buffers[self.program.buffers[node.name]]
-                else:
-                    env[node.name] = next(input_iter)
-            elif node.op == "call_function":
-                if is_skipped(node):
-                    continue
-                env[node.name] = self._call(node, env, moved)
-            elif node.op == "output":
-                return self._finish(node, env, moved)
-        raise PlanMismatchError("the traced graph has no output node")
+            if node.op != "placeholder":
+                continue
+            if node.name in self.program.parameters:
+                env[node.name] = params[self.program.parameters[node.name]]
+            elif node.name in self.program.buffers:
+                env[node.name] = buffers[self.program.buffers[node.name]]
+            else:
+                value = next(input_iter, None)
+                if value is not None:
+                    env[node.name] = value
+        return env, {}
+
+    def run_nodes(
+        self, env: dict[str, Any], moved: dict, only: set[str] | None = None,
+        skip: set[str] | None = None,
+    ) -> None:
+        """Run the op nodes in graph order (those in `only`, none in `skip`)."""
+        for node in self.program.graph.nodes:
+            if node.op != "call_function" or is_skipped(node):
+                continue
+            if (only is not None and node.name not in only) or (skip and node.name in skip):
+                continue
+            env[node.name] = self._call(node, env, moved)
+
+    def move(self, name: str, env: dict[str, Any], moved: dict, placements: tuple) -> DTensor:
+        """The value of node `name` in `placements` (moved once, then reused)."""
+        return self._move(self.program.nodes[name], env, moved, placements)
+
+    def reduce_bucket(
+        self, bucket: GradientBucket, values: dict[str, DTensor]
+    ) -> dict[str, DTensor]:
+        return self._reduce_bucket(bucket, values)
 
     def _call(self, node: fx.Node, env: dict[str, Any], moved: dict) -> Any:
         if node.target is operator.getitem:
             producer, index = node.args
             return env[producer.name][index]
-        sharding = self.plan.operators.nodes[node.name]
+        sharding = self.operators.nodes[node.name]
         if node.target in SHAPE_ONLY_OPS or not sharding.inputs:
             return self._replicated_call(node, env, like_only=True)
         if node.name in self._fallbacks:
@@ -173,7 +210,7 @@ class RankProgram:
         grads: dict[str, DTensor] = {}
         for grad_name, fqn in self.program.gradients.items():
             values[fqn] = env[grad_name]
-        for bucket in self.plan.operators.gradient_buckets:
+        for bucket in self.operators.gradient_buckets:
             values.update(self._reduce_bucket(bucket, values))
         param_placements = self.parameter_placements()
         for grad_name, fqn in self.program.gradients.items():

@@ -110,6 +110,19 @@ def trace(
     return program
 
 
+def export_forward(
+    model: nn.Module, example_inputs: tuple[Any, ...], loss_fn: LossFn | None = None
+) -> Any:
+    """The forward of `model` and its loss as an ExportedProgram of core aten ops (the ops
+    of `trace`'s joint graph), without the backward: what `passes.stage_graph` cuts."""
+    objective = TrainingObjective(model, loss_fn)
+    with _meta_as_fake_cpu(model, example_inputs) as example_inputs:
+        exported = _export(objective, example_inputs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return exported.run_decompositions(decomposition_table(keep_attention=True))
+
+
 def _export_forward(objective: nn.Module, example_inputs: tuple[Any, ...]) -> tuple[Any, str]:
     """The exported forward and how it was captured: torch.export, else symbolic_trace."""
     try:

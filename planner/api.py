@@ -15,23 +15,17 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from cost_models.profile import ProfileDatabase
 from passes.deadline import Deadline
-from passes.dtensor_rules import fake_mesh, placement_str
-from passes.lower import RankProgram, graph_fingerprint
-from passes.strategies import enumerate_strategies, fallback_nodes
+from passes.dtensor_rules import fake_mesh
+from passes.lower import RankProgram
+from passes.strategies import enumerate_strategies
 from passes.trace import TracedProgram, trace
 from planner.cluster import Cluster
 from planner.search.intra_op import IntraOpSolution, plan_intra_op
+from planner.search.shardings import operator_shardings, stats
 from planner.plan import (
-    PHASES,
-    CollectiveStats,
-    FallbackOp,
-    GradientBucket,
-    NodeSharding,
-    OperatorShardings,
     Plan,
     Predicted,
     Provenance,
-    SolverReport,
     Stage,
     logical_axes,
     tessel_version,
@@ -108,45 +102,8 @@ def _assemble(
     program, table, solution: IntraOpSolution, mesh_shape, cluster: str, name: str,
     cost_source: str, memory_limit: float, devices_per_node: int,
 ) -> Plan:
-    def chosen(node: str):
-        return table[node].strategies[solution.choices[node]]
-
-    nodes = {}
-    for node, strategies in table.items():
-        if strategies.kind in ("parameter", "buffer", "input"):
-            continue
-        s = chosen(node)
-        meta = program.nodes[node].meta
-        nodes[node] = NodeSharding(
-            op=str(program.nodes[node].target),
-            module=meta.get("tessel_module", ""),
-            phase=meta.get("tessel_phase", "forward"),
-            inputs=[placement_str(p) for p in s.inputs],
-            outputs=[placement_str(p) if p is not None else None for p in s.outputs],
-            produced=placement_str(s.produced) if s.produced is not None else None,
-        )
+    parameters, operators = operator_shardings(program, table, solution)
     mesh = list(mesh_shape)
-    parameters = {
-        fqn: placement_str(chosen(node).outputs[0]) for node, fqn in program.parameters.items()
-    }
-    operators = OperatorShardings(
-        graph_fingerprint=graph_fingerprint(program),
-        inputs={node: placement_str(chosen(node).outputs[0]) for node in program.user_inputs},
-        nodes=nodes,
-        gradient_buckets=[GradientBucket(**vars(b)) for b in solution.buckets],
-        communication_by_phase={p: _stats(solution.collectives_by_kind(p)) for p in PHASES},
-        fallback_ops=[
-            FallbackOp(node=n, op=nodes[n].op, module=nodes[n].module)
-            for n in fallback_nodes(table)
-        ],
-        solver=SolverReport(
-            backend="SCIP",
-            status=solution.assignment.status,
-            gap=solution.assignment.gap,
-            solve_time_s=solution.assignment.solve_time_s,
-            num_variables=solution.num_variables,
-        ),
-    )
     # The whole traced step is one stage: "layers" are the graph's, [0, 1).
     stage = Stage(layers=(0, 1), num_devices=math.prod(mesh), mesh_axes=logical_axes(len(mesh)),
                   mesh_shape=mesh, parameters=parameters, operators=operators)
@@ -158,7 +115,7 @@ def _assemble(
         mesh_axes=logical_axes(len(mesh)),
         mesh_shape=mesh,
         stages=[stage],
-        communication=_stats(solution.collectives_by_kind()),
+        communication=stats(solution.collectives_by_kind()),
         predicted=Predicted(
             step_time_s=solution.compute_s + solution.communication_s,
             compute_s=solution.compute_s,
@@ -169,10 +126,6 @@ def _assemble(
         provenance=Provenance(model_spec=name, cluster=cluster, cost_source=cost_source,
                               tessel_version=tessel_version()),
     )
-
-
-def _stats(table: dict[str, dict[str, int]]) -> dict[str, CollectiveStats]:
-    return {kind: CollectiveStats(**v) for kind, v in table.items()}
 
 
 def parallelize(

@@ -143,3 +143,83 @@ def check_plan(
         communication_matches=not mismatches,
         mismatches=mismatches,
     )
+
+
+# -- graph plans: pipeline stages of any model ----------------------------------------------
+
+
+def predicted_rank_communication(plan: Plan, rank: int) -> dict[str, dict[str, int]]:
+    """What one rank of a graph plan issues in a step: its stage's prediction."""
+    from runtime.staged import stage_of
+
+    stage = plan.stages[stage_of(plan, rank)]
+    return {k: v.model_dump() for k, v in stage.communication.items()}
+
+
+def _train_staged_rank(rank: int, world: int, plan, model, example_inputs, loss_fn, state,
+                       batches):
+    from runtime.staged import StagedTrainer
+
+    trainer = StagedTrainer(plan, model, example_inputs, loss_fn, state)
+    losses, comms = [], []
+    for batch in batches:
+        with CommCounter() as counter:
+            losses.append(trainer.step(*batch))
+        comms.append(counter.by_kind())
+    params = trainer.full_parameters()
+    first = trainer.local_rank == 0
+    return losses, comms, params if first else {}
+
+
+def check_graph_plan(
+    model: nn.Module, plan: Plan, loss_fn: Callable | None = None,
+    example_inputs: tuple = (), steps: int = 3,
+) -> CheckReport:
+    """Train a graph plan (`--gpus` for a model of one's own) on `plan.num_devices` gloo
+    ranks and on one process: losses and final parameters must agree, and every rank must
+    issue exactly its stage's predicted collectives, sends and receives."""
+    if plan.global_batch_size is None:
+        raise ValueError("a graph plan records its global batch size; this one does not")
+    from passes.stage_graph import micro_batch_inputs
+
+    shapes = micro_batch_inputs(tuple(example_inputs), plan.global_batch_size)
+    examples = tuple(
+        x if not isinstance(s, torch.Tensor) else _like(x, s.shape)
+        for x, s in zip(example_inputs, shapes)
+    )
+    batches = synthetic_batches(examples, steps)
+    state = training_state(model)
+    reference_losses, reference_params = train_single_process(model, loss_fn, batches)
+    results = run_on_ranks(_train_staged_rank, plan.num_devices, plan, model,
+                           tuple(example_inputs), loss_fn, state, batches)
+    last = plan.stages[-1].first_device
+    losses = results[last][0]
+    params: dict[str, torch.Tensor] = {}
+    for _, _, stage_params in results:
+        params.update(stage_params)
+    loss_rel, param_rel = relative_errors(losses, params, reference_losses, reference_params)
+    rel_error = max(loss_rel, param_rel)
+    abs_error = max(
+        max(abs(got - want) for got, want in zip(losses, reference_losses)),
+        max(float((params[n] - w).abs().max()) for n, w in reference_params.items()),
+    )
+    mismatches = []
+    for rank, (_, comms, _) in enumerate(results):
+        predicted = predicted_rank_communication(plan, rank)
+        for step, measured in enumerate(comms):
+            if measured != predicted:
+                mismatches.append(f"rank {rank} step {step}: measured {measured}, "
+                                  f"predicted {predicted}")
+    return CheckReport(
+        passed=rel_error < RELATIVE_TOLERANCE and not mismatches and math.isfinite(abs_error),
+        steps=steps, max_abs_error=abs_error, max_rel_error=rel_error, losses=losses,
+        reference_losses=reference_losses, measured_communication=results[0][1][0],
+        predicted_communication=predicted_rank_communication(plan, 0),
+        communication_matches=not mismatches, mismatches=mismatches,
+    )
+
+
+def _like(example: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """An example input grown (or cut) to `shape` along dim 0, keeping its values' range."""
+    reps = -(-shape[0] // example.shape[0])
+    return example.repeat(reps, *([1] * (example.dim() - 1)))[: shape[0]]

@@ -266,6 +266,11 @@ class Plan(_Model):
     precision: str = Field(default="fp32", description="Matmul precision: fp32, bf16, fp16, "
                            "fp8.")
     stages: list[Stage] = Field(min_length=1, description="Pipeline stages in order.")
+    layer_cuts: list[int] | None = Field(
+        default=None, description="Graph plans: positions in the model's traced forward "
+        "(its ops in graph order) where each layer begins, and the number of ops; stages "
+        "hold layers of these.",
+    )
     communication: dict[str, CollectiveStats] = Field(
         default_factory=dict, description="Collectives one rank issues in one step, by kind "
         "(as `plan check` measures them)."

@@ -1,0 +1,342 @@
+"""Cut a model's forward into layers, and layers into pipeline-stage programs.
+
+Alpa's inter-op pass for any `nn.Module`: the forward of the training objective (model and
+loss, core aten ops, as `passes.trace` decomposes it) is one list of ops in graph order. A
+*layer* is a contiguous run of those ops; a *stage* is a contiguous run of layers. Cuts go
+between repeated blocks where the model has them (`layers.0`, `layers.1`, ...), else where
+Alpa's operator clustering puts them: about equal FLOPs per layer, and within that, the
+position whose crossing tensors are fewest bytes.
+
+A stage is traced as a training step of its own (`stage_program`), so the intra-op ILP and
+the runtime treat it as they treat a whole model:
+- the tensors entering the stage are parameters named `tessel_boundary.K`: their gradients,
+  which the joint graph computes as it does any parameter's, are what the stage sends back;
+- a stage that is not the last ends in the surrogate loss sum_K sum(out_K * grad_K), with
+  each received gradient `grad_K` a user input: the backward of that loss is the backward
+  of the stage given its outputs' gradients, so the stage's forward ops are the ones that
+  do not depend on a `grad_K` (`backward_nodes`).
+User inputs (the batch, labels) reach every stage directly; they are never sent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.fx as fx
+from torch import nn
+
+from cost_models.compute import tensor_bytes
+from passes.layers import block_of, repeated_blocks
+from passes.strategies import node_flops
+from passes.trace import LossFn, TracedProgram, export_forward, trace
+
+BOUNDARY = "tessel_boundary"
+"""Name of the parameters that stand for a stage's incoming tensors."""
+
+_aten = torch.ops.aten
+
+
+@dataclass
+class ForwardGraph:
+    """The decomposed forward of a training objective, ending in its scalar loss."""
+
+    graph: fx.Graph
+    parameters: dict[str, str]
+    """Placeholder name -> parameter FQN."""
+    buffers: dict[str, str]
+    """Placeholder name -> buffer FQN."""
+    user_inputs: list[str]
+    """Placeholder names of the model's inputs, in call order."""
+    ops: list[fx.Node]
+    """Every call_function node, in graph order."""
+    loss: fx.Node
+
+    def op_flops(self) -> np.ndarray:
+        return np.array([node_flops(n) for n in self.ops], dtype=float)
+
+    def crossing(self, cut: int) -> list[fx.Node]:
+        """The tensors op `cut` and later read that ops before `cut` made (graph order)."""
+        later = set(self.ops[cut:])
+        return [
+            n for n in self.ops[:cut]
+            if isinstance(n.meta.get("val"), torch.Tensor) and any(u in later for u in n.users)
+        ]
+
+    def can_cut(self, cut: int) -> bool:
+        """Whether a stage may end before op `cut`: every crossing value is a tensor (not a
+        tuple still to be unpacked)."""
+        later = set(self.ops[cut:])
+        return all(
+            isinstance(n.meta.get("val"), torch.Tensor)
+            for n in self.ops[:cut] if any(u in later for u in n.users)
+        )
+
+    def cut_bytes(self, cut: int) -> int:
+        return sum(tensor_bytes(n.meta["val"]) for n in self.crossing(cut))
+
+
+def forward_graph(
+    model: nn.Module, example_inputs: tuple[Any, ...], loss_fn: LossFn | None = None
+) -> ForwardGraph:
+    """Export `model` and its loss on `example_inputs` (meta tensors are fine) and
+    decompose it to the core aten ops the joint graph uses."""
+    exported = export_forward(model, example_inputs, loss_fn)
+    signature = exported.graph_signature
+    kinds = {spec.arg.name: (spec.kind.name, spec.target) for spec in signature.input_specs}
+    strip = lambda fqn: fqn.removeprefix("model.")  # noqa: E731 - the objective's prefix
+    parameters = {n: strip(t) for n, (k, t) in kinds.items() if k == "PARAMETER"}
+    buffers = {n: strip(t) for n, (k, t) in kinds.items() if k == "BUFFER"}
+    user_inputs = [n for n, (k, _) in kinds.items() if k == "USER_INPUT"]
+    graph = exported.graph
+    ops = [n for n in graph.nodes if n.op == "call_function"]
+    output = next(n for n in graph.nodes if n.op == "output")
+    loss = output.args[0][0]
+    return ForwardGraph(graph, parameters, buffers, user_inputs, ops, loss)
+
+
+# -- layers ---------------------------------------------------------------------------------
+
+
+def layer_cuts(forward: ForwardGraph, count: int, balance: float = 0.25) -> list[int]:
+    """Op positions [0, c_1, ..., len(ops)] of at most `count` layers.
+
+    Repeated blocks (children of a ModuleList whose forward ops match) are one layer each,
+    what comes before the first joining it and what comes after the last joining that.
+    Otherwise each cut is placed, among the positions whose FLOPs before it are within
+    `balance` of a layer's share of the target, where the fewest bytes cross (Alpa's
+    operator clustering: balanced compute, little communication between stages)."""
+    blocks = _block_cuts(forward)
+    if blocks is not None and len(blocks) - 1 >= 2:
+        return blocks
+    flops = forward.op_flops()
+    prefix = np.concatenate([[0.0], np.cumsum(flops)])
+    total = prefix[-1] or 1.0
+    n = len(forward.ops)
+    cuts = [0]
+    for k in range(1, count):
+        target = total * k / count
+        window = total * balance / count
+        options = [
+            p for p in range(cuts[-1] + 1, n)
+            if abs(prefix[p] - target) <= window and prefix[p] > prefix[cuts[-1]]
+            and forward.can_cut(p)
+        ]
+        if not options:
+            continue
+        cuts.append(min(options, key=lambda p: (forward.cut_bytes(p), abs(prefix[p] - target))))
+    cuts.append(n)
+    return cuts
+
+
+def _block_cuts(forward: ForwardGraph) -> list[int] | None:
+    """Cuts between the blocks of the ModuleList the forward runs through, if any: each
+    cut at the first op of a block (the first block's absorbs the ops before it)."""
+    paths = [module_path(node) for node in forward.ops]
+    blocks = repeated_blocks(paths)
+    starts, seen = [], set()
+    for position, path in enumerate(paths):
+        block = block_of(path, blocks)
+        if block is not None and block not in seen:
+            seen.add(block)
+            starts.append(position)
+    if len(starts) < 2 or not all(forward.can_cut(p) for p in starts[1:]):
+        return None
+    return [0, *starts[1:], len(forward.ops)]
+
+
+def module_path(node: fx.Node) -> str:
+    """The module an exported op was called from, relative to the model ('' at top)."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    return path.removeprefix("model.").removeprefix("model")
+
+
+# -- stages ---------------------------------------------------------------------------------
+
+
+@dataclass
+class StageGraph:
+    """The ops of layers [first, last) as a module of their own."""
+
+    module: fx.GraphModule
+    """Parameters by their FQNs in the model, plus `tessel_boundary.K` for the inputs."""
+    inputs: list[torch.Tensor]
+    """The tensors entering the stage (meta values), in `tessel_boundary.K` order."""
+    outputs: list[torch.Tensor]
+    """The tensors leaving it (meta values); none for the last stage."""
+    user_inputs: list[int]
+    """Positions of the model inputs the stage reads."""
+
+    @property
+    def is_last(self) -> bool:
+        return not self.outputs
+
+
+def stage_graph(
+    forward: ForwardGraph, cuts: list[int], first: int, last: int,
+    values: dict[str, torch.Tensor],
+) -> StageGraph:
+    """The stage of layers [first, last) of `forward` cut at `cuts`; `values` are the
+    model's parameters and buffers by FQN (meta or real: only their shapes are read)."""
+    begin, end = cuts[first], cuts[last]
+    ops = forward.ops[begin:end]
+    incoming = forward.crossing(begin) if begin > 0 else []
+    outgoing = forward.crossing(end) if end < len(forward.ops) else []
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    placeholders = {n.name: n for n in forward.graph.nodes if n.op == "placeholder"}
+    read = {a for node in ops for a in node.all_input_nodes}
+    used_inputs = [i for i, name in enumerate(forward.user_inputs) if placeholders[name] in read]
+    for i in used_inputs:
+        name = forward.user_inputs[i]
+        env[placeholders[name]] = _with_meta(graph.placeholder(name), placeholders[name])
+    gradients = [_with_meta(graph.placeholder(f"grad_{k}"), n) for k, n in enumerate(outgoing)]
+    attributes: dict[str, Any] = {}
+    for name, fqn in {**forward.parameters, **forward.buffers}.items():
+        if placeholders[name] in read:
+            env[placeholders[name]] = _with_meta(graph.get_attr(fqn), placeholders[name])
+            attributes[fqn] = values[fqn]
+    inputs = []
+    for k, node in enumerate(incoming):
+        target = f"{BOUNDARY}.{k}"
+        value = node.meta["val"]
+        attributes[target] = nn.Parameter(torch.empty(value.shape, dtype=value.dtype,
+                                                      device="meta"))
+        env[node] = _with_meta(graph.get_attr(target), node)
+        inputs.append(value)
+    for node in ops:
+        env[node] = graph.node_copy(node, lambda n: env[n])
+    if outgoing:
+        terms = []
+        for node, gradient in zip(outgoing, gradients):
+            product = graph.call_function(_aten.mul.Tensor, (env[node], gradient))
+            terms.append(graph.call_function(_aten.sum.default, (product,)))
+        loss = terms[0]
+        for term in terms[1:]:
+            loss = graph.call_function(_aten.add.Tensor, (loss, term))
+    else:
+        loss = env[forward.loss]
+    graph.output(loss)
+    module = fx.GraphModule(_Holder(attributes), graph)
+    return StageGraph(module, inputs, [n.meta["val"] for n in outgoing], used_inputs)
+
+
+class _Holder(nn.Module):
+    """Attributes by dotted name, as `fx.GraphModule` copies them from a root module."""
+
+    def __init__(self, attributes: dict[str, Any]) -> None:
+        super().__init__()
+        for fqn, value in attributes.items():
+            owner = self
+            *path, leaf = fqn.split(".")
+            for part in path:
+                if not hasattr(owner, part):
+                    owner.add_module(part, nn.Module())
+                owner = getattr(owner, part)
+            if isinstance(value, nn.Parameter):
+                owner.register_parameter(leaf, value)
+            else:
+                owner.register_buffer(leaf, value)
+
+
+def _with_meta(new: fx.Node, old: fx.Node) -> fx.Node:
+    new.meta.update({k: v for k, v in old.meta.items() if k in ("val", "tensor_meta")})
+    return new
+
+
+def _loss_is_output(loss: torch.Tensor, *inputs: Any) -> torch.Tensor:
+    """The stage module returns its loss (the model's, or the surrogate) itself."""
+    return loss
+
+
+def stage_program(stage: StageGraph, example_inputs: tuple[Any, ...]) -> TracedProgram:
+    """The stage's training step as a joint graph: user inputs are the model inputs it
+    reads, then one gradient per outgoing tensor."""
+    inputs = [example_inputs[i] for i in stage.user_inputs]
+    inputs += [torch.empty(v.shape, dtype=v.dtype, device="meta") for v in stage.outputs]
+    return trace(stage.module, tuple(inputs), _loss_is_output)
+
+
+def stage_inputs(stage: StageGraph, batch: tuple[Any, ...],
+                 gradients: list[torch.Tensor]) -> tuple[Any, ...]:
+    """The user inputs of `stage_program` for one micro-batch: the model inputs the stage
+    reads, then the received gradients."""
+    return (*(batch[i] for i in stage.user_inputs), *gradients)
+
+
+def boundary_parameters(program: TracedProgram) -> list[str]:
+    """FQNs of the parameters that stand for incoming tensors, in order."""
+    return sorted((f for f in program.parameters.values() if f.startswith(BOUNDARY + ".")),
+                  key=lambda f: int(f.rsplit(".", 1)[1]))
+
+
+def gradient_inputs(program: TracedProgram, num_model_inputs: int) -> list[str]:
+    """Placeholder names of the received gradients (after the model inputs)."""
+    return program.user_inputs[num_model_inputs:]
+
+
+def backward_nodes(program: TracedProgram, gradient_placeholders: list[str]) -> set[str]:
+    """Nodes that (transitively) read a received gradient: what runs once it arrives."""
+    later: set[str] = set(gradient_placeholders)
+    for node in program.graph.nodes:
+        if node.op == "call_function" and any(a.name in later for a in node.all_input_nodes):
+            later.add(node.name)
+    return later
+
+
+def stage_outputs(program: TracedProgram, gradient_placeholders: list[str]) -> list[str]:
+    """Node names of the values the stage sends on: the first factor of each
+    `out_K * grad_K` of the surrogate loss, in K order."""
+    outputs = []
+    for name in gradient_placeholders:
+        node = program.nodes[name]
+        product = next(u for u in node.users if u.target == _aten.mul.Tensor)
+        other = [a for a in product.args if isinstance(a, fx.Node) and a is not node]
+        outputs.append(other[0].name)
+    return outputs
+
+
+def micro_batch_inputs(example_inputs: tuple[Any, ...], size: int) -> tuple[Any, ...]:
+    """Meta tensors like the example inputs with `size` along dim 0."""
+    def resize(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.dim() > 0:
+            return torch.empty((size, *x.shape[1:]), dtype=x.dtype, device="meta")
+        return x
+
+    return tuple(resize(x) for x in example_inputs)
+
+
+
+# -- how the runtime moves values between and within stages -----------------------------
+
+
+def syncs_each_micro_batch(before: Any, after: Any) -> bool:
+    """Whether a gradient moving from placements `before` to `after` is synchronised every
+    micro-batch rather than summed first: when the move shrinks it (a partial sum reduced
+    into a shard), as FSDP does, so no rank holds a whole gradient it does not own."""
+    return any(b.is_partial() and a.is_shard() for b, a in zip(before, after))
+
+
+def routes(senders: int, receivers: int) -> list[list[tuple[int, int, int]]]:
+    """How `senders` ranks that each hold a whole tensor hand it to `receivers` ranks that
+    each need all of it: per receiver, (sender, piece, pieces) — the receiver gets piece
+    `piece` of the flattened tensor cut in `pieces` from that sender.
+
+    With no more senders than receivers, receiver j takes the whole tensor from sender
+    j mod senders; with more, and a whole number k per receiver, each sender sends one of
+    k pieces, so every link carries 1/k of the tensor."""
+    if senders <= receivers or senders % receivers:
+        return [[(j % senders, 0, 1)] for j in range(receivers)]
+    k = senders // receivers
+    return [[(j * k + r, r, k) for r in range(k)] for j in range(receivers)]
+
+
+def piece_numel(numel: int, piece: int, pieces: int) -> int:
+    """Elements of one piece, as `torch.tensor_split` cuts a flat tensor."""
+    base, extra = divmod(numel, pieces)
+    return base + (1 if piece < extra else 0)

@@ -1,0 +1,505 @@
+"""Alpa for any model: layers -> (layers, submesh, logical mesh) priced by the intra-op
+ILP -> the stage DP -> a pipeline of sharded stages, as a Plan the runtime runs.
+
+For each number of micro-batches m (micro-batch b = B / m):
+1. the model's forward at micro-batch b is cut into layers (`passes.stage_graph`);
+2. every layer, traced as a one-layer stage, is solved by the intra-op ILP on every
+   logical mesh of every submesh (1, 2, 4, ... devices of a node, then whole nodes; 1-D
+   and 2-D), twice: as fast as it can go, and with each parameter at its least memory
+   (sharded as ZeRO-3 shards it). Layers that compute the same thing (a template) share
+   one solve;
+3. a stage of layers i..j on a logical mesh is priced as the sum of its layers' per
+   micro-batch time less their interior boundaries (moving a tensor to replicated to send
+   it), plus its ends' transfers and its gradient synchronisation spread over the
+   micro-batches; it fits when its parameters' state and GPipe's micro-batches in flight
+   (all m on any stage but the last, which runs each backward at once) fit the device;
+4. `inter_op.stage_dp` chooses stages, submeshes and their meshes.
+The DP's plan, and three baselines — data parallelism (one stage, every parameter
+replicated, the batch split), the best single intra-op mesh over every device, and an even
+pipeline of one-device stages — are then traced as whole stages, solved again and
+predicted exactly (`predict`); the fastest that fits is the plan. So a plan is never
+predicted slower than any of those under the same cost model.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from cost_models.comm import collective_time
+from cost_models.memory import FRAMEWORK_RESERVE_BYTES
+from passes.dtensor_rules import fake_mesh
+from passes.stage_graph import (
+    ForwardGraph,
+    forward_graph,
+    layer_cuts,
+    micro_batch_inputs,
+    piece_numel,
+    routes,
+    stage_graph,
+    stage_program,
+)
+from planner.cluster import Cluster
+from planner.plan import (
+    CollectiveStats,
+    Plan,
+    Predicted,
+    Provenance,
+    Stage,
+    StageMemory,
+    logical_axes,
+    tessel_version,
+)
+from planner.search.alpa_space import submeshes
+from passes.strategies import enumerate_strategies
+from planner.search.inter_op import stage_dp
+from planner.search.shardings import operator_shardings
+from planner.search.stage_solve import StageSolve, solve_stage
+
+MAX_LAYERS = 16
+"""Layers a model without repeated blocks is cut into (Alpa clusters into a few tens)."""
+MAX_MICRO_BATCHES = 16
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each stage runs: layers [first, last), devices and logical mesh."""
+
+    stages: tuple[tuple[int, int, tuple[int, ...], bool], ...]
+    """(first layer, last layer, logical mesh shape, lean) per stage."""
+    name: str = field(compare=False)
+    """What found it: 'stage DP', 'data parallel', 'single mesh', 'even pipeline'."""
+    replicate_parameters: bool = False
+    shard_inputs_on: int | None = None
+
+
+@dataclass
+class Candidate:
+    """A layout traced, solved and predicted."""
+
+    layout: Layout
+    micro_batches: int
+    solves: list[StageSolve]
+    step_time_s: float
+    memory_bytes: list[float]
+    """Peak bytes per device of each stage."""
+    fits: bool
+    p2p_s: float
+    compute_s: float
+    communication_s: float
+
+
+@dataclass
+class GraphSearch:
+    """What the search found: the best candidate first, and where its time went."""
+
+    candidates: list[Candidate]
+    layer_cuts: list[int]
+    forward: ForwardGraph
+    micro_batch_size: int
+    timings: dict[str, float] = field(default_factory=dict)
+    layer_solves: int = 0
+
+
+def usable_bytes(cluster: Cluster) -> float:
+    """Device memory a plan may fill: less the framework's reserve (CUDA context, allocator
+    slack), which on a small device (a test cluster's) is at most a tenth of it."""
+    memory = cluster.device.memory_gib * 2**30
+    return memory - min(FRAMEWORK_RESERVE_BYTES, memory / 10)
+
+
+def logical_meshes(devices: int) -> list[tuple[int, ...]]:
+    """1-D and 2-D meshes of `devices` devices (Alpa's logical meshes)."""
+    shapes = [(devices,)]
+    shapes += [(a, devices // a) for a in range(2, devices) if devices % a == 0]
+    return shapes
+
+
+def search_graph(
+    model: nn.Module, example_inputs: tuple[Any, ...], cluster: Cluster,
+    global_batch_size: int, loss_fn: Callable | None = None,
+    micro_batches: int | None = None, max_layers: int = MAX_LAYERS,
+    time_limit_s: float = 30.0,
+) -> GraphSearch:
+    """The best graph plans of `model` on every device of `cluster`, best first.
+
+    `example_inputs` give every input's shape past dim 0 (the batch); the batch of a step
+    is `global_batch_size`, split into `micro_batches` (default: searched over powers of
+    two)."""
+    on_meta = model if _on_meta(model) else _meta_copy(model)
+    values = {**dict(on_meta.named_parameters()), **dict(on_meta.named_buffers())}
+    counts = ([micro_batches] if micro_batches else
+              [m for m in (2**i for i in range(MAX_MICRO_BATCHES.bit_length()))
+               if global_batch_size % m == 0 and m <= global_batch_size])
+    best: GraphSearch | None = None
+    timings = {"trace_s": 0.0, "layer_ilps_s": 0.0, "stage_dp_s": 0.0, "stage_ilps_s": 0.0}
+    for m in counts:
+        size = global_batch_size // m
+        inputs = micro_batch_inputs(tuple(example_inputs), size)
+        start = time.perf_counter()
+        forward = forward_graph(on_meta, inputs, loss_fn)
+        cuts = layer_cuts(forward, max_layers)
+        timings["trace_s"] += time.perf_counter() - start
+        found = _search_micro_batches(forward, cuts, values, inputs, cluster, m,
+                                      time_limit_s, timings)
+        if best is None:
+            best = found
+        else:
+            best.candidates += found.candidates
+            best.layer_solves += found.layer_solves
+    assert best is not None
+    best.candidates.sort(key=lambda c: (not c.fits, c.step_time_s))
+    best.timings = timings
+    return best
+
+
+def _search_micro_batches(
+    forward: ForwardGraph, cuts: list[int], values: dict, inputs: tuple, cluster: Cluster,
+    m: int, time_limit_s: float, timings: dict[str, float],
+) -> GraphSearch:
+    num_layers = len(cuts) - 1
+    sizes = submeshes(cluster)
+    devices = cluster.num_devices
+    capacity = usable_bytes(cluster)
+    start = time.perf_counter()
+    table = _layer_table(forward, cuts, values, inputs, cluster, sizes, time_limit_s,
+                         capacity, m)
+    timings["layer_ilps_s"] += time.perf_counter() - start
+    start = time.perf_counter()
+    most = min(num_layers, devices, m) if m > 1 else 1
+    costs = np.full((num_layers, num_layers + 1, len(sizes), most), np.inf)
+    chosen: dict[tuple[int, int, int, int], tuple[tuple[int, ...], bool]] = {}
+    for s, n in enumerate(sizes):
+        for shape in logical_meshes(n):
+            for lean in (False, True):
+                solves = [table.get((layer, shape, lean)) for layer in range(num_layers)]
+                if any(x is None for x in solves):
+                    continue
+                _fill(costs, chosen, s, shape, lean, solves, m, capacity, forward, cuts,
+                      cluster, n)
+    plan = stage_dp(costs, np.array(sizes), devices, m, most)
+    timings["stage_dp_s"] += time.perf_counter() - start
+    layouts = []
+    if plan is not None:
+        layouts.append(Layout(tuple(
+            (c.first_layer, c.last_layer,
+             *chosen[(c.first_layer, c.last_layer, c.submesh, len(plan.stages) - 1 - k)])
+            for k, c in enumerate(plan.stages)), "stage DP"))
+    layouts += _baselines(num_layers, devices, capacity, table, sizes, m)
+    start = time.perf_counter()
+    candidates = []
+    for layout in _unique(layouts):
+        candidates.append(predict(layout, forward, cuts, values, inputs, cluster, m,
+                                  time_limit_s))
+    timings["stage_ilps_s"] += time.perf_counter() - start
+    return GraphSearch(candidates, cuts, forward, inputs_batch(inputs),
+                       layer_solves=len({id(v) for v in table.values()}))
+
+
+def _unique(layouts: list[Layout]) -> list[Layout]:
+    return list({layout: None for layout in layouts})
+
+
+def inputs_batch(inputs: tuple) -> int:
+    return next(x.shape[0] for x in inputs if isinstance(x, torch.Tensor) and x.dim() > 0)
+
+
+def _layer_table(
+    forward: ForwardGraph, cuts: list[int], values: dict, inputs: tuple, cluster: Cluster,
+    sizes: list[int], time_limit_s: float, capacity: float, m: int,
+) -> dict[tuple[int, tuple[int, ...], bool], StageSolve]:
+    """Every layer's solve on every logical mesh; layers of one template (same ops, shapes
+    and boundaries) are traced and solved once. The lean solve of a layer on a mesh is made
+    only where its fast one leaves too little memory for the stages it could be in: where
+    the whole model's fast state and GPipe's activations on that mesh do not fit."""
+    num_layers = len(cuts) - 1
+    table: dict = {}
+    programs: dict = {}
+    solves: dict = {}
+    keys = []
+    for layer in range(num_layers):
+        graph = stage_graph(forward, cuts, layer, layer + 1, values)
+        key = _template(forward, cuts, layer, graph)
+        keys.append(key)
+        if key not in programs:
+            programs[key] = (graph, stage_program(graph, inputs))
+    for n in sizes:
+        for shape in logical_meshes(n):
+            mesh = fake_mesh(shape)
+            strategies: dict = {}
+            for lean in (False, True):
+                if lean and _fast_fits(table, num_layers, shape, capacity, m):
+                    break
+                for layer, key in enumerate(keys):
+                    graph, program = programs[key]
+                    if (key, shape, lean) not in solves:
+                        if key not in strategies:
+                            strategies[key] = enumerate_strategies(program, mesh,
+                                                                   cluster.device)
+                        solves[(key, shape, lean)] = solve_stage(
+                            program, shape, cluster, len(graph.user_inputs), graph.is_last,
+                            lean=lean, time_limit_s=time_limit_s,
+                            strategies=strategies[key])
+                    table[(layer, shape, lean)] = solves[(key, shape, lean)]
+    return table
+
+
+def _fast_fits(table: dict, num_layers: int, shape: tuple[int, ...], capacity: float,
+               m: int) -> bool:
+    """Whether the whole model on `shape`, fast, fits with m micro-batches in flight: then
+    every stage of fewer layers fits too, and lean solves add nothing."""
+    solves = [table[(layer, shape, False)] for layer in range(num_layers)]
+    return sum(x.state_bytes + m * x.activation_bytes for x in solves) <= capacity
+
+
+def _template(forward: ForwardGraph, cuts: list[int], layer: int, graph) -> tuple:
+    """What a layer computes, up to its parameters' names."""
+    ops = forward.ops[cuts[layer]:cuts[layer + 1]]
+    return (
+        tuple((str(n.target), tuple(getattr(n.meta.get("val"), "shape", ()))) for n in ops),
+        tuple(tuple(v.shape) for v in graph.inputs), tuple(tuple(v.shape) for v in graph.outputs),
+        tuple(graph.user_inputs),
+    )
+
+
+def _fill(costs, chosen, s, shape, lean, solves: list[StageSolve], m: int, capacity: float,
+          forward, cuts, cluster, n) -> None:
+    """Price every stage of layers i..j on mesh `shape` (lean or not) into costs[:, :, s]."""
+    num_layers = len(solves)
+    interior = np.array([x.micro_batch_s - x.incoming_s - x.outgoing_s for x in solves])
+    incoming = np.array([x.incoming_s for x in solves])
+    outgoing = np.array([x.outgoing_s for x in solves])
+    sync = np.array([x.step_comm_s for x in solves])
+    state = np.array([x.state_bytes for x in solves])
+    act = np.array([x.activation_bytes for x in solves])
+    prefix = lambda a: np.concatenate([[0.0], np.cumsum(a)])  # noqa: E731
+    p_int, p_sync, p_state, p_act = map(prefix, (interior, sync, state, act))
+    link = _stage_link(cluster, n)
+    cut_bytes = [forward.cut_bytes(c) if 0 < c < len(forward.ops) else 0 for c in cuts]
+    for i in range(num_layers):
+        for j in range(i + 1, num_layers + 1):
+            # Ends: the first layer's incoming gradient, the last layer's outgoing tensors.
+            ends = incoming[i] + outgoing[j - 1]
+            p2p = sum(_route_time(cut_bytes[c], n, n, link) for c in (i, j) if cut_bytes[c])
+            latency = p_int[j] - p_int[i] + ends + 2 * p2p + (p_sync[j] - p_sync[i]) / m
+            for k in range(costs.shape[3]):
+                if (k == 0) != (j == num_layers):
+                    continue  # the last stage holds the last layer, and only it
+                in_flight = 1 if k == 0 else m
+                memory = p_state[j] - p_state[i] + in_flight * (p_act[j] - p_act[i])
+                if memory <= capacity and latency < costs[i, j, s, k]:
+                    costs[i, j, s, k] = latency
+                    chosen[(i, j, s, k)] = (shape, lean)
+
+
+def _route_time(nbytes: float, senders: int, receivers: int, link) -> float:
+    """One boundary's transfer per direction, as `routes` lays it out: the busiest rank's
+    messages one after another (a sender with several receivers sends to each)."""
+    plan = routes(senders, receivers)
+    sent: dict[int, list[float]] = {}
+    received = []
+    for route in plan:
+        received.append(sum(nbytes / pieces for _, _, pieces in route))
+        for sender, _, pieces in route:
+            sent.setdefault(sender, []).append(nbytes / pieces)
+    messages = max([*sent.values(), *([r] for r in received)], key=sum)
+    return sum(collective_time("send_recv", b, 2, link) for b in messages)
+
+
+def _stage_link(cluster: Cluster, devices: int):
+    """The link between two neighbouring stages of `devices` each: within a node while
+    both fit in one."""
+    return cluster.link_for_group(devices, 2)
+
+
+def _baselines(num_layers: int, devices: int, capacity: float, table: dict,
+               sizes: list[int], m: int) -> list[Layout]:
+    """Data parallelism, the best single mesh, and an even pipeline of one-device stages."""
+    out = [Layout(((0, num_layers, (devices,), False),), "data parallel",
+                  replicate_parameters=True, shard_inputs_on=0)]
+    best, best_s = None, math.inf
+    if devices in sizes:
+        for shape in logical_meshes(devices):
+            for lean in (False, True):
+                solves = [table.get((layer, shape, lean)) for layer in range(num_layers)]
+                if any(x is None for x in solves):
+                    continue
+                seconds = sum(x.micro_batch_s for x in solves) * m
+                memory = sum(x.state_bytes + x.activation_bytes for x in solves)
+                if memory <= capacity and seconds < best_s:
+                    best, best_s = (shape, lean), seconds
+    if best is not None:
+        out.append(Layout(((0, num_layers, best[0], best[1]),), "single mesh"))
+    stages = min(devices, num_layers, m) if m > 1 else 1
+    if stages > 1 and devices == stages:
+        bounds = np.linspace(0, num_layers, stages + 1).round().astype(int)
+        out.append(Layout(tuple((int(a), int(b), (1,), False)
+                                for a, b in zip(bounds, bounds[1:])), "even pipeline"))
+    return out
+
+
+# -- exact prediction of a layout ---------------------------------------------------------
+
+
+def predict(
+    layout: Layout, forward: ForwardGraph, cuts: list[int], values: dict, inputs: tuple,
+    cluster: Cluster, m: int, time_limit_s: float = 30.0,
+) -> Candidate:
+    """Trace each stage of `layout` whole, solve it on its mesh and predict the step:
+
+        T = sum_i t_i + (m - 1) max_i t_i + max_i sync_i,
+
+    t_i a micro-batch's forward and backward on stage i with its transfers (GPipe's fill and
+    drain), sync_i its once-per-step gradient synchronisation."""
+    solves = []
+    for first, last, shape, lean in layout.stages:
+        graph = stage_graph(forward, cuts, first, last, values)
+        program = stage_program(graph, inputs)
+        solves.append(solve_stage(
+            program, shape, cluster, len(graph.user_inputs), graph.is_last, lean=lean,
+            time_limit_s=time_limit_s, replicate_parameters=layout.replicate_parameters,
+            shard_inputs_on=layout.shard_inputs_on))
+    capacity = usable_bytes(cluster)
+    p2p = _p2p_times(layout, forward, cuts, cluster)
+    times = [x.micro_batch_s + p for x, p in zip(solves, p2p)]
+    step = sum(times) + (m - 1) * max(times) + max(x.step_comm_s for x in solves)
+    memory = [x.state_bytes + (1 if k == len(solves) - 1 else m) * x.activation_bytes
+              for k, x in enumerate(solves)]
+    slowest = int(np.argmax(times))
+    return Candidate(layout, m, solves, step, memory, max(memory) <= capacity,
+                     p2p_s=sum(p2p), compute_s=sum(x.compute_s for x in solves) * m,
+                     communication_s=step - solves[slowest].compute_s * m)
+
+
+def _p2p_times(layout: Layout, forward: ForwardGraph, cuts: list[int],
+               cluster: Cluster) -> list[float]:
+    """Per micro-batch, each stage's sends and receives (out and back) at its two ends."""
+    sizes = [math.prod(shape) for _, _, shape, _ in layout.stages]
+    firsts = np.cumsum([0, *sizes])
+    times = [0.0] * len(sizes)
+    for k in range(len(sizes) - 1):
+        nbytes = forward.cut_bytes(cuts[layout.stages[k][1]])
+        span = firsts[k + 2] - firsts[k]
+        link = cluster.intra_node if span <= cluster.devices_per_node else cluster.inter_node
+        seconds = 2 * _route_time(nbytes, sizes[k], sizes[k + 1], link)
+        times[k] += seconds
+        times[k + 1] += seconds
+    return times
+
+
+# -- the Plan -------------------------------------------------------------------------------
+
+
+def graph_plan(found: GraphSearch, candidate: Candidate, cluster: Cluster, name: str,
+               global_batch_size: int) -> Plan:
+    """The Plan of a candidate: every stage's node shardings, placements, collectives per
+    step (as `plan check` counts them, point-to-point included) and memory."""
+    stages = []
+    first_device = 0
+    sizes = [math.prod(shape) for _, _, shape, _ in candidate.layout.stages]
+    m = candidate.micro_batches
+    for k, ((first, last, shape, _), solve) in enumerate(zip(candidate.layout.stages,
+                                                             candidate.solves)):
+        parameters, operators = operator_shardings(solve.program, solve.table, solve.solution,
+                                                   buckets=solve.buckets)
+        parameters = {f: p for f, p in parameters.items() if not f.startswith("tessel_")}
+        communication = _counts(solve, m)
+        for kind, (count, nbytes) in _p2p_counts(found, candidate, k, sizes).items():
+            stats = communication.setdefault(kind, [0, 0])
+            stats[0] += count * m
+            stats[1] += nbytes * m
+        stages.append(Stage(
+            layers=(first, last), first_device=first_device, num_devices=sizes[k],
+            mesh_axes=logical_axes(len(shape)), mesh_shape=list(shape),
+            parameters=parameters,
+            communication={kind: CollectiveStats(count=c, bytes=b)
+                           for kind, (c, b) in sorted(communication.items())},
+            memory=_memory(solve), operators=operators))
+        first_device += sizes[k]
+    flops = float(found.forward.op_flops().sum()) * 3 * m
+    step = candidate.step_time_s
+    devices = cluster.num_devices
+    peak = cluster.device.peak_tflops.get("fp32", 0.0) * 1e12
+    return Plan(
+        model=name, cluster=cluster.name, num_gpus=devices,
+        devices_per_node=min(cluster.devices_per_node, devices),
+        mesh_axes=["device"], mesh_shape=[devices],
+        global_batch_size=global_batch_size, micro_batch_size=found.micro_batch_size,
+        num_micro_batches=m, schedule="gpipe", precision="fp32",
+        stages=stages, layer_cuts=list(found.layer_cuts),
+        predicted=Predicted(
+            step_time_s=step, compute_s=candidate.compute_s,
+            communication_s=max(candidate.communication_s, 0.0),
+            memory_gib_per_gpu=max(candidate.memory_bytes) / 2**30, fits=candidate.fits,
+            model_tflops_per_gpu=flops / step / devices / 1e12 if step else None,
+            mfu=flops / step / devices / peak if step and peak else None),
+        provenance=Provenance(model_spec=name, cluster=cluster.name,
+                              cost_source="analytical", tessel_version=tessel_version()),
+    )
+
+
+def _counts(solve: StageSolve, m: int) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for times, collectives in ((m, solve.per_micro_batch), (1, solve.per_step)):
+        for c in collectives:
+            stats = out.setdefault(c.kind, [0, 0])
+            stats[0] += times
+            stats[1] += times * c.nbytes
+    return out
+
+
+def _p2p_counts(found: GraphSearch, candidate: Candidate, k: int,
+                sizes: list[int]) -> dict[str, tuple[int, int]]:
+    """Sends and receives of one micro-batch on the first rank of stage k (every rank of a
+    stage when the routes are even, as they are between power-of-two submeshes)."""
+    out = {"send": [0, 0], "recv": [0, 0]}
+    stages = candidate.layout.stages
+    neighbours = []
+    if k > 0:  # receive activations from k - 1, send their gradients back
+        neighbours.append((k - 1, stages[k][0], "recv", "send"))
+    if k < len(stages) - 1:  # send activations to k + 1, receive gradients
+        neighbours.append((k + 1, stages[k][1], "send", "recv"))
+    for other, layer, forward_kind, backward_kind in neighbours:
+        tensors = found.forward.crossing(found.layer_cuts[layer])
+        for kind, senders, receivers in (
+            (forward_kind, *((sizes[other], sizes[k]) if other < k else (sizes[k], sizes[other]))),
+            (backward_kind, *((sizes[k], sizes[other]) if other < k else (sizes[other], sizes[k]))),
+        ):
+            plan = routes(senders, receivers)
+            i_send = kind == "send"
+            for tensor in tensors:
+                numel = tensor.meta["val"].numel()
+                size = tensor.meta["val"].element_size()
+                if i_send:
+                    messages = [(piece, pieces) for route in plan
+                                for sender, piece, pieces in route if sender == 0]
+                else:
+                    messages = [(piece, pieces) for _, piece, pieces in plan[0]]
+                for piece, pieces in messages:
+                    out[kind][0] += 1
+                    out[kind][1] += piece_numel(numel, piece, pieces) * size
+    return {kind: (c, b) for kind, (c, b) in out.items() if c}
+
+
+def _memory(solve: StageSolve) -> StageMemory:
+    """Parameters, gradients and Adam's moments: a quarter of the training state each
+    (`passes.strategies.TRAINING_STATE_COPIES`)."""
+    quarter = int(solve.state_bytes // 4)
+    return StageMemory(parameters_bytes=quarter, gradients_bytes=quarter,
+                       optimizer_bytes=2 * quarter)
+
+
+def _on_meta(model: nn.Module) -> bool:
+    return any(p.is_meta for p in model.parameters())
+
+
+def _meta_copy(model: nn.Module) -> nn.Module:
+    import copy
+
+    return copy.deepcopy(model).to("meta")

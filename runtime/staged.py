@@ -1,0 +1,325 @@
+"""Run a graph plan: pipeline stages of any model, each sharded on its own submesh.
+
+Each rank rebuilds its stage's program exactly as the planner traced it
+(`passes.stage_graph`: the model's forward cut at the plan's layer cuts) and runs it with
+the plan's node shardings (`passes.lower.RankProgram`): the ops that do not need the next
+stage's gradient when a micro-batch arrives, the rest when its gradient does. Stages run
+GPipe's order (all forwards, then all backwards; the last stage runs each micro-batch's
+backward at once) over their own submeshes, which may differ in size, as Alpa's do.
+Tensors cross a stage boundary whole: each sending rank holds the tensor replicated, and
+`passes.stage_graph.routes` says which of them sends which piece to which receiving rank.
+
+Why not `torch.distributed.pipelining`: its stages are autograd modules on one rank of each
+pipeline group, so every stage has the same mesh; an Alpa plan's stages have meshes of
+their own and run the ILP's explicit forward and backward programs.
+
+Gradients are summed over the micro-batches (a synchronisation that shrinks a gradient
+into a shard runs each micro-batch instead), synchronised as the plan says, divided by
+the number of micro-batches (the loss is a mean over the batch), and AdamW updates each
+rank's shards. Every rank passes the same whole batch to `step`.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate
+
+from passes.dtensor_rules import parse_placements, redistribute
+from passes.lower import RankProgram
+from passes.stage_graph import (
+    BOUNDARY,
+    backward_nodes,
+    boundary_parameters,
+    forward_graph,
+    gradient_inputs,
+    micro_batch_inputs,
+    routes,
+    stage_graph,
+    stage_outputs,
+    stage_program,
+    syncs_each_micro_batch,
+)
+from planner.plan import Plan
+from runtime.trainer import DEFAULT_OPTIMIZER
+
+
+def stage_of(plan: Plan, rank: int) -> int:
+    """The stage whose devices hold global rank `rank`."""
+    for index, stage in enumerate(plan.stages):
+        if stage.first_device <= rank < stage.first_device + stage.num_devices:
+            return index
+    raise ValueError(f"rank {rank} is outside the plan's {plan.num_gpus} devices")
+
+
+def stage_meshes(plan: Plan, device_type: str = "cpu") -> list[DeviceMesh]:
+    """Every stage's mesh (each rank builds all of them: creating a group is collective)."""
+    return [
+        DeviceMesh(device_type, torch.arange(s.first_device, s.first_device + s.num_devices)
+                   .reshape(s.mesh_shape))
+        for s in plan.stages
+    ]
+
+
+def build_stage_program(
+    plan: Plan, index: int, model: nn.Module, example_inputs: tuple[Any, ...],
+    loss_fn: Callable | None,
+):
+    """Stage `index`'s graph and traced program, as the planner built them."""
+    if plan.layer_cuts is None or plan.micro_batch_size is None:
+        raise ValueError("this plan has no layer cuts: it is not a graph plan")
+    inputs = micro_batch_inputs(tuple(example_inputs), plan.micro_batch_size)
+    on_meta = copy.deepcopy(model).to("meta")
+    forward = forward_graph(on_meta, inputs, loss_fn)
+    values = {**dict(on_meta.named_parameters()), **dict(on_meta.named_buffers())}
+    first, last = plan.stages[index].layers
+    graph = stage_graph(forward, list(plan.layer_cuts), first, last, values)
+    return graph, stage_program(graph, inputs)
+
+
+class StagedTrainer:
+    """This rank's stage of a graph plan: `step(*batch)` trains one step."""
+
+    def __init__(
+        self, plan: Plan, model: nn.Module, example_inputs: tuple[Any, ...],
+        loss_fn: Callable | None = None, state_dict: dict[str, torch.Tensor] | None = None,
+        device_type: str = "cpu", optimizer: dict[str, Any] | None = None,
+    ) -> None:
+        self.plan = plan
+        self.rank = dist.get_rank()
+        meshes = stage_meshes(plan, device_type)
+        self.index = stage_of(plan, self.rank)
+        self.stage = plan.stages[self.index]
+        self.local_rank = self.rank - self.stage.first_device
+        self.mesh = meshes[self.index]
+        graph, program = build_stage_program(plan, self.index, model, example_inputs, loss_fn)
+        self.graph = graph
+        self.program = RankProgram(program, plan, self.mesh, stage=self.index)
+        self.num_inputs = len(graph.user_inputs)
+        self.gradient_names = gradient_inputs(program, self.num_inputs)
+        self.later = backward_nodes(program, self.gradient_names)
+        self.output_names = stage_outputs(program, self.gradient_names)
+        self.boundaries = boundary_parameters(program)
+        self.replicated = tuple(Replicate() for _ in self.stage.mesh_shape)
+        state = state_dict if state_dict is not None else {
+            name: value.detach() for name, value in
+            [*model.named_parameters(), *model.named_buffers()]
+        }
+        placements = self.program.parameter_placements()
+        self.params = {
+            fqn: self.program.shard(state[fqn], placements[fqn])
+            for fqn in program.parameters.values() if not fqn.startswith(BOUNDARY + ".")
+        }
+        self.buffers = {
+            fqn: self.program.shard(state[fqn], self.replicated)
+            for fqn in program.buffers.values()
+        }
+        self.locals = {fqn: p.to_local().detach().clone() for fqn, p in self.params.items()}
+        self.optimizer = torch.optim.AdamW(
+            list(self.locals.values()), **(optimizer or DEFAULT_OPTIMIZER)
+        )
+        self._grad_of = {fqn: name for name, fqn in program.gradients.items()}
+        self._bucketed = {m for b in self.program.operators.gradient_buckets for m in b.members}
+
+    # -- one step ------------------------------------------------------------------------
+
+    def step(self, *batch: torch.Tensor) -> float | None:
+        """One training step on a whole batch (every rank passes the same one). Returns the
+        loss on the last stage's ranks, None on the others (as pipelining schedules do)."""
+        m = self.plan.num_micro_batches
+        micro = [
+            tuple(x.tensor_split(m)[i] if isinstance(x, torch.Tensor) else x for x in batch)
+            for i in range(m)
+        ]
+        sends: list[tuple[dist.Work, torch.Tensor]] = []
+        gradients: dict[str, list] = {}
+        losses: list = []
+        last = self.index == len(self.plan.stages) - 1
+        with torch.no_grad():
+            held = []
+            for i in range(m):
+                env, moved = self._forward(i, micro[i], sends)
+                if last:
+                    self._backward(i, env, moved, [], gradients, losses, sends)
+                else:
+                    held.append((env, moved))
+            if not last:
+                for i, (env, moved) in enumerate(held):
+                    received = self._receive(i, self.index + 1, "backward")
+                    self._backward(i, env, moved, received, gradients, losses, sends)
+            loss = self._finish(gradients, losses, m)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        for work, _ in sends:
+            work.wait()
+        return loss
+
+    def _forward(self, i: int, batch: tuple, sends: list) -> tuple[dict, dict]:
+        operators = self.program.operators
+        inputs = [
+            self.program.shard(batch[position], parse_placements(operators.inputs[name]))
+            for position, name in zip(self.graph.user_inputs, self.program.program.user_inputs)
+        ]
+        params = self._dtensors()
+        if self.index > 0:
+            for fqn, full in zip(self.boundaries, self._receive(i, self.index - 1, "forward")):
+                params[fqn] = DTensor.from_local(full, self.mesh, self.replicated,
+                                                 run_check=False)
+        env, moved = self.program.bind(params, self.buffers, inputs)
+        self.program.run_nodes(env, moved, skip=self.later)
+        if self.output_names:
+            outputs = [self.program.move(n, env, moved, self.replicated).to_local()
+                       for n in self.output_names]
+            self._send(i, outputs, self.index + 1, "forward", sends)
+        return env, moved
+
+    def _backward(self, i: int, env: dict, moved: dict, received: list[torch.Tensor],
+                  gradients: dict, losses: list, sends: list) -> None:
+        operators = self.program.operators
+        for name, full in zip(self.gradient_names, received):
+            env[name] = self.program.shard(full, parse_placements(operators.inputs[name]))
+        self.program.run_nodes(env, moved, only=self.later)
+        if self.boundaries:
+            back = [self.program.move(self._grad_of[f], env, moved, self.replicated).to_local()
+                    for f in self.boundaries]
+            self._send(i, back, self.index - 1, "backward", sends)
+        placements = self.program.parameter_placements()
+        for fqn in self.params:
+            name = self._grad_of.get(fqn)
+            if name is None:
+                continue
+            value = env[name]
+            if syncs_each_micro_batch(value.placements, placements[fqn]):
+                value = self.program.move(name, env, moved, placements[fqn])
+            gradients.setdefault(fqn, []).append(value)
+        if self.index == len(self.plan.stages) - 1:
+            loss = env[self.program.program.loss]
+            if "loss" not in self._bucketed:
+                loss = self.program.move(self.program.program.loss, env, moved, self.replicated)
+            losses.append(loss)
+
+    def _finish(self, gradients: dict, losses: list, m: int) -> float | None:
+        values = {fqn: _summed(parts) for fqn, parts in gradients.items()}
+        if losses:
+            values["loss"] = _summed(losses)
+        for bucket in self.program.operators.gradient_buckets:
+            values.update(self.program.reduce_bucket(bucket, values))
+        placements = self.program.parameter_placements()
+        for fqn, value in values.items():
+            if fqn == "loss":
+                continue
+            if fqn not in self._bucketed:
+                value = redistribute(value, placements[fqn])
+            self.locals[fqn].grad = value.to_local().detach() / m
+        if not losses:
+            return None
+        loss = values["loss"]
+        if "loss" not in self._bucketed:
+            loss = redistribute(loss, self.replicated)
+        return float(loss.to_local()) / m
+
+    # -- stage to stage ------------------------------------------------------------------
+
+    def _peers(self, other: int, direction: str) -> tuple[list, list]:
+        """(what this rank receives, what it sends) with stage `other`: lists of (global
+        rank, piece, pieces). Forward tensors flow to later stages, gradients to earlier."""
+        here, there = self.stage, self.plan.stages[other]
+        sending_to_later = direction == "forward"
+        i_send = (other > self.index) == sending_to_later
+        if i_send:
+            plan = routes(here.num_devices, there.num_devices)
+            out = [(there.first_device + j, piece, pieces)
+                   for j, route in enumerate(plan) for sender, piece, pieces in route
+                   if sender == self.local_rank]
+            return [], out
+        plan = routes(there.num_devices, here.num_devices)
+        return [(there.first_device + s, piece, pieces)
+                for s, piece, pieces in plan[self.local_rank]], []
+
+    def _send(self, i: int, tensors: list[torch.Tensor], other: int, direction: str,
+              sends: list) -> None:
+        _, out = self._peers(other, direction)
+        for k, tensor in enumerate(tensors):
+            flat = tensor.contiguous().reshape(-1)
+            for peer, piece, pieces in out:
+                chunk = flat.tensor_split(pieces)[piece].clone()
+                # The buffer is kept with its request until the send completes.
+                sends.append((dist.isend(chunk, peer, tag=_tag(i, k, piece)), chunk))
+
+    def _receive(self, i: int, other: int, direction: str) -> list[torch.Tensor]:
+        incoming, _ = self._peers(other, direction)
+        values = (self.graph.inputs if direction == "forward" else self.graph.outputs)
+        out = []
+        for k, value in enumerate(values):
+            flat = torch.empty(value.numel(), dtype=value.dtype)
+            pieces = []
+            for peer, piece, count in incoming:
+                chunk = flat.tensor_split(count)[piece]
+                buffer = torch.empty_like(chunk)
+                dist.recv(buffer, peer, tag=_tag(i, k, piece))
+                pieces.append((piece, buffer))
+            if len(pieces) == 1 and pieces[0][1].numel() == value.numel():
+                flat = pieces[0][1]
+            else:
+                flat = torch.cat([b for _, b in sorted(pieces, key=lambda p: p[0])])
+            out.append(flat.view(value.shape))
+        return out
+
+    # -- state ---------------------------------------------------------------------------
+
+    def _dtensors(self) -> dict[str, DTensor]:
+        return {
+            fqn: DTensor.from_local(self.locals[fqn], p.device_mesh, p.placements,
+                                    run_check=False, shape=p.shape, stride=p.stride())
+            for fqn, p in self.params.items()
+        }
+
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        """This stage's parameters gathered in full (a collective over the stage's ranks)."""
+        return {fqn: p.full_tensor() for fqn, p in self._dtensors().items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's shards and optimizer state, for `save`/`load`."""
+        return {"plan": self.program.operators.graph_fingerprint, "stage": self.index,
+                "parameters": {fqn: t.detach().clone() for fqn, t in self.locals.items()},
+                "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("plan") != self.program.operators.graph_fingerprint or \
+                state.get("stage") != self.index:
+            raise ValueError("the checkpoint was saved for another plan or stage; load it "
+                             "with the plan it was trained with")
+        for fqn, value in state["parameters"].items():
+            self.locals[fqn].copy_(value)
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def save(self, directory: str | Path) -> None:
+        """Write this rank's state to `directory/rank{R}.pt` (call on every rank)."""
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        torch.save(self.state_dict(), path / f"rank{self.rank}.pt")
+
+    def load(self, directory: str | Path) -> None:
+        """Read back what `save` wrote for this rank."""
+        self.load_state_dict(torch.load(Path(directory) / f"rank{self.rank}.pt",
+                                        weights_only=True))
+
+
+def _summed(parts: list[DTensor]) -> DTensor:
+    """The micro-batches' values added locally (partial sums stay partial: no collective)."""
+    first = parts[0]
+    total = first.to_local().clone()
+    for part in parts[1:]:
+        total += part.to_local()
+    return DTensor.from_local(total, first.device_mesh, first.placements, run_check=False,
+                              shape=first.shape, stride=first.stride())
+
+
+def _tag(micro_batch: int, tensor: int, piece: int) -> int:
+    return (micro_batch * 64 + tensor) * 64 + piece
