@@ -119,14 +119,19 @@ def layer_cuts(forward: ForwardGraph, count: int, balance: float = 0.25) -> list
     for k in range(1, count):
         target = total * k / count
         window = total * balance / count
-        options = [
-            p for p in range(cuts[-1] + 1, n)
-            if abs(prefix[p] - target) <= window and prefix[p] > prefix[cuts[-1]]
-            and forward.can_cut(p)
-        ]
-        if not options:
+        later = [p for p in range(cuts[-1] + 1, n)
+                 if prefix[p] > prefix[cuts[-1]] and prefix[p] < total and forward.can_cut(p)]
+        if not later:
+            break
+        near = [p for p in later if abs(prefix[p] - target) <= window]
+        if near:
+            cuts.append(min(near, key=lambda p: (forward.cut_bytes(p), abs(prefix[p] - target))))
             continue
-        cuts.append(min(options, key=lambda p: (forward.cut_bytes(p), abs(prefix[p] - target))))
+        # No position within the window (a few large ops): the nearest one, unless it is
+        # nearer the next layer's target than this one's.
+        nearest = min(later, key=lambda p: abs(prefix[p] - target))
+        if abs(prefix[nearest] - target) < total / count / 2:
+            cuts.append(nearest)
     cuts.append(n)
     return cuts
 

@@ -276,6 +276,8 @@ def _op(
         placements = (*choice.inputs, *choice.outputs)
         if any(_partial_of_integers(p, d) for p, d in zip(placements, dtypes)):
             continue
+        if node.target in _DIM_MAP_OPS and any(_sharded_twice(p) for p in placements):
+            continue
         if any(_averaging(p) for p in choice.inputs):
             # Averaged partials only leave reductions (mean); as inputs they duplicate the
             # summed-partial strategies at twice the ILP size.
@@ -298,6 +300,18 @@ def _op(
         if len(choice.outputs) == 1 and (mesh.ndim == 1 or _creates_partial(choice)):
             strategies.extend(_reduced_variants(strategies[-1], shapes_out[0], mesh))
     return NodeStrategies(node.name, "op", sources, strategies)
+
+
+# Ops DTensor runs through its own handler (torch/distributed/tensor/_tp_conv.py), which
+# reads each spec's `dim_map` and so refuses a tensor dim sharded over two mesh axes
+# (S(0)S(0)), though the registered strategies propose it.
+_DIM_MAP_OPS = (torch.ops.aten.convolution.default,
+                torch.ops.aten.convolution_backward.default)
+
+
+def _sharded_twice(placements: Placements | None) -> bool:
+    dims = [p.dim for p in placements or () if isinstance(p, Shard)]
+    return len(dims) != len(set(dims))
 
 
 def _partial_of_integers(placements: Placements | None, dtype: torch.dtype | None) -> bool:

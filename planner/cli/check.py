@@ -100,7 +100,17 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
             f"--precision {args.precision}: plan check trains in fp32, where the ranks and "
             "one process agree to rounding; drop --precision"
         )
-    plans, model, loaded = plan_training(args, cluster, console, top=1)
+    loaded = load(args)
+    if loaded.config is None:  # a model of one's own: its traced graph is planned
+        from planner.cli.graph import run_graph_check
+
+        if loaded.on_meta:
+            raise UsageError(
+                f"{args.model} is built on the meta device (no weights), so it cannot "
+                "train; check a model with real weights"
+            )
+        return run_graph_check(args, loaded, cluster, console)
+    plans, model, loaded = plan_training(args, cluster, console, top=1, loaded=loaded)
     print_training_plans(plans, console)
     from runtime.spec import from_training_plan
     from runtime.training import check_training

@@ -34,7 +34,12 @@ def run_training(args: argparse.Namespace, cluster: Cluster, console: Console) -
     """Predict (all of tensor, pipeline and micro-batch given) or search, print the plans
     and write the best as JSON. Every knob is checked against the model and the cluster
     before any search; UsageError when the best plan does not fit or nothing does."""
-    plans, _, _ = plan_training(args, cluster, console)
+    loaded = load(args)
+    if loaded.config is None:  # a model of one's own: its traced graph is planned
+        from planner.cli.graph import run_graph_training
+
+        return run_graph_training(args, loaded, cluster, console)
+    plans, _, _ = plan_training(args, cluster, console, loaded=loaded)
     print_training_plans(plans, console)
     if args.json:
         plans[0].to_json(args.json)
@@ -45,6 +50,7 @@ def run_training(args: argparse.Namespace, cluster: Cluster, console: Console) -
 
 def plan_training(
     args: argparse.Namespace, cluster: Cluster, console: Console, top: int | None = None,
+    loaded: LoadedModel | None = None,
 ) -> tuple[list[Plan], TransformerConfig, LoadedModel]:
     """The best plans (at most `top`, default --top) for the command line's model, cluster
     and knobs, best first, the model's shape and the model as loaded."""
@@ -54,7 +60,7 @@ def plan_training(
         cluster = cluster.with_devices(args.gpus)
     except ValueError as error:
         raise UsageError(f"--gpus {args.gpus}: {error}") from None
-    loaded = load(args)
+    loaded = loaded or load(args)
     model = transformer_config(loaded)
     knobs = fixed_knobs(args, model.num_layers)
     check_knobs(knobs, model, cluster, args.global_batch_size, args.space)

@@ -1,0 +1,128 @@
+"""`plan MODEL --gpus N ...` and `plan check MODEL --gpus N ...` for a model of one's own
+(`file.py:function`, `package.module:function`, `demo:NAME`): the graph plan
+(`planner/search/graph_space.py`), stages of the traced model each sharded by the intra-op
+ILP on its own submesh."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from planner.cli.errors import UsageError
+from planner.cli.parallel_flags import training_flags_given
+from planner.cluster import Cluster
+from planner.model_spec import LoadedModel
+from planner.plan import Plan
+
+# Flags a graph plan reads; the others are a transformer's knobs, which the ILP chooses.
+GRAPH_FLAGS = ("--gpus", "--global-batch-size", "--micro-batch-size", "--top", "--space",
+               "--intra-op")
+
+
+def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
+               console: Console) -> list[Plan]:
+    """The best graph plans for the command line (best first, at most --top)."""
+    from planner.search.graph_space import graph_plan, search_graph
+
+    if args.global_batch_size is None:
+        raise UsageError("--gpus needs --global-batch-size (samples per optimizer step)")
+    refused = [flag for flag in training_flags_given(args) if flag not in GRAPH_FLAGS]
+    if refused:
+        raise UsageError(
+            f"{', '.join(refused)}: {loaded.name} is planned from its traced graph, where "
+            "the intra-op ILP chooses every operator's sharding; drop "
+            f"{'it' if len(refused) == 1 else 'them'} (--micro-batch-size is kept)"
+        )
+    try:
+        cluster = cluster.with_devices(args.gpus)
+    except ValueError as error:
+        raise UsageError(f"--gpus {args.gpus}: {error}") from None
+    gbs = args.global_batch_size
+    micro_batches = None
+    if args.micro_batch_size is not None:
+        if gbs % args.micro_batch_size:
+            raise UsageError(f"--micro-batch-size {args.micro_batch_size} must divide "
+                             f"--global-batch-size {gbs}")
+        micro_batches = gbs // args.micro_batch_size
+    with console.status(f"planning {loaded.name} on {args.gpus} x {cluster.device.name}"):
+        found = search_graph(loaded.model, loaded.example_inputs, cluster, gbs,
+                             loaded.loss_fn, micro_batches=micro_batches,
+                             time_limit_s=args.time_limit)
+    console.print(
+        f"{len(found.layer_cuts) - 1} layers, {found.layer_solves} layer ILPs; "
+        + ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in found.timings.items()),
+        highlight=False)
+    fitting = [c for c in found.candidates if c.fits]
+    if not fitting:
+        best = found.candidates[0]
+        raise UsageError(
+            f"no plan fits: {loaded.name} needs {max(best.memory_bytes) / 2**20:,.1f} MiB per "
+            f"device at best, more than the {cluster.device.memory_gib * 1024:g} MiB of a "
+            f"{cluster.device.name}; use more --gpus or a smaller --micro-batch-size"
+        )
+    return [graph_plan(found, c, cluster, loaded.name, gbs) for c in fitting[: args.top]]
+
+
+def describe(plan: Plan) -> str:
+    """'4L:2x2 + 12L:2x2 mb8' — each stage's layers and logical mesh."""
+    stages = " + ".join(f"{s.layers[1] - s.layers[0]}L:{'x'.join(map(str, s.mesh_shape))}"
+                        for s in plan.stages)
+    return f"{stages} mb{plan.micro_batch_size}"
+
+
+def print_graph_plans(plans: list[Plan], console: Console) -> None:
+    best = plans[0]
+    table = Table(title=f"{best.model} on {best.num_gpus} x {best.cluster}, global batch "
+                        f"{best.global_batch_size}")
+    for column in ("#", "stages (layers:logical mesh)", "step s", "MiB/device"):
+        table.add_column(column, justify="left" if column.startswith("stages") else "right")
+    for rank, plan in enumerate(plans, 1):
+        p = plan.predicted
+        table.add_row(str(rank), describe(plan), f"{p.step_time_s:.4f}",
+                      f"{p.memory_gib_per_gpu * 1024:.2f}")
+    console.print(table)
+    shards = Table(title="best plan: parameter placements per stage (first 8 of each)")
+    for column in ("stage", "devices", "parameter", "placement"):
+        shards.add_column(column)
+    for index, stage in enumerate(best.stages):
+        devices = f"{stage.first_device}-{stage.first_device + stage.num_devices - 1}"
+        for fqn, placement in list(stage.parameters.items())[:8]:
+            shards.add_row(str(index), devices, fqn, placement)
+    console.print(shards)
+    console.print(f"best: {best.num_micro_batches} micro-batches of {best.micro_batch_size}, "
+                  f"GPipe; step {best.predicted.step_time_s:.4f} s, "
+                  f"{best.predicted.memory_gib_per_gpu * 1024:.2f} MiB per device",
+                  highlight=False)
+
+
+def run_graph_training(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
+                       console: Console) -> int:
+    plans = plan_graph(args, loaded, cluster, console)
+    print_graph_plans(plans, console)
+    if args.json:
+        plans[0].to_json(args.json)
+        console.print(f"plan written to {args.json}")
+    return 0
+
+
+def run_graph_check(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
+                    console: Console) -> int:
+    """Plan, train the best plan on --gpus gloo ranks and in one process, compare."""
+    from planner.check import check_graph_plan
+    from planner.cli.check import print_check
+
+    plan = plan_graph(args, loaded, cluster, console)[0]
+    print_graph_plans([plan], console)
+    with console.status(f"training {args.steps} steps on {plan.num_gpus} gloo ranks"):
+        report = check_graph_plan(loaded.model, plan, loaded.loss_fn, loaded.example_inputs,
+                                  args.steps)
+    print_check(report)
+    if args.json:
+        Path(args.json).write_text(json.dumps(
+            {"plan": json.loads(plan.to_json()), "check": report.to_dict()}, indent=2) + "\n")
+        console.print(f"report written to {args.json}")
+    return 0 if report.passed else 1

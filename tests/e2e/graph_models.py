@@ -1,0 +1,77 @@
+"""Models with no repeated blocks, for graph plans (helper module, not a test file).
+
+`wide_mlp`: sixteen Linear layers of varying widths, each its own attribute (no
+ModuleList: nothing repeats, so Alpa's operator clustering cuts the layers).
+`residual_cnn`: residual blocks whose widths differ, with a classification loss the
+factory names (cross-entropy on labels that are a model input).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+MLP_WIDTHS = (64, 96, 128, 160, 192, 224, 256, 224, 192, 160, 128, 96, 64, 96, 128, 96, 32)
+
+
+class WideMLP(nn.Module):
+    def __init__(self, widths: tuple[int, ...] = MLP_WIDTHS) -> None:
+        super().__init__()
+        self.depth = len(widths) - 1
+        for i, (a, b) in enumerate(zip(widths, widths[1:])):
+            setattr(self, f"fc{i}", nn.Linear(a, b))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i in range(self.depth):
+            x = getattr(self, f"fc{i}")(x)
+            if i < self.depth - 1:
+                x = torch.relu(x)
+        return x
+
+
+def wide_mlp() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(0)
+    return WideMLP(), (torch.randn(8, MLP_WIDTHS[0]),)
+
+
+class Residual(nn.Module):
+    """conv-relu-conv with a skip (a 1x1 projection where the width changes)."""
+
+    def __init__(self, channels_in: int, channels_out: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels_in, channels_out, 3, padding=1)
+        self.conv2 = nn.Conv2d(channels_out, channels_out, 3, padding=1)
+        self.skip = (nn.Conv2d(channels_in, channels_out, 1) if channels_in != channels_out
+                     else nn.Identity())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.conv2(torch.relu(self.conv1(x))) + self.skip(x))
+
+
+class ResidualCNN(nn.Module):
+    def __init__(self, widths: tuple[int, ...] = (32, 64, 64, 128, 96), classes: int = 10):
+        super().__init__()
+        self.stem = nn.Conv2d(3, widths[0], 3, padding=1)
+        self.first = Residual(widths[0], widths[1])
+        self.second = Residual(widths[1], widths[2])
+        self.third = Residual(widths[2], widths[3])
+        self.fourth = Residual(widths[3], widths[4])
+        self.head = nn.Linear(widths[4], classes)
+
+    def forward(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.stem(images))
+        x = self.fourth(self.third(self.second(self.first(x))))
+        return self.head(x.mean(dim=(2, 3)))
+
+
+def cross_entropy(logits: torch.Tensor, images: torch.Tensor,
+                  labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits, labels)
+
+
+def residual_cnn():
+    torch.manual_seed(0)
+    images = torch.randn(4, 3, 8, 8)
+    labels = torch.randint(0, 10, (4,))
+    return ResidualCNN(), (images, labels), cross_entropy
