@@ -50,12 +50,14 @@ def fake_mesh(mesh_shape: Sequence[int]) -> DeviceMesh:
     world = 1
     for size in mesh_shape:
         world *= size
+    if dist.is_initialized() and dist.get_backend() != "fake":
+        # Planning on a rank of a real job (`parallelize`): a mesh with no groups of its
+        # own, which is all that strategies and costs read.
+        from torch.distributed.device_mesh import DeviceMesh
+
+        return DeviceMesh("cpu", torch.arange(world).reshape(tuple(mesh_shape)),
+                          _init_backend=False)
     if dist.is_initialized():
-        if dist.get_backend() != "fake":
-            raise RuntimeError(
-                "planning needs a fake process group but a real one is initialized; "
-                "plan before init_process_group or in another process"
-            )
         if dist.get_world_size() != world:
             dist.destroy_process_group()
     if not dist.is_initialized():

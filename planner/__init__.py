@@ -1,14 +1,15 @@
 """Tessel: plan and run parallel training for PyTorch models.
 
-`plan_model` plans a model's training step over a device mesh; `parallelize` plans it and
-returns a trainer for the ranks of an initialized process group.
+`plan_model` plans a model's training step over a device mesh, `plan_graph` over a cluster
+(pipeline stages, each sharded on its own submesh); `parallelize` plans it and returns a
+trainer for the ranks of an initialized process group.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["parallelize", "plan_model"]
+__all__ = ["parallelize", "plan_graph", "plan_model"]
 
 
 def __getattr__(name: str) -> Any:

@@ -21,6 +21,7 @@ from passes.strategies import enumerate_strategies
 from passes.trace import TracedProgram, trace
 from planner.cluster import Cluster
 from planner.search.intra_op import IntraOpSolution, plan_intra_op
+from planner.search.graph_space import graph_plan, search_graph
 from planner.search.shardings import operator_shardings, stats
 from planner.plan import (
     Plan,
@@ -31,6 +32,7 @@ from planner.plan import (
     tessel_version,
 )
 from planner.check import training_state
+from runtime.staged import StagedTrainer
 from runtime.trainer import ShardedTrainer
 
 
@@ -135,19 +137,34 @@ def parallelize(
     cluster: str | Cluster = "cpu",
     loss_fn: Callable[..., torch.Tensor] | None = None,
     device_type: str = "cpu",
-) -> tuple[Plan, ShardedTrainer]:
-    """Plan `model` and return the plan and this rank's trainer.
+    *,
+    gpus: int | None = None,
+    global_batch_size: int | None = None,
+    micro_batch_size: int | None = None,
+) -> tuple[Plan, ShardedTrainer | StagedTrainer]:
+    """Plan `model` and return the plan and this rank's trainer, whose `step(*batch)`
+    runs forward, backward and the optimizer step.
 
-    Call on every rank of an initialized process group whose size is the product of
-    `mesh_shape`. Rank 0 plans and broadcasts the plan (as its JSON text in a byte
-    tensor: nothing is unpickled); each rank takes its shard of `model`'s current
-    parameters, so every rank must hold the same initial model.
+    Call on every rank of an initialized process group (e.g. started by torchrun). Rank 0
+    plans and broadcasts the plan (as its JSON text in a byte tensor: nothing is
+    unpickled); each rank takes its shard of `model`'s current parameters, so every rank
+    must hold the same initial model.
+
+    With `gpus` (the group's size) and `global_batch_size`, the plan is a graph plan for
+    `cluster`: pipeline stages on submeshes, each sharded by the intra-op ILP, with
+    micro-batches (`micro_batch_size`, or searched); `step` takes a whole global batch and
+    returns the loss on the last stage's ranks; the trainer's `save(dir)` / `load(dir)`
+    keep each rank's shards and optimizer state. Without them, every operator is sharded
+    over one mesh of `mesh_shape`.
     """
     if not dist.is_initialized():
         raise RuntimeError(
             "parallelize needs an initialized process group; call "
             "torch.distributed.init_process_group first (or use plan_model to only plan)"
         )
+    if gpus is not None:
+        return _parallelize_graph(model, tuple(example_inputs), gpus, cluster, loss_fn,
+                                  device_type, global_batch_size, micro_batch_size)
     world = math.prod(mesh_shape)
     if dist.get_world_size() != world:
         raise ValueError(
@@ -172,6 +189,57 @@ def parallelize(
         plan = Plan.from_json(text)
     trainer = ShardedTrainer(RankProgram(program, plan, mesh), training_state(model))
     return plan, trainer
+
+
+def _parallelize_graph(
+    model: nn.Module, example_inputs: tuple, gpus: int, cluster: str | Cluster,
+    loss_fn: Callable | None, device_type: str, global_batch_size: int | None,
+    micro_batch_size: int | None,
+) -> tuple[Plan, StagedTrainer]:
+    if dist.get_world_size() != gpus:
+        raise ValueError(f"gpus={gpus} but the process group has {dist.get_world_size()} "
+                         "ranks; pass the world size")
+    if global_batch_size is None:
+        raise ValueError("gpus= needs global_batch_size= (samples per optimizer step)")
+    if micro_batch_size is not None and global_batch_size % micro_batch_size:
+        raise ValueError(f"micro_batch_size={micro_batch_size} must divide "
+                         f"global_batch_size={global_batch_size}")
+    if dist.get_rank() == 0:
+        try:
+            plan = plan_graph(model, example_inputs, gpus, cluster, global_batch_size,
+                              loss_fn, micro_batch_size)
+        except BaseException:
+            _broadcast_text(None, device_type)
+            raise
+        plan = Plan.from_json(_broadcast_text(plan.to_json(), device_type))
+    else:
+        text = _broadcast_text(None, device_type)
+        if text is None:
+            raise RuntimeError("rank 0 could not plan the model; its error says why")
+        plan = Plan.from_json(text)
+    return plan, StagedTrainer(plan, model, example_inputs, loss_fn, training_state(model),
+                               device_type)
+
+
+def plan_graph(
+    model: nn.Module, example_inputs: Sequence[Any], gpus: int, cluster: str | Cluster,
+    global_batch_size: int, loss_fn: Callable[..., torch.Tensor] | None = None,
+    micro_batch_size: int | None = None, name: str | None = None,
+) -> Plan:
+    """The best graph plan of `model` on `gpus` devices of `cluster` (stages of the traced
+    model on submeshes, each sharded by the intra-op ILP); ValueError when none fits."""
+    spec = cluster if isinstance(cluster, Cluster) else Cluster.load(cluster)
+    spec = spec.with_devices(gpus)
+    micro_batches = global_batch_size // micro_batch_size if micro_batch_size else None
+    found = search_graph(model, tuple(example_inputs), spec, global_batch_size, loss_fn,
+                         micro_batches=micro_batches)
+    best = found.candidates[0]
+    if not best.fits:
+        raise ValueError(
+            f"no plan fits: the model needs {max(best.memory_bytes) / 2**20:,.1f} MiB per "
+            f"device at best, more than a {spec.device.name}'s {spec.device.memory_gib:g} GiB"
+        )
+    return graph_plan(found, best, spec, name or type(model).__name__, global_batch_size)
 
 
 def _broadcast_text(text: str | None, device_type: str) -> str | None:

@@ -24,6 +24,8 @@ predicted slower than any of those under the same cost model.
 from __future__ import annotations
 
 import math
+import multiprocessing
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -34,7 +36,6 @@ from torch import nn
 
 from cost_models.comm import collective_time
 from cost_models.memory import FRAMEWORK_RESERVE_BYTES
-from passes.dtensor_rules import fake_mesh
 from passes.stage_graph import (
     ForwardGraph,
     forward_graph,
@@ -57,10 +58,10 @@ from planner.plan import (
     tessel_version,
 )
 from planner.search.alpa_space import submeshes
-from passes.strategies import enumerate_strategies
 from planner.search.inter_op import stage_dp
 from planner.search.shardings import operator_shardings
-from planner.search.stage_solve import StageSolve, solve_stage
+from passes.strategies import TRAINING_STATE_COPIES
+from planner.search.stage_solve import StageCost, StageSolve, solve_stage
 
 MAX_LAYERS = 16
 """Layers a model without repeated blocks is cut into (Alpa clusters into a few tens)."""
@@ -105,6 +106,9 @@ class GraphSearch:
     micro_batch_size: int
     timings: dict[str, float] = field(default_factory=dict)
     layer_solves: int = 0
+    costs: np.ndarray | None = None
+    """The stage DP's cost array [layers, layers + 1, submeshes, stages after]."""
+    submesh_sizes: list[int] = field(default_factory=list)
 
 
 def usable_bytes(cluster: Cluster) -> float:
@@ -114,10 +118,12 @@ def usable_bytes(cluster: Cluster) -> float:
     return memory - min(FRAMEWORK_RESERVE_BYTES, memory / 10)
 
 
-def logical_meshes(devices: int) -> list[tuple[int, ...]]:
-    """1-D and 2-D meshes of `devices` devices (Alpa's logical meshes)."""
+def logical_meshes(devices: int, per_node: int) -> list[tuple[int, ...]]:
+    """1-D and 2-D meshes of `devices` devices (Alpa's logical meshes). Within one node,
+    where every link is alike, (a, b) prices as (b, a) with the axes swapped: one is kept."""
     shapes = [(devices,)]
-    shapes += [(a, devices // a) for a in range(2, devices) if devices % a == 0]
+    shapes += [(a, devices // a) for a in range(2, devices) if devices % a == 0
+               and (devices > per_node or a <= devices // a)]
     return shapes
 
 
@@ -176,7 +182,7 @@ def _search_micro_batches(
     costs = np.full((num_layers, num_layers + 1, len(sizes), most), np.inf)
     chosen: dict[tuple[int, int, int, int], tuple[tuple[int, ...], bool]] = {}
     for s, n in enumerate(sizes):
-        for shape in logical_meshes(n):
+        for shape in logical_meshes(n, cluster.devices_per_node):
             for lean in (False, True):
                 solves = [table.get((layer, shape, lean)) for layer in range(num_layers)]
                 if any(x is None for x in solves):
@@ -191,7 +197,8 @@ def _search_micro_batches(
             (c.first_layer, c.last_layer,
              *chosen[(c.first_layer, c.last_layer, c.submesh, len(plan.stages) - 1 - k)])
             for k, c in enumerate(plan.stages)), "stage DP"))
-    layouts += _baselines(num_layers, devices, capacity, table, sizes, m)
+    layouts += _baselines(num_layers, devices, capacity, table, sizes, m,
+                          cluster.devices_per_node)
     start = time.perf_counter()
     candidates = []
     for layout in _unique(layouts):
@@ -199,7 +206,8 @@ def _search_micro_batches(
                                   time_limit_s))
     timings["stage_ilps_s"] += time.perf_counter() - start
     return GraphSearch(candidates, cuts, forward, inputs_batch(inputs),
-                       layer_solves=len({id(v) for v in table.values()}))
+                       layer_solves=len({id(v) for v in table.values()}), costs=costs,
+                       submesh_sizes=sizes)
 
 
 def _unique(layouts: list[Layout]) -> list[Layout]:
@@ -213,15 +221,14 @@ def inputs_batch(inputs: tuple) -> int:
 def _layer_table(
     forward: ForwardGraph, cuts: list[int], values: dict, inputs: tuple, cluster: Cluster,
     sizes: list[int], time_limit_s: float, capacity: float, m: int,
-) -> dict[tuple[int, tuple[int, ...], bool], StageSolve]:
-    """Every layer's solve on every logical mesh; layers of one template (same ops, shapes
+) -> dict[tuple[int, tuple[int, ...], bool], StageCost]:
+    """Every layer's cost on every logical mesh; layers of one template (same ops, shapes
     and boundaries) are traced and solved once. The lean solve of a layer on a mesh is made
-    only where its fast one leaves too little memory for the stages it could be in: where
-    the whole model's fast state and GPipe's activations on that mesh do not fit."""
+    only where the fast ones leave too little memory: where the whole model's fast state
+    and GPipe's activations on that mesh do not fit. The solves are independent and run in
+    one forked process per core, as Alpa compiles stages in parallel workers."""
     num_layers = len(cuts) - 1
-    table: dict = {}
     programs: dict = {}
-    solves: dict = {}
     keys = []
     for layer in range(num_layers):
         graph = stage_graph(forward, cuts, layer, layer + 1, values)
@@ -229,25 +236,46 @@ def _layer_table(
         keys.append(key)
         if key not in programs:
             programs[key] = (graph, stage_program(graph, inputs))
-    for n in sizes:
-        for shape in logical_meshes(n):
-            mesh = fake_mesh(shape)
-            strategies: dict = {}
-            for lean in (False, True):
-                if lean and _fast_fits(table, num_layers, shape, capacity, m):
-                    break
-                for layer, key in enumerate(keys):
-                    graph, program = programs[key]
-                    if (key, shape, lean) not in solves:
-                        if key not in strategies:
-                            strategies[key] = enumerate_strategies(program, mesh,
-                                                                   cluster.device)
-                        solves[(key, shape, lean)] = solve_stage(
-                            program, shape, cluster, len(graph.user_inputs), graph.is_last,
-                            lean=lean, time_limit_s=time_limit_s,
-                            strategies=strategies[key])
-                    table[(layer, shape, lean)] = solves[(key, shape, lean)]
+    shapes = [shape for n in sizes for shape in logical_meshes(n, cluster.devices_per_node)]
+    templates = list(programs)
+    costs: dict = {}
+    fast = [(t, shape, False) for shape in shapes for t in range(len(templates))]
+    costs.update(_solve_all(fast, templates, programs, cluster, time_limit_s))
+    table = {(layer, shape, lean): costs[(templates.index(key), shape, lean)]
+             for layer, key in enumerate(keys) for shape in shapes for lean in (False,)}
+    short = [shape for shape in shapes if not _fast_fits(table, num_layers, shape, capacity, m)]
+    lean = [(t, shape, True) for shape in short for t in range(len(templates))]
+    costs.update(_solve_all(lean, templates, programs, cluster, time_limit_s))
+    table.update({(layer, shape, True): costs[(templates.index(key), shape, True)]
+                  for layer, key in enumerate(keys) for shape in short})
     return table
+
+
+_FORKED: tuple | None = None  # what forked workers read: traced programs do not pickle
+
+
+def _solve_all(tasks: list[tuple[int, tuple[int, ...], bool]], templates: list, programs: dict,
+               cluster: Cluster, time_limit_s: float) -> dict:
+    global _FORKED
+    _FORKED = (templates, programs, cluster, time_limit_s)
+    try:
+        processes = min(os.cpu_count() or 1, len(tasks))
+        if processes > 1 and "fork" in multiprocessing.get_all_start_methods():
+            with multiprocessing.get_context("fork").Pool(processes) as pool:
+                answers = pool.map(_solve_task, tasks, chunksize=max(1, len(tasks) // 16))
+        else:
+            answers = [_solve_task(task) for task in tasks]
+    finally:
+        _FORKED = None
+    return dict(zip(tasks, answers))
+
+
+def _solve_task(task: tuple[int, tuple[int, ...], bool]) -> StageCost:
+    templates, programs, cluster, time_limit_s = _FORKED
+    index, shape, lean = task
+    graph, program = programs[templates[index]]
+    return solve_stage(program, shape, cluster, len(graph.user_inputs), graph.is_last,
+                       lean=lean, time_limit_s=time_limit_s).cost()
 
 
 def _fast_fits(table: dict, num_layers: int, shape: tuple[int, ...], capacity: float,
@@ -268,7 +296,7 @@ def _template(forward: ForwardGraph, cuts: list[int], layer: int, graph) -> tupl
     )
 
 
-def _fill(costs, chosen, s, shape, lean, solves: list[StageSolve], m: int, capacity: float,
+def _fill(costs, chosen, s, shape, lean, solves: list[StageCost], m: int, capacity: float,
           forward, cuts, cluster, n) -> None:
     """Price every stage of layers i..j on mesh `shape` (lean or not) into costs[:, :, s]."""
     num_layers = len(solves)
@@ -319,13 +347,13 @@ def _stage_link(cluster: Cluster, devices: int):
 
 
 def _baselines(num_layers: int, devices: int, capacity: float, table: dict,
-               sizes: list[int], m: int) -> list[Layout]:
+               sizes: list[int], m: int, per_node: int) -> list[Layout]:
     """Data parallelism, the best single mesh, and an even pipeline of one-device stages."""
     out = [Layout(((0, num_layers, (devices,), False),), "data parallel",
                   replicate_parameters=True, shard_inputs_on=0)]
     best, best_s = None, math.inf
     if devices in sizes:
-        for shape in logical_meshes(devices):
+        for shape in logical_meshes(devices, per_node):
             for lean in (False, True):
                 solves = [table.get((layer, shape, lean)) for layer in range(num_layers)]
                 if any(x is None for x in solves):
@@ -357,6 +385,14 @@ def predict(
 
     t_i a micro-batch's forward and backward on stage i with its transfers (GPipe's fill and
     drain), sync_i its once-per-step gradient synchronisation."""
+    capacity = usable_bytes(cluster)
+    if layout.replicate_parameters:
+        # Every rank holds all of the model's training state: when that alone does not fit
+        # the layout cannot, and there is nothing to solve.
+        state = sum(v.numel() * v.element_size() for v in values.values()
+                    if isinstance(v, nn.Parameter)) * TRAINING_STATE_COPIES
+        if state > capacity:
+            return Candidate(layout, m, [], math.inf, [float(state)], False, 0.0, 0.0, 0.0)
     solves = []
     for first, last, shape, lean in layout.stages:
         graph = stage_graph(forward, cuts, first, last, values)

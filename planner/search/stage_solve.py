@@ -75,6 +75,23 @@ class StageSolve:
     def micro_batch_s(self) -> float:
         return self.compute_s + self.micro_batch_comm_s
 
+    def cost(self) -> StageCost:
+        return StageCost(self.micro_batch_s, self.incoming_s, self.outgoing_s,
+                         self.step_comm_s, self.state_bytes, self.activation_bytes)
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """What the stage DP reads of a solve (plain numbers: it crosses process boundaries)."""
+
+    micro_batch_s: float
+    """A micro-batch's forward and backward with its transfers."""
+    incoming_s: float
+    outgoing_s: float
+    step_comm_s: float
+    state_bytes: float
+    activation_bytes: float
+
 
 def solve_stage(
     program: TracedProgram, mesh_shape: tuple[int, ...], cluster: Cluster,

@@ -1,0 +1,88 @@
+"""Graph plans (`plan MODEL --gpus N` for a model of one's own): models with no repeated
+blocks on devices too small for data parallelism get a plan that fits, splits the model or
+its parameters, is never predicted slower than the simple layouts, and trains on 8 gloo
+ranks exactly as one process does, with every rank's collectives as predicted."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from planner.check import check_graph_plan
+from planner.cluster import Cluster
+from planner.search.graph_space import graph_plan, search_graph
+from planner.search.inter_op import stage_brute_force, stage_dp
+
+sys.path.insert(0, str(Path(__file__).parent))
+from graph_models import residual_cnn, wide_mlp  # noqa: E402
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+SMALL = Cluster.load(str(FIXTURES / "small_memory.yaml")).with_devices(8)
+MODELS = {
+    # (factory, global batch, micro-batches)
+    "wide_mlp": (wide_mlp, 32, 4),
+    "residual_cnn": (residual_cnn, 16, 4),
+}
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def planned(request):
+    factory, batch, micro_batches = MODELS[request.param]
+    model, inputs, *loss = factory()
+    loss_fn = loss[0] if loss else None
+    found = search_graph(model, inputs, SMALL, batch, loss_fn, micro_batches=micro_batches)
+    plan = graph_plan(found, found.candidates[0], SMALL, request.param, batch)
+    return request.param, model, inputs, loss_fn, found, plan
+
+
+def _by_name(found, name):
+    return [c for c in found.candidates if c.layout.name == name]
+
+
+def test_the_plan_fits_where_data_parallelism_does_not(planned) -> None:
+    name, _, _, _, found, plan = planned
+    (data_parallel,) = _by_name(found, "data parallel")
+    assert not data_parallel.fits, f"{name}: the cluster must be too small for DP"
+    assert plan.predicted.fits
+    assert plan.predicted.memory_gib_per_gpu <= SMALL.device.memory_gib
+    split = len(plan.stages) > 1
+    sharded = any("S(" in p for stage in plan.stages for p in stage.parameters.values())
+    assert split or sharded, f"{name}: neither pipeline stages nor sharded parameters"
+    # Every parameter of the model is placed on exactly one stage.
+    names = [fqn for stage in plan.stages for fqn in stage.parameters]
+    assert sorted(names) == sorted(n for n, _ in planned[1].named_parameters())
+
+
+def test_never_predicted_slower_than_the_simple_layouts(planned) -> None:
+    name, _, _, _, found, plan = planned
+    baselines = [c for c in found.candidates if c.layout.name != "stage DP"]
+    assert {c.layout.name for c in baselines} >= {"data parallel"}
+    for candidate in baselines:
+        if candidate.fits:
+            assert plan.predicted.step_time_s <= candidate.step_time_s, candidate.layout.name
+    # The stage DP found a fitting plan of its own.
+    assert any(c.fits for c in _by_name(found, "stage DP")) or any(
+        c.fits and c.layout.stages == found.candidates[0].layout.stages
+        for c in found.candidates
+    )
+
+
+def test_the_stage_dp_equals_brute_force_on_the_model_costs(planned) -> None:
+    _, _, _, _, found, plan = planned
+    sizes = np.array(found.submesh_sizes)
+    # Every split into at most four stages, every assignment of submeshes: small enough.
+    fast = stage_dp(found.costs, sizes, 8, plan.num_micro_batches)
+    slow = stage_brute_force(found.costs, sizes, 8, plan.num_micro_batches)
+    assert slow is not None
+    assert fast is not None and fast.total_latency == pytest.approx(slow.total_latency)
+
+
+def test_trains_on_8_ranks_as_one_process_with_the_predicted_collectives(planned) -> None:
+    name, model, inputs, loss_fn, _, plan = planned
+    report = check_graph_plan(model, plan, loss_fn, inputs, steps=2)
+    assert report.max_rel_error < 1e-4, name
+    assert report.communication_matches, report.mismatches[:3]
+    assert report.passed
