@@ -3,6 +3,9 @@ process, and the plan travels between ranks as JSON text, never pickled."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -10,6 +13,8 @@ import torch.distributed as dist
 from planner.check import train_single_process
 from planner.models import demo
 from runtime.launch import run_on_ranks
+
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 def _model():
@@ -82,3 +87,50 @@ def test_when_rank_0_cannot_plan_the_other_ranks_stop_instead_of_waiting() -> No
     assert run_on_ranks(_rank_1_error, 2)[1] == (
         "rank 0 could not plan the model; its error says why"
     )
+
+
+# -- graph plans: parallelize(..., gpus=N, global_batch_size=B) ---------------------------
+
+SMALL_MEMORY = str(Path(__file__).parents[1] / "fixtures" / "small_memory.yaml")
+
+
+def _graph_model(seed: int = 0):
+    from graph_models import WideMLP
+
+    torch.manual_seed(seed)
+    return WideMLP((32, 48, 64, 40, 16)), (torch.randn(4, 32),)
+
+
+def _train_save_resume(rank: int, world: int, batches, directory: str):
+    import planner
+    from runtime.staged import StagedTrainer
+
+    _forbid_pickled_objects()
+    model, inputs = _graph_model()
+    plan, trainer = planner.parallelize(model, inputs, cluster=SMALL_MEMORY, gpus=world,
+                                        global_batch_size=16, micro_batch_size=4)
+    losses = [trainer.step(*batch) for batch in batches[:2]]
+    trainer.save(directory)
+    # A job restarted from the checkpoint: another initial model, then the saved state.
+    other, _ = _graph_model(seed=7)
+    resumed = StagedTrainer(plan, other, inputs)
+    resumed.load(directory)
+    losses.append(resumed.step(*batches[2]))
+    return plan.to_json(), losses, resumed.full_parameters()
+
+
+def test_parallelize_a_graph_plan_trains_saves_and_resumes_like_one_process(tmp_path) -> None:
+    generator = torch.Generator().manual_seed(3)
+    batches = [(torch.randn(16, 32, generator=generator),) for _ in range(3)]
+    results = run_on_ranks(_train_save_resume, 4, batches, str(tmp_path))
+    assert len({plan for plan, _, _ in results}) == 1
+    model, _ = _graph_model()
+    reference_losses, reference_params = train_single_process(model, None, batches)
+    last_stage = [losses for _, losses, _ in results if losses[0] is not None]
+    assert last_stage, "the last stage's ranks report the loss"
+    for losses in last_stage:
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference_losses))
+    params = {name: value for _, _, stage in results for name, value in stage.items()}
+    assert set(params) == set(reference_params)
+    for name, value in reference_params.items():
+        torch.testing.assert_close(params[name], value, rtol=1e-4, atol=1e-5)

@@ -198,8 +198,19 @@ MISSPELT = {
     "flag-without-value": ([*SMALL, "--micro-batch-size"], ["--micro-batch-size expected one"]),
 }
 
+# A model of one's own on a cluster: the graph plan reads only the batch flags.
+GRAPH = [f"{Path(__file__).parents[2] / 'e2e' / 'graph_models.py'}:wide_mlp", "--cluster",
+         str(FIXTURES / "small_memory.yaml"), "--gpus", "8", "--global-batch-size", "32"]
+GRAPH_PLANS = {
+    "graph-transformer-knob": ([*GRAPH, "--tensor-model-parallel-size", "2"],
+                               ["--tensor-model-parallel-size: wide_mlp is planned from its "
+                                "traced graph"]),
+    "graph-micro-batch": ([*GRAPH, "--micro-batch-size", "5"],
+                          ["--micro-batch-size 5 must divide --global-batch-size 32"]),
+    "graph-no-batch": (GRAPH[:-2], ["--gpus needs --global-batch-size"]),
+}
 FAMILIES = {**KNOB_VALUES, **ESCAPED_TRACEBACKS, **HANGS_AND_UNBOUNDED_WORK, **GARBAGE,
-            **MISSPELT}
+            **MISSPELT, **GRAPH_PLANS}
 
 
 @pytest.fixture(autouse=True)
