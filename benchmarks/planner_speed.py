@@ -1,26 +1,66 @@
 """Wall time of the whole `plan` command, by model size and GPU count.
 
-Each run is a fresh `python -m planner MODEL --cluster dgx-a100-80g --gpus N
---global-batch-size B` process, so imports and everything else a user waits for count.
-Targets on a 2-core machine: GPT-3 175B on 1024 GPUs under 10 s; the 1T model on 3072
-GPUs under 30 s (Alpa took ~40 minutes for 39B on 64 GPUs). A sweep over the number of
-layers of one GPT shape checks that time grows at most linearly with depth.
+Each run is a fresh `python -m planner MODEL ...` process, so imports and everything else
+a user waits for count. Two groups of rows (`--rows`):
 
-    .venv/bin/python benchmarks/planner_speed.py [--quick]
+- `zoo`: `plan MODEL --cluster dgx-a100-80g --gpus N --global-batch-size B` for zoo
+  transformers given by their shape. Targets on a 2-core machine: GPT-3 175B on 1024 GPUs
+  under 10 s; the 1T model on 3072 GPUs under 30 s (Alpa took ~40 minutes for 39B on 64
+  GPUs). A sweep over the number of layers of one GPT shape checks that time grows at most
+  linearly with depth.
+- `traced` (issue 12): models whose graph is traced, on 64 GPUs of aws-p3.16xlarge with
+  global batch 1024. A ~1B-parameter model of 200 distinct layers
+  (`benchmarks/distinct_layers.py`), planned by the graph path (traced, cut into at most 16
+  layers, each layer's intra-op ILP on every logical mesh, the stage DP): under 60 s.
+  Alpa's GPT 39B (its OSDI'22 shape, as `benchmarks/alpa_e2e.py` plans it) with
+  `--intra-op ilp` (a block template traced and solved per tensor degree): under 10 s
+  (Alpa: 2,393 s for 39B on 64 GPUs, profiling included). Each command gets at most
+  `--timeout` seconds; the timings it prints (trace, ILPs, stage DP, search) are kept.
+
+    .venv/bin/python benchmarks/planner_speed.py [--quick] [--rows all|zoo|traced]
+        [--timeout S] [--json PATH]
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import re
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("gpt3-1.3b", "gpt3-13b", "gpt3-175b", "gpt-1t")
 GPU_COUNTS = (8, 64, 512, 1024, 3072, 4096)
 TARGETS = {("gpt3-175b", 1024): 10.0, ("gpt-1t", 3072): 30.0}
 DEPTHS = (24, 48, 96, 192)
+
+
+class TracedRow(NamedTuple):
+    name: str
+    model: tuple[str, ...]
+    """MODEL and its shape flags, as `plan` takes them."""
+    gpus: int
+    target_s: float
+    extra: tuple[str, ...] = ()
+
+
+TRACED_CLUSTER = "aws-p3.16xlarge"
+TRACED_BATCH = 1024
+# Alpa's GPT 39B: alpa_e2e.py CASES (hidden 8192, 48 layers, 64 heads, seq 1024, vocab 51200).
+GPT_39B = ("gpt", "--num-layers", "48", "--hidden-size", "8192", "--num-attention-heads",
+           "64", "--seq-length", "1024", "--vocab-size", "51200")
+TRACED_ROWS = (
+    TracedRow("distinct-1b", ("benchmarks/distinct_layers.py:distinct_layers",), 64, 60.0),
+    TracedRow("gpt-39b ilp", GPT_39B, 64, 10.0, ("--intra-op", "ilp")),
+)
+TIMING = re.compile(r"([a-z_]+) ([\d.]+) s\b")
 
 
 def plan_seconds(*model: str, gpus: int, batch: int = 3072) -> tuple[float, bool]:
@@ -31,9 +71,81 @@ def plan_seconds(*model: str, gpus: int, batch: int = 3072) -> tuple[float, bool
     return time.perf_counter() - start, done.returncode == 0
 
 
-def main(argv: list[str]) -> int:
-    quick = "--quick" in argv
+def printed_timings(stdout: str) -> dict:
+    """What the command said about its time: the graph path's 'N layers, K layer ILPs;
+    trace ..., layer_ilps ..., ...' or the zoo path's 'searched N configurations in ...'."""
+    out: dict = {}
+    for line in stdout.splitlines():
+        graph = re.match(r"\s*(\d+) layers, (\d+) layer ILPs; (.*)", line)
+        zoo = re.match(r"\s*searched ([\d,]+) configurations in (.*)", line)
+        if graph:
+            out = {"layers": int(graph[1]), "layer_ilps": int(graph[2]), "line": line.strip(),
+                   "timings_s": {k: float(v) for k, v in TIMING.findall(graph[3])}}
+        elif zoo:
+            out = {"configurations": int(zoo[1].replace(",", "")), "line": line.strip(),
+                   "timings_s": {k: float(v) for k, v in TIMING.findall(zoo[2])}}
+    return out
+
+
+def run_bounded(command: list[str], timeout_s: float) -> tuple[int | None, str, str]:
+    """Run `command` in its own process group; past `timeout_s` kill the group (the
+    command's forked ILP workers too). The exit status is None when it was killed."""
+    env = {**os.environ, "COLUMNS": "1000"}  # rich wraps at 80 columns otherwise
+    process = subprocess.Popen(command, cwd=ROOT, env=env, text=True, start_new_session=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        return None, stdout, stderr
+    return process.returncode, stdout, stderr
+
+
+def run_traced(row: TracedRow, timeout_s: float) -> dict:
+    """One traced row: the whole command, its wall time, what it printed and planned."""
+    result = {"model": row.name, "gpus": row.gpus, "target_s": row.target_s}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "plan.json"
+        command = [sys.executable, "-m", "planner", *row.model, "--gpus", str(row.gpus),
+                   "--cluster", TRACED_CLUSTER, "--global-batch-size", str(TRACED_BATCH),
+                   *row.extra, "--json", str(out)]
+        result["command"] = " ".join(["plan", *command[3:-2]])
+        start = time.perf_counter()
+        returncode, stdout, stderr = run_bounded(command, timeout_s)
+        seconds = time.perf_counter() - start
+        result.update(command_s=seconds, met=returncode == 0 and seconds < row.target_s,
+                      **printed_timings(stdout))
+        if returncode is None:
+            return {**result, "error": f"timed out after {timeout_s:g} s"}
+        if returncode != 0:
+            lines = (stdout + stderr).strip().splitlines()
+            return {**result, "error": lines[-1] if lines else f"exit {returncode}"}
+        predicted = json.loads(out.read_text())["predicted"]
+    return {**result, "step_time_s": predicted["step_time_s"],
+            "memory_gib_per_gpu": predicted["memory_gib_per_gpu"]}
+
+
+def traced_rows(timeout_s: float) -> list[dict]:
+    print(f"{'model':<12} {'GPUs':>5} {'command s':>9} {'target':>7}  verdict  printed")
+    rows = []
+    for row in TRACED_ROWS:
+        r = run_traced(row, timeout_s)
+        rows.append(r)
+        failed = "error" in r and not r["error"].startswith("timed out")
+        verdict = "met" if r["met"] else ("FAILED" if failed else "MISSED")
+        said = r.get("error") or r.get("line", "")
+        if "error" in r and "line" in r:
+            said = f"{r['line']}; {r['error']}"
+        print(f"{r['model']:<12} {r['gpus']:>5} {r['command_s']:>9.1f} "
+              f"{'< ' + format(row.target_s, 'g') + ' s':>7}  {verdict:<7}  {said}", flush=True)
+    return rows
+
+
+def zoo_rows(quick: bool) -> tuple[list[dict], bool]:
+    """The zoo rows as before: sizes and GPU counts, the 175B ILP row, the depth sweep."""
     ok = True
+    rows = []
     print(f"{'model':<10} {'GPUs':>5} {'plan s':>7}  target")
     runs = list(TARGETS) if quick else [(m, n) for m in MODELS for n in GPU_COUNTS]
     for model, gpus in runs:
@@ -41,22 +153,53 @@ def main(argv: list[str]) -> int:
         target = TARGETS.get((model, gpus))
         verdict = "-" if target is None else ("ok" if seconds < target else "MISSED")
         ok &= target is None or seconds < target
+        rows.append({"model": model, "gpus": gpus, "command_s": seconds, "target_s": target,
+                     "met": None if target is None else seconds < target, "planned": planned})
         print(f"{model:<10} {gpus:>5} {seconds:>7.1f}  {verdict}"
-              + ("" if planned else "  (no plan fits)"))
-    seconds, _ = plan_seconds("gpt3-175b", "--intra-op", "ilp", gpus=1024, batch=1536)
+              + ("" if planned else "  (no plan fits)"), flush=True)
+    seconds, planned = plan_seconds("gpt3-175b", "--intra-op", "ilp", gpus=1024, batch=1536)
+    rows.append({"model": "gpt3-175b", "gpus": 1024, "intra_op": "ilp", "command_s": seconds,
+                 "planned": planned})
     print(f"{'gpt3-175b':<10} {1024:>5} {seconds:>7.1f}  (--intra-op ilp: trace + 3 ILPs)")
     print("\nscaling with depth: GPT h=4096, 32 heads, on 512 GPUs")
     print(f"{'layers':>6} {'plan s':>7} {'s per layer':>12}")
     per_layer = []
     for layers in DEPTHS:
-        seconds, _ = plan_seconds("gpt", "--num-layers", str(layers), "--hidden-size", "4096",
-                                  "--num-attention-heads", "32", "--seq-length", "2048",
-                                  "--vocab-size", "51200", gpus=512)
+        seconds, planned = plan_seconds(
+            "gpt", "--num-layers", str(layers), "--hidden-size", "4096",
+            "--num-attention-heads", "32", "--seq-length", "2048", "--vocab-size", "51200",
+            gpus=512)
         per_layer.append(seconds / layers)
+        rows.append({"model": "gpt h4096", "layers": layers, "gpus": 512,
+                     "command_s": seconds, "planned": planned})
         print(f"{layers:>6} {seconds:>7.1f} {seconds / layers:>12.3f}")
     linear = per_layer[-1] <= per_layer[0] * 1.1
     print(f"time per layer does not grow with depth: {'yes' if linear else 'NO'}")
-    return 0 if ok and linear else 1
+    return rows, ok and linear
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="zoo rows: only those with a target, and the sweep")
+    parser.add_argument("--rows", choices=("all", "zoo", "traced"), default="all")
+    parser.add_argument("--timeout", type=float, default=900.0,
+                        help="seconds each traced row's command may run (default 900)")
+    parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    args = parser.parse_args(argv)
+    rows: dict[str, list[dict]] = {}
+    ok = True
+    if args.rows in ("all", "zoo"):
+        rows["zoo"], ok = zoo_rows(args.quick)
+    if args.rows in ("all", "traced"):
+        if rows:
+            print()
+        rows["traced"] = traced_rows(args.timeout)
+        ok &= all(r["met"] for r in rows["traced"])
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+        print(f"rows written to {args.json}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
