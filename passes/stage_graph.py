@@ -93,7 +93,9 @@ def forward_graph(
     graph = exported.graph
     ops = [n for n in graph.nodes if n.op == "call_function"]
     output = next(n for n in graph.nodes if n.op == "output")
-    loss = output.args[0][0]
+    # The objective's one user output; buffer updates (batch-norm statistics) come first.
+    kinds = [spec.kind.name for spec in signature.output_specs]
+    loss = output.args[0][kinds.index("USER_OUTPUT")]
     return ForwardGraph(graph, parameters, buffers, user_inputs, ops, loss)
 
 

@@ -239,7 +239,7 @@ def plan_graph(
             f"no plan fits: the model needs {max(best.memory_bytes) / 2**20:,.1f} MiB per "
             f"device at best, more than a {spec.device.name}'s {spec.device.memory_gib:g} GiB"
         )
-    return graph_plan(found, best, spec, name or type(model).__name__, global_batch_size)
+    return graph_plan(best, spec, name or type(model).__name__, global_batch_size)
 
 
 def _broadcast_text(text: str | None, device_type: str) -> str | None:

@@ -173,6 +173,12 @@ class Cluster(_Config):
         _check_size(num_devices, self.devices_per_node, self.name)
         return self.model_copy(update={"num_devices": num_devices})
 
+    def with_unbounded_memory(self) -> Cluster:
+        """A copy whose devices never run out of memory: for an ILP whose caller checks
+        memory itself (with what the ILP does not see, e.g. micro-batches in flight)."""
+        device = self.device.model_copy(update={"memory_gib": 2.0**40})
+        return self.model_copy(update={"device": device})
+
     def with_efficiency(self, efficiency: Efficiency) -> Cluster:
         """A copy of this cluster whose devices reach `efficiency` (a fit, a what-if)."""
         device = self.device.model_copy(update={"efficiency": efficiency})

@@ -64,7 +64,7 @@ def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
             f"device at best, more than the {cluster.device.memory_gib * 1024:g} MiB of a "
             f"{cluster.device.name}; use more --gpus or a smaller --micro-batch-size"
         )
-    return [graph_plan(found, c, cluster, loaded.name, gbs) for c in fitting[: args.top]]
+    return [graph_plan(c, cluster, loaded.name, gbs) for c in fitting[: args.top]]
 
 
 def describe(plan: Plan) -> str:

@@ -24,7 +24,6 @@ predicted slower than any of those under the same cost model.
 from __future__ import annotations
 
 import math
-import multiprocessing
 import os
 import time
 from dataclasses import dataclass, field
@@ -61,6 +60,7 @@ from planner.search.alpa_space import submeshes
 from planner.search.inter_op import stage_dp
 from planner.search.shardings import operator_shardings
 from passes.strategies import TRAINING_STATE_COPIES
+from planner.search.workers import can_fork, forked_pool
 from planner.search.stage_solve import StageCost, StageSolve, solve_stage
 
 MAX_LAYERS = 16
@@ -94,6 +94,10 @@ class Candidate:
     p2p_s: float
     compute_s: float
     communication_s: float
+    forward: ForwardGraph | None = None
+    """The traced forward at this candidate's micro-batch size, and its layer cuts."""
+    layer_cuts: list[int] = field(default_factory=list)
+    micro_batch_size: int = 0
 
 
 @dataclass
@@ -119,12 +123,26 @@ def usable_bytes(cluster: Cluster) -> float:
 
 
 def logical_meshes(devices: int, per_node: int) -> list[tuple[int, ...]]:
-    """1-D and 2-D meshes of `devices` devices (Alpa's logical meshes). Within one node,
-    where every link is alike, (a, b) prices as (b, a) with the axes swapped: one is kept."""
+    """Alpa's logical meshes of `devices` devices: 1-D, and 2-D with the inner axis within
+    a node (a whole number of nodes by devices of each). Within one node, where every link
+    is alike, (a, b) prices as (b, a) with the axes swapped: one of the two is kept."""
     shapes = [(devices,)]
-    shapes += [(a, devices // a) for a in range(2, devices) if devices % a == 0
-               and (devices > per_node or a <= devices // a)]
+    for inner in range(2, min(devices, per_node + 1)):
+        outer, rest = divmod(devices, inner)
+        if rest or outer < 2 or (devices <= per_node and outer > inner):
+            continue
+        if devices > per_node and per_node % inner:
+            continue
+        shapes.append((outer, inner))
     return shapes
+
+
+def default_micro_batches(global_batch_size: int) -> list[int]:
+    """One step unpipelined, and the most micro-batches up to MAX_MICRO_BATCHES that split
+    the batch evenly (enough to fill a pipeline of that many stages): each count is a
+    search of its own, so Alpa takes it as given; `--micro-batch-size` picks another."""
+    most = max(m for m in range(1, MAX_MICRO_BATCHES + 1) if global_batch_size % m == 0)
+    return sorted({1, most})
 
 
 def search_graph(
@@ -140,9 +158,7 @@ def search_graph(
     two)."""
     on_meta = model if _on_meta(model) else _meta_copy(model)
     values = {**dict(on_meta.named_parameters()), **dict(on_meta.named_buffers())}
-    counts = ([micro_batches] if micro_batches else
-              [m for m in (2**i for i in range(MAX_MICRO_BATCHES.bit_length()))
-               if global_batch_size % m == 0 and m <= global_batch_size])
+    counts = [micro_batches] if micro_batches else default_micro_batches(global_batch_size)
     best: GraphSearch | None = None
     timings = {"trace_s": 0.0, "layer_ilps_s": 0.0, "stage_dp_s": 0.0, "stage_ilps_s": 0.0}
     for m in counts:
@@ -260,8 +276,8 @@ def _solve_all(tasks: list[tuple[int, tuple[int, ...], bool]], templates: list, 
     _FORKED = (templates, programs, cluster, time_limit_s)
     try:
         processes = min(os.cpu_count() or 1, len(tasks))
-        if processes > 1 and "fork" in multiprocessing.get_all_start_methods():
-            with multiprocessing.get_context("fork").Pool(processes) as pool:
+        if processes > 1 and can_fork():
+            with forked_pool(processes) as pool:
                 answers = pool.map(_solve_task, tasks, chunksize=max(1, len(tasks) // 16))
         else:
             answers = [_solve_task(task) for task in tasks]
@@ -392,7 +408,8 @@ def predict(
         state = sum(v.numel() * v.element_size() for v in values.values()
                     if isinstance(v, nn.Parameter)) * TRAINING_STATE_COPIES
         if state > capacity:
-            return Candidate(layout, m, [], math.inf, [float(state)], False, 0.0, 0.0, 0.0)
+            return Candidate(layout, m, [], math.inf, [float(state)], False, 0.0, 0.0, 0.0,
+                             forward, cuts, inputs_batch(inputs))
     solves = []
     for first, last, shape, lean in layout.stages:
         graph = stage_graph(forward, cuts, first, last, values)
@@ -410,7 +427,8 @@ def predict(
     slowest = int(np.argmax(times))
     return Candidate(layout, m, solves, step, memory, max(memory) <= capacity,
                      p2p_s=sum(p2p), compute_s=sum(x.compute_s for x in solves) * m,
-                     communication_s=step - solves[slowest].compute_s * m)
+                     communication_s=step - solves[slowest].compute_s * m,
+                     forward=forward, layer_cuts=cuts, micro_batch_size=inputs_batch(inputs))
 
 
 def _p2p_times(layout: Layout, forward: ForwardGraph, cuts: list[int],
@@ -432,7 +450,7 @@ def _p2p_times(layout: Layout, forward: ForwardGraph, cuts: list[int],
 # -- the Plan -------------------------------------------------------------------------------
 
 
-def graph_plan(found: GraphSearch, candidate: Candidate, cluster: Cluster, name: str,
+def graph_plan(candidate: Candidate, cluster: Cluster, name: str,
                global_batch_size: int) -> Plan:
     """The Plan of a candidate: every stage's node shardings, placements, collectives per
     step (as `plan check` counts them, point-to-point included) and memory."""
@@ -446,7 +464,7 @@ def graph_plan(found: GraphSearch, candidate: Candidate, cluster: Cluster, name:
                                                    buckets=solve.buckets)
         parameters = {f: p for f, p in parameters.items() if not f.startswith("tessel_")}
         communication = _counts(solve, m)
-        for kind, (count, nbytes) in _p2p_counts(found, candidate, k, sizes).items():
+        for kind, (count, nbytes) in _p2p_counts(candidate, k, sizes).items():
             stats = communication.setdefault(kind, [0, 0])
             stats[0] += count * m
             stats[1] += nbytes * m
@@ -458,7 +476,7 @@ def graph_plan(found: GraphSearch, candidate: Candidate, cluster: Cluster, name:
                            for kind, (c, b) in sorted(communication.items())},
             memory=_memory(solve), operators=operators))
         first_device += sizes[k]
-    flops = float(found.forward.op_flops().sum()) * 3 * m
+    flops = float(candidate.forward.op_flops().sum()) * 3 * m
     step = candidate.step_time_s
     devices = cluster.num_devices
     peak = cluster.device.peak_tflops.get("fp32", 0.0) * 1e12
@@ -466,9 +484,9 @@ def graph_plan(found: GraphSearch, candidate: Candidate, cluster: Cluster, name:
         model=name, cluster=cluster.name, num_gpus=devices,
         devices_per_node=min(cluster.devices_per_node, devices),
         mesh_axes=["device"], mesh_shape=[devices],
-        global_batch_size=global_batch_size, micro_batch_size=found.micro_batch_size,
+        global_batch_size=global_batch_size, micro_batch_size=candidate.micro_batch_size,
         num_micro_batches=m, schedule="gpipe", precision="fp32",
-        stages=stages, layer_cuts=list(found.layer_cuts),
+        stages=stages, layer_cuts=list(candidate.layer_cuts),
         predicted=Predicted(
             step_time_s=step, compute_s=candidate.compute_s,
             communication_s=max(candidate.communication_s, 0.0),
@@ -490,7 +508,7 @@ def _counts(solve: StageSolve, m: int) -> dict[str, list[int]]:
     return out
 
 
-def _p2p_counts(found: GraphSearch, candidate: Candidate, k: int,
+def _p2p_counts(candidate: Candidate, k: int,
                 sizes: list[int]) -> dict[str, tuple[int, int]]:
     """Sends and receives of one micro-batch on the first rank of stage k (every rank of a
     stage when the routes are even, as they are between power-of-two submeshes)."""
@@ -502,7 +520,7 @@ def _p2p_counts(found: GraphSearch, candidate: Candidate, k: int,
     if k < len(stages) - 1:  # send activations to k + 1, receive gradients
         neighbours.append((k + 1, stages[k][1], "send", "recv"))
     for other, layer, forward_kind, backward_kind in neighbours:
-        tensors = found.forward.crossing(found.layer_cuts[layer])
+        tensors = candidate.forward.crossing(candidate.layer_cuts[layer])
         for kind, senders, receivers in (
             (forward_kind, *((sizes[other], sizes[k]) if other < k else (sizes[k], sizes[other]))),
             (backward_kind, *((sizes[k], sizes[other]) if other < k else (sizes[other], sizes[k]))),

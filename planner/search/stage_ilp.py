@@ -15,7 +15,6 @@ charged the same.
 
 from __future__ import annotations
 
-import multiprocessing
 import time
 
 from cost_models.layer_collectives import LayerCollective, LayerCollectives
@@ -25,6 +24,7 @@ from passes.model_graph import ModelGraph
 from passes.strategies import enumerate_strategies
 from planner.cluster import Cluster
 from planner.search.intra_op import plan_intra_op
+from planner.search.workers import can_fork, forked_pool
 
 
 def layer_collectives(
@@ -40,11 +40,11 @@ def layer_collectives(
     copy-on-write."""
     todo = [d for d in degrees if d != 1]
     block = _interior_block(graph)
-    if processes > 1 and len(todo) > 1 and "fork" in multiprocessing.get_all_start_methods():
+    if processes > 1 and len(todo) > 1 and can_fork():
         global _FORKED  # what forked workers read: the graph is not picklable
         _FORKED = (graph, block, cluster, time_limit_s)
         try:
-            with multiprocessing.get_context("fork").Pool(min(processes, len(todo))) as pool:
+            with forked_pool(min(processes, len(todo))) as pool:
                 answers = pool.map(_solve_forked, todo)
         finally:
             _FORKED = None
@@ -77,7 +77,10 @@ def _solve(
     table = enumerate_strategies(graph.program, mesh, cluster.device)
     strategies_s = time.perf_counter() - start
     start = time.perf_counter()
-    solution = plan_intra_op(graph.program, table, mesh, cluster, time_limit_s)
+    # Only the interior block's collectives are read; the search checks memory itself (the
+    # traced program, embedding and head included, need not fit one device).
+    solution = plan_intra_op(graph.program, table, mesh, cluster.with_unbounded_memory(),
+                             time_limit_s)
     collectives = tuple(sorted(
         LayerCollective(collective.kind, _bf16(graph, collective.nbytes))
         for transfer in solution.transfers

@@ -127,9 +127,8 @@ def solve_stage(
             table[node].strategies = keep or table[node].strategies
     # Memory is the stage DP's to check (with the micro-batches in flight, which the ILP
     # does not see); the ILP minimises time, within `lean`'s placements when asked.
-    unbounded = cluster.model_copy(update={"device": cluster.device.model_copy(
-        update={"memory_gib": 2.0**40})})
-    solution = plan_intra_op(program, table, mesh, unbounded, time_limit_s=time_limit_s)
+    solution = plan_intra_op(program, table, mesh, cluster.with_unbounded_memory(),
+                             time_limit_s=time_limit_s)
     solve = StageSolve(program, table, solution, tuple(mesh_shape), is_last,
                        compute_s=solution.compute_s)
     _price(solve, CommModel(mesh, cluster), num_model_inputs)

@@ -34,7 +34,7 @@ def planned(request):
     model, inputs, *loss = factory()
     loss_fn = loss[0] if loss else None
     found = search_graph(model, inputs, SMALL, batch, loss_fn, micro_batches=micro_batches)
-    plan = graph_plan(found, found.candidates[0], SMALL, request.param, batch)
+    plan = graph_plan(found.candidates[0], SMALL, request.param, batch)
     return request.param, model, inputs, loss_fn, found, plan
 
 

@@ -8,6 +8,7 @@ import math
 import multiprocessing
 
 import pytest
+import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -64,7 +65,9 @@ def _placement(param, axes: list[str]) -> str:
 def _build_rank(model: TransformerConfig, spec, rank: int, world: int, axes: list[str]):
     """(placements by parameter name, local elements) of `rank`'s stages, built on a fake
     process group. Runs in a forked child: torch's DeviceMesh keeps per-process state that
-    a second rank's build in the same process would inherit."""
+    a second rank's build in the same process would inherit. Single-threaded, as ranks are:
+    the parent's OpenMP threads do not survive the fork."""
+    torch.set_num_threads(1)
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
         trainer = PipelineTrainer(model, spec, optimizer="adamw")
