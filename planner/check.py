@@ -94,13 +94,19 @@ def train_single_process(
 def _train_rank(rank: int, world: int, program, plan, state, batches):
     mesh = init_device_mesh("cpu", tuple(plan.mesh_shape))
     trainer = ShardedTrainer(RankProgram(program, plan, mesh), state)
+    losses, comms = counted_steps(trainer, batches)
+    params = trainer.full_parameters()
+    return losses, comms, params if rank == 0 else None
+
+
+def counted_steps(trainer, batches: list[tuple]) -> tuple[list, list[dict]]:
+    """Each step's loss and the collectives this rank issued in it, by kind."""
     losses, comms = [], []
     for batch in batches:
         with CommCounter() as counter:
             losses.append(trainer.step(*batch))
         comms.append(counter.by_kind())
-    params = trainer.full_parameters()
-    return losses, comms, params if rank == 0 else None
+    return losses, comms
 
 
 def check_plan(
@@ -161,11 +167,7 @@ def _train_staged_rank(rank: int, world: int, plan, model, example_inputs, loss_
     from runtime.staged import StagedTrainer
 
     trainer = StagedTrainer(plan, model, example_inputs, loss_fn, state)
-    losses, comms = [], []
-    for batch in batches:
-        with CommCounter() as counter:
-            losses.append(trainer.step(*batch))
-        comms.append(counter.by_kind())
+    losses, comms = counted_steps(trainer, batches)
     params = trainer.full_parameters()
     first = trainer.local_rank == 0
     return losses, comms, params if first else {}

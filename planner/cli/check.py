@@ -102,8 +102,6 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
         )
     loaded = load(args)
     if loaded.config is None:  # a model of one's own: its traced graph is planned
-        from planner.cli.graph import run_graph_check
-
         if loaded.on_meta:
             raise UsageError(
                 f"{args.model} is built on the meta device (no weights), so it cannot "
@@ -184,3 +182,23 @@ def _losses(title: str, label: str, losses: list[float], reference: list[float])
     for step, (got, want) in enumerate(zip(losses, reference)):
         table.add_row(str(step), f"{got:.8f}", f"{want:.8f}")
     return table
+
+
+def run_graph_check(args: argparse.Namespace, loaded, cluster: Cluster, console) -> int:
+    """`plan check MODEL --gpus N ...` for a model of one's own: plan its graph, train the
+    best plan on --gpus gloo ranks and in one process, compare losses, parameters and
+    every rank's collectives with its stage's prediction."""
+    from planner.check import check_graph_plan
+    from planner.cli.graph import plan_graph, print_graph_plans
+
+    plan = plan_graph(args, loaded, cluster, console)[0]
+    print_graph_plans([plan], console)
+    with console.status(f"training {args.steps} steps on {plan.num_gpus} gloo ranks"):
+        report = check_graph_plan(loaded.model, plan, loaded.loss_fn, loaded.example_inputs,
+                                  args.steps)
+    print_check(report)
+    if args.json:
+        Path(args.json).write_text(json.dumps(
+            {"plan": json.loads(plan.to_json()), "check": report.to_dict()}, indent=2) + "\n")
+        console.print(f"report written to {args.json}")
+    return 0 if report.passed else 1

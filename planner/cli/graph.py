@@ -6,8 +6,6 @@ ILP on its own submesh."""
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -107,22 +105,3 @@ def run_graph_training(args: argparse.Namespace, loaded: LoadedModel, cluster: C
         plans[0].to_json(args.json)
         console.print(f"plan written to {args.json}")
     return 0
-
-
-def run_graph_check(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
-                    console: Console) -> int:
-    """Plan, train the best plan on --gpus gloo ranks and in one process, compare."""
-    from planner.check import check_graph_plan
-    from planner.cli.check import print_check
-
-    plan = plan_graph(args, loaded, cluster, console)[0]
-    print_graph_plans([plan], console)
-    with console.status(f"training {args.steps} steps on {plan.num_gpus} gloo ranks"):
-        report = check_graph_plan(loaded.model, plan, loaded.loss_fn, loaded.example_inputs,
-                                  args.steps)
-    print_check(report)
-    if args.json:
-        Path(args.json).write_text(json.dumps(
-            {"plan": json.loads(plan.to_json()), "check": report.to_dict()}, indent=2) + "\n")
-        console.print(f"report written to {args.json}")
-    return 0 if report.passed else 1
