@@ -149,23 +149,28 @@ def enumerate_strategies(
 
 
 class _RuleCache:
-    """DTensor's answers for an op, keyed by everything the rule reads: the op, its
-    arguments (tensors as shape, stride and dtype), the candidate input placements and
-    the output's metadata. The blocks of a model repeat, so most ops are asked once."""
+    """DTensor's answers for an op, keyed by everything the rule reads: the mesh's shape,
+    the op, its arguments (tensors as shape, stride and dtype), the candidate input
+    placements and the output's metadata. The blocks of a model repeat, and a graph plan
+    asks again for each layer, variant and stage, so the answers are kept for the process
+    (up to `LIMIT` of them)."""
 
-    def __init__(self) -> None:
-        self._answers: dict[object, list | None] = {}
+    LIMIT = 200_000
+    _answers: dict[object, list | None] = {}
 
     def choices(self, op, args, kwargs, mesh, candidates, out_meta) -> list | None:
         leaves, structure = torch.utils._pytree.tree_flatten(
             (args, kwargs), is_leaf=lambda a: isinstance(a, TensorMeta)
         )
         try:
-            key = (op, tuple(leaves), structure, tuple(map(tuple, candidates)), out_meta)
+            key = (mesh.device_type, tuple(mesh.shape), op, tuple(leaves), structure,
+                   tuple(map(tuple, candidates)), out_meta)
             hash(key)
         except TypeError:
             return _choices(op, args, kwargs, mesh, candidates, out_meta)
         if key not in self._answers:
+            if len(self._answers) >= self.LIMIT:
+                self._answers.clear()
             self._answers[key] = _choices(op, args, kwargs, mesh, candidates, out_meta)
         return self._answers[key]
 

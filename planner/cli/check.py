@@ -17,8 +17,6 @@ from planner.cli.plan import mesh_for, plan_on_mesh, print_plan
 from planner.cluster import Cluster
 from planner.training_check import PlanComparison, compare
 
-# Most training steps a check runs: each is a full forward and backward on every rank.
-MAX_STEPS = 1000
 # Most ranks a check starts: each is a process on this machine.
 MAX_LOCAL_RANKS = 16
 

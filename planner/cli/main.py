@@ -25,10 +25,9 @@ from typing import Callable, Sequence
 
 from planner.cli.calibrate import add_calibrate_arguments
 from planner.cli.catalog import add_catalog_arguments
-from planner.cli.check import MAX_STEPS
 from planner.cli.console import console
 from planner.cli.errors import check_output_file, check_output_folder, report_failure
-from planner.cli.model_args import add_mesh_arguments, add_model_arguments
+from planner.cli.model_args import MAX_STEPS, add_mesh_arguments, add_model_arguments
 from planner.cli.parallel_flags import add_parallel_flags
 from planner.cli.parsing import Parser, whole
 from planner.cli.profile import add_profile_arguments

@@ -13,6 +13,8 @@ from planner.models.config import TransformerConfig
 
 # Longest --time-limit: a day. Planning that needs more is not planning in seconds.
 MAX_TIME_LIMIT_S = 86400.0
+# Most training steps `plan check` runs: each is a full forward and backward on every rank.
+MAX_STEPS = 1000
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:

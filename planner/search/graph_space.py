@@ -35,6 +35,7 @@ from torch import nn
 
 from cost_models.comm import collective_time
 from cost_models.memory import FRAMEWORK_RESERVE_BYTES
+from passes.dtensor_rules import fake_mesh
 from passes.stage_graph import (
     ForwardGraph,
     forward_graph,
@@ -59,7 +60,7 @@ from planner.plan import (
 from planner.search.alpa_space import submeshes
 from planner.search.inter_op import stage_dp
 from planner.search.shardings import operator_shardings
-from passes.strategies import TRAINING_STATE_COPIES
+from passes.strategies import TRAINING_STATE_COPIES, enumerate_strategies
 from planner.search.workers import can_fork, forked_pool
 from planner.search.stage_solve import StageCost, StageSolve, solve_stage
 
@@ -254,44 +255,68 @@ def _layer_table(
             programs[key] = (graph, stage_program(graph, inputs))
     shapes = [shape for n in sizes for shape in logical_meshes(n, cluster.devices_per_node)]
     templates = list(programs)
-    costs: dict = {}
     fast = [(t, shape, False) for shape in shapes for t in range(len(templates))]
-    costs.update(_solve_all(fast, templates, programs, cluster, time_limit_s))
-    table = {(layer, shape, lean): costs[(templates.index(key), shape, lean)]
-             for layer, key in enumerate(keys) for shape in shapes for lean in (False,)}
-    short = [shape for shape in shapes if not _fast_fits(table, num_layers, shape, capacity, m)]
-    lean = [(t, shape, True) for shape in short for t in range(len(templates))]
-    costs.update(_solve_all(lean, templates, programs, cluster, time_limit_s))
+    with _Solver(templates, programs, cluster, time_limit_s) as solver:
+        costs = solver.solve(fast)
+        table = {(layer, shape, False): costs[(templates.index(key), shape, False)]
+                 for layer, key in enumerate(keys) for shape in shapes}
+        short = [shape for shape in shapes
+                 if not _fast_fits(table, num_layers, shape, capacity, m)]
+        lean = [(t, shape, True) for shape in short for t in range(len(templates))]
+        costs.update(solver.solve(lean))
     table.update({(layer, shape, True): costs[(templates.index(key), shape, True)]
                   for layer, key in enumerate(keys) for shape in short})
     return table
 
 
-_FORKED: tuple | None = None  # what forked workers read: traced programs do not pickle
+# What forked workers read (traced programs do not pickle), and each worker's strategy
+# tables by (template, mesh): a lean solve reuses its fast solve's when it lands there.
+_FORKED: tuple | None = None
+_STRATEGIES: dict = {}
 
 
-def _solve_all(tasks: list[tuple[int, tuple[int, ...], bool]], templates: list, programs: dict,
-               cluster: Cluster, time_limit_s: float) -> dict:
-    global _FORKED
-    _FORKED = (templates, programs, cluster, time_limit_s)
-    try:
-        processes = min(os.cpu_count() or 1, len(tasks))
+class _Solver:
+    """Layer solves in one forked process per core, the same workers for every batch of
+    tasks (so their caches of DTensor's answers and of strategy tables carry over)."""
+
+    def __init__(self, templates: list, programs: dict, cluster: Cluster,
+                 time_limit_s: float) -> None:
+        self.state = (templates, programs, cluster, time_limit_s)
+        self.pool = None
+
+    def __enter__(self) -> _Solver:
+        global _FORKED
+        _FORKED = self.state
+        processes = os.cpu_count() or 1
         if processes > 1 and can_fork():
-            with forked_pool(processes) as pool:
-                answers = pool.map(_solve_task, tasks, chunksize=max(1, len(tasks) // 16))
+            self.pool = forked_pool(processes)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global _FORKED
+        if self.pool is not None:
+            self.pool.terminate()
+        _FORKED = None
+        _STRATEGIES.clear()
+
+    def solve(self, tasks: list[tuple[int, tuple[int, ...], bool]]) -> dict:
+        if self.pool is not None and len(tasks) > 1:
+            answers = self.pool.map(_solve_task, tasks, chunksize=max(1, len(tasks) // 16))
         else:
             answers = [_solve_task(task) for task in tasks]
-    finally:
-        _FORKED = None
-    return dict(zip(tasks, answers))
+        return dict(zip(tasks, answers))
 
 
 def _solve_task(task: tuple[int, tuple[int, ...], bool]) -> StageCost:
     templates, programs, cluster, time_limit_s = _FORKED
     index, shape, lean = task
     graph, program = programs[templates[index]]
+    if (index, shape) not in _STRATEGIES:
+        _STRATEGIES[(index, shape)] = enumerate_strategies(program, fake_mesh(shape),
+                                                           cluster.device)
     return solve_stage(program, shape, cluster, len(graph.user_inputs), graph.is_last,
-                       lean=lean, time_limit_s=time_limit_s).cost()
+                       lean=lean, time_limit_s=time_limit_s,
+                       strategies=_STRATEGIES[(index, shape)]).cost()
 
 
 def _fast_fits(table: dict, num_layers: int, shape: tuple[int, ...], capacity: float,
