@@ -21,7 +21,8 @@ from passes.strategies import enumerate_strategies
 from passes.trace import TracedProgram, trace
 from planner.cluster import Cluster
 from planner.search.intra_op import IntraOpSolution, plan_intra_op
-from planner.search.graph_space import graph_plan, search_graph
+from planner.graph_plan import graph_plan
+from planner.search.graph_space import search_graph
 from planner.search.shardings import operator_shardings, stats
 from planner.plan import (
     Plan,

@@ -24,7 +24,8 @@ GRAPH_FLAGS = ("--gpus", "--global-batch-size", "--micro-batch-size", "--top", "
 def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
                console: Console) -> list[Plan]:
     """The best graph plans for the command line (best first, at most --top)."""
-    from planner.search.graph_space import graph_plan, search_graph
+    from planner.graph_plan import graph_plan
+    from planner.search.graph_space import search_graph
 
     if args.global_batch_size is None:
         raise UsageError("--gpus needs --global-batch-size (samples per optimizer step)")

@@ -13,7 +13,8 @@ import pytest
 
 from planner.check import check_graph_plan
 from planner.cluster import Cluster
-from planner.search.graph_space import graph_plan, search_graph
+from planner.graph_plan import graph_plan
+from planner.search.graph_space import search_graph
 from planner.search.inter_op import stage_brute_force, stage_dp
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -1,0 +1,122 @@
+"""The Plan of a graph plan (`planner/search/graph_space.py`'s candidate): every stage's
+node shardings, parameter placements, the collectives and point-to-point transfers one of
+its ranks issues per step (as `plan check` counts them) and its model state."""
+
+from __future__ import annotations
+
+import math
+
+from passes.stage_graph import BOUNDARY, piece_numel, routes
+from planner.cluster import Cluster
+from planner.plan import (
+    CollectiveStats,
+    Plan,
+    Predicted,
+    Provenance,
+    Stage,
+    StageMemory,
+    logical_axes,
+    tessel_version,
+)
+from planner.search.graph_space import Candidate
+from planner.search.shardings import operator_shardings
+from planner.search.stage_solve import StageSolve
+
+
+def graph_plan(candidate: Candidate, cluster: Cluster, name: str,
+               global_batch_size: int) -> Plan:
+    """The Plan of a candidate: every stage's node shardings, placements, collectives per
+    step (as `plan check` counts them, point-to-point included) and memory."""
+    stages = []
+    first_device = 0
+    sizes = [math.prod(shape) for _, _, shape, _ in candidate.layout.stages]
+    m = candidate.micro_batches
+    for k, ((first, last, shape, _), solve) in enumerate(zip(candidate.layout.stages,
+                                                             candidate.solves)):
+        parameters, operators = operator_shardings(solve.program, solve.table, solve.solution,
+                                                   buckets=solve.buckets)
+        parameters = {f: p for f, p in parameters.items() if not f.startswith(BOUNDARY + ".")}
+        communication = _counts(solve, m)
+        for kind, (count, nbytes) in _p2p_counts(candidate, k, sizes).items():
+            stats = communication.setdefault(kind, [0, 0])
+            stats[0] += count * m
+            stats[1] += nbytes * m
+        stages.append(Stage(
+            layers=(first, last), first_device=first_device, num_devices=sizes[k],
+            mesh_axes=logical_axes(len(shape)), mesh_shape=list(shape),
+            parameters=parameters,
+            communication={kind: CollectiveStats(count=c, bytes=b)
+                           for kind, (c, b) in sorted(communication.items())},
+            memory=_memory(solve), operators=operators))
+        first_device += sizes[k]
+    flops = float(candidate.forward.op_flops().sum()) * 3 * m
+    step = candidate.step_time_s
+    devices = cluster.num_devices
+    peak = cluster.device.peak_tflops.get("fp32", 0.0) * 1e12
+    return Plan(
+        model=name, cluster=cluster.name, num_gpus=devices,
+        devices_per_node=min(cluster.devices_per_node, devices),
+        mesh_axes=["device"], mesh_shape=[devices],
+        global_batch_size=global_batch_size, micro_batch_size=candidate.micro_batch_size,
+        num_micro_batches=m, schedule="gpipe", precision="fp32",
+        stages=stages, layer_cuts=list(candidate.layer_cuts),
+        predicted=Predicted(
+            step_time_s=step, compute_s=candidate.compute_s,
+            communication_s=max(candidate.communication_s, 0.0),
+            memory_gib_per_gpu=max(candidate.memory_bytes) / 2**30, fits=candidate.fits,
+            model_tflops_per_gpu=flops / step / devices / 1e12 if step else None,
+            mfu=flops / step / devices / peak if step and peak else None),
+        provenance=Provenance(model_spec=name, cluster=cluster.name,
+                              cost_source="analytical", tessel_version=tessel_version()),
+    )
+
+
+def _counts(solve: StageSolve, m: int) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for times, collectives in ((m, solve.per_micro_batch), (1, solve.per_step)):
+        for c in collectives:
+            stats = out.setdefault(c.kind, [0, 0])
+            stats[0] += times
+            stats[1] += times * c.nbytes
+    return out
+
+
+def _p2p_counts(candidate: Candidate, k: int,
+                sizes: list[int]) -> dict[str, tuple[int, int]]:
+    """Sends and receives of one micro-batch on the first rank of stage k (every rank of a
+    stage when the routes are even, as they are between power-of-two submeshes)."""
+    out = {"send": [0, 0], "recv": [0, 0]}
+    stages = candidate.layout.stages
+    neighbours = []
+    if k > 0:  # receive activations from k - 1, send their gradients back
+        neighbours.append((k - 1, stages[k][0], "recv", "send"))
+    if k < len(stages) - 1:  # send activations to k + 1, receive gradients
+        neighbours.append((k + 1, stages[k][1], "send", "recv"))
+    for other, layer, forward_kind, backward_kind in neighbours:
+        tensors = candidate.forward.crossing(candidate.layer_cuts[layer])
+        for kind, senders, receivers in (
+            (forward_kind, *((sizes[other], sizes[k]) if other < k else (sizes[k], sizes[other]))),
+            (backward_kind, *((sizes[k], sizes[other]) if other < k else (sizes[other], sizes[k]))),
+        ):
+            plan = routes(senders, receivers)
+            i_send = kind == "send"
+            for tensor in tensors:
+                numel = tensor.meta["val"].numel()
+                size = tensor.meta["val"].element_size()
+                if i_send:
+                    messages = [(piece, pieces) for route in plan
+                                for sender, piece, pieces in route if sender == 0]
+                else:
+                    messages = [(piece, pieces) for _, piece, pieces in plan[0]]
+                for piece, pieces in messages:
+                    out[kind][0] += 1
+                    out[kind][1] += piece_numel(numel, piece, pieces) * size
+    return {kind: (c, b) for kind, (c, b) in out.items() if c}
+
+
+def _memory(solve: StageSolve) -> StageMemory:
+    """Parameters, gradients and Adam's moments: a quarter of the training state each
+    (`passes.strategies.TRAINING_STATE_COPIES`)."""
+    quarter = int(solve.state_bytes // 4)
+    return StageMemory(parameters_bytes=quarter, gradients_bytes=quarter,
+                       optimizer_bytes=2 * quarter)
