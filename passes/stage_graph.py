@@ -67,11 +67,18 @@ class ForwardGraph:
 
     def can_cut(self, cut: int) -> bool:
         """Whether a stage may end before op `cut`: every crossing value is a tensor (not a
-        tuple still to be unpacked)."""
+        tuple still to be unpacked), and no parameter is read on both sides (a weight tied
+        across stages would get two gradients that nothing sums)."""
         later = set(self.ops[cut:])
-        return all(
+        if not all(
             isinstance(n.meta.get("val"), torch.Tensor)
             for n in self.ops[:cut] if any(u in later for u in n.users)
+        ):
+            return False
+        earlier = set(self.ops[:cut])
+        return not any(
+            any(u in earlier for u in n.users) and any(u in later for u in n.users)
+            for n in self.graph.nodes if n.op == "placeholder" and n.name in self.parameters
         )
 
     def cut_bytes(self, cut: int) -> int:
@@ -267,13 +274,6 @@ def stage_program(stage: StageGraph, example_inputs: tuple[Any, ...]) -> TracedP
     inputs = [example_inputs[i] for i in stage.user_inputs]
     inputs += [torch.empty(v.shape, dtype=v.dtype, device="meta") for v in stage.outputs]
     return trace(stage.module, tuple(inputs), _loss_is_output)
-
-
-def stage_inputs(stage: StageGraph, batch: tuple[Any, ...],
-                 gradients: list[torch.Tensor]) -> tuple[Any, ...]:
-    """The user inputs of `stage_program` for one micro-batch: the model inputs the stage
-    reads, then the received gradients."""
-    return (*(batch[i] for i in stage.user_inputs), *gradients)
 
 
 def boundary_parameters(program: TracedProgram) -> list[str]:

@@ -1,0 +1,89 @@
+"""Cutting a forward into layers and stages (`passes.stage_graph`): where cuts may go, what a
+stage program holds, and how whole tensors are routed between stages of any size."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from passes.stage_graph import (
+    backward_nodes,
+    boundary_parameters,
+    forward_graph,
+    gradient_inputs,
+    layer_cuts,
+    micro_batch_inputs,
+    piece_numel,
+    routes,
+    stage_graph,
+    stage_outputs,
+    stage_program,
+)
+
+
+class Chain(nn.Module):
+    def __init__(self, tied: bool = False) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 8)
+        self.tied = tied
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.b(torch.relu(self.a(x))))
+        if self.tied:  # the first layer's weight read again at the end, as a tied head is
+            return torch.nn.functional.linear(x, self.a.weight.t())
+        return self.c(x)
+
+
+def _forward(model: nn.Module):
+    with torch.device("meta"):
+        model = model.to("meta")
+    return forward_graph(model, micro_batch_inputs((torch.randn(4, 8),), 4))
+
+
+def test_layers_balance_flops_and_never_split_a_tied_weight() -> None:
+    forward = _forward(Chain())
+    cuts = layer_cuts(forward, 3)
+    assert cuts[0] == 0 and cuts[-1] == len(forward.ops) and len(cuts) == 4
+    tied = _forward(Chain(tied=True))
+    weight = next(n for n in tied.graph.nodes if tied.parameters.get(n.name) == "a.weight")
+    uses = [tied.ops.index(u) for u in weight.users]
+    assert max(uses) - min(uses) > 1  # read by the first layer and the last
+    for cut in layer_cuts(tied, 3)[1:-1]:
+        assert all(p < cut for p in uses) or all(p >= cut for p in uses)
+
+
+def test_a_stage_program_receives_tensors_as_parameters_and_ends_in_their_gradients() -> None:
+    model = Chain().to("meta")
+    forward = _forward(model)
+    cuts = layer_cuts(forward, 3)
+    values = dict(model.named_parameters())
+    inputs = micro_batch_inputs((torch.randn(4, 8),), 4)
+    first = stage_graph(forward, cuts, 0, 1, values)
+    last = stage_graph(forward, cuts, 1, len(cuts) - 1, values)
+    assert not first.inputs and first.outputs and not first.is_last
+    assert last.inputs and last.is_last
+    program = stage_program(first, inputs)
+    assert boundary_parameters(program) == []
+    gradients = gradient_inputs(program, len(first.user_inputs))
+    assert len(gradients) == len(first.outputs)
+    later = backward_nodes(program, gradients)
+    assert set(program.gradients) <= later  # every weight gradient waits for grad_K
+    (sent,) = stage_outputs(program, gradients)
+    assert sent not in later  # what is sent is computed before the gradient arrives
+    program = stage_program(last, inputs)
+    assert boundary_parameters(program) == ["tessel_boundary.0"]
+    assert "tessel_boundary.0" in program.gradients.values()
+
+
+@pytest.mark.parametrize("senders,receivers", [(1, 4), (2, 4), (4, 4), (4, 2), (8, 2), (3, 2)])
+def test_every_receiver_gets_the_whole_tensor_once(senders: int, receivers: int) -> None:
+    numel = 1000
+    plan = routes(senders, receivers)
+    assert len(plan) == receivers
+    for route in plan:
+        assert sum(piece_numel(numel, piece, pieces) for _, piece, pieces in route) == numel
+        assert sorted(piece for _, piece, _ in route) == list(range(route[0][2]))
+    sent = [sender for route in plan for sender, _, _ in route]
+    if senders > receivers and senders % receivers == 0:
+        assert sorted(sent) == list(range(senders))  # each sender sends one piece
