@@ -35,6 +35,12 @@ def wide_mlp() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     return WideMLP(), (torch.randn(8, MLP_WIDTHS[0]),)
 
 
+def narrow_mlp() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """Four layers: quick to plan, for the command-line tests."""
+    torch.manual_seed(0)
+    return WideMLP((32, 48, 64, 40, 16)), (torch.randn(4, 32),)
+
+
 class Residual(nn.Module):
     """conv-relu-conv with a skip (a 1x1 projection where the width changes)."""
 

@@ -88,14 +88,14 @@ def test_plan_check_gpus_plans_and_trains_a_model_of_ones_own(tmp_path: Path) ->
     on N gloo ranks; the report holds the Plan and the check, and they agree."""
     out = tmp_path / "report.json"
     result = run_plan(
-        "check", f"{REPO / 'tests/e2e/graph_models.py'}:residual_cnn", "--cluster",
-        str(REPO / "tests/fixtures/small_memory.yaml"), "--gpus", "8",
+        "check", f"{REPO / 'tests/e2e/graph_models.py'}:narrow_mlp", "--cluster",
+        str(REPO / "tests/fixtures/small_memory.yaml"), "--gpus", "4",
         "--global-batch-size", "16", "--micro-batch-size", "4", "--steps", "1",
         "--json", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "PASSED" in result.stdout
     report = json.loads(out.read_text())
     plan = Plan.model_validate(report["plan"])
-    assert plan.layer_cuts and plan.num_gpus == 8
-    assert sum(stage.num_devices for stage in plan.stages) == 8
+    assert plan.layer_cuts and plan.num_gpus == 4
+    assert sum(stage.num_devices for stage in plan.stages) == 4
     assert report["check"]["communication_matches"]
