@@ -130,11 +130,6 @@ class RankProgram:
         """The value of node `name` in `placements` (moved once, then reused)."""
         return self._move(self.program.nodes[name], env, moved, placements)
 
-    def reduce_bucket(
-        self, bucket: GradientBucket, values: dict[str, DTensor]
-    ) -> dict[str, DTensor]:
-        return self._reduce_bucket(bucket, values)
-
     def _call(self, node: fx.Node, env: dict[str, Any], moved: dict) -> Any:
         if node.target is operator.getitem:
             producer, index = node.args
@@ -211,7 +206,7 @@ class RankProgram:
         for grad_name, fqn in self.program.gradients.items():
             values[fqn] = env[grad_name]
         for bucket in self.operators.gradient_buckets:
-            values.update(self._reduce_bucket(bucket, values))
+            values.update(self.reduce_bucket(bucket, values))
         param_placements = self.parameter_placements()
         for grad_name, fqn in self.program.gradients.items():
             grad = values[fqn]
@@ -223,7 +218,7 @@ class RankProgram:
             loss = self._move(nodes[self.program.loss], env, moved, self.replicated)
         return loss.to_local(), grads
 
-    def _reduce_bucket(
+    def reduce_bucket(
         self, bucket: GradientBucket, values: dict[str, DTensor]
     ) -> dict[str, DTensor]:
         """All-reduce a bucket's members as one flat buffer, as DDP does."""

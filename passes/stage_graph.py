@@ -20,6 +20,7 @@ User inputs (the batch, labels) reach every stage directly; they are never sent.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -306,6 +307,14 @@ def stage_outputs(program: TracedProgram, gradient_placeholders: list[str]) -> l
         other = [a for a in product.args if isinstance(a, fx.Node) and a is not node]
         outputs.append(other[0].name)
     return outputs
+
+
+def on_meta_device(model: nn.Module) -> nn.Module:
+    """`model` itself if it is on the meta device, else a copy there (tracing reads only
+    shapes; the caller's weights stay untouched)."""
+    if any(p.is_meta for p in model.parameters()):
+        return model
+    return copy.deepcopy(model).to("meta")
 
 
 def micro_batch_inputs(example_inputs: tuple[Any, ...], size: int) -> tuple[Any, ...]:

@@ -20,9 +20,9 @@ from passes.lower import RankProgram
 from passes.strategies import enumerate_strategies
 from passes.trace import TracedProgram, trace
 from planner.cluster import Cluster
-from planner.search.intra_op import IntraOpSolution, plan_intra_op
 from planner.graph_plan import graph_plan
 from planner.search.graph_space import search_graph
+from planner.search.intra_op import IntraOpSolution, plan_intra_op
 from planner.search.shardings import operator_shardings, stats
 from planner.plan import (
     Plan,
@@ -32,9 +32,8 @@ from planner.plan import (
     logical_axes,
     tessel_version,
 )
-from planner.check import training_state
 from runtime.staged import StagedTrainer
-from runtime.trainer import ShardedTrainer
+from runtime.trainer import ShardedTrainer, training_state
 
 
 @dataclass
@@ -173,21 +172,17 @@ def parallelize(
             f"{dist.get_world_size()}; change mesh_shape or the world size"
         )
     mesh = init_device_mesh(device_type, tuple(mesh_shape))
-    if dist.get_rank() == 0:
-        try:
-            planned = plan_model(model, example_inputs, mesh_shape, cluster, loss_fn, mesh=mesh)
-        except BaseException:
-            _broadcast_text(None, device_type)  # tell the other ranks there is no plan
-            raise
-        # Every rank, this one included, runs the plan read back from the same text.
-        plan = Plan.from_json(_broadcast_text(planned.plan.to_json(), device_type))
-        program = planned.program
-    else:
-        program = trace(model, tuple(example_inputs), loss_fn)
-        text = _broadcast_text(None, device_type)
-        if text is None:
-            raise RuntimeError("rank 0 could not plan the model; its error says why")
-        plan = Plan.from_json(text)
+    planned: list[PlannedModel] = []
+
+    def make() -> Plan:
+        planned.append(plan_model(model, example_inputs, mesh_shape, cluster, loss_fn,
+                                  mesh=mesh))
+        return planned[0].plan
+
+    # The other ranks trace while rank 0 plans.
+    program = trace(model, tuple(example_inputs), loss_fn) if dist.get_rank() else None
+    plan = _plan_on_rank_0(make, device_type)
+    program = planned[0].program if planned else program
     trainer = ShardedTrainer(RankProgram(program, plan, mesh), training_state(model))
     return plan, trainer
 
@@ -205,19 +200,10 @@ def _parallelize_graph(
     if micro_batch_size is not None and global_batch_size % micro_batch_size:
         raise ValueError(f"micro_batch_size={micro_batch_size} must divide "
                          f"global_batch_size={global_batch_size}")
-    if dist.get_rank() == 0:
-        try:
-            plan = plan_graph(model, example_inputs, gpus, cluster, global_batch_size,
-                              loss_fn, micro_batch_size)
-        except BaseException:
-            _broadcast_text(None, device_type)
-            raise
-        plan = Plan.from_json(_broadcast_text(plan.to_json(), device_type))
-    else:
-        text = _broadcast_text(None, device_type)
-        if text is None:
-            raise RuntimeError("rank 0 could not plan the model; its error says why")
-        plan = Plan.from_json(text)
+    plan = _plan_on_rank_0(
+        lambda: plan_graph(model, example_inputs, gpus, cluster, global_batch_size, loss_fn,
+                           micro_batch_size),
+        device_type)
     return plan, StagedTrainer(plan, model, example_inputs, loss_fn, training_state(model),
                                device_type)
 
@@ -241,6 +227,22 @@ def plan_graph(
             f"device at best, more than a {spec.device.name}'s {spec.device.memory_gib:g} GiB"
         )
     return graph_plan(best, spec, name or type(model).__name__, global_batch_size)
+
+
+def _plan_on_rank_0(make: Callable[[], Plan], device_type: str) -> Plan:
+    """The plan rank 0 makes, on every rank: every rank, rank 0 included, runs the plan read
+    back from the same JSON text. When rank 0 fails, the others learn there is no plan."""
+    if dist.get_rank() == 0:
+        try:
+            plan = make()
+        except BaseException:
+            _broadcast_text(None, device_type)
+            raise
+        return Plan.from_json(_broadcast_text(plan.to_json(), device_type))
+    text = _broadcast_text(None, device_type)
+    if text is None:
+        raise RuntimeError("rank 0 could not plan the model; its error says why")
+    return Plan.from_json(text)
 
 
 def _broadcast_text(text: str | None, device_type: str) -> str | None:

@@ -21,7 +21,7 @@ from passes.trace import TracedProgram, TrainingObjective
 from planner.plan import Plan
 from runtime.comm_counter import CommCounter
 from runtime.launch import run_on_ranks
-from runtime.trainer import DEFAULT_OPTIMIZER, ShardedTrainer
+from runtime.trainer import DEFAULT_OPTIMIZER, ShardedTrainer, training_state
 from runtime.training import relative_errors
 
 # fp32 training on both sides: only summation order differs.
@@ -47,12 +47,6 @@ class CheckReport:
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
-
-
-def training_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter and buffer by name, non-persistent buffers (rotary tables) included."""
-    named = [*model.named_parameters(), *model.named_buffers()]
-    return {name: value.detach().clone() for name, value in named}
 
 
 def synthetic_batches(example_inputs: tuple, steps: int, seed: int = 0) -> list[tuple]:
@@ -109,6 +103,19 @@ def counted_steps(trainer, batches: list[tuple]) -> tuple[list, list[dict]]:
     return losses, comms
 
 
+def _errors(losses: list[float], params: dict[str, torch.Tensor],
+            reference_losses: list[float], reference_params: dict[str, torch.Tensor],
+            ) -> tuple[float, float]:
+    """(largest absolute, largest relative) difference of the losses and final parameters
+    from the one-process run's."""
+    loss_rel, param_rel = relative_errors(losses, params, reference_losses, reference_params)
+    abs_error = max(
+        max(abs(got - want) for got, want in zip(losses, reference_losses)),
+        max(float((params[n] - w).abs().max()) for n, w in reference_params.items()),
+    )
+    return abs_error, max(loss_rel, param_rel)
+
+
 def check_plan(
     model: nn.Module,
     program: TracedProgram,
@@ -123,13 +130,7 @@ def check_plan(
     reference_losses, reference_params = train_single_process(model, loss_fn, batches)
     results = run_on_ranks(_train_rank, plan.num_devices, program, plan, state, batches)
     losses, comms, params = results[0]
-
-    loss_rel, param_rel = relative_errors(losses, params, reference_losses, reference_params)
-    rel_error = max(loss_rel, param_rel)
-    abs_error = max(
-        max(abs(got - want) for got, want in zip(losses, reference_losses)),
-        max(float((params[n] - w).abs().max()) for n, w in reference_params.items()),
-    )
+    abs_error, rel_error = _errors(losses, params, reference_losses, reference_params)
 
     predicted = {k: v.model_dump() for k, v in plan.communication.items()}
     mismatches = []
@@ -182,13 +183,7 @@ def check_graph_plan(
     issue exactly its stage's predicted collectives, sends and receives."""
     if plan.global_batch_size is None:
         raise ValueError("a graph plan records its global batch size; this one does not")
-    from passes.stage_graph import micro_batch_inputs
-
-    shapes = micro_batch_inputs(tuple(example_inputs), plan.global_batch_size)
-    examples = tuple(
-        x if not isinstance(s, torch.Tensor) else _like(x, s.shape)
-        for x, s in zip(example_inputs, shapes)
-    )
+    examples = tuple(_grown(x, plan.global_batch_size) for x in example_inputs)
     batches = synthetic_batches(examples, steps)
     state = training_state(model)
     reference_losses, reference_params = train_single_process(model, loss_fn, batches)
@@ -199,12 +194,7 @@ def check_graph_plan(
     params: dict[str, torch.Tensor] = {}
     for _, _, stage_params in results:
         params.update(stage_params)
-    loss_rel, param_rel = relative_errors(losses, params, reference_losses, reference_params)
-    rel_error = max(loss_rel, param_rel)
-    abs_error = max(
-        max(abs(got - want) for got, want in zip(losses, reference_losses)),
-        max(float((params[n] - w).abs().max()) for n, w in reference_params.items()),
-    )
+    abs_error, rel_error = _errors(losses, params, reference_losses, reference_params)
     mismatches = []
     for rank, (_, comms, _) in enumerate(results):
         predicted = predicted_rank_communication(plan, rank)
@@ -221,7 +211,9 @@ def check_graph_plan(
     )
 
 
-def _like(example: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    """An example input grown (or cut) to `shape` along dim 0, keeping its values' range."""
-    reps = -(-shape[0] // example.shape[0])
-    return example.repeat(reps, *([1] * (example.dim() - 1)))[: shape[0]]
+def _grown(example: Any, batch: int) -> Any:
+    """An example input grown (or cut) to `batch` along dim 0, keeping its values' range."""
+    if not isinstance(example, torch.Tensor) or example.dim() == 0:
+        return example
+    reps = -(-batch // example.shape[0])
+    return example.repeat(reps, *([1] * (example.dim() - 1)))[:batch]

@@ -21,7 +21,6 @@ rank's shards. Every rank passes the same whole batch to `step`.
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any, Callable
 
@@ -40,6 +39,7 @@ from passes.stage_graph import (
     forward_graph,
     gradient_inputs,
     micro_batch_inputs,
+    on_meta_device,
     routes,
     stage_graph,
     stage_outputs,
@@ -47,7 +47,7 @@ from passes.stage_graph import (
     syncs_each_micro_batch,
 )
 from planner.plan import Plan
-from runtime.trainer import DEFAULT_OPTIMIZER
+from runtime.trainer import DEFAULT_OPTIMIZER, training_state
 
 
 def stage_of(plan: Plan, rank: int) -> int:
@@ -75,7 +75,7 @@ def build_stage_program(
     if plan.layer_cuts is None or plan.micro_batch_size is None:
         raise ValueError("this plan has no layer cuts: it is not a graph plan")
     inputs = micro_batch_inputs(tuple(example_inputs), plan.micro_batch_size)
-    on_meta = copy.deepcopy(model).to("meta")
+    on_meta = on_meta_device(model)
     forward = forward_graph(on_meta, inputs, loss_fn)
     values = {**dict(on_meta.named_parameters()), **dict(on_meta.named_buffers())}
     first, last = plan.stages[index].layers
@@ -107,10 +107,7 @@ class StagedTrainer:
         self.output_names = stage_outputs(program, self.gradient_names)
         self.boundaries = boundary_parameters(program)
         self.replicated = tuple(Replicate() for _ in self.stage.mesh_shape)
-        state = state_dict if state_dict is not None else {
-            name: value.detach() for name, value in
-            [*model.named_parameters(), *model.named_buffers()]
-        }
+        state = state_dict if state_dict is not None else training_state(model)
         placements = self.program.parameter_placements()
         self.params = {
             fqn: self.program.shard(state[fqn], placements[fqn])

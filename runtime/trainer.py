@@ -11,9 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch import nn
 from torch.distributed.tensor import DTensor
 
 from passes.lower import RankProgram
+
+def training_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer by name, non-persistent buffers (rotary tables) included."""
+    named = [*model.named_parameters(), *model.named_buffers()]
+    return {name: value.detach().clone() for name, value in named}
+
 
 # The optimizer both the sharded run and the single-process reference use.
 DEFAULT_OPTIMIZER = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}

@@ -41,6 +41,7 @@ from passes.stage_graph import (
     forward_graph,
     layer_cuts,
     micro_batch_inputs,
+    on_meta_device,
     routes,
     stage_graph,
     stage_program,
@@ -94,9 +95,8 @@ class GraphSearch:
     """What the search found: the best candidate first, and where its time went."""
 
     candidates: list[Candidate]
-    layer_cuts: list[int]
-    forward: ForwardGraph
-    micro_batch_size: int
+    num_layers: int
+    """Layers the model was cut into (at the first micro-batch count searched)."""
     timings: dict[str, float] = field(default_factory=dict)
     layer_solves: int = 0
     costs: np.ndarray | None = None
@@ -143,9 +143,9 @@ def search_graph(
     """The best graph plans of `model` on every device of `cluster`, best first.
 
     `example_inputs` give every input's shape past dim 0 (the batch); the batch of a step
-    is `global_batch_size`, split into `micro_batches` (default: searched over powers of
-    two)."""
-    on_meta = model if _on_meta(model) else _meta_copy(model)
+    is `global_batch_size`, split into `micro_batches` (default: each count of
+    `default_micro_batches`)."""
+    on_meta = on_meta_device(model)
     values = {**dict(on_meta.named_parameters()), **dict(on_meta.named_buffers())}
     counts = [micro_batches] if micro_batches else default_micro_batches(global_batch_size)
     best: GraphSearch | None = None
@@ -186,14 +186,12 @@ def _search_micro_batches(
     most = min(num_layers, devices, m) if m > 1 else 1
     costs = np.full((num_layers, num_layers + 1, len(sizes), most), np.inf)
     chosen: dict[tuple[int, int, int, int], tuple[tuple[int, ...], bool]] = {}
-    for s, n in enumerate(sizes):
-        for shape in logical_meshes(n, cluster.devices_per_node):
-            for lean in (False, True):
-                solves = [table.get((layer, shape, lean)) for layer in range(num_layers)]
-                if any(x is None for x in solves):
-                    continue
-                _fill(costs, chosen, s, shape, lean, solves, m, capacity, forward, cuts,
-                      cluster, n)
+    cut_bytes = [forward.cut_bytes(c) if 0 < c < len(forward.ops) else 0 for c in cuts]
+    for n, shape, lean, solves in _mesh_options(table, num_layers, sizes,
+                                                cluster.devices_per_node):
+        link = _boundary_link(cluster, 2 * n)
+        _fill(costs[:, :, sizes.index(n)], chosen, sizes.index(n), (shape, lean), solves, m,
+              capacity, cut_bytes, n, link)
     plan = stage_dp(costs, np.array(sizes), devices, m, most)
     timings["stage_dp_s"] += time.perf_counter() - start
     layouts = []
@@ -210,9 +208,20 @@ def _search_micro_batches(
         candidates.append(predict(layout, forward, cuts, values, inputs, cluster, m,
                                   time_limit_s))
     timings["stage_ilps_s"] += time.perf_counter() - start
-    return GraphSearch(candidates, cuts, forward, inputs_batch(inputs),
+    return GraphSearch(candidates, num_layers,
                        layer_solves=len({id(v) for v in table.values()}), costs=costs,
                        submesh_sizes=sizes)
+
+
+def _mesh_options(table: dict, num_layers: int, sizes: list[int], per_node: int):
+    """(devices, logical mesh, lean, every layer's cost on it) for each mesh the layer
+    table holds all layers of."""
+    for n in sizes:
+        for shape in logical_meshes(n, per_node):
+            for lean in (False, True):
+                solves = [table.get((layer, shape, lean)) for layer in range(num_layers)]
+                if all(x is not None for x in solves):
+                    yield n, shape, lean, solves
 
 
 def _unique(layouts: list[Layout]) -> list[Layout]:
@@ -325,9 +334,11 @@ def _template(forward: ForwardGraph, cuts: list[int], layer: int, graph) -> tupl
     )
 
 
-def _fill(costs, chosen, s, shape, lean, solves: list[StageCost], m: int, capacity: float,
-          forward, cuts, cluster, n) -> None:
-    """Price every stage of layers i..j on mesh `shape` (lean or not) into costs[:, :, s]."""
+def _fill(costs: np.ndarray, chosen: dict, s: int, option: tuple, solves: list[StageCost],
+          m: int, capacity: float, cut_bytes: list[float], n: int, link) -> None:
+    """Price every stage of layers i..j on one mesh `option` (shape, lean) of `n` devices
+    into `costs` (submesh s's [first, last, stages after] slice), where it beats what is
+    there, and note the option in `chosen`."""
     num_layers = len(solves)
     interior = np.array([x.micro_batch_s - x.incoming_s - x.outgoing_s for x in solves])
     incoming = np.array([x.incoming_s for x in solves])
@@ -337,22 +348,20 @@ def _fill(costs, chosen, s, shape, lean, solves: list[StageCost], m: int, capaci
     act = np.array([x.activation_bytes for x in solves])
     prefix = lambda a: np.concatenate([[0.0], np.cumsum(a)])  # noqa: E731
     p_int, p_sync, p_state, p_act = map(prefix, (interior, sync, state, act))
-    link = _stage_link(cluster, n)
-    cut_bytes = [forward.cut_bytes(c) if 0 < c < len(forward.ops) else 0 for c in cuts]
     for i in range(num_layers):
         for j in range(i + 1, num_layers + 1):
             # Ends: the first layer's incoming gradient, the last layer's outgoing tensors.
             ends = incoming[i] + outgoing[j - 1]
             p2p = sum(_route_time(cut_bytes[c], n, n, link) for c in (i, j) if cut_bytes[c])
             latency = p_int[j] - p_int[i] + ends + 2 * p2p + (p_sync[j] - p_sync[i]) / m
-            for k in range(costs.shape[3]):
+            for k in range(costs.shape[2]):
                 if (k == 0) != (j == num_layers):
                     continue  # the last stage holds the last layer, and only it
                 in_flight = 1 if k == 0 else m
                 memory = p_state[j] - p_state[i] + in_flight * (p_act[j] - p_act[i])
-                if memory <= capacity and latency < costs[i, j, s, k]:
-                    costs[i, j, s, k] = latency
-                    chosen[(i, j, s, k)] = (shape, lean)
+                if memory <= capacity and latency < costs[i, j, k]:
+                    costs[i, j, k] = latency
+                    chosen[(i, j, s, k)] = option
 
 
 def _route_time(nbytes: float, senders: int, receivers: int, link) -> float:
@@ -369,10 +378,10 @@ def _route_time(nbytes: float, senders: int, receivers: int, link) -> float:
     return sum(collective_time("send_recv", b, 2, link) for b in messages)
 
 
-def _stage_link(cluster: Cluster, devices: int):
-    """The link between two neighbouring stages of `devices` each: within a node while
-    both fit in one."""
-    return cluster.link_for_group(devices, 2)
+def _boundary_link(cluster: Cluster, span: int):
+    """The link between two neighbouring stages that hold `span` devices together: within
+    a node while both fit in one."""
+    return cluster.intra_node if span <= cluster.devices_per_node else cluster.inter_node
 
 
 def _baselines(num_layers: int, devices: int, capacity: float, table: dict,
@@ -381,16 +390,12 @@ def _baselines(num_layers: int, devices: int, capacity: float, table: dict,
     out = [Layout(((0, num_layers, (devices,), False),), "data parallel",
                   replicate_parameters=True, shard_inputs_on=0)]
     best, best_s = None, math.inf
-    if devices in sizes:
-        for shape in logical_meshes(devices, per_node):
-            for lean in (False, True):
-                solves = [table.get((layer, shape, lean)) for layer in range(num_layers)]
-                if any(x is None for x in solves):
-                    continue
-                seconds = sum(x.micro_batch_s for x in solves) * m
-                memory = sum(x.state_bytes + x.activation_bytes for x in solves)
-                if memory <= capacity and seconds < best_s:
-                    best, best_s = (shape, lean), seconds
+    whole = [devices] if devices in sizes else []
+    for _, shape, lean, solves in _mesh_options(table, num_layers, whole, per_node):
+        seconds = sum(x.micro_batch_s for x in solves) * m
+        memory = sum(x.state_bytes + x.activation_bytes for x in solves)
+        if memory <= capacity and seconds < best_s:
+            best, best_s = (shape, lean), seconds
     if best is not None:
         out.append(Layout(((0, num_layers, best[0], best[1]),), "single mesh"))
     stages = min(devices, num_layers, m) if m > 1 else 1
@@ -452,19 +457,9 @@ def _p2p_times(layout: Layout, forward: ForwardGraph, cuts: list[int],
     times = [0.0] * len(sizes)
     for k in range(len(sizes) - 1):
         nbytes = forward.cut_bytes(cuts[layout.stages[k][1]])
-        span = firsts[k + 2] - firsts[k]
-        link = cluster.intra_node if span <= cluster.devices_per_node else cluster.inter_node
+        link = _boundary_link(cluster, firsts[k + 2] - firsts[k])
         seconds = 2 * _route_time(nbytes, sizes[k], sizes[k + 1], link)
         times[k] += seconds
         times[k + 1] += seconds
     return times
 
-
-def _on_meta(model: nn.Module) -> bool:
-    return any(p.is_meta for p in model.parameters())
-
-
-def _meta_copy(model: nn.Module) -> nn.Module:
-    import copy
-
-    return copy.deepcopy(model).to("meta")
