@@ -398,7 +398,9 @@ def _baselines(num_layers: int, devices: int, capacity: float, table: dict,
             best, best_s = (shape, lean), seconds
     if best is not None:
         out.append(Layout(((0, num_layers, best[0], best[1]),), "single mesh"))
-    stages = min(devices, num_layers, m) if m > 1 else 1
+    # One device per stage, the layers split evenly (a GPipe of fewer micro-batches than
+    # stages only idles longer, which the prediction prices).
+    stages = min(devices, num_layers)
     if stages > 1 and devices == stages:
         bounds = np.linspace(0, num_layers, stages + 1).round().astype(int)
         out.append(Layout(tuple((int(a), int(b), (1,), False)
