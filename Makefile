@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 
 test: venv
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=15 tests
 
 demo: venv
 	$(BIN)/plan gpt3-175b --cluster dgx-a100-80g --gpus 1024 --global-batch-size 1536

@@ -45,7 +45,7 @@ from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRen
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from runtime.launch import RankError, _tree_map_tensors, loopback_interface
+from runtime.launch import RankError, _tree_map_tensors, forget_parent_meshes, loopback_interface
 
 __all__ = ["launch"]
 
@@ -129,26 +129,6 @@ def _root_cause(error: ChildFailedError, tmp: Path) -> RankError:
     rank, failure = min(error.failures.items())  # died without a word (killed, os._exit)
     summary = " ".join(str(failure.message).split()) or f"exit code {failure.exitcode}"
     return RankError(f"rank {rank} failed: {summary}", rank, "", failure.exitcode)
-
-
-def forget_parent_meshes() -> None:
-    """Clear DTensor's caches, which forked ranks would inherit (called before forking).
-
-    DTensor caches sharding decisions and redistribution plans keyed by DeviceMesh, and a
-    mesh compares equal to another of the same shape and axis names whatever its process
-    groups. A parent that planned on a fake group of the same shape would hand a forked
-    rank cached results naming the parent's (dead) groups: "Could not resolve the process
-    group registered under the name 19". (Private caches of torch 2.13; `spawn` does not
-    need this.) Cleared in the parent, once: importing what clears them in each of 8
-    ranks (torch.distributed.tensor.debug) took 5-6 s on 2 cores.
-    """
-    from torch.distributed.tensor import DTensor, _redistribute
-
-    propagator = DTensor._op_dispatcher.sharding_propagator
-    propagator.propagate_op_sharding.cache_clear()
-    torch._C._clear_DTensor_sharding_propagator_cache()  # the C++ fast path's
-    propagator._propagate_tensor_meta_cached.cache_clear()
-    _redistribute._gen_transform_infos.cache_clear()
 
 
 def _report(folder: Path, rank: int, attempt: int, error: BaseException) -> None:

@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["RankError", "loopback_interface", "run_on_ranks"]
+__all__ = ["RankError", "forget_parent_meshes", "loopback_interface", "run_on_ranks"]
 
 # After the first failure, how long the other ranks get to report before they are stopped
 # (a peer's death is seen by gloo within a second).
@@ -108,6 +108,7 @@ def run_on_ranks(
     if dist.is_initialized():
         # A fake group left by planning must not be inherited by the forked ranks.
         dist.destroy_process_group()
+    forget_parent_meshes()
     context = mp.get_context("fork")
     store_dir = Path(tempfile.mkdtemp(prefix="tessel-ranks-"))  # mode 0700: this user only
     pipes = [context.Pipe(duplex=False) for _ in range(world_size)]
@@ -131,6 +132,26 @@ def run_on_ranks(
         shutil.rmtree(store_dir, ignore_errors=True)
     return [_tree_map_tensors(results[r], torch.from_numpy, numpy_leaves=True)
             for r in range(world_size)]
+
+
+def forget_parent_meshes() -> None:
+    """Clear DTensor's caches, which forked ranks would inherit (called before forking).
+
+    DTensor caches sharding decisions and redistribution plans keyed by DeviceMesh, and a
+    mesh compares equal to another of the same shape and axis names whatever its process
+    groups. A parent that planned on a fake group of the same shape would hand a forked
+    rank cached results naming the parent's (dead) groups: "Could not resolve the process
+    group registered under the name 19". (Private caches of torch 2.13; `spawn` does not
+    need this.) Cleared in the parent, once: importing what clears them in each of 8
+    ranks (torch.distributed.tensor.debug) took 5-6 s on 2 cores.
+    """
+    from torch.distributed.tensor import DTensor, _redistribute
+
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    propagator.propagate_op_sharding.cache_clear()
+    torch._C._clear_DTensor_sharding_propagator_cache()  # the C++ fast path's
+    propagator._propagate_tensor_meta_cached.cache_clear()
+    _redistribute._gen_transform_infos.cache_clear()
 
 
 def _collect(readers: list, procs: list, timeout_s: float | None) -> dict[int, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import multiprocessing.pool
 
 import pytest
 import torch
@@ -64,9 +65,10 @@ def _placement(param, axes: list[str]) -> str:
 
 def _build_rank(model: TransformerConfig, spec, rank: int, world: int, axes: list[str]):
     """(placements by parameter name, local elements) of `rank`'s stages, built on a fake
-    process group. Runs in a forked child: torch's DeviceMesh keeps per-process state that
-    a second rank's build in the same process would inherit. Single-threaded, as ranks are:
-    the parent's OpenMP threads do not survive the fork."""
+    process group. Runs in a fresh child of a fork server (`_fresh_process`): torch's
+    DeviceMesh and DTensor keep per-process state (group names, cached shardings) that a
+    second rank's build in the same process, or a child forked from this test process,
+    would inherit."""
     torch.set_num_threads(1)
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
@@ -82,6 +84,17 @@ def _build_rank(model: TransformerConfig, spec, rank: int, world: int, axes: lis
     return {n: _placement(p, axes) for n, p in held.items()}, local
 
 
+BUILD_TIMEOUT_S = 300
+
+
+def _fresh_process() -> multiprocessing.pool.Pool:
+    """One worker forked from a fork server, which imports the runtime once and never runs
+    a model itself: no DTensor cache, process group or OpenMP thread team to inherit."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["runtime.training"])
+    return context.Pool(1)
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_every_stage_holds_the_plans_placements_and_bytes(case: str) -> None:
     model, knobs = CASES[case]
@@ -89,9 +102,10 @@ def test_every_stage_holds_the_plans_placements_and_bytes(case: str) -> None:
     spec = from_training_plan(plan)
     element = state_element_bytes("fp32")
     for stage in plan.stages:
-        with multiprocessing.get_context("fork").Pool(1) as pool:
-            placements, local = pool.apply(
-                _build_rank, (model, spec, stage.first_device, plan.num_gpus, stage.mesh_axes))
+        with _fresh_process() as pool:
+            placements, local = pool.apply_async(
+                _build_rank, (model, spec, stage.first_device, plan.num_gpus, stage.mesh_axes),
+            ).get(timeout=BUILD_TIMEOUT_S)
         # The rank's experts are those of its expert group; the plan lists every expert.
         listed = {n: p for n, p in stage.parameters.items()
                   if ".experts." not in n or n in placements}
