@@ -84,7 +84,7 @@ def _build_rank(model: TransformerConfig, spec, rank: int, world: int, axes: lis
     return {n: _placement(p, axes) for n, p in held.items()}, local
 
 
-BUILD_TIMEOUT_S = 300
+BUILD_TIMEOUT_S = 120
 
 
 def _fresh_process() -> multiprocessing.pool.Pool:
