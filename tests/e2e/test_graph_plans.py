@@ -23,18 +23,22 @@ from graph_models import residual_cnn, wide_mlp  # noqa: E402
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 SMALL = Cluster.load(str(FIXTURES / "small_memory.yaml")).with_devices(8)
 MODELS = {
-    # (factory, global batch, micro-batches)
-    "wide_mlp": (wide_mlp, 32, 4),
-    "residual_cnn": (residual_cnn, 16, 4),
+    # (factory, global batch, micro-batches, at most this many layers). At least eight
+    # layers, so that the even pipeline of one device per stage exists: wide_mlp's sixteen
+    # Linear layers clustered into at most ten become nine, which plan in 2/3 of the time
+    # of the default's eleven.
+    "wide_mlp": (wide_mlp, 32, 4, 10),
+    "residual_cnn": (residual_cnn, 16, 4, 16),
 }
 
 
 @pytest.fixture(scope="module", params=list(MODELS))
 def planned(request):
-    factory, batch, micro_batches = MODELS[request.param]
+    factory, batch, micro_batches, max_layers = MODELS[request.param]
     model, inputs, *loss = factory()
     loss_fn = loss[0] if loss else None
-    found = search_graph(model, inputs, SMALL, batch, loss_fn, micro_batches=micro_batches)
+    found = search_graph(model, inputs, SMALL, batch, loss_fn, micro_batches=micro_batches,
+                         max_layers=max_layers)
     plan = graph_plan(found.candidates[0], SMALL, request.param, batch)
     return request.param, model, inputs, loss_fn, found, plan
 
