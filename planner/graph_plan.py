@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from passes.stage_graph import BOUNDARY, piece_numel, routes
+from passes.strategies import TRAINING_STATE_COPIES
 from planner.cluster import Cluster
 from planner.plan import (
     CollectiveStats,
@@ -87,17 +88,17 @@ def _p2p_counts(candidate: Candidate, k: int,
     stage when the routes are even, as they are between power-of-two submeshes)."""
     out = {"send": [0, 0], "recv": [0, 0]}
     stages = candidate.layout.stages
-    neighbours = []
+    # (earlier stage, later stage, the layer the cut between them is before)
+    boundaries = []
     if k > 0:  # receive activations from k - 1, send their gradients back
-        neighbours.append((k - 1, stages[k][0], "recv", "send"))
+        boundaries.append((k - 1, k, stages[k][0]))
     if k < len(stages) - 1:  # send activations to k + 1, receive gradients
-        neighbours.append((k + 1, stages[k][1], "send", "recv"))
-    for other, layer, forward_kind, backward_kind in neighbours:
+        boundaries.append((k, k + 1, stages[k][1]))
+    for earlier, later, layer in boundaries:
         tensors = candidate.forward.crossing(candidate.layer_cuts[layer])
-        for kind, senders, receivers in (
-            (forward_kind, *((sizes[other], sizes[k]) if other < k else (sizes[k], sizes[other]))),
-            (backward_kind, *((sizes[k], sizes[other]) if other < k else (sizes[other], sizes[k]))),
-        ):
+        activations, gradients = ("send", "recv") if k == earlier else ("recv", "send")
+        for kind, senders, receivers in ((activations, sizes[earlier], sizes[later]),
+                                         (gradients, sizes[later], sizes[earlier])):
             plan = routes(senders, receivers)
             i_send = kind == "send"
             for tensor in tensors:
@@ -115,8 +116,7 @@ def _p2p_counts(candidate: Candidate, k: int,
 
 
 def _memory(solve: StageSolve) -> StageMemory:
-    """Parameters, gradients and Adam's moments: a quarter of the training state each
-    (`passes.strategies.TRAINING_STATE_COPIES`)."""
-    quarter = int(solve.state_bytes // 4)
-    return StageMemory(parameters_bytes=quarter, gradients_bytes=quarter,
-                       optimizer_bytes=2 * quarter)
+    """Parameters, gradients and Adam's two moments: one copy of the parameters each."""
+    copy = int(solve.state_bytes // TRAINING_STATE_COPIES)
+    return StageMemory(parameters_bytes=copy, gradients_bytes=copy,
+                       optimizer_bytes=(TRAINING_STATE_COPIES - 2) * copy)

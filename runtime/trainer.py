@@ -16,6 +16,7 @@ from torch.distributed.tensor import DTensor
 
 from passes.lower import RankProgram
 
+
 def training_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter and buffer by name, non-persistent buffers (rotary tables) included."""
     named = [*model.named_parameters(), *model.named_buffers()]

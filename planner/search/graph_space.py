@@ -297,12 +297,11 @@ class _Solver:
         _STRATEGIES.clear()
 
     def solve(self, tasks: list[tuple[int, tuple[int, ...], bool]]) -> dict:
-        if self.pool is None or len(tasks) < 2:
-            return {task: _solve_task(task) for task in tasks}
-        # Largest meshes first (their ILPs are the longest), one task at a time, so that
-        # no worker is left with a long solve after the others have finished.
-        order = sorted(tasks, key=lambda task: -math.prod(task[1]))
-        return dict(zip(order, self.pool.imap(_solve_task, order)))
+        if self.pool is not None and len(tasks) > 1:
+            answers = self.pool.map(_solve_task, tasks, chunksize=max(1, len(tasks) // 16))
+        else:
+            answers = [_solve_task(task) for task in tasks]
+        return dict(zip(tasks, answers))
 
 
 def _solve_task(task: tuple[int, tuple[int, ...], bool]) -> StageCost:

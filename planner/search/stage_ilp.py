@@ -44,12 +44,8 @@ def layer_collectives(
         global _FORKED  # what forked workers read: the graph is not picklable
         _FORKED = (graph, block, cluster, time_limit_s)
         try:
-            # Largest mesh first (its ILP is the longest), so that no worker starts the
-            # longest one last; imap keeps one task per worker in flight.
-            order = sorted(todo, reverse=True)
             with forked_pool(min(processes, len(todo))) as pool:
-                by_degree = dict(zip(order, pool.imap(_solve_forked, order)))
-            answers = [by_degree[d] for d in todo]
+                answers = pool.map(_solve_forked, todo)
         finally:
             _FORKED = None
     else:

@@ -99,8 +99,8 @@ def _graph_model(seed: int = 0):
 
     model, inputs = narrow_mlp()
     torch.manual_seed(seed)
-    for parameter in model.parameters():  # another start when seed differs
-        if seed:
+    if seed:  # another starting point
+        for parameter in model.parameters():
             torch.nn.init.normal_(parameter)
     return model, inputs
 

@@ -69,7 +69,7 @@ def _build_rank(model: TransformerConfig, spec, rank: int, world: int, axes: lis
     DeviceMesh and DTensor keep per-process state (group names, cached shardings) that a
     second rank's build in the same process, or a child forked from this test process,
     would inherit."""
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # as a rank runs: the cores are shared
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
         trainer = PipelineTrainer(model, spec, optimizer="adamw")
