@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -70,20 +71,39 @@ class ForwardGraph:
         """Whether a stage may end before op `cut`: every crossing value is a tensor (not a
         tuple still to be unpacked), and no parameter is read on both sides (a weight tied
         across stages would get two gradients that nothing sums)."""
-        later = set(self.ops[cut:])
-        if not all(
-            isinstance(n.meta.get("val"), torch.Tensor)
-            for n in self.ops[:cut] if any(u in later for u in n.users)
-        ):
-            return False
-        earlier = set(self.ops[:cut])
-        return not any(
-            any(u in earlier for u in n.users) and any(u in later for u in n.users)
-            for n in self.graph.nodes if n.op == "placeholder" and n.name in self.parameters
-        )
+        return bool(self._cut_table[0][cut])
 
     def cut_bytes(self, cut: int) -> int:
-        return sum(tensor_bytes(n.meta["val"]) for n in self.crossing(cut))
+        """Bytes of the tensors crossing position `cut` (those `crossing` lists)."""
+        return int(self._cut_table[1][cut])
+
+    @cached_property
+    def _cut_table(self) -> tuple[np.ndarray, np.ndarray]:
+        """`can_cut` and `cut_bytes` of every position 0..len(ops), from one sweep: a value
+        made by op i and last read by op k crosses every position in (i, k]."""
+        position = {node: i for i, node in enumerate(self.ops)}
+        blocked = np.zeros(len(self.ops) + 2, dtype=np.int64)
+        crossing = np.zeros(len(self.ops) + 2, dtype=np.int64)
+
+        def spans(first: int, last: int, counts: np.ndarray, amount: int) -> None:
+            counts[first + 1] += amount
+            counts[last + 1] -= amount
+
+        for i, node in enumerate(self.ops):
+            readers = [position[u] for u in node.users if u in position]
+            if not readers:
+                continue
+            value = node.meta.get("val")
+            if isinstance(value, torch.Tensor):
+                spans(i, max(readers), crossing, tensor_bytes(value))
+            else:
+                spans(i, max(readers), blocked, 1)
+        for node in self.graph.nodes:
+            if node.op == "placeholder" and node.name in self.parameters:
+                readers = [position[u] for u in node.users if u in position]
+                if readers:
+                    spans(min(readers), max(readers), blocked, 1)
+        return np.cumsum(blocked)[:-1] == 0, np.cumsum(crossing)[:-1]
 
 
 def forward_graph(

@@ -175,15 +175,15 @@ def _search_micro_batches(
     m: int, time_limit_s: float, timings: dict[str, float],
 ) -> GraphSearch:
     num_layers = len(cuts) - 1
-    sizes = submeshes(cluster)
     devices = cluster.num_devices
+    most = min(num_layers, devices, m) if m > 1 else 1
+    sizes = usable_submeshes(submeshes(cluster), devices, most)
     capacity = usable_bytes(cluster)
     start = time.perf_counter()
     table = _layer_table(forward, cuts, values, inputs, cluster, sizes, time_limit_s,
                          capacity, m)
     timings["layer_ilps_s"] += time.perf_counter() - start
     start = time.perf_counter()
-    most = min(num_layers, devices, m) if m > 1 else 1
     costs = np.full((num_layers, num_layers + 1, len(sizes), most), np.inf)
     chosen: dict[tuple[int, int, int, int], tuple[tuple[int, ...], bool]] = {}
     cut_bytes = [forward.cut_bytes(c) if 0 < c < len(forward.ops) else 0 for c in cuts]
@@ -211,6 +211,17 @@ def _search_micro_batches(
     return GraphSearch(candidates, num_layers,
                        layer_solves=len({id(v) for v in table.values()}), costs=costs,
                        submesh_sizes=sizes)
+
+
+def usable_submeshes(sizes: list[int], devices: int, most: int) -> list[int]:
+    """The submesh sizes some plan of at most `most` stages uses: the stage DP gives every
+    device to exactly one stage, so with one stage (one micro-batch) only the whole
+    cluster is a submesh, and no layer need be solved on a smaller one."""
+    reach = [{0}]  # reach[k]: the device counts k stages add up to
+    for _ in range(most - 1):
+        reach.append({r + n for r in reach[-1] for n in sizes if r + n <= devices})
+    rest = set().union(*reach)
+    return [n for n in sizes if devices - n in rest]
 
 
 def _mesh_options(table: dict, num_layers: int, sizes: list[int], per_node: int):

@@ -31,6 +31,7 @@ from passes.dtensor_rules import (
 from passes.strategies import NodeStrategies, Source, Strategy, output_value, source_of
 from passes.trace import TracedProgram
 from planner.search.buckets import Bucket, bucket_transfers
+from planner.search.elimination import solve_by_elimination
 from planner.cluster import Cluster, LinkSpec
 from planner.search.solver import (
     Assignment,
@@ -222,7 +223,8 @@ def plan_intra_op(
     reduced, pruning = prune_dominated(contracted)
     if deadline is not None:
         time_limit_s = min(time_limit_s, max(MIN_SOLVE_S, deadline.remaining()))
-    reduced_assignment = solve_ilp(reduced, time_limit_s=time_limit_s, backend=backend)
+    reduced_assignment = solve_by_elimination(reduced) or solve_ilp(
+        reduced, time_limit_s=time_limit_s, backend=backend)
     expanded = contraction.expand(pruning.expand(reduced_assignment.choices), len(names))
     assignment = replace(
         reduced_assignment, choices=expanded, objective=evaluate(problem, expanded)

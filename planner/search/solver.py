@@ -66,6 +66,8 @@ class Assignment:
     """Relative optimality gap reported by the solver (0 when proven optimal)."""
     status: str
     solve_time_s: float
+    solver: str = "ILP"
+    """What found it: 'elimination' (`planner.search.elimination`), 'ILP' or 'brute force'."""
 
 
 class InfeasibleError(RuntimeError):
