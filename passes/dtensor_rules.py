@@ -9,7 +9,9 @@ planner (the collectives an edge of the ILP costs). Tested on torch 2.13 (pyproj
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, Sequence
 
 import torch
@@ -191,6 +193,27 @@ def redistribution(
         raise UnsupportedRedistribution(
             f"DTensor cannot move {placement_str(src)} to {placement_str(dst)}"
         )
+    # Where the whole mesh divides every dim, every shard is even and DTensor's plan is the
+    # same for every such shape, each collective a fixed fraction of the tensor's bytes:
+    # planned once per (mesh, rank, dtype, src, dst) for the process.
+    full = math.prod(meta.shape) * meta.dtype.itemsize
+    size = mesh.size()
+    if full == 0 or any(s % size for s in meta.shape):
+        return _redistribution(mesh, meta, src, dst)
+    key = (mesh.device_type, tuple(mesh.shape), len(meta.shape), meta.dtype, tuple(src),
+           tuple(dst))
+    if key not in _EVEN_PLANS:
+        _EVEN_PLANS[key] = [(c.kind, c.mesh_dims, Fraction(c.nbytes, full))
+                            for c in _redistribution(mesh, meta, src, dst)]
+    return [Collective(kind, dims, int(full * share)) for kind, dims, share in _EVEN_PLANS[key]]
+
+
+_EVEN_PLANS: dict[tuple, list[tuple[str, tuple[int, ...], Fraction]]] = {}
+
+
+def _redistribution(
+    mesh: DeviceMesh, meta: TensorMeta, src: Placements, dst: Placements
+) -> list[Collective]:
     axis = _shard_move_axis(src, dst)
     if mesh.device_type == "cpu" and axis is not None:
         # `redistribute` below: one all-to-all of the local shard.

@@ -20,6 +20,7 @@ import torch
 import torch.fx as fx
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Partial, Replicate, Shard
+from torch.distributed.tensor._ops._pointwise_ops import pointwise_ops
 
 from cost_models.compute import dtype_key, op_flops, op_time, tensor_bytes
 from passes.deadline import Deadline
@@ -162,9 +163,15 @@ class _RuleCache:
         leaves, structure = torch.utils._pytree.tree_flatten(
             (args, kwargs), is_leaf=lambda a: isinstance(a, TensorMeta)
         )
+        out_key = out_meta
+        if op in _SHAPE_FREE_RULES:
+            size = mesh.size()
+            leaves = [_shape_class(a, size) if isinstance(a, TensorMeta) else a for a in leaves]
+            out_key = (_shape_class(out_meta, size) if isinstance(out_meta, TensorMeta)
+                       else out_meta)
         try:
             key = (mesh.device_type, tuple(mesh.shape), op, tuple(leaves), structure,
-                   tuple(map(tuple, candidates)), out_meta)
+                   tuple(map(tuple, candidates)), out_key)
             hash(key)
         except TypeError:
             return _choices(op, args, kwargs, mesh, candidates, out_meta)
@@ -173,6 +180,26 @@ class _RuleCache:
                 self._answers.clear()
             self._answers[key] = _choices(op, args, kwargs, mesh, candidates, out_meta)
         return self._answers[key]
+
+
+# Ops whose DTensor rule reads its tensors' sizes only to ask whether each dim can be
+# split over the mesh (and which dims broadcast): matmuls, transposes, reductions over
+# given dims and pointwise ops. Their answers are shared by every size that splits over
+# the whole mesh, so the layers of a model that differ only in widths ask DTensor once.
+_SHAPE_FREE_RULES = frozenset([
+    _aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default,
+    _aten.t.default, _aten.transpose.int, _aten.permute.default, _aten.sum.dim_IntList,
+    *pointwise_ops,
+])
+
+
+def _shape_class(meta: TensorMeta, mesh_size: int) -> tuple:
+    """What a shape-free rule reads of a tensor: each dim's size, or -1 for every size
+    the whole mesh divides (each such dim splits over any mesh axes alike), the order of
+    its strides, and its dtype."""
+    shape = tuple(-1 if s >= mesh_size and s % mesh_size == 0 else s for s in meta.shape)
+    order = tuple(sorted(range(len(meta.stride)), key=lambda d: (-meta.stride[d], d)))
+    return ("tensor", shape, order, meta.dtype)
 
 
 def shardable_placements(shape: Sequence[int], mesh: DeviceMesh) -> list[Placements]:

@@ -30,9 +30,10 @@ import numpy as np
 
 from planner.search.solver import Assignment, AssignmentProblem, evaluate, memory_of
 
-MAX_TABLE_ENTRIES = 40_000_000
-"""Most entries a plan may have to build in total across its eliminations (about 0.3 s of
-numpy work here); a problem that needs more goes to the ILP."""
+MAX_TABLE_ENTRIES = 150_000_000
+"""Most table entries one network's eliminations may build in all (about a second of numpy
+here, where SCIP takes several on such problems); a problem that needs more goes to the
+ILP."""
 MAX_SHARED_COSTS = 6
 """Most shared costs conditioned on (2^k networks at worst)."""
 
