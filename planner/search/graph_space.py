@@ -251,45 +251,49 @@ def _layer_table(
     and boundaries) are traced and solved once. The lean solve of a layer on a mesh is made
     only where the fast ones leave too little memory: where the whole model's fast state
     and GPipe's activations on that mesh do not fit. The solves are independent and run in
-    one forked process per core, as Alpa compiles stages in parallel workers."""
+    one forked process per core, as Alpa compiles stages in parallel workers; each worker
+    traces the templates it is given (a trace costs about as much as a 1-D solve), and is
+    given one template's meshes at a time."""
     num_layers = len(cuts) - 1
-    programs: dict = {}
+    graphs: dict = {}
     keys = []
     for layer in range(num_layers):
         graph = stage_graph(forward, cuts, layer, layer + 1, values)
         key = _template(forward, cuts, layer, graph)
         keys.append(key)
-        if key not in programs:
-            programs[key] = (graph, stage_program(graph, inputs))
+        graphs.setdefault(key, graph)
     shapes = [shape for n in sizes for shape in logical_meshes(n, cluster.devices_per_node)]
-    templates = list(programs)
-    fast = [(t, shape, False) for shape in shapes for t in range(len(templates))]
-    with _Solver(templates, programs, cluster, time_limit_s) as solver:
-        costs = solver.solve(fast)
+    templates = list(graphs)
+    fast = [(t, shape, False) for t in range(len(templates)) for shape in shapes]
+    with _Solver([graphs[key] for key in templates], inputs, cluster, time_limit_s) as solver:
+        costs = solver.solve(fast, per_template=len(shapes))
         table = {(layer, shape, False): costs[(templates.index(key), shape, False)]
                  for layer, key in enumerate(keys) for shape in shapes}
         short = [shape for shape in shapes
                  if not _fast_fits(table, num_layers, shape, capacity, m)]
-        lean = [(t, shape, True) for shape in short for t in range(len(templates))]
-        costs.update(solver.solve(lean))
+        lean = [(t, shape, True) for t in range(len(templates)) for shape in short]
+        costs.update(solver.solve(lean, per_template=len(short)))
     table.update({(layer, shape, True): costs[(templates.index(key), shape, True)]
                   for layer, key in enumerate(keys) for shape in short})
     return table
 
 
-# What forked workers read (traced programs do not pickle), and each worker's strategy
-# tables by (template, mesh): a lean solve reuses its fast solve's when it lands there.
+# What forked workers read (stage graphs; traced programs do not pickle), and each
+# worker's programs by template and strategy tables by (template, mesh): a lean solve
+# reuses its fast solve's when it lands there.
 _FORKED: tuple | None = None
+_PROGRAMS: dict = {}
 _STRATEGIES: dict = {}
 
 
 class _Solver:
     """Layer solves in one forked process per core, the same workers for every batch of
-    tasks (so their caches of DTensor's answers and of strategy tables carry over)."""
+    tasks (so their caches of DTensor's answers, programs and strategy tables carry
+    over)."""
 
-    def __init__(self, templates: list, programs: dict, cluster: Cluster,
+    def __init__(self, graphs: list, inputs: tuple, cluster: Cluster,
                  time_limit_s: float) -> None:
-        self.state = (templates, programs, cluster, time_limit_s)
+        self.state = (graphs, inputs, cluster, time_limit_s)
         self.pool = None
 
     def __enter__(self) -> _Solver:
@@ -305,20 +309,27 @@ class _Solver:
         if self.pool is not None:
             self.pool.terminate()
         _FORKED = None
+        _PROGRAMS.clear()
         _STRATEGIES.clear()
 
-    def solve(self, tasks: list[tuple[int, tuple[int, ...], bool]]) -> dict:
+    def solve(self, tasks: list[tuple[int, tuple[int, ...], bool]],
+              per_template: int) -> dict:
+        """Solve `tasks`, listed template by template with `per_template` each: a worker
+        takes one template's tasks at a time, so each template is traced once a batch."""
         if self.pool is not None and len(tasks) > 1:
-            answers = self.pool.map(_solve_task, tasks, chunksize=max(1, len(tasks) // 16))
+            answers = self.pool.map(_solve_task, tasks, chunksize=max(1, per_template))
         else:
             answers = [_solve_task(task) for task in tasks]
         return dict(zip(tasks, answers))
 
 
 def _solve_task(task: tuple[int, tuple[int, ...], bool]) -> StageCost:
-    templates, programs, cluster, time_limit_s = _FORKED
+    graphs, inputs, cluster, time_limit_s = _FORKED
     index, shape, lean = task
-    graph, program = programs[templates[index]]
+    graph = graphs[index]
+    if index not in _PROGRAMS:
+        _PROGRAMS[index] = stage_program(graph, inputs)
+    program = _PROGRAMS[index]
     if (index, shape) not in _STRATEGIES:
         _STRATEGIES[(index, shape)] = enumerate_strategies(program, fake_mesh(shape),
                                                            cluster.device)
