@@ -36,6 +36,9 @@ here, where SCIP takes several on such problems); a problem that needs more goes
 ILP."""
 MAX_SHARED_COSTS = 6
 """Most shared costs conditioned on (2^k networks at worst)."""
+MAX_WORK_ENTRIES = 600_000_000
+"""Most table entries of all the networks conditioning may solve (2^k of them at worst),
+so that elimination never takes much longer than the ILP would."""
 
 
 def solve_by_elimination(
@@ -48,9 +51,10 @@ def solve_by_elimination(
     if len(problem.shared_costs) > MAX_SHARED_COSTS:
         return None
     network = _Network(problem)
-    order = network.order(max_entries)
-    if order is None:
+    planned = network.order(max_entries)
+    if planned is None or planned[1] * 2 ** len(problem.shared_costs) > MAX_WORK_ENTRIES:
         return None
+    order = planned[0]
     best: tuple[float, list[int]] | None = None
     shared = [s.cost for s in problem.shared_costs]
     # Largest allowed sets first: their solves bound those of their subsets from below.
@@ -108,9 +112,10 @@ class _Network:
                 self.neighbours[u].add(v)
                 self.neighbours[v].add(u)
 
-    def order(self, max_entries: int) -> list[int] | None:
+    def order(self, max_entries: int) -> tuple[list[int], float] | None:
         """A greedy min-weight elimination order (each step the node whose table, its
-        choices times its neighbours', is smallest), or None past `max_entries`."""
+        choices times its neighbours', is smallest) and the entries its tables hold in
+        all, or None past `max_entries`."""
         domains = self.domains
         adjacent = [set(n) for n in self.neighbours]
         log_domain = [math.log(max(d, 1)) for d in domains]
@@ -137,7 +142,7 @@ class _Network:
                 adjacent[a].discard(v)
             for a in around:
                 heapq.heappush(heap, (weight(a), a))
-        return order
+        return order, entries
 
     def solve(self, order: list[int], forbidden) -> tuple[float, list[int]] | None:
         """Min-sum elimination along `order` with the `forbidden` pairs at infinite cost:

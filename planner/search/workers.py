@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.pool
+import signal
 
 import torch
 
@@ -19,8 +20,12 @@ def can_fork() -> bool:
 
 
 def forked_pool(processes: int) -> multiprocessing.pool.Pool:
-    return multiprocessing.get_context("fork").Pool(processes, initializer=_single_threaded)
+    return multiprocessing.get_context("fork").Pool(processes, initializer=_worker_start)
 
 
-def _single_threaded() -> None:
+def _worker_start() -> None:
     torch.set_num_threads(1)
+    # A parent that ran torch's elastic agent left its SIGTERM handler installed; under it
+    # a worker waiting for tasks survives the pool's terminate(), and the parent then waits
+    # on it forever (seen as a hung test suite). Workers end as SIGTERM ends a process.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
