@@ -44,9 +44,10 @@ so that elimination never takes much longer than the ILP would."""
 def solve_by_elimination(
     problem: AssignmentProblem, max_entries: int = MAX_TABLE_ENTRIES
 ) -> Assignment | None:
-    """The optimal assignment, or None when elimination would build more than
-    `max_entries` table entries, the problem has too many shared costs, or the optimum
-    of the unconstrained problem breaks the memory limit (the ILP then decides)."""
+    """The optimal assignment, or None (the ILP then decides) when one network's
+    eliminations would build more than `max_entries` table entries, conditioning on the
+    shared costs would build more than `MAX_WORK_ENTRIES` in all, or the optimum of the
+    unconstrained problem breaks the memory limit."""
     start = time.perf_counter()
     if len(problem.shared_costs) > MAX_SHARED_COSTS:
         return None

@@ -31,8 +31,8 @@ from passes.dtensor_rules import (
 from passes.strategies import NodeStrategies, Source, Strategy, output_value, source_of
 from passes.trace import TracedProgram
 from planner.search.buckets import Bucket, bucket_transfers
-from planner.search.elimination import solve_by_elimination
 from planner.cluster import Cluster, LinkSpec
+from planner.search.elimination import solve_by_elimination
 from planner.search.solver import (
     Assignment,
     AssignmentProblem,

@@ -105,7 +105,8 @@ def solve_brute_force(problem: AssignmentProblem) -> Assignment:
             best = (cost, choices)
     if best is None:
         raise InfeasibleError("no assignment fits the memory limit")
-    return Assignment(best[1], best[0], 0.0, "OPTIMAL", time.perf_counter() - start)
+    return Assignment(best[1], best[0], 0.0, "OPTIMAL", time.perf_counter() - start,
+                      solver="brute force")
 
 
 def solve_greedy(problem: AssignmentProblem) -> list[int]:
