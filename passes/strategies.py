@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 import operator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
@@ -152,14 +152,25 @@ def enumerate_strategies(
 class _RuleCache:
     """DTensor's answers for an op, keyed by everything the rule reads: the mesh's shape,
     the op, its arguments (tensors as shape, stride and dtype), the candidate input
-    placements and the output's metadata. The blocks of a model repeat, and a graph plan
-    asks again for each layer, variant and stage, so the answers are kept for the process
-    (up to `LIMIT` of them)."""
+    placements and the output's metadata, and beside each answer the strategies' placements
+    a node makes of it (`_ways`). The blocks of a model repeat, and a graph plan asks again
+    for each layer, variant and stage, so the answers are kept for the process (up to
+    `LIMIT` of them)."""
 
     LIMIT = 200_000
     _answers: dict[object, list | None] = {}
 
-    def choices(self, op, args, kwargs, mesh, candidates, out_meta) -> list | None:
+    def ways(self, op, args, kwargs, mesh, candidates, out_meta,
+             keep: Callable[[list | None], list | None]) -> list | None:
+        """`keep(choices)` of DTensor's answers, kept beside them: what a node makes of its
+        op's answers reads nothing the key leaves out."""
+        key = self._key(op, args, kwargs, mesh, candidates, out_meta)
+        ask = lambda: _choices(op, args, kwargs, mesh, candidates, out_meta)  # noqa: E731
+        if key is None:
+            return keep(ask())
+        return self._remember(("ways", key), lambda: keep(self._remember(key, ask)))
+
+    def _key(self, op, args, kwargs, mesh, candidates, out_meta) -> tuple | None:
         leaves, structure = torch.utils._pytree.tree_flatten(
             (args, kwargs), is_leaf=lambda a: isinstance(a, TensorMeta)
         )
@@ -169,16 +180,19 @@ class _RuleCache:
             leaves = [_shape_class(a, size) if isinstance(a, TensorMeta) else a for a in leaves]
             out_key = (_shape_class(out_meta, size) if isinstance(out_meta, TensorMeta)
                        else out_meta)
+        key = (mesh.device_type, tuple(mesh.shape), op, tuple(leaves), structure,
+               tuple(map(tuple, candidates)), out_key)
         try:
-            key = (mesh.device_type, tuple(mesh.shape), op, tuple(leaves), structure,
-                   tuple(map(tuple, candidates)), out_key)
             hash(key)
         except TypeError:
-            return _choices(op, args, kwargs, mesh, candidates, out_meta)
+            return None
+        return key
+
+    def _remember(self, key: tuple, compute: Callable[[], list | None]) -> list | None:
         if key not in self._answers:
             if len(self._answers) >= self.LIMIT:
                 self._answers.clear()
-            self._answers[key] = _choices(op, args, kwargs, mesh, candidates, out_meta)
+            self._answers[key] = compute()
         return self._answers[key]
 
 
@@ -267,11 +281,16 @@ def _op(
     dtype = dtype_key(_first_tensor(value).dtype) if _first_tensor(value) is not None else "fp32"
     out_bytes = tensor_bytes(value) if saved else 0
 
-    def strategy(ins: tuple[Placements, ...], outs: tuple[Placements | None, ...]) -> Strategy:
-        split = shard_factor(outs[0], mesh)
-        return Strategy(
-            ins, outs, timer(flops / split, traffic / split, dtype), out_bytes / split
-        )
+    costs: dict[int, tuple[float, float]] = {}
+
+    def strategy(ins: tuple[Placements, ...], outs: tuple[Placements | None, ...],
+                 produced: Placements | None = None, split: int | None = None) -> Strategy:
+        # An output reduced at once costs what the op that made its partial sum costs.
+        if split is None:
+            split = shard_factor(outs[0] if produced is None else produced, mesh)
+        if split not in costs:
+            costs[split] = (timer(flops / split, traffic / split, dtype), out_bytes / split)
+        return Strategy(ins, outs, *costs[split], produced)
 
     replicated = tuple(Replicate() for _ in range(mesh.ndim))
     n_out = len(value) if isinstance(value, (tuple, list)) else 1
@@ -285,13 +304,30 @@ def _op(
 
     candidates = [_distinct_outputs(table[name], index) for name, index in sources]
     args, kwargs = _meta_args(node)
-    out_meta = _output_meta(value)
-    choices = rules.choices(node.target, args, kwargs, mesh, candidates, out_meta)
-    if choices is None:
+    ways = rules.ways(node.target, args, kwargs, mesh, candidates, _output_meta(value),
+                      lambda choices: _ways(node, inputs, value, mesh, candidates, choices))
+    if ways is None:
         return NodeStrategies(node.name, "fallback", sources, [all_replicated])
+    return NodeStrategies(node.name, "op", sources, [strategy(*way) for way in ways])
 
+
+Way = tuple[tuple, tuple, "Placements | None", int]
+"""A strategy's placements, (inputs, outputs, produced) as in `Strategy`, and the pieces
+its op's work is split into (`shard_factor` of what the op itself produces)."""
+
+
+def _ways(node: fx.Node, inputs: list[fx.Node], value: object, mesh: DeviceMesh,
+          candidates: list[list[Placements]], choices: list | None) -> list[Way] | None:
+    """The strategies' placements of a node from DTensor's `choices` for its op: even
+    shards only, no partial integers, ..., and each partial output also reduced at once;
+    None when none is left (the node then runs replicated)."""
+    if choices is None:
+        return None
     shapes_in = [a.meta["val"].shape for a in inputs]
     shapes_out = [t.shape if isinstance(t, torch.Tensor) else () for t in _as_tuple(value)]
+    dtypes = [a.meta["val"].dtype for a in inputs] + [
+        t.dtype if isinstance(t, torch.Tensor) else None for t in _as_tuple(value)
+    ]
     seen: set = set()
     direct, moved = [], []
     for choice in choices:
@@ -302,9 +338,6 @@ def _op(
             continue
         if not all(is_even(p, s, mesh) for p, s in zip(choice.outputs, shapes_out)):
             continue
-        dtypes = [a.meta["val"].dtype for a in inputs] + [
-            t.dtype if isinstance(t, torch.Tensor) else None for t in _as_tuple(value)
-        ]
         placements = (*choice.inputs, *choice.outputs)
         if any(_partial_of_integers(p, d) for p, d in zip(placements, dtypes)):
             continue
@@ -322,16 +355,18 @@ def _op(
     # (the producers' own strategies already offer the cheap ways to get there).
     kept = direct or moved
     if not kept:
-        return NodeStrategies(node.name, "fallback", sources, [all_replicated])
-    strategies = []
+        return None
+    ways: list[Way] = []
     for choice in kept:
-        strategies.append(strategy(choice.inputs, choice.outputs))
+        split = shard_factor(choice.outputs[0], mesh)
+        ways.append((choice.inputs, choice.outputs, None, split))
         # On 2-D meshes, where every partial placement multiplies the ILP, reduce only
         # where the partial sum is made (a matmul or sum over a split dimension), not
         # again at every op it flows through.
         if len(choice.outputs) == 1 and (mesh.ndim == 1 or _creates_partial(choice)):
-            strategies.extend(_reduced_variants(strategies[-1], shapes_out[0], mesh))
-    return NodeStrategies(node.name, "op", sources, strategies)
+            ways.extend((choice.inputs, (out,), choice.outputs[0], split)
+                        for out in _reduced(choice.outputs[0], shapes_out[0], mesh))
+    return ways
 
 
 # Ops DTensor runs through its own handler (torch/distributed/tensor/_tp_conv.py), which
@@ -409,29 +444,21 @@ def _creates_partial(choice) -> bool:
     )
 
 
-def _reduced_variants(partial: Strategy, shape: Sequence[int], mesh: DeviceMesh) -> list[Strategy]:
-    """The strategy followed by an immediate reduction of its partial-sum output: to
-    replicated (all-reduce) or to a shard of one dimension (reduce-scatter)."""
-    produced = partial.outputs[0]
+def _reduced(produced: Placements, shape: Sequence[int], mesh: DeviceMesh) -> list[Placements]:
+    """Where a partial-sum output can be reduced to at once: replicated (all-reduce) or a
+    shard of one dimension (reduce-scatter) on its partial axes."""
     axes = [a for a, p in enumerate(produced) if isinstance(p, Partial)]
     if not axes:
         return []
     targets = [Replicate()] + [Shard(d) for d in range(len(shape))]
-    variants = []
-    for target in targets:
-        out = tuple(target if a in axes else p for a, p in enumerate(produced))
-        if is_even(out, shape, mesh):
-            variants.append(replace(partial, outputs=(out,), produced=produced))
-    return variants
+    outs = [tuple(target if a in axes else p for a, p in enumerate(produced))
+            for target in targets]
+    return [out for out in outs if is_even(out, shape, mesh)]
 
 
 def _distinct_outputs(producer: NodeStrategies, index: int) -> list[Placements]:
-    out: list[Placements] = []
-    for s in producer.strategies:
-        p = s.outputs[index]
-        if p is not None and p not in out:
-            out.append(p)
-    return out
+    outputs = (s.outputs[index] for s in producer.strategies)
+    return list(dict.fromkeys(p for p in outputs if p is not None))
 
 
 def _as_tuple(value: object) -> tuple:

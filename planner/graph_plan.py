@@ -20,8 +20,7 @@ from planner.plan import (
     tessel_version,
 )
 from planner.search.graph_space import Candidate
-from planner.search.shardings import operator_shardings
-from planner.search.stage_solve import StageSolve
+from planner.search.stage_solve import StageResult
 
 
 def graph_plan(candidate: Candidate, cluster: Cluster, name: str,
@@ -34,9 +33,8 @@ def graph_plan(candidate: Candidate, cluster: Cluster, name: str,
     m = candidate.micro_batches
     for k, ((first, last, shape, _), solve) in enumerate(zip(candidate.layout.stages,
                                                              candidate.solves)):
-        parameters, operators = operator_shardings(solve.program, solve.table, solve.solution,
-                                                   buckets=solve.buckets)
-        parameters = {f: p for f, p in parameters.items() if not f.startswith(BOUNDARY + ".")}
+        parameters = {f: p for f, p in solve.parameters.items()
+                      if not f.startswith(BOUNDARY + ".")}
         communication = _counts(solve, m)
         for kind, (count, nbytes) in _p2p_counts(candidate, k, sizes).items():
             stats = communication.setdefault(kind, [0, 0])
@@ -48,7 +46,7 @@ def graph_plan(candidate: Candidate, cluster: Cluster, name: str,
             parameters=parameters,
             communication={kind: CollectiveStats(count=c, bytes=b)
                            for kind, (c, b) in sorted(communication.items())},
-            memory=_memory(solve), operators=operators))
+            memory=_memory(solve), operators=solve.operators))
         first_device += sizes[k]
     flops = float(candidate.forward.op_flops().sum()) * 3 * m
     step = candidate.step_time_s
@@ -72,7 +70,7 @@ def graph_plan(candidate: Candidate, cluster: Cluster, name: str,
     )
 
 
-def _counts(solve: StageSolve, m: int) -> dict[str, list[int]]:
+def _counts(solve: StageResult, m: int) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
     for times, collectives in ((m, solve.per_micro_batch), (1, solve.per_step)):
         for c in collectives:
@@ -115,8 +113,8 @@ def _p2p_counts(candidate: Candidate, k: int,
     return {kind: (c, b) for kind, (c, b) in out.items() if c}
 
 
-def _memory(solve: StageSolve) -> StageMemory:
+def _memory(solve: StageResult) -> StageMemory:
     """Parameters, gradients and Adam's two moments: one copy of the parameters each."""
-    copy = int(solve.state_bytes // TRAINING_STATE_COPIES)
+    copy = int(solve.cost.state_bytes // TRAINING_STATE_COPIES)
     return StageMemory(parameters_bytes=copy, gradients_bytes=copy,
                        optimizer_bytes=(TRAINING_STATE_COPIES - 2) * copy)

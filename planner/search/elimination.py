@@ -30,32 +30,35 @@ import numpy as np
 
 from planner.search.solver import Assignment, AssignmentProblem, evaluate, memory_of
 
-MAX_TABLE_ENTRIES = 150_000_000
-"""Most table entries one network's eliminations may build in all (about a second of numpy
-here, where SCIP takes several on such problems); a problem that needs more goes to the
-ILP."""
+ENTRIES_PER_VARIABLE = 1_000
+"""Most table entries one network's eliminations may build per variable of the ILP: here
+an entry costs about 20 ns per network solved and SCIP about 25 us per variable on these
+problems, so past this the ILP is likely the faster (a layer of an MLP on a 2-D mesh builds
+about 400 per variable, a small GPT-2 block 2,600 and a Llama block 100,000)."""
+MAX_TABLE_ENTRIES = 4_000_000_000
+"""Most table entries in all, whatever the ILP's size (about a minute here)."""
 MAX_SHARED_COSTS = 6
 """Most shared costs conditioned on (2^k networks at worst)."""
-MAX_WORK_ENTRIES = 600_000_000
-"""Most table entries of all the networks conditioning may solve (2^k of them at worst),
-so that elimination never takes much longer than the ILP would."""
 
 
 def solve_by_elimination(
-    problem: AssignmentProblem, max_entries: int = MAX_TABLE_ENTRIES
+    problem: AssignmentProblem, max_entries: float | None = None
 ) -> Assignment | None:
     """The optimal assignment, or None (the ILP then decides) when one network's
-    eliminations would build more than `max_entries` table entries, conditioning on the
-    shared costs would build more than `MAX_WORK_ENTRIES` in all, or the optimum of the
-    unconstrained problem breaks the memory limit."""
+    eliminations would build more than `max_entries` table entries (default: the least of
+    `ENTRIES_PER_VARIABLE` per ILP variable and `MAX_TABLE_ENTRIES`), there are more than
+    `MAX_SHARED_COSTS` shared costs to condition on, or the optimum of the unconstrained
+    problem breaks the memory limit."""
     start = time.perf_counter()
     if len(problem.shared_costs) > MAX_SHARED_COSTS:
         return None
+    if max_entries is None:
+        max_entries = min(ENTRIES_PER_VARIABLE * ilp_variables(problem), MAX_TABLE_ENTRIES)
     network = _Network(problem)
     planned = network.order(max_entries)
-    if planned is None or planned[1] * 2 ** len(problem.shared_costs) > MAX_WORK_ENTRIES:
+    if planned is None:
         return None
-    order = planned[0]
+    elimination = _Elimination(network, planned[0])
     best: tuple[float, list[int]] | None = None
     shared = [s.cost for s in problem.shared_costs]
     # Largest allowed sets first: their solves bound those of their subsets from below.
@@ -69,7 +72,7 @@ def solve_by_elimination(
         if best is not None and paid + floor >= best[0]:
             floors[allowed] = floor
             continue
-        solved = network.solve(order, _forbidden(problem, allowed))
+        solved = elimination.solve(allowed)
         if solved is None:  # every assignment pays a forbidden bucket
             floors[allowed] = math.inf
             continue
@@ -84,34 +87,53 @@ def solve_by_elimination(
                       solver="elimination")
 
 
+def ilp_variables(problem: AssignmentProblem) -> int:
+    """Variables of the problem's ILP: one per node choice and one per edge entry."""
+    return sum(len(c) for c in problem.node_costs) + sum(np.size(m) for _, _, m in problem.edges)
+
+
 def _superset(a: tuple[bool, ...], b: tuple[bool, ...]) -> bool:
     return a != b and all(x or not y for x, y in zip(a, b))
 
 
-def _forbidden(problem: AssignmentProblem, allowed: tuple[bool, ...]):
-    """The choices (by node) and choice pairs (by edge) that trigger a bucket not allowed."""
-    nodes: dict[int, list[int]] = {}
-    edges: dict[int, list[tuple[int, int]]] = {}
-    for shared, ok in zip(problem.shared_costs, allowed):
-        if not ok:
-            for v, i in shared.node_triggers:
-                nodes.setdefault(v, []).append(i)
-            for k, i, j in shared.edge_triggers:
-                edges.setdefault(k, []).append((i, j))
-    return nodes, edges
-
-
 class _Network:
-    """The problem's costs as tables over one or two nodes, parallel edges summed."""
+    """The problem's costs as factors over one or two nodes (node costs with their
+    self-edges, parallel edges summed), and which choices each shared cost's triggers
+    forbid in them."""
 
     def __init__(self, problem: AssignmentProblem) -> None:
         self.problem = problem
         self.domains = [len(c) for c in problem.node_costs]
         self.neighbours: list[set[int]] = [set() for _ in self.domains]
-        for u, v, _ in problem.edges:
-            if u != v:
-                self.neighbours[u].add(v)
-                self.neighbours[v].add(u)
+        nodes = [np.array(c, dtype=float) for c in problem.node_costs]
+        pairs: dict[tuple[int, int], np.ndarray] = {}
+        node_bans: list[dict[int, list[tuple[int, ...]]]] = [{} for _ in nodes]
+        pair_bans: dict[tuple[int, int], dict[int, list[tuple[int, ...]]]] = {}
+        edge_bans: dict[int, list[tuple[int, int, int]]] = {}
+        for s, shared in enumerate(problem.shared_costs):
+            for v, i in shared.node_triggers:
+                node_bans[v].setdefault(s, []).append((i,))
+            for k, i, j in shared.edge_triggers:
+                edge_bans.setdefault(k, []).append((s, i, j))
+        for k, (u, v, matrix) in enumerate(problem.edges):
+            matrix = np.asarray(matrix, dtype=float)
+            if u == v:  # one choice meets itself: only the diagonal can be paid
+                nodes[u] += np.diag(matrix)
+                for s, i, j in edge_bans.get(k, []):
+                    if i == j:
+                        node_bans[u].setdefault(s, []).append((i,))
+                continue
+            self.neighbours[u].add(v)
+            self.neighbours[v].add(u)
+            key, table = ((u, v), matrix) if u < v else ((v, u), matrix.T)
+            pairs[key] = pairs[key] + table if key in pairs else table
+            for s, i, j in edge_bans.get(k, []):
+                entry = (i, j) if u < v else (j, i)
+                pair_bans.setdefault(key, {}).setdefault(s, []).append(entry)
+        self.factors: list[tuple[tuple[int, ...], np.ndarray]] = [
+            ((v,), c) for v, c in enumerate(nodes)]
+        self.bans = node_bans + [pair_bans.get(key, {}) for key in pairs]
+        self.factors += [(key, table) for key, table in pairs.items()]
 
     def order(self, max_entries: int) -> tuple[list[int], float] | None:
         """A greedy min-weight elimination order (each step the node whose table, its
@@ -145,70 +167,97 @@ class _Network:
                 heapq.heappush(heap, (weight(a), a))
         return order, entries
 
-    def solve(self, order: list[int], forbidden) -> tuple[float, list[int]] | None:
-        """Min-sum elimination along `order` with the `forbidden` pairs at infinite cost:
-        (the optimum, the choices), or None when it is infinite."""
-        problem = self.problem
-        bad_nodes, bad_edges = forbidden
-        tables: dict[int, tuple[tuple[int, ...], np.ndarray]] = {}
-        holding: list[set[int]] = [set() for _ in self.domains]
-        keys = itertools.count()
 
-        def add(variables: tuple[int, ...], table: np.ndarray) -> None:
-            key = next(keys)
-            tables[key] = (variables, table)
+class _Elimination:
+    """Min-sum elimination of a network along one order, for any set of allowed shared
+    costs. Each step (a bucket) combines the tables that hold its node and passes their
+    minimum over it on as a table of the rest; a bucket none of whose inputs a forbidden
+    shared cost touches gives the same table whatever else is forbidden, so it is computed
+    once for all the sets conditioning solves (most of a layer's buckets)."""
+
+    def __init__(self, network: _Network, order: list[int]) -> None:
+        self.network = network
+        # Bucket b: (its node, the others in its scope, its inputs) where an input is
+        # ("factor", f) or ("bucket", earlier b), and the shared costs it depends on.
+        self.buckets: list[tuple[int, tuple[int, ...], list[tuple[str, int]]]] = []
+        self.depends: list[tuple[int, ...]] = []
+        holding: list[dict[tuple[str, int], tuple[int, ...]]] = [
+            {} for _ in network.domains]
+        for f, (variables, _) in enumerate(network.factors):
             for v in variables:
-                holding[v].add(key)
-
-        records: list[tuple[int, tuple[int, ...], np.ndarray]] = []
-        constant = 0.0
-        pairs: dict[tuple[int, int], np.ndarray] = {}
-        for k, (u, v, matrix) in enumerate(problem.edges):
-            matrix = np.asarray(matrix, dtype=float)
-            if k in bad_edges:
-                matrix = matrix.copy()
-                for i, j in bad_edges[k]:
-                    matrix[i, j] = math.inf
-            if u == v:
-                pairs[(u, u)] = pairs.get((u, u), 0.0) + np.diag(matrix)
-            elif u < v:
-                pairs[(u, v)] = pairs.get((u, v), 0.0) + matrix
-            else:
-                pairs[(v, u)] = pairs.get((v, u), 0.0) + matrix.T
-        for v, costs in enumerate(problem.node_costs):
-            costs = np.asarray(costs, dtype=float).copy()
-            costs[bad_nodes.get(v, [])] = math.inf
-            if (v, v) in pairs:
-                costs += pairs.pop((v, v))
-            add((v,), costs)
-        for (u, v), matrix in pairs.items():
-            add((u, v), matrix)
+                holding[v][("factor", f)] = variables
         for v in order:
             held = holding[v]
-            scope = sorted({w for k in held for w in tables[k][0]} - {v})
-            axes = [*scope, v]
-            shape = [self.domains[w] for w in axes]
-            combined = np.zeros(shape)
-            for k in list(held):
-                variables, table = tables.pop(k)
-                for w in variables:
+            scope = tuple(sorted({w for variables in held.values() for w in variables} - {v}))
+            inputs = list(held)
+            depends: set[int] = set()
+            for kind, i in inputs:
+                depends.update(network.bans[i] if kind == "factor" else self.depends[i])
+                for w in held[(kind, i)]:
                     if w != v:
-                        holding[w].discard(k)
-                combined += _broadcast(table, variables, axes)
+                        del holding[w][(kind, i)]
             held.clear()
-            best = combined.argmin(axis=-1)
-            reduced = np.take_along_axis(combined, best[..., None], axis=-1)[..., 0]
-            records.append((v, tuple(scope), best.astype(np.min_scalar_type(shape[-1]))))
-            if scope:
-                add(tuple(scope), reduced)
-            else:
-                constant += float(reduced)
+            b = len(self.buckets)
+            self.buckets.append((v, scope, inputs))
+            self.depends.append(tuple(sorted(depends)))
+            for w in scope:
+                holding[w][("bucket", b)] = scope
+        self.done: list[dict[tuple[bool, ...], tuple[np.ndarray, list[np.ndarray]]]] = [
+            {} for _ in self.buckets]
+
+    def solve(self, allowed: tuple[bool, ...]) -> tuple[float, list[int]] | None:
+        """(the optimum, the choices) with every trigger of a shared cost not `allowed` at
+        infinite cost, or None when that optimum is infinite."""
+        network = self.network
+        results = []
+        for b, (v, scope, inputs) in enumerate(self.buckets):
+            key = tuple(allowed[s] for s in self.depends[b])
+            if key not in self.done[b]:
+                axes = [*scope, v]
+                parts = []
+                for kind, i in inputs:
+                    if kind == "factor":
+                        variables, table = network.factors[i]
+                        table = self._banned(i, table, allowed)
+                    else:
+                        variables, table = self.buckets[i][1], results[i][0]
+                    parts.append(_broadcast(table, variables, axes))
+                parts.sort(key=lambda a: a.size)
+                self.done[b][key] = (_min_of_sum(parts, [network.domains[w] for w in axes]),
+                                     parts)
+            results.append(self.done[b][key])
+        constant = sum(float(reduced) for (_, scope, _), (reduced, _) in
+                       zip(self.buckets, results) if not scope)
         if not math.isfinite(constant):
             return None
-        choices = [0] * len(self.domains)
-        for v, scope, best in reversed(records):
-            choices[v] = int(best[tuple(choices[w] for w in scope)])
+        choices = [0] * len(network.domains)
+        for (v, scope, _), (_, parts) in zip(reversed(self.buckets), reversed(results)):
+            at = tuple(choices[w] for w in scope)
+            row = None
+            for q in parts:  # the bucket's sum at the scope's choices, in its order
+                cell = q[tuple(i if q.shape[a] > 1 else 0 for a, i in enumerate(at))]
+                row = cell if row is None else row + cell
+            choices[v] = int(np.argmin(np.broadcast_to(row, (network.domains[v],))))
         return constant, choices
+
+    def _banned(self, f: int, table: np.ndarray, allowed: tuple[bool, ...]) -> np.ndarray:
+        bans = [entry for s, entries in self.network.bans[f].items() if not allowed[s]
+                for entry in entries]
+        if not bans:
+            return table
+        table = table.copy()
+        for entry in bans:
+            table[entry] = math.inf
+        return table
+
+
+def _min_of_sum(parts: list[np.ndarray], shape: list[int]) -> np.ndarray:
+    """The sum of `parts`, added in their order (smallest first, so that only the last
+    additions run over the whole `shape`), minimised over its last axis."""
+    combined = parts[0]
+    for q in parts[1:]:
+        combined = combined + q
+    return np.broadcast_to(combined, shape).min(axis=-1)
 
 
 def _broadcast(table: np.ndarray, variables: tuple[int, ...], axes: list[int]) -> np.ndarray:

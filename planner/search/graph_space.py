@@ -16,8 +16,9 @@ For each number of micro-batches m (micro-batch b = B / m):
 4. `inter_op.stage_dp` chooses stages, submeshes and their meshes.
 The DP's plan, and three baselines — data parallelism (one stage, every parameter
 replicated, the batch split), the best single intra-op mesh over every device, and an even
-pipeline of one-device stages — are then traced as whole stages, solved again and
-predicted exactly (`predict`); the fastest that fits is the plan. So a plan is never
+pipeline of one-device stages — are then traced as whole stages, solved again (every
+layout of every micro-batch count at once, in worker processes) and predicted exactly
+(`predict_all`); the fastest that fits is the plan. So a plan is never
 predicted slower than any of those under the same cost model.
 """
 
@@ -50,7 +51,7 @@ from passes.strategies import TRAINING_STATE_COPIES, enumerate_strategies
 from planner.cluster import Cluster
 from planner.search.alpa_space import submeshes
 from planner.search.inter_op import stage_dp
-from planner.search.stage_solve import StageCost, StageSolve, solve_stage
+from planner.search.stage_solve import StageCost, StageResult, solve_stage
 from planner.search.workers import can_fork, forked_pool
 
 MAX_LAYERS = 16
@@ -76,7 +77,7 @@ class Candidate:
 
     layout: Layout
     micro_batches: int
-    solves: list[StageSolve]
+    solves: list[StageResult]
     step_time_s: float
     memory_bytes: list[float]
     """Peak bytes per device of each stage."""
@@ -148,7 +149,7 @@ def search_graph(
     on_meta = on_meta_device(model)
     values = {**dict(on_meta.named_parameters()), **dict(on_meta.named_buffers())}
     counts = [micro_batches] if micro_batches else default_micro_batches(global_batch_size)
-    best: GraphSearch | None = None
+    searches: list[tuple[GraphSearch, _Traced, list[Layout]]] = []
     timings = {"trace_s": 0.0, "layer_ilps_s": 0.0, "stage_dp_s": 0.0, "stage_ilps_s": 0.0}
     for m in counts:
         size = global_batch_size // m
@@ -157,23 +158,38 @@ def search_graph(
         forward = forward_graph(on_meta, inputs, loss_fn)
         cuts = layer_cuts(forward, max_layers)
         timings["trace_s"] += time.perf_counter() - start
-        found = _search_micro_batches(forward, cuts, values, inputs, cluster, m,
-                                      time_limit_s, timings)
-        if best is None:
-            best = found
-        else:
-            best.candidates += found.candidates
-            best.layer_solves += found.layer_solves
-    assert best is not None
-    best.candidates.sort(key=lambda c: (not c.fits, c.step_time_s))
+        traced = _Traced(forward, cuts, inputs, m)
+        searches.append(_search_micro_batches(traced, values, cluster, time_limit_s, timings))
+    # Every layout of every micro-batch count, traced and solved whole in one batch of
+    # worker tasks (a whole-model baseline takes as long as many one-layer stages).
+    start = time.perf_counter()
+    predicted = predict_all([(traced, layout) for _, traced, layouts in searches
+                             for layout in layouts], values, cluster, time_limit_s)
+    timings["stage_ilps_s"] += time.perf_counter() - start
+    best = searches[0][0]
+    best.layer_solves = sum(found.layer_solves for found, _, _ in searches)
+    best.candidates = sorted(predicted, key=lambda c: (not c.fits, c.step_time_s))
     best.timings = timings
     return best
 
 
+@dataclass(frozen=True)
+class _Traced:
+    """The model's forward at one micro-batch size, cut into layers."""
+
+    forward: ForwardGraph
+    cuts: list[int]
+    inputs: tuple
+    micro_batches: int
+
+
 def _search_micro_batches(
-    forward: ForwardGraph, cuts: list[int], values: dict, inputs: tuple, cluster: Cluster,
-    m: int, time_limit_s: float, timings: dict[str, float],
-) -> GraphSearch:
+    traced: _Traced, values: dict, cluster: Cluster, time_limit_s: float,
+    timings: dict[str, float],
+) -> tuple[GraphSearch, _Traced, list[Layout]]:
+    """The layer table and stage DP at one micro-batch count: its layouts to predict (the
+    DP's plan and the baselines)."""
+    forward, cuts, inputs, m = traced.forward, traced.cuts, traced.inputs, traced.micro_batches
     num_layers = len(cuts) - 1
     devices = cluster.num_devices
     most = min(num_layers, devices, m) if m > 1 else 1
@@ -202,15 +218,9 @@ def _search_micro_batches(
             for k, c in enumerate(plan.stages)), "stage DP"))
     layouts += _baselines(num_layers, devices, capacity, table, sizes, m,
                           cluster.devices_per_node)
-    start = time.perf_counter()
-    candidates = []
-    for layout in _unique(layouts):
-        candidates.append(predict(layout, forward, cuts, values, inputs, cluster, m,
-                                  time_limit_s))
-    timings["stage_ilps_s"] += time.perf_counter() - start
-    return GraphSearch(candidates, num_layers,
-                       layer_solves=len({id(v) for v in table.values()}), costs=costs,
-                       submesh_sizes=sizes)
+    found = GraphSearch([], num_layers, layer_solves=len({id(v) for v in table.values()}),
+                        costs=costs, submesh_sizes=sizes)
+    return found, traced, _unique(layouts)
 
 
 def usable_submeshes(sizes: list[int], devices: int, most: int) -> list[int]:
@@ -433,44 +443,100 @@ def _baselines(num_layers: int, devices: int, capacity: float, table: dict,
 # -- exact prediction of a layout ---------------------------------------------------------
 
 
-def predict(
-    layout: Layout, forward: ForwardGraph, cuts: list[int], values: dict, inputs: tuple,
-    cluster: Cluster, m: int, time_limit_s: float = 30.0,
-) -> Candidate:
-    """Trace each stage of `layout` whole, solve it on its mesh and predict the step:
+def predict_all(layouts: list[tuple[_Traced, Layout]], values: dict, cluster: Cluster,
+                time_limit_s: float = 30.0) -> list[Candidate]:
+    """Each layout's stages traced whole and solved on their meshes, in forked workers
+    (the largest stages first), and each layout predicted from them (`predict`). A stage
+    two layouts share is solved once."""
+    capacity = usable_bytes(cluster)
+    parameter_bytes = sum(v.numel() * v.element_size() for v in values.values()
+                          if isinstance(v, nn.Parameter))
+    tasks: dict[tuple, tuple] = {}
+    for traced, layout in layouts:
+        if _replicas_cannot_fit(layout, parameter_bytes, capacity):
+            continue
+        for first, last, shape, lean in layout.stages:
+            key = (id(traced), first, last, shape, lean, layout.replicate_parameters,
+                   layout.shard_inputs_on)
+            tasks.setdefault(key, (traced, first, last, shape, lean,
+                                   layout.replicate_parameters, layout.shard_inputs_on))
+    order = sorted(tasks, key=lambda k: -(tasks[k][0].cuts[k[2]] - tasks[k][0].cuts[k[1]]))
+    results = dict(zip(order, _solve_stages([tasks[k] for k in order], values, cluster,
+                                            time_limit_s)))
+    candidates = []
+    for traced, layout in layouts:
+        if _replicas_cannot_fit(layout, parameter_bytes, capacity):
+            # Every rank would hold all of the model's training state, which alone does not
+            # fit: nothing to solve.
+            state = float(parameter_bytes * TRAINING_STATE_COPIES)
+            candidates.append(Candidate(layout, traced.micro_batches, [], math.inf, [state],
+                                        False, 0.0, 0.0, 0.0, traced.forward, traced.cuts,
+                                        inputs_batch(traced.inputs)))
+            continue
+        solves = [results[(id(traced), first, last, shape, lean, layout.replicate_parameters,
+                           layout.shard_inputs_on)]
+                  for first, last, shape, lean in layout.stages]
+        candidates.append(predict(layout, solves, traced, cluster))
+    return candidates
+
+
+def _replicas_cannot_fit(layout: Layout, parameter_bytes: float, capacity: float) -> bool:
+    return layout.replicate_parameters and parameter_bytes * TRAINING_STATE_COPIES > capacity
+
+
+def predict(layout: Layout, solves: list[StageResult], traced: _Traced,
+            cluster: Cluster) -> Candidate:
+    """The step of `layout` from its stages' solves:
 
         T = sum_i t_i + (m - 1) max_i t_i + max_i sync_i,
 
     t_i a micro-batch's forward and backward on stage i with its transfers (GPipe's fill and
     drain), sync_i its once-per-step gradient synchronisation."""
+    m = traced.micro_batches
     capacity = usable_bytes(cluster)
-    if layout.replicate_parameters:
-        # Every rank holds all of the model's training state: when that alone does not fit
-        # the layout cannot, and there is nothing to solve.
-        state = sum(v.numel() * v.element_size() for v in values.values()
-                    if isinstance(v, nn.Parameter)) * TRAINING_STATE_COPIES
-        if state > capacity:
-            return Candidate(layout, m, [], math.inf, [float(state)], False, 0.0, 0.0, 0.0,
-                             forward, cuts, inputs_batch(inputs))
-    solves = []
-    for first, last, shape, lean in layout.stages:
-        graph = stage_graph(forward, cuts, first, last, values)
-        program = stage_program(graph, inputs)
-        solves.append(solve_stage(
-            program, shape, cluster, len(graph.user_inputs), graph.is_last, lean=lean,
-            time_limit_s=time_limit_s, replicate_parameters=layout.replicate_parameters,
-            shard_inputs_on=layout.shard_inputs_on))
-    capacity = usable_bytes(cluster)
-    p2p = _p2p_times(layout, forward, cuts, cluster)
-    times = [x.micro_batch_s + p for x, p in zip(solves, p2p)]
-    step = sum(times) + (m - 1) * max(times) + max(x.step_comm_s for x in solves)
-    memory = [x.state_bytes + (1 if k == len(solves) - 1 else m) * x.activation_bytes
+    p2p = _p2p_times(layout, traced.forward, traced.cuts, cluster)
+    times = [x.cost.micro_batch_s + p for x, p in zip(solves, p2p)]
+    step = sum(times) + (m - 1) * max(times) + max(x.cost.step_comm_s for x in solves)
+    memory = [x.cost.state_bytes + (1 if k == len(solves) - 1 else m) * x.cost.activation_bytes
               for k, x in enumerate(solves)]
     slowest = int(np.argmax(times))
     return Candidate(layout, m, solves, step, memory, max(memory) <= capacity,
                      p2p_s=sum(p2p), compute_s=sum(x.compute_s for x in solves) * m,
                      communication_s=step - solves[slowest].compute_s * m,
-                     forward=forward, layer_cuts=cuts, micro_batch_size=inputs_batch(inputs))
+                     forward=traced.forward, layer_cuts=traced.cuts,
+                     micro_batch_size=inputs_batch(traced.inputs))
+
+
+# What the workers of `_solve_stages` read: (stage graph, inputs, shape, lean, replicate,
+# shard inputs on) per task, the cluster and the time limit.
+_STAGE_TASKS: tuple | None = None
+
+
+def _solve_stages(tasks: list[tuple], values: dict, cluster: Cluster,
+                  time_limit_s: float) -> list[StageResult]:
+    global _STAGE_TASKS
+    _STAGE_TASKS = ([(stage_graph(t.forward, t.cuts, first, last, values), t.inputs, *rest)
+                     for t, first, last, *rest in tasks], cluster, time_limit_s)
+    try:
+        processes = min(os.cpu_count() or 1, len(tasks))
+        if processes > 1 and can_fork():
+            pool = forked_pool(processes)
+            try:
+                return pool.map(_solve_stage_task, range(len(tasks)), chunksize=1)
+            finally:
+                pool.terminate()
+        return [_solve_stage_task(i) for i in range(len(tasks))]
+    finally:
+        _STAGE_TASKS = None
+
+
+def _solve_stage_task(index: int) -> StageResult:
+    tasks, cluster, time_limit_s = _STAGE_TASKS
+    graph, inputs, shape, lean, replicate, shard_inputs_on = tasks[index]
+    program = stage_program(graph, inputs)
+    return solve_stage(program, shape, cluster, len(graph.user_inputs), graph.is_last,
+                       lean=lean, time_limit_s=time_limit_s, replicate_parameters=replicate,
+                       shard_inputs_on=shard_inputs_on).result()
 
 
 def _p2p_times(layout: Layout, forward: ForwardGraph, cuts: list[int],

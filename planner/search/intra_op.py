@@ -32,7 +32,7 @@ from passes.strategies import NodeStrategies, Source, Strategy, output_value, so
 from passes.trace import TracedProgram
 from planner.search.buckets import Bucket, bucket_transfers
 from planner.cluster import Cluster, LinkSpec
-from planner.search.elimination import solve_by_elimination
+from planner.search.elimination import ilp_variables, solve_by_elimination
 from planner.search.solver import (
     Assignment,
     AssignmentProblem,
@@ -101,6 +101,11 @@ class IntraOpSolution:
         return {k: {"count": counts[k], "bytes": sizes[k]} for k in sorted(counts)}
 
 
+SHARED_PRICES_LIMIT = 500_000
+"""Most moves and edge matrices one (mesh, cluster) keeps priced for the process."""
+_SHARED_PRICES: dict[tuple, dict] = {}
+
+
 @dataclass
 class CommModel:
     """Time of a redistribution on a mesh laid over a cluster (ranks in row-major order)."""
@@ -110,6 +115,17 @@ class CommModel:
     profile: ProfileDatabase | None = None
     """Measured collective times, used where they cover the collective."""
     _cache: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Without a profile, a move's price depends only on the mesh, the cluster and the
+        # tensor: the layers of a model, and every layer a graph plan solves on this mesh,
+        # share one cache for the process.
+        if self.profile is None:
+            key = (self.mesh.device_type, tuple(self.mesh.shape),
+                   self.cluster.model_dump_json())
+            if key not in _SHARED_PRICES or len(_SHARED_PRICES[key]) > SHARED_PRICES_LIMIT:
+                _SHARED_PRICES[key] = {}
+            self._cache = _SHARED_PRICES[key]
 
     def group(self, dims: tuple[int, ...]) -> tuple[int, int]:
         """(size, stride) of the rank groups a collective over mesh axes `dims` runs in."""
@@ -256,8 +272,7 @@ def plan_intra_op(
         communication,
         memory,
         assignment,
-        num_variables=sum(len(c) for c in reduced.node_costs)
-        + sum(m.size for _, _, m in reduced.edges),
+        num_variables=ilp_variables(reduced),
         buckets=buckets,
     )
 
@@ -357,14 +372,11 @@ def _edge_matrix(
     dsts, col_of = _distinct(
         [_required(edge, table, j) for j in range(len(table[edge.consumer].strategies))]
     )
-    small = np.zeros((len(srcs), len(dsts)))
     bucketed = edge.phase == "gradient_sync"
-    small_keys = {}
-    for a, src in enumerate(srcs):
-        for b, dst in enumerate(dsts):
-            small[a, b], collectives = comm.transfer(value, src, dst, bucketed)
-            if bucketed and _all_reduce_only(collectives):
-                small_keys[(a, b)] = _bucket_key(collectives)
+    key = ("edge", tuple(value.shape), value.dtype, tuple(srcs), tuple(dsts), bucketed)
+    if key not in comm._cache:
+        comm._cache[key] = _pair_prices(value, srcs, dsts, bucketed, comm)
+    small, small_keys = comm._cache[key]
     keys = {
         (i, j): small_keys[(a, b)]
         for i, a in enumerate(row_of)
@@ -372,6 +384,20 @@ def _edge_matrix(
         if (a, b) in small_keys
     }
     return producer, edge.consumer, small[np.ix_(row_of, col_of)], keys
+
+
+def _pair_prices(value: torch.Tensor, srcs: list[Placements], dsts: list[Placements],
+                 bucketed: bool, comm: CommModel) -> tuple[np.ndarray, dict]:
+    """Seconds of moving `value` from each of `srcs` to each of `dsts`, and the bucket
+    each all-reducing pair falls into."""
+    small = np.zeros((len(srcs), len(dsts)))
+    small_keys = {}
+    for a, src in enumerate(srcs):
+        for b, dst in enumerate(dsts):
+            small[a, b], collectives = comm.transfer(value, src, dst, bucketed)
+            if bucketed and _all_reduce_only(collectives):
+                small_keys[(a, b)] = _bucket_key(collectives)
+    return small, small_keys
 
 
 def _distinct(placements: list[Placements]) -> tuple[list[Placements], np.ndarray]:

@@ -35,8 +35,9 @@ from passes.stage_graph import (
 from passes.strategies import NodeStrategies, enumerate_strategies, output_value, source_of
 from passes.trace import TracedProgram
 from planner.cluster import Cluster
-from planner.plan import GradientBucket
+from planner.plan import GradientBucket, OperatorShardings
 from planner.search.intra_op import CommModel, IntraOpSolution, plan_intra_op
+from planner.search.shardings import operator_shardings
 
 
 @dataclass
@@ -79,6 +80,12 @@ class StageSolve:
         return StageCost(self.micro_batch_s, self.incoming_s, self.outgoing_s,
                          self.step_comm_s, self.state_bytes, self.activation_bytes)
 
+    def result(self) -> StageResult:
+        parameters, operators = operator_shardings(self.program, self.table, self.solution,
+                                                   buckets=self.buckets)
+        return StageResult(self.cost(), self.compute_s, tuple(self.per_micro_batch),
+                           tuple(self.per_step), parameters, operators)
+
 
 @dataclass(frozen=True)
 class StageCost:
@@ -91,6 +98,22 @@ class StageCost:
     step_comm_s: float
     state_bytes: float
     activation_bytes: float
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """What a plan keeps of a stage's solve, in plain values (stages are solved in worker
+    processes): its costs, the collectives one rank issues, and its shardings as the Plan
+    records them."""
+
+    cost: StageCost
+    compute_s: float
+    """Kernel time of one micro-batch's forward and backward."""
+    per_micro_batch: tuple[Collective, ...]
+    per_step: tuple[Collective, ...]
+    parameters: dict[str, str]
+    """Parameter FQN -> placement (DTensor's short form)."""
+    operators: OperatorShardings
 
 
 def solve_stage(
