@@ -253,3 +253,36 @@ def test_an_op_without_a_rule_falls_back_to_replication(device) -> None:
     # The rest of the model is still planned with real choices.
     linear = next(n for n in program.graph.nodes if n.target == aten.addmm.default)
     assert table[linear.name].kind == "op" and len(table[linear.name].strategies) > 1
+
+
+def _as_text(table: dict[str, NodeStrategies]) -> dict[str, list[tuple]]:
+    return {name: [(tuple(map(placement_str, s.inputs)),
+                    tuple(placement_str(p) if p is not None else None for p in s.outputs),
+                    placement_str(s.produced) if s.produced is not None else None,
+                    s.compute_s, s.memory_bytes) for s in node.strategies]
+            for name, node in table.items()}
+
+
+def test_a_layer_of_other_widths_reuses_the_cached_ways_exactly(device) -> None:
+    # Two MLPs that differ only in widths (every width split by the 2x2 mesh) ask DTensor
+    # mostly the same questions: the second, built mostly from the first's cached ways,
+    # must equal its own enumeration from empty caches, placements and costs alike.
+    from passes.strategies import _RuleCache
+
+    def program(hidden: int) -> TracedProgram:
+        torch.manual_seed(0)
+        model, inputs = demo.mlp(batch=8, in_features=32, hidden=hidden, out_features=16)
+        return trace(model, inputs)
+
+    narrow, wide = program(64), program(96)
+    mesh = fake_mesh((2, 2))
+    _RuleCache._answers.clear()
+    enumerate_strategies(narrow, mesh, device)
+    asked = len(_RuleCache._answers)
+    warm = enumerate_strategies(wide, mesh, device)
+    new = len(_RuleCache._answers) - asked
+    _RuleCache._answers.clear()
+    cold = enumerate_strategies(wide, mesh, device)
+    assert new < len(_RuleCache._answers) / 4  # views of sizes are asked again, the rest not
+    assert _as_text(warm) == _as_text(cold)
+    assert any(len(node.strategies) > 10 for node in cold.values())

@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from planner.search.elimination import solve_by_elimination
+from planner.search.elimination import ilp_variables, solve_by_elimination
 from planner.search.solver import (
     AssignmentProblem,
     SharedCost,
@@ -89,6 +89,10 @@ def test_declines_a_problem_whose_tables_would_be_too_large() -> None:
     problem = AssignmentProblem([rng.uniform(0, 1, size=k) for _ in range(n)],
                                 [np.zeros(k) for _ in range(n)], edges)
     assert solve_by_elimination(problem, max_entries=10**6) is None
+    # By default too: 8^9 entries is far more than ENTRIES_PER_VARIABLE per ILP variable
+    # (2,376 variables), where the ILP is likely the faster.
+    assert ilp_variables(problem) == 9 * 8 + 36 * 64
+    assert solve_by_elimination(problem) is None
 
 
 def test_leaves_a_binding_memory_limit_to_the_ilp() -> None:
