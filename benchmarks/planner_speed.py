@@ -72,15 +72,17 @@ def plan_seconds(*model: str, gpus: int, batch: int = 3072) -> tuple[float, bool
 
 
 def printed_timings(stdout: str) -> dict:
-    """What the command said about its time: the graph path's 'N layers, K layer ILPs;
-    trace ..., layer_ilps ..., ...' or the zoo path's 'searched N configurations in ...'."""
+    """What the command said about its time: the graph path's 'N layers, K layer ILPs,
+    B bounds; trace ..., layer_ilps ..., ...' or the zoo path's 'searched N configurations
+    in ...'."""
     out: dict = {}
     for line in stdout.splitlines():
-        graph = re.match(r"\s*(\d+) layers, (\d+) layer ILPs; (.*)", line)
+        graph = re.match(r"\s*(\d+) layers, (\d+) layer ILPs, (\d+) bounds; (.*)", line)
         zoo = re.match(r"\s*searched ([\d,]+) configurations in (.*)", line)
         if graph:
-            out = {"layers": int(graph[1]), "layer_ilps": int(graph[2]), "line": line.strip(),
-                   "timings_s": {k: float(v) for k, v in TIMING.findall(graph[3])}}
+            out = {"layers": int(graph[1]), "layer_ilps": int(graph[2]),
+                   "layer_bounds": int(graph[3]), "line": line.strip(),
+                   "timings_s": {k: float(v) for k, v in TIMING.findall(graph[4])}}
         elif zoo:
             out = {"configurations": int(zoo[1].replace(",", "")), "line": line.strip(),
                    "timings_s": {k: float(v) for k, v in TIMING.findall(zoo[2])}}

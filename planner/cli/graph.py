@@ -52,7 +52,8 @@ def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
                              loaded.loss_fn, micro_batches=micro_batches,
                              time_limit_s=args.time_limit)
     console.print(
-        f"{found.num_layers} layers, {found.layer_solves} layer ILPs; "
+        f"{found.num_layers} layers, {found.layer_solves} layer ILPs, "
+        f"{found.layer_bounds} bounds; "
         + ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in found.timings.items()),
         highlight=False)
     fitting = [c for c in found.candidates if c.fits]

@@ -87,6 +87,62 @@ def solve_by_elimination(
                       solver="elimination")
 
 
+LOWER_BOUND_TABLE_ENTRIES = 300_000
+"""Largest table `lower_bound` builds: about a tenth of an exact elimination's work on a
+layer on a 2-D mesh, within 10-50% of its optimum."""
+
+
+def lower_bound(problem: AssignmentProblem,
+                max_table_entries: int = LOWER_BOUND_TABLE_ENTRIES) -> float:
+    """A lower bound on the problem's optimum, memory limit and shared costs left out, by
+    mini-bucket elimination (Dechter and Rish, "Mini-buckets: a general scheme for bounded
+    inference", JACM 2003): each step's tables are split into groups whose combined table
+    holds at most `max_table_entries`, and each group is minimised over the node apart.
+    The sum of the groups' minima is at most the minimum of their sum, so every step, and
+    the whole elimination, can only underestimate."""
+    network = _Network(problem)
+    order, _ = network.order(math.inf)
+    domains = network.domains
+    holding: list[dict[int, tuple[tuple[int, ...], np.ndarray]]] = [{} for _ in domains]
+    keys = itertools.count()
+
+    def add(variables: tuple[int, ...], table: np.ndarray) -> None:
+        key = next(keys)
+        for v in variables:
+            holding[v][key] = (variables, table)
+
+    for variables, table in network.factors:
+        add(variables, table)
+    total = 0.0
+    for v in order:
+        items = sorted(holding[v].items(), key=lambda item: -item[1][1].size)
+        holding[v].clear()
+        for key, (variables, _) in items:
+            for w in variables:
+                if w != v:
+                    del holding[w][key]
+        groups: list[tuple[set[int], list[tuple[tuple[int, ...], np.ndarray]]]] = []
+        for _, (variables, table) in items:
+            for scope, members in groups:
+                if math.prod(domains[w] for w in scope | set(variables)) <= max_table_entries:
+                    scope.update(variables)
+                    members.append((variables, table))
+                    break
+            else:
+                groups.append(({v, *variables}, [(variables, table)]))
+        for scope, members in groups:
+            rest = sorted(scope - {v})
+            axes = [*rest, v]
+            parts = sorted((_broadcast(t, variables, axes) for variables, t in members),
+                           key=lambda a: a.size)
+            reduced = _min_of_sum(parts, [domains[w] for w in axes])
+            if rest:
+                add(tuple(rest), reduced)
+            else:
+                total += float(reduced)
+    return total
+
+
 def ilp_variables(problem: AssignmentProblem) -> int:
     """Variables of the problem's ILP: one per node choice and one per edge entry."""
     return sum(len(c) for c in problem.node_costs) + sum(np.size(m) for _, _, m in problem.edges)

@@ -51,7 +51,7 @@ from passes.strategies import TRAINING_STATE_COPIES, enumerate_strategies
 from planner.cluster import Cluster
 from planner.search.alpa_space import submeshes
 from planner.search.inter_op import stage_dp
-from planner.search.stage_solve import StageCost, StageResult, solve_stage
+from planner.search.stage_solve import StageCost, StageResult, bound_stage, solve_stage
 from planner.search.workers import can_fork, forked_pool
 
 MAX_LAYERS = 16
@@ -100,6 +100,8 @@ class GraphSearch:
     """Layers the model was cut into (at the first micro-batch count searched)."""
     timings: dict[str, float] = field(default_factory=dict)
     layer_solves: int = 0
+    layer_bounds: int = 0
+    """Layer solves on 2-D meshes bounded rather than made (`_LayerTable`)."""
     costs: np.ndarray | None = None
     """The stage DP's cost array [layers, layers + 1, submeshes, stages after]."""
     submesh_sizes: list[int] = field(default_factory=list)
@@ -168,6 +170,7 @@ def search_graph(
     timings["stage_ilps_s"] += time.perf_counter() - start
     best = searches[0][0]
     best.layer_solves = sum(found.layer_solves for found, _, _ in searches)
+    best.layer_bounds = sum(found.layer_bounds for found, _, _ in searches)
     best.candidates = sorted(predicted, key=lambda c: (not c.fits, c.step_time_s))
     best.timings = timings
     return best
@@ -195,30 +198,38 @@ def _search_micro_batches(
     most = min(num_layers, devices, m) if m > 1 else 1
     sizes = usable_submeshes(submeshes(cluster), devices, most)
     capacity = usable_bytes(cluster)
-    start = time.perf_counter()
-    table = _layer_table(forward, cuts, values, inputs, cluster, sizes, time_limit_s,
-                         capacity, m)
-    timings["layer_ilps_s"] += time.perf_counter() - start
-    start = time.perf_counter()
-    costs = np.full((num_layers, num_layers + 1, len(sizes), most), np.inf)
-    chosen: dict[tuple[int, int, int, int], tuple[tuple[int, ...], bool]] = {}
     cut_bytes = [forward.cut_bytes(c) if 0 < c < len(forward.ops) else 0 for c in cuts]
-    for n, shape, lean, solves in _mesh_options(table, num_layers, sizes,
-                                                cluster.devices_per_node):
-        link = _boundary_link(cluster, 2 * n)
-        _fill(costs[:, :, sizes.index(n)], chosen, sizes.index(n), (shape, lean), solves, m,
-              capacity, cut_bytes, n, link)
-    plan = stage_dp(costs, np.array(sizes), devices, m, most)
-    timings["stage_dp_s"] += time.perf_counter() - start
-    layouts = []
-    if plan is not None:
-        layouts.append(Layout(tuple(
-            (c.first_layer, c.last_layer,
-             *chosen[(c.first_layer, c.last_layer, c.submesh, len(plan.stages) - 1 - k)])
-            for k, c in enumerate(plan.stages)), "stage DP"))
-    layouts += _baselines(num_layers, devices, capacity, table, sizes, m,
-                          cluster.devices_per_node)
-    found = GraphSearch([], num_layers, layer_solves=len({id(v) for v in table.values()}),
+    with _LayerTable(forward, cuts, values, inputs, cluster, sizes, time_limit_s,
+                     capacity, m) as table:
+        timings["layer_ilps_s"] += table.seconds
+        # Bounds stand in for the 2-D solves until a plan needs them: the DP's plan and the
+        # best single mesh are solved where they read a bound, and searched again, until
+        # they read solves only. Then no plan the bounds allowed beats them, nor can any
+        # plan of solves: the result is that of the whole table, solved.
+        while True:
+            start = time.perf_counter()
+            costs, chosen = _stage_costs(table.costs, num_layers, sizes, m, most, capacity,
+                                         cut_bytes, cluster)
+            plan = stage_dp(costs, np.array(sizes), devices, m, most)
+            timings["stage_dp_s"] += time.perf_counter() - start
+            layouts = []
+            if plan is not None:
+                layouts.append(Layout(tuple(
+                    (c.first_layer, c.last_layer,
+                     *chosen[(c.first_layer, c.last_layer, c.submesh,
+                              len(plan.stages) - 1 - k)])
+                    for k, c in enumerate(plan.stages)), "stage DP"))
+            layouts += _baselines(num_layers, devices, capacity, table.costs, sizes, m,
+                                  cluster.devices_per_node)
+            bounded = {(layer, shape, lean) for layout in layouts
+                       for first, last, shape, lean in layout.stages
+                       for layer in range(first, last)
+                       if not table.costs.get((layer, shape, lean), _SOLVED).exact}
+            if not bounded:
+                break
+            table.solve(sorted(bounded))
+            timings["layer_ilps_s"] += table.seconds
+    found = GraphSearch([], num_layers, layer_solves=table.solves, layer_bounds=table.bounds,
                         costs=costs, submesh_sizes=sizes)
     return found, traced, _unique(layouts)
 
@@ -253,39 +264,92 @@ def inputs_batch(inputs: tuple) -> int:
     return next(x.shape[0] for x in inputs if isinstance(x, torch.Tensor) and x.dim() > 0)
 
 
-def _layer_table(
-    forward: ForwardGraph, cuts: list[int], values: dict, inputs: tuple, cluster: Cluster,
-    sizes: list[int], time_limit_s: float, capacity: float, m: int,
-) -> dict[tuple[int, tuple[int, ...], bool], StageCost]:
-    """Every layer's cost on every logical mesh; layers of one template (same ops, shapes
-    and boundaries) are traced and solved once. The lean solve of a layer on a mesh is made
-    only where the fast ones leave too little memory: where the whole model's fast state
-    and GPipe's activations on that mesh do not fit. The solves are independent and run in
-    one forked process per core, as Alpa compiles stages in parallel workers; each worker
-    traces the templates it is given (a trace costs about as much as a 1-D solve), and is
-    given one template's meshes at a time."""
-    num_layers = len(cuts) - 1
-    graphs: dict = {}
-    keys = []
-    for layer in range(num_layers):
-        graph = stage_graph(forward, cuts, layer, layer + 1, values)
-        key = _template(forward, cuts, layer, graph)
-        keys.append(key)
-        graphs.setdefault(key, graph)
-    shapes = [shape for n in sizes for shape in logical_meshes(n, cluster.devices_per_node)]
-    templates = list(graphs)
-    fast = [(t, shape, False) for t in range(len(templates)) for shape in shapes]
-    with _Solver([graphs[key] for key in templates], inputs, cluster, time_limit_s) as solver:
-        costs = solver.solve(fast, per_template=len(shapes))
-        table = {(layer, shape, False): costs[(templates.index(key), shape, False)]
-                 for layer, key in enumerate(keys) for shape in shapes}
-        short = [shape for shape in shapes
-                 if not _fast_fits(table, num_layers, shape, capacity, m)]
-        lean = [(t, shape, True) for t in range(len(templates)) for shape in short]
-        costs.update(solver.solve(lean, per_template=len(short)))
-    table.update({(layer, shape, True): costs[(templates.index(key), shape, True)]
-                  for layer, key in enumerate(keys) for shape in short})
-    return table
+class _LayerTable:
+    """Every layer's cost on every logical mesh, `costs[(layer, shape, lean)]`: solved on 1-D
+    meshes (as fast as it can go, and where memory is short with each parameter at its
+    least), bounded on 2-D ones (`stage_solve.bound_stage`, about a tenth of a solve) until
+    `solve` is asked for them. Layers that compute the same thing (same ops, shapes and
+    boundaries: a template) share every solve. The work runs in one forked process per
+    core, the same workers throughout (their caches of DTensor's answers, programs and
+    strategy tables carry over), as Alpa compiles stages in parallel workers; each worker
+    traces the templates it is given."""
+
+    def __init__(self, forward: ForwardGraph, cuts: list[int], values: dict, inputs: tuple,
+                 cluster: Cluster, sizes: list[int], time_limit_s: float, capacity: float,
+                 m: int) -> None:
+        self.num_layers = len(cuts) - 1
+        graphs: dict = {}
+        self.keys = []
+        for layer in range(self.num_layers):
+            graph = stage_graph(forward, cuts, layer, layer + 1, values)
+            key = _template(forward, cuts, layer, graph)
+            self.keys.append(key)
+            graphs.setdefault(key, graph)
+        self.templates = list(graphs)
+        self.shapes = [shape for n in sizes
+                       for shape in logical_meshes(n, cluster.devices_per_node)]
+        self.capacity, self.m = capacity, m
+        self.solver = _Solver([graphs[key] for key in self.templates], inputs, cluster,
+                              time_limit_s, m)
+        self.costs: dict[tuple[int, tuple[int, ...], bool], StageCost] = {}
+        self.solves = self.bounds = 0
+        self.seconds = 0.0
+        """Time of the last batch of work."""
+
+    def __enter__(self) -> _LayerTable:
+        start = time.perf_counter()
+        self.solver.__enter__()
+        tasks = [(t, shape, False, "solve" if len(shape) == 1 else "bound")
+                 for t in range(len(self.templates)) for shape in self.shapes]
+        self._run(tasks, per_template=len(self.shapes))
+        # A lean solve is made only where the fast ones leave too little memory: where the
+        # whole model's fast state and GPipe's activations on that mesh do not fit.
+        short = [shape for shape in self.shapes if len(shape) == 1 and not _fast_fits(
+            self.costs, self.num_layers, shape, self.capacity, self.m)]
+        self._run([(t, shape, True, "solve") for t in range(len(self.templates))
+                   for shape in short], per_template=len(short))
+        self.seconds = time.perf_counter() - start
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.solver.__exit__(*exc)
+
+    def solve(self, entries: list[tuple[int, tuple[int, ...], bool]]) -> None:
+        """Solve the layers' templates on these (layer, mesh, lean) entries."""
+        start = time.perf_counter()
+        tasks = {(self.templates.index(self.keys[layer]), shape, lean, "solve")
+                 for layer, shape, lean in entries}
+        self._run(sorted(tasks), per_template=1)
+        self.seconds = time.perf_counter() - start
+
+    def _run(self, tasks: list[tuple], per_template: int) -> None:
+        for (t, shape, lean, kind), cost in self.solver.solve(tasks, per_template).items():
+            self.solves += kind == "solve"
+            self.bounds += kind == "bound"
+            for layer, key in enumerate(self.keys):
+                if key == self.templates[t]:
+                    # A bound holds for the fast solve and the lean one alike.
+                    for variant in ((False, True) if kind == "bound" else (lean,)):
+                        self.costs[(layer, shape, variant)] = cost
+
+
+_SOLVED = StageCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+"""What a layout's stage off the layer table reads as: nothing to solve."""
+
+
+def _stage_costs(table: dict, num_layers: int, sizes: list[int], m: int, most: int,
+                 capacity: float, cut_bytes: list[float],
+                 cluster: Cluster) -> tuple[np.ndarray, dict]:
+    """The stage DP's cost array from the layer table, and the mesh option each entry
+    came from."""
+    costs = np.full((num_layers, num_layers + 1, len(sizes), most), np.inf)
+    chosen: dict[tuple[int, int, int, int], tuple[tuple[int, ...], bool]] = {}
+    for n, shape, lean, solves in _mesh_options(table, num_layers, sizes,
+                                                cluster.devices_per_node):
+        link = _boundary_link(cluster, 2 * n)
+        _fill(costs[:, :, sizes.index(n)], chosen, sizes.index(n), (shape, lean), solves, m,
+              capacity, cut_bytes, n, link)
+    return costs, chosen
 
 
 # What forked workers read (stage graphs; traced programs do not pickle), and each
@@ -302,8 +366,8 @@ class _Solver:
     over)."""
 
     def __init__(self, graphs: list, inputs: tuple, cluster: Cluster,
-                 time_limit_s: float) -> None:
-        self.state = (graphs, inputs, cluster, time_limit_s)
+                 time_limit_s: float, micro_batches: int) -> None:
+        self.state = (graphs, inputs, cluster, time_limit_s, micro_batches)
         self.pool = None
 
     def __enter__(self) -> _Solver:
@@ -322,8 +386,7 @@ class _Solver:
         _PROGRAMS.clear()
         _STRATEGIES.clear()
 
-    def solve(self, tasks: list[tuple[int, tuple[int, ...], bool]],
-              per_template: int) -> dict:
+    def solve(self, tasks: list[tuple], per_template: int) -> dict:
         """Solve `tasks`, listed template by template with `per_template` each: a worker
         takes one template's tasks at a time, so each template is traced once a batch."""
         if self.pool is not None and len(tasks) > 1:
@@ -333,9 +396,10 @@ class _Solver:
         return dict(zip(tasks, answers))
 
 
-def _solve_task(task: tuple[int, tuple[int, ...], bool]) -> StageCost:
-    graphs, inputs, cluster, time_limit_s = _FORKED
-    index, shape, lean = task
+def _solve_task(task: tuple[int, tuple[int, ...], bool, str]) -> StageCost:
+    """(template, mesh, lean, 'solve' or 'bound') -> the solve's costs, or their bound."""
+    graphs, inputs, cluster, time_limit_s, m = _FORKED
+    index, shape, lean, kind = task
     graph = graphs[index]
     if index not in _PROGRAMS:
         _PROGRAMS[index] = stage_program(graph, inputs)
@@ -343,9 +407,11 @@ def _solve_task(task: tuple[int, tuple[int, ...], bool]) -> StageCost:
     if (index, shape) not in _STRATEGIES:
         _STRATEGIES[(index, shape)] = enumerate_strategies(program, fake_mesh(shape),
                                                            cluster.device)
+    strategies = _STRATEGIES[(index, shape)]
+    if kind == "bound":
+        return bound_stage(program, shape, cluster, m, strategies)
     return solve_stage(program, shape, cluster, len(graph.user_inputs), graph.is_last,
-                       lean=lean, time_limit_s=time_limit_s,
-                       strategies=_STRATEGIES[(index, shape)]).cost()
+                       lean=lean, time_limit_s=time_limit_s, strategies=strategies).cost()
 
 
 def _fast_fits(table: dict, num_layers: int, shape: tuple[int, ...], capacity: float,

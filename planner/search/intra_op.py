@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -32,7 +32,7 @@ from passes.strategies import NodeStrategies, Source, Strategy, output_value, so
 from passes.trace import TracedProgram
 from planner.search.buckets import Bucket, bucket_transfers
 from planner.cluster import Cluster, LinkSpec
-from planner.search.elimination import ilp_variables, solve_by_elimination
+from planner.search.elimination import ilp_variables, lower_bound, solve_by_elimination
 from planner.search.solver import (
     Assignment,
     AssignmentProblem,
@@ -277,6 +277,39 @@ def plan_intra_op(
     )
 
 
+def time_lower_bound(
+    program: TracedProgram,
+    table: dict[str, NodeStrategies],
+    mesh: DeviceMesh,
+    cluster: Cluster,
+    gradient_weight: Callable[[str], float],
+) -> float:
+    """A lower bound on the compute and communication time of any choice of strategies,
+    with each gradient's move to its parameter's placement charged `gradient_weight(fqn)`
+    times its bandwidth term, the loss's reduction not at all, and a value read k times
+    charged 1/k of each move: mini-bucket elimination of that network
+    (`elimination.lower_bound`), a fraction of an exact solve's time."""
+    comm = CommModel(mesh, cluster)
+    names = list(table)
+    index = {n: i for i, n in enumerate(names)}
+    node_costs = [np.array([_node_cost(program, n, s, comm, tie_break=False)
+                            for s in table[n].strategies]) for n in names]
+    edges = []
+    all_edges = _edges(program, table)
+    # A value moved to one placement for several consumers is moved once (`_transfers`):
+    # of a value's k reads, each is charged 1/k, at most the dearest move it makes.
+    reads = Counter(edge.source for edge in all_edges)
+    for edge in all_edges:
+        weight = 1.0 / reads[edge.source]
+        if edge.phase == "gradient_sync":
+            weight *= gradient_weight(program.parameters[edge.consumer])
+        if weight > 0:
+            u_name, v_name, matrix, _ = _edge_matrix(edge, program, table, comm)
+            edges.append((index[u_name], index[v_name], weight * matrix))
+    memory = [np.zeros(len(c)) for c in node_costs]
+    return lower_bound(AssignmentProblem(node_costs, memory, edges))
+
+
 def _bucket_member(program: TracedProgram, transfer: Transfer) -> str | None:
     """The bucket name of a gradient-sync or loss transfer, None for any other."""
     if transfer.consumer == "loss":
@@ -322,8 +355,11 @@ def _followers(
 TIE_BREAK_S_PER_BYTE = 1e-12
 
 
-def _node_cost(program: TracedProgram, name: str, strategy: Strategy, comm: CommModel) -> float:
-    cost = strategy.compute_s + strategy.memory_bytes * TIE_BREAK_S_PER_BYTE
+def _node_cost(program: TracedProgram, name: str, strategy: Strategy, comm: CommModel,
+               tie_break: bool = True) -> float:
+    cost = strategy.compute_s
+    if tie_break:
+        cost += strategy.memory_bytes * TIE_BREAK_S_PER_BYTE
     if strategy.produced is None:
         return cost
     value = output_value(program, (name, 0))

@@ -36,7 +36,12 @@ from passes.strategies import NodeStrategies, enumerate_strategies, output_value
 from passes.trace import TracedProgram
 from planner.cluster import Cluster
 from planner.plan import GradientBucket, OperatorShardings
-from planner.search.intra_op import CommModel, IntraOpSolution, plan_intra_op
+from planner.search.intra_op import (
+    CommModel,
+    IntraOpSolution,
+    plan_intra_op,
+    time_lower_bound,
+)
 from planner.search.shardings import operator_shardings
 
 
@@ -98,6 +103,8 @@ class StageCost:
     step_comm_s: float
     state_bytes: float
     activation_bytes: float
+    exact: bool = True
+    """False for a bound (`bound_stage`): no solve of the stage costs the stage DP less."""
 
 
 @dataclass(frozen=True)
@@ -156,6 +163,36 @@ def solve_stage(
                        compute_s=solution.compute_s)
     _price(solve, CommModel(mesh, cluster), num_model_inputs)
     return solve
+
+
+def bound_stage(
+    program: TracedProgram, mesh_shape: tuple[int, ...], cluster: Cluster, micro_batches: int,
+    strategies: dict[str, NodeStrategies] | None = None,
+) -> StageCost:
+    """Less than the stage DP reads of any solve of the stage on this mesh, fast or lean:
+    as its interior time, a lower bound on compute and per-micro-batch communication plus
+    the gradient synchronisation spread over the micro-batches (which every solve's
+    interior and once-per-step share add up to at least; moving the incoming and outgoing
+    tensors to replicated only adds); as memory, each node at its least."""
+    mesh = fake_mesh(mesh_shape)
+    if strategies is None:
+        strategies = enumerate_strategies(program, mesh, cluster.device)
+
+    def weight(fqn: str) -> float:
+        return 0.0 if fqn.startswith(BOUNDARY + ".") else 1.0 / micro_batches
+
+    seconds = time_lower_bound(program, strategies, mesh, cluster, weight)
+    state = activations = 0.0
+    for node, choices in strategies.items():
+        least = min(s.memory_bytes for s in choices.strategies)
+        fqn = program.parameters.get(node)
+        if fqn is None:
+            activations += least
+        elif fqn.startswith(BOUNDARY + "."):
+            activations += _bytes(program.nodes[node].meta["val"])
+        else:
+            state += least
+    return StageCost(seconds, 0.0, 0.0, 0.0, state, activations, exact=False)
 
 
 def _is_batch_split(placements: Placements, axis: int) -> bool:

@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from planner.search.elimination import ilp_variables, solve_by_elimination
+from planner.search.elimination import ilp_variables, lower_bound, solve_by_elimination
 from planner.search.solver import (
     AssignmentProblem,
     SharedCost,
@@ -104,3 +104,17 @@ def test_leaves_a_binding_memory_limit_to_the_ilp() -> None:
     relaxed = AssignmentProblem(problem.node_costs, problem.node_memory, memory_limit=50.0)
     got = solve_by_elimination(relaxed)
     assert got is not None and got.choices == [0]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_lower_bound_never_passes_the_optimum(seed: int) -> None:
+    # Small tables force mini-buckets (the bound then falls short); a table as large as
+    # the whole problem makes it the exact optimum of the network without shared costs.
+    problem = network(200 + seed, nodes=int(3 + seed % 4), choices=4, extra_edges=2 + seed % 3,
+                      shared=seed % 2)
+    optimum = solve_brute_force(problem).objective
+    bound = lower_bound(problem, max_table_entries=4)
+    assert bound <= optimum + 1e-9
+    plain = AssignmentProblem(problem.node_costs, problem.node_memory, problem.edges)
+    assert lower_bound(plain, max_table_entries=10**9) == pytest.approx(
+        solve_brute_force(plain).objective, abs=1e-9)
