@@ -182,16 +182,9 @@ def bound_stage(
         return 0.0 if fqn.startswith(BOUNDARY + ".") else 1.0 / micro_batches
 
     seconds = time_lower_bound(program, strategies, mesh, cluster, weight)
-    state = activations = 0.0
-    for node, choices in strategies.items():
-        least = min(s.memory_bytes for s in choices.strategies)
-        fqn = program.parameters.get(node)
-        if fqn is None:
-            activations += least
-        elif fqn.startswith(BOUNDARY + "."):
-            activations += _bytes(program.nodes[node].meta["val"])
-        else:
-            state += least
+    state, activations = _resident(
+        program, {node: min(s.memory_bytes for s in choices.strategies)
+                  for node, choices in strategies.items()})
     return StageCost(seconds, 0.0, 0.0, 0.0, state, activations, exact=False)
 
 
@@ -261,17 +254,24 @@ def _price(solve: StageSolve, comm: CommModel, num_model_inputs: int) -> None:
     solve.micro_batch_comm_s = (sum(comm.time(c) for c in per_mb) + solve.incoming_s
                                 + solve.outgoing_s)
     solve.step_comm_s = sum(comm.time(c) for c in per_step)
+    solve.state_bytes, solve.activation_bytes = _resident(
+        program, {node: strategies.strategies[solution.choices[node]].memory_bytes
+                  for node, strategies in table.items()})
+
+
+def _resident(program: TracedProgram, memory: dict[str, float]) -> tuple[float, float]:
+    """(training state, activations) of nodes holding `memory` bytes each: parameters hold
+    state; an incoming tensor (a boundary parameter) is kept whole as an activation."""
     state = activations = 0.0
-    for node, strategies in table.items():
-        memory = strategies.strategies[solution.choices[node]].memory_bytes
+    for node, nbytes in memory.items():
         fqn = program.parameters.get(node)
         if fqn is None:
-            activations += memory
+            activations += nbytes
         elif fqn.startswith(BOUNDARY + "."):
             activations += _bytes(program.nodes[node].meta["val"])
         else:
-            state += memory
-    solve.state_bytes, solve.activation_bytes = state, activations
+            state += nbytes
+    return state, activations
 
 
 def _bytes(value: torch.Tensor) -> float:
