@@ -184,6 +184,8 @@ class _Traced:
     cuts: list[int]
     inputs: tuple
     micro_batches: int
+    solved: dict = field(default_factory=dict)
+    """(layer, mesh, lean) -> the layer table's solve of that layer alone, where it made one."""
 
 
 def _search_micro_batches(
@@ -231,6 +233,7 @@ def _search_micro_batches(
             timings["layer_ilps_s"] += table.seconds
     found = GraphSearch([], num_layers, layer_solves=table.solves, layer_bounds=table.bounds,
                         costs=costs, submesh_sizes=sizes)
+    traced.solved.update(table.results)
     return found, traced, _unique(layouts)
 
 
@@ -292,6 +295,7 @@ class _LayerTable:
         self.solver = _Solver([graphs[key] for key in self.templates], inputs, cluster,
                               time_limit_s, m)
         self.costs: dict[tuple[int, tuple[int, ...], bool], StageCost] = {}
+        self.results: dict[tuple[int, tuple[int, ...], bool], StageResult] = {}
         self.solves = self.bounds = 0
         self.seconds = 0.0
         """Time of the last batch of work."""
@@ -323,9 +327,15 @@ class _LayerTable:
         self.seconds = time.perf_counter() - start
 
     def _run(self, tasks: list[tuple], per_template: int) -> None:
-        for (t, shape, lean, kind), cost in self.solver.solve(tasks, per_template).items():
+        for (t, shape, lean, kind), answer in self.solver.solve(tasks, per_template).items():
             self.solves += kind == "solve"
             self.bounds += kind == "bound"
+            cost = answer
+            if isinstance(answer, StageResult):
+                # The template's first layer is the one its graph was cut for: a stage of
+                # that layer alone is this very solve (`predict_all` reuses it).
+                self.results[(self.keys.index(self.templates[t]), shape, lean)] = answer
+                cost = answer.cost
             for layer, key in enumerate(self.keys):
                 if key == self.templates[t]:
                     # A bound holds for the fast solve and the lean one alike.
@@ -396,8 +406,8 @@ class _Solver:
         return dict(zip(tasks, answers))
 
 
-def _solve_task(task: tuple[int, tuple[int, ...], bool, str]) -> StageCost:
-    """(template, mesh, lean, 'solve' or 'bound') -> the solve's costs, or their bound."""
+def _solve_task(task: tuple[int, tuple[int, ...], bool, str]) -> StageResult | StageCost:
+    """(template, mesh, lean, 'solve' or 'bound') -> the solve, or a bound of its costs."""
     graphs, inputs, cluster, time_limit_s, m = _FORKED
     index, shape, lean, kind = task
     graph = graphs[index]
@@ -411,7 +421,7 @@ def _solve_task(task: tuple[int, tuple[int, ...], bool, str]) -> StageCost:
     if kind == "bound":
         return bound_stage(program, shape, cluster, m, strategies)
     return solve_stage(program, shape, cluster, len(graph.user_inputs), graph.is_last,
-                       lean=lean, time_limit_s=time_limit_s, strategies=strategies).cost()
+                       lean=lean, time_limit_s=time_limit_s, strategies=strategies).result()
 
 
 def _fast_fits(table: dict, num_layers: int, shape: tuple[int, ...], capacity: float,
@@ -513,7 +523,8 @@ def predict_all(layouts: list[tuple[_Traced, Layout]], values: dict, cluster: Cl
                 time_limit_s: float = 30.0) -> list[Candidate]:
     """Each layout's stages traced whole and solved on their meshes, in forked workers
     (the largest stages first), and each layout predicted from them (`predict`). A stage
-    two layouts share is solved once."""
+    two layouts share is solved once; a stage of one layer the layer table solved alone is
+    not solved again."""
     capacity = usable_bytes(cluster)
     parameter_bytes = sum(v.numel() * v.element_size() for v in values.values()
                           if isinstance(v, nn.Parameter))
@@ -526,8 +537,14 @@ def predict_all(layouts: list[tuple[_Traced, Layout]], values: dict, cluster: Cl
                    layout.shard_inputs_on)
             tasks.setdefault(key, (traced, first, last, shape, lean,
                                    layout.replicate_parameters, layout.shard_inputs_on))
-    order = sorted(tasks, key=lambda k: -(tasks[k][0].cuts[k[2]] - tasks[k][0].cuts[k[1]]))
-    results = dict(zip(order, _solve_stages([tasks[k] for k in order], values, cluster,
+    results = {}
+    for key, (traced, first, last, shape, lean, replicate, shard_inputs_on) in tasks.items():
+        if last == first + 1 and not replicate and shard_inputs_on is None:
+            if (first, shape, lean) in traced.solved:
+                results[key] = traced.solved[(first, shape, lean)]
+    order = sorted((k for k in tasks if k not in results),
+                   key=lambda k: -(tasks[k][0].cuts[k[2]] - tasks[k][0].cuts[k[1]]))
+    results.update(zip(order, _solve_stages([tasks[k] for k in order], values, cluster,
                                             time_limit_s)))
     candidates = []
     for traced, layout in layouts:
