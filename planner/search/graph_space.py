@@ -305,13 +305,13 @@ class _LayerTable:
         self.solver.__enter__()
         tasks = [(t, shape, False, "solve" if len(shape) == 1 else "bound")
                  for t in range(len(self.templates)) for shape in self.shapes]
-        self._run(tasks, per_template=len(self.shapes))
+        self._run(tasks)
         # A lean solve is made only where the fast ones leave too little memory: where the
         # whole model's fast state and GPipe's activations on that mesh do not fit.
         short = [shape for shape in self.shapes if len(shape) == 1 and not _fast_fits(
             self.costs, self.num_layers, shape, self.capacity, self.m)]
         self._run([(t, shape, True, "solve") for t in range(len(self.templates))
-                   for shape in short], per_template=len(short))
+                   for shape in short])
         self.seconds = time.perf_counter() - start
         return self
 
@@ -323,11 +323,11 @@ class _LayerTable:
         start = time.perf_counter()
         tasks = {(self.templates.index(self.keys[layer]), shape, lean, "solve")
                  for layer, shape, lean in entries}
-        self._run(sorted(tasks), per_template=1)
+        self._run(sorted(tasks))
         self.seconds = time.perf_counter() - start
 
-    def _run(self, tasks: list[tuple], per_template: int) -> None:
-        for (t, shape, lean, kind), answer in self.solver.solve(tasks, per_template).items():
+    def _run(self, tasks: list[tuple]) -> None:
+        for (t, shape, lean, kind), answer in self.solver.solve(tasks).items():
             self.solves += kind == "solve"
             self.bounds += kind == "bound"
             cost = answer
@@ -372,38 +372,43 @@ _STRATEGIES: dict = {}
 
 class _Solver:
     """Layer solves in one forked process per core, the same workers for every batch of
-    tasks (so their caches of DTensor's answers, programs and strategy tables carry
-    over)."""
+    tasks (so their caches of DTensor's answers, programs and strategy tables carry over).
+    Each template's tasks go to one worker, always the same: tracing a layer costs a few
+    solves, and a worker traces each of its templates once."""
 
     def __init__(self, graphs: list, inputs: tuple, cluster: Cluster,
                  time_limit_s: float, micro_batches: int) -> None:
         self.state = (graphs, inputs, cluster, time_limit_s, micro_batches)
-        self.pool = None
+        self.workers: list = []
 
     def __enter__(self) -> _Solver:
         global _FORKED
         _FORKED = self.state
-        processes = os.cpu_count() or 1
+        processes = min(os.cpu_count() or 1, len(self.state[0]))
         if processes > 1 and can_fork():
-            self.pool = forked_pool(processes)
+            self.workers = [forked_pool(1) for _ in range(processes)]
         return self
 
     def __exit__(self, *exc: object) -> None:
         global _FORKED
-        if self.pool is not None:
-            self.pool.terminate()
+        for worker in self.workers:
+            worker.terminate()
         _FORKED = None
         _PROGRAMS.clear()
         _STRATEGIES.clear()
 
-    def solve(self, tasks: list[tuple], per_template: int) -> dict:
-        """Solve `tasks`, listed template by template with `per_template` each: a worker
-        takes one template's tasks at a time, so each template is traced once a batch."""
-        if self.pool is not None and len(tasks) > 1:
-            answers = self.pool.map(_solve_task, tasks, chunksize=max(1, per_template))
-        else:
-            answers = [_solve_task(task) for task in tasks]
-        return dict(zip(tasks, answers))
+    def solve(self, tasks: list[tuple]) -> dict:
+        """Solve `tasks` ((template, ...) each), template t's on worker t mod workers."""
+        if not self.workers or len(tasks) < 2:
+            return {task: _solve_task(task) for task in tasks}
+        shares = [[task for task in tasks if task[0] % len(self.workers) == w]
+                  for w in range(len(self.workers))]
+        pending = [worker.map_async(_solve_task, share, chunksize=1)
+                   for worker, share in zip(self.workers, shares)]
+        answers = {}
+        for share, result in zip(shares, pending):
+            answers.update(zip(share, result.get()))
+        return answers
 
 
 def _solve_task(task: tuple[int, tuple[int, ...], bool, str]) -> StageResult | StageCost:
