@@ -151,7 +151,7 @@ def search_graph(
     on_meta = on_meta_device(model)
     values = {**dict(on_meta.named_parameters()), **dict(on_meta.named_buffers())}
     counts = [micro_batches] if micro_batches else default_micro_batches(global_batch_size)
-    searches: list[tuple[GraphSearch, _Traced, list[Layout]]] = []
+    searches: list[tuple[GraphSearch, TracedForward, list[Layout]]] = []
     timings = {"trace_s": 0.0, "layer_ilps_s": 0.0, "stage_dp_s": 0.0, "stage_ilps_s": 0.0}
     for m in counts:
         size = global_batch_size // m
@@ -160,7 +160,7 @@ def search_graph(
         forward = forward_graph(on_meta, inputs, loss_fn)
         cuts = layer_cuts(forward, max_layers)
         timings["trace_s"] += time.perf_counter() - start
-        traced = _Traced(forward, cuts, inputs, m)
+        traced = TracedForward(forward, cuts, inputs, m)
         searches.append(_search_micro_batches(traced, values, cluster, time_limit_s, timings))
     # Every layout of every micro-batch count, traced and solved whole in one batch of
     # worker tasks (a whole-model baseline takes as long as many one-layer stages).
@@ -177,7 +177,7 @@ def search_graph(
 
 
 @dataclass(frozen=True)
-class _Traced:
+class TracedForward:
     """The model's forward at one micro-batch size, cut into layers."""
 
     forward: ForwardGraph
@@ -189,9 +189,9 @@ class _Traced:
 
 
 def _search_micro_batches(
-    traced: _Traced, values: dict, cluster: Cluster, time_limit_s: float,
+    traced: TracedForward, values: dict, cluster: Cluster, time_limit_s: float,
     timings: dict[str, float],
-) -> tuple[GraphSearch, _Traced, list[Layout]]:
+) -> tuple[GraphSearch, TracedForward, list[Layout]]:
     """The layer table and stage DP at one micro-batch count: its layouts to predict (the
     DP's plan and the baselines)."""
     forward, cuts, inputs, m = traced.forward, traced.cuts, traced.inputs, traced.micro_batches
@@ -524,7 +524,7 @@ def _baselines(num_layers: int, devices: int, capacity: float, table: dict,
 # -- exact prediction of a layout ---------------------------------------------------------
 
 
-def predict_all(layouts: list[tuple[_Traced, Layout]], values: dict, cluster: Cluster,
+def predict_all(layouts: list[tuple[TracedForward, Layout]], values: dict, cluster: Cluster,
                 time_limit_s: float = 30.0) -> list[Candidate]:
     """Each layout's stages traced whole and solved on their meshes, in forked workers
     (the largest stages first), and each layout predicted from them (`predict`). A stage
@@ -572,7 +572,7 @@ def _replicas_cannot_fit(layout: Layout, parameter_bytes: float, capacity: float
     return layout.replicate_parameters and parameter_bytes * TRAINING_STATE_COPIES > capacity
 
 
-def predict(layout: Layout, solves: list[StageResult], traced: _Traced,
+def predict(layout: Layout, solves: list[StageResult], traced: TracedForward,
             cluster: Cluster) -> Candidate:
     """The step of `layout` from its stages' solves:
 
