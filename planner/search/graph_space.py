@@ -270,7 +270,7 @@ def inputs_batch(inputs: tuple) -> int:
 class _LayerTable:
     """Every layer's cost on every logical mesh, `costs[(layer, shape, lean)]`: solved on 1-D
     meshes (as fast as it can go, and where memory is short with each parameter at its
-    least), bounded on 2-D ones (`stage_solve.bound_stage`, about a tenth of a solve) until
+    least), bounded on 2-D ones (`stage_solve.bound_stage`, a fraction of a solve) until
     `solve` is asked for them. Layers that compute the same thing (same ops, shapes and
     boundaries: a template) share every solve. The work runs in one forked process per
     core, the same workers throughout (their caches of DTensor's answers, programs and
