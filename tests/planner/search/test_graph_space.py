@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from planner.cluster import Cluster
-from planner.search import graph_space
+from planner.search import layer_table
 from planner.search.graph_space import logical_meshes, search_graph, usable_submeshes
 from planner.search.stage_solve import StageCost
 
@@ -48,7 +48,7 @@ def test_bounds_change_the_work_not_the_plan(monkeypatch) -> None:
     cluster = Cluster.load(str(Path(__file__).parents[2] / "fixtures" / "small_memory.yaml"))
     cluster = cluster.with_devices(8)
     bounded = search_graph(model, inputs, cluster, 16, micro_batches=4)
-    monkeypatch.setattr(graph_space, "bound_stage",
+    monkeypatch.setattr(layer_table, "bound_stage",
                         lambda *args, **kwargs: StageCost(0, 0, 0, 0, 0, 0, exact=False))
     weakest = search_graph(model, inputs, cluster, 16, micro_batches=4)
     for found in (bounded, weakest):

@@ -1,0 +1,221 @@
+"""The layer table of a graph search: every layer's cost on every logical mesh, each layer
+traced as a one-layer training step and solved by the intra-op ILP (on 1-D meshes at
+once, on 2-D ones first only bounded), in forked workers."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from passes.dtensor_rules import fake_mesh
+from passes.stage_graph import ForwardGraph, stage_graph, stage_program
+from passes.strategies import enumerate_strategies
+from planner.cluster import Cluster
+from planner.search.stage_solve import StageCost, StageResult, bound_stage, solve_stage
+from planner.search.workers import can_fork, forked_pool
+
+
+def logical_meshes(devices: int, per_node: int) -> list[tuple[int, ...]]:
+    """Alpa's logical meshes of `devices` devices: 1-D, and 2-D with the inner axis within
+    a node (a whole number of nodes by devices of each). Within one node, where every link
+    is alike, (a, b) prices as (b, a) with the axes swapped: one of the two is kept."""
+    shapes = [(devices,)]
+    for inner in range(2, min(devices, per_node + 1)):
+        outer, rest = divmod(devices, inner)
+        if rest or outer < 2 or (devices <= per_node and outer > inner):
+            continue
+        if devices > per_node and per_node % inner:
+            continue
+        shapes.append((outer, inner))
+    return shapes
+
+
+class LayerTable:
+    """Every layer's cost on every logical mesh, `costs[(layer, shape, lean)]`: solved on 1-D
+    meshes (as fast as it can go, and where memory is short with each parameter at its
+    least), bounded on 2-D ones (`stage_solve.bound_stage`, a fraction of a solve) until
+    `solve` is asked for them. Layers that compute the same thing (same ops, shapes and
+    boundaries: a template) share every solve. The work runs in one forked process per
+    core, the same workers throughout (their caches of DTensor's answers, programs and
+    strategy tables carry over), as Alpa compiles stages in parallel workers; each worker
+    traces the templates it is given."""
+
+    def __init__(self, forward: ForwardGraph, cuts: list[int], values: dict, inputs: tuple,
+                 cluster: Cluster, sizes: list[int], time_limit_s: float, capacity: float,
+                 m: int) -> None:
+        self.num_layers = len(cuts) - 1
+        graphs: dict = {}
+        self.keys = []
+        for layer in range(self.num_layers):
+            graph = stage_graph(forward, cuts, layer, layer + 1, values)
+            key = _template(forward, cuts, layer, graph)
+            self.keys.append(key)
+            graphs.setdefault(key, graph)
+        self.templates = list(graphs)
+        self.shapes = [shape for n in sizes
+                       for shape in logical_meshes(n, cluster.devices_per_node)]
+        self.capacity, self.m = capacity, m
+        self.solver = _Solver([graphs[key] for key in self.templates], inputs, cluster,
+                              time_limit_s, m)
+        self.costs: dict[tuple[int, tuple[int, ...], bool], StageCost] = {}
+        self.results: dict[tuple[int, tuple[int, ...], bool], StageResult] = {}
+        self.solves = self.bounds = 0
+        self.seconds = 0.0
+        """Time of the last batch of work."""
+
+    def __enter__(self) -> LayerTable:
+        start = time.perf_counter()
+        self.solver.__enter__()
+        tasks = [(t, shape, False, "solve" if len(shape) == 1 else "bound")
+                 for t in range(len(self.templates)) for shape in self.shapes]
+        self._run(tasks)
+        # A lean solve is made only where the fast ones leave too little memory: where the
+        # whole model's fast state and GPipe's activations on that mesh do not fit.
+        short = [shape for shape in self.shapes if len(shape) == 1 and not _fast_fits(
+            self.costs, self.num_layers, shape, self.capacity, self.m)]
+        self._run([(t, shape, True, "solve") for t in range(len(self.templates))
+                   for shape in short])
+        self.seconds = time.perf_counter() - start
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.solver.__exit__(*exc)
+
+    def is_bound(self, layer: int, shape: tuple[int, ...], lean: bool) -> bool:
+        """Whether the table holds only a bound for this entry (a mesh off the table, as
+        the baselines' data-parallel or one-device meshes may be, needs no solve)."""
+        cost = self.costs.get((layer, shape, lean))
+        return cost is not None and not cost.exact
+
+    def solve(self, entries: list[tuple[int, tuple[int, ...], bool]]) -> None:
+        """Solve the layers' templates on these (layer, mesh, lean) entries."""
+        start = time.perf_counter()
+        tasks = {(self.templates.index(self.keys[layer]), shape, lean, "solve")
+                 for layer, shape, lean in entries}
+        self._run(sorted(tasks))
+        self.seconds = time.perf_counter() - start
+
+    def _run(self, tasks: list[tuple]) -> None:
+        for (t, shape, lean, kind), answer in self.solver.solve(tasks).items():
+            self.solves += kind == "solve"
+            self.bounds += kind == "bound"
+            cost = answer
+            if isinstance(answer, StageResult):
+                # The template's first layer is the one its graph was cut for: a stage of
+                # that layer alone is this very solve (`predict_all` reuses it).
+                self.results[(self.keys.index(self.templates[t]), shape, lean)] = answer
+                cost = answer.cost
+            for layer, key in enumerate(self.keys):
+                if key == self.templates[t]:
+                    # A bound holds for the fast solve and the lean one alike.
+                    for variant in ((False, True) if kind == "bound" else (lean,)):
+                        self.costs[(layer, shape, variant)] = cost
+
+
+# What forked workers read (stage graphs; traced programs do not pickle), and each
+# worker's programs by template and strategy tables by (template, mesh): a lean solve
+# reuses its fast solve's when it lands there.
+_FORKED: tuple | None = None
+_PROGRAMS: dict = {}
+_STRATEGIES: dict = {}
+
+
+class _Solver:
+    """Layer solves in one forked process per core, the same workers for every batch of
+    tasks (so their caches of DTensor's answers, programs and strategy tables carry over).
+    A template's tasks of a batch go to one worker, the one that traced it where that does
+    not leave the others idle: tracing a layer costs a few solves."""
+
+    def __init__(self, graphs: list, inputs: tuple, cluster: Cluster,
+                 time_limit_s: float, micro_batches: int) -> None:
+        self.state = (graphs, inputs, cluster, time_limit_s, micro_batches)
+        self.workers: list = []
+        self.traced: list[set[int]] = []
+        """The templates each worker has traced (its programs are kept)."""
+
+    def __enter__(self) -> _Solver:
+        global _FORKED
+        _FORKED = self.state
+        processes = min(os.cpu_count() or 1, len(self.state[0]))
+        if processes > 1 and can_fork():
+            self.workers = [forked_pool(1) for _ in range(processes)]
+            self.traced = [set() for _ in self.workers]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global _FORKED
+        for worker in self.workers:
+            worker.terminate()
+        _FORKED = None
+        _PROGRAMS.clear()
+        _STRATEGIES.clear()
+
+    def solve(self, tasks: list[tuple]) -> dict:
+        """Solve `tasks` ((template, mesh, lean, kind) each): each template's tasks on one
+        worker, the one that traced it unless another would finish sooner even tracing it
+        again (`_WORK` units: longest first, to the worker that ends it first)."""
+        if not self.workers or len(tasks) < 2:
+            return {task: _solve_task(task) for task in tasks}
+        groups: dict[int, list[tuple]] = {}
+        for task in tasks:
+            groups.setdefault(task[0], []).append(task)
+        load = [0.0] * len(self.workers)
+        shares: list[list[tuple]] = [[] for _ in self.workers]
+        work = {t: sum(_WORK[(min(len(task[1]), 2), task[3])] for task in group)
+                for t, group in groups.items()}
+        for t in sorted(groups, key=lambda t: -work[t]):
+            ends = [load[w] + work[t] + (0 if t in self.traced[w] else _WORK["trace"])
+                    for w in range(len(self.workers))]
+            w = min(range(len(self.workers)), key=lambda w: (ends[w], w))
+            load[w] = ends[w]
+            shares[w] += groups[t]
+            self.traced[w].add(t)
+        pending = [worker.map_async(_solve_task, share, chunksize=1)
+                   for worker, share in zip(self.workers, shares) if share]
+        answers = {}
+        for share, result in zip([share for share in shares if share], pending):
+            answers.update(zip(share, result.get()))
+        return answers
+
+
+_WORK = {(1, "solve"): 1.0, (2, "solve"): 6.0, (2, "bound"): 1.5, "trace": 10.0}
+"""Rough cost of a task in 1-D solves (measured on the 1B model's layers: a 1-D solve
+0.2-0.3 s, a 2-D one 1-3 s, a bound 0.2-0.9 s, a layer's trace 2-3.5 s)."""
+
+
+def _solve_task(task: tuple[int, tuple[int, ...], bool, str]) -> StageResult | StageCost:
+    """(template, mesh, lean, 'solve' or 'bound') -> the solve, or a bound of its costs."""
+    graphs, inputs, cluster, time_limit_s, m = _FORKED
+    index, shape, lean, kind = task
+    graph = graphs[index]
+    if index not in _PROGRAMS:
+        _PROGRAMS[index] = stage_program(graph, inputs)
+    program = _PROGRAMS[index]
+    if (index, shape) not in _STRATEGIES:
+        _STRATEGIES[(index, shape)] = enumerate_strategies(program, fake_mesh(shape),
+                                                           cluster.device)
+    strategies = _STRATEGIES[(index, shape)]
+    if kind == "bound":
+        return bound_stage(program, shape, cluster, m, strategies)
+    return solve_stage(program, shape, cluster, len(graph.user_inputs), graph.is_last,
+                       lean=lean, time_limit_s=time_limit_s, strategies=strategies).result()
+
+
+def _fast_fits(table: dict, num_layers: int, shape: tuple[int, ...], capacity: float,
+               m: int) -> bool:
+    """Whether the whole model on `shape`, fast, fits with m micro-batches in flight: then
+    every stage of fewer layers fits too, and lean solves add nothing."""
+    solves = [table[(layer, shape, False)] for layer in range(num_layers)]
+    return sum(x.state_bytes + m * x.activation_bytes for x in solves) <= capacity
+
+
+def _template(forward: ForwardGraph, cuts: list[int], layer: int, graph) -> tuple:
+    """What a layer computes, up to its parameters' names."""
+    ops = forward.ops[cuts[layer]:cuts[layer + 1]]
+    return (
+        tuple((str(n.target), tuple(getattr(n.meta.get("val"), "shape", ()))) for n in ops),
+        tuple(tuple(v.shape) for v in graph.inputs), tuple(tuple(v.shape) for v in graph.outputs),
+        tuple(graph.user_inputs),
+    )
+
+
