@@ -285,9 +285,8 @@ def _op(
 
     def strategy(ins: tuple[Placements, ...], outs: tuple[Placements | None, ...],
                  produced: Placements | None = None, split: int | None = None) -> Strategy:
-        # An output reduced at once costs what the op that made its partial sum costs.
         if split is None:
-            split = shard_factor(outs[0] if produced is None else produced, mesh)
+            split = shard_factor(outs[0], mesh)
         if split not in costs:
             costs[split] = (timer(flops / split, traffic / split, dtype), out_bytes / split)
         return Strategy(ins, outs, *costs[split], produced)
