@@ -43,6 +43,7 @@ FITTED = ("matmul", "matmul_half_dim", "memory", "kernel_overhead_us", "dispatch
 # kernels ~90% of HBM bandwidth, NCCL ~85% of NVLink bandwidth (nccl-tests bus bandwidth).
 BOUNDS = {
     "matmul": (0.3, 0.8),
+    "fp8_matmul": (0.3, 0.8),
     "matmul_half_dim": (1.0, 1024.0),
     "attention": (0.2, 0.8),
     "memory": (0.3, 0.9),
@@ -51,6 +52,7 @@ BOUNDS = {
     "collective_overhead_us": (1.0, 200.0),
     "intra_node_bandwidth": (0.3, 0.85),
     "inter_node_bandwidth": (0.3, 0.95),
+    "overlap_slowdown": (0.0, 0.5),
 }
 
 

@@ -115,7 +115,10 @@ def _node_rings(link: LinkSpec, cluster: Cluster, group_stride: int, group_size:
     runs one channel per NIC: the g group members of a domain together push the ring's
     whole volume through their g network links, so the ring runs at g times the
     per-device scale-out bandwidth (capped by the scale-up link that feeds them). This is
-    why NCCL's bus bandwidth across DGX nodes is the node's NIC total, not one GPU's."""
+    why NCCL's bus bandwidth across DGX nodes is the node's NIC total, not one GPU's. g is
+    the fewest members any group has in a domain (`Cluster.ranks_per_domain`): the ring
+    is as fast as its narrowest crossing, and the slowest group prices the collective
+    (a block straddling a rack boundary off-centre, or ending in a part-filled rack)."""
     g = cluster.ranks_per_domain(group_stride, group_size)
     scale_up = cluster.intra_node.bandwidth_gbs * cluster.device.efficiency.intra_node_bandwidth
     return link.model_copy(update={"bandwidth_gbs": min(g * link.bandwidth_gbs, scale_up)})
@@ -131,7 +134,10 @@ def all_to_all_across_time(
     the scale-out link: (n - g)/n * nbytes/bw + (n - 1) alpha. The (g - 1)/n for peers
     in the same domain moves meanwhile over the faster scale-up link and is never the
     larger share once the group spans two domains or more (g <= n/2), so it adds nothing.
-    With one member per domain (g = 1) this is the ring formula's (n-1)/n.
+    With one member per domain (g = 1) this is the ring formula's (n-1)/n. Where domains
+    hold different numbers of members (a part-filled last domain, a block straddling a
+    boundary), pass the fewest: that rank sends the most across, and the slowest rank
+    finishes the collective.
     """
     _check_args("all_to_all", nbytes, group_size)
     if group_size == 1:

@@ -16,9 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field
 class Efficiency(BaseModel):
     """Achieved fractions of a device's peaks, and fixed per-kernel costs.
 
-    The fractions (`matmul`, `attention`, `memory`, `intra_node_bandwidth`,
-    `inter_node_bandwidth`) lie in (0, 1]; `matmul_half_dim` (a matmul dimension) and the
-    `*_us` costs (microseconds) are finite and >= 0. Infinite and NaN values are rejected.
+    The fractions (`matmul`, `fp8_matmul`, `attention`, `memory`, `intra_node_bandwidth`,
+    `inter_node_bandwidth`) lie in (0, 1], `overlap_slowdown` in [0, 1]; `matmul_half_dim`
+    (a matmul dimension) and the `*_us` costs (microseconds) are finite and >= 0. Infinite
+    and NaN values are rejected.
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -26,6 +27,12 @@ class Efficiency(BaseModel):
     matmul: float = Field(
         default=0.80, gt=0, le=1,
         description="Fraction of peak FLOP/s a large dense matmul reaches.",
+    )
+    fp8_matmul: float = Field(
+        default=0.65, gt=0, le=1,
+        description="Fraction of the fp8 peak a large fp8 matmul reaches: less than "
+        "matmul's of the 16-bit peak, as fp8 GEMMs are more often bound by memory and by "
+        "their scaling epilogues.",
     )
     matmul_half_dim: float = Field(
         default=96.0, ge=0,
@@ -58,6 +65,13 @@ class Efficiency(BaseModel):
         "synchronization tree (x ceil(log2 group size)): launching and waiting for the "
         "slowest rank, in microseconds.",
     )
+    overlap_slowdown: float = Field(
+        default=0.1, ge=0, le=1,
+        description="Compute time lost per second of communication hidden beside it: "
+        "NCCL's and userbuffers' kernels take SMs and memory bandwidth from the matmuls "
+        "they overlap (NCCL runs a CTA per channel, of the order of a tenth of an H100's "
+        "132 SMs; Rashidi et al., ISCA 2021, measure such interference).",
+    )
     intra_node_bandwidth: float = Field(
         default=0.80, gt=0, le=1,
         description="Fraction of the scale-up link bandwidth collectives reach (NCCL's "
@@ -68,9 +82,10 @@ class Efficiency(BaseModel):
         description="Fraction of the scale-out bandwidth per device collectives reach.",
     )
 
-    def matmul_fraction(self, m: float, n: float, k: float) -> float:
-        """Fraction of peak a matmul of shape (m x k) @ (k x n) reaches."""
-        fraction = self.matmul
+    def matmul_fraction(self, m: float, n: float, k: float, fp8: bool = False) -> float:
+        """Fraction of peak a matmul of shape (m x k) @ (k x n) reaches (of the fp8 peak
+        for an fp8 matmul)."""
+        fraction = self.fp8_matmul if fp8 else self.matmul
         for d in (m, n, k):
             fraction *= d / (d + self.matmul_half_dim)
         return fraction

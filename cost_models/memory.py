@@ -131,6 +131,7 @@ def activation_bytes_per_layer(
     sequence_parallel: bool = False,
     recompute: str = "none",
     flash_attention: bool = True,
+    fp8: bool = False,
 ) -> float:
     """Bytes of activations one transformer layer keeps for backward, for one micro-batch,
     with 16-bit activations (Korthikanti et al., Sec. 4-5, Table 2). With s, b, h, a, t:
@@ -148,6 +149,11 @@ def activation_bytes_per_layer(
     is exact when the scores are not stored. Full recompute also rebuilds one layer's activations
     during backward; add `activation_bytes_per_layer(..., recompute="none")` once as
     `extra_activation_bytes` of `peak_memory_bytes` to count that working set.
+
+    With `fp8` matmuls, Transformer Engine keeps each projection's input as the fp8 copy
+    it cast (1 byte, not 2): the inputs of the q/k/v and first MLP projections (s b h
+    each, over t with sequence parallelism), of the attention output projection (s b h
+    over t) and of the second MLP projection (4 s b h over t) are halved.
     """
     _check_choice("recompute mode", recompute, RECOMPUTE)
     if tensor_parallel < 1:
@@ -158,6 +164,8 @@ def activation_bytes_per_layer(
     if recompute == "full":
         return 2 * s * b * h / t_sp
     layer = s * b * h * (10 / t_sp + 24 / t)
+    if fp8:
+        layer -= s * b * h * (2 / t_sp + 5 / t)
     if recompute == "none" and not flash_attention:
         layer += 5 * num_attention_heads * s * s * b / t
     return layer

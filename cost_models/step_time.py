@@ -34,7 +34,9 @@ from typing import TYPE_CHECKING
 
 from cost_models import memory
 from cost_models.comm import group_collective_time
+from cost_models.data_parallel import data_parallel_comm, hidden
 from cost_models.efficiency import Efficiency
+from cost_models.kernel_time import Pass, pass_seconds
 from cost_models.training_collectives import (
     Collective,
     RankLayout,
@@ -44,14 +46,15 @@ from cost_models.training_collectives import (
 )
 from cost_models.transformer_ops import (
     ACTIVATION_BYTES,
+    SCORE_FREE_ATTENTION,
     Attention,
     Matmul,
-    Memory,
-    Op,
     attention_kernels,
     forward_flops,
+    fp8_casts,
     head_ops,
     layer_ops,
+    projections,
 )
 from planner.cluster import Cluster, DeviceSpec
 
@@ -60,8 +63,6 @@ if TYPE_CHECKING:
 from planner.models.config import TransformerConfig
 from planner.parallel import ParallelConfig
 
-# FlashAttention-2's backward does 2.5x the forward's matmul FLOPs (Dao 2023, Sec. 3.1).
-ATTENTION_BACKWARD_FACTOR = 2.5
 # Bytes the Adam update reads and writes per parameter: fp32 weight, two moments and the
 # fp32 gradient read, the weight and moments written, the bf16 copy written.
 ADAM_BYTES_PER_PARAMETER = 4 * 4 + 3 * 4 + 2
@@ -105,70 +106,6 @@ class StepPrediction:
         return asdict(self)
 
 
-def kernel_seconds(
-    op: Op, device: DeviceSpec, efficiency: Efficiency, precision: str = "bf16"
-) -> float:
-    """Forward time of one kernel; matmuls run at the `precision` peak (fp8 matmuls, as
-    Transformer Engine runs them), attention and memory kernels in bf16, or in fp16 on a
-    device without bf16 (a V100), where mixed precision is fp16 throughout."""
-    peaks = device.peak_tflops
-    peak = peaks.get("bf16", peaks.get("fp16", peaks["fp32"])) * 1e12
-    bandwidth = device.memory_bandwidth_gbs * 1e9 * efficiency.memory
-    overhead = efficiency.kernel_overhead_us * 1e-6
-    if isinstance(op, Memory):
-        return op.bytes / bandwidth + overhead
-    if isinstance(op, Attention):
-        work = op.flops / 2 if op.causal else op.flops  # causal kernels skip masked blocks
-        return work / (peak * efficiency.attention) + overhead
-    matmul_peak = device.peak_tflops.get(precision, peak / 1e12) * 1e12
-    compute = op.flops / (matmul_peak * efficiency.matmul_fraction(op.m, op.n, op.k))
-    traffic = (op.m * op.k + op.k * op.n + op.m * op.n) * op.count * ACTIVATION_BYTES
-    return max(compute, traffic / bandwidth) + overhead
-
-
-def backward_seconds(
-    op: Op, device: DeviceSpec, efficiency: Efficiency, precision: str = "bf16"
-) -> float:
-    """Backward time of one kernel: input and weight gradients of a matmul, attention's
-    backward kernel, twice the bytes of a memory kernel."""
-    if isinstance(op, Matmul):
-        grad_input = Matmul(op.name, op.m, op.k, op.n, op.count)
-        grad_weight = Matmul(op.name, op.k, op.n, op.m, op.count)
-        return kernel_seconds(grad_input, device, efficiency, precision) + kernel_seconds(
-            grad_weight, device, efficiency, precision
-        )
-    if isinstance(op, Attention):
-        scaled = Attention(op.name, op.flops * ATTENTION_BACKWARD_FACTOR, op.causal)
-        return kernel_seconds(scaled, device, efficiency)
-    return kernel_seconds(Memory(op.name, 2 * op.bytes), device, efficiency)
-
-
-def pass_seconds(
-    ops: list[Op], device: DeviceSpec, efficiency: Efficiency, precision: str = "bf16",
-    backward: bool = False,
-) -> float:
-    """Time of the forward (or backward) kernels of `ops` in sequence: the GPU's time, or
-    the host's time to launch them when that is longer (eager PyTorch enqueues kernels
-    asynchronously, so the two overlap and the slower one sets the pace)."""
-    timer = backward_seconds if backward else kernel_seconds
-    gpu = sum(timer(op, device, efficiency, precision) for op in ops)
-    launches = sum(2 if backward and isinstance(op, Matmul) else 1 for op in ops)
-    return max(gpu, launches * efficiency.dispatch_us * 1e-6)
-
-
-@dataclass(frozen=True)
-class _Pass:
-    """Forward and backward time of some kernels, and the forward replayed in backward."""
-
-    forward: float
-    backward: float
-    recompute: float = 0.0
-
-    @property
-    def total(self) -> float:
-        return self.forward + self.backward + self.recompute
-
-
 def _head_seconds(
     model: TransformerConfig, parallel: ParallelConfig, device: DeviceSpec, tensor: int
 ) -> float:
@@ -179,33 +116,66 @@ def _head_seconds(
             + pass_seconds(head, device, device.efficiency, parallel.precision, backward=True))
 
 
+def attention_backend(parallel: ParallelConfig, flash: bool) -> str:
+    """The attention backend `parallel` runs: its own, or for 'auto' flash where the
+    device runs fused attention (`flash`), else Megatron-LM's local one."""
+    if parallel.attention_backend != "auto":
+        return parallel.attention_backend
+    return "flash" if flash else "local"
+
+
 def _layer_pass(
     model: TransformerConfig, parallel: ParallelConfig, cluster: Cluster, flash: bool,
     collectives: LayerCollectives | None = None,
-) -> tuple[_Pass, _Pass]:
-    """(kernels, tensor/context-parallel communication) of one layer, one micro-batch."""
+) -> tuple[Pass, Pass]:
+    """(kernels, tensor/context-parallel communication left exposed) of one layer, one
+    micro-batch. `flash`: whether the device runs fused attention (what 'auto' picks)."""
     device, eff = cluster.device, cluster.device.efficiency
     seq = model.seq_length / parallel.context
     ops = layer_ops(model, parallel.micro_batch_size, seq, parallel.tensor,
-                    parallel.sequence_parallel, flash, parallel.context)
-    precision = parallel.precision
-    forward = pass_seconds(ops, device, eff, precision)
-    backward = pass_seconds(ops, device, eff, precision, backward=True)
-    attention_core = pass_seconds(attention_kernels(ops), device, eff, precision)
+                    parallel.sequence_parallel, attention_backend(parallel, flash),
+                    parallel.context)
+    precision, graphed = parallel.precision, parallel.cuda_graphs
+    if precision == "fp8":
+        ops += fp8_casts(ops, parallel.fp8_recipe)
+    forward = pass_seconds(ops, device, eff, precision, graphed=graphed)
+    backward = pass_seconds(ops, device, eff, precision, backward=True, graphed=graphed)
+    attention_core = pass_seconds(attention_kernels(ops), device, eff, precision,
+                                  graphed=graphed)
     recompute = {"none": 0.0, "selective": attention_core, "full": forward}[parallel.recompute]
-    return _Pass(forward, backward, recompute), _tensor_parallel_comm(
-        model, parallel, cluster, collectives)
+    tensor, others = _tensor_parallel_comm(model, parallel, cluster, collectives)
+    if parallel.tp_comm_overlap:
+        tensor = _overlapped(tensor, projections(ops), parallel, device, eff)
+    return Pass(forward, backward, recompute), Pass(
+        tensor.forward + others.forward, tensor.backward + others.backward,
+        tensor.recompute + others.recompute)
+
+
+def _overlapped(tensor: Pass, gemms: list[Matmul], parallel: ParallelConfig,
+                device: DeviceSpec, eff: Efficiency) -> Pass:
+    """Tensor-parallel collectives split into chunks that run beside the projection
+    matmuls they feed or follow (Transformer Engine's userbuffers; Wang et al., ASPLOS
+    2023): each phase exposes only what its matmuls cannot cover."""
+    forward = pass_seconds(gemms, device, eff, parallel.precision, graphed=True)
+    backward = pass_seconds(gemms, device, eff, parallel.precision, backward=True,
+                            graphed=True)
+    replay = forward if parallel.recompute == "full" else 0.0
+    slowdown = eff.overlap_slowdown
+    return Pass(hidden(tensor.forward, forward, 0.0, slowdown),
+                hidden(tensor.backward, backward, 0.0, slowdown),
+                hidden(tensor.recompute, replay, 0.0, slowdown))
 
 
 def _tensor_parallel_comm(
     model: TransformerConfig, parallel: ParallelConfig, cluster: Cluster,
     collectives: LayerCollectives | None = None,
-) -> _Pass:
-    """A layer's tensor-, context- and expert-parallel collectives for one micro-batch,
-    forward, backward and rerun in backward: the ones the runtime issues
+) -> tuple[Pass, Pass]:
+    """A layer's collectives for one micro-batch, forward, backward and rerun in backward:
+    (tensor-parallel, context- and expert-parallel). They are the ones the runtime issues
     (`cost_models.training_collectives`), or with `collectives` the tensor-parallel ones
-    the intra-op ILP chose for the layer on this tensor-parallel degree."""
+    are those the intra-op ILP chose for the layer on this tensor-parallel degree."""
     issued = layer_collectives(model, rank_layout(parallel))
+    others = price([c for c in issued if c.axis != "tp"], parallel, cluster)
     t = parallel.tensor
     if collectives is not None and t in collectives:
         tokens = parallel.micro_batch_size * model.seq_length / parallel.context
@@ -213,12 +183,9 @@ def _tensor_parallel_comm(
             group_collective_time(c.kind, c.bytes_per_token * tokens, t, 1, cluster)
             for c in collectives[t]
         )
-        others = price(
-            [c for c in issued if c.axis != "tp"], parallel, cluster)
         rerun = chosen if parallel.recompute == "full" else 0.0
-        return _Pass(others.forward + chosen, others.backward + chosen,
-                     others.recompute + rerun)
-    return price(issued, parallel, cluster)
+        return Pass(chosen, chosen, rerun), others
+    return price([c for c in issued if c.axis == "tp"], parallel, cluster), others
 
 
 def rank_layout(
@@ -235,6 +202,9 @@ def rank_layout(
         num_micro_batches=parallel.num_micro_batches,
         sequence_parallel=parallel.sequence_parallel, zero_stage=parallel.zero_stage,
         recompute=parallel.recompute, element_bytes=activation_bytes(parallel.precision),
+        # DeepEP's flex dispatcher moves what all-to-all does, in fused kernels.
+        expert_dispatcher="allgather" if parallel.moe_token_dispatcher == "allgather"
+        else "alltoall",
         gradient_bytes=MAIN_GRAD_BYTES,
     )
 
@@ -244,7 +214,7 @@ def activation_bytes(precision: str) -> int:
     return 4 if precision == "fp32" else ACTIVATION_BYTES
 
 
-def price(collectives: list[Collective], parallel: ParallelConfig, cluster: Cluster) -> _Pass:
+def price(collectives: list[Collective], parallel: ParallelConfig, cluster: Cluster) -> Pass:
     """Seconds of `collectives` by phase (forward, backward, and recompute: the forward
     rerun in backward), each on its mesh axis's group: tensor ranks adjacent, context
     ranks `tensor` apart, expert ranks `tensor x context` apart."""
@@ -255,7 +225,7 @@ def price(collectives: list[Collective], parallel: ParallelConfig, cluster: Clus
         size, stride = groups[c.axis]
         seconds[c.phase] += c.count * group_collective_time(c.kind, c.bytes, size, stride,
                                                             cluster)
-    return _Pass(seconds["forward"], seconds["backward"], seconds["recompute"])
+    return Pass(seconds["forward"], seconds["backward"], seconds["recompute"])
 
 
 @dataclass(frozen=True)
@@ -278,7 +248,7 @@ def predict_step(
     model: TransformerConfig,
     cluster: Cluster,
     parallel: ParallelConfig,
-    flash_attention: bool = True,
+    flash_attention: bool | None = None,
     layers_per_stage: list[int] | None = None,
     collectives: LayerCollectives | None = None,
 ) -> StepPrediction:
@@ -295,7 +265,7 @@ def predict_stages(
     cluster: Cluster,
     parallel: ParallelConfig,
     stages: list[StageLayout],
-    flash_attention: bool = True,
+    flash_attention: bool | None = None,
     collectives: LayerCollectives | None = None,
 ) -> StepPrediction:
     """Predict a pipeline whose stages may differ in layers and mesh (Alpa's space).
@@ -304,6 +274,8 @@ def predict_stages(
     fix the sequences of one micro-batch (`micro_batch_size x data`), which each stage
     splits over its own data-parallel replicas.
     """
+    if flash_attention is None:  # 'auto' attention runs as the device does
+        flash_attention = cluster.device.flash_attention
     num_gpus = cluster.num_devices
     p, v = len(stages), parallel.virtual_pipeline
     sequences = parallel.micro_batch_size * parallel.data
@@ -312,7 +284,7 @@ def predict_stages(
     p2p = _pipeline_p2p(model, parallel, stages, cluster) if p > 1 else 0.0
 
     compute, comm, local = [], [], []
-    passes: dict[tuple[int, int], tuple[_Pass, _Pass]] = {}  # stages alike share one
+    passes: dict[tuple[int, int], tuple[Pass, Pass]] = {}  # stages alike share one
     for index, stage in enumerate(stages):
         here = replace(parallel, tensor=stage.tensor, data=stage.data,
                        micro_batch_size=sequences // stage.data)
@@ -320,7 +292,8 @@ def predict_stages(
             passes[stage.tensor, stage.data] = _layer_pass(model, here, cluster,
                                                           flash_attention, collectives)
         kernels, layer_comm = passes[stage.tensor, stage.data]
-        work = stage.layers * kernels.total
+        replayed = recomputed_layers(parallel, stage.layers)
+        work = stage.layers * (kernels.forward + kernels.backward) + replayed * kernels.recompute
         if index == p - 1:
             work += _head_seconds(model, here, device, stage.tensor)
         compute.append(work)
@@ -330,8 +303,9 @@ def predict_stages(
         # Each of the stage's v chunks gathers the slices it receives and their gradients.
         slices = price(boundary_collectives(model, layout, index == 0 and v == 1,
                                             index == p - 1 and v == 1), here, cluster) \
-            if p > 1 else _Pass(0.0, 0.0)
-        comm.append(stage.layers * layer_comm.total + ends.total + v * slices.total)
+            if p > 1 else Pass(0.0, 0.0)
+        comm.append(stage.layers * (layer_comm.forward + layer_comm.backward)
+                    + replayed * layer_comm.recompute + ends.total + v * slices.total)
         local.append((here, kernels))
     stage_times = [c + x + p2p for c, x in zip(compute, comm)]
     slowest = max(range(p), key=lambda i: stage_times[i])
@@ -342,7 +316,8 @@ def predict_stages(
 
     params = _stage_parameters(model, stages, parallel.expert)
     data_s = max(
-        _data_parallel_comm(params[i], local[i][0], cluster, local[i][1], stages[i].layers)
+        data_parallel_comm(params[i], local[i][0], cluster, local[i][1], stages[i].layers,
+                           recomputed_layers(parallel, stages[i].layers))
         for i in range(p)
     )
     optimizer_s = max(
@@ -351,11 +326,13 @@ def predict_stages(
     ) * ADAM_BYTES_PER_PARAMETER / (device.memory_bandwidth_gbs * 1e9 * eff.memory)
     step = pipeline_s + data_s + optimizer_s
 
-    model_flops, hardware_flops = _step_flops(model, parallel)
+    replays = sum(recomputed_layers(parallel, stage.layers) for stage in stages)
+    model_flops, hardware_flops = _step_flops(model, parallel, replays)
     peak = device.peak_tflops.get(parallel.precision, device.peak_tflops["fp32"])
     worst_memory = max(
         (_stage_memory(model, local[i][0], params[i], stages[i].layers, i, p, m,
-                       flash_attention) for i in range(p)),
+                       attention_backend(parallel, flash_attention) in SCORE_FREE_ATTENTION)
+         for i in range(p)),
         key=lambda breakdown: breakdown.total,
     )
     return StepPrediction(
@@ -373,6 +350,18 @@ def predict_stages(
         memory_gib_per_gpu=worst_memory.total / 2**30,
         fits=worst_memory.fits(device.memory_gib * 2**30),
     )
+
+
+def recomputed_layers(parallel: ParallelConfig, layers: int) -> int:
+    """Layers of a stage of `layers` whose forward (or, selective, attention core) is
+    replayed in backward: all of them, or under full recomputation by the block method the
+    first recompute_num_layers of each of the stage's virtual chunks."""
+    if parallel.recompute == "none":
+        return 0
+    if parallel.recompute == "full" and parallel.recompute_method == "block":
+        v = parallel.virtual_pipeline
+        return min(layers, parallel.recompute_num_layers * v)
+    return layers
 
 
 def even_split(num_layers: int, stages: int) -> list[int]:
@@ -428,46 +417,18 @@ def _stage_parameters(
     return params
 
 
-def _data_parallel_comm(
-    params: float, parallel: ParallelConfig, cluster: Cluster, kernels: _Pass, layers: int
-) -> float:
-    """Exposed gradient reduction of the fullest stage's parameters."""
-    d = parallel.data
-    if d == 1:
-        return 0.0
-    stride = parallel.tensor * parallel.context
-    element = memory.state_element_bytes(parallel.precision)
-    grads = params * element.grads
-    if parallel.zero_stage == 0:
-        total = group_collective_time("all_reduce", grads, d, stride, cluster)
-    else:
-        # Reduce-scatter the gradients, all-gather the updated weights.
-        total = group_collective_time("reduce_scatter", grads, d, stride, cluster)
-        total += group_collective_time("all_gather", params * element.params, d, stride,
-                                       cluster)
-    if parallel.zero_stage == 3:
-        # Weights gathered again for every micro-batch's forward, and once for the
-        # backward (FSDP2 keeps them gathered between micro-batches' backwards): m + 1
-        # gathers in all, as `cost_models.training_collectives` counts them.
-        total += parallel.num_micro_batches * group_collective_time(
-            "all_gather", params * element.params, d, stride, cluster
-        )
-    if parallel.overlap_grad_reduce:
-        hidden_by = layers * (kernels.backward + kernels.recompute)
-        return max(0.0, total - hidden_by)
-    return total
-
-
-def _step_flops(model: TransformerConfig, parallel: ParallelConfig) -> tuple[float, float]:
-    """(model FLOPs, executed FLOPs) of one step on the whole cluster."""
+def _step_flops(model: TransformerConfig, parallel: ParallelConfig,
+                replays: int) -> tuple[float, float]:
+    """(model FLOPs, executed FLOPs) of one step on the whole cluster, `replays` layers of
+    each model replica replaying their forward (or attention core) in backward."""
     sequences = parallel.global_batch_size
-    ops = layer_ops(model, 1, model.seq_length, 1, False, flash_attention=True)
+    ops = layer_ops(model, 1, model.seq_length, 1, False)
     layer = forward_flops(ops)
     head = forward_flops(head_ops(model, 1, model.seq_length, 1))
     forward = sequences * (model.num_layers * layer + head)
     attention = sum(op.flops for op in ops if isinstance(op, Attention))
     replay = {"none": 0.0, "selective": attention, "full": layer}[parallel.recompute]
-    return 3 * forward, 3 * forward + sequences * model.num_layers * replay
+    return 3 * forward, 3 * forward + sequences * replays * replay
 
 
 def _stage_memory(
@@ -486,16 +447,29 @@ def _stage_memory(
         grads_bytes=element.grads, optimizer_bytes=element.optimizer,
     )
     seq = math.ceil(model.seq_length / parallel.context)
-    per_layer = memory.activation_bytes_per_layer(
-        seq, parallel.micro_batch_size, model.hidden_size, model.num_attention_heads,
-        parallel.tensor, parallel.sequence_parallel, parallel.recompute, flash,
-    )
+
+    def kept(recompute: str) -> float:
+        return memory.activation_bytes_per_layer(
+            seq, parallel.micro_batch_size, model.hidden_size, model.num_attention_heads,
+            parallel.tensor, parallel.sequence_parallel, recompute, flash,
+            parallel.precision == "fp8",
+        )
+
+    per_layer = kept(parallel.recompute)
+    extra = 0.0
+    if parallel.recompute == "full":
+        # Checkpointed layers keep their input; the others (block method) all they made.
+        # Backward rebuilds one checkpointed group at a time: its working set, held once.
+        replayed = recomputed_layers(parallel, layers)
+        group = parallel.recompute_num_layers if parallel.recompute_method == "uniform" else 1
+        per_layer = (replayed * kept("full") / group + (layers - replayed) * kept("none")) \
+            / max(layers, 1)
+        extra += min(group, layers) * kept("none")
     in_flight = memory.in_flight_micro_batches(
         parallel.schedule, num_stages, index, num_micro_batches, parallel.virtual_pipeline,
     )
-    extra = 0.0
     if index == num_stages - 1:
-        extra = memory.output_layer_activation_bytes(
+        extra += memory.output_layer_activation_bytes(
             seq, parallel.micro_batch_size, model.hidden_size, model.vocab_size,
             parallel.tensor,
         )
@@ -525,13 +499,16 @@ class StageCosts:
 
 def stage_costs(
     model: TransformerConfig, cluster: Cluster, parallel: ParallelConfig, tensor: int,
-    data: int, flash_attention: bool = True, collectives: LayerCollectives | None = None,
+    data: int, flash_attention: bool | None = None, collectives: LayerCollectives | None = None,
 ) -> StageCosts:
     """Costs of a stage running `parallel`'s shared knobs on a `data` x `tensor` mesh,
     each micro-batch of `micro_batch_size x parallel.data` sequences split `data` ways."""
     sequences = parallel.micro_batch_size * parallel.data
     here = replace(parallel, tensor=tensor, data=data, micro_batch_size=sequences // data)
+    if flash_attention is None:
+        flash_attention = cluster.device.flash_attention
     kernels, comm = _layer_pass(model, here, cluster, flash_attention, collectives)
+    flash_attention = attention_backend(parallel, flash_attention) in SCORE_FREE_ATTENTION
     seq = model.seq_length / parallel.context
     stage = StageLayout(1, tensor, data)
     element = memory.state_element_bytes(parallel.precision)
@@ -542,6 +519,7 @@ def stage_costs(
     activations = memory.activation_bytes_per_layer(
         math.ceil(seq), here.micro_batch_size, model.hidden_size, model.num_attention_heads,
         tensor, parallel.sequence_parallel, parallel.recompute, flash_attention,
+        parallel.precision == "fp8",
     )
     return StageCosts(
         layer_s=kernels.total + comm.total,

@@ -17,6 +17,15 @@ from dataclasses import dataclass
 from planner.models.config import TransformerConfig
 
 ACTIVATION_BYTES = 2
+SCORE_FREE_ATTENTION = ("flash", "fused")
+"""Attention backends that never write the score matrix."""
+# Bytes an fp8 matmul's cast moves per element of its activation input, by recipe: read
+# 16 bits and write 8 (delayed scaling takes its scale from the amax history, found in
+# the same pass); current (tensorwise) scaling reads the tensor once more for its amax
+# first; block scaling (mxfp8, blockwise) writes a row-wise and a column-wise copy, the
+# two layouts the forward and the weight-gradient matmuls read (Transformer Engine's
+# recipes). Weights are cast once per step, not per micro-batch, and are not counted.
+FP8_CAST_BYTES = {"delayed": 3, "tensorwise": 5, "mxfp8": 4, "blockwise": 4}
 
 
 @dataclass(frozen=True)
@@ -61,12 +70,18 @@ def layer_ops(
     seq: int,
     tensor: int,
     sequence_parallel: bool,
-    flash_attention: bool = True,
+    attention: str = "flash",
     context: int = 1,
 ) -> list[Op]:
     """Forward kernels of one transformer block on one rank, for `seq` tokens per
     sequence (the rank's share under context parallelism: its queries attend to all
-    `seq x context` keys, gathered around the context group)."""
+    `seq x context` keys, gathered around the context group).
+
+    `attention` is the backend (`ParallelConfig.attention_backend`, resolved): flash and
+    fused run one fused kernel; local and unfused write the scores, run softmax and
+    dropout over them and multiply again. Both of the latter fuse scale, mask and softmax
+    into one kernel (Megatron's FusedScaleMaskSoftmax, Transformer Engine's
+    scaled-masked-softmax), so they are priced alike."""
     h, d = config.hidden_size, config.head_dim
     heads, kv_heads = config.num_attention_heads / tensor, config.num_kv_heads / tensor
     tokens = micro_batch * seq
@@ -80,7 +95,7 @@ def layer_ops(
     ]
     keys = seq * context
     scores = micro_batch * heads * seq * keys
-    if flash_attention:
+    if attention in SCORE_FREE_ATTENTION:
         ops.append(Attention("attention", 4 * scores * d))
     else:
         ops += [
@@ -127,6 +142,21 @@ def head_ops(config: TransformerConfig, micro_batch: int, seq: int, tensor: int)
         # Vocab-parallel cross-entropy in fp32: max, exp-sum and the loss pass the logits.
         Memory("cross entropy", 3 * tokens * v / tensor * 4),
     ]
+
+
+def fp8_casts(ops: list[Op], recipe: str) -> list[Op]:
+    """The casts to fp8 that `ops`' projection matmuls need under `recipe`: one memory
+    kernel per matmul over its activation input (backward: the gradient's cast, priced
+    as twice the bytes like every memory kernel)."""
+    per_element = FP8_CAST_BYTES[recipe]
+    return [Memory(f"{op.name} fp8 cast", op.m * op.k * op.count * per_element)
+            for op in projections(ops)]
+
+
+def projections(ops: list[Op]) -> list[Matmul]:
+    """The matmuls of `ops` with a weight: not attention's scores and context products,
+    which multiply two activations (and stay in 16 bits under fp8)."""
+    return [op for op in ops if isinstance(op, Matmul) and op.name not in ("scores", "context")]
 
 
 def attention_kernels(ops: list[Op]) -> list[Op]:

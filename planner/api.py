@@ -19,7 +19,7 @@ from passes.dtensor_rules import fake_mesh
 from passes.lower import RankProgram
 from passes.strategies import enumerate_strategies
 from passes.trace import TracedProgram, trace
-from planner.cluster import Cluster
+from planner.cluster import Cluster, calibration_of, step_time_band
 from planner.graph_plan import graph_plan
 from planner.search.graph_space import search_graph
 from planner.search.intra_op import IntraOpSolution, plan_intra_op
@@ -92,17 +92,16 @@ def plan_model(
     )
     timings.ilp_s = time.perf_counter() - start
     plan = _assemble(
-        program, table, solution, list(mesh_shape), cluster_spec.name,
+        program, table, solution, list(mesh_shape), cluster_spec,
         name or type(model).__name__,
         profile.cost_source if profile is not None else "analytical",
-        cluster_spec.device.memory_gib * 2**30, cluster_spec.devices_per_node,
     )
     return PlannedModel(plan, program, timings)
 
 
 def _assemble(
-    program, table, solution: IntraOpSolution, mesh_shape, cluster: str, name: str,
-    cost_source: str, memory_limit: float, devices_per_node: int,
+    program, table, solution: IntraOpSolution, mesh_shape, cluster: Cluster, name: str,
+    cost_source: str,
 ) -> Plan:
     parameters, operators = operator_shardings(program, table, solution)
     mesh = list(mesh_shape)
@@ -111,9 +110,9 @@ def _assemble(
                   mesh_shape=mesh, parameters=parameters, operators=operators)
     return Plan(
         model=name,
-        cluster=cluster,
+        cluster=cluster.name,
         num_gpus=math.prod(mesh),
-        devices_per_node=min(devices_per_node, math.prod(mesh)),
+        devices_per_node=min(cluster.devices_per_node, math.prod(mesh)),
         mesh_axes=logical_axes(len(mesh)),
         mesh_shape=mesh,
         stages=[stage],
@@ -123,9 +122,10 @@ def _assemble(
             compute_s=solution.compute_s,
             communication_s=solution.communication_s,
             memory_gib_per_gpu=solution.memory_bytes / 2**30,
-            fits=solution.memory_bytes <= memory_limit,
-        ),
-        provenance=Provenance(model_spec=name, cluster=cluster, cost_source=cost_source,
+            fits=solution.memory_bytes <= cluster.device.memory_gib * 2**30,
+        ).with_band(*step_time_band(cluster.device)),
+        provenance=Provenance(model_spec=name, cluster=cluster.name, cost_source=cost_source,
+                              calibration=calibration_of(cluster.device),
                               tessel_version=tessel_version()),
     )
 

@@ -7,14 +7,19 @@ bandwidths in decimal GB/s (1e9 bytes/s), device memory in GiB.
 A cluster is a number of devices grouped into scale-up domains of `devices_per_node`: the
 devices one fast link joins (NVLink and NVSwitch in a DGX node, Infinity Fabric on an AMD
 OAM board, or a whole 72-GPU rack in GB200 NVL72). Past a domain, traffic leaves through
-the scale-out network (InfiniBand or Ethernet). Each preset describes one domain, and
-`Cluster.with_devices` sizes it: 4 GPUs of a DGX node, or 64 DGX nodes. How close real
-kernels and collectives come to these datasheet peaks is the device's `Efficiency`.
+the scale-out network (InfiniBand or Ethernet). A domain is made of hosts of
+`devices_per_host` (one OS instance each, what torchrun's --nproc-per-node starts): a
+DGX node is one 8-GPU host, a GB200 NVL72 rack 18 hosts of 4 GPUs. A job takes whole
+hosts, so its last domain may be part-filled (256 GB200s: 3 racks and 40 GPUs of a
+fourth). Each preset describes one domain, and `Cluster.with_devices` sizes it: 4 GPUs of
+a DGX node, or 64 DGX nodes. How close real kernels and collectives come to these
+datasheet peaks is the device's `Efficiency`.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import math
 from importlib import resources
@@ -48,6 +53,47 @@ class _Config(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+UNCALIBRATED_STEP_TIME_RATIO = (0.8, 1.5)
+"""Measured over predicted step time that a prediction on uncalibrated efficiency may be
+off by: analytical models before calibration erred by 20-50% on published Megatron-LM runs
+(Tessel's own, mostly optimistic; Calculon's ~4% only after fitting), so the band is
+wide and leans towards slower than predicted."""
+
+
+class Calibration(_Config):
+    """Where a device's efficiency comes from and how well it predicts what it was fitted to."""
+
+    data: str = Field(description="The measurements the efficiency was fitted to (and which "
+                      "rows only checked it), in words.")
+    step_time_ratio: tuple[float, float] = Field(
+        description="10th and 90th percentile of measured over predicted step time on those "
+        "measurements: a prediction's band is [low, high] x its step time.",
+    )
+
+    @field_validator("step_time_ratio")
+    @classmethod
+    def _check_band(cls, band: tuple[float, float]) -> tuple[float, float]:
+        low, high = band
+        if not 0 < low <= high:
+            raise ValueError(f"must be 0 < low <= high, got {list(band)}")
+        return band
+
+
+def step_time_band(device: DeviceSpec) -> tuple[float, float]:
+    """The (low, high) factors a step time predicted on `device` may be off by: its
+    calibration's residuals, or the uncalibrated band."""
+    if device.calibration is None:
+        return UNCALIBRATED_STEP_TIME_RATIO
+    return device.calibration.step_time_ratio
+
+
+def calibration_of(device: DeviceSpec) -> str:
+    """What `device`'s efficiency was fitted to, in words, for a plan's provenance."""
+    if device.calibration is None:
+        return "uncalibrated (typical efficiencies)"
+    return " ".join(device.calibration.data.split())
+
+
 class DeviceSpec(_Config):
     """One accelerator (or one CPU process standing in for one)."""
 
@@ -69,6 +115,16 @@ class DeviceSpec(_Config):
         default=True, description="Whether fused (FlashAttention-style) attention kernels "
         "run on it, so attention keeps no score matrix (FlashAttention 2 needs an A100 or "
         "newer; a V100 has none).",
+    )
+
+    calibration: Calibration | None = Field(
+        default=None, description="What `efficiency` was fitted to and how far measured step "
+        "times fell from the fit's predictions; None: typical values, not fitted.",
+    )
+    tp_comm_overlap: bool = Field(
+        default=False, description="Whether Transformer Engine's userbuffers overlap "
+        "tensor-parallel communication with matmuls on it (--tp-comm-overlap: Hopper and "
+        "newer NVIDIA GPUs); the search turns it on where it runs.",
     )
 
     @field_validator("peak_tflops")
@@ -106,7 +162,8 @@ class LinkSpec(_Config):
 
 class Cluster(_Config):
     """A homogeneous cluster: `num_devices` identical devices in scale-up domains of
-    `devices_per_node`, numbered domain-major (ranks 0..7 share the first DGX node)."""
+    `devices_per_node`, numbered domain-major (ranks 0..7 share the first DGX node), each
+    domain made of hosts of `devices_per_host`; the last domain may be part-filled."""
 
     name: str = Field(description="Short name of the cluster, e.g. 'dgx-a100-80g'.")
     device: DeviceSpec = Field(description="The accelerator every rank runs on.")
@@ -115,10 +172,17 @@ class Cluster(_Config):
         description="Devices in one scale-up domain, the devices the intra-node link joins: "
         "a node (8 GPUs over NVLink and NVSwitch), or a 72-GPU rack for GB200 NVL72.",
     )
+    devices_per_host: int = Field(
+        gt=0, le=MAX_DEVICES,
+        description="Devices of one host (one OS instance; torchrun's --nproc-per-node), "
+        "the unit a job is given: 8 for a DGX node, 4 for a GB200 compute tray. Must divide "
+        "devices_per_node; defaults to it (the domain is one host).",
+    )
     num_devices: int = Field(
         gt=0,
-        description="Devices in the cluster: whole domains (a multiple of devices_per_node), "
-        "or part of one domain. Files may give num_nodes instead; one domain if neither.",
+        description="Devices in the cluster: whole hosts (a multiple of devices_per_host; "
+        "the last domain may be part-filled), or part of one host. Files may give num_nodes "
+        "(whole domains) instead; one domain if neither.",
     )
     intra_node: LinkSpec = Field(
         description="Link between devices of one scale-up domain (e.g. NVLink), per device."
@@ -131,16 +195,20 @@ class Cluster(_Config):
     @model_validator(mode="before")
     @classmethod
     def _nodes_to_devices(cls, data: Any) -> Any:
-        """Accept `num_nodes` (whole domains) as another way to give `num_devices`."""
+        """Accept `num_nodes` (whole domains) as another way to give `num_devices`, and
+        default `devices_per_host` to the domain (every cluster file written before hosts
+        were told apart from domains describes one-host domains)."""
         if not isinstance(data, dict):
             return data
         data = dict(data)
         nodes = data.pop("num_nodes", None)
         per_node = data.get("devices_per_node")
         if not isinstance(per_node, int) or not 1 <= per_node <= MAX_DEVICES:
-            # devices_per_node's own error is the one to report; this placeholder is unused.
+            # devices_per_node's own error is the one to report; these placeholders are unused.
             data.setdefault("num_devices", 1)
+            data.setdefault("devices_per_host", 1)
             return data
+        data.setdefault("devices_per_host", per_node)
         if nodes is None:
             data.setdefault("num_devices", per_node)
             return data
@@ -154,8 +222,14 @@ class Cluster(_Config):
         return data
 
     @model_validator(mode="after")
-    def _whole_domains(self) -> Cluster:
-        _check_size(self.num_devices, self.devices_per_node, self.name)
+    def _whole_hosts(self) -> Cluster:
+        if self.devices_per_node % self.devices_per_host:
+            raise ValueError(
+                f"devices_per_host {self.devices_per_host} must divide devices_per_node "
+                f"{self.devices_per_node} (a host never straddles scale-up domains); give a "
+                "divisor, or leave devices_per_host out when a domain is one host"
+            )
+        _check_size(self.num_devices, self.devices_per_host, self.devices_per_node, self.name)
         return self
 
     @property
@@ -163,14 +237,21 @@ class Cluster(_Config):
         """Scale-up domains the devices occupy (a part-filled one counts as one)."""
         return math.ceil(self.num_devices / self.devices_per_node)
 
+    @property
+    def num_hosts(self) -> int:
+        """Hosts the devices occupy (torchrun's --nnodes; a part-filled one counts as one)."""
+        return math.ceil(self.num_devices / self.devices_per_host)
+
     def with_devices(self, num_devices: int) -> Cluster:
         """A copy of this cluster sized to `num_devices` devices.
 
-        Up to `devices_per_node` devices are that many devices of one domain (`--gpus 4` on
+        Up to `devices_per_host` devices are that many devices of one host (`--gpus 4` on
         a DGX preset: 4 GPUs of one node, still joined by NVLink); more must fill whole
-        domains. Raises ValueError otherwise, naming the domain size.
+        hosts, and the last scale-up domain may be part-filled (`--gpus 256` on GB200
+        NVL72: 3 racks and 10 trays of a fourth). Raises ValueError otherwise, naming the
+        host size.
         """
-        _check_size(num_devices, self.devices_per_node, self.name)
+        _check_size(num_devices, self.devices_per_host, self.devices_per_node, self.name)
         return self.model_copy(update={"num_devices": num_devices})
 
     def with_unbounded_memory(self) -> Cluster:
@@ -202,12 +283,17 @@ class Cluster(_Config):
         return not fits
 
     def ranks_per_domain(self, group_stride: int, group_size: int) -> int:
-        """Members of such a group that share one domain: all of them when it does not span
-        domains, else those `group_stride` apart within one domain (exact when the stride
-        divides the domain size or is a multiple of it, as mesh layouts make it)."""
+        """Members of such a group that share one domain, where fewest do: all of them
+        when no group spans domains, else the fewest that any group has in any domain it
+        touches (the domain whose few network links carry the group's cross-domain
+        traffic, and so the slowest group's). A block that straddles a domain boundary
+        off-centre (64 ranks from 192 on GB200 NVL72: 24 in the third rack, 40 in the
+        fourth) leaves few members on one side; so can the part-filled last domain."""
         if not self.spans_domains(group_stride, group_size):
             return group_size
-        return max(1, min(group_size, self.devices_per_node // group_stride))
+        return _fewest_members_per_domain(
+            self.num_devices, self.devices_per_node, group_stride, group_size
+        )
 
     def link_for_group(self, group_stride: int, group_size: int) -> LinkSpec:
         """The link a collective among `group_size` ranks spaced `group_stride` apart crosses.
@@ -276,9 +362,50 @@ class Cluster(_Config):
             raise ValueError(f"Invalid {source}: {_summarize(err)}.") from None
 
 
-def _check_size(num_devices: int, per_node: int, name: str) -> None:
-    """Raise unless `num_devices` is part of one domain or a whole number of domains, and
-    at most MAX_DEVICES."""
+@functools.lru_cache(maxsize=4096)
+def _fewest_members_per_domain(devices: int, per_domain: int, stride: int, size: int) -> int:
+    """The fewest members that a group of `size` ranks `stride` apart (in aligned blocks of
+    stride x size ranks) has in one domain of `per_domain` devices that it touches.
+
+    A group starting at rank a has its members at a + j * stride. Every domain it covers
+    whole (one between its first and its last) holds per_domain // stride of them or one
+    more; the first and last domains it touches hold what the start and the end leave, and
+    those depend only on a mod per_domain. So the answer is a minimum over the residues
+    mod per_domain at which some group starts: O(per_domain), cached per shape. The
+    part-filled last domain needs no case of its own: the cluster ends at a block's end,
+    so a group can only end in it, and a group's last domain holds the members from the
+    domain's start to the group's end, whether or not the domain is full.
+    """
+    if stride >= per_domain:
+        return 1  # consecutive members lie a domain or more apart
+    span = stride * size
+    blocks = max(1, -(-devices // span))
+    # Block b starts at b * span; mod per_domain those starts repeat with this period.
+    period = per_domain // math.gcd(span, per_domain)
+    starts = bytearray(per_domain)
+    for block in range(min(blocks, period)):
+        first = block * span % per_domain
+        # The stride groups of a block start at its first `stride` ranks.
+        end = first + stride
+        starts[first:min(end, per_domain)] = b"\x01" * (min(end, per_domain) - first)
+        if end > per_domain:
+            starts[: end - per_domain] = b"\x01" * (end - per_domain)
+    fewest = size
+    for residue in (r for r in range(per_domain) if starts[r]):
+        in_first = -(-(per_domain - residue) // stride)  # members before the next boundary
+        if in_first >= size:
+            continue  # this group stays inside one domain
+        last = residue + (size - 1) * stride  # the last member, from the first's domain
+        in_last = last % per_domain // stride + 1
+        fewest = min(fewest, in_first, in_last)
+        if last // per_domain >= 2:  # a domain covered whole lies between
+            fewest = min(fewest, per_domain // stride)
+    return max(1, fewest)
+
+
+def _check_size(num_devices: int, per_host: int, per_node: int, name: str) -> None:
+    """Raise unless `num_devices` is part of one host or a whole number of hosts, and at
+    most MAX_DEVICES."""
     if num_devices < 1:
         raise ValueError(
             f"Cluster {name!r} cannot hold {num_devices} devices; ask for at least 1."
@@ -288,12 +415,19 @@ def _check_size(num_devices: int, per_node: int, name: str) -> None:
             f"Cluster {name!r} cannot hold {num_devices} devices: that is more than Tessel "
             f"plans for (at most {MAX_DEVICES} devices); ask for fewer."
         )
-    if num_devices > per_node and num_devices % per_node:
+    if num_devices <= per_host or num_devices % per_host == 0:
+        return
+    if per_host == per_node:
         raise ValueError(
             f"Cluster {name!r} has {per_node} devices per node, so {num_devices} devices "
             f"would leave a node part-filled; use a multiple of {per_node} (or at most "
             f"{per_node}, part of one node)."
         )
+    raise ValueError(
+        f"Cluster {name!r} has {per_host} devices per host ({per_node} per scale-up "
+        f"domain), so {num_devices} devices would leave a host part-filled; use a multiple "
+        f"of {per_host} (or at most {per_host}, part of one host)."
+    )
 
 
 def _presets_dir() -> Any:

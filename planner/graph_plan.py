@@ -8,7 +8,7 @@ import math
 
 from passes.stage_graph import BOUNDARY, piece_numel, routes
 from passes.strategies import TRAINING_STATE_COPIES
-from planner.cluster import Cluster
+from planner.cluster import Cluster, calibration_of, step_time_band
 from planner.plan import (
     CollectiveStats,
     Plan,
@@ -54,6 +54,7 @@ def graph_plan(candidate: Candidate, cluster: Cluster, name: str,
     peak = cluster.device.peak_tflops.get("fp32", 0.0) * 1e12
     return Plan(
         model=name, cluster=cluster.name, num_gpus=devices,
+        devices_per_host=min(cluster.devices_per_host, devices),
         devices_per_node=min(cluster.devices_per_node, devices),
         mesh_axes=["device"], mesh_shape=[devices],
         global_batch_size=global_batch_size, micro_batch_size=candidate.micro_batch_size,
@@ -64,9 +65,12 @@ def graph_plan(candidate: Candidate, cluster: Cluster, name: str,
             communication_s=max(candidate.communication_s, 0.0),
             memory_gib_per_gpu=max(candidate.memory_bytes) / 2**30, fits=candidate.fits,
             model_tflops_per_gpu=flops / step / devices / 1e12 if step else None,
-            mfu=flops / step / devices / peak if step and peak else None),
+            mfu=flops / step / devices / peak if step and peak else None,
+        ).with_band(*step_time_band(cluster.device)),
         provenance=Provenance(model_spec=name, cluster=cluster.name,
-                              cost_source="analytical", tessel_version=tessel_version()),
+                              cost_source="analytical",
+                              calibration=calibration_of(cluster.device),
+                              tessel_version=tessel_version()),
     )
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from planner.cluster import Cluster
 from planner.models.config import TransformerConfig
+from planner.parallel import PRECISIONS
 from planner.search.megatron_space import data_degrees
 
 # ParallelConfig field -> the flag that fixes it, for messages that name the flag as typed.
@@ -32,6 +33,14 @@ FLAG = {
     "virtual_pipeline": "--num-layers-per-virtual-pipeline-stage",
     "overlap_grad_reduce": "--overlap-grad-reduce",
     "precision": "--precision",
+    "attention_backend": "--attention-backend",
+    "overlap_param_gather": "--overlap-param-gather",
+    "tp_comm_overlap": "--tp-comm-overlap",
+    "recompute_method": "--recompute-method",
+    "recompute_num_layers": "--recompute-num-layers",
+    "fp8_recipe": "--fp8-recipe",
+    "moe_token_dispatcher": "--moe-token-dispatcher-type",
+    "cuda_graphs": "--cuda-graph-impl",
 }
 
 
@@ -44,11 +53,12 @@ def check_knobs(
     problems = _degree_problems(knobs, model, cluster)
     precision = knobs.get("precision", default_precision(cluster))
     if precision not in cluster.device.peak_tflops:
-        has = ", ".join(sorted(cluster.device.peak_tflops))
+        has = ", ".join(sorted(k for k in cluster.device.peak_tflops if k in PRECISIONS))
         problems.append(
             f"{FLAG['precision']} {precision} needs {precision} tensor cores, which "
             f"{cluster.device.name} lacks; use one it has ({has}) or a newer cluster"
         )
+    problems += _run_problems(knobs, model, cluster, precision)
     problems += _schedule_problems(knobs, model, space)
     if not problems:
         problems += _batch_problems(knobs, model, cluster, global_batch_size)
@@ -70,9 +80,12 @@ def _degree_problems(
     t, c, p = knobs.get("tensor", 1), knobs.get("context", 1), knobs.get("pipeline", 1)
     if heads % t or groups % t or per_node % t:
         of_groups = f", the {groups} key/value groups" if groups != heads else ""
+        # A domain of several hosts (a 72-GPU NVL72 rack of 4-GPU trays) is no "node" to
+        # its users; a tensor group must stay inside the domain, not the host.
+        node = "a node" if cluster.devices_per_host >= per_node else "an NVLink domain"
         problems.append(
             f"{FLAG['tensor']} {t} must divide the {heads} attention heads{of_groups} and "
-            f"the {per_node} GPUs of a node"
+            f"the {per_node} GPUs of {node}"
         )
     if c > 1 and (n % c or model.seq_length % (2 * c)):
         problems.append(
@@ -109,6 +122,45 @@ def _degree_problems(
             "--no-sequence-parallel with expert and tensor parallelism: Megatron-LM needs "
             "sequence parallelism there"
         )
+    return problems
+
+
+def _run_problems(knobs: dict[str, Any], model: TransformerConfig, cluster: Cluster,
+                  precision: str) -> list[str]:
+    """Settings that need something of the device, the model or another knob."""
+    problems = []
+    device = cluster.device
+    backend = knobs.get("attention_backend")
+    if backend in ("flash", "fused") and not device.flash_attention:
+        problems.append(
+            f"{FLAG['attention_backend']} {backend} needs fused attention kernels, which "
+            f"{device.name} cannot run; use local or unfused"
+        )
+    recipe = knobs.get("fp8_recipe")
+    if recipe is not None and precision != "fp8":
+        problems.append(f"{FLAG['fp8_recipe']} {recipe} applies to fp8 matmuls; add "
+                        f"{FLAG['precision']} fp8 or drop it")
+    if recipe == "mxfp8" and "mxfp8" not in device.peak_tflops:
+        problems.append(f"{FLAG['fp8_recipe']} mxfp8 needs Blackwell's block-scaled fp8 "
+                        f"tensor cores, which {device.name} lacks; use delayed or tensorwise")
+    if knobs.get("tp_comm_overlap") and (knobs.get("sequence_parallel") is False
+                                        or knobs.get("tensor") == 1):
+        problems.append(f"{FLAG['tp_comm_overlap']} overlaps the all-gathers and "
+                        f"reduce-scatters of sequence parallelism; it needs "
+                        f"{FLAG['sequence_parallel']} and {FLAG['tensor']} above 1")
+    if knobs.get("overlap_param_gather") and (knobs.get("zero_stage", 1) < 1
+                                             or knobs.get("overlap_grad_reduce") is False):
+        problems.append(f"{FLAG['overlap_param_gather']} gathers the distributed "
+                        f"optimizer's weights: it needs --use-distributed-optimizer (or "
+                        f"{FLAG['zero_stage']} 1 or more) and {FLAG['overlap_grad_reduce']}")
+    method = "recompute_method" in knobs or "recompute_num_layers" in knobs
+    if method and knobs.get("recompute") != "full":
+        problems.append(f"{FLAG['recompute_method']} and {FLAG['recompute_num_layers']} "
+                        f"choose which layers full recomputation replays; they need "
+                        f"{FLAG['recompute']} full")
+    if knobs.get("moe_token_dispatcher") and not model.num_experts:
+        problems.append(f"{FLAG['moe_token_dispatcher']} routes tokens to experts, and this "
+                        "model is dense (no --num-experts)")
     return problems
 
 

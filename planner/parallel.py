@@ -12,6 +12,10 @@ from dataclasses import dataclass, fields, replace
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
+ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
+RECOMPUTE_METHODS = ("uniform", "block")
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
+MOE_DISPATCHERS = ("allgather", "alltoall", "flex")
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,37 @@ class ParallelConfig:
     """Matmul precision: bf16 (--bf16), fp16 (--fp16), fp8 (Transformer Engine's
     --fp8-format hybrid, with bf16 elsewhere; on devices with fp8 tensor cores) or fp32
     (Megatron-LM's default without either flag; what CPUs run)."""
+    attention_backend: str = "auto"
+    """Attention kernels (--attention-backend): flash (FlashAttention) or fused (cuDNN's
+    fused attention) keep no score matrix; local (Megatron-LM's own: batched matmuls and
+    its fused scale-mask-softmax kernel) and unfused (Transformer Engine's: scale, mask and
+    softmax as separate kernels) write the s x s scores; auto: flash where the device runs
+    it, else local."""
+    overlap_param_gather: bool = False
+    """All-gather the distributed optimizer's updated weights during the next forward
+    pass (--overlap-param-gather); off, the gather runs after the optimizer step. Needs
+    ZeRO stage 1 or more and --overlap-grad-reduce."""
+    tp_comm_overlap: bool = False
+    """Overlap tensor-parallel all-gathers and reduce-scatters with the matmuls they feed
+    (--tp-comm-overlap: Transformer Engine's userbuffers). Needs sequence parallelism."""
+    recompute_method: str = "uniform"
+    """With full recomputation (--recompute-method): uniform checkpoints the input of every
+    group of recompute_num_layers layers and replays them all; block replays only the first
+    recompute_num_layers layers of each stage and keeps the others' activations."""
+    recompute_num_layers: int = 1
+    """Layers per checkpointed group (uniform) or recomputed layers per stage (block)
+    (--recompute-num-layers)."""
+    fp8_recipe: str = "delayed"
+    """How fp8 scales are found (--fp8-recipe): delayed (from an amax history), tensorwise
+    (current scaling: one extra pass over each tensor), mxfp8 or blockwise (a scale per
+    block, computed in the cast; mxfp8 needs Blackwell tensor cores)."""
+    moe_token_dispatcher: str = "allgather"
+    """How tokens reach their experts (--moe-token-dispatcher-type): allgather (every rank
+    gathers all tokens of its expert group), alltoall (each token sent to its experts'
+    ranks) or flex (all-to-all through DeepEP's fused kernels)."""
+    cuda_graphs: bool = False
+    """Capture each layer's kernels in CUDA graphs (--cuda-graph-impl local): the host
+    launches a graph, not each kernel, so small kernels are no longer bound by it."""
 
     @property
     def model_parallel(self) -> int:
@@ -82,6 +117,16 @@ class ParallelConfig:
             problems.append(f"precision must be one of {', '.join(PRECISIONS)}")
         if self.zero_stage > 3:
             problems.append(f"zero_stage must be 0-3, got {self.zero_stage}")
+        for name, allowed in (("attention_backend", ATTENTION_BACKENDS),
+                              ("recompute_method", RECOMPUTE_METHODS),
+                              ("fp8_recipe", FP8_RECIPES),
+                              ("moe_token_dispatcher", MOE_DISPATCHERS)):
+            if getattr(self, name) not in allowed:
+                problems.append(f"{name} must be one of {', '.join(allowed)}")
+        if self.overlap_param_gather and (self.zero_stage < 1 or not self.overlap_grad_reduce):
+            problems.append("overlap_param_gather needs zero_stage >= 1 and overlap_grad_reduce")
+        if self.tp_comm_overlap and not self.sequence_parallel:
+            problems.append("tp_comm_overlap needs sequence_parallel")
         if problems:
             raise ValueError("; ".join(problems) + ".")
         data = self.data if self.data != -1 else num_gpus // self.model_parallel

@@ -176,6 +176,28 @@ class ParallelDegrees(_Model):
     virtual_pipeline: int = Field(ge=1, description="Model chunks per pipeline rank.")
 
 
+class RunSettings(_Model):
+    """How the kernels and collectives of a training plan run, beyond its degrees (each a
+    Megatron-LM flag: `planner.parallel.ParallelConfig` says what each one does)."""
+
+    attention_backend: str = Field(default="auto", description="Attention kernels: auto, "
+                                   "flash, fused, unfused or local.")
+    overlap_grad_reduce: bool = Field(default=False, description="Gradients reduced in "
+                                      "buckets during the backward pass.")
+    overlap_param_gather: bool = Field(default=False, description="The distributed "
+                                       "optimizer's weights gathered during the forward.")
+    tp_comm_overlap: bool = Field(default=False, description="Tensor-parallel collectives "
+                                  "overlapped with matmuls.")
+    recompute_method: str = Field(default="uniform", description="Full recomputation: "
+                                  "uniform or block.")
+    recompute_num_layers: int = Field(default=1, ge=1, description="Layers per checkpointed "
+                                      "group (uniform) or recomputed per stage (block).")
+    fp8_recipe: str = Field(default="delayed", description="fp8 scaling recipe.")
+    moe_token_dispatcher: str = Field(default="allgather", description="How tokens reach "
+                                      "their experts: allgather, alltoall or flex.")
+    cuda_graphs: bool = Field(default=False, description="Layers captured in CUDA graphs.")
+
+
 class Breakdown(_Model):
     compute_s: float = Field(description="Kernel time of the slowest stage.")
     tensor_parallel_comm_s: float = Field(description="Tensor/context-parallel collectives.")
@@ -208,10 +230,26 @@ class Predicted(_Model):
         description="Model FLOPs utilization of the dense peak at the matmul precision.",
     )
     breakdown: Breakdown | None = Field(default=None, description="Where the step time goes.")
+    step_time_band_s: tuple[float, float] | None = Field(
+        default=None, description="The step time a run may measure, [low, high]: the "
+        "prediction times the 10th and 90th percentile of measured over predicted on the "
+        "cluster preset's calibration runs (a wide stated band when uncalibrated).",
+    )
+    tokens_per_s_band: tuple[float, float] | None = Field(
+        default=None, description="Tokens per second over the same band, [low, high].",
+    )
 
     @property
     def memory_bytes_per_device(self) -> float:
         return self.memory_gib_per_gpu * 2**30
+
+    def with_band(self, low: float, high: float) -> Predicted:
+        """This prediction with its bands for measured / predicted step time in
+        [low, high]."""
+        update: dict = {"step_time_band_s": (self.step_time_s * low, self.step_time_s * high)}
+        if self.tokens_per_s is not None:
+            update["tokens_per_s_band"] = (self.tokens_per_s / high, self.tokens_per_s / low)
+        return self.model_copy(update=update)
 
 
 class Provenance(_Model):
@@ -224,6 +262,10 @@ class Provenance(_Model):
         description="Where op and collective times came from: 'analytical' (the cluster's "
         "roofline and alpha-beta models) or 'profile:PATH' (a `plan profile` database, "
         "analytical where it has no measurement).",
+    )
+    calibration: str = Field(
+        default="uncalibrated", description="What the cluster's efficiency was fitted to, or "
+        "'uncalibrated' (typical values; the prediction's band is then wide).",
     )
     tessel_version: str = Field(description="The Tessel release that made the plan.")
 
@@ -242,6 +284,9 @@ class Plan(_Model):
     model: str = Field(description="What was planned (a model spec or class name).")
     cluster: str = Field(description="Cluster preset or file the costs come from.")
     num_gpus: int = Field(ge=1, description="Devices the plan runs on.")
+    devices_per_host: int | None = Field(default=None, ge=1, description="Devices of one "
+                                         "host, the processes a launcher starts per machine "
+                                         "(None: a node is one host).")
     devices_per_node: int = Field(default=1, ge=1, description="Devices of one node (scale-up "
                                   "domain): consecutive ranks share a node, so a launcher "
                                   "starts this many processes per machine.")
@@ -253,6 +298,8 @@ class Plan(_Model):
         default=None, description="Parallel degrees (as the first stage sees them); None for "
         "an operator-level plan, whose shardings are chosen per node."
     )
+    run: RunSettings | None = Field(default=None, description="How kernels and collectives "
+                                   "run (training plans of zoo transformers).")
     global_batch_size: int | None = Field(default=None, ge=1,
                                           description="Sequences per optimizer step.")
     micro_batch_size: int | None = Field(default=None, ge=1, description="Sequences per "

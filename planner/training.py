@@ -22,7 +22,7 @@ from cost_models.step_time import (
     rank_layout,
 )
 from cost_models.training_collectives import by_kind, rank_collectives
-from planner.cluster import Cluster
+from planner.cluster import Cluster, calibration_of, step_time_band
 from planner.export.megatron import megatron_flags, megatron_incompatibility
 from planner.models.config import TransformerConfig
 from planner.parallel import ParallelConfig
@@ -33,6 +33,7 @@ from planner.plan import (
     Plan,
     Predicted,
     Provenance,
+    RunSettings,
     Stage,
     StageMemory,
     stage_mesh,
@@ -113,6 +114,7 @@ def _plan(
                      + breakdown.data_parallel_comm_s)
     return Plan(
         model=name, cluster=cluster.name, num_gpus=first_device,
+        devices_per_host=min(cluster.devices_per_host, first_device),
         devices_per_node=min(cluster.devices_per_node, first_device), mesh_axes=mesh_axes,
         mesh_shape=mesh_shape,
         parallel=ParallelDegrees(
@@ -121,15 +123,18 @@ def _plan(
             sequence_parallel=parallel.sequence_parallel, zero_stage=parallel.zero_stage,
             virtual_pipeline=parallel.virtual_pipeline,
         ),
+        run=RunSettings(**{name: getattr(parallel, name) for name in RunSettings.model_fields}),
         global_batch_size=parallel.global_batch_size,
         micro_batch_size=parallel.micro_batch_size,
         num_micro_batches=parallel.num_micro_batches,
         recompute=parallel.recompute, schedule=parallel.schedule,
         precision=parallel.precision, stages=stages,
         predicted=Predicted(**values, compute_s=breakdown.compute_s,
-                            communication_s=communication, breakdown=breakdown),
+                            communication_s=communication, breakdown=breakdown,
+                            ).with_band(*step_time_band(cluster.device)),
         megatron_flags=flags, megatron_incompatibility=incompatibility,
         provenance=Provenance(model_spec=name, cluster=cluster.name,
+                              calibration=calibration_of(cluster.device),
                               tessel_version=tessel_version()),
     )
 

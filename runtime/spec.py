@@ -170,7 +170,8 @@ def from_training_plan(plan) -> RunSpec:
         zero_stage=p.zero_stage,
         recompute=plan.recompute,
         expert=p.expert,
-        expert_dispatcher=getattr(p, "moe_token_dispatcher", "allgather"),
+        # DeepEP's flex dispatcher moves what all-to-all does; torch runs the all-to-all.
+        expert_dispatcher=_dispatcher(getattr(plan, "run", None)),
     )
     planned = getattr(plan, "global_batch_size", None)
     if planned is not None and planned != spec.global_batch_size:
@@ -179,3 +180,10 @@ def from_training_plan(plan) -> RunSpec:
             f" x micro-batches ({spec.num_micro_batches}) x data ({degrees.dp})"
         )
     return spec
+
+
+def _dispatcher(run: object) -> str:
+    """The token dispatcher the runtime runs for a plan's settings: DeepEP's flex moves
+    what all-to-all does, and torch runs the all-to-all."""
+    chosen = getattr(run, "moe_token_dispatcher", "allgather")
+    return "alltoall" if chosen in ("alltoall", "flex") else "allgather"

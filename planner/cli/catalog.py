@@ -10,6 +10,7 @@ from typing import Any
 from rich.table import Table
 
 from planner.cli.console import console
+from planner.cluster import UNCALIBRATED_STEP_TIME_RATIO, step_time_band
 
 
 def add_catalog_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,6 +49,12 @@ def run_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _band(device: Any) -> str:
+    """A device's step-time band as percentages: '-5/+5%'."""
+    low, high = step_time_band(device) if device is not None else UNCALIBRATED_STEP_TIME_RATIO
+    return f"{(low - 1) * 100:+.0f}/{(high - 1) * 100:+.0f}%"
+
+
 def _figure(value: float | None) -> str:
     """989.5 -> '989.5', 2000.0 -> '2000', None -> '-': datasheet numbers, compactly."""
     return "-" if value is None else f"{value:g}"
@@ -55,7 +62,7 @@ def _figure(value: float | None) -> str:
 
 def run_clusters(args: argparse.Namespace) -> int:
     """`plan clusters`: the built-in cluster presets with their datasheet numbers."""
-    from planner.cluster import Cluster
+    from planner.cluster import Cluster, calibration_of
 
     table = Table(
         title="cluster presets",
@@ -84,5 +91,14 @@ def run_clusters(args: argparse.Namespace) -> int:
             _figure(cluster.inter_node.bandwidth_gbs),
         )
     console.print(table)
+    # Whether each preset's efficiency was fitted, to what, and the band its fit leaves
+    # (measured over predicted step time, 10th to 90th percentile): every prediction's band.
+    console.print("calibration (band: measured / predicted step time on the fitted runs):")
+    for name, cluster in clusters.items():
+        if cluster.device.calibration is not None:
+            console.print(f"  {name} ({_band(cluster.device)}): "
+                          f"{calibration_of(cluster.device)}")
+    others = [name for name, cluster in clusters.items() if cluster.device.calibration is None]
+    console.print(f"  uncalibrated ({_band(None)}, stated): {', '.join(others)}")
     _write_json(args.json, {name: c.model_dump() for name, c in clusters.items()})
     return 0

@@ -4,6 +4,7 @@
     plan MODEL --mesh 4 [--cluster cpu] [--json PATH] [--emit-code DIR]
     plan check MODEL --mesh 2x2 [--steps 3] [--json PATH]
     plan inspect MODEL [--json PATH]
+    plan predict --cluster C --gpus N -- MEGATRON_FLAGS | --args-file FILE
     plan profile [--output tessel-profile.json] [--ranks 2,4] [--max-bytes 16MiB]
     plan calibrate CSV [--cluster C]
     plan models [--json PATH]
@@ -30,6 +31,7 @@ from planner.cli.errors import check_output_file, check_output_folder, report_fa
 from planner.cli.model_args import MAX_STEPS, add_mesh_arguments, add_model_arguments
 from planner.cli.parallel_flags import add_parallel_flags
 from planner.cli.parsing import Parser, whole
+from planner.cli.predict import predict_parser
 from planner.cli.profile import add_profile_arguments
 
 
@@ -71,6 +73,12 @@ COMMANDS: dict[str, tuple[Callable[[], Parser], str, str]] = {
         "its layers, templates, parameters, FLOPs and activation bytes per token.",
         add_model_arguments,
     ), "planner.cli.inspect", "run_inspect"),
+    "predict": (lambda: predict_parser(
+        "plan predict", "Predict exactly the run a Megatron-LM launch line starts (its "
+        "pretrain_gpt.py flags after --, or --args-file): step time, tokens/s, TFLOP/s, MFU "
+        "and memory per GPU; then the best plan the search finds for the same model, cluster "
+        "and batch, its speed-up and the flags that change.",
+    ), "planner.cli.predict", "run_predict"),
     "profile": (lambda: _parser(
         "plan profile", "Time matmuls, an elementwise op and collectives on this machine (CPU "
         "and gloo, or GPUs and NCCL) and write them to a database for `plan --profile`.",

@@ -14,7 +14,16 @@ from planner.cli.errors import UsageError
 from planner.cli.parsing import whole
 from planner.cluster import MAX_DEVICES
 from planner.knobs import FLAG
-from planner.parallel import PRECISIONS, RECOMPUTE, SCHEDULES, ParallelConfig
+from planner.parallel import (
+    ATTENTION_BACKENDS,
+    FP8_RECIPES,
+    MOE_DISPATCHERS,
+    PRECISIONS,
+    RECOMPUTE,
+    RECOMPUTE_METHODS,
+    SCHEDULES,
+    ParallelConfig,
+)
 from planner.search.megatron_space import MAX_GPUS
 
 # Largest global batch: 16M sequences, far past any run (Llama 3 405B: 16M tokens).
@@ -91,6 +100,49 @@ def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
         "fp8 needs fp8 tensor cores, e.g. H100)",
     )
     add(
+        "--overlap-param-gather", dest="overlap_param_gather",
+        action=argparse.BooleanOptionalAction, default=None,
+        help="gather the distributed optimizer's weights during the next forward (--no-... "
+        "fixes it off)",
+    )
+    add(
+        "--tp-comm-overlap", dest="tp_comm_overlap", action=argparse.BooleanOptionalAction,
+        default=None, help="overlap tensor-parallel communication with matmuls (Transformer "
+        "Engine userbuffers; needs --sequence-parallel; --no-... fixes it off)",
+    )
+    add(
+        "--attention-backend", dest="attention_backend", choices=ATTENTION_BACKENDS,
+        default=None, help="attention kernels: flash or fused keep no score matrix; local "
+        "(Megatron-LM's own, fused softmax) and unfused write the s x s scores; auto "
+        "(default): flash where the device runs it",
+    )
+    add(
+        "--recompute-method", dest="recompute_method", choices=RECOMPUTE_METHODS,
+        default=None, help="with --recompute-granularity full: uniform (every group of "
+        "--recompute-num-layers layers checkpointed) or block (only that many layers per "
+        "stage recomputed)",
+    )
+    add(
+        "--recompute-num-layers", dest="recompute_num_layers", type=whole(1, MAX_DEVICES),
+        default=None, help="layers per checkpointed group (uniform) or recomputed layers "
+        "per stage (block)",
+    )
+    add(
+        "--fp8-recipe", dest="fp8_recipe", choices=FP8_RECIPES, default=None,
+        help="with --precision fp8: how scales are found (delayed, tensorwise = current "
+        "scaling, mxfp8 on Blackwell, blockwise)",
+    )
+    add(
+        "--moe-token-dispatcher-type", dest="moe_token_dispatcher", choices=MOE_DISPATCHERS,
+        default=None, help="how tokens reach their experts (default: searched)",
+    )
+    add(
+        "--cuda-graph-impl", dest="cuda_graph_impl",
+        choices=("none", "local", "transformer_engine"), default=None,
+        help="capture each layer in CUDA graphs (local or transformer_engine), so small "
+        "kernels are not bound by the host's launches; none (default) leaves them eager",
+    )
+    add(
         "--intra-op", choices=("analytic", "ilp"), default="analytic",
         help="how layers are sharded inside a stage: analytic (Megatron-LM's tensor + "
         "sequence parallel layout) or ilp (trace one block and let the intra-op ILP choose "
@@ -124,6 +176,12 @@ def fixed_knobs(args: argparse.Namespace, num_layers: int) -> dict[str, Any]:
     knobs["schedule"] = args.schedule
     knobs["overlap_grad_reduce"] = args.overlap_grad_reduce
     knobs["precision"] = args.precision
+    for name in ("overlap_param_gather", "tp_comm_overlap", "attention_backend",
+                 "recompute_method", "recompute_num_layers", "fp8_recipe",
+                 "moe_token_dispatcher"):
+        knobs[name] = getattr(args, name)
+    if args.cuda_graph_impl is not None:
+        knobs["cuda_graphs"] = args.cuda_graph_impl != "none"
     if args.distributed_optimizer:
         if args.zero_stage not in (None, 1):
             raise UsageError(

@@ -20,9 +20,15 @@ class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one-line `UsageError`s naming the flag as typed,
     with the closest known flag for an unknown one. `-h` prints the usage as usual."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(
+        self, *args, unknown_hint: Callable[[str], str] | None = None, **kwargs
+    ) -> None:
+        """`unknown_hint(flag)`: the advice after "unknown option FLAG; " for an unknown
+        option that is no misspelling of a known one (default: "see PROG -h"), e.g. to
+        say where a command's pass-through flags go."""
         # Abbreviations make a misspelt prefix silently mean another flag.
         super().__init__(*args, allow_abbrev=False, **kwargs)
+        self.unknown_hint = unknown_hint
 
     def parse_args(self, args: Sequence[str] | None = None, namespace=None):  # type: ignore[override]
         parsed, extra = self.parse_known_args(args, namespace)
@@ -38,8 +44,13 @@ class Parser(argparse.ArgumentParser):
         flag = word.split("=", 1)[0]
         known = [o for action in self._actions for o in action.option_strings]
         close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
-        hint = f"; did you mean {close[0]}?" if close else f"; see {self.prog} -h"
-        raise UsageError(f"{self.prog}: unknown option {flag}{hint}")
+        if close:
+            hint = f"did you mean {close[0]}?"
+        elif self.unknown_hint:
+            hint = self.unknown_hint(flag)
+        else:
+            hint = f"see {self.prog} -h"
+        raise UsageError(f"{self.prog}: unknown option {flag}; {hint}")
 
     def error(self, message: str) -> NoReturn:
         # "argument --gpus: 0 must be ..." -> "--gpus 0 must be ..."; argparse's own

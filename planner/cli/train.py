@@ -74,17 +74,28 @@ def plan_training(
     result = _search_with_progress(args, model, cluster, knobs, console, collectives)
     if not result.ranked:
         raise UsageError(_no_fit(args, model, cluster, knobs))
-    plans = [
-        training_plan(args.model, model, cluster, candidate.parallel,
-                      list(candidate.layers_per_stage), candidate.stages, collectives,
-                      prediction, names)
-        for candidate, prediction in result.ranked[: top or args.top]
-    ]
+    plans = ranked_plans(args.model, model, cluster, result, top or args.top, collectives,
+                         names)
     timings = {**timings, **result.timings}
     console.print(f"searched {result.evaluated:,} configurations in "
                   + ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in timings.items()),
                   highlight=False)
     return plans, model, loaded
+
+
+def ranked_plans(
+    name: str, model: TransformerConfig, cluster: Cluster, result: SearchResult, top: int,
+    collectives: LayerCollectives | None = None,
+    parameter_names: Callable[[str], str] | None = None,
+) -> list[Plan]:
+    """The `top` best configurations of a search `result` as Plans, best first, with the
+    search's predictions (not predicted again)."""
+    return [
+        training_plan(name, model, cluster, candidate.parallel,
+                      list(candidate.layers_per_stage), candidate.stages, collectives,
+                      prediction, parameter_names)
+        for candidate, prediction in result.ranked[:top]
+    ]
 
 
 def _refuse_what_does_not_fit(plan: Plan, cluster: Cluster) -> None:
@@ -195,6 +206,8 @@ def layout(plan: Plan) -> str:
 
 
 def print_training_plans(plans: list[Plan], console: Console) -> None:
+    """The plans' table, best first; the best's summary (`print_summary`), and its
+    Megatron-LM flags and launch command."""
     best = plans[0]
     table = Table(title=f"{best.model} on {best.num_gpus} x {best.cluster}, global batch "
                         f"{best.global_batch_size}")
@@ -209,17 +222,7 @@ def print_training_plans(plans: list[Plan], console: Console) -> None:
             f"{p.memory_gib_per_gpu:.1f}" + ("" if p.fits else " !"),
         )
     console.print(table)
-    b = best.predicted.breakdown
-    console.print(
-        f"best: {best.predicted.tokens_per_s:,.0f} tokens/s, {best.num_micro_batches} "
-        f"micro-batches; step {best.predicted.step_time_s:.3f} s = compute {b.compute_s:.3f} + "
-        f"tensor/context comm {b.tensor_parallel_comm_s:.3f} + pipeline comm "
-        f"{b.pipeline_comm_s:.3f} + bubble {b.bubble_s:.3f} + exposed data-parallel comm "
-        f"{b.data_parallel_comm_s:.3f} + optimizer {b.optimizer_s:.3f}; "
-        f"{best.predicted.model_tflops_per_gpu:.0f} model TFLOP/s per GPU "
-        f"({best.predicted.hardware_tflops_per_gpu:.0f} with recomputation)",
-        highlight=False,
-    )
+    print_summary(best, console)
     if not best.predicted.fits:
         console.print(
             f"[red]does not fit:[/red] {best.predicted.memory_gib_per_gpu:.1f} GiB per GPU",
@@ -234,3 +237,37 @@ def print_training_plans(plans: list[Plan], console: Console) -> None:
         console.print(torchrun_command(best), highlight=False, soft_wrap=True, markup=False)
     else:
         console.print(f"not runnable by Megatron-LM: {best.megatron_incompatibility}")
+
+
+def print_summary(plan: Plan, console: Console, label: str = "best") -> None:
+    """One line, `label` first: the plan's tokens/s, micro-batches, step-time breakdown and
+    model (and hardware) TFLOP/s per GPU."""
+    p = plan.predicted
+    b = p.breakdown
+    assert b is not None
+    console.print(
+        f"{label}: {p.tokens_per_s:,.0f} tokens/s, {plan.num_micro_batches} "
+        f"micro-batches; step {p.step_time_s:.3f} s = compute {b.compute_s:.3f} + "
+        f"tensor/context comm {b.tensor_parallel_comm_s:.3f} + pipeline comm "
+        f"{b.pipeline_comm_s:.3f} + bubble {b.bubble_s:.3f} + exposed data-parallel comm "
+        f"{b.data_parallel_comm_s:.3f} + optimizer {b.optimizer_s:.3f}; "
+        f"{p.model_tflops_per_gpu:.0f} model TFLOP/s per GPU "
+        f"({p.hardware_tflops_per_gpu:.0f} with recomputation)",
+        highlight=False,
+    )
+    if p.step_time_band_s is not None:
+        low, high = p.step_time_band_s
+        console.print(
+            f"expect a measured step of {low:.3f}-{high:.3f} s "
+            f"({p.model_tflops_per_gpu * p.step_time_s / high:.0f}-"
+            f"{p.model_tflops_per_gpu * p.step_time_s / low:.0f} model TFLOP/s per GPU): "
+            f"{plan.cluster}'s {_calibration_words(plan)}",
+            highlight=False,
+        )
+
+
+def _calibration_words(plan: Plan) -> str:
+    """Where a plan's band comes from, in a few words."""
+    if plan.provenance.calibration.startswith("uncalibrated"):
+        return "efficiency is uncalibrated (typical values), so the band is a wide stated one"
+    return "calibration runs fall within this band (10th-90th percentile; `plan clusters`)"

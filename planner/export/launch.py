@@ -1,11 +1,15 @@
 """The torchrun line that starts a Plan's ranks: one process per device, one agent per
-node, torch's c10d rendezvous (the launcher Megatron-LM, TorchTitan and PyTorch all use).
+host, torch's c10d rendezvous (the launcher Megatron-LM, TorchTitan and PyTorch all use).
 
     torchrun --nnodes 128 --nproc-per-node 8 --rdzv-backend c10d \\
         --rdzv-endpoint $MASTER_ADDR:29500 --rdzv-id tessel-gpt3-175b pretrain_gpt.py ...
 
-Rank r runs on node r // devices_per_node, as the Plan's mesh assumes (consecutive ranks
-share a node's fast links). Checked against torchrun's own argument parser in the tests.
+One agent runs per host (one OS instance): a DGX node of 8 GPUs, but a 4-GPU compute tray
+of a GB200 NVL72 rack, whose 72 GPUs share one NVLink domain across 18 hosts. Rank r runs
+on host r // devices_per_host, so consecutive ranks share a host and, as the Plan's mesh
+assumes, a scale-up domain (hosts never straddle domains). 256 GB200s are 64 trays:
+`--nnodes 64 --nproc-per-node 4`. Checked against torchrun's own argument parser in the
+tests.
 """
 
 from __future__ import annotations
@@ -15,17 +19,23 @@ import shlex
 
 from planner.plan import Plan
 
-# The rendezvous endpoint is the first node's address; a job script sets MASTER_ADDR.
+# The rendezvous endpoint is the first host's address; a job script sets MASTER_ADDR.
 RDZV_PORT = 29500
+
+
+def devices_per_host(plan: Plan) -> int:
+    """Processes torchrun starts per host for `plan`: its host size, or for a plan written
+    before plans recorded hosts, its domain (one host per domain then)."""
+    return plan.devices_per_host or plan.devices_per_node
 
 
 def torchrun_args(plan: Plan) -> list[str]:
     """torchrun's own flags for `plan` (the script and its arguments not included)."""
-    per_node = plan.devices_per_node
-    nodes = -(-plan.num_gpus // per_node)
+    per_host = devices_per_host(plan)
+    hosts = -(-plan.num_gpus // per_host)
     run_id = "tessel-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", plan.model).strip("-")
     return [
-        "--nnodes", str(nodes), "--nproc-per-node", str(min(per_node, plan.num_gpus)),
+        "--nnodes", str(hosts), "--nproc-per-node", str(min(per_host, plan.num_gpus)),
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"$MASTER_ADDR:{RDZV_PORT}",
         "--rdzv-id", run_id or "tessel",
     ]

@@ -63,9 +63,13 @@ def megatron_flags(
     if not model.bias:
         flags.append("--disable-bias-linear")
     if model.num_experts is not None:
-        flags += [f"--num-experts {model.num_experts}", f"--moe-router-topk {model.moe_top_k}"]
+        flags += [f"--num-experts {model.num_experts}", f"--moe-router-topk {model.moe_top_k}",
+                  f"--moe-token-dispatcher-type {parallel.moe_token_dispatcher}"]
     flags += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": [],
-              "fp8": ["--bf16", "--fp8-format hybrid"]}[parallel.precision]
+              "fp8": ["--bf16", "--fp8-format hybrid",
+                      f"--fp8-recipe {parallel.fp8_recipe}"]}[parallel.precision]
+    if parallel.attention_backend != "auto":
+        flags.append(f"--attention-backend {parallel.attention_backend}")
     flags += [
         f"--tensor-model-parallel-size {parallel.tensor}",
         f"--pipeline-model-parallel-size {parallel.pipeline}",
@@ -78,14 +82,21 @@ def megatron_flags(
     if parallel.sequence_parallel:
         flags.append("--sequence-parallel")
     if parallel.recompute == "full":
-        flags += ["--recompute-granularity full", "--recompute-method uniform",
-                  "--recompute-num-layers 1"]
+        flags += ["--recompute-granularity full",
+                  f"--recompute-method {parallel.recompute_method}",
+                  f"--recompute-num-layers {parallel.recompute_num_layers}"]
     elif parallel.recompute == "selective":
         flags.append("--recompute-granularity selective")
     if parallel.zero_stage == 1:
         flags.append("--use-distributed-optimizer")
     if parallel.overlap_grad_reduce:
         flags.append("--overlap-grad-reduce")
+    if parallel.overlap_param_gather:
+        flags.append("--overlap-param-gather")
+    if parallel.tp_comm_overlap:
+        flags.append("--tp-comm-overlap")
+    if parallel.cuda_graphs:
+        flags.append("--cuda-graph-impl local")
     # Any uneven split, also where the pipeline divides the layers: without these flags
     # Megatron-LM splits evenly, not as planned.
     if parallel.pipeline > 1 and len(set(layers_per_stage)) > 1:

@@ -30,6 +30,7 @@ from planner.search.megatron_space import (
     Candidate,
     Progress,
     SearchResult,
+    run_settings,
     search_megatron,
     tensor_degrees,
 )
@@ -108,7 +109,8 @@ def _candidate(stages: list[StageLayout], shared: ParallelConfig) -> Candidate:
     tensor, data = meshes.pop()
     uniform = replace(shared, tensor=tensor, data=data, pipeline=len(stages),
                       micro_batch_size=shared.micro_batch_size // data,
-                      sequence_parallel=shared.sequence_parallel and tensor > 1)
+                      sequence_parallel=shared.sequence_parallel and tensor > 1,
+                      tp_comm_overlap=shared.tp_comm_overlap and tensor > 1)
     return Candidate(uniform, split)
 
 
@@ -121,20 +123,27 @@ def _shared_knobs(
     chunk per stage, so a fixed interleaved schedule leaves this space to the Megatron one."""
     if fixed.get("schedule") == "interleaved" or "virtual_pipeline" in fixed:
         return []
+    if fixed.get("recompute_method") == "block" or fixed.get("recompute_num_layers", 1) > 1:
+        return []  # a stage's cost is no longer linear in its layers
     # A fixed --micro-batch-size is per data-parallel replica: whole micro-batches of any
     # multiple of it, each stage then replicated (whole / fixed) ways.
     per_replica = fixed.get("micro_batch_size", 1)
     sizes = [2**i for i in range(gbs.bit_length()) if gbs % 2**i == 0 and 2**i % per_replica == 0]
     recomputes = [fixed["recompute"]] if "recompute" in fixed else list(RECOMPUTE)
     zeros = [fixed["zero_stage"]] if "zero_stage" in fixed else [1, 3]
+    sp, overlap = fixed.get("sequence_parallel", True), fixed.get("overlap_grad_reduce", True)
+    # Each stage applies the tensor-parallel settings where its mesh has a tensor axis.
+    tensor = max(2, fixed.get("tensor", 2))
     return [
         [
             ParallelConfig(data=1, micro_batch_size=b, global_batch_size=gbs, recompute=r,
-                           zero_stage=z, sequence_parallel=fixed.get("sequence_parallel", True),
+                           zero_stage=z, sequence_parallel=sp,
                            context=fixed.get("context", 1), expert=fixed.get("expert", 1),
                            schedule=fixed.get("schedule", "1f1b"),
-                           overlap_grad_reduce=fixed.get("overlap_grad_reduce", True),
-                           precision=fixed.get("precision", "bf16"))
+                           overlap_grad_reduce=overlap,
+                           precision=fixed.get("precision", "bf16"),
+                           moe_token_dispatcher=fixed.get("moe_token_dispatcher", "allgather"),
+                           **run_settings(fixed, cluster, tensor, sp, z, overlap))
             for z, r in itertools.product(zeros, recomputes)
         ]
         for b in sizes

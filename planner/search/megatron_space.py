@@ -77,10 +77,16 @@ def _powers_of_two_dividing(n: int, limit: int) -> list[int]:
 
 def tensor_degrees(model: TransformerConfig, cluster: Cluster) -> list[int]:
     """Tensor-parallel degrees the search uses: powers of two that fit in one node (one
-    NVLink domain) and in the cluster, and divide the attention and key/value heads."""
-    limit = min(cluster.devices_per_node, cluster.num_devices, model.num_kv_heads)
+    NVLink domain) and in the cluster, and divide the attention and key/value heads; on
+    more than one domain, only those that divide the domain. Those keep every tensor group
+    (consecutive ranks) inside one domain: a layout's degrees divide the GPUs too, so they
+    divide a part-filled last domain's share as well (256 GB200s: 3 x 72 + 40), while a
+    power of two a domain holds no whole number of (16 of a 72-GPU rack) would straddle
+    racks, as `planner.knobs` refuses for a fixed degree."""
+    per_node, n = cluster.devices_per_node, cluster.num_devices
+    limit = min(per_node, n, model.num_kv_heads)
     return [t for t in _powers_of_two_dividing(model.num_kv_heads, limit)
-            if model.num_attention_heads % t == 0]
+            if model.num_attention_heads % t == 0 and (n <= per_node or per_node % t == 0)]
 
 
 def _divisors(n: int, limit: int) -> list[int]:
@@ -150,9 +156,38 @@ def _degree_layouts(
                     yield t, c, p, d, e
 
 
+def run_settings(fixed: dict[str, Any], cluster: Cluster, tensor: int,
+                 sequence_parallel: bool, zero_stage: int,
+                 overlap_grad_reduce: bool) -> dict[str, Any]:
+    """The knobs that only make a run faster or leaner where they apply, each as fixed or
+    else at its best: the weights' gather overlapped with the forward where the optimizer
+    is distributed, tensor-parallel communication overlapped with the matmuls where the
+    device runs Transformer Engine's userbuffers, attention as the device runs it, and
+    Megatron-LM's defaults for the rest (CUDA graphs stay off unless asked for: they need
+    static shapes and hold their own memory)."""
+    overlap_tp = tensor > 1 and sequence_parallel and cluster.device.tp_comm_overlap
+    return dict(
+        attention_backend=fixed.get("attention_backend", "auto"),
+        overlap_param_gather=fixed.get("overlap_param_gather",
+                                       zero_stage >= 1 and overlap_grad_reduce),
+        tp_comm_overlap=fixed.get("tp_comm_overlap", overlap_tp),
+        recompute_method=fixed.get("recompute_method", "uniform"),
+        recompute_num_layers=fixed.get("recompute_num_layers", 1),
+        fp8_recipe=fixed.get("fp8_recipe", "delayed"),
+        cuda_graphs=fixed.get("cuda_graphs", False),
+    )
+
+
+def _dispatchers(model: TransformerConfig, expert: int, fixed: dict[str, Any]) -> list[str]:
+    """Token dispatchers to try: both where experts are split over ranks."""
+    if "moe_token_dispatcher" in fixed:
+        return [fixed["moe_token_dispatcher"]]
+    return ["allgather", "alltoall"] if model.num_experts and expert > 1 else ["allgather"]
+
+
 def _knob_choices(
     layout: tuple[int, int, int, int, int], model: TransformerConfig, gbs: int,
-    fixed: dict[str, Any], space: str,
+    fixed: dict[str, Any], space: str, cluster: Cluster,
 ) -> Iterator[dict[str, Any]]:
     """Every setting of the knobs other than degrees and recomputation, for one layout."""
     t, c, p, d, e = layout
@@ -169,13 +204,17 @@ def _knob_choices(
         [0, 1] if space == "megatron" else [0, 1, 2, 3]
     )
     overlap = [fixed.get("overlap_grad_reduce", True)]
-    for mb, sp, z, ov in itertools.product(micro, parallel_seq, zero, overlap):
+    dispatchers = _dispatchers(model, e, fixed)
+    for mb, sp, z, ov, dispatcher in itertools.product(micro, parallel_seq, zero, overlap,
+                                                       dispatchers):
         schedules = _schedules(model.num_layers, p, per_replica // mb, fixed, space)
+        settings = run_settings(fixed, cluster, t, sp, z, ov)
         for schedule, v in schedules:
             yield dict(tensor=t, context=c, pipeline=p, data=d, expert=e, micro_batch_size=mb,
                        global_batch_size=gbs, sequence_parallel=sp, zero_stage=z,
                        overlap_grad_reduce=ov, schedule=schedule, virtual_pipeline=v,
-                       precision=fixed.get("precision", "bf16"))
+                       precision=fixed.get("precision", "bf16"),
+                       moe_token_dispatcher=dispatcher, **settings)
 
 
 def _schedules(
@@ -204,7 +243,7 @@ def enumerate_megatron(
     """Every configuration of the Megatron space, recomputation modes included."""
     recomputes = [fixed["recompute"]] if "recompute" in fixed else list(RECOMPUTE)
     for layout in _layouts(model, cluster, gbs, fixed):
-        for knobs in _knob_choices(layout, model, gbs, fixed, "megatron"):
+        for knobs in _knob_choices(layout, model, gbs, fixed, "megatron", cluster):
             for split in _splits(model, knobs):
                 for recompute in recomputes:
                     yield Candidate(ParallelConfig(**knobs, recompute=recompute), split)
@@ -229,7 +268,7 @@ def search_megatron(
     evaluated = 0
     layouts = list(_layouts(model, cluster, gbs, fixed))
     for index, layout in enumerate(layouts):
-        for knobs in _knob_choices(layout, model, gbs, fixed, "megatron"):
+        for knobs in _knob_choices(layout, model, gbs, fixed, "megatron", cluster):
             for split in _splits(model, knobs):
                 for recompute in recomputes:
                     candidate = Candidate(ParallelConfig(**knobs, recompute=recompute), split)

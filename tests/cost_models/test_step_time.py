@@ -7,13 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from cost_models.step_time import (
-    StageLayout,
-    kernel_seconds,
-    pass_seconds,
-    predict_stages,
-    predict_step,
-)
+from cost_models.kernel_time import kernel_seconds, pass_seconds
+from cost_models.step_time import StageLayout, predict_stages, predict_step
 from cost_models.transformer_ops import Matmul, Memory
 from planner.cluster import Cluster
 from planner.models.presets import get_preset

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from cost_models.step_time import kernel_seconds, predict_step
+from cost_models.kernel_time import kernel_seconds
+from cost_models.step_time import predict_step
 from cost_models.transformer_ops import Attention, Matmul
 from planner.cluster import Cluster
 from planner.knobs import check_knobs, default_precision

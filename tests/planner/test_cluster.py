@@ -148,8 +148,10 @@ def test_with_devices_whole_nodes_past_one() -> None:
     message = str(err.value)
     assert "'dgx-h100' has 8 devices per node" in message
     assert "use a multiple of 8" in message
-    with pytest.raises(ValueError, match="72 devices per node"):
-        Cluster.load("gb200-nvl72").with_devices(100)
+    # A GB200 job holds whole 4-GPU trays, not whole 72-GPU racks.
+    assert Cluster.load("gb200-nvl72").with_devices(100).num_devices == 100
+    with pytest.raises(ValueError, match="use a multiple of 4"):
+        Cluster.load("gb200-nvl72").with_devices(102)
 
 
 def test_num_nodes_in_a_file(tmp_path) -> None:
@@ -282,13 +284,22 @@ def test_an_overflowing_number_is_infinite_and_refused(tmp_path) -> None:
 
 
 # The efficiencies that are fractions of a datasheet peak, and the ones that are not.
-FRACTIONS = ("matmul", "attention", "memory", "intra_node_bandwidth", "inter_node_bandwidth")
+FRACTIONS = ("matmul", "fp8_matmul", "attention", "memory", "intra_node_bandwidth",
+             "inter_node_bandwidth")
 NOT_FRACTIONS = ("matmul_half_dim", "kernel_overhead_us", "dispatch_us",
                  "collective_overhead_us")
+SHARES = ("overlap_slowdown",)
 
 
 def test_every_efficiency_field_is_a_fraction_or_a_cost() -> None:
-    assert sorted(FRACTIONS + NOT_FRACTIONS) == sorted(Efficiency.model_fields)
+    assert sorted(FRACTIONS + NOT_FRACTIONS + SHARES) == sorted(Efficiency.model_fields)
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.01, math.inf, math.nan])
+def test_a_share_of_compute_lies_in_0_to_1(value: float) -> None:
+    with pytest.raises(ValueError, match="overlap_slowdown"):
+        Efficiency(overlap_slowdown=value)
+    assert Efficiency(overlap_slowdown=0.0).overlap_slowdown == 0.0
 
 
 @pytest.mark.parametrize("field", FRACTIONS)

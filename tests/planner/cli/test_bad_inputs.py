@@ -96,6 +96,23 @@ KNOB_VALUES = {
                         "--global-batch-size", "64", "--precision", "bf16"],
                        ["--precision bf16 needs bf16 tensor cores", "V100-SXM2-16GB",
                         "fp16, fp32"]),
+    "mxfp8-before-blackwell": ([*SMALL, "--precision", "fp8", "--fp8-recipe", "mxfp8"],
+                               ["--fp8-recipe mxfp8 needs Blackwell", "H100"]),
+    "fp8-recipe-without-fp8": ([*SMALL, "--fp8-recipe", "tensorwise"],
+                               ["--fp8-recipe tensorwise applies to fp8 matmuls"]),
+    "flash-on-a-v100": (["gpt3-350m", "--cluster", "aws-p3.16xlarge", "--gpus", "8",
+                         "--global-batch-size", "64", "--attention-backend", "flash"],
+                        ["--attention-backend flash needs fused attention", "local"]),
+    "tp-overlap-without-sequence-parallel": (
+        [*SMALL, "--tp-comm-overlap", "--no-sequence-parallel"],
+        ["--tp-comm-overlap", "needs --sequence-parallel"]),
+    "param-gather-without-distributed-optimizer": (
+        [*SMALL, "--overlap-param-gather", "--zero-stage", "0"],
+        ["--overlap-param-gather", "--use-distributed-optimizer"]),
+    "recompute-method-without-full": ([*SMALL, "--recompute-method", "block"],
+                                      ["--recompute-method", "--recompute-granularity full"]),
+    "dispatcher-on-a-dense-model": ([*SMALL, "--moe-token-dispatcher-type", "alltoall"],
+                                    ["--moe-token-dispatcher-type", "dense"]),
     "what-if-that-does-not-fit": (
         ["gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "8", "--global-batch-size", "8",
          "--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "1",

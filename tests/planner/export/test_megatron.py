@@ -83,7 +83,10 @@ def _value_problems(flag: str, option: dict[str, Any], values: list[str]) -> lis
                 parse(value)
             except ValueError:
                 problems.append(f"{flag} {value}: not of type {option['type']}")
-        if choices is not None and value not in [str(choice) for choice in choices]:
+        # An enum's choices print as 'AttnBackend.flash'; its handler reads 'flash'.
+        names = [str(choice).rsplit(".", 1)[-1] if option["type"] == "enum_type_handler"
+                 else str(choice) for choice in (choices or ())]
+        if choices is not None and value not in names:
             problems.append(f"{flag} {value}: not one of {choices}")
     return problems
 

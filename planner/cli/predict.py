@@ -1,0 +1,361 @@
+"""`plan predict`: the prediction of exactly the run a Megatron-LM launch line starts, and
+the best plan the search finds for the same model, cluster and global batch.
+
+    plan predict --cluster dgx-h100 --gpus 512 -- --num-layers 80 --hidden-size 8192 ...
+    plan predict --cluster dgx-h100 --args-file launch.sh [-- --micro-batch-size 2]
+
+The launch line is read as Megatron-LM reads it (`planner/megatron/`): its own
+defaults for everything absent, its rules, flags that change neither time nor memory
+ignored. The output is `plan`'s: step time, tokens/s, model and hardware TFLOP/s, MFU,
+memory per GPU (a run that would not fit is called out, not refused) and the breakdown;
+then the best plans of the search (the launch line's precision kept, every other knob
+free), the speed-up of the best and the Megatron-LM flags that change. --json writes both
+plans and the comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.table import Table
+
+from planner.cli.errors import UsageError
+from planner.cli.parallel_flags import MAX_TOP
+from planner.cli.parsing import Parser, whole
+from planner.search.megatron_space import MAX_GPUS
+
+if TYPE_CHECKING:
+    from planner.cluster import Cluster
+    from planner.megatron import LaunchLine, MegatronArgs, MegatronRun
+    from planner.plan import Plan
+
+# Knobs the best plan keeps from the launch line: the precision and fp8 recipe change the
+# numerics, not only the speed; the attention kernels and CUDA graphs are software
+# choices the search does not make (it runs attention as the device does, graphs off).
+KEPT = ("precision", "fp8_recipe", "attention_backend", "cuda_graphs")
+# Largest --args-file read: a launch script is a few KiB; this bounds the work.
+MAX_ARGS_FILE_BYTES = 1 << 20
+
+
+def predict_parser(prog: str, description: str) -> Parser:
+    """The parser of `plan predict`: an unknown --flag that is not a misspelt one of its
+    own is most likely a Megatron-LM flag given before `--`; it says so."""
+
+    def hint(flag: str) -> str:
+        if not flag.startswith("--"):
+            return f"see {prog} -h"
+        return f"put Megatron-LM's flags after --, e.g. {prog} --cluster C --gpus N -- {flag} ..."
+
+    parser = Parser(prog=prog, description=description, unknown_hint=hint)
+    add_predict_arguments(parser)
+    return parser
+
+
+def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "flags", nargs="*", metavar="-- MEGATRON_FLAGS",
+        help="the flags of a pretrain_gpt.py launch line, after -- (a torchrun prefix is "
+        "allowed); with --args-file, added after the file's",
+    )
+    parser.add_argument(
+        "--cluster", help="cluster preset or YAML/JSON file the run is on (`plan clusters` "
+        "lists the presets)",
+    )
+    parser.add_argument(
+        "--gpus", type=whole(1, MAX_GPUS),
+        help="GPUs of the run (Megatron-LM's world size); optional when the launch line's "
+        "torchrun gives --nnodes and --nproc-per-node",
+    )
+    parser.add_argument(
+        "--args-file", metavar="FILE",
+        help="a launch script or command (continuations, comments, shell variables and a "
+        "torchrun prefix allowed) holding the flags",
+    )
+    parser.add_argument("--top", type=whole(1, MAX_TOP), default=3,
+                        help="best plans of the search to list (default 3)")
+    parser.add_argument(
+        "--space", choices=("megatron", "auto"), default="megatron",
+        help="the search's space: megatron (default: layouts Megatron-LM runs, so the flags "
+        "that change apply to this launch line) or auto (Alpa's, stages may differ)",
+    )
+    parser.add_argument(
+        "--search", action=argparse.BooleanOptionalAction, default=True,
+        help="also search the best plan for the same model, cluster and batch (--no-search: "
+        "predict the launch line only)",
+    )
+    parser.add_argument("--json", metavar="PATH",
+                        help="also write both plans and the comparison as JSON")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def run_predict(args: argparse.Namespace) -> int:
+    """Predict the launch line, search the best plan for the same model, cluster and
+    batch, print both and the difference, and write them as JSON."""
+    from planner.cli.console import console
+    from planner.megatron import megatron_run, parse_megatron_flags
+    from planner.training import training_plan
+
+    launch = _launch_line(args)
+    parsed = parse_megatron_flags(launch.flags)
+    gpus = _world_size(args, launch)
+    cluster = _cluster(args, gpus)
+    run = megatron_run(parsed, gpus)
+    _check_on_cluster(parsed, run, cluster)
+    name = Path(launch.script).stem if launch.script else "pretrain_gpt"
+    launched = training_plan(name, run.model, cluster, run.parallel, run.layers_per_stage)
+    print_launch_line(launched, run, cluster, console)
+    best = _best_plans(args, name, run, cluster, console) if args.search else []
+    changes = _print_comparison(launched, run, best, cluster, args.space, console) \
+        if args.search else []
+    if args.json:
+        Path(args.json).write_text(json.dumps(_report(launched, run, best, changes), indent=2)
+                                   + "\n")
+        console.print(f"prediction written to {args.json}")
+    return 0
+
+
+def _launch_line(args: argparse.Namespace) -> LaunchLine:
+    """The launch line of --args-file and of the words after --, as one."""
+    from planner.megatron import LaunchLine, launch_words, split_launcher
+
+    given = split_launcher(args.flags)
+    if args.args_file is None:
+        if not given.flags:
+            raise UsageError(
+                "plan predict needs a launch line: put pretrain_gpt.py's flags after -- "
+                "(plan predict --cluster C --gpus N -- --num-layers ...) or give --args-file"
+            )
+        return given
+    path = Path(args.args_file).expanduser()
+    try:
+        if path.stat().st_size > MAX_ARGS_FILE_BYTES:
+            raise UsageError(f"--args-file {args.args_file!r} is over "
+                             f"{MAX_ARGS_FILE_BYTES >> 20} MiB; give the launch script")
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        why = getattr(error, "strerror", None) or "not text"
+        raise UsageError(f"--args-file {args.args_file!r} cannot be read ({why}); give "
+                         "the path of the launch script") from None
+    from_file = launch_words(text)
+    if from_file.launcher and given.launcher:
+        raise UsageError(
+            f"both --args-file {args.args_file!r} and the words after -- start a launcher; "
+            "give the extra flags alone after --"
+        )
+    first = from_file if from_file.launcher else given
+    return LaunchLine(flags=from_file.flags + given.flags, script=first.script,
+                      launcher=first.launcher, world_size=first.world_size)
+
+
+def _world_size(args: argparse.Namespace, launch: LaunchLine) -> int:
+    """--gpus, or the launcher's world size; they must agree when both are given."""
+    started = launch.world_size
+    if args.gpus is not None and started is not None and args.gpus != started:
+        raise UsageError(
+            f"--gpus {args.gpus} but the launch line's torchrun starts {started} processes "
+            "(--nnodes x --nproc-per-node); make them agree or drop --gpus"
+        )
+    gpus = args.gpus or started
+    if gpus is None:
+        raise UsageError(
+            "plan predict needs the GPU count: add --gpus N (Megatron-LM takes it from the "
+            "launcher, and this launch line has no torchrun --nnodes / --nproc-per-node)"
+        )
+    if gpus > MAX_GPUS:
+        raise UsageError(f"the launch line's torchrun starts {gpus:,} processes, more than "
+                         f"the {MAX_GPUS:,} GPUs Tessel plans; check --nnodes")
+    return gpus
+
+
+def _cluster(args: argparse.Namespace, gpus: int) -> Cluster:
+    from planner.cluster import Cluster
+
+    if args.cluster is None:
+        raise UsageError(
+            "plan predict needs --cluster C, the GPUs the launch line runs on (a preset such "
+            "as dgx-h100, see `plan clusters`, or a YAML/JSON file)"
+        )
+    cluster = Cluster.load(args.cluster)
+    try:
+        return cluster.with_devices(gpus)
+    except ValueError as error:
+        source = f"--gpus {gpus}" if args.gpus else f"the launch line's {gpus} processes"
+        raise UsageError(f"{source}: {error}") from None
+
+
+def _check_on_cluster(parsed: MegatronArgs, run: MegatronRun, cluster: Cluster) -> None:
+    """The rules the cluster sets (tensor cores of the precision, tensor parallelism within
+    a node, ...), named as the launch line's flags."""
+    from planner.knobs import check_knobs
+
+    q, device = run.parallel, cluster.device
+    if q.precision not in device.peak_tflops:
+        flag = {"fp8": f"{parsed.flag('fp8')} {parsed.values.fp8}", "bf16": "--bf16",
+                "fp16": "--fp16", "fp32": "fp32 (no --bf16 or --fp16)"}[q.precision]
+        has = ", ".join(sorted(device.peak_tflops))
+        raise UsageError(f"{flag} needs {q.precision} tensor cores, which {device.name} "
+                         f"lacks; use a precision it has ({has}) or another cluster")
+    knobs: dict[str, Any] = dict(
+        tensor=q.tensor, pipeline=q.pipeline, context=q.context, expert=q.expert,
+        micro_batch_size=q.micro_batch_size, sequence_parallel=q.sequence_parallel,
+        zero_stage=q.zero_stage, recompute=q.recompute, precision=q.precision,
+        virtual_pipeline=q.virtual_pipeline, overlap_grad_reduce=q.overlap_grad_reduce,
+        overlap_param_gather=q.overlap_param_gather, tp_comm_overlap=q.tp_comm_overlap,
+        attention_backend=q.attention_backend, cuda_graphs=q.cuda_graphs,
+    )
+    # Knobs that apply only where they act, as check_knobs expects them.
+    if q.recompute == "full":
+        knobs.update(recompute_method=q.recompute_method,
+                     recompute_num_layers=q.recompute_num_layers)
+    if q.precision == "fp8":
+        knobs["fp8_recipe"] = q.fp8_recipe
+    if run.model.num_experts:
+        knobs["moe_token_dispatcher"] = q.moe_token_dispatcher
+    check_knobs(knobs, run.model, cluster, q.global_batch_size, "megatron")
+
+
+def print_launch_line(plan: Plan, run: MegatronRun, cluster: Cluster, console: Console) -> None:
+    """The launch line's prediction: its numbers, the breakdown, and out-of-memory called
+    out; the defaults worth knowing and the flags ignored."""
+    from planner.cli.train import layout, print_summary
+
+    p = plan.predicted
+    table = Table(title=f"launch line: {plan.model} on {plan.num_gpus} x {plan.cluster}, "
+                        f"{plan.precision}, global batch {plan.global_batch_size}")
+    for column in ("layout", "recompute", "step s", "tokens/s", "MFU", "GiB/GPU"):
+        table.add_column(column, justify="left" if column in ("layout", "recompute")
+                         else "right", no_wrap=True)
+    table.add_row(layout(plan), plan.recompute, f"{p.step_time_s:.3f}",
+                  f"{p.tokens_per_s:,.0f}", f"{p.mfu:.1%}",
+                  f"{p.memory_gib_per_gpu:.1f}" + ("" if p.fits else " !"))
+    console.print(table)
+    print_summary(plan, console, label="launch line")
+    if p.fits:
+        console.print(f"memory {p.memory_gib_per_gpu:.1f} GiB per GPU of the "
+                      f"{cluster.device.memory_gib:g} GiB of a {cluster.device.name}",
+                      highlight=False)
+    else:
+        console.print(
+            f"[red]out of memory:[/red] the run needs {p.memory_gib_per_gpu:.1f} GiB per GPU, "
+            f"more than the {cluster.device.memory_gib:g} GiB of a {cluster.device.name}",
+            highlight=False,
+        )
+    for note in run.notes:
+        console.print(f"note: {note}", highlight=False)
+    if run.ignored:
+        shown = ", ".join(run.ignored[:8]) + (", ..." if len(run.ignored) > 8 else "")
+        console.print(f"ignored {len(run.ignored)} flag{'s' if len(run.ignored) > 1 else ''} "
+                      f"that change neither time nor memory: {shown}", highlight=False)
+
+
+def _best_plans(
+    args: argparse.Namespace, name: str, run: MegatronRun, cluster: Cluster, console: Console
+) -> list[Plan]:
+    """The best plans the search finds for the launch line's model, cluster and global
+    batch. Every knob the search chooses is free; the ones it does not choose are kept as
+    the launch line sets them (`KEPT`)."""
+    from rich.progress import Progress
+
+    from planner.cli.train import ranked_plans
+    from planner.search import search
+
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task(f"searching the {args.space} space", total=None)
+        kept = {name: getattr(run.parallel, name) for name in KEPT}
+        result = search(run.model, cluster, run.parallel.global_batch_size, kept, args.space,
+                        lambda done, total: progress.update(task, completed=done, total=total))
+    return ranked_plans(name, run.model, cluster, result, args.top)
+
+
+def _print_comparison(
+    launched: Plan, run: MegatronRun, best: list[Plan], cluster: Cluster, space: str,
+    console: Console,
+) -> list[dict[str, str | None]]:
+    """The search's best plans, the best's speed-up and the flags that change; those
+    changes as (flag, launch line's value, best's value)."""
+    from planner.cli.train import print_training_plans
+
+    if not best:
+        console.print(
+            f"the search ({space} space) finds no plan that fits {cluster.num_devices} x "
+            f"{cluster.device.name} with global batch {launched.global_batch_size}",
+            highlight=False,
+        )
+        return []
+    console.print(f"the best plans the search finds ({space} space; precision, fp8 "
+                  "recipe, attention kernels and CUDA graphs kept from the launch line):",
+                  highlight=False)
+    print_training_plans(best, console)
+    ratio = speed_up(launched, best[0])
+    changes = [] if best[0].megatron_flags is None else flag_changes(
+        _launch_flags(launched, run), best[0].megatron_flags)
+    if ratio <= 1.0:
+        # The launch line uses knobs the search does not try (or is already the best).
+        console.print(f"the launch line is as fast as the best plan found, or faster "
+                      f"({ratio:.2f}x): keep it", highlight=False)
+        return changes
+    console.print(f"speed-up of the best plan over the launch line: {ratio:.2f}x "
+                  f"({launched.predicted.step_time_s:.3f} s -> "
+                  f"{best[0].predicted.step_time_s:.3f} s per step"
+                  + ("; the launch line does not fit)" if not launched.predicted.fits
+                     else ")"), highlight=False)
+    if changes:
+        console.print("flags that change: " + "; ".join(map(describe_change, changes)),
+                      highlight=False, soft_wrap=True)
+    return changes
+
+
+def speed_up(launched: Plan, best: Plan) -> float:
+    """How many times faster `best`'s step is than the launch line's."""
+    return launched.predicted.step_time_s / best.predicted.step_time_s
+
+
+def _launch_flags(plan: Plan, run: MegatronRun) -> list[str]:
+    """The launch line's configuration as Tessel writes Megatron-LM flags, so that it and
+    the best plan's flags compare word for word."""
+    from planner.export.megatron import megatron_flags
+
+    layers = [stage.layers[1] - stage.layers[0] for stage in plan.stages]
+    return megatron_flags(run.model, run.parallel, layers)
+
+
+def flag_changes(before: list[str], after: list[str]) -> list[dict[str, str | None]]:
+    """The flags whose value differs between two flag lists ("--flag value" or "--flag"
+    entries): each as {"flag", "launch_line", "best"}, a switch's value "" and an absent
+    flag's None."""
+    old, new = _values(before), _values(after)
+    return [{"flag": flag, "launch_line": old.get(flag), "best": new.get(flag)}
+            for flag in dict.fromkeys([*old, *new]) if old.get(flag) != new.get(flag)]
+
+
+def _values(flags: list[str]) -> dict[str, str]:
+    return {flag: value for flag, _, value in (entry.partition(" ") for entry in flags)}
+
+
+def describe_change(change: dict[str, str | None]) -> str:
+    """'--tensor-model-parallel-size 8 -> 4', '+ --sequence-parallel', '- --recompute-...'."""
+    flag, old, new = change["flag"], change["launch_line"], change["best"]
+    if old is None:
+        return f"+ {flag} {new}".rstrip()
+    if new is None:
+        return f"- {flag} {old}".rstrip()
+    return f"{flag} {old} -> {new}"
+
+
+def _report(
+    launched: Plan, run: MegatronRun, best: list[Plan], changes: list[dict[str, str | None]]
+) -> dict[str, Any]:
+    """The JSON of a prediction: both plans (as `plan --json` writes a Plan) and the
+    comparison."""
+    return {
+        "launch_line": json.loads(launched.to_json()),
+        "notes": run.notes,
+        "ignored_flags": run.ignored,
+        "best": [json.loads(plan.to_json()) for plan in best],
+        "speed_up": speed_up(launched, best[0]) if best else None,
+        "flags_changed": changes,
+    }

@@ -1,0 +1,150 @@
+"""The model a Megatron-LM launch line builds, as the zoo's `TransformerConfig`.
+
+Megatron-LM's defaults for absent flags (GPT's: LayerNorm, GeLU, learned positions, tied
+embeddings, biases; a 4h MLP, 2/3 of it for swiglu), the vocabulary padded as it pads
+the tokenizer's, and its rules on positions and shapes, each error naming the flag as
+typed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from planner.megatron.errors import LaunchLineError
+from planner.models.config import TransformerConfig
+from planner.models.presets import validation_message
+
+if TYPE_CHECKING:
+    from planner.megatron.arguments import MegatronArgs
+
+_REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
+             "micro_batch_size")
+
+
+def model_config(args: MegatronArgs, notes: list[str]) -> TransformerConfig:
+    """The model shape Megatron-LM builds from `args`: its defaults for what is absent,
+    its rules checked; defaults worth saying out loud are added to `notes`."""
+    v = args.values
+    missing = [args.flag(dest) for dest in _REQUIRED if getattr(v, dest) is None]
+    if missing:
+        raise LaunchLineError(
+            f"the launch line has no {', '.join(missing)}, which Megatron-LM requires; "
+            f"add {'it' if len(missing) == 1 else 'them'}"
+        )
+    h, heads = args.count("hidden_size"), args.count("num_attention_heads")
+    assert h is not None and heads is not None
+    kv_channels = args.count("kv_channels")
+    if kv_channels is not None and kv_channels * heads != h:
+        raise LaunchLineError(
+            f"{args.flag('kv_channels')} {kv_channels} with {heads} heads is not "
+            f"--hidden-size {h}: Tessel prices heads of hidden size / heads; drop it or make "
+            "them agree"
+        )
+    ffn = args.count("ffn_hidden_size")
+    if ffn is None:
+        # Megatron-LM's default: 4h, or for swiglu 2/3 of it rounded down to 64.
+        ffn = int(4 * h * 2 / 3 / 64) * 64 if v.swiglu else 4 * h
+    experts = v.num_experts or None  # Megatron-LM reads --num-experts 0 as dense
+    fields: dict[str, Any] = {
+        "num_layers": args.count("num_layers"), "hidden_size": h,
+        "num_attention_heads": heads, "seq_length": args.count("seq_length"),
+        "ffn_hidden_size": (args.count("moe_ffn_hidden_size") or ffn) if experts else ffn,
+        "vocab_size": _vocabulary(args, notes),
+        "max_position_embeddings": args.count("max_position_embeddings"),
+        "norm": {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}[v.normalization],
+        "activation": "swiglu" if v.swiglu else "gelu",
+        "position_embedding": _positions(args),
+        "rotary_base": v.rotary_base,
+        "tie_embeddings": not v.untie_embeddings_and_output_weights,
+        "bias": v.add_bias_linear,
+    }
+    # Megatron-LM reads --num-query-groups only under --group-query-attention.
+    if v.group_query_attention:
+        fields["num_query_groups"] = args.count("num_query_groups")
+    if experts:
+        fields["num_experts"] = args.count("num_experts")
+        fields["moe_top_k"] = args.count("moe_router_topk")
+    _check_positions(args, fields, notes)
+    try:
+        return TransformerConfig(**fields)
+    except ValidationError as error:
+        raise LaunchLineError(_shape_message(args, error, experts is not None)) from None
+
+
+def _vocabulary(args: MegatronArgs, notes: list[str]) -> int:
+    """The embedding's rows: --padded-vocab-size, else --vocab-size padded as Megatron-LM
+    pads the tokenizer's (to a multiple of --make-vocab-size-divisible-by x tensor size)."""
+    v = args.values
+    if v.padded_vocab_size is not None:
+        return args.count("padded_vocab_size") or 0
+    size = args.count("vocab_size")
+    if size is None:
+        raise LaunchLineError(
+            "the launch line has no --vocab-size: Megatron-LM takes it from the tokenizer, "
+            "which Tessel does not load; add --vocab-size N (the tokenizer's, Megatron-LM "
+            "pads it) or --padded-vocab-size N"
+        )
+    if not v.pad_vocab_size:
+        return size
+    divisor = v.make_vocab_size_divisible_by
+    if divisor < 1:
+        raise LaunchLineError(f"{args.flag('make_vocab_size_divisible_by')} {divisor} must be "
+                              "1 or more; give a positive multiple")
+    tensor = v.tensor_model_parallel_size
+    if tensor < 1:
+        return size  # refused with the other degrees, by name
+    multiple = divisor * tensor
+    padded = -(-size // multiple) * multiple
+    if padded != size:
+        notes.append(f"vocabulary padded from {size:,} to {padded:,} (a multiple of "
+                     f"{args.flag('make_vocab_size_divisible_by')} {divisor} x tensor "
+                     f"{tensor}), as Megatron-LM pads it")
+    return padded
+
+
+def _positions(args: MegatronArgs) -> str:
+    v = args.values
+    if v.use_rotary_position_embeddings:
+        return "rope"
+    # yarn and mrope rotate queries and keys as rope does, at rope's cost.
+    return "learned" if v.position_embedding_type == "learned_absolute" else "rope"
+
+
+def _check_positions(args: MegatronArgs, fields: dict[str, Any], notes: list[str]) -> None:
+    v = args.values
+    if not v.add_position_embedding and fields["position_embedding"] != "rope":
+        raise LaunchLineError(
+            f"{args.flag('add_position_embedding')} is retired outside rotary embeddings and "
+            "Megatron-LM refuses it; use --position-embedding-type rope"
+        )
+    if fields["max_position_embeddings"] is None:
+        # Megatron-LM requires the flag; rope models do not use it, and a learned table
+        # as long as the sequence is what a run without it would need.
+        fields["max_position_embeddings"] = fields["seq_length"]
+        if fields["position_embedding"] == "learned":
+            notes.append("no --max-position-embeddings, which Megatron-LM requires: the "
+                         "position table is taken as long as --seq-length")
+    elif fields["max_position_embeddings"] < fields["seq_length"]:
+        raise LaunchLineError(
+            f"{args.flag('max_position_embeddings')} {fields['max_position_embeddings']} is "
+            f"shorter than --seq-length {fields['seq_length']}, which Megatron-LM refuses; "
+            "raise it to at least the sequence length"
+        )
+
+
+def _shape_message(args: MegatronArgs, error: ValidationError, moe: bool) -> str:
+    """The shape's validation error with its fields named as the line's flags."""
+    message = validation_message(error)
+    by_field = {"num_layers": "num_layers", "hidden_size": "hidden_size",
+                "num_attention_heads": "num_attention_heads", "seq_length": "seq_length",
+                "vocab_size": "vocab_size", "max_position_embeddings": "max_position_embeddings",
+                "num_query_groups": "num_query_groups", "num_experts": "num_experts",
+                "moe_top_k": "moe_router_topk", "rotary_base": "rotary_base",
+                "ffn_hidden_size": "moe_ffn_hidden_size" if moe and args.given(
+                    "moe_ffn_hidden_size") else "ffn_hidden_size"}
+    for name, dest in by_field.items():
+        message = re.sub(rf"\b{name}\b", args.flag(dest), message)
+    return message

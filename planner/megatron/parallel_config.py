@@ -1,0 +1,257 @@
+"""The parallel configuration a Megatron-LM launch line runs, as Tessel's `ParallelConfig`.
+
+The degrees, batches, pipeline stages (even, or sized by --decoder-first/last-pipeline-
+num-layers), interleaving, recomputation, overlaps, precision, attention kernels and CUDA
+graphs, with Megatron-LM's defaults for absent flags and the rules of its
+`validate_args`, each error naming the flags as typed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from planner.megatron.errors import LaunchLineError
+from planner.parallel import ParallelConfig
+
+if TYPE_CHECKING:
+    from planner.megatron.arguments import MegatronArgs
+    from planner.models.config import TransformerConfig
+
+def parallel_config(
+    args: MegatronArgs, model: TransformerConfig, world: int, notes: list[str]
+) -> tuple[ParallelConfig, list[int] | None]:
+    """The parallel configuration, resolved for `world` GPUs, and the stages' layers."""
+    v = args.values
+    t, p, c, e = (args.count(dest) or 1 for dest in _DEGREES)
+    data = _data_parallel(args, model, world, t, p, c, e)
+    micro = args.count("micro_batch_size") or 1
+    batch = args.count("global_batch_size") or micro * data  # Megatron-LM's default
+    if batch % (micro * data):
+        raise LaunchLineError(
+            f"{args.flag('global_batch_size')} {batch} must be divisible by "
+            f"{args.flag('micro_batch_size')} {micro} x data-parallel size {data} = "
+            f"{micro * data} ({world} GPUs / (tensor {t} x pipeline {p} x context {c})); "
+            "change the batch or a degree")
+    layers = _stage_layers(args, model.num_layers, p)
+    virtual = _virtual_stages(args, model.num_layers, p, layers, batch // (micro * data))
+    _check_overlaps(args, t, e)
+    recompute, method, recompute_layers = _recomputation(args, layers or [model.num_layers // p])
+    config = ParallelConfig(
+        tensor=t, pipeline=p, data=data, context=c, expert=e,
+        sequence_parallel=v.sequence_parallel, micro_batch_size=micro, global_batch_size=batch,
+        recompute=recompute, recompute_method=method, recompute_num_layers=recompute_layers,
+        zero_stage=1 if v.use_distributed_optimizer else 0,
+        schedule="interleaved" if virtual > 1 else "1f1b", virtual_pipeline=virtual,
+        overlap_grad_reduce=v.overlap_grad_reduce, overlap_param_gather=v.overlap_param_gather,
+        tp_comm_overlap=v.tp_comm_overlap, precision=_precision(args, notes),
+        fp8_recipe=v.fp8_recipe if v.fp8 is not None else "delayed",
+        attention_backend=_attention(args),
+        moe_token_dispatcher=v.moe_token_dispatcher_type, cuda_graphs=_cuda_graphs(args),
+    )
+    try:
+        return config.resolve(world), layers
+    except ValueError as error:
+        raise LaunchLineError(f"the launch line's configuration on {world} GPUs: {error}") \
+            from None
+
+
+_DEGREES = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+            "context_parallel_size", "expert_model_parallel_size")
+
+
+def _data_parallel(
+    args: MegatronArgs, model: TransformerConfig, world: int, t: int, p: int, c: int, e: int
+) -> int:
+    """Megatron-LM's data-parallel size, the degrees checked as it checks them."""
+    tf, pf, cf, ef = (args.flag(dest) for dest in _DEGREES)
+    if world % (t * p * c):
+        raise LaunchLineError(
+            f"the {world} GPUs are not divisible by {tf} {t} x {pf} {p} x {cf} {c} = "
+            f"{t * p * c} (Megatron-LM's data-parallel size must be whole); change a degree "
+            "or the GPU count")
+    if e > 1 and not model.num_experts:
+        raise LaunchLineError(f"{ef} {e} needs experts; add --num-experts or drop it")
+    if e > 1 and model.num_experts and model.num_experts % e:
+        raise LaunchLineError(
+            f"{ef} {e} must divide --num-experts {model.num_experts}; choose a divisor")
+    if c > 1 and model.seq_length % (2 * c):
+        raise LaunchLineError(
+            f"--seq-length {model.seq_length} must be a multiple of 2 x {cf} {c} = {2 * c}, "
+            "which Megatron-LM requires; change either")
+    return world // (t * p * c)
+
+
+def _check_overlaps(args: MegatronArgs, t: int, e: int) -> None:
+    """Sequence parallelism and the overlaps, by Megatron-LM's rules."""
+    v, tf = args.values, args.flag("tensor_model_parallel_size")
+    if v.sequence_parallel and t == 1:
+        raise LaunchLineError(
+            f"{args.flag('sequence_parallel')} shards over the tensor-parallel group, which "
+            f"{tf} 1 leaves with one GPU; drop it or raise the tensor size")
+    if e > 1 and t > 1 and not v.sequence_parallel:
+        raise LaunchLineError(
+            f"{args.flag('expert_model_parallel_size')} {e} with {tf} {t} needs "
+            "--sequence-parallel, which Megatron-LM requires with expert and tensor "
+            "parallelism; add it")
+    if v.tp_comm_overlap and not v.sequence_parallel:
+        raise LaunchLineError(
+            f"{args.flag('tp_comm_overlap')} needs --sequence-parallel (Megatron-LM overlaps "
+            "its all-gathers and reduce-scatters only); add it or drop the overlap")
+    if v.overlap_param_gather and not (v.use_distributed_optimizer and v.overlap_grad_reduce):
+        raise LaunchLineError(
+            f"{args.flag('overlap_param_gather')} needs --use-distributed-optimizer and "
+            "--overlap-grad-reduce, as Megatron-LM requires; add them or drop it")
+
+
+def _stage_layers(args: MegatronArgs, num_layers: int, p: int) -> list[int] | None:
+    """Each stage's layers when --decoder-first/last-pipeline-num-layers make them uneven
+    (the rest split evenly over the middle stages); None for Megatron-LM's even split."""
+    first = args.count("decoder_first_pipeline_num_layers")
+    last = args.count("decoder_last_pipeline_num_layers")
+    pipeline = args.flag("pipeline_model_parallel_size")
+    if first is None and last is None:
+        if num_layers % p:
+            raise LaunchLineError(
+                f"--num-layers {num_layers} must be divisible by {pipeline} {p}, unless "
+                "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers "
+                "size the end stages; change one")
+        return None
+    given = [f for f in (first, last) if f is not None]
+    ends = " and ".join(args.flag(d) for d in ("decoder_first_pipeline_num_layers",
+                                                "decoder_last_pipeline_num_layers")
+                        if args.given(d))
+    middle_stages, middle_layers = p - len(given), num_layers - sum(given)
+    if p == 1 or middle_layers < 0 or bool(middle_stages) != bool(middle_layers) or (
+            middle_stages and middle_layers % middle_stages):
+        raise LaunchLineError(
+            f"{ends} leave {middle_layers} of --num-layers {num_layers} for "
+            f"{middle_stages} middle stages of {pipeline} {p}; Megatron-LM needs them to "
+            "split evenly (and a pipeline to split); change the stage sizes")
+    middle = [middle_layers // middle_stages] * middle_stages if middle_stages else []
+    return ([first] if first is not None else []) + middle + ([last] if last is not None
+                                                              else [])
+
+
+def _virtual_stages(
+    args: MegatronArgs, num_layers: int, p: int, layers: list[int] | None, micro_batches: int
+) -> int:
+    """Model chunks per pipeline rank (1: no interleaving), by Megatron-LM's rules."""
+    v = args.values
+    per_chunk = args.count("num_layers_per_virtual_pipeline_stage")
+    chunks = args.count("num_virtual_stages_per_pipeline_rank")
+    if per_chunk is None and chunks is None:
+        return 1
+    flag = args.flag("num_layers_per_virtual_pipeline_stage" if per_chunk is not None
+                     else "num_virtual_stages_per_pipeline_rank")
+    if per_chunk is not None and chunks is not None:
+        raise LaunchLineError(
+            "--num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-"
+            "rank both set the virtual stages, and Megatron-LM takes one; keep one")
+    if layers is not None:
+        raise LaunchLineError(
+            f"{flag} with uneven stages (--decoder-first/last-pipeline-num-layers) is not "
+            "priced by Tessel yet; drop one of the two")
+    per_stage = num_layers // p
+    if per_chunk is not None:
+        if per_stage % per_chunk:
+            raise LaunchLineError(
+                f"{flag} {per_chunk} must divide the {per_stage} layers of each of the "
+                f"{p} pipeline stages; choose a divisor of {per_stage}")
+        chunks = per_stage // per_chunk
+    assert chunks is not None
+    if chunks == 1:
+        return 1  # one chunk per rank: Megatron-LM runs plain 1F1B
+    if per_stage % chunks:
+        raise LaunchLineError(
+            f"{flag} {chunks} must divide the {per_stage} layers of each pipeline stage; "
+            f"choose a divisor of {per_stage}")
+    least = 2 if v.overlap_p2p_comm else 3
+    if p < least:
+        raise LaunchLineError(
+            f"{flag} interleaves pipeline stages, and --pipeline-model-parallel-size {p} "
+            f"needs to be at least {least}"
+            + ("" if v.overlap_p2p_comm else " without p2p overlap") + "; raise it or drop "
+            f"{flag}")
+    if micro_batches % p:
+        raise LaunchLineError(
+            f"{flag}: the interleaved schedule needs the {micro_batches} micro-batches per "
+            f"step (global batch / (micro batch x data-parallel size)) to be a multiple of "
+            f"--pipeline-model-parallel-size {p}; change the batch or the pipeline")
+    return chunks
+
+
+def _recomputation(args: MegatronArgs, stage_layers: list[int]) -> tuple[str, str, int]:
+    """(recompute, method, layers) as Megatron-LM's recomputation flags set them."""
+    v = args.values
+    granularity = v.recompute_granularity
+    if v.recompute_activations:
+        if granularity == "full":
+            raise LaunchLineError(
+                f"{args.flag('recompute_activations')} is selective recomputation but "
+                f"{args.flag('recompute_granularity')} is full; keep one")
+        granularity = "selective"
+    method, count = v.recompute_method, v.recompute_num_layers
+    if granularity != "full":
+        for dest, value in (("recompute_method", method), ("recompute_num_layers", count)):
+            if value is not None:
+                raise LaunchLineError(
+                    f"{args.flag(dest)} applies only with --recompute-granularity full, "
+                    "which Megatron-LM requires; add it or drop the flag")
+        return granularity or "none", "uniform", 1
+    if method is None or count is None:
+        raise LaunchLineError(
+            f"{args.flag('recompute_granularity')} full needs --recompute-method (uniform or "
+            "block) and --recompute-num-layers N, which Megatron-LM requires; add both, e.g. "
+            "--recompute-method uniform --recompute-num-layers 1")
+    most = min(stage_layers)
+    if not 1 <= count <= most:
+        raise LaunchLineError(
+            f"{args.flag('recompute_num_layers')} {count} must be from 1 to the {most} "
+            "layers of a pipeline stage; change it")
+    return "full", method, count
+
+
+def _precision(args: MegatronArgs, notes: list[str]) -> str:
+    v = args.values
+    if v.bf16 and v.fp16:
+        raise LaunchLineError("--bf16 and --fp16 both given, which Megatron-LM refuses; "
+                              "keep one")
+    if v.fp8 is not None:
+        if not v.bf16:
+            raise LaunchLineError(
+                f"{args.flag('fp8')} {v.fp8} without --bf16: Tessel prices fp8 matmuls with "
+                "bf16 elsewhere; add --bf16")
+        return "fp8"
+    if v.bf16:
+        return "bf16"
+    if v.fp16:
+        return "fp16"
+    notes.append("no --bf16 or --fp16: Megatron-LM trains in fp32")
+    return "fp32"
+
+
+def _attention(args: MegatronArgs) -> str:
+    v = args.values
+    backend = v.attention_backend
+    if v.use_flash_attn:
+        if backend not in ("auto", "flash"):
+            raise LaunchLineError(
+                f"{args.flag('use_flash_attn')} and {args.flag('attention_backend')} "
+                f"{backend} name two attention kernels; keep one")
+        return "flash"
+    if backend == "auto" and v.transformer_impl == "local":
+        return "local"  # Megatron-LM's own layers compute attention with its own kernels
+    return backend
+
+
+def _cuda_graphs(args: MegatronArgs) -> bool:
+    v = args.values
+    legacy = [args.flag(d) for d in ("enable_cuda_graph", "external_cuda_graph")
+              if getattr(v, d)]
+    if len(legacy) == 2 or (legacy and v.cuda_graph_impl != "none"):
+        others = legacy + ([args.flag("cuda_graph_impl")] if v.cuda_graph_impl != "none"
+                           else [])
+        raise LaunchLineError(
+            f"{' and '.join(others)} each choose CUDA graphs, which Megatron-LM refuses "
+            "together; keep one")
+    return bool(legacy) or v.cuda_graph_impl != "none"

@@ -1,0 +1,169 @@
+"""planner.megatron.run: the run a launch line describes, in Tessel's vocabulary.
+
+Megatron-LM's defaults for absent flags, its `validate_args` rules, flags without time or
+memory ignored and those Tessel cannot price refused (`model_shape`, `parallel_config`,
+`unpriced`).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.megatron.arguments import megatron_parser, parse_megatron_flags
+from planner.megatron.errors import LaunchLineError
+from planner.megatron.run import _READ, megatron_run
+from planner.megatron.unpriced import UNPRICED
+
+SHAPE = ("--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 "
+         "--max-position-embeddings 2048 --vocab-size 32768 --micro-batch-size 1")
+
+
+def run_of(flags: str, world: int = 8):
+    return megatron_run(parse_megatron_flags(flags.split()), world)
+
+
+def error_of(flags: str, world: int = 8) -> str:
+    with pytest.raises(LaunchLineError) as caught:
+        run_of(flags, world)
+    return str(caught.value)
+
+
+def test_every_flag_tessel_reads_or_refuses_is_one_megatron_lm_has() -> None:
+    assert (set(UNPRICED) | _READ) <= set(megatron_parser().defaults_of)
+
+
+def test_a_bare_launch_line_is_megatron_lms_defaults() -> None:
+    run = run_of(SHAPE)
+    model, q = run.model, run.parallel
+    assert (model.norm, model.activation, model.position_embedding) == (
+        "layernorm", "gelu", "learned")
+    assert model.tie_embeddings and model.bias and model.ffn_hidden_size == 4 * 1024
+    assert model.num_query_groups is None  # multi-head attention
+    assert (q.tensor, q.pipeline, q.data, q.context) == (1, 1, 8, 1)
+    assert q.global_batch_size == 8  # micro x data
+    assert (q.recompute, q.zero_stage, q.schedule, q.precision) == (
+        "none", 0, "1f1b", "fp32")
+    assert any("fp32" in note for note in run.notes)
+    assert run.layers_per_stage is None
+
+
+def test_a_llama_launch_line_maps_to_the_zoos_llama() -> None:
+    run = run_of(SHAPE + " --swiglu --normalization RMSNorm --use-rotary-position-embeddings"
+                 " --untie-embeddings-and-output-weights --disable-bias-linear --bf16"
+                 " --group-query-attention --num-query-groups 4 --rotary-base 500000")
+    model = run.model
+    assert (model.norm, model.activation, model.position_embedding) == (
+        "rmsnorm", "swiglu", "rope")
+    assert not model.tie_embeddings and not model.bias
+    assert model.num_query_groups == 4 and model.rotary_base == 500000
+    # Megatron-LM's swiglu default: 2/3 of 4h, rounded down to a multiple of 64.
+    assert model.ffn_hidden_size == int(4 * 1024 * 2 / 3 / 64) * 64 == 2688
+
+
+def test_query_groups_count_only_with_group_query_attention() -> None:
+    assert run_of(SHAPE + " --num-query-groups 4").model.num_query_groups is None
+
+
+def test_the_vocabulary_is_padded_as_megatron_lm_pads_it() -> None:
+    flags = SHAPE.replace("--vocab-size 32768", "--vocab-size 50257")
+    assert run_of(flags + " --tensor-model-parallel-size 2").model.vocab_size == 50432
+    assert run_of(flags + " --no-pad-vocab-size").model.vocab_size == 50257
+    assert run_of(flags + " --padded-vocab-size 50304").model.vocab_size == 50304
+    assert "--vocab-size N" in error_of(SHAPE.replace(" --vocab-size 32768", ""))
+
+
+def test_moe_flags_set_the_experts() -> None:
+    run = run_of(SHAPE + " --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 512 "
+                 "--expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall --bf16")
+    assert (run.model.num_experts, run.model.moe_top_k, run.model.ffn_hidden_size) == (8, 2, 512)
+    assert run.parallel.expert == 4 and run.parallel.moe_token_dispatcher == "alltoall"
+
+
+def test_parallel_knobs_and_run_settings_map_to_the_configuration() -> None:
+    run = run_of(SHAPE + " --tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 "
+                 "--sequence-parallel --use-distributed-optimizer --overlap-grad-reduce "
+                 "--overlap-param-gather --tp-comm-overlap --global-batch-size 64 "
+                 "--num-layers-per-virtual-pipeline-stage 1 --recompute-granularity full "
+                 "--recompute-method block --recompute-num-layers 1 --fp8-format hybrid "
+                 "--fp8-recipe tensorwise --bf16 --use-flash-attn --cuda-graph-impl local",
+                 world=16)
+    q = run.parallel
+    assert (q.tensor, q.pipeline, q.data) == (2, 4, 2)
+    assert q.sequence_parallel and q.zero_stage == 1 and q.overlap_param_gather
+    assert q.tp_comm_overlap and q.overlap_grad_reduce
+    assert (q.schedule, q.virtual_pipeline) == ("interleaved", 2)
+    assert (q.recompute, q.recompute_method, q.recompute_num_layers) == ("full", "block", 1)
+    assert (q.precision, q.fp8_recipe) == ("fp8", "tensorwise")
+    assert q.attention_backend == "flash" and q.cuda_graphs
+    assert run_of(SHAPE + " --recompute-activations").parallel.recompute == "selective"
+    assert run_of(SHAPE + " --enable-cuda-graph").parallel.cuda_graphs
+
+
+def test_uneven_stages_pass_on_their_layers() -> None:
+    flags = SHAPE.replace("--num-layers 8", "--num-layers 10")
+    run = run_of(flags + " --pipeline-model-parallel-size 4 "
+                 "--decoder-first-pipeline-num-layers 1 --decoder-last-pipeline-num-layers 3")
+    assert run.layers_per_stage == [1, 3, 3, 3]
+    assert "divisible by --pipeline-model-parallel-size 4" in error_of(
+        flags + " --pipeline-model-parallel-size 4")
+
+
+def test_flags_without_time_or_memory_are_ignored_and_listed() -> None:
+    run = run_of(SHAPE + " --lr 3e-4 --data-path 0.5 /a 0.5 /b --save /ckpt --seed 7 "
+                 "--log-interval 10 --tokenizer-type GPT2BPETokenizer")
+    assert run.ignored == ["--lr", "--data-path", "--save", "--seed", "--log-interval",
+                           "--tokenizer-type"]
+
+
+@pytest.mark.parametrize("extra, fragments", [
+    ("--cpu-offloading-num-layers 2", ["--cpu-offloading-num-layers changes time or memory",
+                                       "drop it"]),
+    ("--num-distributed-optimizer-instances 2", ["--num-distributed-optimizer-instances"]),
+    ("--mtp-num-layers 1", ["--mtp-num-layers"]),
+    ("--multi-latent-attention", ["multi-latent attention"]),
+    ("--position-embedding-type none", ["--position-embedding-type"]),
+    ("--kv-channels 128", ["--kv-channels 128", "--hidden-size 1024"]),
+])
+def test_a_flag_tessel_cannot_price_is_refused_by_name(extra: str, fragments: list[str]) -> None:
+    message = error_of(f"{SHAPE} {extra}")
+    for fragment in fragments:
+        assert fragment in message
+
+
+def test_unpriced_flags_at_their_neutral_values_are_accepted() -> None:
+    run_of(SHAPE + " --num-distributed-optimizer-instances 1 --mtp-num-layers 0 "
+           "--cp-comm-type p2p --no-fp8-wgrad --moe-layer-freq 2")  # no fp8, no experts
+
+
+@pytest.mark.parametrize("flags, world, fragments", [
+    (SHAPE.replace("--num-layers 8 ", ""), 8,
+     ["the launch line has no --num-layers", "Megatron-LM requires"]),
+    (SHAPE.replace(" --micro-batch-size 1", "").replace(" --seq-length 2048", ""), 8,
+     ["no --seq-length, --micro-batch-size"]),
+    (SHAPE + " --tensor-model-parallel-size 4 --pipeline-model-parallel-size 4", 8,
+     ["the 8 GPUs are not divisible by --tensor-model-parallel-size 4 x "
+      "--pipeline-model-parallel-size 4"]),
+    (SHAPE + " --global-batch-size 12", 8, ["--global-batch-size 12 must be divisible by"]),
+    (SHAPE + " --recompute-method uniform", 8,
+     ["--recompute-method applies only with --recompute-granularity full"]),
+    (SHAPE + " --recompute-granularity full", 8, ["needs --recompute-method"]),
+    (SHAPE + " --sequence-parallel", 8, ["--sequence-parallel shards over the tensor"]),
+    (SHAPE + " --overlap-param-gather", 8, ["needs --use-distributed-optimizer"]),
+    (SHAPE + " --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 3",
+     8, ["--num-layers-per-virtual-pipeline-stage 3 must divide the 4 layers"]),
+    (SHAPE + " --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2", 8,
+     ["micro-batches per step", "multiple of --pipeline-model-parallel-size 2"]),
+    (SHAPE + " --bf16 --fp16", 8, ["--bf16 and --fp16"]),
+    (SHAPE + " --fp8-format hybrid", 8, ["--fp8-format hybrid without --bf16"]),
+    (SHAPE + " --num-attention-heads 7", 8,
+     ["--hidden-size (1024) must be divisible by --num-attention-heads (7)"]),
+    (SHAPE + " --expert-model-parallel-size 2", 8, ["--expert-model-parallel-size 2 needs"]),
+    (SHAPE + " --batch-size 4", 8, ["--batch-size is retired", "--micro-batch-size"]),
+    (SHAPE + " --tensor-model-parallel-size 0", 8, ["--tensor-model-parallel-size 0 must be"]),
+])
+def test_megatron_lms_rules_are_errors_naming_the_flags(
+    flags: str, world: int, fragments: list[str]
+) -> None:
+    message = error_of(flags, world)
+    for fragment in fragments:
+        assert fragment in message
