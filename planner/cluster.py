@@ -36,6 +36,7 @@ from pydantic import (
     model_validator,
 )
 
+from cost_models.economics import RunCosts
 from cost_models.efficiency import Efficiency
 
 _FILE_SUFFIXES = (".yaml", ".yml", ".json")
@@ -191,6 +192,10 @@ class Cluster(_Config):
         description="Scale-out link between domains (e.g. InfiniBand), per device."
     )
     description: str = Field(default="", description="Free text: where the numbers come from.")
+    run_costs: RunCosts | None = Field(
+        default=None, description="Price per GPU-hour, failure rate and power, with their "
+        "sources: what a whole run's totals need (--train-tokens).",
+    )
 
     @model_validator(mode="before")
     @classmethod

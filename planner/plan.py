@@ -26,6 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cost_models.comm import COLLECTIVE_KINDS
+from cost_models.economics import TrainingTotals
 from passes.dtensor_rules import parse_placements
 
 SCHEMA_VERSION = 2
@@ -323,6 +324,10 @@ class Plan(_Model):
         "(as `plan check` measures them)."
     )
     predicted: Predicted
+    training: TrainingTotals | None = Field(
+        default=None, description="The whole run (--train-tokens or --train-iters): days, "
+        "GPU-hours, cost, energy, and with failures, checkpoints and restarts.",
+    )
     megatron_flags: list[str] | None = Field(
         default=None, description="Megatron-LM launch flags, when Megatron-LM can run it."
     )

@@ -30,6 +30,7 @@ from planner.cli.console import console
 from planner.cli.errors import check_output_file, check_output_folder, report_failure
 from planner.cli.model_args import MAX_STEPS, add_mesh_arguments, add_model_arguments
 from planner.cli.parallel_flags import add_parallel_flags
+from planner.cli.run_flags import add_run_flags
 from planner.cli.parsing import Parser, whole
 from planner.cli.predict import predict_parser
 from planner.cli.profile import add_profile_arguments
@@ -61,6 +62,7 @@ COMMANDS: dict[str, tuple[Callable[[], Parser], str, str]] = {
         "parallel configuration for a cluster (every knob not given is searched); with --mesh, "
         "the sharding of every operator on one device mesh.",
         add_model_arguments, add_mesh_arguments, _emit_code, add_parallel_flags,
+        add_run_flags,
     ), "planner.cli.plan", "run_plan"),
     "check": (lambda: _parser(
         "plan check", "Plan, train on gloo ranks and on one process, and compare: an "

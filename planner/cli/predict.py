@@ -26,6 +26,8 @@ from rich.table import Table
 from planner.cli.errors import UsageError
 from planner.cli.parallel_flags import MAX_TOP
 from planner.cli.parsing import Parser, whole
+from planner.cli.run_flags import add_run_flags, wants_totals
+from planner.cli.whole_run import print_totals, with_totals
 from planner.search.megatron_space import MAX_GPUS
 
 if TYPE_CHECKING:
@@ -90,6 +92,7 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH",
                         help="also write both plans and the comparison as JSON")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    add_run_flags(parser)
 
 
 def run_predict(args: argparse.Namespace) -> int:
@@ -107,8 +110,15 @@ def run_predict(args: argparse.Namespace) -> int:
     _check_on_cluster(parsed, run, cluster)
     name = Path(launch.script).stem if launch.script else "pretrain_gpt"
     launched = training_plan(name, run.model, cluster, run.parallel, run.layers_per_stage)
+    totals = wants_totals(args)
+    if totals:
+        launched = with_totals([launched], run.model, cluster, args)[0]
     print_launch_line(launched, run, cluster, console)
+    if totals:
+        print_totals([launched], console, None)
     best = _best_plans(args, name, run, cluster, console) if args.search else []
+    if totals and best:
+        best = with_totals(best, run.model, cluster, args)
     changes = _print_comparison(launched, run, best, cluster, args.space, console) \
         if args.search else []
     if args.json:
@@ -290,6 +300,8 @@ def _print_comparison(
                   "recipe, attention kernels and CUDA graphs kept from the launch line):",
                   highlight=False)
     print_training_plans(best, console)
+    if best[0].training is not None:
+        print_totals(best, console, None)
     ratio = speed_up(launched, best[0])
     changes = [] if best[0].megatron_flags is None else flag_changes(
         _launch_flags(launched, run), best[0].megatron_flags)

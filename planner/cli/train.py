@@ -18,6 +18,8 @@ from rich.table import Table
 from planner.cli.errors import UsageError
 from planner.cli.model_args import load
 from planner.cli.parallel_flags import fixed_knobs, is_what_if, what_if_config
+from planner.cli.run_flags import objective_key, wants_totals
+from planner.cli.whole_run import fewer_gpu_plans, print_totals, with_totals
 from planner.cluster import Cluster
 from planner.knobs import check_knobs, default_precision
 from planner.models.config import TransformerConfig
@@ -39,8 +41,22 @@ def run_training(args: argparse.Namespace, cluster: Cluster, console: Console) -
         from planner.cli.graph import run_graph_training
 
         return run_graph_training(args, loaded, cluster, console)
-    plans, _, _ = plan_training(args, cluster, console, loaded=loaded)
+    plans, model, _ = plan_training(args, cluster, console, loaded=loaded)
+    totals = wants_totals(args)
+    if totals:
+        plans = with_totals(plans, model, cluster, args)
+
+        def search(gpus: int) -> tuple[list[Plan], TransformerConfig]:
+            fewer = argparse.Namespace(**{**vars(args), "gpus": gpus})
+            found, shape, _ = plan_training(fewer, cluster, console, loaded=loaded)
+            return found, shape
+
+        plans += fewer_gpu_plans(args, cluster, search)
+        if args.objective:
+            plans = sorted(plans, key=objective_key(args.objective))[:args.top]
     print_training_plans(plans, console)
+    if totals:
+        print_totals(plans, console, args.objective)
     if args.json:
         plans[0].to_json(args.json)
         console.print(f"plan written to {args.json}")
