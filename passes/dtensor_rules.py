@@ -31,6 +31,8 @@ from torch.distributed.tensor._redistribute import (
     redistribute_local_tensor,
 )
 
+from passes.placement_text import placement_pieces
+
 Placements = tuple[Placement, ...]
 
 # DTensor warns on every unflattened multi-axis reduction; the planner costs those itself.
@@ -346,29 +348,16 @@ def parse_placements(text: str) -> Placements:
     """Inverse of `placement_str`: 'S(0)R' -> (Shard(0), Replicate()); '_S(0,2)' is a
     strided shard (dim 0 split again inside a split by 2: FSDP2 over tensor parallelism)."""
     out: list[Placement] = []
-    i = 0
-    while i < len(text):
-        if text.startswith("_S(", i):
-            end = text.index(")", i)
-            dim, factor = (int(v) for v in text[i + 3 : end].split(","))
+    for kind, argument in placement_pieces(text):
+        if kind == "_S":
+            dim, factor = (int(v) for v in argument.split(","))
             out.append(_StridedShard(dim, split_factor=factor))
-            i = end + 1
-        elif text.startswith("S(", i):
-            end = text.index(")", i)
-            out.append(Shard(int(text[i + 2 : end])))
-            i = end + 1
-        elif text[i] == "R":
+        elif kind == "S":
+            out.append(Shard(int(argument)))
+        elif kind == "R":
             out.append(Replicate())
-            i += 1
-        elif text.startswith("P(", i):
-            end = text.index(")", i)
-            out.append(Partial(text[i + 2 : end]))
-            i = end + 1
-        elif text[i] == "P":
-            out.append(Partial())
-            i += 1
         else:
-            raise ValueError(f"cannot parse placement {text!r} at position {i}")
+            out.append(Partial(argument) if argument else Partial())
     return tuple(out)
 
 

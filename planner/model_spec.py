@@ -30,13 +30,13 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, NamedTuple
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from planner.model_flags import flag_names
-from planner.models.demo import DEMOS
+
+if TYPE_CHECKING:  # torch is imported only where a model is built: zoo plans need none
+    import torch
+    from torch import nn
 
 __all__ = ["ACCEPTED_FORMS", "BuiltModel", "LoadedModel", "ModelSpecError", "load_model"]
 
@@ -155,6 +155,8 @@ def _call_factory(factory: Callable[[], Any], spec: str) -> Any:
 
 
 def _load_demo(name: str) -> LoadedModel:
+    from planner.models.demo import DEMOS
+
     if name not in DEMOS:
         known = ", ".join(sorted(DEMOS))
         raise ModelSpecError(f"Unknown demo {name!r}; known demos: {known} (use demo:NAME).")
@@ -167,7 +169,6 @@ def _eager(built: BuiltModel, name: str) -> LoadedModel:
 
 def _load_zoo(name: str, shape: dict[str, Any]) -> LoadedModel:
     from planner.models.presets import FAMILIES, PRESETS, zoo_config
-    from planner.models.transformer import build_model, example_inputs
 
     if name not in PRESETS and name not in FAMILIES and name.endswith(".py"):
         raise ModelSpecError(
@@ -186,6 +187,8 @@ def _load_zoo(name: str, shape: dict[str, Any]) -> LoadedModel:
         ) from None
 
     def build(depth: int | None) -> BuiltModel:
+        from planner.models.transformer import build_model, example_inputs
+
         sized = config if depth is None else config.model_copy(update={"num_layers": depth})
         return BuiltModel(build_model(sized), (example_inputs(sized, batch_size=1),), None)
 
@@ -220,6 +223,8 @@ def _load_hf(path: str, shape: dict[str, Any]) -> LoadedModel:
                 f"transformers could not build the model in {path} ({type(error).__name__}: "
                 f"{str(error).splitlines()[0] if str(error) else ''}); fix the config."
             ) from None
+        import torch
+
         tokens = torch.randint(0, vocab, (1, seq_length), device="meta")
         return BuiltModel(model, (tokens,), loss)
 
@@ -305,6 +310,9 @@ def _from_factory_result(result: Any, spec: str) -> BuiltModel:
     )
     if not isinstance(result, (tuple, list)) or len(result) not in (2, 3):
         raise ModelSpecError(f"{spec!r} returned {_describe_result(result)}; {expected}.")
+    import torch
+    from torch import nn
+
     model, inputs, *rest = result
     loss_fn = rest[0] if rest else None
     if isinstance(inputs, torch.Tensor):

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from cost_models.comm import COLLECTIVE_KINDS
 from cost_models.economics import TrainingTotals
-from passes.dtensor_rules import parse_placements
+from passes.placement_text import placement_pieces
 
 SCHEMA_VERSION = 2
 PHASES = ("forward", "backward", "gradient_sync")
@@ -445,7 +445,7 @@ def _check_stage(index: int, stage: Stage) -> None:
             placements += [(f"{node} output", p) for p in sharding.outputs if p is not None]
     for name, text in placements:
         try:
-            parsed = parse_placements(text)
+            parsed = placement_pieces(text)
         except ValueError as error:
             raise ValueError(f"{where}: {name}: {error}") from None
         if len(parsed) != len(stage.mesh_shape):

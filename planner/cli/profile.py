@@ -33,7 +33,6 @@ from cost_models.profile import (
     ProfileSettings,
     format_bytes,
 )
-from cost_models.measure import measure_profile
 from planner.cli.console import console
 from planner.cli.errors import UsageError
 
@@ -158,6 +157,8 @@ def run_profile(args: argparse.Namespace) -> int:
 
         def report(what: str, done: int, total: int) -> None:
             progress.update(task, description=what, completed=done, total=total)
+
+        from cost_models.measure import measure_profile  # torch: only to measure
 
         database = measure_profile(settings, report)
     database.save(args.output)
