@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.table import Table
 
 from planner.cli.console import console
+from planner.cli.output import write_json
 from planner.cluster import UNCALIBRATED_STEP_TIME_RATIO, step_time_band
 
 
@@ -20,8 +21,7 @@ def add_catalog_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _write_json(path: str | None, rows: Any) -> None:
     if path:
-        Path(path).write_text(json.dumps(rows, indent=2) + "\n")
-        console.print(f"presets written to {path}")
+        write_json(path, json.dumps(rows, indent=2), "presets")
 
 
 def run_models(args: argparse.Namespace) -> int:
@@ -65,23 +65,22 @@ def run_clusters(args: argparse.Namespace) -> int:
     from planner.cluster import Cluster, calibration_of
 
     table = Table(
-        title="cluster presets",
+        title="cluster presets", box=box.SIMPLE_HEAD, pad_edge=False,
         caption="per node: devices in one scale-up domain. up: scale-up link (NVLink, "
         "Infinity Fabric, RoCE), out: scale-out network; GB/s per GPU per direction. "
         "Datasheet peaks: `description` in each preset names its sources.",
     )
-    columns = ("name", "device", "per\nnode", "memory\nGiB", "HBM\nGB/s", "bf16\nTFLOP/s",
+    # Each preset's device under its name, and a light box: the table fits 80 columns.
+    columns = ("preset\ndevice", "per\nnode", "memory\nGiB", "HBM\nGB/s", "bf16\nTFLOP/s",
                "fp8\nTFLOP/s", "up\nGB/s", "out\nGB/s")
     for column in columns:
-        # Names and numbers never wrap; on a narrow terminal the device name folds instead.
-        table.add_column(column, justify="left" if column in columns[:2] else "right",
-                         no_wrap=column != "device", overflow="fold")
+        table.add_column(column, justify="left" if column == columns[0] else "right",
+                         no_wrap=True)
     clusters = {name: Cluster.load(name) for name in Cluster.presets()}
     for name, cluster in clusters.items():
         device = cluster.device
         table.add_row(
-            name,
-            device.name,
+            f"{name}\n[dim]{device.name}[/dim]",
             str(cluster.devices_per_node),
             _figure(device.memory_gib),
             _figure(device.memory_bandwidth_gbs),

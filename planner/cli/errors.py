@@ -56,7 +56,10 @@ def report_failure(error: BaseException, console: Console, debug: bool) -> int:
 
 def check_output_file(flag: str, path: str) -> None:
     """UsageError unless `path` can be written as a file, checked before any work is done
-    so that a long run is not thrown away at the end. Leaves no file behind."""
+    so that a long run is not thrown away at the end. Leaves no file behind. '-' is
+    stdout."""
+    if path == "-":
+        return
     target = Path(path).expanduser()
     if target.is_dir():
         raise UsageError(f"{flag} {path!r} is a directory; give a file path")

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.cli.errors import UsageError
+from planner.cli.output import write_json
 from planner.cli.parallel_flags import training_flags_given
 from planner.cluster import Cluster
 from planner.model_spec import LoadedModel
@@ -104,6 +105,5 @@ def run_graph_training(args: argparse.Namespace, loaded: LoadedModel, cluster: C
     plans = plan_graph(args, loaded, cluster, console)
     print_graph_plans(plans, console)
     if args.json:
-        plans[0].to_json(args.json)
-        console.print(f"plan written to {args.json}")
+        write_json(args.json, plans[0].to_json(), "plan")
     return 0

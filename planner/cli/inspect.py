@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from rich.table import Table
 
 from planner.cli.console import console
+from planner.cli.output import write_json
 from planner.cli.model_args import load
 
 
@@ -23,8 +23,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     report = inspect_report(args.model, graph)
     print_inspect(report)
     if args.json:
-        Path(args.json).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
-        console.print(f"report written to {args.json}")
+        write_json(args.json, json.dumps(report.to_dict(), indent=2), "report")
     return 0
 
 

@@ -28,6 +28,7 @@ from planner.cli.calibrate import add_calibrate_arguments
 from planner.cli.catalog import add_catalog_arguments
 from planner.cli.console import console
 from planner.cli.errors import check_output_file, check_output_folder, report_failure
+from planner.cli.output import json_to_stdout
 from planner.cli.model_args import MAX_STEPS, add_mesh_arguments, add_model_arguments
 from planner.cli.parallel_flags import add_parallel_flags
 from planner.cli.run_flags import add_run_flags
@@ -117,6 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     make_parser, module, function = COMMANDS[command]
     try:
         args = make_parser().parse_args(words)
+        json_to_stdout(getattr(args, "json", None))
         for dest, flag in _OUTPUT_FILES.items():
             if getattr(args, dest, None):
                 check_output_file(flag, getattr(args, dest))

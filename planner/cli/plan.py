@@ -12,6 +12,7 @@ from rich.table import Table
 from passes.deadline import DeadlinePassed
 from planner.cli.console import console
 from planner.cli.errors import UsageError
+from planner.cli.output import write_json
 from planner.cli.model_args import load
 from planner.cli.parallel_flags import training_flags_given
 from planner.cluster import Cluster
@@ -105,8 +106,7 @@ def run_plan(args: argparse.Namespace) -> int:
     planned = plan_on_mesh(args, load(args), cluster)
     print_plan(planned)
     if args.json:
-        planned.plan.to_json(args.json)
-        console.print(f"plan written to {args.json}")
+        write_json(args.json, planned.plan.to_json(), "plan")
     if args.emit_code:
         from passes.emit import emit_rank_programs
 

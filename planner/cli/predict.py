@@ -25,6 +25,7 @@ from rich.table import Table
 
 from planner.cli.errors import UsageError
 from planner.cli.parallel_flags import MAX_TOP
+from planner.cli.output import write_json
 from planner.cli.parsing import Parser, whole
 from planner.cli.run_flags import add_run_flags, wants_totals
 from planner.cli.whole_run import print_totals, with_totals
@@ -122,9 +123,8 @@ def run_predict(args: argparse.Namespace) -> int:
     changes = _print_comparison(launched, run, best, cluster, args.space, console) \
         if args.search else []
     if args.json:
-        Path(args.json).write_text(json.dumps(_report(launched, run, best, changes), indent=2)
-                                   + "\n")
-        console.print(f"prediction written to {args.json}")
+        write_json(args.json, json.dumps(_report(launched, run, best, changes), indent=2),
+                   "prediction")
     return 0
 
 

@@ -9,6 +9,7 @@ with --json the `Plan` of the best (`planner/plan.py`).
 from __future__ import annotations
 
 import argparse
+import shlex
 import os
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -17,6 +18,7 @@ from rich.table import Table
 
 from planner.cli.errors import UsageError
 from planner.cli.model_args import load
+from planner.cli.output import shell_lines, write_json
 from planner.cli.parallel_flags import fixed_knobs, is_what_if, what_if_config
 from planner.cli.run_flags import objective_key, wants_totals
 from planner.cli.whole_run import fewer_gpu_plans, print_totals, with_totals
@@ -58,8 +60,7 @@ def run_training(args: argparse.Namespace, cluster: Cluster, console: Console) -
     if totals:
         print_totals(plans, console, args.objective)
     if args.json:
-        plans[0].to_json(args.json)
-        console.print(f"plan written to {args.json}")
+        write_json(args.json, plans[0].to_json(), "plan")
     _refuse_what_does_not_fit(plans[0], cluster.with_devices(args.gpus))
     return 0
 
@@ -247,10 +248,12 @@ def print_training_plans(plans: list[Plan], console: Console) -> None:
         from planner.export.launch import torchrun_command
 
         console.print("Megatron-LM flags:", highlight=False)
-        console.print(" ".join(best.megatron_flags), highlight=False, soft_wrap=True)
+        words = [word for flag in best.megatron_flags for word in shlex.split(flag)]
+        console.print(shell_lines(words), highlight=False, soft_wrap=True, markup=False)
         console.print("launch on every node (MASTER_ADDR: the first node's address):",
                       highlight=False)
-        console.print(torchrun_command(best), highlight=False, soft_wrap=True, markup=False)
+        console.print(shell_lines(shlex.split(torchrun_command(best))), highlight=False,
+                      soft_wrap=True, markup=False)
     else:
         console.print(f"not runnable by Megatron-LM: {best.megatron_incompatibility}")
 

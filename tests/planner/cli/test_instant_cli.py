@@ -4,6 +4,8 @@ modules it loaded are checked."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -37,3 +39,28 @@ def test_a_zoo_shape_given_by_flags_imports_no_torch() -> None:
             "--seq-length", "1024", "--vocab-size", "32000", "--cluster", "dgx-h100",
             "--gpus", "8", "--global-batch-size", "64"]
     assert loaded_modules(argv) == "[]"
+
+
+def _widest_line(argv: list[str]) -> int:
+    result = subprocess.run([sys.executable, "-m", "planner", *argv], cwd=REPO,
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "COLUMNS": "80", "TERM": "dumb"})
+    assert result.returncode == 0, result.stderr
+    return max(len(line) for line in (result.stdout + result.stderr).splitlines())
+
+
+def test_every_line_fits_80_columns() -> None:
+    """Tables, the preset list and the launch lines (shell commands continued with '\\')."""
+    assert _widest_line(["clusters"]) <= 80
+    assert _widest_line(["gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "1024",
+                         "--global-batch-size", "1536", "--train-tokens", "300B"]) <= 80
+
+
+def test_json_to_stdout_leaves_stdout_to_the_json() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "planner", "gpt3-1.3b", "--cluster", "dgx-h100", "--gpus",
+         "8", "--global-batch-size", "64", "--json", "-"],
+        cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["model"] == "gpt3-1.3b"
+    assert "Megatron-LM flags" in result.stderr
