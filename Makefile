@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Stamp file: reinstall only when the dependency list changes.
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test demo
+.PHONY: venv test demo browser
 
 venv: $(STAMP)
 
@@ -17,7 +17,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -e '.[dev]'
 	touch $(STAMP)
 
-test: venv
+# Debian's Chromium, for rendering `plan --report` pages in tests/planner/export/test_report.py
+# (about 45 s once, with apt-get update). Optional: without root, apt-get or Debian's packages
+# it says so, and those tests skip.
+browser:
+	@command -v chromium >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] \
+		&& timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 600 \
+		apt-get install -y -qq --no-install-recommends chromium >/dev/null; } \
+		|| echo "chromium not installed: the report's rendering tests will skip"
+
+test: venv browser
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q --durations=15 tests
 

@@ -31,6 +31,7 @@ from planner.cli.errors import check_output_file, check_output_folder, report_fa
 from planner.cli.output import json_to_stdout
 from planner.cli.model_args import MAX_STEPS, add_mesh_arguments, add_model_arguments
 from planner.cli.parallel_flags import add_parallel_flags
+from planner.cli.report_flags import add_report_flags
 from planner.cli.run_flags import add_run_flags
 from planner.cli.parsing import Parser, whole
 from planner.cli.predict import predict_parser
@@ -63,7 +64,7 @@ COMMANDS: dict[str, tuple[Callable[[], Parser], str, str]] = {
         "parallel configuration for a cluster (every knob not given is searched); with --mesh, "
         "the sharding of every operator on one device mesh.",
         add_model_arguments, add_mesh_arguments, _emit_code, add_parallel_flags,
-        add_run_flags,
+        add_run_flags, add_report_flags,
     ), "planner.cli.plan", "run_plan"),
     "check": (lambda: _parser(
         "plan check", "Plan, train on gloo ranks and on one process, and compare: an "

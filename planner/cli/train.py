@@ -20,6 +20,7 @@ from planner.cli.errors import UsageError
 from planner.cli.model_args import load
 from planner.cli.output import shell_lines, write_json
 from planner.cli.parallel_flags import fixed_knobs, is_what_if, what_if_config
+from planner.cli.report_flags import write_report_if_asked
 from planner.cli.run_flags import objective_key, wants_totals
 from planner.cli.whole_run import fewer_gpu_plans, print_totals, with_totals
 from planner.cluster import Cluster
@@ -62,6 +63,7 @@ def run_training(args: argparse.Namespace, cluster: Cluster, console: Console) -
     if args.json:
         write_json(args.json, plans[0].to_json(), "plan")
     _refuse_what_does_not_fit(plans[0], cluster.with_devices(args.gpus))
+    write_report_if_asked(args, plans, model, cluster, console, layout)
     return 0
 
 

@@ -1,0 +1,35 @@
+"""A training Plan's configuration in the cost model's terms: the `ParallelConfig` and the
+stage layouts it was predicted with, read back from the plan (no search)."""
+
+from __future__ import annotations
+
+from cost_models.step_time import StageLayout
+from planner.parallel import ParallelConfig
+from planner.plan import Plan, RunSettings
+
+
+def parallel_config(plan: Plan) -> ParallelConfig:
+    """The knobs `plan` shares across its stages. An Alpa-space plan records the degrees
+    as its first stage sees them; the sequences of one micro-batch (micro-batch size x
+    data), which each stage splits over its own replicas, are the same either way."""
+    if plan.parallel is None or plan.global_batch_size is None or plan.micro_batch_size is None:
+        raise ValueError("an operator-level plan has no pipeline to report; plan with --gpus")
+    q, run = plan.parallel, plan.run or RunSettings()
+    return ParallelConfig(
+        tensor=q.tensor, pipeline=len(plan.stages), data=q.data, context=q.context,
+        expert=q.expert, sequence_parallel=q.sequence_parallel,
+        micro_batch_size=plan.micro_batch_size, global_batch_size=plan.global_batch_size,
+        recompute=plan.recompute, zero_stage=q.zero_stage, schedule=plan.schedule or "1f1b",
+        virtual_pipeline=q.virtual_pipeline, precision=plan.precision,
+        **{name: getattr(run, name) for name in RunSettings.model_fields},
+    )
+
+
+def stage_layouts(plan: Plan) -> list[StageLayout]:
+    """Each stage's layers and (data x tensor) mesh, as the step-time model takes them."""
+    layouts = []
+    for stage in plan.stages:
+        size = dict(zip(stage.mesh_axes, stage.mesh_shape))
+        layouts.append(StageLayout(stage.layers[1] - stage.layers[0], size.get("tp", 1),
+                                   size.get("dp", 1)))
+    return layouts

@@ -1,0 +1,174 @@
+"""planner.export.schedule_timeline: the pipeline of one step laid out operation by
+operation, against the step-time model's pipeline formulas; and planner.export.stage_times,
+whose stages predicted again from a Plan give back the plan's own pipeline time."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from cost_models.step_time import StageLayout
+from planner.cluster import Cluster
+from planner.export.schedule_timeline import Bar, StagePhases, Timeline, pipeline_timeline
+from planner.export.stage_times import pipeline_formula, stage_times
+from planner.models.presets import get_preset
+from planner.parallel import ParallelConfig
+from planner.training import training_plan
+
+STAGE = StagePhases(forward=1.0, backward=2.0, recompute=0.5, forward_communication=0.25,
+                    backward_communication=0.25)
+
+
+def work(timeline: Timeline, stage: int, kind: str) -> list[Bar]:
+    return [b for b in timeline.bars if b.stage == stage and b.kind == kind]
+
+
+def operations(timeline: Timeline, stage: int) -> list[tuple[str, int, int]]:
+    """The stage's forwards (F) and backwards (B) in the order it ran them."""
+    heads = sorted((b for b in timeline.bars if b.stage == stage and b.kind in
+                    ("forward", "backward")), key=lambda b: b.start)
+    return [("F" if b.kind == "forward" else "B", b.chunk, b.micro_batch) for b in heads]
+
+
+def check_consistent(timeline: Timeline) -> None:
+    """Each stage's bars tile [0, length] with no overlap."""
+    for stage in range(timeline.num_stages):
+        bars = sorted((b for b in timeline.bars if b.stage == stage), key=lambda b: b.start)
+        assert bars[0].start == 0.0
+        assert bars[-1].end == pytest.approx(timeline.length)
+        for before, after in zip(bars, bars[1:]):
+            assert after.start == pytest.approx(before.end, abs=1e-9)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_equal_stages_last_the_step_time_formula(schedule: str) -> None:
+    p, m = 4, 6
+    timeline = pipeline_timeline([STAGE] * p, m, schedule)
+    # sum of stage times + (m - 1) x the slowest: (m + p - 1) x 4 s here.
+    assert timeline.length == pytest.approx(pipeline_formula([STAGE.total] * p, 0.0, m,
+                                                             schedule, 1))
+    assert timeline.length == pytest.approx((m + p - 1) * STAGE.total)
+    check_consistent(timeline)
+    for stage in range(p):
+        assert timeline.busy(stage) == pytest.approx(m * STAGE.total)
+        bubble = sum(b.end - b.start for b in work(timeline, stage, "bubble"))
+        assert bubble == pytest.approx((p - 1) * STAGE.total)  # the fill and drain
+        assert sorted(b.micro_batch for b in work(timeline, stage, "forward")) == list(range(m))
+        assert len(work(timeline, stage, "recompute")) == m
+        assert len(work(timeline, stage, "communication")) == 2 * m
+
+
+def test_1f1b_warms_up_then_alternates_and_gpipe_runs_all_forwards_first() -> None:
+    p, m = 4, 6
+    one_f_one_b = pipeline_timeline([STAGE] * p, m, "1f1b")
+    assert operations(one_f_one_b, 0) == [
+        ("F", 0, 0), ("F", 0, 1), ("F", 0, 2), ("F", 0, 3), ("B", 0, 0), ("F", 0, 4),
+        ("B", 0, 1), ("F", 0, 5), ("B", 0, 2), ("B", 0, 3), ("B", 0, 4), ("B", 0, 5)]
+    last = operations(one_f_one_b, p - 1)
+    assert last[:4] == [("F", 0, 0), ("B", 0, 0), ("F", 0, 1), ("B", 0, 1)]
+    gpipe = operations(pipeline_timeline([STAGE] * p, m, "gpipe"), 2)
+    assert [kind for kind, _, _ in gpipe] == ["F"] * m + ["B"] * m
+
+
+def test_an_operation_starts_after_the_one_it_consumes() -> None:
+    timeline = pipeline_timeline([STAGE] * 3, 5, "1f1b")
+    ends = {(b.stage, b.micro_batch, b.kind): b.end for b in timeline.bars}
+    starts = {(b.stage, b.micro_batch, b.kind): b.start for b in timeline.bars}
+    for j in range(5):
+        for s in (1, 2):  # a forward waits for the previous stage's forward to be sent
+            assert starts[s, j, "forward"] >= ends[s - 1, j, "communication"] - 1e-9 or \
+                starts[s, j, "forward"] >= ends[s - 1, j, "forward"]
+        for s in (0, 1):  # a backward (its recomputation first) waits for the next's
+            assert starts[s, j, "recompute"] >= ends[s + 1, j, "backward"]
+
+
+def test_a_slowest_last_stage_still_gives_the_formula() -> None:
+    # The output layer and loss make the last stage the slowest in most plans.
+    stages = [StagePhases(1.0, 2.0)] * 3 + [StagePhases(1.5, 2.5, transfer=0.2)]
+    timeline = pipeline_timeline(stages, 6, "1f1b")
+    assert timeline.length == pytest.approx(
+        pipeline_formula([s.total for s in stages], 0.0, 6, "1f1b", 1))
+
+
+@pytest.mark.parametrize(("p", "m", "v"), [(2, 4, 2), (4, 8, 2), (4, 4, 4), (3, 9, 3)])
+def test_interleaved_stages_last_m_plus_p_minus_1_over_v_slowest(p: int, m: int, v: int) -> None:
+    timeline = pipeline_timeline([STAGE] * p, m, "interleaved", v)
+    assert timeline.length == pytest.approx((m + (p - 1) / v) * STAGE.total)
+    check_consistent(timeline)
+    for stage in range(p):
+        forwards = {(b.chunk, b.micro_batch) for b in work(timeline, stage, "forward")}
+        assert forwards == set(itertools.product(range(v), range(m)))
+    # Megatron-LM's order: micro-batches in groups of p through chunk 0, then chunk 1, ...
+    first = operations(timeline, 0)[:p * v]
+    assert first == [("F", c, j) for c in range(v) for j in range(p)][:p * v]
+
+
+def test_interleaved_chunks_send_their_own_transfers() -> None:
+    p, m, v, transfer = 4, 8, 2, 0.1
+    stages = [StagePhases(1.0, 2.0, transfer=transfer)] * p
+    timeline = pipeline_timeline(stages, m, "interleaved", v)
+    formula = pipeline_formula([s.total for s in stages], transfer, m, "interleaved", v)
+    # Each chunk's transfer delays the fill too, which the formula leaves out.
+    assert formula <= timeline.length <= formula + (p - 1) * (v - 1) / v * transfer + 1e-9
+
+
+@pytest.mark.parametrize(("p", "m", "v"), [(4, 5, 3), (4, 6, 2), (3, 2, 4), (2, 1, 2)])
+def test_interleaving_a_short_last_group_does_not_deadlock(p: int, m: int, v: int) -> None:
+    timeline = pipeline_timeline([STAGE] * p, m, "interleaved", v)
+    check_consistent(timeline)
+    for stage in range(p):
+        assert len(work(timeline, stage, "backward")) == m * v
+
+
+def test_bad_inputs_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown schedule"):
+        pipeline_timeline([STAGE], 2, "zigzag")
+    with pytest.raises(ValueError, match="interleaved"):
+        pipeline_timeline([STAGE] * 2, 2, "1f1b", virtual=2)
+    with pytest.raises(ValueError, match=">= 1"):
+        pipeline_timeline([STAGE], 0, "1f1b")
+
+
+def _plans():
+    model = get_preset("gpt3-175b")
+    a100 = Cluster.load("dgx-a100-80g")
+    yield "1f1b, selective", model, a100.with_devices(512), ParallelConfig(
+        tensor=8, pipeline=8, micro_batch_size=1, global_batch_size=512,
+        recompute="selective", sequence_parallel=True)
+    yield "interleaved, block recompute, tp overlap", model, a100.with_devices(512), \
+        ParallelConfig(tensor=8, pipeline=8, micro_batch_size=2, global_batch_size=512,
+                       recompute="full", recompute_method="block", recompute_num_layers=2,
+                       sequence_parallel=True, tp_comm_overlap=True, schedule="interleaved",
+                       virtual_pipeline=2, zero_stage=1)
+    yield "gpipe, no sequence parallelism", model, a100.with_devices(256), ParallelConfig(
+        tensor=4, pipeline=16, micro_batch_size=1, global_batch_size=256, recompute="full",
+        schedule="gpipe")
+
+
+@pytest.mark.parametrize("case", list(_plans()), ids=lambda case: case[0])
+def test_stages_predicted_again_give_the_plan_s_pipeline_time(case) -> None:
+    _, model, cluster, parallel = case
+    plan = training_plan("gpt3-175b", model, cluster, parallel)
+    times = stage_times(plan, model, cluster)
+    assert times.scale == pytest.approx(1.0, abs=1e-9)  # nothing left for the scale
+    timeline = pipeline_timeline(times.phases, plan.num_micro_batches, plan.schedule,
+                                 parallel.virtual_pipeline)
+    # The last stage (output layer and loss) is the slowest: 1F1B and GPipe give the
+    # formula exactly. Interleaving is laid out approximately (a chunk as 1/v of its
+    # stage), and the formula charges its fill at the slowest stage's pace.
+    rel = 1e-2 if plan.schedule == "interleaved" else 1e-9
+    assert timeline.length == pytest.approx(times.pipeline_s, rel=rel)
+
+
+def test_stages_on_different_meshes_are_predicted_again_exactly() -> None:
+    # An Alpa-space plan: each stage its own layers and (data x tensor) mesh.
+    model = get_preset("llama3-70b")
+    cluster = Cluster.load("dgx-h100").with_devices(48)
+    parallel = ParallelConfig(data=1, tensor=8, pipeline=3, micro_batch_size=4,
+                              global_batch_size=64, recompute="full")
+    stages = (StageLayout(30, 8, 2), StageLayout(30, 4, 4), StageLayout(20, 8, 2))
+    plan = training_plan("llama3-70b", model, cluster, parallel, stages=stages)
+    times = stage_times(plan, model, cluster)
+    assert times.scale == pytest.approx(1.0, abs=1e-9)
+    assert times.phases[0].total > times.phases[2].total  # 30 layers against 20
