@@ -23,6 +23,7 @@ fitted `Efficiency`, and for all-reduce takes the faster of ring and tree, as NC
 from __future__ import annotations
 
 import math
+import weakref
 
 from planner.cluster import Cluster, LinkSpec
 
@@ -165,13 +166,36 @@ def group_collective_time(
       stage boundary decides): the scale-up link if the group shares a domain, else the
       scale-out link.
     """
-    _check_args(kind, nbytes, group_size)
-    if group_size == 1:
-        return 0.0
-    # Launching and synchronizing the ranks: a barrier's depth grows as log2 of the group.
-    depth = math.ceil(math.log2(group_size))
-    overhead = cluster.device.efficiency.collective_overhead_us * 1e-6 * depth
-    return overhead + _group_time(kind, nbytes, group_size, group_stride, cluster)
+    # A search prices the same few collectives thousands of times on one cluster.
+    table = _memo(cluster)
+    key = (kind, nbytes, group_size, group_stride)
+    seconds = table.get(key)
+    if seconds is None:
+        _check_args(kind, nbytes, group_size)
+        seconds = 0.0
+        if group_size > 1:
+            # Launching and synchronizing the ranks: a barrier's depth grows as log2 of
+            # the group.
+            depth = math.ceil(math.log2(group_size))
+            overhead = cluster.device.efficiency.collective_overhead_us * 1e-6 * depth
+            seconds = overhead + _group_time(kind, nbytes, group_size, group_stride, cluster)
+        table[key] = seconds
+    return seconds
+
+
+_MEMOS: dict[int, tuple[weakref.ref, dict]] = {}
+
+
+def _memo(cluster: Cluster) -> dict:
+    """The prices already computed on `cluster` (this very object: clusters are copied,
+    never changed in place), dropped with it."""
+    entry = _MEMOS.get(id(cluster))
+    if entry is not None and entry[0]() is cluster:
+        return entry[1]
+    key = id(cluster)
+    table: dict = {}
+    _MEMOS[key] = (weakref.ref(cluster, lambda _, key=key: _MEMOS.pop(key, None)), table)
+    return table
 
 
 def _group_time(

@@ -285,27 +285,36 @@ def predict_stages(
 
     compute, comm, local = [], [], []
     passes: dict[tuple[int, int], tuple[Pass, Pass]] = {}  # stages alike share one
+    priced: dict[tuple, tuple[float, float, ParallelConfig, Pass]] = {}
     for index, stage in enumerate(stages):
-        here = replace(parallel, tensor=stage.tensor, data=stage.data,
-                       micro_batch_size=sequences // stage.data)
-        if (stage.tensor, stage.data) not in passes:
-            passes[stage.tensor, stage.data] = _layer_pass(model, here, cluster,
-                                                          flash_attention, collectives)
-        kernels, layer_comm = passes[stage.tensor, stage.data]
-        replayed = recomputed_layers(parallel, stage.layers)
-        work = stage.layers * (kernels.forward + kernels.backward) + replayed * kernels.recompute
-        if index == p - 1:
-            work += _head_seconds(model, here, device, stage.tensor)
+        first, last = index == 0, index == p - 1
+        key = (stage.tensor, stage.data, stage.layers, first, last)
+        if key not in priced:
+            here = replace(parallel, tensor=stage.tensor, data=stage.data,
+                           micro_batch_size=sequences // stage.data)
+            if (stage.tensor, stage.data) not in passes:
+                passes[stage.tensor, stage.data] = _layer_pass(model, here, cluster,
+                                                              flash_attention, collectives)
+            kernels, layer_comm = passes[stage.tensor, stage.data]
+            replayed = recomputed_layers(parallel, stage.layers)
+            work = stage.layers * (kernels.forward + kernels.backward) \
+                + replayed * kernels.recompute
+            if last:
+                work += _head_seconds(model, here, device, stage.tensor)
+            # The embedding's and the head's own collectives on the first and last stage.
+            layout = rank_layout(here)
+            ends = price(end_collectives(model, layout, first, last), here, cluster)
+            # Each of the stage's v chunks gathers the slices it receives and their
+            # gradients.
+            slices = price(boundary_collectives(model, layout, first and v == 1,
+                                                last and v == 1), here, cluster) \
+                if p > 1 else Pass(0.0, 0.0)
+            talk = stage.layers * (layer_comm.forward + layer_comm.backward) \
+                + replayed * layer_comm.recompute + ends.total + v * slices.total
+            priced[key] = (work, talk, here, kernels)
+        work, talk, here, kernels = priced[key]
         compute.append(work)
-        # The embedding's and the head's own collectives on the first and last stage.
-        layout = rank_layout(here)
-        ends = price(end_collectives(model, layout, index == 0, index == p - 1), here, cluster)
-        # Each of the stage's v chunks gathers the slices it receives and their gradients.
-        slices = price(boundary_collectives(model, layout, index == 0 and v == 1,
-                                            index == p - 1 and v == 1), here, cluster) \
-            if p > 1 else Pass(0.0, 0.0)
-        comm.append(stage.layers * (layer_comm.forward + layer_comm.backward)
-                    + replayed * layer_comm.recompute + ends.total + v * slices.total)
+        comm.append(talk)
         local.append((here, kernels))
     stage_times = [c + x + p2p for c, x in zip(compute, comm)]
     slowest = max(range(p), key=lambda i: stage_times[i])
@@ -315,10 +324,11 @@ def predict_stages(
         pipeline_s = sum(stage_times) + (m - 1) * stage_times[slowest]
 
     params = _stage_parameters(model, stages, parallel.expert)
+    reductions = {(params[i], id(local[i][0]), stages[i].layers): i for i in range(p)}
     data_s = max(
         data_parallel_comm(params[i], local[i][0], cluster, local[i][1], stages[i].layers,
                            recomputed_layers(parallel, stages[i].layers))
-        for i in range(p)
+        for i in reductions.values()
     )
     optimizer_s = max(
         params[i] / (stages[i].data if parallel.zero_stage >= 1 else 1)
