@@ -124,12 +124,39 @@ def attention_backend(parallel: ParallelConfig, flash: bool) -> str:
     return "flash" if flash else "local"
 
 
+_LAYER_PASSES: dict[tuple, tuple] = {}
+"""`_layer_pass` by (model, cluster, collectives objects, knobs): a search prices the same
+layer under many pipeline layouts. Bounded: cleared when it grows past MAX_MEMO."""
+MAX_MEMO = 100_000
+
+
 def _layer_pass(
     model: TransformerConfig, parallel: ParallelConfig, cluster: Cluster, flash: bool,
     collectives: LayerCollectives | None = None,
 ) -> tuple[Pass, Pass]:
     """(kernels, tensor/context-parallel communication left exposed) of one layer, one
     micro-batch. `flash`: whether the device runs fused attention (what 'auto' picks)."""
+    # The objects themselves key the memo (held in it, so their ids stay theirs): models,
+    # clusters and collectives are copied when they change, never changed in place.
+    key = (id(model), id(cluster), id(collectives), flash,
+           replace(parallel, pipeline=1, data=1, global_batch_size=1, schedule="1f1b",
+                   virtual_pipeline=1))
+    found = _LAYER_PASSES.get(key)
+    if found is not None and found[2] is model and found[3] is cluster \
+            and found[4] is collectives:
+        return found[0], found[1]
+    kernels, comm = _price_layer(model, parallel, cluster, flash, collectives)
+    if len(_LAYER_PASSES) > MAX_MEMO:
+        _LAYER_PASSES.clear()
+    _LAYER_PASSES[key] = (kernels, comm, model, cluster, collectives)
+    return kernels, comm
+
+
+def _price_layer(
+    model: TransformerConfig, parallel: ParallelConfig, cluster: Cluster, flash: bool,
+    collectives: LayerCollectives | None,
+) -> tuple[Pass, Pass]:
+    """`_layer_pass`, computed."""
     device, eff = cluster.device, cluster.device.efficiency
     seq = model.seq_length / parallel.context
     ops = layer_ops(model, parallel.micro_batch_size, seq, parallel.tensor,
