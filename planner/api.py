@@ -153,9 +153,9 @@ def parallelize(
     With `gpus` (the group's size) and `global_batch_size`, the plan is a graph plan for
     `cluster`: pipeline stages on submeshes, each sharded by the intra-op ILP, with
     micro-batches (`micro_batch_size`, or searched); `step` takes a whole global batch and
-    returns the loss on the last stage's ranks; the trainer's `save(dir)` / `load(dir)`
-    keep each rank's shards and optimizer state. Without them, every operator is sharded
-    over one mesh of `mesh_shape`.
+    returns the loss on the last stage's ranks. Without them, every operator is sharded
+    over one mesh of `mesh_shape`. Either trainer's `save(root)` / `load(path)` write and
+    read sharded checkpoints (`runtime.checkpoint`), which load onto another plan too.
     """
     if not dist.is_initialized():
         raise RuntimeError(

@@ -72,11 +72,15 @@ if RDZV_BACKEND not in rendezvous_handler_registry._registry:
 def launch(
     fn: Callable[..., Any], world_size: int, *args: Any, collective_timeout_s: float = 120.0,
     max_restarts: int = 0, start_method: str = "fork",
+    checkpoint_root: str | Path | None = None,
 ) -> list[Any]:
     """`fn(rank, world_size, *args)` on `world_size` local ranks; results in rank order.
 
     `start_method` ``fork`` (the default) starts 8 ranks in about a second less than
     ``spawn``, which re-imports torch in each; `fn` and `args` must pickle for ``spawn``.
+    `max_restarts`: how often the agent starts every rank again after one fails (each
+    attempt's store is fresh; `fn` resumes from its own checkpoints). `checkpoint_root`:
+    where `fn` checkpoints, so that a failure names the last complete checkpoint.
     """
     if dist.is_initialized():
         dist.destroy_process_group()  # a fake group left by planning must not be inherited
@@ -98,7 +102,7 @@ def launch(
             fn, str(tmp / "store"), collective_timeout_s, args
         )
     except ChildFailedError as error:
-        raise _root_cause(error, tmp) from None
+        raise _root_cause(error, tmp, checkpoint_root) from None
     finally:
         if previous is None:
             os.environ.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
@@ -111,24 +115,50 @@ def launch(
     ]
 
 
-# What a rank reports when it only lost a peer: not the root cause of a failed run.
-_PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+# What a rank reports when it only lost a peer (or was stopped by the agent after a peer
+# failed): not the root cause of a failed run.
+_SECOND_HAND = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
+                "PeerLost:", "SignalException:")
 
 
-def _root_cause(error: ChildFailedError, tmp: Path) -> RankError:
-    reports = []
-    for path in sorted((tmp / "store.errors").glob("rank*.json")):
-        report = json.loads(path.read_text())
-        lost_peer = any(m in report["summary"] for m in _PEER_LOST)
-        # The last attempt's failures; in it, first-hand ones first, then the earliest.
-        reports.append((-report["attempt"], lost_peer, report["time_ns"], report))
-    if reports:
-        report = min(reports, key=lambda r: r[:3])[-1]
+def _root_cause(
+    error: ChildFailedError, tmp: Path, checkpoint_root: str | Path | None = None,
+) -> RankError:
+    """The failure to report, from the last attempt: a rank's own error first (the
+    earliest), else a rank that died without a word (killed, `os._exit`: what its peers
+    lost) as the agent saw it or else as its peers did, else the earliest peer that lost
+    one."""
+    reports = [json.loads(p.read_text())
+               for p in sorted((tmp / "store.errors").glob("rank*.json"))]
+    last = max((r["attempt"] for r in reports), default=0)
+    current = [r for r in reports if r["attempt"] == last]
+    first_hand = [r for r in current if not any(m in r["summary"] for m in _SECOND_HAND)]
+    reported = {r["rank"] for r in current}
+    silent = {rank: f for rank, f in error.failures.items() if rank not in reported}
+    # Ranks that peers saw gone (`runtime.faults.PeerLost`), for when the agent saw only
+    # the peers fail.
+    lost = sorted({r for report in current for r in report.get("lost", [])} - reported)
+    if first_hand or (current and not silent and not lost):
+        report = min(first_hand or current, key=lambda r: r["time_ns"])
         rank = report["rank"]
-        return RankError(f"rank {rank} failed: {report['summary']}", rank, report["traceback"])
-    rank, failure = min(error.failures.items())  # died without a word (killed, os._exit)
-    summary = " ".join(str(failure.message).split()) or f"exit code {failure.exitcode}"
-    return RankError(f"rank {rank} failed: {summary}", rank, "", failure.exitcode)
+        found = RankError(f"rank {rank} failed: {report['summary']}", rank,
+                          report["traceback"])
+    elif silent or not lost:
+        rank, failure = min((silent or error.failures).items())
+        summary = " ".join(str(failure.message).split()) or f"exit code {failure.exitcode}"
+        found = RankError(f"rank {rank} failed: {summary}", rank, "", failure.exitcode)
+    else:
+        rank = lost[0]
+        seen = min((r for r in current if rank in r.get("lost", [])), key=lambda r: r["time_ns"])
+        found = RankError(f"rank {rank} failed without a word; "
+                          f"{seen['summary'].removeprefix('PeerLost: ')}", rank)
+    if checkpoint_root is not None and "last good checkpoint:" not in found.args[0]:
+        from runtime.checkpoint import latest_checkpoint
+
+        latest = latest_checkpoint(checkpoint_root)
+        found.args = (f"{found.args[0]}; last good checkpoint: "
+                      f"{latest if latest is not None else 'none yet'}",)
+    return found
 
 
 def _report(folder: Path, rank: int, attempt: int, error: BaseException) -> None:
@@ -138,7 +168,8 @@ def _report(folder: Path, rank: int, attempt: int, error: BaseException) -> None
     summary = f"{type(error).__name__}: {' '.join(lines[0].split())}" if lines else type(
         error).__name__
     report = {"rank": rank, "attempt": attempt, "summary": summary,
-              "traceback": traceback.format_exc(), "time_ns": time.time_ns()}
+              "traceback": traceback.format_exc(), "time_ns": time.time_ns(),
+              "lost": list(getattr(error, "lost", []))}  # runtime.faults.PeerLost's
     (folder / f"rank{rank}.attempt{attempt}.json").write_text(json.dumps(report))
 
 

@@ -21,7 +21,6 @@ rank's shards. Every rank passes the same whole batch to `step`.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -47,6 +46,8 @@ from passes.stage_graph import (
     syncs_each_micro_batch,
 )
 from planner.plan import Plan
+from runtime.checkpoint import Checkpointing, ShardsState
+from runtime.faults import bound_timeouts
 from runtime.trainer import DEFAULT_OPTIMIZER, training_state
 
 
@@ -83,8 +84,9 @@ def build_stage_program(
     return graph, stage_program(graph, inputs)
 
 
-class StagedTrainer:
-    """This rank's stage of a graph plan: `step(*batch)` trains one step."""
+class StagedTrainer(Checkpointing):
+    """This rank's stage of a graph plan: `step(*batch)` trains one step; `save(root)` /
+    `load(path)` checkpoint it (`runtime.checkpoint`)."""
 
     def __init__(
         self, plan: Plan, model: nn.Module, example_inputs: tuple[Any, ...],
@@ -98,6 +100,7 @@ class StagedTrainer:
         self.stage = plan.stages[self.index]
         self.local_rank = self.rank - self.stage.first_device
         self.mesh = meshes[self.index]
+        bound_timeouts(self.mesh.get_all_groups())  # subgroups: 30 min otherwise
         graph, program = build_stage_program(plan, self.index, model, example_inputs, loss_fn)
         self.graph = graph
         self.program = RankProgram(program, plan, self.mesh, stage=self.index)
@@ -153,6 +156,7 @@ class StagedTrainer:
             loss = self._finish(gradients, losses, m)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.steps_done += 1
         for work, _ in sends:
             work.wait()
         return loss
@@ -281,31 +285,10 @@ class StagedTrainer:
         """This stage's parameters gathered in full (a collective over the stage's ranks)."""
         return {fqn: p.full_tensor() for fqn, p in self._dtensors().items()}
 
-    def state_dict(self) -> dict[str, Any]:
-        """This rank's shards and optimizer state, for `save`/`load`."""
-        return {"plan": self.program.operators.graph_fingerprint, "stage": self.index,
-                "parameters": {fqn: t.detach().clone() for fqn, t in self.locals.items()},
-                "optimizer": self.optimizer.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("plan") != self.program.operators.graph_fingerprint or \
-                state.get("stage") != self.index:
-            raise ValueError("the checkpoint was saved for another plan or stage; load it "
-                             "with the plan it was trained with")
-        for fqn, value in state["parameters"].items():
-            self.locals[fqn].copy_(value)
-        self.optimizer.load_state_dict(state["optimizer"])
-
-    def save(self, directory: str | Path) -> None:
-        """Write this rank's state to `directory/rank{R}.pt` (call on every rank)."""
-        path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        torch.save(self.state_dict(), path / f"rank{self.rank}.pt")
-
-    def load(self, directory: str | Path) -> None:
-        """Read back what `save` wrote for this rank."""
-        self.load_state_dict(torch.load(Path(directory) / f"rank{self.rank}.pt",
-                                        weights_only=True))
+    def checkpoint_state(self) -> ShardsState:
+        """This rank's shards and AdamW state as DTensors of the plan's layouts, for `save`
+        / `load` (`runtime.checkpoint`: a checkpoint loads onto another plan too)."""
+        return ShardsState(self.params, self.locals, self.optimizer)
 
 
 def _summed(parts: list[DTensor]) -> DTensor:

@@ -15,6 +15,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from passes.lower import RankProgram
+from runtime.checkpoint import Checkpointing, ShardsState
+from runtime.faults import bound_timeouts
 
 
 def training_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -27,8 +29,9 @@ def training_state(model: nn.Module) -> dict[str, torch.Tensor]:
 DEFAULT_OPTIMIZER = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
 
 
-class ShardedTrainer:
-    """Forward, backward and AdamW step of one rank."""
+class ShardedTrainer(Checkpointing):
+    """Forward, backward and AdamW step of one rank; `save(root)` / `load(path)`
+    checkpoint it (`runtime.checkpoint`: a checkpoint loads onto another plan too)."""
 
     def __init__(
         self,
@@ -37,6 +40,7 @@ class ShardedTrainer:
         optimizer: dict[str, Any] | None = None,
     ) -> None:
         self.rank_program = rank_program
+        bound_timeouts(rank_program.mesh.get_all_groups())  # subgroups: 30 min otherwise
         program = rank_program.program
         placements = rank_program.parameter_placements()
         self.params = {
@@ -72,7 +76,12 @@ class ShardedTrainer:
                 self.locals[fqn].grad = grad.to_local().detach().clone()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.steps_done += 1
         return float(loss)
+
+    def checkpoint_state(self) -> ShardsState:
+        """This rank's shards and AdamW state as DTensors of the plan's layouts."""
+        return ShardsState(self.params, self.locals, self.optimizer)
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Every parameter gathered in full (a collective: call it on every rank)."""

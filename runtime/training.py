@@ -26,6 +26,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from planner.models.config import TransformerConfig
+from runtime import checkpoint
 from runtime.comm_counter import CommCounter
 from runtime.elastic import launch
 from runtime.experts import (
@@ -35,6 +36,7 @@ from runtime.experts import (
     expert_parameters,
     reduce_expert_gradients,
 )
+from runtime.faults import FaultWatch, bound_timeouts
 from runtime.mesh import build_mesh
 from runtime.model_parts import model_parts
 from runtime.parallelize import (
@@ -42,6 +44,7 @@ from runtime.parallelize import (
     keep_gradients_sharded,
     slice_stage_boundaries,
 )
+from runtime.resilience import Resilience, restart_count
 from runtime.schedule import build_schedule, stage_shapes
 from runtime.spec import RunSpec
 from runtime.stages import ContextShard, clean_name
@@ -65,9 +68,10 @@ def _optimizer(params: list[nn.Parameter], name: str) -> torch.optim.Optimizer:
     return cls(params, foreach=False, **kwargs)
 
 
-class PipelineTrainer:
+class PipelineTrainer(checkpoint.Checkpointing):
     """One rank's part of a training plan. Needs an initialized process group of
-    `spec.degrees.world_size` ranks.
+    `spec.degrees.world_size` ranks. `save(root)` / `load(path)` checkpoint it
+    (`runtime.checkpoint`: sharded, reshardable onto another plan).
 
     `config` is the model's shape; with `hf_config` (a Hugging Face config's
     ``to_dict()``, `config` its `to_transformer_config`) the stages are that model's own
@@ -137,6 +141,11 @@ class PipelineTrainer:
         self.parameters = [p for m in self.modules.values() for p in m.parameters()]
         self.optimizer = _optimizer(self.parameters, optimizer)
         self.held: dict[str, int] = {}
+        self.steps_done = 0
+        # A hang in any of this rank's groups fails within the default group's timeout.
+        meshes = [self.mesh, self.dp_mesh] + ([self.expert_mesh] if self.expert_mesh else [])
+        bound_timeouts([g for m in meshes for g in m.get_all_groups()]
+                       + [self.embedding_group])
 
     def _embedding_group(self) -> dist.ProcessGroup | None:
         """Megatron's embedding group: the pipeline ranks of the first and the last stage,
@@ -204,6 +213,7 @@ class PipelineTrainer:
         }
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.steps_done += 1
         self.held["optimizer"] = _bytes([
             v for state in self.optimizer.state.values() for v in state.values()
             if isinstance(v, torch.Tensor) and v.dim() > 0
@@ -211,6 +221,10 @@ class PipelineTrainer:
         if not self.is_last:
             return None
         return float(torch.stack([loss.detach() for loss in losses]).mean())
+
+    def checkpoint_state(self) -> checkpoint.ModulesState:
+        """The stages' parameters and the optimizer, for `save` / `load`."""
+        return checkpoint.ModulesState(self.modules, self.optimizer)
 
     def local_bytes(self) -> dict[str, int]:
         """This rank's bytes of parameters and gradients (after the last backward) and of
@@ -275,17 +289,36 @@ def batches(config: TransformerConfig, spec: RunSpec, steps: int, seed: int = 0)
 def train_on_rank(
     rank: int, world_size: int, config: TransformerConfig, spec: RunSpec, steps: int,
     seed: int = 0, optimizer: str = "sgd", hf_config: dict[str, Any] | None = None,
+    resilience: Resilience | None = None,
 ) -> dict[str, Any]:
     """K steps of the plan on this rank: its losses, its stages' final parameters (from
     the first rank of each stage's tp x dp group only), collectives counted per kind over
-    the steps, and its local bytes. `hf_config`: see `PipelineTrainer`."""
+    the steps, and its local bytes. `hf_config`: see `PipelineTrainer`.
+
+    With `resilience`, the run resumes from the newest complete checkpoint in its folder
+    (the losses before it come from the checkpoint), checkpoints every K steps and may
+    kill a rank (`runtime.resilience`); ``resumed_from`` says the step it resumed at,
+    ``steps_run`` how many steps this attempt ran (and counted collectives of)."""
     trainer = PipelineTrainer(config, spec, seed, optimizer, hf_config=hf_config)
-    losses, per_step = [], []
+    data = batches(config, spec, steps, seed)
+    losses: list[float | None] = []
+    resumed = resilience.resume(trainer) if resilience is not None else None
+    if resumed is not None:
+        losses = list(resumed.notes.get("losses", [None] * resumed.step))
+    watch = FaultWatch.gather(resilience.last_checkpoint if resilience is not None else None)
+    per_step = []
     everything = CommCounter()
-    for tokens, targets in batches(config, spec, steps, seed):
-        with everything, CommCounter() as counter:
-            losses.append(trainer.step(tokens, targets))
+    for index in range(trainer.steps_done, steps):
+        if resilience is not None:
+            resilience.before_step(rank, index)
+        with watch.step(index), everything, CommCounter() as counter:
+            losses.append(trainer.step(*data[index]))
         per_step.append(counter.by_kind())
+        if resilience is not None:
+            with watch.step(index):  # a save's collectives meet a lost peer too
+                resilience.after_step(trainer, {"losses": losses})
+    with watch.step(steps):
+        trainer.wait_for_checkpoint()
     params = trainer.full_parameters()
     # One copy of each parameter: data rank 0 of each stage; experts from their ep ranks.
     if trainer.coords["tp"] != 0 or trainer.coords["cp"] != 0 or (
@@ -302,6 +335,9 @@ def train_on_rank(
         "collectives_per_step": per_step,
         "collectives_by_group": everything.by_group(),
         "local_bytes": trainer.local_bytes(),
+        "resumed_from": None if resumed is None else resumed.step,
+        "attempt": restart_count(),
+        "steps_run": len(per_step),
     }
 
 
@@ -390,6 +426,12 @@ class TrainingCheck:
     """Per rank: bytes of parameters, gradients and optimizer state held locally."""
     coordinates: list[dict[str, int]]
     """Per rank: its index on each mesh axis."""
+    steps_run: int = 0
+    """Steps the last attempt ran: the collectives above are over these."""
+    attempt: int = 0
+    """The attempt that finished (0: the first; above it, the job was restarted)."""
+    resumed_from: int | None = None
+    """The checkpoint's step that attempt resumed from (None: from the start)."""
 
     def passed(self, tolerance: float = 1e-4) -> bool:
         return self.loss_max_rel_error < tolerance and self.parameter_rel_error < tolerance
@@ -401,15 +443,19 @@ class TrainingCheck:
 def check_training(
     config: TransformerConfig, spec: RunSpec, steps: int, seed: int = 0,
     optimizer: str = "sgd", hf_config: dict[str, Any] | None = None,
+    resilience: Resilience | None = None, max_restarts: int = 0,
 ) -> TrainingCheck:
     """Train `spec` for `steps` on `spec.degrees.world_size` local gloo ranks (started by
     torch's elastic launcher) and in one process; compare losses and final parameters.
     With `hf_config` (a Hugging Face config's ``to_dict()``; `config` its
     `planner.models.huggingface.to_transformer_config`) both run that model's own
-    transformers modules."""
+    transformers modules. `resilience` (checkpoints, an injected kill) and
+    `max_restarts` (the elastic agent's): see `train_on_rank`; every step's loss is
+    compared, those before a restart's checkpoint included."""
     results = launch(
         train_on_rank, spec.degrees.world_size, config, spec, steps, seed, optimizer,
-        hf_config,
+        hf_config, resilience, max_restarts=max_restarts,
+        checkpoint_root=resilience.checkpoint_dir if resilience is not None else None,
     )
     losses, params = merge_results(results)
     ref_losses, ref_params = train_reference(config, spec, steps, seed, optimizer, hf_config)
@@ -429,4 +475,7 @@ def check_training(
         collectives_by_group=[r["collectives_by_group"] for r in results],
         local_bytes=[r["local_bytes"] for r in results],
         coordinates=[r["coords"] for r in results],
+        steps_run=results[0]["steps_run"],
+        attempt=results[0]["attempt"],
+        resumed_from=results[0]["resumed_from"],
     )

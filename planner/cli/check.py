@@ -5,12 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from rich.markup import escape
 from rich.table import Table
 
 from planner.cli.console import console
 from planner.cli.errors import UsageError
+from planner.cli.fault_flags import check_fault_flags, faults_given, refuse_faults
 from planner.cli.model_args import load
 from planner.check import RELATIVE_TOLERANCE
 from planner.cli.plan import mesh_for, plan_on_mesh, print_plan
@@ -27,6 +32,7 @@ def run_check(args: argparse.Namespace) -> int:
     cluster = Cluster.load(args.cluster)
     if args.gpus is not None:
         return run_training_check(args, cluster)
+    refuse_faults(args, "give --gpus (a training plan of a zoo or hf: transformer)")
     ranks = math.prod(mesh_for(args, cluster))
     if ranks > MAX_LOCAL_RANKS:
         raise UsageError(
@@ -98,8 +104,10 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
             f"--precision {args.precision}: plan check trains in fp32, where the ranks and "
             "one process agree to rounding; drop --precision"
         )
+    check_fault_flags(args, args.gpus)
     loaded = load(args)
     if loaded.config is None:  # a model of one's own: its traced graph is planned
+        refuse_faults(args, "they run zoo and hf: transformers, not a model of one's own")
         if loaded.on_meta:
             raise UsageError(
                 f"{args.model} is built on the meta device (no weights), so it cannot "
@@ -108,25 +116,68 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
         return run_graph_check(args, loaded, cluster, console)
     plans, model, loaded = plan_training(args, cluster, console, top=1, loaded=loaded)
     print_training_plans(plans, console)
+    from runtime.launch import RankError
+    from runtime.resilience import Resilience
     from runtime.spec import from_training_plan
     from runtime.training import check_training
 
     plan = plans[0]
     spec = from_training_plan(plan)
     hf_config = loaded.config.to_dict() if args.model.startswith("hf:") else None
-    with console.status(f"training {args.steps} steps on {plan.num_gpus} gloo ranks"):
-        # AdamW: the optimizer the Plan's memory (two moments per parameter) assumes.
-        report = check_training(model, spec, args.steps, optimizer="adamw",
-                                hf_config=hf_config)
+    with _checkpoint_folder(args) as folder:
+        resilience = None
+        if faults_given(args):
+            resilience = Resilience(folder, args.checkpoint_every or 0, args.kill_rank,
+                                    args.kill_at_step)
+        try:
+            with console.status(f"training {args.steps} steps on {plan.num_gpus} gloo ranks"):
+                # AdamW: the optimizer the Plan's memory (two moments per parameter) assumes.
+                report = check_training(model, spec, args.steps, optimizer="adamw",
+                                        hf_config=hf_config, resilience=resilience,
+                                        max_restarts=args.max_restarts)
+        except RankError as error:
+            if args.kill_rank is None:
+                raise
+            # The injected fault ended the job (no restart left): the check ran and failed.
+            console.print(f"[red]FAILED[/red]: {escape(str(error))}", highlight=False)
+            return 1
+    # A restarted job's collectives are counted over the steps its last attempt ran.
     comparison = compare(plan, report.coordinates, report.collectives, report.local_bytes,
-                         args.steps)
+                         report.steps_run)
     print_training_check(report, comparison, plan, args.steps)
+    if resilience is not None:
+        print_restarts(report, args)
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"plan": json.loads(plan.to_json()), "check": report.to_dict(),
              "comparison": comparison.to_dict()}, indent=2) + "\n")
         console.print(f"report written to {args.json}")
     return 0 if report.passed(RELATIVE_TOLERANCE) and comparison.passed else 1
+
+
+@contextmanager
+def _checkpoint_folder(args: argparse.Namespace) -> Iterator[str]:
+    """--checkpoint-dir (kept), or a temporary folder removed after the check."""
+    if args.checkpoint_dir is not None:
+        Path(args.checkpoint_dir).expanduser().mkdir(parents=True, exist_ok=True)
+        yield str(Path(args.checkpoint_dir).expanduser())
+        return
+    with tempfile.TemporaryDirectory(prefix="tessel-check-checkpoints-") as folder:
+        yield folder
+
+
+def print_restarts(report, args: argparse.Namespace) -> None:
+    """What the faults flags did: the kill, the restarts, where the job resumed."""
+    every = f"every {args.checkpoint_every} steps" if args.checkpoint_every else "never"
+    line = f"checkpoints: {every}"
+    if args.kill_rank is not None:
+        line += f"; rank {args.kill_rank} was killed (SIGKILL) at step {args.kill_at_step}"
+    if report.attempt:
+        start = (f"from the checkpoint of step {report.resumed_from}"
+                 if report.resumed_from is not None else "from the start (no checkpoint yet)")
+        line += (f"; the job restarted {report.attempt} time{'s' * (report.attempt > 1)} "
+                 f"and resumed {start}; every step's loss is compared with one process")
+    console.print(line, highlight=False)
 
 
 def print_training_check(report, comparison: PlanComparison, plan, steps: int) -> None:
@@ -136,7 +187,9 @@ def print_training_check(report, comparison: PlanComparison, plan, steps: int) -
     firsts = {}
     for rank, coords in enumerate(report.coordinates):
         firsts.setdefault(coords["pp"], rank)
-    comm = Table(title=f"collectives over {steps} steps, measured vs predicted "
+    counted = report.steps_run or steps
+    last = " (the last attempt's)" if counted != steps else ""
+    comm = Table(title=f"collectives over {counted} steps{last}, measured vs predicted "
                  "(first rank of each stage; every rank is compared)")
     for column in ("stage", "rank", "kind", "measured", "predicted"):
         comm.add_column(column)

@@ -3,6 +3,8 @@
     plan MODEL --gpus N --global-batch-size B [--cluster C] [knobs]   a training plan
     plan MODEL --mesh 4 [--cluster cpu] [--json PATH] [--emit-code DIR]
     plan check MODEL --mesh 2x2 [--steps 3] [--json PATH]
+    plan check MODEL --gpus N ... [--checkpoint-every K] [--kill-rank R --kill-at-step S]
+               [--max-restarts N]
     plan inspect MODEL [--json PATH]
     plan predict --cluster C --gpus N -- MEGATRON_FLAGS | --args-file FILE
     plan profile [--output tessel-profile.json] [--ranks 2,4] [--max-bytes 16MiB]
@@ -28,6 +30,7 @@ from planner.cli.calibrate import add_calibrate_arguments
 from planner.cli.catalog import add_catalog_arguments
 from planner.cli.console import console
 from planner.cli.errors import check_output_file, check_output_folder, report_failure
+from planner.cli.fault_flags import add_fault_flags
 from planner.cli.output import json_to_stdout
 from planner.cli.model_args import MAX_STEPS, add_mesh_arguments, add_model_arguments
 from planner.cli.parallel_flags import add_parallel_flags
@@ -70,7 +73,7 @@ COMMANDS: dict[str, tuple[Callable[[], Parser], str, str]] = {
         "plan check", "Plan, train on gloo ranks and on one process, and compare: an "
         "operator-level plan (--mesh) or a training plan (--gpus N --global-batch-size B and "
         "knobs; zoo transformers).",
-        add_model_arguments, add_mesh_arguments, _steps, add_parallel_flags,
+        add_model_arguments, add_mesh_arguments, _steps, add_parallel_flags, add_fault_flags,
     ), "planner.cli.check", "run_check"),
     "inspect": (lambda: _parser(
         "plan inspect", "Trace a model (on the meta device for zoo and hf: models) and list "

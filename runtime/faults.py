@@ -1,0 +1,165 @@
+"""A rank that dies or hangs: every other rank stops within a bounded time and says which
+rank it lost and where the job can resume.
+
+Bounded: gloo sees a dead peer's connection close within a second, but a peer that hangs
+alive is only seen at the process group's timeout, and torch gives every subgroup (a
+DeviceMesh axis, a `new_group`) 30 minutes whatever the default group was given (trap 3
+of the gloo notes). `bound_timeouts` gives a rank's subgroups the default group's timeout.
+
+Named: `FaultWatch` learns every rank's host and process id once (one all-gather of two
+integers). When a step fails it looks at which peers on this host are gone (no process,
+or a zombie its launcher has not reaped yet) and raises `PeerLost`: one line naming them,
+the step, and the last complete checkpoint (as its caller describes it). A
+peer on another host cannot be looked at from here; then, or when every peer is alive
+(a hang), the message says so. An error that is no fault (every peer alive, no timeout)
+is raised unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["FaultWatch", "PeerLost", "bound_timeouts", "collective_timeout"]
+
+# How long a rank that saw a collective fail looks for the peer that caused it: a peer
+# that raised first is still exiting when its closed connection is seen.
+LOOK_FOR_LOST_PEER_S = 2.0
+_TIMEOUT_WORDS = ("timed out", "timeout")
+# Words of an error that may come from a lost peer (gloo's, or the agent's SIGTERM).
+_COMMUNICATION_WORDS = (*_TIMEOUT_WORDS, "connection", "broken pipe", "peer", "gloo", "signal")
+
+
+class PeerLost(RuntimeError):
+    """A step failed because a peer died or stopped answering; the message is one line."""
+
+    def __init__(self, message: str, lost: list[int]) -> None:
+        super().__init__(message)
+        self.lost = lost
+
+
+def collective_timeout() -> timedelta | None:
+    """The default process group's timeout (what `init_process_group` was given); None
+    for a backend that keeps none (the fake one planning uses)."""
+    group = dist.group.WORLD
+    for device in group._device_types:
+        try:
+            return group._get_backend(device).options._timeout
+        except (AttributeError, RuntimeError):
+            continue
+    return None
+
+
+def bound_timeouts(groups: Iterable[dist.ProcessGroup | None]) -> None:
+    """Give each of `groups` this rank is in the default group's timeout (gloo and NCCL
+    groups; torch's private `_set_pg_timeout`, torch 2.13)."""
+    timeout = collective_timeout()
+    if timeout is None:
+        return
+    for group in groups:
+        if group is not None and dist.get_rank(group) >= 0:
+            dist.distributed_c10d._set_pg_timeout(timeout, group)
+
+
+def _is_gone(pid: int) -> bool:
+    """No process `pid` on this host, or only its zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        try:
+            os.kill(pid, 0)  # no /proc (not Linux): ask the kernel
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+    state = stat.rsplit(")", 1)[-1].split()[0]  # after "(command name)"
+    return state in ("Z", "X")
+
+
+def _host_id() -> int:
+    return zlib.crc32(socket.gethostname().encode())
+
+
+class FaultWatch:
+    """This rank's record of its peers' processes, to name the one a failed step lost."""
+
+    def __init__(
+        self, rank: int, peers: dict[int, tuple[int, int]],
+        last_checkpoint: Callable[[], str] | None = None,
+    ) -> None:
+        """`peers`: every rank's (host id, process id); `last_checkpoint()`: the newest
+        complete checkpoint, as a message names it (None: the run does not checkpoint)."""
+        self.rank, self.peers = rank, peers
+        self.host = peers[rank][0]
+        self.last_checkpoint = last_checkpoint or (lambda: "none (not checkpointing)")
+        self.look_s = LOOK_FOR_LOST_PEER_S
+
+    @classmethod
+    def gather(cls, last_checkpoint: Callable[[], str] | None = None) -> FaultWatch:
+        """Every rank's host and process id, from all ranks (collective: each, once)."""
+        mine = torch.tensor([_host_id(), os.getpid()], dtype=torch.int64)
+        table = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(table, mine)
+        peers = {r: (int(t[0]), int(t[1])) for r, t in enumerate(table)}
+        return cls(dist.get_rank(), peers, last_checkpoint)
+
+    def lost_peers(self, look_s: float) -> tuple[list[int], bool]:
+        """Peers whose process is gone, looked for up to `look_s` seconds; and whether every
+        peer could be looked at (all on this host)."""
+        local = {r: pid for r, (host, pid) in self.peers.items()
+                 if host == self.host and r != self.rank}
+        deadline = time.monotonic() + look_s
+        while True:
+            lost = sorted(r for r, pid in local.items() if _is_gone(pid))
+            if lost or time.monotonic() >= deadline:
+                return lost, len(local) == len(self.peers) - 1
+            time.sleep(0.05)
+
+    def explain(self, error: BaseException, step: int) -> BaseException:
+        """`PeerLost` when `error` came from a lost or silent peer, else `error` itself."""
+        text = str(error).lower()
+        # Only an error that may be a peer's is worth waiting for the peer to be seen gone.
+        suspect = isinstance(error, dist.DistError) or any(
+            word in f"{type(error).__name__.lower()} {text}" for word in _COMMUNICATION_WORDS)
+        lost, all_seen = self.lost_peers(self.look_s if suspect else 0.0)
+        where = f"in step {step}; last good checkpoint: {self.last_checkpoint()}"
+        if lost:
+            names = ", ".join(f"{r} (process {self.peers[r][1]} is gone)" for r in lost)
+            plural = "s" if len(lost) > 1 else ""
+            message = f"rank {self.rank} lost rank{plural} {names} {where}"
+        elif any(word in text for word in _TIMEOUT_WORDS):
+            timeout = collective_timeout()
+            within = f" within {timeout.total_seconds():g} s" if timeout else ""
+            who = ("every peer's process is alive: one hangs" if all_seen
+                   else "a peer on another host hangs or is lost")
+            message = f"rank {self.rank}: a peer did not answer{within} ({who}) {where}"
+        elif suspect and not all_seen:
+            said = " ".join(str(error).split())[:120]
+            message = (f"rank {self.rank} lost a peer on another host (which one cannot be "
+                       f"seen from here; {said}) {where}")
+        else:
+            return error
+        print(message, file=sys.stderr, flush=True)  # torchrun's log shows every rank's
+        return PeerLost(message, lost)
+
+    @contextmanager
+    def step(self, index: int) -> Iterator[None]:
+        """Run step `index`; a failure caused by a lost peer is raised as `PeerLost`."""
+        try:
+            yield
+        except Exception as error:  # noqa: BLE001 - re-raised, explained when it is a fault
+            explained = self.explain(error, index)
+            if explained is error:
+                raise
+            raise explained from error

@@ -1,0 +1,200 @@
+"""Sharded checkpoints of the training-plan runtime (`runtime.checkpoint`) and what a rank
+says when it loses a peer (`runtime.faults`): a 4-layer GPT (hidden 64, seq 16, global
+batch 8) trained 4 steps, checkpointed, trained 4 more; a fresh trainer resumed from the
+checkpoint repeats the last 4 bit for bit, on the same plan or (within rounding) on
+another one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+
+from planner.models.config import TransformerConfig
+from runtime.checkpoint import MARKER, latest_checkpoint, step_directory
+from runtime.elastic import launch
+from runtime.faults import FaultWatch, PeerLost
+from runtime.launch import RankError
+from runtime.mesh import Degrees
+from runtime.resilience import Resilience
+from runtime.spec import RunSpec, even_chunks
+from runtime.training import PipelineTrainer, batches, check_training, merge_results
+
+GPT = TransformerConfig(
+    num_layers=4, hidden_size=64, num_attention_heads=4, vocab_size=256, seq_length=16,
+)
+STEPS, SAVED_AT = 8, 4
+
+
+def _spec(pp=1, dp=1, tp=1, micro_batches=4, **knobs) -> RunSpec:
+    return RunSpec(degrees=Degrees(pp=pp, dp=dp, tp=tp), chunks=even_chunks(4, pp),
+                   micro_batch_size=1, num_micro_batches=micro_batches, **knobs)
+
+
+PP2_TP2_DP2 = _spec(pp=2, dp=2, tp=2, schedule="1f1b", zero_stage=1)  # global batch 8
+DP8_ZERO3 = _spec(dp=8, micro_batches=1, schedule="gpipe", zero_stage=3)
+DP4_ZERO3 = _spec(dp=4, micro_batches=2, schedule="gpipe", zero_stage=3)
+# ZBV's V order puts both copies of the tied embedding on pipeline rank 0.
+PP2_DP2_ZBV = RunSpec(degrees=Degrees(pp=2, dp=2), chunks=even_chunks(4, 4), micro_batch_size=1,
+                      num_micro_batches=4, virtual_pipeline=2, schedule="zbv", zero_stage=1)
+
+
+def _local_shards(trainer: PipelineTrainer) -> list[torch.Tensor]:
+    return [p.to_local().detach().clone() if hasattr(p, "to_local") else p.detach().clone()
+            for p in trainer.parameters]
+
+
+def _save_and_resume(rank: int, world: int, root: str, spec: RunSpec, other: RunSpec | None,
+                     asynchronous: bool):
+    """Train 8 steps saving after 4; a fresh trainer (other initial values) loads the
+    checkpoint and trains the last 4 again; with `other`, so does a trainer of another
+    plan. Returns the losses of each and whether the resumed run's shards are bit-equal."""
+    data = batches(GPT, spec, STEPS)
+    first = PipelineTrainer(GPT, spec, optimizer="adamw")
+    losses = []
+    for index in range(STEPS):
+        losses.append(first.step(*data[index]))
+        if first.steps_done == SAVED_AT:
+            first.save(root, asynchronous=asynchronous)  # training goes on while it writes
+    first.wait_for_checkpoint()
+    # Same plan, same process groups (a new mesh costs seconds on 8 ranks), other values.
+    resumed = PipelineTrainer(GPT, spec, seed=7, optimizer="adamw", mesh=first.mesh)
+    at = resumed.load(root).step
+    again = [resumed.step(*data[index]) for index in range(at, STEPS)]
+    same_shards = all(torch.equal(a, b) for a, b in
+                      zip(_local_shards(first), _local_shards(resumed), strict=True))
+    moved = []
+    if other is not None:
+        elsewhere = PipelineTrainer(GPT, other, seed=7, optimizer="adamw")
+        moved_at = elsewhere.load(root).step
+        moved = [elsewhere.step(*data[index]) for index in range(moved_at, STEPS)]
+    return {"losses": losses[SAVED_AT:], "resumed": again, "resumed_at": at,
+            "same_shards": same_shards, "other": moved}
+
+
+def _mean_over_last_stage(results: list[dict], key: str) -> list[float]:
+    return merge_results([{"losses": r[key], "parameters": {}} for r in results])[0]
+
+
+@pytest.mark.timeout(240)
+def test_pp2_tp2_dp2_resumes_bit_for_bit_and_reshards_onto_dp8_zero3(tmp_path) -> None:
+    results = launch(_save_and_resume, 8, str(tmp_path), PP2_TP2_DP2, DP8_ZERO3, True)
+    assert latest_checkpoint(tmp_path) == step_directory(tmp_path, SAVED_AT)
+    for r in results:
+        assert r["resumed_at"] == SAVED_AT
+        assert r["resumed"] == r["losses"]  # bit-identical, on the last stage's ranks
+        assert r["same_shards"], "a resumed rank's parameters differ from the uninterrupted run's"
+    losses = _mean_over_last_stage(results, "losses")
+    assert len(losses) == STEPS - SAVED_AT and losses[0] is not None
+    # Another plan sums in another order: equal to fp32 rounding.
+    moved = _mean_over_last_stage(results, "other")
+    torch.testing.assert_close(torch.tensor(moved), torch.tensor(losses), rtol=1e-5, atol=0)
+
+
+@pytest.mark.timeout(120)
+def test_dp4_zero3_resumes_bit_for_bit_and_reshards_onto_two_embedding_copies(tmp_path) -> None:
+    results = launch(_save_and_resume, 4, str(tmp_path), DP4_ZERO3, PP2_DP2_ZBV, False)
+    marker = json.loads((step_directory(tmp_path, SAVED_AT) / MARKER).read_text())
+    assert marker["step"] == SAVED_AT and marker["world_size"] == 4
+    for r in results:
+        assert r["resumed"] == r["losses"] and r["same_shards"]
+    # Each copy of the embedding gets its own AdamW moments (one shared tensor would be
+    # updated twice a step, 5e-5 off by the second step).
+    torch.testing.assert_close(torch.tensor(_mean_over_last_stage(results, "other")),
+                               torch.tensor(_mean_over_last_stage(results, "losses")),
+                               rtol=1e-5, atol=0)
+
+
+# ----- without processes -------------------------------------------------------------
+
+
+def test_latest_checkpoint_skips_a_save_cut_short(tmp_path) -> None:
+    assert latest_checkpoint(tmp_path / "none") is None
+    for step, complete in ((2, True), (4, True), (6, False)):  # step 6: no marker
+        folder = step_directory(tmp_path, step)
+        folder.mkdir()
+        if complete:
+            (folder / MARKER).write_text(json.dumps({"step": step, "world_size": 2}))
+    assert latest_checkpoint(tmp_path) == step_directory(tmp_path, 4)
+
+
+def _watch(peers: dict[int, int], root=None) -> FaultWatch:
+    """Rank 0's FaultWatch over local processes `peers` (rank -> pid)."""
+    last = Resilience(str(root)).last_checkpoint if root is not None else None
+    watch = FaultWatch(0, {rank: (1, pid) for rank, pid in peers.items()}, last)
+    watch.look_s = 0.0
+    return watch
+
+
+def _process_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[-1].split()[0]
+
+
+def test_a_rank_names_the_peer_whose_process_is_gone(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr("runtime.faults.collective_timeout", lambda: timedelta(seconds=30))
+    child = subprocess.Popen(["true"])  # exits and stays a zombie: never waited for here
+    alive = subprocess.Popen(["sleep", "30"])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _process_state(child.pid) != "Z":
+            time.sleep(0.01)
+        folder = step_directory(tmp_path, 4)
+        folder.mkdir()
+        (folder / MARKER).write_text(json.dumps({"step": 4, "world_size": 3}))
+        watch = _watch({0: 1, 1: child.pid, 2: alive.pid}, tmp_path)
+        lost = watch.explain(RuntimeError("Connection closed by peer [127.0.0.1]:1"), 5)
+        assert isinstance(lost, PeerLost) and lost.lost == [1]
+        assert str(lost) == (f"rank 0 lost rank 1 (process {child.pid} is gone) in step 5; "
+                             f"last good checkpoint: {folder}")
+        # Every peer alive and a collective timed out: a peer hangs.
+        hung = _watch({0: 1, 2: alive.pid}).explain(
+            RuntimeError("Timed out waiting 30000ms for recv operation to complete"), 2)
+        assert str(hung) == ("rank 0: a peer did not answer within 30 s (every peer's "
+                             "process is alive: one hangs) in step 2; last good checkpoint: "
+                             "none (not checkpointing)")
+        # Anything else is no fault of a peer: raised as it is.
+        bug = ValueError("shapes differ")
+        assert _watch({0: 1, 2: alive.pid}).explain(bug, 0) is bug
+    finally:
+        alive.kill()
+        alive.wait()
+        child.wait()
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_rank_is_named_with_the_last_good_checkpoint(tmp_path) -> None:
+    """No restart left: the job fails fast, naming the killed rank and the checkpoint it
+    can resume from."""
+    spec = _spec(pp=2, micro_batches=2, schedule="1f1b")
+    resilience = Resilience(str(tmp_path), every=1, kill_rank=1, kill_at_step=3,
+                            asynchronous=False)
+    start = time.monotonic()
+    with pytest.raises(RankError) as failure:
+        check_training(GPT, spec, 4, resilience=resilience)
+    assert time.monotonic() - start < 60
+    message = str(failure.value)
+    # As the agent saw it (the signal) or, when it saw a peer fail first, as the peer did.
+    assert failure.value.rank == 1 and message.startswith("rank 1 failed"), message
+    assert "Signal 9 (SIGKILL)" in message or "lost rank 1 (process" in message, message
+    assert message.endswith(f"; last good checkpoint: {step_directory(tmp_path, 3)}")
+
+
+def test_a_rank_only_its_peers_saw_die_is_the_one_named(tmp_path) -> None:
+    """The agent saw only rank 0 fail (it raised PeerLost); the killed rank 1 is named."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from runtime.elastic import _root_cause
+
+    (tmp_path / "store.errors").mkdir()
+    seen = "rank 0 lost rank 1 (process 42 is gone) in step 3; last good checkpoint: X"
+    (tmp_path / "store.errors" / "rank0.attempt0.json").write_text(json.dumps({
+        "rank": 0, "attempt": 0, "summary": f"PeerLost: {seen}", "traceback": "",
+        "time_ns": 1, "lost": [1]}))
+    failure = ProcessFailure(local_rank=0, pid=41, exitcode=1, error_file="")
+    error = _root_cause(ChildFailedError("fn", {0: failure}), tmp_path)
+    assert error.rank == 1 and str(error) == f"rank 1 failed without a word; {seen}"
