@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Stamp file: reinstall only when the dependency list changes.
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test demo browser
+.PHONY: venv test demo browser conformance
 
 venv: $(STAMP)
 
@@ -26,7 +26,27 @@ browser:
 		apt-get install -y -qq --no-install-recommends chromium >/dev/null; } \
 		|| echo "chromium not installed: the report's rendering tests will skip"
 
-test: venv browser
+# The engines' own validators of `plan --emit` files, none needing a GPU (about 60 s and
+# 50 MB once, most of it building DeepSpeed's wheel; tests/planner/export/test_engines.py):
+# DeepSpeed (the `conformance` extra, no CUDA ops built), TorchTitan 0.2 (--no-deps: its
+# config and ParallelDims need only tyro) and megatron-core's training package (it declares
+# Python >= 3.12, but its argument parser runs on 3.11). torch==2.13.0 is named in each
+# install so none can move it. Optional: where an install fails it says so, and those
+# checks skip.
+CONFORMANCE := $(VENV)/.conformance
+$(CONFORMANCE): $(STAMP)
+	DS_BUILD_OPS=0 $(BIN)/python -m pip install torch==2.13.0 -e '.[dev,conformance]' \
+		|| echo "DeepSpeed not installed: its conformance checks will skip"
+	$(BIN)/python -m pip install --no-deps torch==2.13.0 torchtitan==0.2.2 \
+		|| echo "TorchTitan 0.2 not installed: its conformance checks will skip"
+	$(BIN)/python -m pip install --no-deps --ignore-requires-python torch==2.13.0 \
+		'megatron-core>=0.17,<0.20' \
+		|| echo "megatron-core not installed: Megatron-LM's own parser checks will skip"
+	touch $(CONFORMANCE)
+
+conformance: $(CONFORMANCE)
+
+test: venv browser conformance
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q --durations=15 tests
 

@@ -29,9 +29,10 @@ from typing import Callable, Sequence
 from planner.cli.calibrate import add_calibrate_arguments
 from planner.cli.catalog import add_catalog_arguments
 from planner.cli.console import console
+from planner.cli.emit_flags import add_emit_flags
 from planner.cli.errors import check_output_file, check_output_folder, report_failure
-from planner.cli.fault_flags import add_fault_flags
 from planner.cli.output import json_to_stdout
+from planner.cli.fault_flags import add_fault_flags
 from planner.cli.model_args import MAX_STEPS, add_mesh_arguments, add_model_arguments
 from planner.cli.parallel_flags import add_parallel_flags
 from planner.cli.report_flags import add_report_flags
@@ -67,7 +68,7 @@ COMMANDS: dict[str, tuple[Callable[[], Parser], str, str]] = {
         "parallel configuration for a cluster (every knob not given is searched); with --mesh, "
         "the sharding of every operator on one device mesh.",
         add_model_arguments, add_mesh_arguments, _emit_code, add_parallel_flags,
-        add_run_flags, add_report_flags,
+        add_run_flags, add_report_flags, add_emit_flags,
     ), "planner.cli.plan", "run_plan"),
     "check": (lambda: _parser(
         "plan check", "Plan, train on gloo ranks and on one process, and compare: an "

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.cli.errors import UsageError
+from planner.cli.emit_flags import emit_if_asked
 from planner.cli.model_args import load
 from planner.cli.output import shell_lines, write_json
 from planner.cli.parallel_flags import fixed_knobs, is_what_if, what_if_config
@@ -58,6 +59,7 @@ def run_training(args: argparse.Namespace, cluster: Cluster, console: Console) -
         if args.objective:
             plans = sorted(plans, key=objective_key(args.objective))[:args.top]
     print_training_plans(plans, console)
+    emit_if_asked(args, plans[0], model, console)
     if totals:
         print_totals(plans, console, args.objective)
     if args.json:

@@ -1,0 +1,111 @@
+"""`plan ... --emit ENGINES DIR`: the best plan's launch files for the engines people run.
+
+    plan llama3-70b --cluster dgx-h100 --gpus 256 --global-batch-size 1024 \\
+        --emit megatron,torchtitan,deepspeed,pytorch,slurm,ray launch/
+
+writes each engine's files into DIR (`planner.export.engines`) and prints one line per
+engine: the files written, or why that engine cannot run the plan (and no file). Both
+values are checked as the command line is read, so that no search is thrown away for a
+misspelt engine or a folder that cannot be written.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+
+from planner.cli.errors import UsageError, check_output_folder
+from planner.export.engines import ENGINES
+
+if TYPE_CHECKING:
+    from planner.models.config import TransformerConfig
+    from planner.plan import Plan
+
+FLAG = "--emit"
+
+
+def engine_list(text: str) -> list[str]:
+    """'megatron,slurm' -> ['megatron', 'slurm']; 'all' is every engine. ValueError naming
+    an unknown engine."""
+    names = [name.strip().lower() for name in text.split(",") if name.strip()]
+    if names == ["all"]:
+        return list(ENGINES)
+    unknown = [name for name in names if name not in ENGINES]
+    if unknown or not names:
+        raise ValueError(
+            f"unknown engine {', '.join(repr(n) for n in unknown) or repr(text)}; give a "
+            f"comma-separated list of {', '.join(ENGINES)} (or all)")
+    return list(dict.fromkeys(names))
+
+
+class _EmitAction(argparse.Action):
+    """Stores (engines, folder) after checking both, as argparse errors (one line)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        text, folder = values
+        try:
+            engines = engine_list(text)
+            check_output_folder(FLAG, folder)
+        except (ValueError, UsageError) as error:
+            raise argparse.ArgumentError(self, str(error).removeprefix(f"{FLAG} ")) from None
+        setattr(namespace, self.dest, (engines, folder))
+
+
+def add_emit_flags(parser: argparse.ArgumentParser) -> None:
+    """--emit ENGINES DIR, a training-plan flag (a --mesh plan refuses it by name)."""
+    action = parser.add_argument(
+        FLAG, nargs=2, action=_EmitAction, metavar=("ENGINES", "DIR"),
+        help="write the best plan's launch files for ENGINES (comma-separated: "
+        f"{','.join(ENGINES)}, or all) into folder DIR; an engine that cannot run the "
+        "plan gets one line saying why, and no file")
+    given = parser.get_default("training_flags") or ()
+    parser.set_defaults(training_flags=(*given, (FLAG, action.dest, action.default)))
+
+
+def emit(plan: Plan, engines: list[str], folder: str | Path, console: Console,
+         model: TransformerConfig | None = None) -> dict[str, list[Path]]:
+    """Write each engine's files for `plan` (of `model`'s shape, which the TorchTitan and
+    PyTorch exports need) into `folder` and print one line per engine; {engine: paths
+    written}, [] for an engine that cannot run the plan."""
+    from planner.export.engines import Refusal, engine_files
+
+    folder = Path(folder).expanduser()
+    check_output_folder(FLAG, str(folder))
+    written: dict[str, list[Path]] = {}
+    for name in engines:
+        try:
+            files = engine_files(name, plan, model)
+        except Refusal as why:
+            written[name] = []
+            console.print(f"{name}: no file: {why}", highlight=False, markup=False,
+                          soft_wrap=True)
+            continue
+        paths = []
+        for file_name, text in files.items():
+            path = folder / file_name
+            path.write_text(text)
+            if file_name.endswith(".sh"):
+                path.chmod(0o755)
+            paths.append(path)
+        written[name] = paths
+        console.print(f"{name}: wrote {', '.join(str(p) for p in paths)}", highlight=False,
+                      markup=False, soft_wrap=True)
+    return written
+
+
+def emit_if_asked(args: argparse.Namespace, plan: Plan, model: TransformerConfig | None,
+                  console: Console) -> None:
+    """With --emit, write the engines' files for `plan` (see `emit`); none for a plan that
+    does not fit in device memory (the command then says so and exits 2)."""
+    asked = getattr(args, "emit", None)
+    if not asked:
+        return
+    if not plan.predicted.fits:
+        console.print("--emit: no files written: the best plan does not fit in device memory",
+                      highlight=False)
+        return
+    engines, folder = asked
+    emit(plan, engines, folder, console, model)

@@ -1,0 +1,66 @@
+"""The engines `plan --emit` writes launch files for, and what each writes for a Plan.
+
+Each exporter module reads only the Plan (and the model's shape, which a Plan names but
+does not hold); this registry is the one place that knows them all. Slurm and Ray Train
+are launchers: they start what torchrun would, Megatron-LM's `pretrain_gpt.py` with the
+plan's flags where Megatron-LM can run the plan, else the PyTorch export's script.
+
+`engine_files(name, plan, model)` returns {file name: text}, or raises `Refusal` with the
+one line saying why that engine cannot run the plan.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:  # the exporters are imported when used: `plan` starts without them
+    from planner.models.config import TransformerConfig
+    from planner.plan import Plan
+
+ENGINES = ("megatron", "torchtitan", "deepspeed", "pytorch", "slurm", "ray")
+
+
+class Refusal(ValueError):
+    """An engine cannot run a plan; the message is the one line that says why."""
+
+
+def workload(plan: Plan, model: TransformerConfig | None) -> tuple[list[str], dict[str, str]]:
+    """What a launcher starts on every rank (script and arguments) and the environment it
+    needs: Megatron-LM's pretrain_gpt.py with the plan's flags, else the PyTorch script."""
+    from planner.export import megatron_launch, pytorch_script
+
+    if megatron_launch.megatron_incompatibility(plan) is None:
+        assert plan.megatron_flags is not None
+        flags = [word for flag in plan.megatron_flags for word in flag.split()]
+        return (["pretrain_gpt.py", *flags, *megatron_launch.launch_words(plan)],
+                {"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
+    why = pytorch_script.pytorch_incompatibility(plan, model)
+    if why is None:
+        return [pytorch_script.FILE], {}
+    raise Refusal(f"neither Megatron-LM ({megatron_launch.megatron_incompatibility(plan)}) "
+                  f"nor the PyTorch script ({why}) runs this plan")
+
+
+def _exporters() -> dict[str, Callable[[Plan, TransformerConfig | None], dict[str, str]]]:
+    from planner.export import deepspeed, megatron_launch, pytorch_script, ray_train, slurm
+    from planner.export import torchtitan
+
+    return {
+        "megatron": lambda plan, model: megatron_launch.megatron_script(plan),
+        "torchtitan": torchtitan.torchtitan_files,
+        "deepspeed": lambda plan, model: deepspeed.deepspeed_files(plan),
+        "pytorch": pytorch_script.pytorch_files,
+        "slurm": lambda plan, model: slurm.slurm_files(plan, *workload(plan, model)),
+        "ray": lambda plan, model: ray_train.ray_files(plan, *workload(plan, model)),
+    }
+
+
+def engine_files(name: str, plan: Plan, model: TransformerConfig | None) -> dict[str, str]:
+    """{file name: text} of engine `name` for `plan`; Refusal (one line) when it cannot
+    run the plan; KeyError for an engine not in ENGINES."""
+    try:
+        return _exporters()[name](plan, model)
+    except Refusal:
+        raise
+    except ValueError as error:  # each exporter's own one-line refusal
+        raise Refusal(str(error)) from None

@@ -1,0 +1,209 @@
+"""TorchTitan: a job config (`torchtitan.toml`) and its launch line (`torchtitan.sh`).
+
+Written for TorchTitan 0.2 (0.2.0-0.2.2), the last release whose `JobConfig` reads a TOML
+file (`--job.config_file`); every key can also be overridden on the command line with the
+same dotted name (`--parallelism.tensor_parallel_degree 8`). TorchTitan 0.3 replaced the
+file with Python config registries (`--module llama3 --config llama3_70b` plus the same
+`--parallelism.*` / `--training.*` overrides) whose import needs triton, datasets and
+wandb, too heavy to check here without a GPU; the 0.2 file is what the tests can hold to
+TorchTitan's own `ConfigManager` and `ParallelDims`.
+
+TorchTitan builds its own models, not an arbitrary shape: the plan's model must be one of
+its Llama 3 flavors (8B, 70B, 405B); anything else is refused in one line. How the plan
+maps:
+
+- data parallelism is FSDP2 (`data_parallel_shard_degree`); ZeRO-3 reshards parameters
+  after forward, ZeRO-1/2 keep them gathered until backward (`fsdp_reshard_after_forward`).
+  A ZeRO-0 plan runs as DDP (`data_parallel_replicate_degree`) where it has nothing but
+  data parallelism; TorchTitan's DDP does not compose with other parallelism, so with them
+  it runs as ZeRO-2 (less memory than planned, the same traffic volume).
+- the pipeline split is the plan's, exactly: `module_fqns_per_model_part` names each model
+  chunk's modules (chunk c on pipeline rank c % pipeline, as in Megatron-LM); the plan's
+  micro-batches are the schedule's (`pipeline_parallel_microbatch_size`).
+- recomputation: full -> `full`; selective -> per-op selective (`op`); none -> `none`.
+- tensor parallelism always runs with sequence parallelism in TorchTitan.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from planner.models.config import TransformerConfig
+from planner.plan import Plan
+
+CONFIG_FILE = "torchtitan.toml"
+LAUNCH_FILE = "torchtitan.sh"
+RDZV_PORT = 29500
+RELEASE = "0.2"
+DEFAULT_STEPS = 1000
+# TorchTitan 0.2's Llama 3 flavors, by the shape fields that tell them apart.
+LLAMA3_FLAVORS = {  # (layers, hidden, heads, kv heads, ffn) -> flavor
+    (32, 4096, 32, 8, 14336): "8B",
+    (80, 8192, 64, 8, 28672): "70B",
+    (126, 16384, 128, 8, 53248): "405B",
+}
+SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
+FP8_RECIPES = {  # the plan's recipe -> (TorchTitan's converter, its recipe name)
+    "delayed": ("quantize.linear.float8", "tensorwise"),
+    "tensorwise": ("quantize.linear.float8", "tensorwise"),
+    "mxfp8": ("quantize.linear.mx", "mxfp8_cublas"),
+}
+"""TorchTitan 0.2 scales fp8 per tensor at each step (torchao dropped delayed scaling), or
+per 32-element block with MX formats; it has no 128-element blockwise recipe."""
+
+
+def llama3_flavor(model: TransformerConfig) -> str | None:
+    """TorchTitan's Llama 3 flavor of this shape, or None."""
+    if (model.norm, model.activation, model.position_embedding, model.bias,
+            model.is_moe) != ("rmsnorm", "swiglu", "rope", False, False):
+        return None
+    key = (model.num_layers, model.hidden_size, model.num_attention_heads,
+           model.num_kv_heads, model.ffn_size)
+    return LLAMA3_FLAVORS.get(key)
+
+
+def torchtitan_incompatibility(plan: Plan, model: TransformerConfig | None) -> str | None:
+    """Why TorchTitan cannot run `plan` of `model` (one line), or None."""
+    q = plan.parallel
+    if q is None or plan.micro_batch_size is None or plan.global_batch_size is None:
+        return "it is an operator-level plan"
+    if model is None:
+        return "the plan's model shape is unknown (plan a preset or give its shape flags)"
+    if llama3_flavor(model) is None:
+        return (f"TorchTitan {RELEASE} builds Llama 3 8B, 70B and 405B (and its own "
+                f"DeepSeek-V3, Qwen3 and Llama 4), not {plan.model}'s shape")
+    if plan.mesh_axes == ["device"]:
+        return "its pipeline stages run on different meshes"
+    if plan.precision == "fp16":
+        return "TorchTitan trains in bf16 or fp32, not fp16"
+    if plan.precision == "fp8" and plan.run and plan.run.fp8_recipe not in FP8_RECIPES:
+        return f"TorchTitan {RELEASE} has no {plan.run.fp8_recipe} fp8 recipe"
+    return None
+
+
+def model_parts(plan: Plan) -> list[list[str]]:
+    """Module FQNs of every model chunk, in model order (TorchTitan's Llama 3 names)."""
+    chunks = sorted(chunk for stage in plan.stages for chunk in (stage.chunks or [stage.layers]))
+    last = len(chunks) - 1
+    parts = []
+    for index, (start, stop) in enumerate(chunks):
+        names = ["tok_embeddings"] if index == 0 else []
+        names += [f"layers.{layer}" for layer in range(start, stop)]
+        names += ["norm", "output"] if index == last else []
+        parts.append(names)
+    return parts
+
+
+def job_config(plan: Plan, model: TransformerConfig) -> dict[str, dict[str, Any]]:
+    """The TOML tables of `plan` (see `torchtitan_incompatibility` first)."""
+    q, run = plan.parallel, plan.run
+    assert q is not None and plan.micro_batch_size and plan.global_batch_size
+    flavor = llama3_flavor(model)
+    only_data = q.tensor == q.pipeline == q.context == 1
+    ddp = q.zero_stage == 0 and only_data
+    parallelism: dict[str, Any] = {
+        "data_parallel_replicate_degree": q.data if ddp else 1,
+        "data_parallel_shard_degree": 1 if ddp else q.data,
+        "fsdp_reshard_after_forward": "always" if q.zero_stage == 3 else "never",
+        "tensor_parallel_degree": q.tensor,
+        "context_parallel_degree": q.context,
+        "pipeline_parallel_degree": q.pipeline,
+    }
+    # Without a pipeline, every micro-batch is one step of gradient accumulation; with
+    # one, the schedule runs all of a step's micro-batches.
+    local_batch = plan.micro_batch_size
+    if q.pipeline > 1:
+        local_batch = plan.micro_batch_size * plan.num_micro_batches
+        parallelism |= {
+            "pipeline_parallel_schedule": SCHEDULES[plan.schedule or "1f1b"],
+            "pipeline_parallel_microbatch_size": plan.micro_batch_size,
+            "module_fqns_per_model_part": model_parts(plan),
+        }
+    if run is not None and run.tp_comm_overlap and q.tensor > 1:
+        parallelism["enable_async_tensor_parallel"] = True
+    mode = {"none": "none", "selective": "selective", "full": "full"}[plan.recompute]
+    activation = {"mode": mode} | ({"selective_ac_option": "op"} if mode == "selective"
+                                   else {})
+    steps = plan.training.steps if plan.training is not None else DEFAULT_STEPS
+    tables: dict[str, dict[str, Any]] = {
+        "job": {"dump_folder": "./outputs",
+                "description": f"Tessel plan: {plan.model} on {plan.num_gpus} GPUs"},
+        "model": {"name": "llama3", "flavor": flavor,
+                  "hf_assets_path": f"./assets/hf/Llama-3.1-{flavor}"},
+        "optimizer": {"name": "AdamW", "lr": 3e-4},
+        "training": {
+            "local_batch_size": local_batch, "global_batch_size": plan.global_batch_size,
+            "seq_len": model.seq_length, "steps": steps,
+            "mixed_precision_param": "float32" if plan.precision == "fp32" else "bfloat16",
+        },
+        "parallelism": parallelism,
+        "activation_checkpoint": activation,
+    }
+    if run is not None and run.tp_comm_overlap and q.tensor > 1:
+        tables["compile"] = {"enable": True}  # async tensor parallelism is a compile pass
+    if plan.precision == "fp8":
+        assert run is not None
+        converter, recipe = FP8_RECIPES[run.fp8_recipe]
+        tables["model"]["converters"] = [converter]
+        tables[converter] = {"recipe_name": recipe}
+    return tables
+
+
+def toml_text(tables: dict[str, dict[str, Any]]) -> str:
+    """TOML of string, number, boolean and (nested) list values, one table each."""
+    lines = []
+    for name, table in tables.items():
+        if not table:
+            continue
+        lines.append(f"[{name}]")
+        lines += [f"{key} = {_toml_value(value)}" for key, value in table.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    raise TypeError(f"no TOML form for {value!r}")
+
+
+def launch_words(plan: Plan) -> list[str]:
+    """torchrun starting TorchTitan's trainer on this config, one agent per host."""
+    per_host = plan.devices_per_host or plan.devices_per_node
+    hosts = -(-plan.num_gpus // per_host)
+    return ["torchrun", "--nnodes", str(hosts), "--nproc-per-node",
+            str(min(per_host, plan.num_gpus)), "--rdzv-backend", "c10d", "--rdzv-endpoint",
+            f"$MASTER_ADDR:{RDZV_PORT}", "--rdzv-id", "tessel-torchtitan",
+            "-m", "torchtitan.train", "--job.config_file", CONFIG_FILE]
+
+
+def torchtitan_files(plan: Plan, model: TransformerConfig | None) -> dict[str, str]:
+    """{'torchtitan.toml': ..., 'torchtitan.sh': ...}; ValueError (one line) when
+    TorchTitan cannot run `plan`."""
+    why = torchtitan_incompatibility(plan, model)
+    if why:
+        raise ValueError(f"TorchTitan cannot run this plan: {why}")
+    assert model is not None
+    header = (f"# TorchTitan {RELEASE} job config: {plan.model} on {plan.num_gpus} GPUs "
+              f"({plan.cluster}), as Tessel planned it.\n"
+              "# hf_assets_path: the tokenizer (and weights) of the model, downloaded with "
+              "TorchTitan's scripts/download_hf_assets.py.\n\n")
+    words = launch_words(plan)
+    script = [
+        "#!/bin/bash",
+        f"# TorchTitan {RELEASE}: run on every node, MASTER_ADDR set to the first node's "
+        "address.",
+        "set -euo pipefail",
+        ': "${MASTER_ADDR:?set MASTER_ADDR to the first node\'s address}"',
+        " ".join(w if w.startswith("$") else shlex.quote(w) for w in words),
+        "",
+    ]
+    return {CONFIG_FILE: header + toml_text(job_config(plan, model)),
+            LAUNCH_FILE: "\n".join(script)}
