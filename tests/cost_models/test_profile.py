@@ -367,9 +367,10 @@ def test_plan_profile_bounds_exit_2_in_one_line(
     flags: list[str], message: str, capsys, piped_width, tmp_path, monkeypatch
 ) -> None:
     # Refused before anything is measured: the run would otherwise take seconds at least.
-    import planner.cli.profile as command
+    import cost_models.measure
 
-    monkeypatch.setattr(command, "measure_profile", lambda *a: pytest.fail("measured"))
+    monkeypatch.setattr(cost_models.measure, "measure_profile",
+                        lambda *a: pytest.fail("measured"))
     code = cli.main(["profile", "--output", str(tmp_path / "p.json"), *flags])
     captured = capsys.readouterr()
     output = captured.out + captured.err
