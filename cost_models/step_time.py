@@ -29,7 +29,7 @@ pipeline; so tensor groups stay in a node and pipeline neighbours are far apart.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 from cost_models import memory
@@ -128,6 +128,10 @@ _LAYER_PASSES: dict[tuple, tuple] = {}
 """`_layer_pass` by (model, cluster, collectives objects, knobs): a search prices the same
 layer under many pipeline layouts. Bounded: cleared when it grows past MAX_MEMO."""
 MAX_MEMO = 100_000
+# The knobs a layer's price reads: all but how the pipeline and the data-parallel replicas
+# are laid out around it.
+_LAYER_KNOBS = tuple(f.name for f in fields(ParallelConfig) if f.name not in (
+    "pipeline", "data", "global_batch_size", "schedule", "virtual_pipeline"))
 
 
 def _layer_pass(
@@ -139,8 +143,7 @@ def _layer_pass(
     # The objects themselves key the memo (held in it, so their ids stay theirs): models,
     # clusters and collectives are copied when they change, never changed in place.
     key = (id(model), id(cluster), id(collectives), flash,
-           replace(parallel, pipeline=1, data=1, global_batch_size=1, schedule="1f1b",
-                   virtual_pipeline=1))
+           *(getattr(parallel, name) for name in _LAYER_KNOBS))
     found = _LAYER_PASSES.get(key)
     if found is not None and found[2] is model and found[3] is cluster \
             and found[4] is collectives:
@@ -483,6 +486,18 @@ def _stage_memory(
         params, parallel.data, parallel.zero_stage, params_bytes=element.params,
         grads_bytes=element.grads, optimizer_bytes=element.optimizer,
     )
+    activations = stage_activation_bytes(model, parallel, layers, index, num_stages,
+                                         num_micro_batches, flash)
+    return memory.peak_memory_bytes(state, activations, 1, 1.0)
+
+
+def stage_activation_bytes(
+    model: TransformerConfig, parallel: ParallelConfig, layers: int, index: int,
+    num_stages: int, num_micro_batches: int, flash: bool,
+) -> float:
+    """Activations pipeline stage `index` of `num_stages` keeps at its peak on one GPU of
+    its mesh (`parallel` as the stage runs it: its tensor degree and micro-batch), with
+    `layers` layers and the schedule's micro-batches in flight."""
     seq = math.ceil(model.seq_length / parallel.context)
 
     def kept(recompute: str) -> float:
@@ -510,7 +525,7 @@ def _stage_memory(
             seq, parallel.micro_batch_size, model.hidden_size, model.vocab_size,
             parallel.tensor,
         )
-    return memory.peak_memory_bytes(state, per_layer, layers, in_flight, extra)
+    return per_layer * layers * in_flight + extra
 
 
 @dataclass(frozen=True)

@@ -121,9 +121,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = argv[0] if argv and argv[0] in COMMANDS and argv[0] else ""
     words = argv[1:] if command else argv
     make_parser, module, function = COMMANDS[command]
+    redirected = False
     try:
         args = make_parser().parse_args(words)
-        json_to_stdout(getattr(args, "json", None))
+        redirected = json_to_stdout(getattr(args, "json", None))
         for dest, flag in _OUTPUT_FILES.items():
             if getattr(args, dest, None):
                 check_output_file(flag, getattr(args, dest))
@@ -133,6 +134,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return getattr(importlib.import_module(module), function)(args)
     except (Exception, KeyboardInterrupt) as error:
         return report_failure(error, console, debug="--debug" in words)
+    finally:
+        if redirected:
+            console.file = None  # back to stdout for the next command in this process
 
 
 if __name__ == "__main__":

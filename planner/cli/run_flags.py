@@ -47,35 +47,40 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "whole run (give --train-tokens or --train-iters for days, GPU-hours, cost, energy "
         "and failures)")
-    group.add_argument("--train-tokens", type=tokens, metavar="N",
+    actions: list[argparse.Action] = []
+
+    def add(*names: str, **options: Any) -> None:
+        actions.append(group.add_argument(*names, **options))
+
+    add("--train-tokens", type=tokens, metavar="N",
                        help="tokens to train on (1T, 300B, ...)")
-    group.add_argument("--train-iters", type=whole(1, MAX_ITERS), metavar="N",
+    add("--train-iters", type=whole(1, MAX_ITERS), metavar="N",
                        help="optimizer steps to train (instead of --train-tokens)")
-    group.add_argument("--gpu-hour-price", type=positive, metavar="USD",
+    add("--gpu-hour-price", type=positive, metavar="USD",
                        help="price of one GPU-hour (default: the middle of the cluster "
                        "preset's list-price range)")
-    group.add_argument("--failure-rate", type=positive, metavar="PER_GPU_HOUR",
+    add("--failure-rate", type=positive, metavar="PER_GPU_HOUR",
                        help="job-stopping failures per GPU-hour (default: the preset's, "
                        "with its source)")
-    group.add_argument("--checkpoint-write-gbps", type=positive, metavar="GB/s",
+    add("--checkpoint-write-gbps", type=positive, metavar="GB/s",
                        default=CHECKPOINT_WRITE_GBPS,
                        help=f"storage write bandwidth per host (default {CHECKPOINT_WRITE_GBPS:g})")
-    group.add_argument("--sync-checkpoints", action="store_true",
+    add("--sync-checkpoints", action="store_true",
                        help="checkpoints block until written (default: asynchronous saves, "
                        "which block only while the state is copied to host memory)")
-    group.add_argument("--restart-minutes", type=positive, metavar="MIN",
+    add("--restart-minutes", type=positive, metavar="MIN",
                        default=RESTART_MINUTES,
                        help=f"time from a failure to training again (default {RESTART_MINUTES:g})")
-    group.add_argument("--pue", type=positive, default=DEFAULT_PUE,
+    add("--pue", type=positive, default=DEFAULT_PUE,
                        help=f"data-centre power usage effectiveness (default {DEFAULT_PUE:g})")
-    group.add_argument("--objective", choices=("time", "cost"), default=None,
+    add("--objective", choices=("time", "cost"), default=None,
                        help="rank plans by the expected whole-run time or cost with failures "
                        "(cost: fewer GPUs than --gpus are tried too)")
     # An operator-level --mesh plan has no run to total: these are training-plan flags.
     given = parser.get_default("training_flags") or ()
     parser.set_defaults(training_flags=(*given, *(
         (action.option_strings[0], action.dest, action.default)
-        for action in group._group_actions)))
+        for action in actions)))
 
 
 def wants_totals(args: argparse.Namespace) -> bool:

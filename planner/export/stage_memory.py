@@ -10,16 +10,14 @@ the last stage, and under full recomputation one checkpointed group rebuilt at a
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 from cost_models import memory
-from cost_models.step_time import attention_backend, recomputed_layers
+from cost_models.step_time import attention_backend, stage_activation_bytes
 from cost_models.transformer_ops import SCORE_FREE_ATTENTION
 from planner.cluster import Cluster
 from planner.export.plan_config import parallel_config, stage_layouts
 from planner.models.config import TransformerConfig
-from planner.parallel import ParallelConfig
 from planner.plan import Plan
 
 
@@ -54,38 +52,9 @@ def stage_peaks(plan: Plan, model: TransformerConfig, cluster: Cluster) -> list[
         peaks.append(StagePeak(
             weights=stage.memory.parameters_bytes, gradients=stage.memory.gradients_bytes,
             optimizer=stage.memory.optimizer_bytes,
-            activations=_activations(model, parallel, here, layout.layers, index,
-                                     len(layouts), flash),
+            activations=stage_activation_bytes(model, here, layout.layers, index,
+                                               len(layouts), parallel.num_micro_batches,
+                                               flash),
             reserve=memory.FRAMEWORK_RESERVE_BYTES,
         ))
     return peaks
-
-
-def _activations(model: TransformerConfig, parallel: ParallelConfig, here: ParallelConfig,
-                 layers: int, index: int, num_stages: int, flash: bool) -> float:
-    """Activations stage `index` keeps at its peak, one GPU of its mesh (`here`)."""
-    seq = math.ceil(model.seq_length / here.context)
-
-    def kept(recompute: str) -> float:
-        return memory.activation_bytes_per_layer(
-            seq, here.micro_batch_size, model.hidden_size, model.num_attention_heads,
-            here.tensor, here.sequence_parallel, recompute, flash, here.precision == "fp8",
-        )
-
-    per_layer, extra = kept(here.recompute), 0.0
-    if here.recompute == "full":
-        # Checkpointed layers keep their input, the others (block method) everything;
-        # backward rebuilds one checkpointed group at a time.
-        replayed = recomputed_layers(parallel, layers)
-        group = here.recompute_num_layers if here.recompute_method == "uniform" else 1
-        per_layer = (replayed * kept("full") / group + (layers - replayed) * kept("none")) \
-            / max(layers, 1)
-        extra += min(group, layers) * kept("none")
-    in_flight = memory.in_flight_micro_batches(parallel.schedule, num_stages, index,
-                                               parallel.num_micro_batches,
-                                               parallel.virtual_pipeline)
-    if index == num_stages - 1:
-        extra += memory.output_layer_activation_bytes(seq, here.micro_batch_size,
-                                                      model.hidden_size, model.vocab_size,
-                                                      here.tensor)
-    return per_layer * layers * in_flight + extra
