@@ -24,7 +24,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from passes.dtensor_rules import parse_placements
 from passes.lower import RankProgram
-from passes.trace import TracedProgram
+from passes.program import TracedProgram
 from planner.plan import Plan
 
 

@@ -19,7 +19,8 @@ import torch.fx as fx
 
 from cost_models.compute import tensor_bytes
 from passes.strategies import is_saved_for_backward, node_flops
-from passes.trace import TracedProgram, output_shapes
+from passes.annotation import output_shapes
+from passes.program import TracedProgram
 
 # A module path component that indexes a ModuleList: "layers.3" -> prefix "layers", 3.
 _INDEXED = re.compile(r"^(?P<prefix>.*?\b\w+)\.(?P<index>\d+)(?:\.|$)")

@@ -26,7 +26,8 @@ from torch import nn
 from passes.dtensor_rules import has_rule
 from passes.layers import Layer, find_layers
 from passes.strategies import is_skipped, tensor_inputs
-from passes.trace import LossFn, TracedProgram, trace
+from passes.program import TracedProgram
+from passes.trace import LossFn, trace
 
 Builder = Callable[[int | None], tuple[nn.Module, tuple[Any, ...], LossFn | None]]
 """Builds the model, its example inputs and loss; with an int, at that many blocks."""

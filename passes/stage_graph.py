@@ -33,7 +33,9 @@ from torch import nn
 from cost_models.compute import tensor_bytes
 from passes.layers import block_of, repeated_blocks
 from passes.strategies import node_flops
-from passes.trace import LossFn, TracedProgram, export_forward, trace
+from passes.aten_joint import trace_aten_module
+from passes.program import TracedProgram
+from passes.trace import LossFn, export_forward
 
 BOUNDARY = "tessel_boundary"
 """Name of the parameters that stand for a stage's incoming tensors."""
@@ -284,17 +286,12 @@ def _with_meta(new: fx.Node, old: fx.Node) -> fx.Node:
     return new
 
 
-def _loss_is_output(loss: torch.Tensor, *inputs: Any) -> torch.Tensor:
-    """The stage module returns its loss (the model's, or the surrogate) itself."""
-    return loss
-
-
 def stage_program(stage: StageGraph, example_inputs: tuple[Any, ...]) -> TracedProgram:
     """The stage's training step as a joint graph: user inputs are the model inputs it
     reads, then one gradient per outgoing tensor."""
     inputs = [example_inputs[i] for i in stage.user_inputs]
     inputs += [torch.empty(v.shape, dtype=v.dtype, device="meta") for v in stage.outputs]
-    return trace(stage.module, tuple(inputs), _loss_is_output)
+    return trace_aten_module(stage.module, tuple(inputs))
 
 
 def boundary_parameters(program: TracedProgram) -> list[str]:

@@ -25,7 +25,7 @@ from torch.distributed.tensor._ops._pointwise_ops import pointwise_ops
 from cost_models.compute import dtype_key, op_flops, op_time, tensor_bytes
 from passes.deadline import Deadline
 from passes.dtensor_rules import Placements, TensorMeta, has_rule, op_choices, tensor_meta
-from passes.trace import TracedProgram
+from passes.program import TracedProgram
 from planner.cluster import DeviceSpec
 
 if TYPE_CHECKING:

@@ -1,13 +1,10 @@
 """Trace a model and its loss into one aten-level training graph (forward + backward).
 
 `torch.export` (non-strict) captures the forward with shapes, dtypes and module paths on
-every node; `_export_forward_backward` then adds the backward, so the graph the planner
-shards is the whole training step, as Alpa's is. The graph is the IR: every node keeps
-`meta["val"]` and gains two annotations:
-
-- `meta["tessel_module"]`: the module path the node came from ("blocks.0.attn"); backward
-  nodes take the path of the forward values they consume.
-- `meta["tessel_phase"]`: "forward" or "backward".
+every node; it is decomposed to core aten ops and differentiated (`passes.aten_joint`), so
+the graph the planner shards is the whole training step, as Alpa's is. The graph is the
+IR (`passes.program.TracedProgram`): every node keeps `meta["val"]` and gains its module
+path and phase (`passes.annotation`).
 """
 
 from __future__ import annotations
@@ -18,46 +15,21 @@ import logging
 import os
 import warnings
 from contextlib import contextmanager, redirect_stderr
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
 import torch.fx as fx
 from torch import nn
 
+from passes.annotation import without_objective_prefix
+from passes.aten_joint import joint_program
+from passes.program import TracedProgram, decomposition_table
+
 LossFn = Callable[..., torch.Tensor]
 
 
 class TraceError(RuntimeError):
     """The model could not be traced; the message says where and what to try."""
-
-
-@dataclass
-class TracedProgram:
-    """The training step of one model as an aten graph, with its inputs and outputs named."""
-
-    graph_module: fx.GraphModule
-    """Joint forward + backward graph; placeholders are parameters, buffers, then inputs."""
-    parameters: dict[str, str]
-    """Placeholder node name -> parameter fully qualified name."""
-    buffers: dict[str, str]
-    """Placeholder node name -> buffer fully qualified name."""
-    user_inputs: list[str]
-    """Placeholder node names of the example inputs, in call order."""
-    loss: str
-    """Node name of the scalar loss."""
-    gradients: dict[str, str]
-    """Output node name -> fully qualified name of the parameter it is the gradient of."""
-    method: str = "torch.export"
-    """How the graph was captured: 'torch.export' or 'symbolic_trace'."""
-    nodes: dict[str, fx.Node] = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self.nodes = {n.name: n for n in self.graph_module.graph.nodes}
-
-    @property
-    def graph(self) -> fx.Graph:
-        return self.graph_module.graph
 
 
 class TrainingObjective(nn.Module):
@@ -85,27 +57,18 @@ def trace(
 ) -> TracedProgram:
     """Capture the training step of `model` on `example_inputs` as a joint aten graph.
 
-    Parameter and buffer names are the model's own (no wrapper prefix).
+    Parameter and buffer names are the model's own (no wrapper prefix). A parameter the
+    loss does not depend on (an unused layer) stays in the program without a gradient.
     """
     objective = TrainingObjective(model, loss_fn)
-    # The joint export rejects a parameter reached under two names (a tied embedding and
-    # LM head), so each alias is traced as a parameter of its own and merged back after.
+    # The export rejects a parameter reached under two names (a tied embedding and LM
+    # head), so each alias is traced as a parameter of its own and merged back after.
     with _untied(model) as aliases, _meta_as_fake_cpu(model, example_inputs) as example_inputs:
         exported, method = _export_forward(objective, example_inputs)
-        # The joint export also rejects a parameter forward never reads (an unused layer,
-        # or the name of a tied pair that is not the one called): such parameters are
-        # traced frozen, so they stay in the program without a gradient.
-        unused = _unused_parameters(exported)
-        with _frozen(unused):
-            if unused:
-                exported, method = _export_forward(objective, example_inputs)
-            try:
-                table = decomposition_table(keep_attention=True)
-                forward, joint = _joint(exported, table)
-            except Exception:  # noqa: BLE001 - some models only trace with attention decomposed
-                table = decomposition_table(keep_attention=False)
-                forward, joint = _joint(exported, table)
-    program = _program(joint, forward, method)
+        try:
+            program = _joint(exported, example_inputs, method, keep_attention=True)
+        except Exception:  # noqa: BLE001 - some models only trace with attention decomposed
+            program = _joint(exported, example_inputs, method, keep_attention=False)
     _merge_tied(program, aliases)
     return program
 
@@ -131,28 +94,6 @@ def _export_forward(objective: nn.Module, example_inputs: tuple[Any, ...]) -> tu
         raise
     except Exception as export_error:  # noqa: BLE001 - any export failure tries the fallback
         return _export_via_symbolic_trace(objective, example_inputs, export_error), "symbolic_trace"
-
-
-def _unused_parameters(exported: Any) -> list[nn.Parameter]:
-    """Parameters requiring a gradient whose placeholder no op reads."""
-    users = {n.name: len(n.users) for n in exported.graph.nodes if n.op == "placeholder"}
-    return [
-        exported.state_dict[spec.target]
-        for spec in exported.graph_signature.input_specs
-        if spec.kind.name == "PARAMETER" and users.get(spec.arg.name) == 0
-        and exported.state_dict[spec.target].requires_grad
-    ]
-
-
-@contextmanager
-def _frozen(parameters: list[nn.Parameter]) -> Iterator[None]:
-    for parameter in parameters:
-        parameter.requires_grad_(False)
-    try:
-        yield
-    finally:
-        for parameter in parameters:
-            parameter.requires_grad_(True)
 
 
 @contextmanager
@@ -251,39 +192,31 @@ def _merge_tied(program: TracedProgram, aliases: dict[str, str]) -> None:
     program.__post_init__()
 
 
-def decomposition_table(keep_attention: bool) -> dict:
-    """Core ATen decompositions; with `keep_attention`, scaled-dot-product attention stays
-    one fused op (its head and batch shardings are known; its math form loses them when
-    batch and heads are flattened together)."""
-    from torch._decomp import core_aten_decompositions
-
-    table = core_aten_decompositions()
-    if keep_attention:
-        for op in list(table):
-            if "scaled_dot_product" in str(op):
-                del table[op]
-    return table
-
-
-def _joint(exported: Any, table: dict) -> tuple[Any, Any]:
-    """The decomposed forward (for module paths) and the joint forward-backward program."""
-    from torch.export.exported_program import _decompose_exported_program
-    from torch.export.experimental import _copy_graph_module_and_signature, _remove_detach_pass
-
+def _joint(exported: Any, example_inputs: tuple[Any, ...], method: str,
+           keep_attention: bool) -> TracedProgram:
+    """The joint program of an exported objective: its forward decomposed to core aten
+    ops (which keep their module paths), then differentiated (`aten_joint`)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        forward = exported.run_decompositions(table)
-        # What torch.export.experimental._export_forward_backward does, with our table.
-        joint = _decompose_exported_program(
-            exported,
-            cia_to_decomp={},
-            python_decomp_table=table,
-            joint_loss_index=0,
-            decompose_custom_triton_ops=False,
-        )
-        gm, signature = _copy_graph_module_and_signature(joint)
-        _remove_detach_pass(gm, signature)
-        return forward, joint._update(gm, signature)
+        forward = exported.run_decompositions(decomposition_table(keep_attention))
+    signature = forward.graph_signature
+    values = {**forward.state_dict, **forward.constants}
+    order = [(spec.kind.name, without_objective_prefix(spec.target or ""), spec.target)
+             for spec in signature.input_specs]
+    parameters = {fqn: values[t] for kind, fqn, t in order if kind == "PARAMETER"}
+    # A lifted tensor constant is read like a buffer that is never saved.
+    buffers = {fqn: values[t] for kind, fqn, t in order if kind in ("BUFFER", "CONSTANT_TENSOR")}
+    loss_index = [spec.kind.name for spec in signature.output_specs].index("USER_OUTPUT")
+    graph_module = forward.graph_module
+
+    def run(state: dict[str, torch.Tensor], inputs: list[Any]) -> torch.Tensor:
+        given = iter(inputs)
+        args = [next(given) if kind == "USER_INPUT" else state[fqn] for kind, fqn, _ in order]
+        return fx.Interpreter(graph_module).run(*args)[loss_index]
+
+    inputs = torch.utils._pytree.tree_leaves(tuple(example_inputs))
+    return joint_program(run, parameters, buffers, inputs, graph_module.graph, method,
+                         keep_attention)
 
 
 def _export(objective: nn.Module, example_inputs: tuple[Any, ...]) -> Any:
@@ -382,144 +315,3 @@ def _explain(error: Exception) -> tuple[str, str]:
         "Try calling the model with use_cache=False, returning plain tensors, and "
         "avoiding data-dependent Python control flow in forward.",
     )
-
-
-def _program(joint: Any, forward: Any, method: str) -> TracedProgram:
-    signature = joint.graph_signature
-    gm = joint.graph_module
-    parameters = {
-        spec.arg.name: _strip(spec.target)
-        for spec in signature.input_specs
-        if spec.kind.name == "PARAMETER"
-    }
-    buffers = {
-        spec.arg.name: _strip(spec.target)
-        for spec in signature.input_specs
-        if spec.kind.name == "BUFFER"
-    }
-    user_inputs = [
-        spec.arg.name for spec in signature.input_specs if spec.kind.name == "USER_INPUT"
-    ]
-    loss = next(s.arg.name for s in signature.output_specs if s.kind.name == "LOSS_OUTPUT")
-    gradients = {
-        s.arg.name: _strip(s.target)
-        for s in signature.output_specs
-        if s.kind.name == "GRADIENT_TO_PARAMETER"
-    }
-    gradient_modules = {name: fqn.rpartition(".")[0] for name, fqn in gradients.items()}
-    _annotate(gm.graph, forward.graph, parameters, buffers, loss, gradient_modules)
-    return TracedProgram(gm, parameters, buffers, user_inputs, loss, gradients, method)
-
-
-def _strip(fqn: str) -> str:
-    return fqn.removeprefix("model.")
-
-
-def _module_of(node: fx.Node) -> str | None:
-    stack = node.meta.get("nn_module_stack")
-    if not stack:
-        return None
-    return _strip(list(stack.values())[-1][0]).removeprefix("model")
-
-
-# How far ahead the forward-op walk looks for the op the joint graph has next.
-_RESYNC_WINDOW = 8
-
-
-def _annotate(
-    joint: fx.Graph,
-    forward: fx.Graph,
-    parameters: dict[str, str],
-    buffers: dict[str, str],
-    loss: str,
-    gradient_modules: dict[str, str],
-) -> None:
-    """Tag each joint node with its phase and module path.
-
-    The joint graph loses `nn_module_stack`, but its forward part is the decomposed forward
-    op for op, so module paths are carried over by walking both in order.
-    """
-    forward_ops = [n for n in forward.nodes if n.op == "call_function"]
-    cursor = 0
-    phase = "forward"
-    for node in joint.nodes:
-        if node.op == "placeholder":
-            fqn = parameters.get(node.name) or buffers.get(node.name)
-            node.meta["tessel_module"] = fqn.rpartition(".")[0] if fqn else ""
-            node.meta["tessel_phase"] = "forward"
-            continue
-        if node.op != "call_function":
-            continue
-        node.meta["tessel_phase"] = phase
-        if phase == "forward":
-            # The joint graph adds ops (aliases of saved tensors, views) and may drop a few:
-            # resynchronise on the next forward op with the same target.
-            window = forward_ops[cursor : cursor + _RESYNC_WINDOW]
-            key = _op_key(node)
-            match = next((i for i, op in enumerate(window) if _op_key(op) == key), None)
-            if match is not None:
-                node.meta["tessel_module"] = _module_of(window[match]) or ""
-                cursor += match + 1
-            else:
-                node.meta["tessel_module"] = _input_module(node)
-        if node.name == loss:
-            phase = "backward"
-    _annotate_backward(joint, gradient_modules)
-
-
-def output_shapes(node: fx.Node) -> tuple[tuple[int, ...], ...]:
-    """Shapes of the tensors a node produces, as traced."""
-    value = node.meta.get("val")
-    values = value if isinstance(value, (tuple, list)) else (value,)
-    return tuple(tuple(v.shape) for v in values if isinstance(v, torch.Tensor))
-
-
-def _op_key(node: fx.Node) -> tuple:
-    """What identifies an op across the two graphs: its target and output shapes."""
-    return node.target, output_shapes(node)
-
-
-def _annotate_backward(joint: fx.Graph, gradient_modules: dict[str, str]) -> None:
-    """Module paths of backward nodes.
-
-    Walking back from the gradients, two hints: the innermost module enclosing all the
-    node's users (a weight gradient's matmul feeds only that weight's gradient), and the
-    most specific module among the forward values it reads (an attention backward reads
-    its own block's saved query, key and value). The more specific hint wins.
-    """
-    backward = [n for n in joint.nodes if n.meta.get("tessel_phase") == "backward"]
-    for node in reversed(backward):
-        if node.name in gradient_modules:
-            node.meta["tessel_module"] = gradient_modules[node.name]
-            continue
-        users = [u.meta.get("tessel_module") for u in node.users if u.op != "output"]
-        enclosing = _common_module([u for u in users if u])
-        read = _input_module(node, phase="forward")
-        node.meta["tessel_module"] = max((enclosing, read), key=_depth)
-
-
-def _depth(path: str) -> int:
-    return path.count(".") + 1 if path else 0
-
-
-def _common_module(paths: list[str]) -> str:
-    if not paths:
-        return ""
-    parts = [p.split(".") for p in paths]
-    common = []
-    for level in zip(*parts):
-        if len(set(level)) != 1:
-            break
-        common.append(level[0])
-    return ".".join(common)
-
-
-def _input_module(node: fx.Node, phase: str | None = None) -> str:
-    """The most specific module path among the node's inputs (of one phase, if given)."""
-    paths = [
-        a.meta.get("tessel_module", "")
-        for a in node.all_input_nodes
-        if a.meta.get("tessel_module") is not None
-        and (phase is None or a.meta.get("tessel_phase") == phase)
-    ]
-    return max(paths, key=lambda p: (_depth(p), len(p)), default="")

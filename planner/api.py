@@ -18,7 +18,8 @@ from passes.deadline import Deadline
 from passes.dtensor_rules import fake_mesh
 from passes.lower import RankProgram
 from passes.strategies import enumerate_strategies
-from passes.trace import TracedProgram, trace
+from passes.program import TracedProgram
+from passes.trace import trace
 from planner.cluster import Cluster, calibration_of, step_time_band
 from planner.graph_plan import graph_plan
 from planner.search.graph_space import search_graph

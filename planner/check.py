@@ -17,7 +17,8 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from passes.lower import RankProgram
-from passes.trace import TracedProgram, TrainingObjective
+from passes.program import TracedProgram
+from passes.trace import TrainingObjective
 from planner.plan import Plan
 from runtime.comm_counter import CommCounter
 from runtime.launch import run_on_ranks

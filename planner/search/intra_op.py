@@ -29,7 +29,7 @@ from passes.dtensor_rules import (
     tensor_meta,
 )
 from passes.strategies import NodeStrategies, Source, Strategy, output_value, source_of
-from passes.trace import TracedProgram
+from passes.program import TracedProgram
 from planner.search.buckets import Bucket, bucket_transfers
 from planner.cluster import Cluster, LinkSpec
 from planner.search.elimination import ilp_variables, lower_bound, solve_by_elimination

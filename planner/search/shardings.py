@@ -6,7 +6,7 @@ from __future__ import annotations
 from passes.dtensor_rules import placement_str
 from passes.lower import graph_fingerprint
 from passes.strategies import NodeStrategies, fallback_nodes
-from passes.trace import TracedProgram
+from passes.program import TracedProgram
 from planner.plan import (
     PHASES,
     CollectiveStats,

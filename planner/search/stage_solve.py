@@ -33,7 +33,7 @@ from passes.stage_graph import (
     syncs_each_micro_batch,
 )
 from passes.strategies import NodeStrategies, enumerate_strategies, output_value, source_of
-from passes.trace import TracedProgram
+from passes.program import TracedProgram
 from planner.cluster import Cluster
 from planner.plan import GradientBucket, OperatorShardings
 from planner.search.intra_op import (

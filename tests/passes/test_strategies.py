@@ -21,7 +21,8 @@ from passes.strategies import (
     is_even,
     shard_factor,
 )
-from passes.trace import TracedProgram, trace
+from passes.program import TracedProgram
+from passes.trace import trace
 from planner.cluster import Cluster
 from planner.models import demo
 

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from passes.trace import TraceError, TracedProgram, trace
+from passes.program import TracedProgram
+from passes.trace import TraceError, trace
 from planner.models import demo
 
 aten = torch.ops.aten

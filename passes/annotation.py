@@ -1,0 +1,128 @@
+"""Module paths and phases on a joint graph's nodes.
+
+A joint graph loses the forward's `nn_module_stack`; every node gains two annotations
+from the forward it was traced from:
+
+- `meta["tessel_module"]`: the module path the node came from ("blocks.0.attn"); backward
+  nodes take the path of the forward values they consume.
+- `meta["tessel_phase"]`: "forward" or "backward".
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+
+def without_objective_prefix(fqn: str) -> str:
+    return fqn.removeprefix("model.")
+
+
+def _module_of(node: fx.Node) -> str | None:
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return None
+    return without_objective_prefix(list(stack.values())[-1][0]).removeprefix("model")
+
+
+# How far ahead the forward-op walk looks for the op the joint graph has next.
+_RESYNC_WINDOW = 8
+
+
+def annotate(
+    joint: fx.Graph,
+    forward: fx.Graph,
+    parameters: dict[str, str],
+    buffers: dict[str, str],
+    loss: str,
+    gradient_modules: dict[str, str],
+) -> None:
+    """Tag each joint node with its phase and module path.
+
+    The joint graph loses `nn_module_stack`, but its forward part is the decomposed forward
+    op for op, so module paths are carried over by walking both in order.
+    """
+    forward_ops = [n for n in forward.nodes if n.op == "call_function"]
+    cursor = 0
+    phase = "forward"
+    for node in joint.nodes:
+        if node.op == "placeholder":
+            fqn = parameters.get(node.name) or buffers.get(node.name)
+            node.meta["tessel_module"] = fqn.rpartition(".")[0] if fqn else ""
+            node.meta["tessel_phase"] = "forward"
+            continue
+        if node.op != "call_function":
+            continue
+        node.meta["tessel_phase"] = phase
+        if phase == "forward":
+            # The joint graph adds ops (aliases of saved tensors, views) and may drop a few:
+            # resynchronise on the next forward op with the same target.
+            window = forward_ops[cursor : cursor + _RESYNC_WINDOW]
+            key = _op_key(node)
+            match = next((i for i, op in enumerate(window) if _op_key(op) == key), None)
+            if match is not None:
+                node.meta["tessel_module"] = _module_of(window[match]) or ""
+                cursor += match + 1
+            else:
+                node.meta["tessel_module"] = _input_module(node)
+        if node.name == loss:
+            phase = "backward"
+    _annotate_backward(joint, gradient_modules)
+
+
+def output_shapes(node: fx.Node) -> tuple[tuple[int, ...], ...]:
+    """Shapes of the tensors a node produces, as traced."""
+    value = node.meta.get("val")
+    values = value if isinstance(value, (tuple, list)) else (value,)
+    return tuple(tuple(v.shape) for v in values if isinstance(v, torch.Tensor))
+
+
+def _op_key(node: fx.Node) -> tuple:
+    """What identifies an op across the two graphs: its target and output shapes."""
+    return node.target, output_shapes(node)
+
+
+def _annotate_backward(joint: fx.Graph, gradient_modules: dict[str, str]) -> None:
+    """Module paths of backward nodes.
+
+    Walking back from the gradients, two hints: the innermost module enclosing all the
+    node's users (a weight gradient's matmul feeds only that weight's gradient), and the
+    most specific module among the forward values it reads (an attention backward reads
+    its own block's saved query, key and value). The more specific hint wins.
+    """
+    backward = [n for n in joint.nodes if n.meta.get("tessel_phase") == "backward"]
+    for node in reversed(backward):
+        if node.name in gradient_modules:
+            node.meta["tessel_module"] = gradient_modules[node.name]
+            continue
+        users = [u.meta.get("tessel_module") for u in node.users if u.op != "output"]
+        enclosing = _common_module([u for u in users if u])
+        read = _input_module(node, phase="forward")
+        node.meta["tessel_module"] = max((enclosing, read), key=_depth)
+
+
+def _depth(path: str) -> int:
+    return path.count(".") + 1 if path else 0
+
+
+def _common_module(paths: list[str]) -> str:
+    if not paths:
+        return ""
+    parts = [p.split(".") for p in paths]
+    common = []
+    for level in zip(*parts):
+        if len(set(level)) != 1:
+            break
+        common.append(level[0])
+    return ".".join(common)
+
+
+def _input_module(node: fx.Node, phase: str | None = None) -> str:
+    """The most specific module path among the node's inputs (of one phase, if given)."""
+    paths = [
+        a.meta.get("tessel_module", "")
+        for a in node.all_input_nodes
+        if a.meta.get("tessel_module") is not None
+        and (phase is None or a.meta.get("tessel_phase") == phase)
+    ]
+    return max(paths, key=lambda p: (_depth(p), len(p)), default="")
