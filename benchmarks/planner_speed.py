@@ -67,6 +67,7 @@ TRACED_ROWS = (
     TracedRow("gpt-39b ilp", GPT_39B, 64, 10.0, ("--intra-op", "ilp")),
 )
 TIMING = re.compile(r"([a-z_]+) ([\d.]+) s\b")
+CONTINUED = re.compile(r"^\s*([\d.]+ s(, |$))?([a-z_]+ [\d.]+ s(, |$))*$")
 
 
 def plan_seconds(*model: str, gpus: int, batch: int = 3072) -> tuple[float, bool]:
@@ -79,16 +80,25 @@ def plan_seconds(*model: str, gpus: int, batch: int = 3072) -> tuple[float, bool
 
 def printed_timings(stdout: str) -> dict:
     """What the command said about its time: the graph path's 'N layers, K layer ILPs,
-    B bounds; trace ..., layer_ilps ..., ...' or the zoo path's 'searched N configurations
-    in ...'."""
+    B bounds, P layouts bounded out; trace ..., layer_ilps ..., ...' or the zoo path's
+    'searched N configurations in ...'."""
     out: dict = {}
+    # The console wraps the line at 80 columns: join a line with the timings that follow.
+    lines = []
     for line in stdout.splitlines():
-        graph = re.match(r"\s*(\d+) layers, (\d+) layer ILPs, (\d+) bounds; (.*)", line)
+        if lines and line.strip() and CONTINUED.match(line):
+            lines[-1] = lines[-1].rstrip() + " " + line.strip()
+        else:
+            lines.append(line)
+    for line in lines:
+        graph = re.match(r"\s*(\d+) layers, (\d+) layer ILPs, (\d+) bounds, (\d+) layouts "
+                         r"bounded out; (.*)", line)
         zoo = re.match(r"\s*searched ([\d,]+) configurations in (.*)", line)
         if graph:
             out = {"layers": int(graph[1]), "layer_ilps": int(graph[2]),
-                   "layer_bounds": int(graph[3]), "line": line.strip(),
-                   "timings_s": {k: float(v) for k, v in TIMING.findall(graph[4])}}
+                   "layer_bounds": int(graph[3]), "layouts_bounded": int(graph[4]),
+                   "line": line.strip(),
+                   "timings_s": {k: float(v) for k, v in TIMING.findall(graph[5])}}
         elif zoo:
             out = {"configurations": int(zoo[1].replace(",", "")), "line": line.strip(),
                    "timings_s": {k: float(v) for k, v in TIMING.findall(zoo[2])}}

@@ -314,6 +314,24 @@ def backward_nodes(program: TracedProgram, gradient_placeholders: list[str]) -> 
     return later
 
 
+def surrogate_nodes(program: TracedProgram, gradient_placeholders: list[str]) -> frozenset[str]:
+    """Nodes of a stage's program that a program of more layers has no counterpart of: the
+    surrogate loss sum_K sum(out_K * grad_K) of a stage that is not the last, and its
+    backward up to each out_K's gradient (which a longer stage computes from the next
+    layer's backward instead). None for the last stage."""
+    surrogate = set(gradient_placeholders)
+    for node in program.graph.nodes if gradient_placeholders else ():
+        if node.op != "call_function":
+            continue
+        inputs = [a.name for a in node.all_input_nodes]
+        if node.meta.get("tessel_phase") == "forward":
+            if any(a in surrogate for a in inputs):
+                surrogate.add(node.name)
+        elif inputs and all(a in surrogate for a in inputs):
+            surrogate.add(node.name)
+    return frozenset(surrogate - set(gradient_placeholders))
+
+
 def stage_outputs(program: TracedProgram, gradient_placeholders: list[str]) -> list[str]:
     """Node names of the values the stage sends on: the first factor of each
     `out_K * grad_K` of the surrogate loss, in K order."""

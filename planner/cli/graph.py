@@ -54,7 +54,7 @@ def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
                              time_limit_s=args.time_limit)
     console.print(
         f"{found.num_layers} layers, {found.layer_solves} layer ILPs, "
-        f"{found.layer_bounds} bounds; "
+        f"{found.layer_bounds} bounds, {found.layouts_bounded} layouts bounded out; "
         + ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in found.timings.items()),
         highlight=False)
     fitting = [c for c in found.candidates if c.fits]

@@ -7,18 +7,18 @@ For each number of micro-batches m (micro-batch b = B / m):
    logical mesh of every submesh (1, 2, 4, ... devices of a node, then whole nodes; 1-D
    and 2-D), twice: as fast as it can go, and with each parameter at its least memory
    (sharded as ZeRO-3 shards it). Layers that compute the same thing (a template) share
-   one solve;
+   one solve; on 2-D meshes a layer is first only bounded (`layer_table`);
 3. a stage of layers i..j on a logical mesh is priced as the sum of its layers' per
    micro-batch time less their interior boundaries (moving a tensor to replicated to send
    it), plus its ends' transfers and its gradient synchronisation spread over the
    micro-batches; it fits when its parameters' state and GPipe's micro-batches in flight
    (all m on any stage but the last, which runs each backward at once) fit the device;
-4. `inter_op.stage_dp` chooses stages, submeshes and their meshes.
-The DP's plan, and three baselines — data parallelism (one stage, every parameter
-replicated, the batch split), the best single intra-op mesh over every device, and an even
-pipeline of one-device stages — are then traced as whole stages, solved again (every
-layout of every micro-batch count at once, in worker processes) and predicted exactly
-(`predict_all`); the fastest that fits is the plan. So a plan is never
+4. `inter_op.stage_dp` chooses two or more stages, submeshes and their meshes.
+The DP's plan and an even pipeline of one-device stages are then traced as whole stages,
+solved again (in worker processes) and predicted exactly (`predict_all`). So is every
+layout of one stage on every device — data parallelism (every parameter replicated, the
+batch split) and each logical mesh, fast and lean — unless the sum of its layers' bounds
+shows it cannot beat a plan already predicted. The fastest that fits is the plan: never
 predicted slower than any of those under the same cost model.
 """
 
@@ -89,6 +89,9 @@ class Candidate:
     """The traced forward at this candidate's micro-batch size, and its layer cuts."""
     layer_cuts: list[int] = field(default_factory=list)
     micro_batch_size: int = 0
+    exact: bool = True
+    """False: not solved, as its lower bound (`step_time_s`) is no less than the step of a
+    plan that fits; whether it fits was not asked (`fits` is False)."""
 
 
 @dataclass
@@ -102,6 +105,8 @@ class GraphSearch:
     layer_solves: int = 0
     layer_bounds: int = 0
     """Layer solves on 2-D meshes bounded rather than made (`LayerTable`)."""
+    layouts_bounded: int = 0
+    """Layouts not solved because their bound is no less than a plan predicted."""
     costs: np.ndarray | None = None
     """The stage DP's cost array [layers, layers + 1, submeshes, stages after]."""
     submesh_sizes: list[int] = field(default_factory=list)
@@ -147,16 +152,18 @@ def search_graph(
         timings["trace_s"] += time.perf_counter() - start
         traced = TracedForward(forward, cuts, inputs, m)
         searches.append(_search_micro_batches(traced, values, cluster, time_limit_s, timings))
-    # Every layout of every micro-batch count, traced and solved whole in one batch of
-    # worker tasks (a whole-model baseline takes as long as many one-layer stages).
+    # Every layout of every micro-batch count, traced and solved whole in batches of
+    # worker tasks (a whole-model baseline takes as long as many one-layer stages), but
+    # for those whose bound shows they cannot beat a plan already predicted.
     start = time.perf_counter()
-    predicted = predict_all([(traced, layout) for _, traced, layouts in searches
-                             for layout in layouts], values, cluster, time_limit_s)
+    predicted = predict_all([(traced, layout, bound) for _, traced, layouts in searches
+                             for layout, bound in layouts], values, cluster, time_limit_s)
     timings["stage_ilps_s"] += time.perf_counter() - start
     best = searches[0][0]
     best.layer_solves = sum(found.layer_solves for found, _, _ in searches)
     best.layer_bounds = sum(found.layer_bounds for found, _, _ in searches)
-    best.candidates = sorted(predicted, key=lambda c: (not c.fits, c.step_time_s))
+    best.layouts_bounded = sum(not c.exact for c in predicted)
+    best.candidates = sorted(predicted, key=lambda c: (not c.fits, not c.exact, c.step_time_s))
     best.timings = timings
     return best
 
@@ -187,17 +194,19 @@ def _search_micro_batches(
     capacity = usable_bytes(cluster)
     cut_bytes = [forward.cut_bytes(c) if 0 < c < len(forward.ops) else 0 for c in cuts]
     with LayerTable(forward, cuts, values, inputs, cluster, sizes, time_limit_s,
-                     capacity, m) as table:
+                     capacity, m, bounds_only=most == 1) as table:
         timings["layer_ilps_s"] += table.seconds
-        # Bounds stand in for the 2-D solves until a plan needs them: the DP's plan and the
-        # best single mesh are solved where they read a bound, and searched again, until
-        # they read solves only. Then no plan the bounds allowed beats them, nor can any
-        # plan of solves: the result is that of the whole table, solved.
+        # Bounds stand in for the 2-D solves until a plan needs them: the DP's plan is
+        # solved where it reads a bound, and searched again, until it reads solves only.
+        # Then no plan the bounds allowed beats it, nor can any plan of solves: the result
+        # is that of the whole table, solved.
         while True:
             start = time.perf_counter()
             costs, chosen = _stage_costs(table.costs, num_layers, sizes, m, most, capacity,
                                          cut_bytes, cluster)
-            plan = stage_dp(costs, np.array(sizes), devices, m, most)
+            if devices in sizes:  # one stage on every device: a layout of its own, below
+                costs[0, num_layers, sizes.index(devices), 0] = np.inf
+            plan = stage_dp(costs, np.array(sizes), devices, m, most) if most > 1 else None
             timings["stage_dp_s"] += time.perf_counter() - start
             layouts = []
             if plan is not None:
@@ -206,8 +215,7 @@ def _search_micro_batches(
                      *chosen[(c.first_layer, c.last_layer, c.submesh,
                               len(plan.stages) - 1 - k)])
                     for k, c in enumerate(plan.stages)), "stage DP"))
-            layouts += _baselines(num_layers, devices, capacity, table.costs, sizes, m,
-                                  cluster.devices_per_node)
+            layouts += _even_pipeline(num_layers, devices)
             bounded = {(layer, shape, lean) for layout in layouts
                        for first, last, shape, lean in layout.stages
                        for layer in range(first, last)
@@ -216,10 +224,18 @@ def _search_micro_batches(
                 break
             table.solve(sorted(bounded))
             timings["layer_ilps_s"] += table.seconds
+        # Layouts of one stage are solved whole, so their layers' solves would be of no
+        # use: each is bounded by its layers' bounds (`bound_stage`: each layer's share of
+        # the stage, less the moves between layers), m micro-batches of it, and solved
+        # only if that bound is less than a plan already predicted (`predict_all`).
+        whole = _one_stage_layouts(num_layers, devices, cluster.devices_per_node)
+        layer_bounds = table.bound(sorted({layout.stages[0][2] for layout in whole}))
+        timings["layer_ilps_s"] += table.seconds
+    bounds = {layout: m * sum(layer_bounds[layout.stages[0][2]]) for layout in whole}
     found = GraphSearch([], num_layers, layer_solves=table.solves, layer_bounds=table.bounds,
                         costs=costs, submesh_sizes=sizes)
     traced.solved.update(table.results)
-    return found, traced, _unique(layouts)
+    return found, traced, [(layout, None) for layout in _unique(layouts)] + list(bounds.items())
 
 
 def usable_submeshes(sizes: list[int], devices: int, most: int) -> list[int]:
@@ -317,35 +333,56 @@ def _boundary_link(cluster: Cluster, span: int):
     return cluster.intra_node if span <= cluster.devices_per_node else cluster.inter_node
 
 
-def _baselines(num_layers: int, devices: int, capacity: float, table: dict,
-               sizes: list[int], m: int, per_node: int) -> list[Layout]:
-    """Data parallelism, the best single mesh, and an even pipeline of one-device stages."""
+def _even_pipeline(num_layers: int, devices: int) -> list[Layout]:
+    """One device per stage, the layers split evenly (a GPipe of fewer micro-batches than
+    stages only idles longer, which the prediction prices), where there are as many
+    layers as devices or more."""
+    stages = min(devices, num_layers)
+    if stages < 2 or devices != stages:
+        return []
+    bounds = np.linspace(0, num_layers, stages + 1).round().astype(int)
+    return [Layout(tuple((int(a), int(b), (1,), False) for a, b in zip(bounds, bounds[1:])),
+                   "even pipeline")]
+
+
+def _one_stage_layouts(num_layers: int, devices: int, per_node: int) -> list[Layout]:
+    """Data parallelism (every parameter replicated, the batch split), and every logical
+    mesh of every device, fast and lean: each a single intra-op mesh."""
     out = [Layout(((0, num_layers, (devices,), False),), "data parallel",
                   replicate_parameters=True, shard_inputs_on=0)]
-    best, best_s = None, math.inf
-    whole = [devices] if devices in sizes else []
-    for _, shape, lean, solves in _mesh_options(table, num_layers, whole, per_node):
-        seconds = sum(x.micro_batch_s for x in solves) * m
-        memory = sum(x.state_bytes + x.activation_bytes for x in solves)
-        if memory <= capacity and seconds < best_s:
-            best, best_s = (shape, lean), seconds
-    if best is not None:
-        out.append(Layout(((0, num_layers, best[0], best[1]),), "single mesh"))
-    # One device per stage, the layers split evenly (a GPipe of fewer micro-batches than
-    # stages only idles longer, which the prediction prices).
-    stages = min(devices, num_layers)
-    if stages > 1 and devices == stages:
-        bounds = np.linspace(0, num_layers, stages + 1).round().astype(int)
-        out.append(Layout(tuple((int(a), int(b), (1,), False)
-                                for a, b in zip(bounds, bounds[1:])), "even pipeline"))
+    out += [Layout(((0, num_layers, shape, lean),), "single mesh")
+            for shape in logical_meshes(devices, per_node) for lean in (False, True)]
     return out
 
 
 # -- exact prediction of a layout ---------------------------------------------------------
 
 
-def predict_all(layouts: list[tuple[TracedForward, Layout]], values: dict, cluster: Cluster,
-                time_limit_s: float = 30.0) -> list[Candidate]:
+def predict_all(layouts: list[tuple[TracedForward, Layout, float | None]], values: dict,
+                cluster: Cluster, time_limit_s: float = 30.0) -> list[Candidate]:
+    """Each layout predicted (`_predict`), those with a lower bound on their step last, in
+    order of their bounds, a batch of one per core at a time, until the bound of the next
+    is no less than the best step of a plan that fits: those left are not solved."""
+    candidates = _predict([(t, layout) for t, layout, bound in layouts if bound is None],
+                          values, cluster, time_limit_s)
+    bounded = sorted(((bound, t, layout) for t, layout, bound in layouts if bound is not None),
+                     key=lambda x: x[0])
+    best = min((c.step_time_s for c in candidates if c.fits), default=math.inf)
+    while bounded and bounded[0][0] < best:
+        batch = [x for x in bounded[:os.cpu_count() or 1] if x[0] < best]
+        del bounded[:len(batch)]
+        candidates += _predict([(t, layout) for _, t, layout in batch], values, cluster,
+                               time_limit_s)
+        best = min((c.step_time_s for c in candidates if c.fits), default=math.inf)
+    for bound, traced, layout in bounded:
+        candidates.append(Candidate(layout, traced.micro_batches, [], bound, [], False, 0.0, 0.0,
+                                    0.0, traced.forward, traced.cuts, inputs_batch(traced.inputs),
+                                    exact=False))
+    return candidates
+
+
+def _predict(layouts: list[tuple[TracedForward, Layout]], values: dict, cluster: Cluster,
+             time_limit_s: float) -> list[Candidate]:
     """Each layout's stages traced whole and solved on their meshes, in forked workers
     (the largest stages first), and each layout predicted from them (`predict`). A stage
     two layouts share is solved once; a stage of one layer the layer table solved alone is

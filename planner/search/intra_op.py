@@ -283,16 +283,19 @@ def time_lower_bound(
     mesh: DeviceMesh,
     cluster: Cluster,
     gradient_weight: Callable[[str], float],
+    free: frozenset[str] = frozenset(),
 ) -> float:
     """A lower bound on the compute and communication time of any choice of strategies,
     with each gradient's move to its parameter's placement charged `gradient_weight(fqn)`
-    times its bandwidth term, the loss's reduction not at all, and a value read k times
-    charged 1/k of each move: mini-bucket elimination of that network
-    (`elimination.lower_bound`), a fraction of an exact solve's time."""
+    times its bandwidth term, the loss's reduction not at all, a value read k times
+    charged 1/k of each move, and the nodes in `free` and their moves not at all:
+    mini-bucket elimination of that network (`elimination.lower_bound`), a fraction of an
+    exact solve's time."""
     comm = CommModel(mesh, cluster)
     names = list(table)
     index = {n: i for i, n in enumerate(names)}
-    node_costs = [np.array([_node_cost(program, n, s, comm, tie_break=False)
+    node_costs = [np.array([0.0 if n in free else
+                            _node_cost(program, n, s, comm, tie_break=False)
                             for s in table[n].strategies]) for n in names]
     edges = []
     all_edges = _edges(program, table)
@@ -300,6 +303,8 @@ def time_lower_bound(
     # of a value's k reads, each is charged 1/k, at most the dearest move it makes.
     reads = Counter(edge.source for edge in all_edges)
     for edge in all_edges:
+        if free and (edge.source[0] in free or edge.consumer in free):
+            continue
         weight = 1.0 / reads[edge.source]
         if edge.phase == "gradient_sync":
             weight *= gradient_weight(program.parameters[edge.consumer])

@@ -42,8 +42,11 @@ class LayerTable:
 
     def __init__(self, forward: ForwardGraph, cuts: list[int], values: dict, inputs: tuple,
                  cluster: Cluster, sizes: list[int], time_limit_s: float, capacity: float,
-                 m: int) -> None:
+                 m: int, bounds_only: bool = False) -> None:
+        """`bounds_only`: a table no stage DP reads (of one micro-batch: a stage on every
+        device, solved whole), where every entry is only bounded."""
         self.num_layers = len(cuts) - 1
+        self.bounds_only = bounds_only
         graphs: dict = {}
         self.keys = []
         for layer in range(self.num_layers):
@@ -58,6 +61,8 @@ class LayerTable:
         self.solver = _Solver([graphs[key] for key in self.templates], inputs, cluster,
                               time_limit_s, m)
         self.costs: dict[tuple[int, tuple[int, ...], bool], StageCost] = {}
+        self.lower: dict[tuple[int, tuple[int, ...]], float] = {}
+        """(layer, mesh) -> the layer's bound (`bound_stage`'s time), where one was made."""
         self.results: dict[tuple[int, tuple[int, ...], bool], StageResult] = {}
         self.solves = self.bounds = 0
         self.seconds = 0.0
@@ -66,9 +71,13 @@ class LayerTable:
     def __enter__(self) -> LayerTable:
         start = time.perf_counter()
         self.solver.__enter__()
-        tasks = [(t, shape, False, "solve" if len(shape) == 1 else "bound")
+        tasks = [(t, shape, False,
+                  "solve" if len(shape) == 1 and not self.bounds_only else "bound")
                  for t in range(len(self.templates)) for shape in self.shapes]
         self._run(tasks)
+        if self.bounds_only:
+            self.seconds = time.perf_counter() - start
+            return self
         # A lean solve is made only where the fast ones leave too little memory: where the
         # whole model's fast state and GPipe's activations on that mesh do not fit.
         short = [shape for shape in self.shapes if len(shape) == 1 and not _fast_fits(
@@ -95,6 +104,18 @@ class LayerTable:
         self._run(sorted(tasks))
         self.seconds = time.perf_counter() - start
 
+    def bound(self, shapes: list[tuple[int, ...]]) -> dict[tuple[int, ...], list[float]]:
+        """Every layer's bound on each of `shapes`, bounding the layers where the table
+        holds none (on 1-D meshes it holds solves)."""
+        start = time.perf_counter()
+        tasks = {(self.templates.index(self.keys[layer]), shape, False, "bound")
+                 for layer in range(self.num_layers) for shape in shapes
+                 if (layer, shape) not in self.lower}
+        self._run(sorted(tasks))
+        self.seconds = time.perf_counter() - start
+        return {shape: [self.lower[(layer, shape)] for layer in range(self.num_layers)]
+                for shape in shapes}
+
     def _run(self, tasks: list[tuple]) -> None:
         for (t, shape, lean, kind), answer in self.solver.solve(tasks).items():
             self.solves += kind == "solve"
@@ -106,10 +127,16 @@ class LayerTable:
                 self.results[(self.keys.index(self.templates[t]), shape, lean)] = answer
                 cost = answer.cost
             for layer, key in enumerate(self.keys):
-                if key == self.templates[t]:
-                    # A bound holds for the fast solve and the lean one alike.
-                    for variant in ((False, True) if kind == "bound" else (lean,)):
-                        self.costs[(layer, shape, variant)] = cost
+                if key != self.templates[t]:
+                    continue
+                if kind == "bound":
+                    self.lower[(layer, shape)] = cost.micro_batch_s
+                    # A bound holds for the fast solve and the lean one alike; it stands
+                    # in for neither where the table holds a solve.
+                    for variant in (False, True):
+                        self.costs.setdefault((layer, shape, variant), cost)
+                else:
+                    self.costs[(layer, shape, lean)] = cost
 
 
 # What forked workers read (stage graphs; traced programs do not pickle), and each
@@ -124,7 +151,8 @@ class _Solver:
     """Layer solves in one forked process per core, the same workers for every batch of
     tasks (so their caches of DTensor's answers, programs and strategy tables carry over).
     A template's tasks of a batch go to one worker, the one that traced it where that does
-    not leave the others idle: tracing a layer costs a few solves."""
+    not leave the others idle: tracing a layer, and its strategy tables, cost a few
+    solves."""
 
     def __init__(self, graphs: list, inputs: tuple, cluster: Cluster,
                  time_limit_s: float, micro_batches: int) -> None:
@@ -178,9 +206,10 @@ class _Solver:
         return answers
 
 
-_WORK = {(1, "solve"): 1.0, (2, "solve"): 6.0, (2, "bound"): 1.5, "trace": 10.0}
+_WORK = {(1, "solve"): 1.0, (1, "bound"): 0.5, (2, "solve"): 6.0, (2, "bound"): 1.5,
+         "trace": 2.0}
 """Rough cost of a task in 1-D solves (measured on the 1B model's layers: a 1-D solve
-0.2-0.3 s, a 2-D one 1-3 s, a bound 0.2-0.9 s, a layer's trace 2-3.5 s)."""
+0.1-0.3 s, a 2-D one 1-3 s, a bound 0.2-0.9 s, a layer's trace 0.3-0.5 s)."""
 
 
 def _solve_task(task: tuple[int, tuple[int, ...], bool, str]) -> StageResult | StageCost:
@@ -196,7 +225,7 @@ def _solve_task(task: tuple[int, tuple[int, ...], bool, str]) -> StageResult | S
                                                            cluster.device)
     strategies = _STRATEGIES[(index, shape)]
     if kind == "bound":
-        return bound_stage(program, shape, cluster, m, strategies)
+        return bound_stage(program, shape, cluster, m, len(graph.user_inputs), strategies)
     return solve_stage(program, shape, cluster, len(graph.user_inputs), graph.is_last,
                        lean=lean, time_limit_s=time_limit_s, strategies=strategies).result()
 

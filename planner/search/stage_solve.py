@@ -30,6 +30,7 @@ from passes.stage_graph import (
     BOUNDARY,
     gradient_inputs,
     stage_outputs,
+    surrogate_nodes,
     syncs_each_micro_batch,
 )
 from passes.strategies import NodeStrategies, enumerate_strategies, output_value, source_of
@@ -167,13 +168,17 @@ def solve_stage(
 
 def bound_stage(
     program: TracedProgram, mesh_shape: tuple[int, ...], cluster: Cluster, micro_batches: int,
-    strategies: dict[str, NodeStrategies] | None = None,
+    num_model_inputs: int, strategies: dict[str, NodeStrategies] | None = None,
 ) -> StageCost:
     """Less than the stage DP reads of any solve of the stage on this mesh, fast or lean:
     as its interior time, a lower bound on compute and per-micro-batch communication plus
     the gradient synchronisation spread over the micro-batches (which every solve's
     interior and once-per-step share add up to at least; moving the incoming and outgoing
-    tensors to replicated only adds); as memory, each node at its least."""
+    tensors to replicated only adds); as memory, each node at its least.
+
+    The surrogate loss is left out, so the time is also less than this layer's share of
+    any solve of a longer stage that holds it (`graph_space` prunes whole stages by the
+    sum of their layers' bounds)."""
     mesh = fake_mesh(mesh_shape)
     if strategies is None:
         strategies = enumerate_strategies(program, mesh, cluster.device)
@@ -181,7 +186,8 @@ def bound_stage(
     def weight(fqn: str) -> float:
         return 0.0 if fqn.startswith(BOUNDARY + ".") else 1.0 / micro_batches
 
-    seconds = time_lower_bound(program, strategies, mesh, cluster, weight)
+    free = surrogate_nodes(program, gradient_inputs(program, num_model_inputs))
+    seconds = time_lower_bound(program, strategies, mesh, cluster, weight, free)
     state, activations = _resident(
         program, {node: min(s.memory_bytes for s in choices.strategies)
                   for node, choices in strategies.items()})
