@@ -418,12 +418,12 @@ def _edge_matrix(
     if key not in comm._cache:
         comm._cache[key] = _pair_prices(value, srcs, dsts, bucketed, comm)
     small, small_keys = comm._cache[key]
-    keys = {
-        (i, j): small_keys[(a, b)]
-        for i, a in enumerate(row_of)
-        for j, b in enumerate(col_of)
-        if (a, b) in small_keys
-    }
+    keys = {}
+    if small_keys:  # only gradient edges have any: spread each over its pairs of choices
+        rows = [np.flatnonzero(row_of == a) for a in range(len(srcs))]
+        cols = [np.flatnonzero(col_of == b) for b in range(len(dsts))]
+        keys = {(int(i), int(j)): bucket for (a, b), bucket in small_keys.items()
+                for i in rows[a] for j in cols[b]}
     return producer, edge.consumer, small[np.ix_(row_of, col_of)], keys
 
 

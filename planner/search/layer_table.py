@@ -150,9 +150,10 @@ _STRATEGIES: dict = {}
 class _Solver:
     """Layer solves in one forked process per core, the same workers for every batch of
     tasks (so their caches of DTensor's answers, programs and strategy tables carry over).
-    A template's tasks of a batch go to one worker, the one that traced it where that does
-    not leave the others idle: tracing a layer, and its strategy tables, cost a few
-    solves."""
+    A mesh's tasks of a batch go to one worker, the one that has worked on that mesh where
+    that does not leave the others idle: a worker's first strategy table on a mesh asks
+    DTensor every question of its ops afresh, which costs several solves; a layer traced
+    again costs a few. A batch of fewer meshes than workers is split task by task."""
 
     def __init__(self, graphs: list, inputs: tuple, cluster: Cluster,
                  time_limit_s: float, micro_batches: int) -> None:
@@ -160,6 +161,8 @@ class _Solver:
         self.workers: list = []
         self.traced: list[set[int]] = []
         """The templates each worker has traced (its programs are kept)."""
+        self.meshes: list[set[tuple[int, ...]]] = []
+        """The meshes each worker has made strategy tables on."""
 
     def __enter__(self) -> _Solver:
         global _FORKED
@@ -168,6 +171,7 @@ class _Solver:
         if processes > 1 and can_fork():
             self.workers = [forked_pool(1) for _ in range(processes)]
             self.traced = [set() for _ in self.workers]
+            self.meshes = [set() for _ in self.workers]
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -179,25 +183,33 @@ class _Solver:
         _STRATEGIES.clear()
 
     def solve(self, tasks: list[tuple]) -> dict:
-        """Solve `tasks` ((template, mesh, lean, kind) each): each template's tasks on one
-        worker, the one that traced it unless another would finish sooner even tracing it
-        again (`_WORK` units: longest first, to the worker that ends it first)."""
+        """Solve `tasks` ((template, mesh, lean, kind) each): each mesh's tasks on one
+        worker, the one with the least work once it has them, counting the tables and
+        traces it lacks (`_WORK` units; the most work first)."""
         if not self.workers or len(tasks) < 2:
             return {task: _solve_task(task) for task in tasks}
-        groups: dict[int, list[tuple]] = {}
+        groups: dict[tuple, list[tuple]] = {}
+        split = len({task[1] for task in tasks}) < len(self.workers)
         for task in tasks:
-            groups.setdefault(task[0], []).append(task)
+            groups.setdefault((task[1], task[0]) if split else (task[1],), []).append(task)
         load = [0.0] * len(self.workers)
         shares: list[list[tuple]] = [[] for _ in self.workers]
-        work = {t: sum(_WORK[(min(len(task[1]), 2), task[3])] for task in group)
-                for t, group in groups.items()}
-        for t in sorted(groups, key=lambda t: -work[t]):
-            ends = [load[w] + work[t] + (0 if t in self.traced[w] else _WORK["trace"])
+        work = {key: sum(_WORK[(min(len(task[1]), 2), task[3])] for task in group)
+                for key, group in groups.items()}
+
+        def lacking(w: int, group: list[tuple]) -> float:
+            templates = {task[0] for task in group} - self.traced[w]
+            return (_WORK["trace"] * len(templates)
+                    + (0.0 if group[0][1] in self.meshes[w] else _WORK["mesh"]))
+
+        for key in sorted(groups, key=lambda key: -work[key]):
+            ends = [load[w] + work[key] + lacking(w, groups[key])
                     for w in range(len(self.workers))]
             w = min(range(len(self.workers)), key=lambda w: (ends[w], w))
             load[w] = ends[w]
-            shares[w] += groups[t]
-            self.traced[w].add(t)
+            shares[w] += groups[key]
+            self.traced[w].update(task[0] for task in groups[key])
+            self.meshes[w].add(groups[key][0][1])
         pending = [worker.map_async(_solve_task, share, chunksize=1)
                    for worker, share in zip(self.workers, shares) if share]
         answers = {}
@@ -206,10 +218,12 @@ class _Solver:
         return answers
 
 
-_WORK = {(1, "solve"): 1.0, (1, "bound"): 0.5, (2, "solve"): 6.0, (2, "bound"): 1.5,
-         "trace": 2.0}
-"""Rough cost of a task in 1-D solves (measured on the 1B model's layers: a 1-D solve
-0.1-0.3 s, a 2-D one 1-3 s, a bound 0.2-0.9 s, a layer's trace 0.3-0.5 s)."""
+_WORK = {(1, "solve"): 2.0, (1, "bound"): 1.0, (2, "solve"): 18.0, (2, "bound"): 5.0,
+         "trace": 4.0, "mesh": 15.0}
+"""Rough cost of a task in tenths of a second (measured on the 1B model's layers: a 1-D
+solve 0.1 s and its strategy table 0.1 s, a 2-D solve 1-2 s, a 2-D bound 0.4 s and its
+table 0.1 s once the worker has made one on that mesh, 1.5 s more for the first), of a
+layer's trace (0.35 s), and of a worker's first strategy table on a mesh."""
 
 
 def _solve_task(task: tuple[int, tuple[int, ...], bool, str]) -> StageResult | StageCost:
