@@ -1,15 +1,14 @@
-"""The joint forward + backward graph of a forward that is already a graph of core aten
-ops: a model's exported forward (`passes.trace`), or a pipeline stage cut from one
-(`passes.stage_graph`).
+"""The joint forward + backward graph of a pipeline stage: a module that is already a
+graph of core aten ops, cut from a traced forward (`passes.stage_graph`).
 
-torch.export's own joint export (`_export_forward_backward`) runs export's machinery a
-second time, about 2 s of fixed cost per call plus most of a trace's per-op time. An
-aten forward has nothing left for that machinery to do (no Python control flow, no
-modules to inline, ops already decomposed), so its joint graph is traced directly:
-`make_fx` over the forward and `torch.autograd.grad` of its loss, on fake CPU tensors.
-The ops are the same as the joint export's (the same decompositions, the same autograd
-formulas), at a third to a seventh of the time; the graph search traces hundreds of
-stages, so this is most of its tracing.
+`passes.trace` captures a model with `torch.export` and adds the backward with export's
+joint export, which differentiates the model's own ops (a fused `silu_backward`) and runs
+export's machinery a second time: about 2 s of fixed cost per call. A stage's ops are
+already decomposed, so both paths differentiate the same ops; with nothing left for
+export to do (no Python control flow, no modules to inline) its joint graph is traced
+directly: `make_fx` over the forward and `torch.autograd.grad` of its loss, on fake CPU
+tensors. The ops are the joint export's, at a seventh of the time; the graph search
+traces hundreds of stages, so this was most of its tracing.
 """
 
 from __future__ import annotations

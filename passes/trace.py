@@ -1,7 +1,8 @@
 """Trace a model and its loss into one aten-level training graph (forward + backward).
 
 `torch.export` (non-strict) captures the forward with shapes, dtypes and module paths on
-every node; it is decomposed to core aten ops and differentiated (`passes.aten_joint`), so
+every node; `_export_forward_backward` then adds the backward (of the model's own ops,
+then decomposed: a fused `silu_backward`, say, not the backward of its decomposition), so
 the graph the planner shards is the whole training step, as Alpa's is. The graph is the
 IR (`passes.program.TracedProgram`): every node keeps `meta["val"]` and gains its module
 path and phase (`passes.annotation`).
@@ -18,11 +19,9 @@ from contextlib import contextmanager, redirect_stderr
 from typing import Any, Callable, Iterator
 
 import torch
-import torch.fx as fx
 from torch import nn
 
-from passes.annotation import without_objective_prefix
-from passes.aten_joint import joint_program
+from passes.annotation import annotate, without_objective_prefix
 from passes.program import TracedProgram, decomposition_table
 
 LossFn = Callable[..., torch.Tensor]
@@ -57,18 +56,27 @@ def trace(
 ) -> TracedProgram:
     """Capture the training step of `model` on `example_inputs` as a joint aten graph.
 
-    Parameter and buffer names are the model's own (no wrapper prefix). A parameter the
-    loss does not depend on (an unused layer) stays in the program without a gradient.
+    Parameter and buffer names are the model's own (no wrapper prefix).
     """
     objective = TrainingObjective(model, loss_fn)
-    # The export rejects a parameter reached under two names (a tied embedding and LM
-    # head), so each alias is traced as a parameter of its own and merged back after.
+    # The joint export rejects a parameter reached under two names (a tied embedding and
+    # LM head), so each alias is traced as a parameter of its own and merged back after.
     with _untied(model) as aliases, _meta_as_fake_cpu(model, example_inputs) as example_inputs:
         exported, method = _export_forward(objective, example_inputs)
-        try:
-            program = _joint(exported, example_inputs, method, keep_attention=True)
-        except Exception:  # noqa: BLE001 - some models only trace with attention decomposed
-            program = _joint(exported, example_inputs, method, keep_attention=False)
+        # The joint export also rejects a parameter forward never reads (an unused layer,
+        # or the name of a tied pair that is not the one called): such parameters are
+        # traced frozen, so they stay in the program without a gradient.
+        unused = _unused_parameters(exported)
+        with _frozen(unused):
+            if unused:
+                exported, method = _export_forward(objective, example_inputs)
+            try:
+                table = decomposition_table(keep_attention=True)
+                forward, joint = _joint(exported, table)
+            except Exception:  # noqa: BLE001 - some models only trace with attention decomposed
+                table = decomposition_table(keep_attention=False)
+                forward, joint = _joint(exported, table)
+    program = _program(joint, forward, method)
     _merge_tied(program, aliases)
     return program
 
@@ -94,6 +102,28 @@ def _export_forward(objective: nn.Module, example_inputs: tuple[Any, ...]) -> tu
         raise
     except Exception as export_error:  # noqa: BLE001 - any export failure tries the fallback
         return _export_via_symbolic_trace(objective, example_inputs, export_error), "symbolic_trace"
+
+
+def _unused_parameters(exported: Any) -> list[nn.Parameter]:
+    """Parameters requiring a gradient whose placeholder no op reads."""
+    users = {n.name: len(n.users) for n in exported.graph.nodes if n.op == "placeholder"}
+    return [
+        exported.state_dict[spec.target]
+        for spec in exported.graph_signature.input_specs
+        if spec.kind.name == "PARAMETER" and users.get(spec.arg.name) == 0
+        and exported.state_dict[spec.target].requires_grad
+    ]
+
+
+@contextmanager
+def _frozen(parameters: list[nn.Parameter]) -> Iterator[None]:
+    for parameter in parameters:
+        parameter.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for parameter in parameters:
+            parameter.requires_grad_(True)
 
 
 @contextmanager
@@ -192,31 +222,25 @@ def _merge_tied(program: TracedProgram, aliases: dict[str, str]) -> None:
     program.__post_init__()
 
 
-def _joint(exported: Any, example_inputs: tuple[Any, ...], method: str,
-           keep_attention: bool) -> TracedProgram:
-    """The joint program of an exported objective: its forward decomposed to core aten
-    ops (which keep their module paths), then differentiated (`aten_joint`)."""
+def _joint(exported: Any, table: dict) -> tuple[Any, Any]:
+    """The decomposed forward (for module paths) and the joint forward-backward program."""
+    from torch.export.exported_program import _decompose_exported_program
+    from torch.export.experimental import _copy_graph_module_and_signature, _remove_detach_pass
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        forward = exported.run_decompositions(decomposition_table(keep_attention))
-    signature = forward.graph_signature
-    values = {**forward.state_dict, **forward.constants}
-    order = [(spec.kind.name, without_objective_prefix(spec.target or ""), spec.target)
-             for spec in signature.input_specs]
-    parameters = {fqn: values[t] for kind, fqn, t in order if kind == "PARAMETER"}
-    # A lifted tensor constant is read like a buffer that is never saved.
-    buffers = {fqn: values[t] for kind, fqn, t in order if kind in ("BUFFER", "CONSTANT_TENSOR")}
-    loss_index = [spec.kind.name for spec in signature.output_specs].index("USER_OUTPUT")
-    graph_module = forward.graph_module
-
-    def run(state: dict[str, torch.Tensor], inputs: list[Any]) -> torch.Tensor:
-        given = iter(inputs)
-        args = [next(given) if kind == "USER_INPUT" else state[fqn] for kind, fqn, _ in order]
-        return fx.Interpreter(graph_module).run(*args)[loss_index]
-
-    inputs = torch.utils._pytree.tree_leaves(tuple(example_inputs))
-    return joint_program(run, parameters, buffers, inputs, graph_module.graph, method,
-                         keep_attention)
+        forward = exported.run_decompositions(table)
+        # What torch.export.experimental._export_forward_backward does, with our table.
+        joint = _decompose_exported_program(
+            exported,
+            cia_to_decomp={},
+            python_decomp_table=table,
+            joint_loss_index=0,
+            decompose_custom_triton_ops=False,
+        )
+        gm, signature = _copy_graph_module_and_signature(joint)
+        _remove_detach_pass(gm, signature)
+        return forward, joint._update(gm, signature)
 
 
 def _export(objective: nn.Module, example_inputs: tuple[Any, ...]) -> Any:
@@ -315,3 +339,30 @@ def _explain(error: Exception) -> tuple[str, str]:
         "Try calling the model with use_cache=False, returning plain tensors, and "
         "avoiding data-dependent Python control flow in forward.",
     )
+
+
+def _program(joint: Any, forward: Any, method: str) -> TracedProgram:
+    signature = joint.graph_signature
+    gm = joint.graph_module
+    parameters = {
+        spec.arg.name: without_objective_prefix(spec.target)
+        for spec in signature.input_specs
+        if spec.kind.name == "PARAMETER"
+    }
+    buffers = {
+        spec.arg.name: without_objective_prefix(spec.target)
+        for spec in signature.input_specs
+        if spec.kind.name == "BUFFER"
+    }
+    user_inputs = [
+        spec.arg.name for spec in signature.input_specs if spec.kind.name == "USER_INPUT"
+    ]
+    loss = next(s.arg.name for s in signature.output_specs if s.kind.name == "LOSS_OUTPUT")
+    gradients = {
+        s.arg.name: without_objective_prefix(s.target)
+        for s in signature.output_specs
+        if s.kind.name == "GRADIENT_TO_PARAMETER"
+    }
+    gradient_modules = {name: fqn.rpartition(".")[0] for name, fqn in gradients.items()}
+    annotate(gm.graph, forward.graph, parameters, buffers, loss, gradient_modules)
+    return TracedProgram(gm, parameters, buffers, user_inputs, loss, gradients, method)
