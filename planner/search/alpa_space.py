@@ -23,6 +23,7 @@ import numpy as np
 from cost_models.memory import FRAMEWORK_RESERVE_BYTES
 from cost_models.step_time import StageLayout, predict_stages, predict_step, stage_costs
 from planner.cluster import Cluster
+from planner.search.forked_call import start_forked
 from planner.search.inter_op import stage_dp
 from planner.models.config import TransformerConfig
 from planner.parallel import RECOMPUTE, ParallelConfig
@@ -62,12 +63,48 @@ def search_auto(
     flash_attention: bool = True, progress: Progress | None = None,
     collectives: LayerCollectives | None = None,
 ) -> SearchResult:
+    # The Megatron space and the stage DPs of each micro-batch size are independent: a
+    # forked child runs the first and the last fifth of the second (a micro-batch size's
+    # DPs take about a seventh of the Megatron space on the zoo's models), while this
+    # process runs the rest.
+    groups = _shared_knobs(model, cluster, gbs, fixed)
+    mine = groups[:len(groups) - len(groups) // 5]
+    other = start_forked(_megatron_and_stages, model, cluster, gbs, fixed, flash_attention,
+                         collectives, groups[len(mine):])
+    ranked, evaluated, dp_s = _stages_per_group(model, cluster, mine, fixed, flash_attention,
+                                                collectives, progress, len(groups))
+    result, megatron_s, (more, more_evaluated, more_s) = other()
+    if progress:
+        progress(len(groups), len(groups))
+    # The DP may rediscover a configuration the Megatron space already holds.
+    unique = {c: (c, p) for c, p in result.ranked + ranked + more}
+    result.ranked = sorted(unique.values(), key=lambda item: item[1].step_time_s)
+    result.evaluated += evaluated + more_evaluated
+    result.timings = {"megatron_space_s": megatron_s, "stage_dp_s": dp_s + more_s}
+    return result
+
+
+def _megatron_and_stages(
+    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: dict[str, Any],
+    flash_attention: bool, collectives: LayerCollectives | None,
+    groups: list[list[ParallelConfig]],
+) -> tuple[SearchResult, float, tuple[list, int, float]]:
     start = time.perf_counter()
     result = search_megatron(model, cluster, gbs, fixed, flash_attention,
                              collectives=collectives)
     megatron_s = time.perf_counter() - start
-    groups = _shared_knobs(model, cluster, gbs, fixed)
-    dp_s, evaluated = 0.0, result.evaluated
+    return result, megatron_s, _stages_per_group(model, cluster, groups, fixed,
+                                                 flash_attention, collectives)
+
+
+def _stages_per_group(
+    model: TransformerConfig, cluster: Cluster, groups: list[list[ParallelConfig]],
+    fixed: dict[str, Any], flash_attention: bool, collectives: LayerCollectives | None,
+    progress: Progress | None = None, total: int = 0,
+) -> tuple[list, int, float]:
+    """Per group, the stage DP's plan of the first settings whose plan fits: (candidate,
+    prediction) pairs, plans predicted and seconds in the DP."""
+    ranked, evaluated, dp_s = [], 0, 0.0
     for index, settings in enumerate(groups):
         # Settings in order of increasing memory relief (and cost): the first whose stage
         # DP finds a plan that fits is kept, as in the Megatron space.
@@ -87,16 +124,11 @@ def search_auto(
                     list(candidate.layers_per_stage), collectives)
             )
             if prediction.fits:
-                result.ranked.append((candidate, prediction))
+                ranked.append((candidate, prediction))
                 break
         if progress:
-            progress(index + 1, len(groups))
-    # The DP may rediscover a configuration the Megatron space already holds.
-    unique = {c: (c, p) for c, p in result.ranked}
-    result.ranked = sorted(unique.values(), key=lambda item: item[1].step_time_s)
-    result.evaluated = evaluated
-    result.timings = {"megatron_space_s": megatron_s, "stage_dp_s": dp_s}
-    return result
+            progress(index + 1, total)
+    return ranked, evaluated, dp_s
 
 
 def _candidate(stages: list[StageLayout], shared: ParallelConfig) -> Candidate:
