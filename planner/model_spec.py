@@ -74,10 +74,14 @@ class LoadedModel:
     num_layers: int | None = None
     """Repeated blocks of the model when `build` can change their number, else None."""
     config: Any = None
-    """The zoo TransformerConfig or transformers config the model is built from."""
+    """The zoo TransformerConfig, or a Hugging Face model's config: transformers' own, or
+    its fields as plain attributes where the file states its whole shape
+    (`hf_shape.plain_config`)."""
     seq_length: int | None = None
     """Tokens per sequence of a Hugging Face model's example inputs (the config's
     default or --seq-length)."""
+    hf_path: str | None = None
+    """A Hugging Face model's config.json (or its folder), as given."""
 
     @cached_property
     def built(self) -> BuiltModel:
@@ -196,7 +200,7 @@ def _load_zoo(name: str, shape: dict[str, Any]) -> LoadedModel:
 
 
 def _load_hf(path: str, shape: dict[str, Any]) -> LoadedModel:
-    from planner.models import huggingface as hf
+    from planner.models import hf_shape
 
     unknown = sorted(set(shape) - {"num_layers", "seq_length"})
     if unknown:
@@ -205,17 +209,25 @@ def _load_hf(path: str, shape: dict[str, Any]) -> LoadedModel:
             f"{flags} cannot change a Hugging Face model; edit {path} instead (only "
             "--num-layers and --seq-length apply to hf: models)."
         )
+    # A config that states its whole shape is read as it is (no torch: training plans
+    # only price the shape); any other goes through transformers, which knows its
+    # defaults and validates it. The model itself is always transformers' config's.
     try:
-        config = hf.load_hf_config(path)
-    except hf.HFConfigError as error:
+        config = hf_shape.plain_config(hf_shape.read_config_fields(path)[1])
+        if config is None:
+            config = _transformers_config(path)
+    except hf_shape.HFConfigError as error:
         raise ModelSpecError(str(error)) from None
-    uniform_depth = hf.hf_num_layers(config)
-    seq_length = shape.get("seq_length") or hf.default_seq_length(config)
+    uniform_depth = hf_shape.hf_num_layers(config)
+    seq_length = shape.get("seq_length") or hf_shape.default_seq_length(config)
     vocab = getattr(config, "vocab_size", None) or 2
 
     def build(depth: int | None) -> BuiltModel:
+        from planner.models import huggingface as hf
+
         try:
-            model, loss = hf.build_hf_model(config, depth or shape.get("num_layers"))
+            model, loss = hf.build_hf_model(_transformers_config(path),
+                                            depth or shape.get("num_layers"))
         except hf.HFConfigError as error:
             raise ModelSpecError(str(error)) from None
         except Exception as error:  # noqa: BLE001 - transformers validates in many ways
@@ -235,7 +247,17 @@ def _load_hf(path: str, shape: dict[str, Any]) -> LoadedModel:
         num_layers=uniform_depth and shape.get("num_layers", uniform_depth),
         config=config,
         seq_length=seq_length,
+        hf_path=path,
     )
+
+
+def _transformers_config(path: str) -> Any:
+    from planner.models import huggingface as hf
+
+    try:
+        return hf.load_hf_config(path)
+    except hf.HFConfigError as error:
+        raise ModelSpecError(str(error)) from None
 
 
 def _looks_like_path(target: str) -> bool:

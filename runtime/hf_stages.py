@@ -43,7 +43,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import CONFIG_MAPPING, AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from planner.models.huggingface import _without_code_fields
+from planner.models.hf_shape import without_code_fields
 from runtime.parallelize import SequenceScatter, apply_recompute
 from runtime.stages import init_parameter, materialize, tied_head
 
@@ -78,7 +78,7 @@ def hf_config_from_dict(fields: dict[str, Any]) -> Any:
     one process does)."""
     # Without the fields that point transformers at code outside its package or pick an
     # attention kernel (the planner's own filter).
-    fields = _without_code_fields(fields)
+    fields = without_code_fields(fields)
     model_type = fields.get("model_type")
     if model_type not in SUPPORTED:
         raise ValueError(

@@ -123,7 +123,11 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
 
     plan = plans[0]
     spec = from_training_plan(plan)
-    hf_config = loaded.config.to_dict() if args.model.startswith("hf:") else None
+    hf_config = None
+    if loaded.hf_path is not None:
+        from planner.models.huggingface import load_hf_config
+
+        hf_config = load_hf_config(loaded.hf_path).to_dict()
     with _checkpoint_folder(args) as folder:
         resilience = None
         if faults_given(args):

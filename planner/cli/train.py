@@ -134,7 +134,7 @@ def transformer_config(loaded: LoadedModel) -> TransformerConfig:
     if isinstance(loaded.config, TransformerConfig):
         return loaded.config
     if loaded.config is not None:
-        from planner.models.huggingface import to_transformer_config
+        from planner.models.hf_shape import to_transformer_config
 
         shape = to_transformer_config(loaded.config, loaded.seq_length)
         # --num-layers rebuilt the model at that depth; plan that depth.
@@ -149,7 +149,7 @@ def _parameter_names(loaded: LoadedModel) -> Callable[[str], str] | None:
     """A Hugging Face model's own parameter names for the zoo's, where they map."""
     if loaded.config is None or isinstance(loaded.config, TransformerConfig):
         return None
-    from planner.models.huggingface import parameter_namer
+    from planner.models.hf_shape import parameter_namer
 
     return parameter_namer(loaded.config)
 

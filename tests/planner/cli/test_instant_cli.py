@@ -64,3 +64,15 @@ def test_json_to_stdout_leaves_stdout_to_the_json() -> None:
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["model"] == "gpt3-1.3b"
     assert "Megatron-LM flags" in result.stderr
+
+
+def test_an_hf_config_stating_its_shape_plans_without_torch(tmp_path: Path) -> None:
+    fields = {"model_type": "llama", "architectures": ["LlamaForCausalLM"],
+              "num_hidden_layers": 32, "hidden_size": 4096, "intermediate_size": 14336,
+              "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+              "max_position_embeddings": 131072, "tie_word_embeddings": False,
+              "rope_theta": 500000.0}
+    (tmp_path / "config.json").write_text(json.dumps(fields))
+    argv = [f"hf:{tmp_path}", "--cluster", "dgx-h100", "--gpus", "64",
+            "--global-batch-size", "512"]
+    assert loaded_modules(argv) == "[]"
