@@ -369,10 +369,16 @@ def predict_stages(
     replays = sum(recomputed_layers(parallel, stage.layers) for stage in stages)
     model_flops, hardware_flops = _step_flops(model, parallel, replays)
     peak = device.peak_tflops.get(parallel.precision, device.peak_tflops["fp32"])
+    # Micro-batches in flight fall with the stage index (`in_flight_micro_batches`), so
+    # of stages alike in all else the first holds the most; the last adds the output
+    # layer's activations.
+    firsts: dict[tuple, int] = {}
+    for i in range(p - 1):
+        firsts.setdefault((params[i], id(local[i][0]), stages[i].layers), i)
     worst_memory = max(
         (_stage_memory(model, local[i][0], params[i], stages[i].layers, i, p, m,
                        attention_backend(parallel, flash_attention) in SCORE_FREE_ATTENTION)
-         for i in range(p)),
+         for i in [*firsts.values(), p - 1]),
         key=lambda breakdown: breakdown.total,
     )
     return StepPrediction(
