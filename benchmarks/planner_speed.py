@@ -45,6 +45,15 @@ TARGETS = {("gpt3-175b", 1024): 10.0, ("gpt-1t", 3072): 30.0}
 # Issue 15's whole-command targets (an instant CLI: zoo plans import no torch) and the
 # times the issue measured before it: (model, GPUs, global batch) -> (target s, old s).
 INSTANT = {("gpt3-175b", 1024, 1536): (1.5, 5.0), ("gpt-1t", 3072, 3072): (4.0, 15.0)}
+# A Llama 3 8B config.json as the Hub has it (the fields of its shape), planned through
+# `hf:` on 64 A100s: 5.7 s (median of three) before hf: plans stopped importing torch.
+LLAMA3_8B_CONFIG = {
+    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32,
+    "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 131072,
+    "tie_word_embeddings": False, "rope_theta": 500000.0, "rms_norm_eps": 1e-05,
+    "bos_token_id": 128000, "eos_token_id": 128001, "torch_dtype": "bfloat16"}
+HF_BEFORE_S = 5.7
 DEPTHS = (24, 48, 96, 192)
 
 
@@ -176,14 +185,22 @@ def zoo_rows(quick: bool) -> tuple[list[dict], bool]:
         print(f"{model:<10} {gpus:>5} {seconds:>7.1f}  {verdict}"
               + ("" if planned else "  (no plan fits)"), flush=True)
     print(f"\n{'instant CLI':<10} {'GPUs':>5} {'plan s':>7} {'before':>7}  target")
-    for (model, gpus, batch), (target, before) in INSTANT.items():
-        seconds, planned = plan_seconds(model, gpus=gpus, batch=batch)
-        met = planned and seconds < target
-        ok &= met
-        rows.append({"model": model, "gpus": gpus, "global_batch": batch, "command_s": seconds,
-                     "before_s": before, "target_s": target, "met": met, "planned": planned})
-        print(f"{model:<10} {gpus:>5} {seconds:>7.1f} {before:>7.1f}  < {target:g} s: "
-              f"{'ok' if met else 'MISSED'}")
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "config.json").write_text(json.dumps(LLAMA3_8B_CONFIG))
+        instant = {**INSTANT, (f"hf:{folder}", 64, 512): (None, HF_BEFORE_S)}
+        for (model, gpus, batch), (target, before) in instant.items():
+            # The median of three runs: a second's command is as noisy as it is short.
+            runs = [plan_seconds(model, gpus=gpus, batch=batch) for _ in range(3)]
+            seconds, planned = sorted(runs)[1][0], all(done for _, done in runs)
+            met = planned and (target is None or seconds < target)
+            ok &= met
+            name = "hf:llama3-8b config" if model.startswith("hf:") else model
+            rows.append({"model": name, "gpus": gpus, "global_batch": batch,
+                         "command_s": seconds, "runs_s": [r for r, _ in runs],
+                         "before_s": before, "target_s": target, "met": met,
+                         "planned": planned})
+            verdict = "-" if target is None else f"< {target:g} s: {'ok' if met else 'MISSED'}"
+            print(f"{name:<10} {gpus:>5} {seconds:>7.2f} {before:>7.1f}  {verdict}")
     print()
     seconds, planned = plan_seconds("gpt3-175b", "--intra-op", "ilp", gpus=1024, batch=1536)
     rows.append({"model": "gpt3-175b", "gpus": 1024, "intra_op": "ilp", "command_s": seconds,
