@@ -23,6 +23,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from passes.aten_joint import trace_decomposed
 from passes.dtensor_rules import has_rule
 from passes.layers import Layer, find_layers
 from passes.strategies import is_skipped, tensor_inputs
@@ -74,23 +75,27 @@ class ModelGraph:
         return sorted({str(n.target) for n in self.program.graph.nodes if _lacks_rule(n)})
 
 
-def trace_model(build: Builder, num_layers: int | None = None) -> ModelGraph:
+def trace_model(build: Builder, num_layers: int | None = None,
+                decomposed_backward: bool = False) -> ModelGraph:
     """Trace the model `build` makes; with `num_layers`, at TRACED_BLOCKS blocks and
-    expanded to `num_layers` when both traced blocks share one template."""
+    expanded to `num_layers` when both traced blocks share one template. With
+    `decomposed_backward`, the backward is that of the decomposed forward
+    (`aten_joint.trace_decomposed`: half the time, for ILPs that read only collectives)."""
+    tracer = trace_decomposed if decomposed_backward else trace
     if num_layers is not None and num_layers > TRACED_BLOCKS:
-        graph = _trace(build, TRACED_BLOCKS)
+        graph = _trace(build, TRACED_BLOCKS, tracer)
         blocks = [layer for layer in graph.layers if _NUMBERED.match(layer.name)]
         if len(blocks) == TRACED_BLOCKS and len({b.template for b in blocks}) == 1:
             graph.layers = _expand(graph.layers, blocks, num_layers)
             graph.traced_depth = TRACED_BLOCKS
             return graph
-    return _trace(build, None)
+    return _trace(build, None, tracer)
 
 
-def _trace(build: Builder, depth: int | None) -> ModelGraph:
+def _trace(build: Builder, depth: int | None, tracer: Callable[..., TracedProgram]) -> ModelGraph:
     start = time.perf_counter()
     model, inputs, loss_fn = build(depth)
-    program = trace(model, inputs, loss_fn)
+    program = tracer(model, inputs, loss_fn)
     traced = time.perf_counter()
     layers = find_layers(program)
     return ModelGraph(

@@ -167,7 +167,7 @@ def _intra_op_collectives(
     from planner.search.stage_ilp import layer_collectives
 
     with console.status("tracing one block per template"):
-        graph = trace_model(loaded.build, loaded.num_layers)
+        graph = trace_model(loaded.build, loaded.num_layers, decomposed_backward=True)
     degrees = tensor_degrees(model, cluster)
     with console.status(f"solving the block's intra-op ILP on {len(degrees)} meshes"):
         collectives, timings = layer_collectives(graph, cluster, degrees, args.time_limit,

@@ -62,11 +62,14 @@ def test_stage_collectives_from_the_ilp_are_megatrons(name: str) -> None:
     bf16 bytes per token) on every tensor-parallel degree, so the best plan and its step
     time equal the analytic model's."""
     loaded = load_model(name)
-    graph = trace_model(loaded.build, loaded.num_layers)
+    graph = trace_model(loaded.build, loaded.num_layers, decomposed_backward=True)
     cluster = Cluster.load("dgx-a100-80g")
     collectives, _ = layer_collectives(graph, cluster, [2, 8])
-    # One forked process per degree solves the same ILPs.
+    # One forked process per degree solves the same ILPs, and the block's own backward
+    # ops (a fused silu_backward) need the collectives the decomposed one does.
     assert layer_collectives(graph, cluster, [2, 8], processes=2)[0] == collectives
+    exact = trace_model(loaded.build, loaded.num_layers)
+    assert layer_collectives(exact, cluster, [2, 8], processes=2)[0] == collectives
     hidden = 2 * loaded.config.hidden_size
     for degree in (2, 8):
         kinds = Counter((c.kind, c.bytes_per_token) for c in collectives[degree])
