@@ -140,9 +140,14 @@ def search_graph(
     `default_micro_batches`)."""
     on_meta = on_meta_device(model)
     values = {**dict(on_meta.named_parameters()), **dict(on_meta.named_buffers())}
-    counts = [micro_batches] if micro_batches else default_micro_batches(global_batch_size)
-    searches: list[tuple[GraphSearch, TracedForward, list[Layout]]] = []
+    # The most micro-batches first: plans of several stages, predicted as each count's
+    # search ends, bound the work of the counts after (a count of one micro-batch, whose
+    # one stage on every device is only bounded, stops bounding once that shows it loses).
+    counts = ([micro_batches] if micro_batches
+              else sorted(default_micro_batches(global_batch_size), reverse=True))
+    searches: list[tuple[GraphSearch, TracedForward, list]] = []
     timings = {"trace_s": 0.0, "layer_ilps_s": 0.0, "stage_dp_s": 0.0, "stage_ilps_s": 0.0}
+    predicted: list[Candidate] = []
     for m in counts:
         size = global_batch_size // m
         inputs = micro_batch_inputs(tuple(example_inputs), size)
@@ -151,13 +156,20 @@ def search_graph(
         cuts = layer_cuts(forward, max_layers)
         timings["trace_s"] += time.perf_counter() - start
         traced = TracedForward(forward, cuts, inputs, m)
-        searches.append(_search_micro_batches(traced, values, cluster, time_limit_s, timings))
-    # Every layout of every micro-batch count, traced and solved whole in batches of
-    # worker tasks (a whole-model baseline takes as long as many one-layer stages), but
-    # for those whose bound shows they cannot beat a plan already predicted.
+        best_step = min((c.step_time_s for c in predicted if c.fits), default=math.inf)
+        searches.append(_search_micro_batches(traced, values, cluster, time_limit_s, timings,
+                                              best_step))
+        start = time.perf_counter()
+        predicted += predict_all([(traced, layout, None) for layout, bound in searches[-1][2]
+                                  if bound is None], values, cluster, time_limit_s)
+        timings["stage_ilps_s"] += time.perf_counter() - start
+    # Every layout of one stage, traced and solved whole (one takes as long as many
+    # one-layer stages), but for those whose bound shows they cannot beat a plan already
+    # predicted.
     start = time.perf_counter()
-    predicted = predict_all([(traced, layout, bound) for _, traced, layouts in searches
-                             for layout, bound in layouts], values, cluster, time_limit_s)
+    predicted += predict_all([(traced, layout, bound) for _, traced, layouts in searches
+                              for layout, bound in layouts if bound is not None],
+                             values, cluster, time_limit_s, predicted)
     timings["stage_ilps_s"] += time.perf_counter() - start
     best = searches[0][0]
     best.layer_solves = sum(found.layer_solves for found, _, _ in searches)
@@ -182,10 +194,12 @@ class TracedForward:
 
 def _search_micro_batches(
     traced: TracedForward, values: dict, cluster: Cluster, time_limit_s: float,
-    timings: dict[str, float],
-) -> tuple[GraphSearch, TracedForward, list[Layout]]:
+    timings: dict[str, float], best_step: float = math.inf,
+) -> tuple[GraphSearch, TracedForward, list[tuple[Layout, float | None]]]:
     """The layer table and stage DP at one micro-batch count: its layouts to predict (the
-    DP's plan and the baselines)."""
+    DP's plan and the baselines), each with a lower bound on its step where it has one
+    stage. Bounding stops once every layout of one stage is shown no faster than
+    `best_step`, the step of a plan already predicted."""
     forward, cuts, inputs, m = traced.forward, traced.cuts, traced.inputs, traced.micro_batches
     num_layers = len(cuts) - 1
     devices = cluster.num_devices
@@ -229,9 +243,10 @@ def _search_micro_batches(
         # the stage, less the moves between layers), m micro-batches of it, and solved
         # only if that bound is less than a plan already predicted (`predict_all`).
         whole = _one_stage_layouts(num_layers, devices, cluster.devices_per_node)
-        layer_bounds = table.bound(sorted({layout.stages[0][2] for layout in whole}))
+        stage_bounds = table.bound(sorted({layout.stages[0][2] for layout in whole}),
+                                   best_step / m)
         timings["layer_ilps_s"] += table.seconds
-    bounds = {layout: m * sum(layer_bounds[layout.stages[0][2]]) for layout in whole}
+    bounds = {layout: m * stage_bounds[layout.stages[0][2]] for layout in whole}
     found = GraphSearch([], num_layers, layer_solves=table.solves, layer_bounds=table.bounds,
                         costs=costs, submesh_sizes=sizes)
     traced.solved.update(table.results)
@@ -359,21 +374,24 @@ def _one_stage_layouts(num_layers: int, devices: int, per_node: int) -> list[Lay
 
 
 def predict_all(layouts: list[tuple[TracedForward, Layout, float | None]], values: dict,
-                cluster: Cluster, time_limit_s: float = 30.0) -> list[Candidate]:
+                cluster: Cluster, time_limit_s: float = 30.0,
+                predicted: list[Candidate] = ()) -> list[Candidate]:
     """Each layout predicted (`_predict`), those with a lower bound on their step last, in
     order of their bounds, a batch of one per core at a time, until the bound of the next
-    is no less than the best step of a plan that fits: those left are not solved."""
+    is no less than the best step of a plan that fits (of these, or of those `predicted`
+    before): those left are not solved."""
     candidates = _predict([(t, layout) for t, layout, bound in layouts if bound is None],
                           values, cluster, time_limit_s)
     bounded = sorted(((bound, t, layout) for t, layout, bound in layouts if bound is not None),
                      key=lambda x: x[0])
-    best = min((c.step_time_s for c in candidates if c.fits), default=math.inf)
+    best = min((c.step_time_s for c in [*predicted, *candidates] if c.fits), default=math.inf)
     while bounded and bounded[0][0] < best:
         batch = [x for x in bounded[:os.cpu_count() or 1] if x[0] < best]
         del bounded[:len(batch)]
         candidates += _predict([(t, layout) for _, t, layout in batch], values, cluster,
                                time_limit_s)
-        best = min((c.step_time_s for c in candidates if c.fits), default=math.inf)
+        best = min((c.step_time_s for c in [*predicted, *candidates] if c.fits),
+                   default=math.inf)
     for bound, traced, layout in bounded:
         candidates.append(Candidate(layout, traced.micro_batches, [], bound, [], False, 0.0, 0.0,
                                     0.0, traced.forward, traced.cuts, inputs_batch(traced.inputs),

@@ -4,6 +4,7 @@ once, on 2-D ones first only bounded), in forked workers."""
 
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -44,7 +45,7 @@ class LayerTable:
                  cluster: Cluster, sizes: list[int], time_limit_s: float, capacity: float,
                  m: int, bounds_only: bool = False) -> None:
         """`bounds_only`: a table no stage DP reads (of one micro-batch: a stage on every
-        device, solved whole), where every entry is only bounded."""
+        device, solved whole), where entries are only bounded, as `bound` asks."""
         self.num_layers = len(cuts) - 1
         self.bounds_only = bounds_only
         graphs: dict = {}
@@ -71,13 +72,12 @@ class LayerTable:
     def __enter__(self) -> LayerTable:
         start = time.perf_counter()
         self.solver.__enter__()
-        tasks = [(t, shape, False,
-                  "solve" if len(shape) == 1 and not self.bounds_only else "bound")
-                 for t in range(len(self.templates)) for shape in self.shapes]
-        self._run(tasks)
-        if self.bounds_only:
+        if self.bounds_only:  # bounded as `bound` is asked
             self.seconds = time.perf_counter() - start
             return self
+        tasks = [(t, shape, False, "solve" if len(shape) == 1 else "bound")
+                 for t in range(len(self.templates)) for shape in self.shapes]
+        self._run(tasks)
         # A lean solve is made only where the fast ones leave too little memory: where the
         # whole model's fast state and GPipe's activations on that mesh do not fit.
         short = [shape for shape in self.shapes if len(shape) == 1 and not _fast_fits(
@@ -104,17 +104,28 @@ class LayerTable:
         self._run(sorted(tasks))
         self.seconds = time.perf_counter() - start
 
-    def bound(self, shapes: list[tuple[int, ...]]) -> dict[tuple[int, ...], list[float]]:
-        """Every layer's bound on each of `shapes`, bounding the layers where the table
-        holds none (on 1-D meshes it holds solves)."""
+    def bound(self, shapes: list[tuple[int, ...]],
+              enough: float = math.inf) -> dict[tuple[int, ...], float]:
+        """On each of `shapes`, the sum of every layer's bound (bounding the layers where
+        the table holds none: on 1-D meshes it holds solves), a quarter of the layers at a
+        time; a mesh whose partial sum reaches `enough` is bounded no further, and its
+        partial sum (a bound too: each layer's is at least zero) is what it gets."""
         start = time.perf_counter()
-        tasks = {(self.templates.index(self.keys[layer]), shape, False, "bound")
-                 for layer in range(self.num_layers) for shape in shapes
-                 if (layer, shape) not in self.lower}
-        self._run(sorted(tasks))
+        sums = dict.fromkeys(shapes, 0.0)
+        live = list(shapes)
+        step = max(1, math.ceil(self.num_layers / 4))
+        for first in range(0, self.num_layers, step):
+            layers = range(first, min(first + step, self.num_layers))
+            self._run(sorted({(self.templates.index(self.keys[layer]), shape, False, "bound")
+                              for layer in layers for shape in live
+                              if (layer, shape) not in self.lower}))
+            for shape in live:
+                sums[shape] += sum(self.lower[(layer, shape)] for layer in layers)
+            live = [shape for shape in live if sums[shape] < enough]
+            if not live:
+                break
         self.seconds = time.perf_counter() - start
-        return {shape: [self.lower[(layer, shape)] for layer in range(self.num_layers)]
-                for shape in shapes}
+        return sums
 
     def _run(self, tasks: list[tuple]) -> None:
         for (t, shape, lean, kind), answer in self.solver.solve(tasks).items():
