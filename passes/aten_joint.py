@@ -8,7 +8,8 @@ already decomposed, so both paths differentiate the same ops; with nothing left 
 export to do (no Python control flow, no modules to inline) its joint graph is traced
 directly: `make_fx` over the forward and `torch.autograd.grad` of its loss, on fake CPU
 tensors. The ops are the joint export's, at a seventh of the time; the graph search
-traces hundreds of stages, so this was most of its tracing.
+traces hundreds of stages, so this was most of its tracing. `trace_decomposed` does the
+same for a whole model's decomposed forward, where only collectives are read.
 """
 
 from __future__ import annotations

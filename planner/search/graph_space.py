@@ -156,9 +156,8 @@ def search_graph(
         cuts = layer_cuts(forward, max_layers)
         timings["trace_s"] += time.perf_counter() - start
         traced = TracedForward(forward, cuts, inputs, m)
-        best_step = min((c.step_time_s for c in predicted if c.fits), default=math.inf)
         searches.append(_search_micro_batches(traced, values, cluster, time_limit_s, timings,
-                                              best_step))
+                                              _best_step(predicted)))
         start = time.perf_counter()
         predicted += predict_all([(traced, layout, None) for layout, bound in searches[-1][2]
                                   if bound is None], values, cluster, time_limit_s)
@@ -384,19 +383,23 @@ def predict_all(layouts: list[tuple[TracedForward, Layout, float | None]], value
                           values, cluster, time_limit_s)
     bounded = sorted(((bound, t, layout) for t, layout, bound in layouts if bound is not None),
                      key=lambda x: x[0])
-    best = min((c.step_time_s for c in [*predicted, *candidates] if c.fits), default=math.inf)
+    best = _best_step([*predicted, *candidates])
     while bounded and bounded[0][0] < best:
         batch = [x for x in bounded[:os.cpu_count() or 1] if x[0] < best]
         del bounded[:len(batch)]
         candidates += _predict([(t, layout) for _, t, layout in batch], values, cluster,
                                time_limit_s)
-        best = min((c.step_time_s for c in [*predicted, *candidates] if c.fits),
-                   default=math.inf)
+        best = _best_step([*predicted, *candidates])
     for bound, traced, layout in bounded:
         candidates.append(Candidate(layout, traced.micro_batches, [], bound, [], False, 0.0, 0.0,
                                     0.0, traced.forward, traced.cuts, inputs_batch(traced.inputs),
                                     exact=False))
     return candidates
+
+
+def _best_step(candidates: list[Candidate]) -> float:
+    """The step of the fastest candidate that fits (infinite if none does)."""
+    return min((c.step_time_s for c in candidates if c.fits), default=math.inf)
 
 
 def _predict(layouts: list[tuple[TracedForward, Layout]], values: dict, cluster: Cluster,

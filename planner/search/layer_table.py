@@ -48,18 +48,21 @@ class LayerTable:
         device, solved whole), where entries are only bounded, as `bound` asks."""
         self.num_layers = len(cuts) - 1
         self.bounds_only = bounds_only
-        graphs: dict = {}
-        self.keys = []
+        graphs: dict = {}  # template -> the graph of its first layer
+        self.template_of: list[int] = []
+        """Each layer's template, as an index into `layers_of`."""
         for layer in range(self.num_layers):
             graph = stage_graph(forward, cuts, layer, layer + 1, values)
             key = _template(forward, cuts, layer, graph)
-            self.keys.append(key)
             graphs.setdefault(key, graph)
-        self.templates = list(graphs)
+            self.template_of.append(list(graphs).index(key))
+        self.layers_of = [[layer for layer, t in enumerate(self.template_of) if t == template]
+                          for template in range(len(graphs))]
+        """Each template's layers, the one its graph was cut for first."""
         self.shapes = [shape for n in sizes
                        for shape in logical_meshes(n, cluster.devices_per_node)]
         self.capacity, self.m = capacity, m
-        self.solver = _Solver([graphs[key] for key in self.templates], inputs, cluster,
+        self.solver = _Solver(list(graphs.values()), inputs, cluster,
                               time_limit_s, m)
         self.costs: dict[tuple[int, tuple[int, ...], bool], StageCost] = {}
         self.lower: dict[tuple[int, tuple[int, ...]], float] = {}
@@ -76,13 +79,13 @@ class LayerTable:
             self.seconds = time.perf_counter() - start
             return self
         tasks = [(t, shape, False, "solve" if len(shape) == 1 else "bound")
-                 for t in range(len(self.templates)) for shape in self.shapes]
+                 for t in range(len(self.layers_of)) for shape in self.shapes]
         self._run(tasks)
         # A lean solve is made only where the fast ones leave too little memory: where the
         # whole model's fast state and GPipe's activations on that mesh do not fit.
         short = [shape for shape in self.shapes if len(shape) == 1 and not _fast_fits(
             self.costs, self.num_layers, shape, self.capacity, self.m)]
-        self._run([(t, shape, True, "solve") for t in range(len(self.templates))
+        self._run([(t, shape, True, "solve") for t in range(len(self.layers_of))
                    for shape in short])
         self.seconds = time.perf_counter() - start
         return self
@@ -99,7 +102,7 @@ class LayerTable:
     def solve(self, entries: list[tuple[int, tuple[int, ...], bool]]) -> None:
         """Solve the layers' templates on these (layer, mesh, lean) entries."""
         start = time.perf_counter()
-        tasks = {(self.templates.index(self.keys[layer]), shape, lean, "solve")
+        tasks = {(self.template_of[layer], shape, lean, "solve")
                  for layer, shape, lean in entries}
         self._run(sorted(tasks))
         self.seconds = time.perf_counter() - start
@@ -116,7 +119,7 @@ class LayerTable:
         step = max(1, math.ceil(self.num_layers / 4))
         for first in range(0, self.num_layers, step):
             layers = range(first, min(first + step, self.num_layers))
-            self._run(sorted({(self.templates.index(self.keys[layer]), shape, False, "bound")
+            self._run(sorted({(self.template_of[layer], shape, False, "bound")
                               for layer in layers for shape in live
                               if (layer, shape) not in self.lower}))
             for shape in live:
@@ -135,11 +138,9 @@ class LayerTable:
             if isinstance(answer, StageResult):
                 # The template's first layer is the one its graph was cut for: a stage of
                 # that layer alone is this very solve (`predict_all` reuses it).
-                self.results[(self.keys.index(self.templates[t]), shape, lean)] = answer
+                self.results[(self.layers_of[t][0], shape, lean)] = answer
                 cost = answer.cost
-            for layer, key in enumerate(self.keys):
-                if key != self.templates[t]:
-                    continue
+            for layer in self.layers_of[t]:
                 if kind == "bound":
                     self.lower[(layer, shape)] = cost.micro_batch_s
                     # A bound holds for the fast solve and the lean one alike; it stands
