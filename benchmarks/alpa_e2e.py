@@ -59,7 +59,8 @@ from typing import NamedTuple
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cost_models.step_time import StageLayout, predict_stages  # noqa: E402
+from cost_models.pipeline_memory import StageLayout  # noqa: E402
+from cost_models.step_time import predict_stages  # noqa: E402
 from planner.cli.train import layout  # noqa: E402
 from planner.cluster import Cluster  # noqa: E402
 from planner.knobs import check_knobs, default_precision  # noqa: E402

@@ -37,6 +37,15 @@ from cost_models.comm import group_collective_time
 from cost_models.data_parallel import data_parallel_comm, hidden
 from cost_models.efficiency import Efficiency
 from cost_models.kernel_time import Pass, pass_seconds
+from cost_models.pipeline_memory import (
+    StageLayout,
+    attention_backend,
+    layer_parameters,
+    recomputed_layers,
+    stage_parameters,
+    stages_peak_memory,
+    uniform_stages,
+)
 from cost_models.training_collectives import (
     Collective,
     RankLayout,
@@ -114,14 +123,6 @@ def _head_seconds(
                     tensor)
     return (pass_seconds(head, device, device.efficiency, parallel.precision)
             + pass_seconds(head, device, device.efficiency, parallel.precision, backward=True))
-
-
-def attention_backend(parallel: ParallelConfig, flash: bool) -> str:
-    """The attention backend `parallel` runs: its own, or for 'auto' flash where the
-    device runs fused attention (`flash`), else Megatron-LM's local one."""
-    if parallel.attention_backend != "auto":
-        return parallel.attention_backend
-    return "flash" if flash else "local"
 
 
 _LAYER_PASSES: dict[tuple, tuple] = {}
@@ -258,22 +259,6 @@ def price(collectives: list[Collective], parallel: ParallelConfig, cluster: Clus
     return Pass(seconds["forward"], seconds["backward"], seconds["recompute"])
 
 
-@dataclass(frozen=True)
-class StageLayout:
-    """One pipeline stage: its layers and the logical (data x tensor) mesh it runs on."""
-
-    layers: int
-    """Transformer layers the stage holds."""
-    tensor: int
-    """Tensor-parallel degree inside the stage."""
-    data: int
-    """Data-parallel degree inside the stage: replicas that split each micro-batch."""
-
-    @property
-    def devices(self) -> int:
-        return self.tensor * self.data
-
-
 def predict_step(
     model: TransformerConfig,
     cluster: Cluster,
@@ -285,9 +270,9 @@ def predict_step(
     """Predict `parallel` (resolved for the cluster's GPU count) for `model` on `cluster`,
     every stage on the same (data x tensor) mesh, as Megatron-LM lays them out."""
     parallel = parallel.resolve(cluster.num_devices)
-    layers = layers_per_stage or even_split(model.num_layers, parallel.pipeline)
-    stages = [StageLayout(count, parallel.tensor, parallel.data) for count in layers]
-    return predict_stages(model, cluster, parallel, stages, flash_attention, collectives)
+    return predict_stages(model, cluster, parallel,
+                          uniform_stages(model, parallel, layers_per_stage),
+                          flash_attention, collectives)
 
 
 def predict_stages(
@@ -353,7 +338,7 @@ def predict_stages(
     else:
         pipeline_s = sum(stage_times) + (m - 1) * stage_times[slowest]
 
-    params = _stage_parameters(model, stages, parallel.expert)
+    params = stage_parameters(model, stages, parallel.expert)
     reductions = {(params[i], id(local[i][0]), stages[i].layers): i for i in range(p)}
     data_s = max(
         data_parallel_comm(params[i], local[i][0], cluster, local[i][1], stages[i].layers,
@@ -369,18 +354,7 @@ def predict_stages(
     replays = sum(recomputed_layers(parallel, stage.layers) for stage in stages)
     model_flops, hardware_flops = _step_flops(model, parallel, replays)
     peak = device.peak_tflops.get(parallel.precision, device.peak_tflops["fp32"])
-    # Micro-batches in flight fall with the stage index (`in_flight_micro_batches`), so
-    # of stages alike in all else the first holds the most; the last adds the output
-    # layer's activations.
-    firsts: dict[tuple, int] = {}
-    for i in range(p - 1):
-        firsts.setdefault((params[i], id(local[i][0]), stages[i].layers), i)
-    worst_memory = max(
-        (_stage_memory(model, local[i][0], params[i], stages[i].layers, i, p, m,
-                       attention_backend(parallel, flash_attention) in SCORE_FREE_ATTENTION)
-         for i in [*firsts.values(), p - 1]),
-        key=lambda breakdown: breakdown.total,
-    )
+    worst_memory = stages_peak_memory(model, cluster, parallel, stages, flash_attention)
     return StepPrediction(
         step_time_s=step,
         compute_s=m * compute[slowest],
@@ -396,24 +370,6 @@ def predict_stages(
         memory_gib_per_gpu=worst_memory.total / 2**30,
         fits=worst_memory.fits(device.memory_gib * 2**30),
     )
-
-
-def recomputed_layers(parallel: ParallelConfig, layers: int) -> int:
-    """Layers of a stage of `layers` whose forward (or, selective, attention core) is
-    replayed in backward: all of them, or under full recomputation by the block method the
-    first recompute_num_layers of each of the stage's virtual chunks."""
-    if parallel.recompute == "none":
-        return 0
-    if parallel.recompute == "full" and parallel.recompute_method == "block":
-        v = parallel.virtual_pipeline
-        return min(layers, parallel.recompute_num_layers * v)
-    return layers
-
-
-def even_split(num_layers: int, stages: int) -> list[int]:
-    """Layers per stage as even as they go, the earlier stages taking the remainder."""
-    base, extra = divmod(num_layers, stages)
-    return [base + (1 if i < extra else 0) for i in range(stages)]
 
 
 def _pipeline_p2p(
@@ -436,33 +392,6 @@ def _pipeline_p2p(
     return 2 * group_collective_time("send_recv", nbytes, len(stages), stride, cluster)
 
 
-def _layer_parameters(model: TransformerConfig, expert: int) -> float:
-    """Parameters of one layer a tensor-parallel group holds: all but the experts, and of
-    those its expert-parallel share."""
-    experts = model.expert_parameters_per_layer()
-    return model.parameters_per_layer() - experts + experts / expert
-
-
-def _stage_parameters(
-    model: TransformerConfig, stages: list[StageLayout], expert: int = 1
-) -> list[float]:
-    """Parameters one GPU of each stage holds (its tensor-parallel shard)."""
-    per_layer = _layer_parameters(model, expert)
-    embedding = model.vocab_size * model.hidden_size
-    positions = model.hidden_size * (model.max_position_embeddings or 0) * (
-        model.position_embedding == "learned"
-    )
-    params = []
-    for index, stage in enumerate(stages):
-        total = stage.layers * per_layer
-        if index == 0:
-            total += embedding + positions
-        if index == len(stages) - 1 and (not model.tie_embeddings or len(stages) > 1):
-            total += embedding  # untied head, or the tied copy Megatron keeps last
-        params.append(total / stage.tensor)
-    return params
-
-
 def _step_flops(model: TransformerConfig, parallel: ParallelConfig,
                 replays: int) -> tuple[float, float]:
     """(model FLOPs, executed FLOPs) of one step on the whole cluster, `replays` layers of
@@ -475,63 +404,6 @@ def _step_flops(model: TransformerConfig, parallel: ParallelConfig,
     attention = sum(op.flops for op in ops if isinstance(op, Attention))
     replay = {"none": 0.0, "selective": attention, "full": layer}[parallel.recompute]
     return 3 * forward, 3 * forward + sequences * replays * replay
-
-
-def _stage_memory(
-    model: TransformerConfig,
-    parallel: ParallelConfig,
-    params: float,
-    layers: int,
-    index: int,
-    num_stages: int,
-    num_micro_batches: int,
-    flash: bool,
-) -> memory.MemoryBreakdown:
-    element = memory.state_element_bytes(parallel.precision)
-    state = memory.model_state_bytes(
-        params, parallel.data, parallel.zero_stage, params_bytes=element.params,
-        grads_bytes=element.grads, optimizer_bytes=element.optimizer,
-    )
-    activations = stage_activation_bytes(model, parallel, layers, index, num_stages,
-                                         num_micro_batches, flash)
-    return memory.peak_memory_bytes(state, activations, 1, 1.0)
-
-
-def stage_activation_bytes(
-    model: TransformerConfig, parallel: ParallelConfig, layers: int, index: int,
-    num_stages: int, num_micro_batches: int, flash: bool,
-) -> float:
-    """Activations pipeline stage `index` of `num_stages` keeps at its peak on one GPU of
-    its mesh (`parallel` as the stage runs it: its tensor degree and micro-batch), with
-    `layers` layers and the schedule's micro-batches in flight."""
-    seq = math.ceil(model.seq_length / parallel.context)
-
-    def kept(recompute: str) -> float:
-        return memory.activation_bytes_per_layer(
-            seq, parallel.micro_batch_size, model.hidden_size, model.num_attention_heads,
-            parallel.tensor, parallel.sequence_parallel, recompute, flash,
-            parallel.precision == "fp8",
-        )
-
-    per_layer = kept(parallel.recompute)
-    extra = 0.0
-    if parallel.recompute == "full":
-        # Checkpointed layers keep their input; the others (block method) all they made.
-        # Backward rebuilds one checkpointed group at a time: its working set, held once.
-        replayed = recomputed_layers(parallel, layers)
-        group = parallel.recompute_num_layers if parallel.recompute_method == "uniform" else 1
-        per_layer = (replayed * kept("full") / group + (layers - replayed) * kept("none")) \
-            / max(layers, 1)
-        extra += min(group, layers) * kept("none")
-    in_flight = memory.in_flight_micro_batches(
-        parallel.schedule, num_stages, index, num_micro_batches, parallel.virtual_pipeline,
-    )
-    if index == num_stages - 1:
-        extra += memory.output_layer_activation_bytes(
-            seq, parallel.micro_batch_size, model.hidden_size, model.vocab_size,
-            parallel.tensor,
-        )
-    return per_layer * layers * in_flight + extra
 
 
 @dataclass(frozen=True)
@@ -583,7 +455,7 @@ def stage_costs(
         layer_s=kernels.total + comm.total,
         head_s=_head_seconds(model, here, cluster.device, tensor),
         p2p_s=_pipeline_p2p(model, here, [stage, stage], cluster),
-        state_bytes_per_layer=_layer_parameters(model, parallel.expert) / tensor * per_param,
+        state_bytes_per_layer=layer_parameters(model, parallel.expert) / tensor * per_param,
         state_bytes_embedding=model.vocab_size * model.hidden_size / tensor * per_param,
         activation_bytes_per_layer=activations,
         head_activation_bytes=memory.output_layer_activation_bytes(

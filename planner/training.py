@@ -14,13 +14,8 @@ from typing import Callable
 from cost_models.layer_collectives import LayerCollectives
 from cost_models.memory import state_element_bytes
 from cost_models.stage_parameters import chunk_parameters, placement, rank_state_bytes
-from cost_models.step_time import (
-    StageLayout,
-    StepPrediction,
-    even_split,
-    predict_stages,
-    rank_layout,
-)
+from cost_models.pipeline_memory import StageLayout, even_split
+from cost_models.step_time import StepPrediction, predict_stages, rank_layout
 from cost_models.training_collectives import by_kind, rank_collectives
 from planner.cluster import Cluster, calibration_of, step_time_band
 from planner.export.megatron import megatron_flags, megatron_incompatibility

@@ -3,7 +3,7 @@ stage layouts it was predicted with, read back from the plan (no search)."""
 
 from __future__ import annotations
 
-from cost_models.step_time import StageLayout
+from cost_models.pipeline_memory import StageLayout
 from planner.parallel import ParallelConfig
 from planner.plan import Plan, RunSettings
 

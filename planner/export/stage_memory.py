@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from cost_models import memory
-from cost_models.step_time import attention_backend, stage_activation_bytes
+from cost_models.pipeline_memory import attention_backend, stage_activation_bytes
 from cost_models.transformer_ops import SCORE_FREE_ATTENTION
 from planner.cluster import Cluster
 from planner.export.plan_config import parallel_config, stage_layouts

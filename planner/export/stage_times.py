@@ -21,15 +21,8 @@ from dataclasses import dataclass, replace
 
 from cost_models.comm import group_collective_time
 from cost_models.kernel_time import Pass, pass_seconds
-from cost_models.step_time import (
-    StageLayout,
-    activation_bytes,
-    attention_backend,
-    price,
-    rank_layout,
-    recomputed_layers,
-    stage_costs,
-)
+from cost_models.pipeline_memory import StageLayout, attention_backend, recomputed_layers
+from cost_models.step_time import activation_bytes, price, rank_layout, stage_costs
 from cost_models.training_collectives import (
     boundary_collectives,
     end_collectives,

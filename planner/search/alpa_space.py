@@ -16,14 +16,15 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from cost_models.memory import FRAMEWORK_RESERVE_BYTES
-from cost_models.step_time import StageLayout, predict_stages, predict_step, stage_costs
+from cost_models.pipeline_memory import StageLayout
+from cost_models.step_time import predict_stages, predict_step, stage_costs
 from planner.cluster import Cluster
-from planner.search.forked_call import start_forked
+from planner.search.forked_call import BothEnds, start_forked
 from planner.search.inter_op import stage_dp
 from planner.models.config import TransformerConfig
 from planner.parallel import RECOMPUTE, ParallelConfig
@@ -64,20 +65,22 @@ def search_auto(
     collectives: LayerCollectives | None = None,
 ) -> SearchResult:
     # The Megatron space and the stage DPs of each micro-batch size are independent: a
-    # forked child runs the first and the last fifth of the second (a micro-batch size's
-    # DPs take about a seventh of the Megatron space on the zoo's models), while this
-    # process runs the rest.
+    # forked child runs the first and then takes micro-batch sizes from the largest down,
+    # while this process takes them from the smallest up, until the two meet.
     groups = _shared_knobs(model, cluster, gbs, fixed)
-    mine = groups[:len(groups) - len(groups) // 5]
+    queue = BothEnds(len(groups))
     other = start_forked(_megatron_and_stages, model, cluster, gbs, fixed, flash_attention,
-                         collectives, groups[len(mine):])
-    ranked, evaluated, dp_s = _stages_per_group(model, cluster, mine, fixed, flash_attention,
-                                                collectives, progress, len(groups))
+                         collectives, groups, queue)
+    ranked, evaluated, dp_s = _stages_per_group(model, cluster, groups, queue.front, fixed,
+                                                flash_attention, collectives, progress,
+                                                queue.taken)
     result, megatron_s, (more, more_evaluated, more_s) = other()
     if progress:
         progress(len(groups), len(groups))
-    # The DP may rediscover a configuration the Megatron space already holds.
-    unique = {c: (c, p) for c, p in result.ranked + ranked + more}
+    # In the order of the groups, whichever process ran them, so that ties rank the same
+    # on every run; the DP may rediscover a configuration the Megatron space already holds.
+    stage_plans = [pair for _, pair in sorted(ranked + more, key=lambda item: item[0])]
+    unique = {c: (c, p) for c, p in result.ranked + stage_plans}
     result.ranked = sorted(unique.values(), key=lambda item: item[1].step_time_s)
     result.evaluated += evaluated + more_evaluated
     result.timings = {"megatron_space_s": megatron_s, "stage_dp_s": dp_s + more_s}
@@ -87,28 +90,30 @@ def search_auto(
 def _megatron_and_stages(
     model: TransformerConfig, cluster: Cluster, gbs: int, fixed: dict[str, Any],
     flash_attention: bool, collectives: LayerCollectives | None,
-    groups: list[list[ParallelConfig]],
+    groups: list[list[ParallelConfig]], queue: BothEnds,
 ) -> tuple[SearchResult, float, tuple[list, int, float]]:
     start = time.perf_counter()
     result = search_megatron(model, cluster, gbs, fixed, flash_attention,
                              collectives=collectives)
     megatron_s = time.perf_counter() - start
-    return result, megatron_s, _stages_per_group(model, cluster, groups, fixed,
+    return result, megatron_s, _stages_per_group(model, cluster, groups, queue.back, fixed,
                                                  flash_attention, collectives)
 
 
 def _stages_per_group(
     model: TransformerConfig, cluster: Cluster, groups: list[list[ParallelConfig]],
-    fixed: dict[str, Any], flash_attention: bool, collectives: LayerCollectives | None,
-    progress: Progress | None = None, total: int = 0,
+    take: Callable[[], int | None], fixed: dict[str, Any], flash_attention: bool,
+    collectives: LayerCollectives | None, progress: Progress | None = None,
+    done: Callable[[], int] | None = None,
 ) -> tuple[list, int, float]:
-    """Per group, the stage DP's plan of the first settings whose plan fits: (candidate,
-    prediction) pairs, plans predicted and seconds in the DP."""
+    """Per group `take` hands out, the stage DP's plan of the first settings whose plan
+    fits: (group index, (candidate, prediction)), plans predicted and seconds in the DP. `done`
+    counts the groups taken by either process, for `progress`."""
     ranked, evaluated, dp_s = [], 0, 0.0
-    for index, settings in enumerate(groups):
+    while (index := take()) is not None:
         # Settings in order of increasing memory relief (and cost): the first whose stage
         # DP finds a plan that fits is kept, as in the Megatron space.
-        for shared in settings:
+        for shared in groups[index]:
             dp_start = time.perf_counter()
             found = _best_stages(model, cluster, shared, fixed, flash_attention, collectives)
             dp_s += time.perf_counter() - dp_start
@@ -124,10 +129,10 @@ def _stages_per_group(
                     list(candidate.layers_per_stage), collectives)
             )
             if prediction.fits:
-                ranked.append((candidate, prediction))
+                ranked.append((index, (candidate, prediction)))
                 break
-        if progress:
-            progress(index + 1, total)
+        if progress and done:
+            progress(done(), len(groups))
     return ranked, evaluated, dp_s
 
 

@@ -1,12 +1,15 @@
 """One call run in a forked child while the caller goes on: the two halves of a search
 on the two cores a planning machine has, without importing torch (`workers` pools import
-it to set each worker's threads; the analytic search must not)."""
+it to set each worker's threads; the analytic search must not). `BothEnds` shares a list
+of work between the two: each takes items from its own end until they meet."""
 
 from __future__ import annotations
 
+import mmap
 import multiprocessing
 import os
 import pickle
+import struct
 from typing import Callable, TypeVar
 
 T = TypeVar("T")
@@ -45,3 +48,37 @@ def start_forked(function: Callable[..., T], *args: object) -> Callable[[], T]:
         return value
 
     return result
+
+
+class BothEnds:
+    """Indices 0..count-1 handed out once each, from the front to one process and from the
+    back to the other, in memory a forked child shares: whichever half finishes its other
+    work first takes more of the list, so neither waits on a split fixed in advance."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._lock = multiprocessing.Lock()
+        self._ends = mmap.mmap(-1, 8)  # anonymous and shared: (next front, next back + 1)
+        self._ends[:] = struct.pack("ii", 0, count)
+
+    def front(self) -> int | None:
+        """The next index from the front, or None when the list is used up."""
+        return self._take(from_front=True)
+
+    def back(self) -> int | None:
+        """The next index from the back, or None when the list is used up."""
+        return self._take(from_front=False)
+
+    def taken(self) -> int:
+        """How many indices either end has taken."""
+        front, back = struct.unpack("ii", self._ends[:])
+        return front + self.count - back
+
+    def _take(self, from_front: bool) -> int | None:
+        with self._lock:
+            front, back = struct.unpack("ii", self._ends[:])
+            if front >= back:
+                return None
+            index = front if from_front else back - 1
+            self._ends[:] = struct.pack("ii", front + from_front, back - (not from_front))
+            return index

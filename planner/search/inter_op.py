@@ -18,13 +18,18 @@ the end: with 1F1B it has that many more micro-batches in flight, so memory, and
 feasibility and the best intra-op plan, depend on it). Then T(t_max) = min_s F(s, 0, D) +
 (B - 1) * t_max, minimised over the candidate values of t_max: the distinct finite costs.
 
-Two ways of keeping this fast without giving up exactness:
+Three ways of keeping this fast without giving up exactness:
 
 - Device counts are indexed in units of g = gcd(submesh sizes): every sum of submesh sizes is
   a multiple of g, so D' = D / g + 1 states (Alpa's submeshes (1, 2, 4, ..., M) and whole
   nodes (n, M) give g = 1 when 1-device submeshes are allowed, and D' = D + 1). Each step
   only reads the device counts that s - 1 stages can add up to, which for power-of-two
   sizes and few stages are a small share of D'.
+- Device counts that cannot reach the cluster are never filled in: at most K stages of at
+  most W units each (W: the widest submesh with any feasible stage), so after s stages
+  from the end only d >= D' - 1 - (K - s) * W can still add up to all devices, and a
+  problem with K * W below the cluster has no plan at all. When memory rules out wide
+  submeshes (small micro-batches split over few replicas) this leaves few columns.
 - The t_max candidates are searched by branch and bound rather than one by one. F_t falls as
   t rises, so between two evaluated candidates t_lo < t_hi every candidate t in between has
   F_t >= F_{t_hi} and T(t) >= F_{t_hi} + (B - 1) * t: the interval is skipped when that bound
@@ -179,6 +184,8 @@ class _Problem:
     capacity: int
     """The cluster's devices in those units."""
     num_layers: int
+    widest: int
+    """The most units any feasible stage takes."""
 
 
 def _problem(
@@ -206,7 +213,12 @@ def _problem(
         [_finite_stages(np.where(empty, np.inf, costs[:, :, m, k])) for m in range(len(sizes))]
         for k in range(most)
     ]
-    return _Problem(stages, sizes // unit, num_devices // unit, num_layers)
+    units = sizes // unit
+    widest = max((int(units[m]) for per_k in stages for m, s in enumerate(per_k)
+                  if len(s.cost)), default=0)
+    if most * widest < num_devices // unit:
+        return None  # even the most stages on the widest submeshes leave devices idle
+    return _Problem(stages, units, num_devices // unit, num_layers, widest)
 
 
 def _most_stages(shape: tuple[int, ...], max_stages: int | None) -> int:
@@ -246,8 +258,12 @@ def _tables(problem: _Problem, t_max: float) -> list[np.ndarray]:
     table = np.full((problem.num_layers + 1, problem.capacity + 1), np.inf)
     table[problem.num_layers, 0] = 0.0
     tables = [table]
-    for per_submesh in problem.stages:
-        table = _add_stage(table, per_submesh, problem.units, t_max)
+    most = len(problem.stages)
+    for count, per_submesh in enumerate(problem.stages, start=1):
+        # The (at most most - count) stages before these take at most `widest` units each,
+        # so fewer devices than what they leave can never add up to the cluster.
+        least = problem.capacity - (most - count) * problem.widest
+        table = _add_stage(table, per_submesh, problem.units, t_max, least)
         if not np.isfinite(table).any():
             break  # no s-stage suffix fits, so no longer one does
         tables.append(table)
@@ -255,15 +271,18 @@ def _tables(problem: _Problem, t_max: float) -> list[np.ndarray]:
 
 
 def _add_stage(
-    after: np.ndarray, per_submesh: list[_Stages], units: np.ndarray, t_max: float
+    after: np.ndarray, per_submesh: list[_Stages], units: np.ndarray, t_max: float,
+    least: int = 0,
 ) -> np.ndarray:
     """F(s, l, d) = min over stages (l, j) on m with cost <= t_max of
-    cost + F(s - 1, j, d - units[m]), from `after` = F(s - 1, ., .)."""
+    cost + F(s - 1, j, d - units[m]), from `after` = F(s - 1, ., .), for d >= `least`
+    (the rest stays infinite)."""
     table = np.full_like(after, np.inf)
     finite = np.isfinite(after)
     live_rows, live_columns = finite.any(axis=1), np.flatnonzero(finite.any(axis=0))
     for stages, unit in zip(per_submesh, units):
-        columns = live_columns[live_columns + unit < after.shape[1]]
+        columns = live_columns[(live_columns + unit < after.shape[1])
+                               & (live_columns + unit >= least)]
         keep = (stages.cost <= t_max) & live_rows[stages.last]
         if not keep.any() or len(columns) == 0:
             continue

@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from cost_models.step_time import StageLayout, StepPrediction, predict_step
+from cost_models.pipeline_memory import StageLayout, fits_memory
+from cost_models.step_time import StepPrediction, predict_step
 from planner.cluster import Cluster
 from planner.models.config import TransformerConfig
 from planner.parallel import RECOMPUTE, ParallelConfig
@@ -272,11 +273,12 @@ def search_megatron(
             for split in _splits(model, knobs):
                 for recompute in recomputes:
                     candidate = Candidate(ParallelConfig(**knobs, recompute=recompute), split)
-                    prediction = predict_step(model, cluster, candidate.parallel,
-                                              flash_attention, list(split), collectives)
                     evaluated += 1
-                    if prediction.fits:
-                        ranked.append((candidate, prediction))
+                    if fits_memory(model, cluster, candidate.parallel, flash_attention,
+                                   list(split)):
+                        ranked.append((candidate, predict_step(
+                            model, cluster, candidate.parallel, flash_attention, list(split),
+                            collectives)))
                         break  # more recomputation would only be slower
         if progress:
             progress(index + 1, len(layouts))

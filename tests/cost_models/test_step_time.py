@@ -8,11 +8,13 @@ from dataclasses import replace
 import pytest
 
 from cost_models.kernel_time import kernel_seconds, pass_seconds
-from cost_models.step_time import StageLayout, predict_stages, predict_step
+from cost_models.pipeline_memory import StageLayout, fits_memory
+from cost_models.step_time import predict_stages, predict_step
 from cost_models.transformer_ops import Matmul, Memory
 from planner.cluster import Cluster
 from planner.models.presets import get_preset
 from planner.parallel import ParallelConfig
+from planner.search.megatron_space import enumerate_megatron
 
 GPT3_175B = get_preset("gpt3-175b")
 MEGATRON_175B = ParallelConfig(tensor=8, pipeline=8, micro_batch_size=1,
@@ -118,3 +120,17 @@ def test_a_pass_takes_its_gpu_time_or_its_host_launch_time_whichever_is_longer()
     gpu = kernel_seconds(large[0], device, efficiency)
     assert gpu > 50e-6
     assert pass_seconds(large, device, efficiency) == pytest.approx(gpu)
+
+
+def test_the_memory_check_agrees_with_the_whole_prediction() -> None:
+    """The search asks `fits_memory` first and prices only what fits: over every layout of
+    the Megatron space of a 13B model on 64 GPUs, both answer alike (and both answers
+    occur)."""
+    model, cluster = get_preset("gpt3-13b"), a100(64)
+    answers = set()
+    for candidate in enumerate_megatron(model, cluster, 512, {}):
+        split = list(candidate.layers_per_stage)
+        fits = fits_memory(model, cluster, candidate.parallel, None, split)
+        assert fits == predict_step(model, cluster, candidate.parallel, None, split).fits
+        answers.add(fits)
+    assert answers == {True, False}

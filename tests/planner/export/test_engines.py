@@ -138,7 +138,7 @@ def plan_of(case_id: str) -> Plan:
     cluster = Cluster.load(case.cluster).with_devices(case.gpus)
     stages = None
     if case.stages:
-        from cost_models.step_time import StageLayout
+        from cost_models.pipeline_memory import StageLayout
 
         stages = tuple(StageLayout(*stage) for stage in case.stages)
     return training_plan(case.model, shape(case.model), cluster, ParallelConfig(**case.knobs),

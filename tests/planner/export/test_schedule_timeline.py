@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from cost_models.step_time import StageLayout
+from cost_models.pipeline_memory import StageLayout
 from planner.cluster import Cluster
 from planner.export.schedule_timeline import Bar, StagePhases, Timeline, pipeline_timeline
 from planner.export.stage_times import pipeline_formula, stage_times

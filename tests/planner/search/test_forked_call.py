@@ -10,7 +10,7 @@ import pytest
 from planner.cluster import Cluster
 from planner.models.presets import get_preset
 from planner.search import forked_call, search
-from planner.search.forked_call import start_forked
+from planner.search.forked_call import BothEnds, start_forked
 
 
 def _fails(message: str) -> None:
@@ -23,6 +23,23 @@ def test_the_childs_answer_and_its_error_reach_the_caller() -> None:
     wait = start_forked(_fails, "--tensor-model-parallel-size 3 does not divide 16 heads")
     with pytest.raises(ValueError, match="does not divide 16 heads"):
         wait()
+
+
+def _take_all(take) -> list[int]:
+    taken = []
+    while (index := take()) is not None:
+        taken.append(index)
+    return taken
+
+
+def test_both_ends_hand_out_every_index_once_across_the_fork() -> None:
+    queue = BothEnds(200)
+    child = start_forked(_take_all, queue.back)
+    mine = _take_all(queue.front)
+    theirs = child()
+    assert sorted(mine + theirs) == list(range(200))
+    assert mine == sorted(mine) and theirs == sorted(theirs, reverse=True)
+    assert queue.taken() == 200 and queue.front() is None and queue.back() is None
 
 
 def test_the_auto_search_forked_ranks_as_in_one_process(monkeypatch) -> None:

@@ -195,6 +195,29 @@ def test_no_sum_of_submeshes_equals_the_cluster() -> None:
     assert stage_brute_force(costs, np.array([2, 4]), 5, 4) is None
 
 
+def test_stages_narrower_than_the_cluster_needs_leave_no_plan() -> None:
+    """Only 1- and 2-device stages fit, so 3 stages cover at most 6 of 8 devices."""
+    costs = model_costs([1.0, 1.0, 1.0], [1, 2, 8], positions=3,
+                        fits=lambda layers, devices, after: devices <= 2)
+    assert stage_dp(costs, np.array([1, 2, 8]), 8, 4) is None
+    assert stage_brute_force(costs, np.array([1, 2, 8]), 8, 4) is None
+
+
+def test_only_the_widest_feasible_stages_add_up_to_the_cluster() -> None:
+    """Stages of at most 2 devices on 8: only the 4-stage plans that put every stage on 2
+    devices use them all, whatever a plan of fewer, wider stages would score."""
+    weights = [1.0, 3.0, 1.0, 2.0, 1.0]
+    costs = model_costs(weights, [1, 2, 4], positions=5,
+                        fits=lambda layers, devices, after: devices <= 2)
+    instance = dict(costs=costs, submesh_devices=np.array([1, 2, 4]), num_devices=8,
+                    num_micro_batches=8)
+    plan, expected = stage_dp(**instance), stage_brute_force(**instance)
+    assert plan is not None and expected is not None
+    assert [s.submesh for s in plan.stages] == [1, 1, 1, 1]
+    assert plan.total_latency == pytest.approx(expected.total_latency, rel=1e-12)
+    assert_valid(plan, instance)
+
+
 def test_every_stage_infeasible() -> None:
     costs = np.full((3, 4, 2, 3), np.inf)
     assert stage_dp(costs, np.array([1, 2]), 2, 8) is None

@@ -1,0 +1,204 @@
+"""Memory per GPU of each pipeline stage: weights, gradients and optimizer state of the
+parameters it holds, and the activations its layers keep for the micro-batches the
+schedule has in flight (Korthikanti et al. 2022 per layer, `cost_models/memory.py`).
+
+A search asks `fits_memory` before it prices a layout's time (`step_time`): most of the
+layouts it tries do not fit, and their time is never needed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from cost_models import memory
+from cost_models.transformer_ops import SCORE_FREE_ATTENTION
+from planner.cluster import Cluster
+from planner.models.config import TransformerConfig
+from planner.parallel import ParallelConfig
+
+
+@dataclass(frozen=True)
+class StageLayout:
+    """One pipeline stage: its layers and the logical (data x tensor) mesh it runs on."""
+
+    layers: int
+    """Transformer layers the stage holds."""
+    tensor: int
+    """Tensor-parallel degree inside the stage."""
+    data: int
+    """Data-parallel degree inside the stage: replicas that split each micro-batch."""
+
+    @property
+    def devices(self) -> int:
+        return self.tensor * self.data
+
+
+def recomputed_layers(parallel: ParallelConfig, layers: int) -> int:
+    """Layers of a stage of `layers` whose forward (or, selective, attention core) is
+    replayed in backward: all of them, or under full recomputation by the block method the
+    first recompute_num_layers of each of the stage's virtual chunks."""
+    if parallel.recompute == "none":
+        return 0
+    if parallel.recompute == "full" and parallel.recompute_method == "block":
+        v = parallel.virtual_pipeline
+        return min(layers, parallel.recompute_num_layers * v)
+    return layers
+
+
+def even_split(num_layers: int, stages: int) -> list[int]:
+    """Layers per stage as even as they go, the earlier stages taking the remainder."""
+    base, extra = divmod(num_layers, stages)
+    return [base + (1 if i < extra else 0) for i in range(stages)]
+
+
+def attention_backend(parallel: ParallelConfig, flash: bool) -> str:
+    """The attention backend `parallel` runs: its own, or for 'auto' flash where the
+    device runs fused attention (`flash`), else Megatron-LM's local one."""
+    if parallel.attention_backend != "auto":
+        return parallel.attention_backend
+    return "flash" if flash else "local"
+
+
+def layer_parameters(model: TransformerConfig, expert: int) -> float:
+    """Parameters of one layer a tensor-parallel group holds: all but the experts, and of
+    those its expert-parallel share."""
+    experts = model.expert_parameters_per_layer()
+    return model.parameters_per_layer() - experts + experts / expert
+
+
+def stage_parameters(
+    model: TransformerConfig, stages: list[StageLayout], expert: int = 1
+) -> list[float]:
+    """Parameters one GPU of each stage holds (its tensor-parallel shard)."""
+    per_layer = layer_parameters(model, expert)
+    embedding = model.vocab_size * model.hidden_size
+    positions = model.hidden_size * (model.max_position_embeddings or 0) * (
+        model.position_embedding == "learned"
+    )
+    params = []
+    for index, stage in enumerate(stages):
+        total = stage.layers * per_layer
+        if index == 0:
+            total += embedding + positions
+        if index == len(stages) - 1 and (not model.tie_embeddings or len(stages) > 1):
+            total += embedding  # untied head, or the tied copy Megatron keeps last
+        params.append(total / stage.tensor)
+    return params
+
+
+def fits_memory(
+    model: TransformerConfig,
+    cluster: Cluster,
+    parallel: ParallelConfig,
+    flash_attention: bool | None = None,
+    layers_per_stage: list[int] | None = None,
+) -> bool:
+    """Whether `predict_step` would find every stage within the device's memory, without
+    pricing its time: a search's first question, as most layouts it tries do not fit."""
+    parallel = parallel.resolve(cluster.num_devices)
+    stages = uniform_stages(model, parallel, layers_per_stage)
+    return stages_peak_memory(model, cluster, parallel, stages, flash_attention).fits(
+        cluster.device.memory_gib * 2**30)
+
+
+def uniform_stages(
+    model: TransformerConfig, parallel: ParallelConfig, layers_per_stage: list[int] | None
+) -> list[StageLayout]:
+    """Stages as Megatron-LM lays them out: all on `parallel`'s mesh, the layers as given
+    or split evenly."""
+    layers = layers_per_stage or even_split(model.num_layers, parallel.pipeline)
+    return [StageLayout(count, parallel.tensor, parallel.data) for count in layers]
+
+
+def stages_peak_memory(
+    model: TransformerConfig,
+    cluster: Cluster,
+    parallel: ParallelConfig,
+    stages: list[StageLayout],
+    flash_attention: bool | None = None,
+) -> memory.MemoryBreakdown:
+    """The memory of the stage that needs the most per GPU. Micro-batches in flight fall
+    with the stage index (`in_flight_micro_batches`), so of stages alike in all else the
+    first holds the most; the last adds the output layer's activations."""
+    if flash_attention is None:
+        flash_attention = cluster.device.flash_attention
+    p = len(stages)
+    sequences = parallel.micro_batch_size * parallel.data
+    m = parallel.global_batch_size // sequences
+    params = stage_parameters(model, stages, parallel.expert)
+    firsts: dict[tuple, int] = {}
+    for i in range(p - 1):
+        firsts.setdefault((params[i], stages[i].tensor, stages[i].data, stages[i].layers), i)
+    meshes: dict[tuple[int, int], ParallelConfig] = {}
+    for i in [*firsts.values(), p - 1]:
+        key = (stages[i].tensor, stages[i].data)
+        if key not in meshes:
+            meshes[key] = replace(parallel, tensor=key[0], data=key[1],
+                                  micro_batch_size=sequences // key[1])
+    score_free = attention_backend(parallel, flash_attention) in SCORE_FREE_ATTENTION
+    return max(
+        (stage_memory(model, meshes[stages[i].tensor, stages[i].data], params[i],
+                       stages[i].layers, i, p, m, score_free)
+         for i in [*firsts.values(), p - 1]),
+        key=lambda breakdown: breakdown.total,
+    )
+
+
+def stage_memory(
+    model: TransformerConfig,
+    parallel: ParallelConfig,
+    params: float,
+    layers: int,
+    index: int,
+    num_stages: int,
+    num_micro_batches: int,
+    flash: bool,
+) -> memory.MemoryBreakdown:
+    """Memory of one GPU of pipeline stage `index` (`parallel` as the stage runs it),
+    holding `params` parameters and `layers` layers' activations."""
+    element = memory.state_element_bytes(parallel.precision)
+    state = memory.model_state_bytes(
+        params, parallel.data, parallel.zero_stage, params_bytes=element.params,
+        grads_bytes=element.grads, optimizer_bytes=element.optimizer,
+    )
+    activations = stage_activation_bytes(model, parallel, layers, index, num_stages,
+                                         num_micro_batches, flash)
+    return memory.peak_memory_bytes(state, activations, 1, 1.0)
+
+
+def stage_activation_bytes(
+    model: TransformerConfig, parallel: ParallelConfig, layers: int, index: int,
+    num_stages: int, num_micro_batches: int, flash: bool,
+) -> float:
+    """Activations pipeline stage `index` of `num_stages` keeps at its peak on one GPU of
+    its mesh (`parallel` as the stage runs it: its tensor degree and micro-batch), with
+    `layers` layers and the schedule's micro-batches in flight."""
+    seq = math.ceil(model.seq_length / parallel.context)
+
+    def kept(recompute: str) -> float:
+        return memory.activation_bytes_per_layer(
+            seq, parallel.micro_batch_size, model.hidden_size, model.num_attention_heads,
+            parallel.tensor, parallel.sequence_parallel, recompute, flash,
+            parallel.precision == "fp8",
+        )
+
+    per_layer = kept(parallel.recompute)
+    extra = 0.0
+    if parallel.recompute == "full":
+        # Checkpointed layers keep their input; the others (block method) all they made.
+        # Backward rebuilds one checkpointed group at a time: its working set, held once.
+        replayed = recomputed_layers(parallel, layers)
+        group = parallel.recompute_num_layers if parallel.recompute_method == "uniform" else 1
+        per_layer = (replayed * kept("full") / group + (layers - replayed) * kept("none")) \
+            / max(layers, 1)
+        extra += min(group, layers) * kept("none")
+    in_flight = memory.in_flight_micro_batches(
+        parallel.schedule, num_stages, index, num_micro_batches, parallel.virtual_pipeline,
+    )
+    if index == num_stages - 1:
+        extra += memory.output_layer_activation_bytes(
+            seq, parallel.micro_batch_size, model.hidden_size, model.vocab_size,
+            parallel.tensor,
+        )
+    return per_layer * layers * in_flight + extra
