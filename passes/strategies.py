@@ -20,7 +20,7 @@ import torch
 import torch.fx as fx
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Partial, Replicate, Shard
-from torch.distributed.tensor._ops._pointwise_ops import pointwise_ops
+from torch.distributed.tensor._ops import _pointwise_ops
 
 from cost_models.compute import dtype_key, op_flops, op_time, tensor_bytes
 from passes.deadline import Deadline
@@ -168,19 +168,29 @@ class _RuleCache:
         ask = lambda: _choices(op, args, kwargs, mesh, candidates, out_meta)  # noqa: E731
         if key is None:
             return keep(ask())
-        return self._remember(("ways", key), lambda: keep(self._remember(key, ask)))
+        # What a node makes of the answers reads the mesh's own axes (how many pieces a
+        # placement splits a tensor into), so they are kept by the mesh's very shape.
+        return self._remember(("ways", tuple(mesh.shape), key),
+                              lambda: keep(self._remember(key, ask)))
 
     def _key(self, op, args, kwargs, mesh, candidates, out_meta) -> tuple | None:
         leaves, structure = torch.utils._pytree.tree_flatten(
             (args, kwargs), is_leaf=lambda a: isinstance(a, TensorMeta)
         )
         out_key = out_meta
+        mesh_key: tuple = tuple(mesh.shape)
         if op in _SHAPE_FREE_RULES:
             size = mesh.size()
             leaves = [_shape_class(a, size) if isinstance(a, TensorMeta) else a for a in leaves]
             out_key = (_shape_class(out_meta, size) if isinstance(out_meta, TensorMeta)
                        else out_meta)
-        key = (mesh.device_type, tuple(mesh.shape), op, tuple(leaves), structure,
+            classes = [a for a in (*leaves, out_key) if isinstance(a, tuple) and a
+                       and a[0] == "tensor"]
+            if min(mesh.shape) > 1 and all(d in (-1, 1) for c in classes for d in c[1]):
+                # Every dim splits over every axis (or over none, being 1): the rule's
+                # answer is the same on every mesh of as many axes, whatever their sizes.
+                mesh_key = ("axes", mesh.ndim)
+        key = (mesh.device_type, mesh_key, op, tuple(leaves), structure,
                tuple(map(tuple, candidates)), out_key)
         try:
             hash(key)
@@ -203,7 +213,10 @@ class _RuleCache:
 _SHAPE_FREE_RULES = frozenset([
     _aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default,
     _aten.t.default, _aten.transpose.int, _aten.permute.default, _aten.sum.dim_IntList,
-    *pointwise_ops,
+    *_pointwise_ops.pointwise_ops,
+    # The pointwise ops with rules of their own (mul, add, relu, ... keep or combine
+    # partial sums): torch 2.13 lists them apart from `pointwise_ops`.
+    *getattr(_pointwise_ops, "_specially_registered_ops", ()),
 ])
 
 

@@ -208,10 +208,11 @@ def plan_intra_op(
         return buckets[key]
 
     all_edges = _edges(program, table)
+    distinct: dict = {}
     for done, edge in enumerate(all_edges):
         if deadline is not None:
             deadline.check(f"building the ILP ({done} of {len(all_edges)} edges)")
-        u_name, v_name, matrix, keys = _edge_matrix(edge, program, table, comm)
+        u_name, v_name, matrix, keys = _edge_matrix(edge, program, table, comm, distinct)
         if not np.any(matrix):
             continue
         for (i, j), key in keys.items():
@@ -302,6 +303,7 @@ def time_lower_bound(
     # A value moved to one placement for several consumers is moved once (`_transfers`):
     # of a value's k reads, each is charged 1/k, at most the dearest move it makes.
     reads = Counter(edge.source for edge in all_edges)
+    distinct: dict = {}
     for edge in all_edges:
         if free and (edge.source[0] in free or edge.consumer in free):
             continue
@@ -309,7 +311,8 @@ def time_lower_bound(
         if edge.phase == "gradient_sync":
             weight *= gradient_weight(program.parameters[edge.consumer])
         if weight > 0:
-            u_name, v_name, matrix, _ = _edge_matrix(edge, program, table, comm)
+            u_name, v_name, matrix, _ = _edge_matrix(edge, program, table, comm, distinct,
+                                                     with_buckets=False)
             edges.append((index[u_name], index[v_name], weight * matrix))
     memory = [np.zeros(len(c)) for c in node_costs]
     return lower_bound(AssignmentProblem(node_costs, memory, edges))
@@ -401,25 +404,33 @@ def _required(edge: _Edge, table: dict[str, NodeStrategies], choice: int) -> Pla
 
 
 def _edge_matrix(
-    edge: _Edge, program: TracedProgram, table: dict[str, NodeStrategies], comm: CommModel
+    edge: _Edge, program: TracedProgram, table: dict[str, NodeStrategies], comm: CommModel,
+    distinct: dict | None = None, with_buckets: bool = True,
 ) -> tuple[str, str, np.ndarray, dict[tuple[int, int], tuple]]:
     """Cost of every (producer choice, consumer choice) pair, and for gradient edges the
-    bucket each all-reducing pair falls into."""
+    bucket each all-reducing pair falls into (none `with_buckets` off). `distinct` keeps
+    each end's distinct placements for the other edges of the same `table`."""
     producer, index = edge.source
     value = output_value(program, edge.source)
     # Many strategies share a placement (a producer's strategies differ in their inputs,
     # a consumer's in its other operands): price each distinct pair once, then spread.
-    srcs, row_of = _distinct([s.outputs[index] for s in table[producer].strategies])
-    dsts, col_of = _distinct(
-        [_required(edge, table, j) for j in range(len(table[edge.consumer].strategies))]
-    )
+    distinct = {} if distinct is None else distinct
+    start = ("out", *edge.source)
+    if start not in distinct:
+        distinct[start] = _distinct([s.outputs[index] for s in table[producer].strategies])
+    srcs, row_of = distinct[start]
+    end = ("in", edge.consumer, edge.position)
+    if end not in distinct:
+        distinct[end] = _distinct([_required(edge, table, j)
+                                   for j in range(len(table[edge.consumer].strategies))])
+    dsts, col_of = distinct[end]
     bucketed = edge.phase == "gradient_sync"
     key = ("edge", tuple(value.shape), value.dtype, tuple(srcs), tuple(dsts), bucketed)
     if key not in comm._cache:
         comm._cache[key] = _pair_prices(value, srcs, dsts, bucketed, comm)
     small, small_keys = comm._cache[key]
     keys = {}
-    if small_keys:  # only gradient edges have any: spread each over its pairs of choices
+    if small_keys and with_buckets:  # gradient edges only: spread each over its choices
         rows = [np.flatnonzero(row_of == a) for a in range(len(srcs))]
         cols = [np.flatnonzero(col_of == b) for b in range(len(dsts))]
         keys = {(int(i), int(j)): bucket for (a, b), bucket in small_keys.items()

@@ -164,8 +164,9 @@ class _Solver:
     tasks (so their caches of DTensor's answers, programs and strategy tables carry over).
     A mesh's tasks of a batch go to one worker, the one that has worked on that mesh where
     that does not leave the others idle: a worker's first strategy table on a mesh asks
-    DTensor every question of its ops afresh, which costs several solves; a layer traced
-    again costs a few. A batch of fewer meshes than workers is split task by task."""
+    DTensor afresh what its ops' rules answer only for that mesh's sizes, which costs a
+    few bounds; so does a layer traced again. A batch of fewer meshes than workers is split
+    task by task."""
 
     def __init__(self, graphs: list, inputs: tuple, cluster: Cluster,
                  time_limit_s: float, micro_batches: int) -> None:
@@ -230,12 +231,12 @@ class _Solver:
         return answers
 
 
-_WORK = {(1, "solve"): 2.0, (1, "bound"): 1.0, (2, "solve"): 18.0, (2, "bound"): 5.0,
-         "trace": 4.0, "mesh": 15.0}
+_WORK = {(1, "solve"): 2.0, (1, "bound"): 1.0, (2, "solve"): 8.0, (2, "bound"): 3.0,
+         "trace": 3.0, "mesh": 3.0}
 """Rough cost of a task in tenths of a second (measured on the 1B model's layers: a 1-D
-solve 0.1 s and its strategy table 0.1 s, a 2-D solve 1-2 s, a 2-D bound 0.4 s and its
-table 0.1 s once the worker has made one on that mesh, 1.5 s more for the first), of a
-layer's trace (0.35 s), and of a worker's first strategy table on a mesh."""
+solve 0.1 s and its strategy table 0.1 s, a 2-D solve 0.8 s, a 2-D bound 0.2 s and its
+table 0.1 s once the worker has made one on that mesh, 0.3 s more for the first), of a
+layer's trace (0.3 s), and of a worker's first strategy table on a mesh."""
 
 
 def _solve_task(task: tuple[int, tuple[int, ...], bool, str]) -> StageResult | StageCost:

@@ -11,7 +11,13 @@ import math
 import numpy as np
 import pytest
 
-from planner.search.elimination import ilp_variables, lower_bound, solve_by_elimination
+from planner.search.elimination import (
+    MIN_OF_SUM_CHUNK,
+    _min_of_sum,
+    ilp_variables,
+    lower_bound,
+    solve_by_elimination,
+)
 from planner.search.solver import (
     AssignmentProblem,
     SharedCost,
@@ -118,3 +124,22 @@ def test_the_lower_bound_never_passes_the_optimum(seed: int) -> None:
     plain = AssignmentProblem(problem.node_costs, problem.node_memory, problem.edges)
     assert lower_bound(plain, max_table_entries=10**9) == pytest.approx(
         solve_brute_force(plain).objective, abs=1e-9)
+
+
+@pytest.mark.parametrize("shape", [(700, 30, 40), (3, 200_000, 2), (9000, 33)])
+def test_a_large_table_is_summed_and_minimised_by_slabs_to_the_same_bits(shape) -> None:
+    """Tables past a few slabs (`MIN_OF_SUM_CHUNK` entries) are reduced a slab of their
+    first axis at a time, never whole: the same additions in the same order, so the same
+    floats as numpy's sum over the whole table, broadcast parts and all."""
+    assert math.prod(shape) > 4 * MIN_OF_SUM_CHUNK
+    rng = np.random.default_rng(sum(shape))
+    masks = [(1, 1, 0), (0, 1, 1), (1, 0, 1), (1, 1, 1)][: 4 if len(shape) == 3 else 0] or [
+        (1, 0), (0, 1), (1, 1)]
+    parts = [rng.random([n if keep else 1 for n, keep in zip(shape, mask)])
+             for mask in masks]
+    whole = parts[0]
+    for part in parts[1:]:
+        whole = whole + part
+    expected = np.broadcast_to(whole, shape).min(axis=-1)
+    got = _min_of_sum(parts, list(shape))
+    assert got.shape == expected.shape and np.array_equal(got, expected)
