@@ -4,10 +4,11 @@ ILP -> the stage DP -> a pipeline of sharded stages, as a Plan the runtime runs.
 For each number of micro-batches m (micro-batch b = B / m):
 1. the model's forward at micro-batch b is cut into layers (`passes.stage_graph`);
 2. every layer, traced as a one-layer stage, is solved by the intra-op ILP on every
-   logical mesh of every submesh (1, 2, 4, ... devices of a node, then whole nodes; 1-D
-   and 2-D), twice: as fast as it can go, and with each parameter at its least memory
-   (sharded as ZeRO-3 shards it). Layers that compute the same thing (a template) share
-   one solve; on 2-D meshes a layer is first only bounded (`layer_table`);
+   logical mesh of every submesh (1, 2, 4, ... devices of a node, then whole nodes, short
+   of the whole cluster; 1-D and 2-D), twice: as fast as it can go, and with each
+   parameter at its least memory (sharded as ZeRO-3 shards it). Layers that compute the
+   same thing (a template) share one solve; on 2-D meshes a layer is first only bounded
+   (`layer_table`);
 3. a stage of layers i..j on a logical mesh is priced as the sum of its layers' per
    micro-batch time less their interior boundaries (moving a tensor to replicated to send
    it), plus its ends' transfers and its gradient synchronisation spread over the
@@ -18,8 +19,9 @@ The DP's plan and an even pipeline of one-device stages are then traced as whole
 solved again (in worker processes) and predicted exactly (`predict_all`). So is every
 layout of one stage on every device — data parallelism (every parameter replicated, the
 batch split) and each logical mesh, fast and lean — unless the sum of its layers' bounds
-shows it cannot beat a plan already predicted. The fastest that fits is the plan: never
-predicted slower than any of those under the same cost model.
+shows it cannot beat a plan already predicted (the layers bounded a quarter at a time,
+only while that is not yet shown). The fastest that fits is the plan: never predicted
+slower than any of those under the same cost model.
 """
 
 from __future__ import annotations
@@ -157,18 +159,14 @@ def search_graph(
         timings["trace_s"] += time.perf_counter() - start
         traced = TracedForward(forward, cuts, inputs, m)
         searches.append(_search_micro_batches(traced, values, cluster, time_limit_s, timings,
-                                              _best_step(predicted)))
-        start = time.perf_counter()
-        predicted += predict_all([(traced, layout, None) for layout, bound in searches[-1][2]
-                                  if bound is None], values, cluster, time_limit_s)
-        timings["stage_ilps_s"] += time.perf_counter() - start
+                                              predicted))
     # Every layout of one stage, traced and solved whole (one takes as long as many
     # one-layer stages), but for those whose bound shows they cannot beat a plan already
     # predicted.
     start = time.perf_counter()
     predicted += predict_all([(traced, layout, bound) for _, traced, layouts in searches
-                              for layout, bound in layouts if bound is not None],
-                             values, cluster, time_limit_s, predicted)
+                              for layout, bound in layouts], values, cluster, time_limit_s,
+                             predicted)
     timings["stage_ilps_s"] += time.perf_counter() - start
     best = searches[0][0]
     best.layer_solves = sum(found.layer_solves for found, _, _ in searches)
@@ -193,12 +191,12 @@ class TracedForward:
 
 def _search_micro_batches(
     traced: TracedForward, values: dict, cluster: Cluster, time_limit_s: float,
-    timings: dict[str, float], best_step: float = math.inf,
-) -> tuple[GraphSearch, TracedForward, list[tuple[Layout, float | None]]]:
-    """The layer table and stage DP at one micro-batch count: its layouts to predict (the
-    DP's plan and the baselines), each with a lower bound on its step where it has one
-    stage. Bounding stops once every layout of one stage is shown no faster than
-    `best_step`, the step of a plan already predicted."""
+    timings: dict[str, float], predicted: list[Candidate],
+) -> tuple[GraphSearch, TracedForward, list[tuple[Layout, float]]]:
+    """The layer table and stage DP at one micro-batch count. Its plans of several stages
+    (the DP's and the even pipeline) are predicted here, into `predicted`; its layouts of
+    one stage are returned with a lower bound on their step, bounded only until every one
+    is shown no faster than the best plan predicted so far."""
     forward, cuts, inputs, m = traced.forward, traced.cuts, traced.inputs, traced.micro_batches
     num_layers = len(cuts) - 1
     devices = cluster.num_devices
@@ -237,19 +235,23 @@ def _search_micro_batches(
                 break
             table.solve(sorted(bounded))
             timings["layer_ilps_s"] += table.seconds
+        traced.solved.update(table.results)
+        start = time.perf_counter()
+        predicted += predict_all([(traced, layout, None) for layout in _unique(layouts)],
+                                 values, cluster, time_limit_s)
+        timings["stage_ilps_s"] += time.perf_counter() - start
         # Layouts of one stage are solved whole, so their layers' solves would be of no
         # use: each is bounded by its layers' bounds (`bound_stage`: each layer's share of
         # the stage, less the moves between layers), m micro-batches of it, and solved
         # only if that bound is less than a plan already predicted (`predict_all`).
         whole = _one_stage_layouts(num_layers, devices, cluster.devices_per_node)
         stage_bounds = table.bound(sorted({layout.stages[0][2] for layout in whole}),
-                                   best_step / m)
+                                   _best_step(predicted) / m)
         timings["layer_ilps_s"] += table.seconds
     bounds = {layout: m * stage_bounds[layout.stages[0][2]] for layout in whole}
     found = GraphSearch([], num_layers, layer_solves=table.solves, layer_bounds=table.bounds,
                         costs=costs, submesh_sizes=sizes)
-    traced.solved.update(table.results)
-    return found, traced, [(layout, None) for layout in _unique(layouts)] + list(bounds.items())
+    return found, traced, list(bounds.items())
 
 
 def usable_submeshes(sizes: list[int], devices: int, most: int) -> list[int]:

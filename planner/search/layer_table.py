@@ -59,8 +59,11 @@ class LayerTable:
         self.layers_of = [[layer for layer, t in enumerate(self.template_of) if t == template]
                           for template in range(len(graphs))]
         """Each template's layers, the one its graph was cut for first."""
-        self.shapes = [shape for n in sizes
+        self.shapes = [shape for n in sizes if n < cluster.num_devices
                        for shape in logical_meshes(n, cluster.devices_per_node)]
+        """The meshes a stage DP reads: not those of every device, as one stage on all of
+        them is a layout of its own, which `bound` prices (its layers' solves would be of
+        no use)."""
         self.capacity, self.m = capacity, m
         self.solver = _Solver(list(graphs.values()), inputs, cluster,
                               time_limit_s, m)
@@ -110,9 +113,9 @@ class LayerTable:
     def bound(self, shapes: list[tuple[int, ...]],
               enough: float = math.inf) -> dict[tuple[int, ...], float]:
         """On each of `shapes`, the sum of every layer's bound (bounding the layers where
-        the table holds none: on 1-D meshes it holds solves), a quarter of the layers at a
-        time; a mesh whose partial sum reaches `enough` is bounded no further, and its
-        partial sum (a bound too: each layer's is at least zero) is what it gets."""
+        the table holds none), a quarter of the layers at a time; a mesh whose partial sum
+        reaches `enough` is bounded no further, and its partial sum (a bound too: each
+        layer's is at least zero) is what it gets."""
         start = time.perf_counter()
         sums = dict.fromkeys(shapes, 0.0)
         live = list(shapes)

@@ -96,3 +96,27 @@ def test_a_stage_is_never_bounded_above_its_solve(factory: str) -> None:
         assert candidate.exact
         assert m * bounds[shape] <= candidate.step_time_s, shape
         assert m * bounds[shape] > 0.1 * candidate.step_time_s, shape  # not vacuous
+
+
+def test_the_layer_table_leaves_meshes_of_every_device_to_bound() -> None:
+    # A stage on every device is a layout of its own, solved whole: the stage DP never
+    # reads its layers, so the table solves none on such a mesh and bounds them only when
+    # one-stage layouts ask (`bound`).
+    sys.path.insert(0, str(Path(__file__).parents[2] / "e2e"))
+    from graph_models import narrow_mlp
+
+    model, inputs = narrow_mlp()
+    cluster = Cluster.load(str(Path(__file__).parents[2] / "fixtures" / "small_memory.yaml"))
+    cluster = cluster.with_devices(4)
+    on_meta = on_meta_device(model)
+    values = {**dict(on_meta.named_parameters()), **dict(on_meta.named_buffers())}
+    batch = micro_batch_inputs(tuple(inputs), inputs[0].shape[0] // 2)
+    forward = forward_graph(on_meta, batch, None)
+    cuts = layer_cuts(forward, 4)
+    with LayerTable(forward, cuts, values, batch, cluster, [1, 2, 4], 30.0, math.inf,
+                    2) as table:
+        meshes = {shape for _, shape, _ in table.costs}
+        assert meshes == {(1,), (2,)}
+        bounds = table.bound([(4,), (2, 2)])
+    assert all(bound > 0 for bound in bounds.values())
+    assert {shape for _, shape in table.lower} >= {(4,), (2, 2)}
