@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.fx as fx
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from cost_models.compute import tensor_bytes
 from passes.layers import block_of, repeated_blocks
@@ -127,6 +128,63 @@ def forward_graph(
     kinds = [spec.kind.name for spec in signature.output_specs]
     loss = output.args[0][kinds.index("USER_OUTPUT")]
     return ForwardGraph(graph, parameters, buffers, user_inputs, ops, loss)
+
+
+def forward_at_batch(forward: ForwardGraph, old: int, new: int) -> ForwardGraph | None:
+    """`forward` (traced with a batch of `old`) with its shapes propagated again for a batch
+    of `new`: the same ops, without exporting the model again. None when the graph does
+    not carry the batch through as one dim of its own: when some tensor's dims change
+    other than `old` to `new` (a batch folded into another dim), a dim of `old` stays (a
+    size written into the graph, or a weight as wide as the batch), or an op refuses the
+    new shapes. The constants the graph holds may still be the old batch's (a mean's
+    divisor): planning reads shapes only, and the runtime traces the model itself."""
+    graph = fx.Graph()
+    copies: dict[fx.Node, fx.Node] = {}
+    for node in forward.graph.nodes:
+        copies[node] = graph.node_copy(node, lambda n: copies[n])
+    mode = FakeTensorMode()
+    values: dict[fx.Node, Any] = {}
+    try:
+        for node, copied in copies.items():
+            before = node.meta.get("val")
+            if node.op == "placeholder":
+                shape = list(before.shape)
+                if node.name in forward.user_inputs and shape:
+                    shape[0] = new
+                with mode:
+                    after = torch.empty(shape, dtype=before.dtype)
+            elif node.op == "call_function":
+                args, kwargs = torch.utils._pytree.tree_map(
+                    lambda a: values[a] if isinstance(a, fx.Node) else a, (node.args, node.kwargs))
+                with mode:
+                    after = node.target(*args, **kwargs)
+            elif node.op == "output":
+                continue
+            else:
+                return None
+            if not _batch_carried(before, after, old, new):
+                return None
+            values[node] = after
+            copied.meta["val"] = after
+            copied.meta.pop("tensor_meta", None)
+    except Exception:  # noqa: BLE001 - an op that refuses the new shapes: export again
+        return None
+    return ForwardGraph(graph, dict(forward.parameters), dict(forward.buffers),
+                        list(forward.user_inputs), [copies[n] for n in forward.ops],
+                        copies[forward.loss])
+
+
+def _batch_carried(before: Any, after: Any, old: int, new: int) -> bool:
+    """Whether `after` is `before` with every dim of `old` become `new` and no other."""
+    pairs = zip(torch.utils._pytree.tree_leaves(before), torch.utils._pytree.tree_leaves(after))
+    for b, a in pairs:
+        if isinstance(b, torch.Tensor) != isinstance(a, torch.Tensor):
+            return False
+        if isinstance(b, torch.Tensor) and (
+                b.dim() != a.dim() or b.dtype != a.dtype
+                or any(y != (new if x == old else x) for x, y in zip(b.shape, a.shape))):
+            return False
+    return True
 
 
 # -- layers ---------------------------------------------------------------------------------

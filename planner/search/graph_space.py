@@ -40,6 +40,7 @@ from cost_models.comm import collective_time
 from cost_models.memory import FRAMEWORK_RESERVE_BYTES
 from passes.stage_graph import (
     ForwardGraph,
+    forward_at_batch,
     forward_graph,
     layer_cuts,
     micro_batch_inputs,
@@ -150,11 +151,16 @@ def search_graph(
     searches: list[tuple[GraphSearch, TracedForward, list]] = []
     timings = {"trace_s": 0.0, "layer_ilps_s": 0.0, "stage_dp_s": 0.0, "stage_ilps_s": 0.0}
     predicted: list[Candidate] = []
+    first: tuple[ForwardGraph, int] | None = None
     for m in counts:
         size = global_batch_size // m
         inputs = micro_batch_inputs(tuple(example_inputs), size)
         start = time.perf_counter()
-        forward = forward_graph(on_meta, inputs, loss_fn)
+        # Another micro-batch size re-propagates the first trace's shapes where the graph
+        # carries its batch through (an export of a large model takes seconds).
+        forward = (forward_at_batch(*first, size) if first else None) or forward_graph(
+            on_meta, inputs, loss_fn)
+        first = first or (forward, size)
         cuts = layer_cuts(forward, max_layers)
         timings["trace_s"] += time.perf_counter() - start
         traced = TracedForward(forward, cuts, inputs, m)

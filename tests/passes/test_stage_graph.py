@@ -10,6 +10,7 @@ from torch import nn
 from passes.stage_graph import (
     backward_nodes,
     boundary_parameters,
+    forward_at_batch,
     forward_graph,
     gradient_inputs,
     layer_cuts,
@@ -87,3 +88,49 @@ def test_every_receiver_gets_the_whole_tensor_once(senders: int, receivers: int)
     sent = [sender for route in plan for sender, _, _ in route]
     if senders > receivers and senders % receivers == 0:
         assert sorted(sent) == list(range(senders))  # each sender sends one piece
+
+
+class Flattening(nn.Module):
+    """A view that folds the batch into another dim, as attention's reshapes do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x.reshape(-1, 8)).reshape(x.shape[0], 2, 8)
+
+
+def _shapes(forward) -> list:
+    return [tuple(n.meta["val"].shape) if isinstance(n.meta.get("val"), torch.Tensor)
+            else None for n in forward.ops]
+
+
+def test_another_batch_re_propagates_the_shapes_an_export_would_give() -> None:
+    # The search's second micro-batch size: the first trace's graph with its shapes
+    # propagated again, op for op and shape for shape what exporting again gives.
+    model = Chain().to("meta")
+    again = forward_at_batch(forward_graph(model, micro_batch_inputs((torch.randn(4, 8),), 4)),
+                             4, 12)
+    exported = forward_graph(model, micro_batch_inputs((torch.randn(4, 8),), 12))
+    assert again is not None
+    assert [n.target for n in again.ops] == [n.target for n in exported.ops]
+    assert _shapes(again) == _shapes(exported)
+    assert again.loss.meta["val"].shape == exported.loss.meta["val"].shape
+    assert layer_cuts(again, 3) == layer_cuts(exported, 3)
+
+
+def test_a_batch_folded_into_another_dim_is_exported_again() -> None:
+    # Export writes the folded size ([4 * 2, 8]) into the graph: re-propagating it for a
+    # batch of 12 fails, so the caller exports again.
+    model = Flattening().to("meta")
+    forward = forward_graph(model, micro_batch_inputs((torch.randn(4, 2, 8),), 4))
+    assert forward_at_batch(forward, 4, 12) is None
+
+
+def test_a_weight_as_wide_as_the_batch_is_exported_again() -> None:
+    # A dim equal to the old batch that stays (a weight of width 4) could be a size the
+    # graph wrote down: the shapes are not trusted.
+    model = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 8)).to("meta")
+    forward = forward_graph(model, micro_batch_inputs((torch.randn(4, 8),), 4))
+    assert forward_at_batch(forward, 4, 12) is None
