@@ -14,7 +14,8 @@ a user waits for count. Two groups of rows (`--rows`):
   global batch 1024. A ~1B-parameter model of 200 distinct layers
   (`benchmarks/distinct_layers.py`), planned by the graph path (traced, cut into at most 16
   layers, each layer's intra-op ILP on every 1-D logical mesh and on every 2-D one a plan
-  reads, the others bounded; the stage DP): under 60 s.
+  reads, the others bounded, short of the whole cluster, whose one-stage layouts are
+  bounded; the stage DP): under 60 s.
   Alpa's GPT 39B (its OSDI'22 shape, as `benchmarks/alpa_e2e.py` plans it) with
   `--intra-op ilp` (a block template traced and solved per tensor degree): under 10 s
   (Alpa: 2,393 s for 39B on 64 GPUs, profiling included). Each command gets at most
