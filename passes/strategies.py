@@ -181,15 +181,16 @@ class _RuleCache:
         mesh_key: tuple = tuple(mesh.shape)
         if op in _SHAPE_FREE_RULES:
             size = mesh.size()
-            leaves = [_shape_class(a, size) if isinstance(a, TensorMeta) else a for a in leaves]
-            out_key = (_shape_class(out_meta, size) if isinstance(out_meta, TensorMeta)
-                       else out_meta)
-            classes = [a for a in (*leaves, out_key) if isinstance(a, tuple) and a
-                       and a[0] == "tensor"]
-            if min(mesh.shape) > 1 and all(d in (-1, 1) for c in classes for d in c[1]):
+            outs = [out_meta] if isinstance(out_meta, TensorMeta) else list(out_meta or ())
+            tensors = [a for a in (*leaves, *outs) if isinstance(a, TensorMeta)]
+            if min(mesh.shape) > 1 and all(d == 1 or _splits(d, size)
+                                           for t in tensors for d in t.shape):
                 # Every dim splits over every axis (or over none, being 1): the rule's
                 # answer is the same on every mesh of as many axes, whatever their sizes.
                 mesh_key = ("axes", mesh.ndim)
+            leaves = [_shape_class(a, size) if isinstance(a, TensorMeta) else a for a in leaves]
+            out_key = (_shape_class(out_meta, size) if isinstance(out_meta, TensorMeta)
+                       else out_meta)
         key = (mesh.device_type, mesh_key, op, tuple(leaves), structure,
                tuple(map(tuple, candidates)), out_key)
         try:
@@ -224,9 +225,14 @@ def _shape_class(meta: TensorMeta, mesh_size: int) -> tuple:
     """What a shape-free rule reads of a tensor: each dim's size, or -1 for every size
     the whole mesh divides (each such dim splits over any mesh axes alike), the order of
     its strides, and its dtype."""
-    shape = tuple(-1 if s >= mesh_size and s % mesh_size == 0 else s for s in meta.shape)
+    shape = tuple(-1 if _splits(s, mesh_size) else s for s in meta.shape)
     order = tuple(sorted(range(len(meta.stride)), key=lambda d: (-meta.stride[d], d)))
     return ("tensor", shape, order, meta.dtype)
+
+
+def _splits(size: int, mesh_size: int) -> bool:
+    """Whether a dim of `size` splits evenly over every axis of a mesh of `mesh_size`."""
+    return size >= mesh_size and size % mesh_size == 0
 
 
 def shardable_placements(shape: Sequence[int], mesh: DeviceMesh) -> list[Placements]:

@@ -213,11 +213,10 @@ def _load_hf(path: str, shape: dict[str, Any]) -> LoadedModel:
     # only price the shape); any other goes through transformers, which knows its
     # defaults and validates it. The model itself is always transformers' config's.
     try:
-        config = hf_shape.plain_config(hf_shape.read_config_fields(path)[1])
-        if config is None:
-            config = _transformers_config(path)
+        plain = hf_shape.plain_config(hf_shape.read_config_fields(path)[1])
     except hf_shape.HFConfigError as error:
         raise ModelSpecError(str(error)) from None
+    config = plain or _transformers_config(path)
     uniform_depth = hf_shape.hf_num_layers(config)
     seq_length = shape.get("seq_length") or hf_shape.default_seq_length(config)
     vocab = getattr(config, "vocab_size", None) or 2
@@ -226,7 +225,7 @@ def _load_hf(path: str, shape: dict[str, Any]) -> LoadedModel:
         from planner.models import huggingface as hf
 
         try:
-            model, loss = hf.build_hf_model(_transformers_config(path),
+            model, loss = hf.build_hf_model(config if plain is None else _transformers_config(path),
                                             depth or shape.get("num_layers"))
         except hf.HFConfigError as error:
             raise ModelSpecError(str(error)) from None

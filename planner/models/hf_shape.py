@@ -122,16 +122,10 @@ def plain_config(fields: dict[str, Any]) -> SimpleNamespace | None:
                                hidden_size=fields["n_embd"],
                                num_attention_heads=fields["n_head"],
                                max_position_embeddings=fields["n_positions"])
-    if fields["hidden_size"] % fields["num_attention_heads"] or _rope_theta_field(fields) is None:
+    config = SimpleNamespace(**fields)
+    if fields["hidden_size"] % fields["num_attention_heads"] or _stated_rope_theta(config) is None:
         return None
-    return SimpleNamespace(**fields)
-
-
-def _rope_theta_field(fields: dict[str, Any]) -> float | None:
-    parameters = fields.get("rope_parameters")
-    theta = parameters.get("rope_theta") if isinstance(parameters, dict) else None
-    theta = theta if theta is not None else fields.get("rope_theta")
-    return theta if isinstance(theta, (int, float)) and not isinstance(theta, bool) else None
+    return config
 
 
 def hf_num_layers(config: Any) -> int | None:
@@ -149,11 +143,19 @@ def default_seq_length(config: Any) -> int:
     return min(int(longest), MAX_DEFAULT_SEQ_LENGTH)
 
 
+def _stated_rope_theta(config: Any) -> float | None:
+    """The rotary base the config states: `rope_theta` (transformers 4) or
+    `rope_parameters["rope_theta"]` (5); None where it states no number."""
+    theta = getattr(config, "rope_theta", None)
+    parameters = getattr(config, "rope_parameters", None)
+    if not theta and isinstance(parameters, dict):
+        theta = parameters.get("rope_theta")
+    return theta if isinstance(theta, (int, float)) and not isinstance(theta, bool) else None
+
+
 def _rope_theta(config: Any) -> int:
-    """Rotary base: `rope_theta` (transformers 4) or `rope_parameters["rope_theta"]` (5)."""
-    parameters = getattr(config, "rope_parameters", None) or {}
-    theta = getattr(config, "rope_theta", None) or parameters.get("rope_theta") or 10000
-    return int(theta)
+    """Rotary base, 10000 where the config states none."""
+    return int(_stated_rope_theta(config) or 10000)
 
 
 # Decoder families whose config maps onto the zoo's TransformerConfig (Llama's layout).

@@ -22,12 +22,8 @@ from torch import nn
 
 from planner.models.hf_shape import (
     HFConfigError,
-    default_seq_length,
-    hf_num_layers,
     one_line,
-    parameter_namer,
     read_config_fields,
-    to_transformer_config,
     without_code_fields,
 )
 
@@ -35,14 +31,11 @@ __all__ = [
     "HFConfigError",
     "LogitsOnly",
     "build_hf_model",
-    "default_seq_length",
-    "hf_num_layers",
     "load_hf_config",
     "masked_token_loss",
     "next_token_loss",
-    "parameter_namer",
-    "to_transformer_config",
 ]
+
 
 class LogitsOnly(nn.Module):
     """Call a Hugging Face model the way `torch.export` can trace it, returning its first

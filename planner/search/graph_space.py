@@ -211,7 +211,7 @@ def _search_micro_batches(
     capacity = usable_bytes(cluster)
     cut_bytes = [forward.cut_bytes(c) if 0 < c < len(forward.ops) else 0 for c in cuts]
     with LayerTable(forward, cuts, values, inputs, cluster, sizes, time_limit_s,
-                     capacity, m, bounds_only=most == 1) as table:
+                     capacity, m) as table:
         timings["layer_ilps_s"] += table.seconds
         # Bounds stand in for the 2-D solves until a plan needs them: the DP's plan is
         # solved where it reads a bound, and searched again, until it reads solves only.
@@ -221,8 +221,8 @@ def _search_micro_batches(
             start = time.perf_counter()
             costs, chosen = _stage_costs(table.costs, num_layers, sizes, m, most, capacity,
                                          cut_bytes, cluster)
-            if devices in sizes:  # one stage on every device: a layout of its own, below
-                costs[0, num_layers, sizes.index(devices), 0] = np.inf
+            # No stage of the DP's spans every device (the table holds no such mesh): one
+            # stage on all of them is a layout of its own, bounded below.
             plan = stage_dp(costs, np.array(sizes), devices, m, most) if most > 1 else None
             timings["stage_dp_s"] += time.perf_counter() - start
             layouts = []

@@ -45,19 +45,19 @@ class LayerTable:
 
     def __init__(self, forward: ForwardGraph, cuts: list[int], values: dict, inputs: tuple,
                  cluster: Cluster, sizes: list[int], time_limit_s: float, capacity: float,
-                 m: int, bounds_only: bool = False) -> None:
-        """`bounds_only`: a table no stage DP reads (of one micro-batch: a stage on every
-        device, solved whole), where entries are only bounded, as `bound` asks."""
+                 m: int) -> None:
         self.num_layers = len(cuts) - 1
-        self.bounds_only = bounds_only
-        graphs: dict = {}  # template -> the graph of its first layer
+        graphs = []  # each template's graph, cut for its first layer
+        index: dict[tuple, int] = {}  # template -> its place in `graphs`
         self.template_of: list[int] = []
         """Each layer's template, as an index into `layers_of`."""
         for layer in range(self.num_layers):
             graph = stage_graph(forward, cuts, layer, layer + 1, values)
             key = _template(forward, cuts, layer, graph)
-            graphs.setdefault(key, graph)
-            self.template_of.append(list(graphs).index(key))
+            if key not in index:
+                index[key] = len(graphs)
+                graphs.append(graph)
+            self.template_of.append(index[key])
         self.layers_of = [[layer for layer, t in enumerate(self.template_of) if t == template]
                           for template in range(len(graphs))]
         """Each template's layers, the one its graph was cut for first."""
@@ -67,8 +67,7 @@ class LayerTable:
         them is a layout of its own, which `bound` prices (its layers' solves would be of
         no use)."""
         self.capacity, self.m = capacity, m
-        self.solver = _Solver(list(graphs.values()), inputs, cluster,
-                              time_limit_s, m)
+        self.solver = _Solver(graphs, inputs, cluster, time_limit_s, m)
         self.costs: dict[tuple[int, tuple[int, ...], bool], StageCost] = {}
         self.lower: dict[tuple[int, tuple[int, ...]], float] = {}
         """(layer, mesh) -> the layer's bound (`bound_stage`'s time), where one was made."""
@@ -80,9 +79,7 @@ class LayerTable:
     def __enter__(self) -> LayerTable:
         start = time.perf_counter()
         self.solver.__enter__()
-        if self.bounds_only:  # bounded as `bound` is asked
-            self.seconds = time.perf_counter() - start
-            return self
+        # Of one micro-batch (a stage on every device) no mesh is left: `bound` is all.
         tasks = [(t, shape, False, "solve" if len(shape) == 1 else "bound")
                  for t in range(len(self.layers_of)) for shape in self.shapes]
         self._run(tasks)

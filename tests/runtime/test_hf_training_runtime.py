@@ -11,7 +11,7 @@ from torch.distributed.tensor import DTensor
 
 transformers = pytest.importorskip("transformers")
 
-from planner.models.huggingface import to_transformer_config  # noqa: E402
+from planner.models.hf_shape import to_transformer_config  # noqa: E402
 from runtime.mesh import Degrees, build_mesh  # noqa: E402
 from runtime.model_parts import model_parts  # noqa: E402
 from runtime.parallelize import apply_data_parallel  # noqa: E402
