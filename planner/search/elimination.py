@@ -335,7 +335,9 @@ def _slab_min_of_sum(parts: list[np.ndarray], shape: list[int]) -> np.ndarray:
         return np.broadcast_to(parts[0], shape).min(axis=-1)
     combined = parts[0] + parts[1]  # a new array: the rest is added into it in place
     for q in parts[2:]:
-        if np.broadcast_shapes(combined.shape, q.shape) == combined.shape:
+        # Every part spans the bucket's axes, each of size 1 or its domain's (no
+        # np.broadcast_shapes: it takes at most 32 axes, and a bucket may have more).
+        if all(n <= c for n, c in zip(q.shape, combined.shape)):
             np.add(combined, q, out=combined)
         else:
             combined = combined + q

@@ -143,3 +143,19 @@ def test_a_large_table_is_summed_and_minimised_by_slabs_to_the_same_bits(shape) 
     expected = np.broadcast_to(whole, shape).min(axis=-1)
     got = _min_of_sum(parts, list(shape))
     assert got.shape == expected.shape and np.array_equal(got, expected)
+
+
+def test_a_bucket_over_more_than_32_nodes_is_eliminated() -> None:
+    """A node tied to 35 nodes of one choice each is eliminated first (its table is the
+    smallest), leaving a bucket over 36 axes: past numpy's 32-operand broadcasting limit,
+    which a Llama block's ILP on a 4-device mesh reaches."""
+    rng = np.random.default_rng(35)
+    leaves = range(1, 36)
+    costs = [rng.uniform(0, 10, size=3).round(2), *([rng.uniform(0, 10, size=1).round(2)]
+                                                      * 35), rng.uniform(0, 10, 2).round(2)]
+    edges = [(0, v, rng.uniform(0, 10, size=(3, 1)).round(2)) for v in leaves]
+    edges += [(v, 36, rng.uniform(0, 10, size=(1, 2)).round(2)) for v in leaves]
+    problem = AssignmentProblem(costs, [np.zeros(len(c)) for c in costs], edges)
+    got = solve_by_elimination(problem)
+    assert got is not None
+    assert got.objective == pytest.approx(solve_brute_force(problem).objective, abs=1e-9)
