@@ -4,8 +4,8 @@ Each rank rebuilds its stage's program exactly as the planner traced it
 (`passes.stage_graph`: the model's forward cut at the plan's layer cuts) and runs it with
 the plan's node shardings (`passes.lower.RankProgram`): the ops that do not need the next
 stage's gradient when a micro-batch arrives, the rest when its gradient does. Stages run
-GPipe's order (all forwards, then all backwards; the last stage runs each micro-batch's
-backward at once) over their own submeshes, which may differ in size, as Alpa's do.
+the plan's schedule (`_warm_up`: 1F1B, or GPipe's all forwards then all backwards) over
+their own submeshes, which may differ in size, as Alpa's do.
 Tensors cross a stage boundary whole: each sending rank holds the tensor replicated, and
 `passes.stage_graph.routes` says which of them sends which piece to which receiving rank.
 
@@ -21,6 +21,7 @@ rank's shards. Every rank passes the same whole batch to `step`.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any, Callable
 
 import torch
@@ -140,19 +141,15 @@ class StagedTrainer(Checkpointing):
         sends: list[tuple[dist.Work, torch.Tensor]] = []
         gradients: dict[str, list] = {}
         losses: list = []
-        last = self.index == len(self.plan.stages) - 1
+        warm_up = _warm_up(self.plan.schedule, m, len(self.plan.stages), self.index)
+        held: deque = deque()
         with torch.no_grad():
-            held = []
             for i in range(m):
-                env, moved = self._forward(i, micro[i], sends)
-                if last:
-                    self._backward(i, env, moved, [], gradients, losses, sends)
-                else:
-                    held.append((env, moved))
-            if not last:
-                for i, (env, moved) in enumerate(held):
-                    received = self._receive(i, self.index + 1, "backward")
-                    self._backward(i, env, moved, received, gradients, losses, sends)
+                held.append((i, *self._forward(i, micro[i], sends)))
+                if i >= warm_up:
+                    self._backward_oldest(held, gradients, losses, sends)
+            while held:
+                self._backward_oldest(held, gradients, losses, sends)
             loss = self._finish(gradients, losses, m)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -179,6 +176,13 @@ class StagedTrainer(Checkpointing):
                        for n in self.output_names]
             self._send(i, outputs, self.index + 1, "forward", sends)
         return env, moved
+
+    def _backward_oldest(self, held: deque, gradients: dict, losses: list,
+                         sends: list) -> None:
+        i, env, moved = held.popleft()
+        last = self.index == len(self.plan.stages) - 1
+        received = [] if last else self._receive(i, self.index + 1, "backward")
+        self._backward(i, env, moved, received, gradients, losses, sends)
 
     def _backward(self, i: int, env: dict, moved: dict, received: list[torch.Tensor],
                   gradients: dict, losses: list, sends: list) -> None:
@@ -289,6 +293,16 @@ class StagedTrainer(Checkpointing):
         """This rank's shards and AdamW state as DTensors of the plan's layouts, for `save`
         / `load` (`runtime.checkpoint`: a checkpoint loads onto another plan too)."""
         return ShardsState(self.params, self.locals, self.optimizer)
+
+
+def _warm_up(schedule: str | None, m: int, stages: int, index: int) -> int:
+    """Forwards stage `index` runs before its first backward; then it alternates a forward
+    and a backward, so it holds at most warm-up + 1 micro-batches. 1F1B: as many as the
+    stages after it (the first backward's gradient is back when their pipeline is full);
+    GPipe: all of them. The last stage runs each backward at once either way."""
+    if index == stages - 1:
+        return 0
+    return min(m, stages - 1 - index) if schedule == "1f1b" else m
 
 
 def _summed(parts: list[DTensor]) -> DTensor:

@@ -95,7 +95,7 @@ def print_graph_plans(plans: list[Plan], console: Console) -> None:
             shards.add_row(str(index), devices, fqn, placement)
     console.print(shards)
     console.print(f"best: {best.num_micro_batches} micro-batches of {best.micro_batch_size}, "
-                  f"GPipe; step {best.predicted.step_time_s:.4f} s, "
+                  f"1F1B; step {best.predicted.step_time_s:.4f} s, "
                   f"{best.predicted.memory_gib_per_gpu * 1024:.2f} MiB per device",
                   highlight=False)
 

@@ -12,8 +12,8 @@ For each number of micro-batches m (micro-batch b = B / m):
 3. a stage of layers i..j on a logical mesh is priced as the sum of its layers' per
    micro-batch time less their interior boundaries (moving a tensor to replicated to send
    it), plus its ends' transfers and its gradient synchronisation spread over the
-   micro-batches; it fits when its parameters' state and GPipe's micro-batches in flight
-   (all m on any stage but the last, which runs each backward at once) fit the device;
+   micro-batches; it fits when its parameters' state and 1F1B's micro-batches in flight
+   (`in_flight`: one per stage from it to the last, at most m) fit the device;
 4. `inter_op.stage_dp` chooses two or more stages, submeshes and their meshes.
 The DP's plan and an even pipeline of one-device stages are then traced as whole stages,
 solved again (in worker processes) and predicted exactly (`predict_all`). So is every
@@ -328,11 +328,19 @@ def _fill(costs: np.ndarray, chosen: dict, s: int, option: tuple, solves: list[S
             for k in range(costs.shape[2]):
                 if (k == 0) != (j == num_layers):
                     continue  # the last stage holds the last layer, and only it
-                in_flight = 1 if k == 0 else m
-                memory = p_state[j] - p_state[i] + in_flight * (p_act[j] - p_act[i])
+                held = in_flight(k + 1, m)
+                memory = p_state[j] - p_state[i] + held * (p_act[j] - p_act[i])
                 if memory <= capacity and latency < costs[i, j, k]:
                     costs[i, j, k] = latency
                     chosen[(i, j, s, k)] = option
+
+
+def in_flight(stages_from_here: int, m: int) -> int:
+    """Micro-batches whose activations a stage holds at once under 1F1B (`runtime.staged`),
+    `stages_from_here` counting it and every stage after it: its first backward waits for
+    one forward on each of them (Narayanan et al., PipeDream-Flush, ICML 2021; Alpa's stage
+    DP bounds memory the same way). GPipe would hold all m on every stage but the last."""
+    return min(m, stages_from_here)
 
 
 def _route_time(nbytes: float, senders: int, receivers: int, link) -> float:
@@ -356,8 +364,8 @@ def _boundary_link(cluster: Cluster, span: int):
 
 
 def _even_pipeline(num_layers: int, devices: int) -> list[Layout]:
-    """One device per stage, the layers split evenly (a GPipe of fewer micro-batches than
-    stages only idles longer, which the prediction prices), where there are as many
+    """One device per stage, the layers split evenly (a pipeline of fewer micro-batches
+    than stages only idles longer, which the prediction prices), where there are as many
     layers as devices or more."""
     stages = min(devices, num_layers)
     if stages < 2 or devices != stages:
@@ -460,18 +468,19 @@ def _replicas_cannot_fit(layout: Layout, parameter_bytes: float, capacity: float
 
 def predict(layout: Layout, solves: list[StageResult], traced: TracedForward,
             cluster: Cluster) -> Candidate:
-    """The step of `layout` from its stages' solves:
+    """The step of `layout` from its stages' solves under 1F1B:
 
         T = sum_i t_i + (m - 1) max_i t_i + max_i sync_i,
 
-    t_i a micro-batch's forward and backward on stage i with its transfers (GPipe's fill and
-    drain), sync_i its once-per-step gradient synchronisation."""
+    t_i a micro-batch's forward and backward on stage i with its transfers (the pipeline's
+    fill and drain), sync_i its once-per-step gradient synchronisation; stage i of S holds
+    `in_flight(S - i, m)` micro-batches' activations."""
     m = traced.micro_batches
     capacity = usable_bytes(cluster)
     p2p = _p2p_times(layout, traced.forward, traced.cuts, cluster)
     times = [x.cost.micro_batch_s + p for x, p in zip(solves, p2p)]
     step = sum(times) + (m - 1) * max(times) + max(x.cost.step_comm_s for x in solves)
-    memory = [x.cost.state_bytes + (1 if k == len(solves) - 1 else m) * x.cost.activation_bytes
+    memory = [x.cost.state_bytes + in_flight(len(solves) - k, m) * x.cost.activation_bytes
               for k, x in enumerate(solves)]
     slowest = int(np.argmax(times))
     return Candidate(layout, m, solves, step, memory, max(memory) <= capacity,

@@ -84,7 +84,8 @@ class LayerTable:
                  for t in range(len(self.layers_of)) for shape in self.shapes]
         self._run(tasks)
         # A lean solve is made only where the fast ones leave too little memory: where the
-        # whole model's fast state and GPipe's activations on that mesh do not fit.
+        # whole model's fast state and all m micro-batches' activations (more than any
+        # stage holds) on that mesh do not fit.
         short = [shape for shape in self.shapes if len(shape) == 1 and not _fast_fits(
             self.costs, self.num_layers, shape, self.capacity, self.m)]
         self._run([(t, shape, True, "solve") for t in range(len(self.layers_of))

@@ -16,6 +16,7 @@ from passes.stage_graph import forward_graph, layer_cuts, micro_batch_inputs, on
 from planner.search.graph_space import (
     Layout,
     TracedForward,
+    in_flight,
     logical_meshes,
     predict_all,
     search_graph,
@@ -45,6 +46,26 @@ def test_usable_submeshes_are_those_some_plan_uses(devices: int, most: int) -> N
 def test_one_micro_batch_solves_layers_on_the_whole_cluster_only() -> None:
     assert usable_submeshes([1, 2, 4, 8, 16, 32, 64], 64, 1) == [64]
     assert logical_meshes(64, 8) == [(64,), (32, 2), (16, 4), (8, 8)]
+
+
+def test_a_stage_holds_one_micro_batch_per_stage_from_it_to_the_last() -> None:
+    # 1F1B on 4 stages with 8 micro-batches: 4, 3, 2, 1 in flight; with 2, at most 2. The
+    # plan of 2 stages with 4 micro-batches: its first stage holds 2 (GPipe: 4).
+    assert [in_flight(4 - k, 8) for k in range(4)] == [4, 3, 2, 1]
+    assert [in_flight(4 - k, 2) for k in range(4)] == [2, 2, 2, 1]
+    sys.path.insert(0, str(Path(__file__).parents[2] / "e2e"))
+    from graph_models import narrow_mlp
+
+    model, inputs = narrow_mlp()
+    cluster = Cluster.load(str(Path(__file__).parents[2] / "fixtures" / "small_memory.yaml"))
+    found = search_graph(model, inputs, cluster.with_devices(8), 16, micro_batches=4)
+    pipelines = [c for c in found.candidates if c.exact and len(c.solves) > 1]
+    assert pipelines
+    for c in pipelines:
+        stages = len(c.solves)
+        assert c.memory_bytes == [
+            x.cost.state_bytes + min(4, stages - k) * x.cost.activation_bytes
+            for k, x in enumerate(c.solves)]
 
 
 def test_bounds_change_the_work_not_the_plan(monkeypatch) -> None:
