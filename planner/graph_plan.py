@@ -35,7 +35,8 @@ def graph_plan(candidate: Candidate, cluster: Cluster, name: str,
                                                              candidate.solves)):
         parameters = {f: p for f, p in solve.parameters.items()
                       if not f.startswith(BOUNDARY + ".")}
-        communication = _counts(solve, m)
+        recompute = candidate.layout.recomputes(k)
+        communication = _counts(solve, m, recompute)
         for kind, (count, nbytes) in _p2p_counts(candidate, k, sizes).items():
             stats = communication.setdefault(kind, [0, 0])
             stats[0] += count * m
@@ -46,7 +47,7 @@ def graph_plan(candidate: Candidate, cluster: Cluster, name: str,
             parameters=parameters,
             communication={kind: CollectiveStats(count=c, bytes=b)
                            for kind, (c, b) in sorted(communication.items())},
-            memory=_memory(solve), operators=solve.operators))
+            memory=_memory(solve), operators=solve.operators, recompute=recompute))
         first_device += sizes[k]
     flops = float(candidate.forward.op_flops().sum()) * 3 * m
     step = candidate.step_time_s
@@ -59,6 +60,7 @@ def graph_plan(candidate: Candidate, cluster: Cluster, name: str,
         mesh_axes=["device"], mesh_shape=[devices],
         global_batch_size=global_batch_size, micro_batch_size=candidate.micro_batch_size,
         num_micro_batches=m, schedule="1f1b", precision="fp32",
+        recompute="full" if any(s.recompute for s in stages) else "none",
         stages=stages, layer_cuts=list(candidate.layer_cuts),
         predicted=Predicted(
             step_time_s=step, compute_s=candidate.compute_s,
@@ -74,9 +76,11 @@ def graph_plan(candidate: Candidate, cluster: Cluster, name: str,
     )
 
 
-def _counts(solve: StageResult, m: int) -> dict[str, list[int]]:
+def _counts(solve: StageResult, m: int, recompute: bool) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
-    for times, collectives in ((m, solve.per_micro_batch), (1, solve.per_step)):
+    # A recomputing stage runs its first pass's collectives again each micro-batch.
+    for times, collectives in ((m, solve.per_micro_batch), (1, solve.per_step),
+                              (m, solve.rerun if recompute else ())):
         for c in collectives:
             stats = out.setdefault(c.kind, [0, 0])
             stats[0] += times

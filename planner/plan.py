@@ -164,6 +164,11 @@ class Stage(_Model):
     operators: OperatorShardings | None = Field(
         default=None, description="The intra-op ILP's choice for every node, where it chose."
     )
+    recompute: bool = Field(
+        default=False, description="Graph plans: the stage keeps of each micro-batch in "
+        "flight only its incoming tensors and runs its first pass again (without sending) "
+        "before that micro-batch's backward.",
+    )
 
 
 class ParallelDegrees(_Model):

@@ -5,7 +5,9 @@ Each rank rebuilds its stage's program exactly as the planner traced it
 the plan's node shardings (`passes.lower.RankProgram`): the ops that do not need the next
 stage's gradient when a micro-batch arrives, the rest when its gradient does. Stages run
 the plan's schedule (`_warm_up`: 1F1B, or GPipe's all forwards then all backwards) over
-their own submeshes, which may differ in size, as Alpa's do.
+their own submeshes, which may differ in size, as Alpa's do. A stage the plan recomputes
+keeps of each micro-batch in flight only its inputs and runs its first pass again (same
+random draws, nothing sent) when the micro-batch's gradient arrives.
 Tensors cross a stage boundary whole: each sending rank holds the tensor replicated, and
 `passes.stage_graph.routes` says which of them sends which piece to which receiving rank.
 
@@ -95,6 +97,7 @@ class StagedTrainer(Checkpointing):
         device_type: str = "cpu", optimizer: dict[str, Any] | None = None,
     ) -> None:
         self.plan = plan
+        self.device_type = device_type
         self.rank = dist.get_rank()
         meshes = stage_meshes(plan, device_type)
         self.index = stage_of(plan, self.rank)
@@ -158,28 +161,43 @@ class StagedTrainer(Checkpointing):
             work.wait()
         return loss
 
-    def _forward(self, i: int, batch: tuple, sends: list) -> tuple[dict, dict]:
+    def _forward(self, i: int, batch: tuple, sends: list) -> tuple:
+        """Micro-batch i's first pass, its outputs sent on: what its backward needs (the
+        pass's values or, on a recomputing stage, what runs the pass again)."""
+        received = self._receive(i, self.index - 1, "forward") if self.index > 0 else []
+        rng = _rng_state(self.device_type) if self.stage.recompute else None
+        env, moved = self._first_pass(batch, received)
+        if self.output_names:
+            outputs = [self.program.move(n, env, moved, self.replicated).to_local()
+                       for n in self.output_names]
+            self._send(i, outputs, self.index + 1, "forward", sends)
+        if self.stage.recompute:
+            return None, None, (batch, received, rng)
+        return env, moved, None
+
+    def _first_pass(self, batch: tuple, received: list[torch.Tensor]) -> tuple[dict, dict]:
+        """Every op that does not read the next stage's gradient."""
         operators = self.program.operators
         inputs = [
             self.program.shard(batch[position], parse_placements(operators.inputs[name]))
             for position, name in zip(self.graph.user_inputs, self.program.program.user_inputs)
         ]
         params = self._dtensors()
-        if self.index > 0:
-            for fqn, full in zip(self.boundaries, self._receive(i, self.index - 1, "forward")):
-                params[fqn] = DTensor.from_local(full, self.mesh, self.replicated,
-                                                 run_check=False)
+        for fqn, full in zip(self.boundaries, received):
+            params[fqn] = DTensor.from_local(full, self.mesh, self.replicated, run_check=False)
         env, moved = self.program.bind(params, self.buffers, inputs)
         self.program.run_nodes(env, moved, skip=self.later)
-        if self.output_names:
-            outputs = [self.program.move(n, env, moved, self.replicated).to_local()
-                       for n in self.output_names]
-            self._send(i, outputs, self.index + 1, "forward", sends)
         return env, moved
 
     def _backward_oldest(self, held: deque, gradients: dict, losses: list,
                          sends: list) -> None:
-        i, env, moved = held.popleft()
+        i, env, moved, kept = held.popleft()
+        if kept is not None:  # recompute: the first pass again, its random draws too
+            batch, received, rng = kept
+            now = _rng_state(self.device_type)
+            _set_rng_state(self.device_type, rng)
+            env, moved = self._first_pass(batch, received)
+            _set_rng_state(self.device_type, now)
         last = self.index == len(self.plan.stages) - 1
         received = [] if last else self._receive(i, self.index + 1, "backward")
         self._backward(i, env, moved, received, gradients, losses, sends)
@@ -303,6 +321,17 @@ def _warm_up(schedule: str | None, m: int, stages: int, index: int) -> int:
     if index == stages - 1:
         return 0
     return min(m, stages - 1 - index) if schedule == "1f1b" else m
+
+
+def _rng_state(device_type: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    cuda = torch.cuda.get_rng_state() if device_type == "cuda" else None
+    return torch.random.get_rng_state(), cuda
+
+
+def _set_rng_state(device_type: str, state: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+    torch.random.set_rng_state(state[0])
+    if device_type == "cuda":
+        torch.cuda.set_rng_state(state[1])
 
 
 def _summed(parts: list[DTensor]) -> DTensor:

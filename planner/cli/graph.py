@@ -69,9 +69,10 @@ def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
 
 
 def describe(plan: Plan) -> str:
-    """'4L:2x2 + 12L:2x2 mb8' — each stage's layers and logical mesh."""
+    """'4L:2x2(rc) + 12L:2x2 mb8' — each stage's layers and logical mesh, (rc) where it
+    recomputes."""
     stages = " + ".join(f"{s.layers[1] - s.layers[0]}L:{'x'.join(map(str, s.mesh_shape))}"
-                        for s in plan.stages)
+                        + ("(rc)" if s.recompute else "") for s in plan.stages)
     return f"{stages} mb{plan.micro_batch_size}"
 
 
@@ -79,7 +80,8 @@ def print_graph_plans(plans: list[Plan], console: Console) -> None:
     best = plans[0]
     table = Table(title=f"{best.model} on {best.num_gpus} x {best.cluster}, global batch "
                         f"{best.global_batch_size}")
-    for column in ("#", "stages (layers:logical mesh)", "step s", "MiB/device"):
+    for column in ("#", "stages (layers:logical mesh, rc: recomputed)", "step s",
+                   "MiB/device"):
         table.add_column(column, justify="left" if column.startswith("stages") else "right")
     for rank, plan in enumerate(plans, 1):
         p = plan.predicted

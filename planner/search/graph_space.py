@@ -13,8 +13,12 @@ For each number of micro-batches m (micro-batch b = B / m):
    micro-batch time less their interior boundaries (moving a tensor to replicated to send
    it), plus its ends' transfers and its gradient synchronisation spread over the
    micro-batches; it fits when its parameters' state and 1F1B's micro-batches in flight
-   (`in_flight`: one per stage from it to the last, at most m) fit the device;
-4. `inter_op.stage_dp` chooses two or more stages, submeshes and their meshes.
+   (`in_flight`: one per stage from it to the last, at most m) fit the device. Every
+   stage but the last may instead recompute: keep of each micro-batch in flight only its
+   incoming tensors, one micro-batch's activations at a time, for one more first pass of
+   its layers per micro-batch (the same solve, priced the other way);
+4. `inter_op.stage_dp` chooses two or more stages, submeshes, their meshes and whether
+   each recomputes.
 The DP's plan and an even pipeline of one-device stages are then traced as whole stages,
 solved again (in worker processes) and predicted exactly (`predict_all`). So is every
 layout of one stage on every device — data parallelism (every parameter replicated, the
@@ -72,6 +76,12 @@ class Layout:
     """What found it: 'stage DP', 'data parallel', 'single mesh', 'even pipeline'."""
     replicate_parameters: bool = False
     shard_inputs_on: int | None = None
+    recompute: tuple[bool, ...] = ()
+    """Per stage, whether it recomputes its first pass rather than keep its activations
+    (empty: no stage does)."""
+
+    def recomputes(self, stage: int) -> bool:
+        return bool(self.recompute) and self.recompute[stage]
 
 
 @dataclass
@@ -227,11 +237,12 @@ def _search_micro_batches(
             timings["stage_dp_s"] += time.perf_counter() - start
             layouts = []
             if plan is not None:
-                layouts.append(Layout(tuple(
-                    (c.first_layer, c.last_layer,
-                     *chosen[(c.first_layer, c.last_layer, c.submesh,
-                              len(plan.stages) - 1 - k)])
-                    for k, c in enumerate(plan.stages)), "stage DP"))
+                options = [chosen[(c.first_layer, c.last_layer, c.submesh,
+                                   len(plan.stages) - 1 - k)] for k, c in enumerate(plan.stages)]
+                layouts.append(Layout(
+                    tuple((c.first_layer, c.last_layer, shape, lean)
+                          for c, (shape, lean, _) in zip(plan.stages, options)),
+                    "stage DP", recompute=tuple(r for _, _, r in options)))
             layouts += _even_pipeline(num_layers, devices)
             bounded = {(layer, shape, lean) for layout in layouts
                        for first, last, shape, lean in layout.stages
@@ -307,32 +318,43 @@ def _stage_costs(table: dict, num_layers: int, sizes: list[int], m: int, most: i
 
 def _fill(costs: np.ndarray, chosen: dict, s: int, option: tuple, solves: list[StageCost],
           m: int, capacity: float, cut_bytes: list[float], n: int, link) -> None:
-    """Price every stage of layers i..j on one mesh `option` (shape, lean) of `n` devices
-    into `costs` (submesh s's [first, last, stages after] slice), where it beats what is
-    there, and note the option in `chosen`."""
+    """Price every stage of layers i..j on one mesh `option` (shape, lean) of `n` devices,
+    keeping its activations or recomputing them, into `costs` (submesh s's [first, last,
+    stages after] slice), where it beats what is there, and note the option (shape, lean,
+    recompute) in `chosen`.
+
+    A recomputing stage keeps of each micro-batch in flight only its incoming tensors
+    (layer i's) and holds one micro-batch's activations at a time, for one more first pass
+    of its layers per micro-batch."""
     num_layers = len(solves)
     interior = np.array([x.micro_batch_s - x.incoming_s - x.outgoing_s for x in solves])
     incoming = np.array([x.incoming_s for x in solves])
     outgoing = np.array([x.outgoing_s for x in solves])
-    sync = np.array([x.step_comm_s for x in solves])
-    state = np.array([x.state_bytes for x in solves])
-    act = np.array([x.activation_bytes for x in solves])
+    checkpoint = np.array([x.checkpoint_bytes for x in solves])
     prefix = lambda a: np.concatenate([[0.0], np.cumsum(a)])  # noqa: E731
-    p_int, p_sync, p_state, p_act = map(prefix, (interior, sync, state, act))
+    p_int = prefix(interior)
+    p_sync, p_state, p_act, p_rerun = (
+        prefix(np.array([getattr(x, f) for x in solves]))
+        for f in ("step_comm_s", "state_bytes", "activation_bytes", "rerun_s"))
     for i in range(num_layers):
         for j in range(i + 1, num_layers + 1):
             # Ends: the first layer's incoming gradient, the last layer's outgoing tensors.
             ends = incoming[i] + outgoing[j - 1]
             p2p = sum(_route_time(cut_bytes[c], n, n, link) for c in (i, j) if cut_bytes[c])
             latency = p_int[j] - p_int[i] + ends + 2 * p2p + (p_sync[j] - p_sync[i]) / m
+            state, activations = p_state[j] - p_state[i], p_act[j] - p_act[i]
             for k in range(costs.shape[2]):
                 if (k == 0) != (j == num_layers):
                     continue  # the last stage holds the last layer, and only it
                 held = in_flight(k + 1, m)
-                memory = p_state[j] - p_state[i] + held * (p_act[j] - p_act[i])
-                if memory <= capacity and latency < costs[i, j, k]:
-                    costs[i, j, k] = latency
-                    chosen[(i, j, s, k)] = option
+                kept = latency, state + held * activations, False
+                # The last stage runs each backward at once: recomputing saves it nothing.
+                redone = (latency + p_rerun[j] - p_rerun[i],
+                          state + held * checkpoint[i] + activations, True)
+                for seconds, memory, recompute in (kept, redone)[:1 + (k > 0)]:
+                    if memory <= capacity and seconds < costs[i, j, k]:
+                        costs[i, j, k] = seconds
+                        chosen[(i, j, s, k)] = (*option, recompute)
 
 
 def in_flight(stages_from_here: int, m: int) -> int:
@@ -478,9 +500,10 @@ def predict(layout: Layout, solves: list[StageResult], traced: TracedForward,
     m = traced.micro_batches
     capacity = usable_bytes(cluster)
     p2p = _p2p_times(layout, traced.forward, traced.cuts, cluster)
-    times = [x.cost.micro_batch_s + p for x, p in zip(solves, p2p)]
+    times = [x.cost.micro_batch_s + p + (x.cost.rerun_s if layout.recomputes(k) else 0.0)
+             for k, (x, p) in enumerate(zip(solves, p2p))]
     step = sum(times) + (m - 1) * max(times) + max(x.cost.step_comm_s for x in solves)
-    memory = [x.cost.state_bytes + in_flight(len(solves) - k, m) * x.cost.activation_bytes
+    memory = [_stage_memory(x.cost, in_flight(len(solves) - k, m), layout.recomputes(k))
               for k, x in enumerate(solves)]
     slowest = int(np.argmax(times))
     return Candidate(layout, m, solves, step, memory, max(memory) <= capacity,
@@ -488,6 +511,14 @@ def predict(layout: Layout, solves: list[StageResult], traced: TracedForward,
                      communication_s=step - solves[slowest].compute_s * m,
                      forward=traced.forward, layer_cuts=traced.cuts,
                      micro_batch_size=inputs_batch(traced.inputs))
+
+
+def _stage_memory(cost: StageCost, held: int, recompute: bool) -> float:
+    """Peak bytes per device of a stage holding `held` micro-batches: each one's
+    activations, or, recomputing, each one's incoming tensors and one's activations."""
+    if recompute:
+        return cost.state_bytes + held * cost.checkpoint_bytes + cost.activation_bytes
+    return cost.state_bytes + held * cost.activation_bytes
 
 
 # What the workers of `_solve_stages` read: (stage graph, inputs, shape, lean, replicate,

@@ -398,6 +398,15 @@ def _edges(program: TracedProgram, table: dict[str, NodeStrategies]) -> list[_Ed
     return edges
 
 
+def moves_read_by(program: TracedProgram, table: dict[str, NodeStrategies],
+                  choices: dict[str, int], nodes: set[str]) -> set[tuple[Source, Placements]]:
+    """(value, placement) of every move an op of `nodes` reads its inputs through: those
+    a run of only these ops issues (each once, as the runtime reuses a moved value)."""
+    return {(edge.source, _required(edge, table, choices[edge.consumer]))
+            for edge in _edges(program, table)
+            if edge.position is not None and edge.consumer in nodes}
+
+
 def _required(edge: _Edge, table: dict[str, NodeStrategies], choice: int) -> Placements:
     strategy = table[edge.consumer].strategies[choice]
     return strategy.outputs[0] if edge.position is None else strategy.inputs[edge.position]

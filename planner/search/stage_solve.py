@@ -28,6 +28,7 @@ from passes.dtensor_rules import (
 )
 from passes.stage_graph import (
     BOUNDARY,
+    backward_nodes,
     gradient_inputs,
     stage_outputs,
     surrogate_nodes,
@@ -40,6 +41,7 @@ from planner.plan import GradientBucket, OperatorShardings
 from planner.search.intra_op import (
     CommModel,
     IntraOpSolution,
+    moves_read_by,
     plan_intra_op,
     time_lower_bound,
 )
@@ -77,6 +79,13 @@ class StageSolve:
     """The gradient buckets the runtime all-reduces once per step."""
     per_micro_batch_gradients: list[str] = field(default_factory=list)
     """Parameters whose gradient is synchronised every micro-batch."""
+    rerun: list[Collective] = field(default_factory=list)
+    """Collectives of a micro-batch's first pass (what runs before its gradient arrives),
+    which a recomputing stage runs again before the backward."""
+    rerun_s: float = 0.0
+    """That first pass's kernels and collectives: what recomputation adds per micro-batch."""
+    checkpoint_bytes: float = 0.0
+    """What a recomputing stage keeps of a micro-batch in flight: its incoming tensors."""
 
     @property
     def micro_batch_s(self) -> float:
@@ -84,13 +93,14 @@ class StageSolve:
 
     def cost(self) -> StageCost:
         return StageCost(self.micro_batch_s, self.incoming_s, self.outgoing_s,
-                         self.step_comm_s, self.state_bytes, self.activation_bytes)
+                         self.step_comm_s, self.state_bytes, self.activation_bytes,
+                         rerun_s=self.rerun_s, checkpoint_bytes=self.checkpoint_bytes)
 
     def result(self) -> StageResult:
         parameters, operators = operator_shardings(self.program, self.table, self.solution,
                                                    buckets=self.buckets)
         return StageResult(self.cost(), self.compute_s, tuple(self.per_micro_batch),
-                           tuple(self.per_step), parameters, operators)
+                           tuple(self.per_step), parameters, operators, tuple(self.rerun))
 
 
 @dataclass(frozen=True)
@@ -106,6 +116,10 @@ class StageCost:
     activation_bytes: float
     exact: bool = True
     """False for a bound (`bound_stage`): no solve of the stage costs the stage DP less."""
+    rerun_s: float = 0.0
+    """Recomputation's extra time per micro-batch (`StageSolve.rerun_s`)."""
+    checkpoint_bytes: float = 0.0
+    """What a recomputing stage keeps per micro-batch in flight (its incoming tensors)."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +136,8 @@ class StageResult:
     parameters: dict[str, str]
     """Parameter FQN -> placement (DTensor's short form)."""
     operators: OperatorShardings
+    rerun: tuple[Collective, ...] = ()
+    """Collectives a recomputing stage issues again per micro-batch."""
 
 
 def solve_stage(
@@ -263,6 +279,26 @@ def _price(solve: StageSolve, comm: CommModel, num_model_inputs: int) -> None:
     solve.state_bytes, solve.activation_bytes = _resident(
         program, {node: strategies.strategies[solution.choices[node]].memory_bytes
                   for node, strategies in table.items()})
+    _price_rerun(solve, comm, gradients)
+
+
+def _price_rerun(solve: StageSolve, comm: CommModel, gradients: list[str]) -> None:
+    """What recomputation costs: the runtime (`runtime.staged`) keeps a micro-batch's
+    incoming tensors, drops the rest of its first pass (every op that does not read the
+    gradient from the next stage) and runs that pass again, without sending, before the
+    micro-batch's backward: the same kernels and the same moves of inputs."""
+    program, table, solution = solve.program, solve.table, solve.solution
+    first_pass = {name for name in table if name not in backward_nodes(program, gradients)}
+    reads = moves_read_by(program, table, solution.choices, first_pass)
+    solve.rerun = [
+        c for t in solution.transfers if t.phase != "gradient_sync" and (
+            (t.source, t.dst) in reads or (t.consumer == t.source[0] and t.consumer in first_pass))
+        for c in t.collectives]
+    compute = sum(table[n].strategies[solution.choices[n]].compute_s for n in first_pass)
+    solve.rerun_s = compute + sum(comm.time(c) for c in solve.rerun)
+    solve.checkpoint_bytes = sum(_bytes(program.nodes[node].meta["val"])
+                                 for node, fqn in program.parameters.items()
+                                 if fqn.startswith(BOUNDARY + "."))
 
 
 def _resident(program: TracedProgram, memory: dict[str, float]) -> tuple[float, float]:
