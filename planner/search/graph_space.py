@@ -40,7 +40,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from cost_models.comm import collective_time
 from cost_models.memory import FRAMEWORK_RESERVE_BYTES
 from passes.stage_graph import (
     ForwardGraph,
@@ -49,7 +48,6 @@ from passes.stage_graph import (
     layer_cuts,
     micro_batch_inputs,
     on_meta_device,
-    routes,
     stage_graph,
     stage_program,
 )
@@ -58,12 +56,22 @@ from planner.cluster import Cluster
 from planner.search.alpa_space import submeshes
 from planner.search.inter_op import stage_dp
 from planner.search.layer_table import LayerTable, logical_meshes
-from planner.search.stage_solve import StageCost, StageResult, solve_stage
+from planner.search.stage_costs import (
+    boundary_link,
+    in_flight,
+    route_time,
+    stage_costs,
+    stage_memory,
+)
+from planner.search.stage_solve import StageResult, solve_stage
 from planner.search.workers import can_fork, forked_pool
 
 MAX_LAYERS = 16
 """Layers a model without repeated blocks is cut into (Alpa clusters into a few tens)."""
 MAX_MICRO_BATCHES = 16
+MAX_REFITS = 4
+"""Times the stage DP searches again after its plan's stages, solved whole, broke the
+memory limit (each time without those stages in those meshes)."""
 
 
 @dataclass(frozen=True)
@@ -223,40 +231,30 @@ def _search_micro_batches(
     with LayerTable(forward, cuts, values, inputs, cluster, sizes, time_limit_s,
                      capacity, m) as table:
         timings["layer_ilps_s"] += table.seconds
-        # Bounds stand in for the 2-D solves until a plan needs them: the DP's plan is
-        # solved where it reads a bound, and searched again, until it reads solves only.
-        # Then no plan the bounds allowed beats it, nor can any plan of solves: the result
-        # is that of the whole table, solved.
-        while True:
+        refused: set[tuple] = set()
+        done: set[Layout] = set()
+        for _ in range(MAX_REFITS + 1):
+            costs, layouts = _dp_layouts(table, traced, sizes, most, capacity, cut_bytes,
+                                         cluster, refused, timings)
+            traced.solved.update(table.results)
             start = time.perf_counter()
-            costs, chosen = _stage_costs(table.costs, num_layers, sizes, m, most, capacity,
-                                         cut_bytes, cluster)
-            # No stage of the DP's spans every device (the table holds no such mesh): one
-            # stage on all of them is a layout of its own, bounded below.
-            plan = stage_dp(costs, np.array(sizes), devices, m, most) if most > 1 else None
-            timings["stage_dp_s"] += time.perf_counter() - start
-            layouts = []
-            if plan is not None:
-                options = [chosen[(c.first_layer, c.last_layer, c.submesh,
-                                   len(plan.stages) - 1 - k)] for k, c in enumerate(plan.stages)]
-                layouts.append(Layout(
-                    tuple((c.first_layer, c.last_layer, shape, lean)
-                          for c, (shape, lean, _) in zip(plan.stages, options)),
-                    "stage DP", recompute=tuple(r for _, _, r in options)))
-            layouts += _even_pipeline(num_layers, devices)
-            bounded = {(layer, shape, lean) for layout in layouts
-                       for first, last, shape, lean in layout.stages
-                       for layer in range(first, last)
-                       if table.is_bound(layer, shape, lean)}
-            if not bounded:
+            new = [layout for layout in _unique(layouts) if layout not in done]
+            done.update(new)
+            found_now = predict_all([(traced, layout, None) for layout in new], values,
+                                    cluster, time_limit_s)
+            predicted += found_now
+            timings["stage_ilps_s"] += time.perf_counter() - start
+            # The DP prices a stage by its layers' solves; the stage solved whole may hold
+            # more (its ILP trades memory for time across layers). Where that breaks the
+            # limit, the DP searches again without that stage in that mesh and mode.
+            broke = [(c, k) for c in found_now if c.layout.name == "stage DP" and not c.fits
+                     for k, nbytes in enumerate(c.memory_bytes) if nbytes > capacity]
+            if not broke:
                 break
-            table.solve(sorted(bounded))
-            timings["layer_ilps_s"] += table.seconds
-        traced.solved.update(table.results)
-        start = time.perf_counter()
-        predicted += predict_all([(traced, layout, None) for layout in _unique(layouts)],
-                                 values, cluster, time_limit_s)
-        timings["stage_ilps_s"] += time.perf_counter() - start
+            for c, k in broke:
+                first, last, shape, lean = c.layout.stages[k]
+                refused.add((first, last, shape, lean, c.layout.recomputes(k),
+                             len(c.layout.stages) - 1 - k))
         # Layouts of one stage are solved whole, so their layers' solves would be of no
         # use: each is bounded by its layers' bounds (`bound_stage`: each layer's share of
         # the stage, less the moves between layers), m micro-batches of it, and solved
@@ -271,6 +269,44 @@ def _search_micro_batches(
     return found, traced, list(bounds.items())
 
 
+def _dp_layouts(table: LayerTable, traced: TracedForward, sizes: list[int], most: int,
+                capacity: float, cut_bytes: list[float], cluster: Cluster, refused: set,
+                timings: dict[str, float]) -> tuple[np.ndarray, list[Layout]]:
+    """The stage DP's cost array and its plan of several stages (with the even pipeline),
+    every layer they read solved.
+
+    Bounds stand in for the 2-D solves until a plan needs them: the DP's plan is solved
+    where it reads a bound, and searched again, until it reads solves only. Then no plan
+    the bounds allowed beats it, nor can any plan of solves: the result is that of the
+    whole table, solved."""
+    num_layers, m, devices = table.num_layers, traced.micro_batches, cluster.num_devices
+    while True:
+        start = time.perf_counter()
+        costs, chosen = stage_costs(table.costs, num_layers, sizes, m, most, capacity,
+                                     cut_bytes, cluster, refused)
+        # No stage of the DP's spans every device (the table holds no such mesh): one
+        # stage on all of them is a layout of its own, bounded below.
+        plan = stage_dp(costs, np.array(sizes), devices, m, most) if most > 1 else None
+        timings["stage_dp_s"] += time.perf_counter() - start
+        layouts = []
+        if plan is not None:
+            options = [chosen[(c.first_layer, c.last_layer, c.submesh,
+                               len(plan.stages) - 1 - k)] for k, c in enumerate(plan.stages)]
+            layouts.append(Layout(
+                tuple((c.first_layer, c.last_layer, shape, lean)
+                      for c, (shape, lean, _) in zip(plan.stages, options)),
+                "stage DP", recompute=tuple(r for _, _, r in options)))
+        layouts += _even_pipeline(num_layers, devices)
+        bounded = {(layer, shape, lean) for layout in layouts
+                   for first, last, shape, lean in layout.stages
+                   for layer in range(first, last)
+                   if table.is_bound(layer, shape, lean)}
+        if not bounded:
+            return costs, layouts
+        table.solve(sorted(bounded))
+        timings["layer_ilps_s"] += table.seconds
+
+
 def usable_submeshes(sizes: list[int], devices: int, most: int) -> list[int]:
     """The submesh sizes some plan of at most `most` stages uses: the stage DP gives every
     device to exactly one stage, so with one stage (one micro-batch) only the whole
@@ -282,107 +318,12 @@ def usable_submeshes(sizes: list[int], devices: int, most: int) -> list[int]:
     return [n for n in sizes if devices - n in rest]
 
 
-def _mesh_options(table: dict, num_layers: int, sizes: list[int], per_node: int):
-    """(devices, logical mesh, lean, every layer's cost on it) for each mesh the layer
-    table holds all layers of."""
-    for n in sizes:
-        for shape in logical_meshes(n, per_node):
-            for lean in (False, True):
-                solves = [table.get((layer, shape, lean)) for layer in range(num_layers)]
-                if all(x is not None for x in solves):
-                    yield n, shape, lean, solves
-
-
 def _unique(layouts: list[Layout]) -> list[Layout]:
     return list({layout: None for layout in layouts})
 
 
 def inputs_batch(inputs: tuple) -> int:
     return next(x.shape[0] for x in inputs if isinstance(x, torch.Tensor) and x.dim() > 0)
-
-
-def _stage_costs(table: dict, num_layers: int, sizes: list[int], m: int, most: int,
-                 capacity: float, cut_bytes: list[float],
-                 cluster: Cluster) -> tuple[np.ndarray, dict]:
-    """The stage DP's cost array from the layer table, and the mesh option each entry
-    came from."""
-    costs = np.full((num_layers, num_layers + 1, len(sizes), most), np.inf)
-    chosen: dict[tuple[int, int, int, int], tuple[tuple[int, ...], bool]] = {}
-    for n, shape, lean, solves in _mesh_options(table, num_layers, sizes,
-                                                cluster.devices_per_node):
-        link = _boundary_link(cluster, 2 * n)
-        _fill(costs[:, :, sizes.index(n)], chosen, sizes.index(n), (shape, lean), solves, m,
-              capacity, cut_bytes, n, link)
-    return costs, chosen
-
-
-def _fill(costs: np.ndarray, chosen: dict, s: int, option: tuple, solves: list[StageCost],
-          m: int, capacity: float, cut_bytes: list[float], n: int, link) -> None:
-    """Price every stage of layers i..j on one mesh `option` (shape, lean) of `n` devices,
-    keeping its activations or recomputing them, into `costs` (submesh s's [first, last,
-    stages after] slice), where it beats what is there, and note the option (shape, lean,
-    recompute) in `chosen`.
-
-    A recomputing stage keeps of each micro-batch in flight only its incoming tensors
-    (layer i's) and holds one micro-batch's activations at a time, for one more first pass
-    of its layers per micro-batch."""
-    num_layers = len(solves)
-    interior = np.array([x.micro_batch_s - x.incoming_s - x.outgoing_s for x in solves])
-    incoming = np.array([x.incoming_s for x in solves])
-    outgoing = np.array([x.outgoing_s for x in solves])
-    checkpoint = np.array([x.checkpoint_bytes for x in solves])
-    prefix = lambda a: np.concatenate([[0.0], np.cumsum(a)])  # noqa: E731
-    p_int = prefix(interior)
-    p_sync, p_state, p_act, p_rerun = (
-        prefix(np.array([getattr(x, f) for x in solves]))
-        for f in ("step_comm_s", "state_bytes", "activation_bytes", "rerun_s"))
-    for i in range(num_layers):
-        for j in range(i + 1, num_layers + 1):
-            # Ends: the first layer's incoming gradient, the last layer's outgoing tensors.
-            ends = incoming[i] + outgoing[j - 1]
-            p2p = sum(_route_time(cut_bytes[c], n, n, link) for c in (i, j) if cut_bytes[c])
-            latency = p_int[j] - p_int[i] + ends + 2 * p2p + (p_sync[j] - p_sync[i]) / m
-            state, activations = p_state[j] - p_state[i], p_act[j] - p_act[i]
-            for k in range(costs.shape[2]):
-                if (k == 0) != (j == num_layers):
-                    continue  # the last stage holds the last layer, and only it
-                held = in_flight(k + 1, m)
-                kept = latency, state + held * activations, False
-                # The last stage runs each backward at once: recomputing saves it nothing.
-                redone = (latency + p_rerun[j] - p_rerun[i],
-                          state + held * checkpoint[i] + activations, True)
-                for seconds, memory, recompute in (kept, redone)[:1 + (k > 0)]:
-                    if memory <= capacity and seconds < costs[i, j, k]:
-                        costs[i, j, k] = seconds
-                        chosen[(i, j, s, k)] = (*option, recompute)
-
-
-def in_flight(stages_from_here: int, m: int) -> int:
-    """Micro-batches whose activations a stage holds at once under 1F1B (`runtime.staged`),
-    `stages_from_here` counting it and every stage after it: its first backward waits for
-    one forward on each of them (Narayanan et al., PipeDream-Flush, ICML 2021; Alpa's stage
-    DP bounds memory the same way). GPipe would hold all m on every stage but the last."""
-    return min(m, stages_from_here)
-
-
-def _route_time(nbytes: float, senders: int, receivers: int, link) -> float:
-    """One boundary's transfer per direction, as `routes` lays it out: the busiest rank's
-    messages one after another (a sender with several receivers sends to each)."""
-    plan = routes(senders, receivers)
-    sent: dict[int, list[float]] = {}
-    received = []
-    for route in plan:
-        received.append(sum(nbytes / pieces for _, _, pieces in route))
-        for sender, _, pieces in route:
-            sent.setdefault(sender, []).append(nbytes / pieces)
-    messages = max([*sent.values(), *([r] for r in received)], key=sum)
-    return sum(collective_time("send_recv", b, 2, link) for b in messages)
-
-
-def _boundary_link(cluster: Cluster, span: int):
-    """The link between two neighbouring stages that hold `span` devices together: within
-    a node while both fit in one."""
-    return cluster.intra_node if span <= cluster.devices_per_node else cluster.inter_node
 
 
 def _even_pipeline(num_layers: int, devices: int) -> list[Layout]:
@@ -503,7 +444,7 @@ def predict(layout: Layout, solves: list[StageResult], traced: TracedForward,
     times = [x.cost.micro_batch_s + p + (x.cost.rerun_s if layout.recomputes(k) else 0.0)
              for k, (x, p) in enumerate(zip(solves, p2p))]
     step = sum(times) + (m - 1) * max(times) + max(x.cost.step_comm_s for x in solves)
-    memory = [_stage_memory(x.cost, in_flight(len(solves) - k, m), layout.recomputes(k))
+    memory = [stage_memory(x.cost, in_flight(len(solves) - k, m), layout.recomputes(k))
               for k, x in enumerate(solves)]
     slowest = int(np.argmax(times))
     return Candidate(layout, m, solves, step, memory, max(memory) <= capacity,
@@ -511,14 +452,6 @@ def predict(layout: Layout, solves: list[StageResult], traced: TracedForward,
                      communication_s=step - solves[slowest].compute_s * m,
                      forward=traced.forward, layer_cuts=traced.cuts,
                      micro_batch_size=inputs_batch(traced.inputs))
-
-
-def _stage_memory(cost: StageCost, held: int, recompute: bool) -> float:
-    """Peak bytes per device of a stage holding `held` micro-batches: each one's
-    activations, or, recomputing, each one's incoming tensors and one's activations."""
-    if recompute:
-        return cost.state_bytes + held * cost.checkpoint_bytes + cost.activation_bytes
-    return cost.state_bytes + held * cost.activation_bytes
 
 
 # What the workers of `_solve_stages` read: (stage graph, inputs, shape, lean, replicate,
@@ -561,8 +494,8 @@ def _p2p_times(layout: Layout, forward: ForwardGraph, cuts: list[int],
     times = [0.0] * len(sizes)
     for k in range(len(sizes) - 1):
         nbytes = forward.cut_bytes(cuts[layout.stages[k][1]])
-        link = _boundary_link(cluster, firsts[k + 2] - firsts[k])
-        seconds = 2 * _route_time(nbytes, sizes[k], sizes[k + 1], link)
+        link = boundary_link(cluster, firsts[k + 2] - firsts[k])
+        seconds = 2 * route_time(nbytes, sizes[k], sizes[k + 1], link)
         times[k] += seconds
         times[k + 1] += seconds
     return times

@@ -16,13 +16,14 @@ from passes.stage_graph import forward_graph, layer_cuts, micro_batch_inputs, on
 from planner.search.graph_space import (
     Layout,
     TracedForward,
-    in_flight,
     logical_meshes,
     predict_all,
     search_graph,
+    usable_bytes,
     usable_submeshes,
 )
 from planner.search.layer_table import LayerTable
+from planner.search.stage_costs import in_flight
 from planner.search.stage_solve import StageCost
 
 
@@ -141,3 +142,25 @@ def test_the_layer_table_leaves_meshes_of_every_device_to_bound() -> None:
         bounds = table.bound([(4,), (2, 2)])
     assert all(bound > 0 for bound in bounds.values())
     assert {shape for _, shape in table.lower} >= {(4,), (2, 2)}
+
+
+def test_the_dp_searches_again_when_its_stages_solved_whole_break_the_memory() -> None:
+    # The DP prices a stage by its layers' solves; solved whole, this model's first stage
+    # on 200 KiB devices holds more than that and breaks the limit. The search then refuses
+    # that stage in that mode and finds a plan that fits (without refitting: none did).
+    sys.path.insert(0, str(Path(__file__).parents[2] / "e2e"))
+    import torch
+    from graph_models import WideMLP
+
+    torch.manual_seed(0)
+    model, inputs = WideMLP((64,) * 9), (torch.randn(8, 64),)
+    small = Cluster.load(str(Path(__file__).parents[2] / "fixtures" / "small_memory.yaml"))
+    small = small.with_devices(8)
+    tiny = small.model_copy(update={"device": small.device.model_copy(
+        update={"memory_gib": 0.0002})})
+    found = search_graph(model, inputs, tiny, 256, micro_batches=8)
+    plans = [c for c in found.candidates if c.layout.name == "stage DP"]
+    assert len(plans) >= 2 and not all(c.fits for c in plans)
+    best = found.candidates[0]
+    assert best.fits and best.layout.name == "stage DP"
+    assert max(best.memory_bytes) <= usable_bytes(tiny)

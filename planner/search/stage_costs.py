@@ -1,0 +1,119 @@
+"""The stage DP's cost array of a graph search (`graph_space`): every stage of layers
+i..j on every logical mesh of every submesh, with the stages after it, priced from the
+layer table's solves (or bounds), keeping its activations or recomputing them; and what
+a stage holds and sends, as the exact prediction of a layout prices it too."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cost_models.comm import collective_time
+from passes.stage_graph import routes
+from planner.cluster import Cluster
+from planner.search.layer_table import logical_meshes
+from planner.search.stage_solve import StageCost
+
+
+def stage_costs(table: dict, num_layers: int, sizes: list[int], m: int, most: int,
+                 capacity: float, cut_bytes: list[float], cluster: Cluster,
+                 refused: set = frozenset()) -> tuple[np.ndarray, dict]:
+    """The stage DP's cost array from the layer table, and the mesh option each entry
+    came from."""
+    costs = np.full((num_layers, num_layers + 1, len(sizes), most), np.inf)
+    chosen: dict[tuple[int, int, int, int], tuple[tuple[int, ...], bool]] = {}
+    for n, shape, lean, solves in _mesh_options(table, num_layers, sizes,
+                                                cluster.devices_per_node):
+        link = boundary_link(cluster, 2 * n)
+        _fill(costs[:, :, sizes.index(n)], chosen, sizes.index(n), (shape, lean), solves, m,
+              capacity, cut_bytes, n, link, refused)
+    return costs, chosen
+
+
+def _fill(costs: np.ndarray, chosen: dict, s: int, option: tuple, solves: list[StageCost],
+          m: int, capacity: float, cut_bytes: list[float], n: int, link,
+          refused: set = frozenset()) -> None:
+    """Price every stage of layers i..j on one mesh `option` (shape, lean) of `n` devices,
+    keeping its activations or recomputing them, into `costs` (submesh s's [first, last,
+    stages after] slice), where it beats what is there, and note the option (shape, lean,
+    recompute) in `chosen`.
+
+    A recomputing stage keeps of each micro-batch in flight only its incoming tensors
+    (layer i's) and holds one micro-batch's activations at a time, for one more first pass
+    of its layers per micro-batch."""
+    num_layers = len(solves)
+    interior = np.array([x.micro_batch_s - x.incoming_s - x.outgoing_s for x in solves])
+    incoming = np.array([x.incoming_s for x in solves])
+    outgoing = np.array([x.outgoing_s for x in solves])
+    checkpoint = np.array([x.checkpoint_bytes for x in solves])
+    prefix = lambda a: np.concatenate([[0.0], np.cumsum(a)])  # noqa: E731
+    p_int = prefix(interior)
+    p_sync, p_state, p_act, p_rerun = (
+        prefix(np.array([getattr(x, f) for x in solves]))
+        for f in ("step_comm_s", "state_bytes", "activation_bytes", "rerun_s"))
+    for i in range(num_layers):
+        for j in range(i + 1, num_layers + 1):
+            # Ends: the first layer's incoming gradient, the last layer's outgoing tensors.
+            ends = incoming[i] + outgoing[j - 1]
+            p2p = sum(route_time(cut_bytes[c], n, n, link) for c in (i, j) if cut_bytes[c])
+            latency = p_int[j] - p_int[i] + ends + 2 * p2p + (p_sync[j] - p_sync[i]) / m
+            state, activations = p_state[j] - p_state[i], p_act[j] - p_act[i]
+            for k in range(costs.shape[2]):
+                if (k == 0) != (j == num_layers):
+                    continue  # the last stage holds the last layer, and only it
+                held = in_flight(k + 1, m)
+                kept = latency, state + held * activations, False
+                # The last stage runs each backward at once: recomputing saves it nothing.
+                redone = (latency + p_rerun[j] - p_rerun[i],
+                          state + held * checkpoint[i] + activations, True)
+                for seconds, memory, recompute in (kept, redone)[:1 + (k > 0)]:
+                    if (memory <= capacity and seconds < costs[i, j, k]
+                            and (i, j, *option, recompute, k) not in refused):
+                        costs[i, j, k] = seconds
+                        chosen[(i, j, s, k)] = (*option, recompute)
+
+
+def in_flight(stages_from_here: int, m: int) -> int:
+    """Micro-batches whose activations a stage holds at once under 1F1B (`runtime.staged`),
+    `stages_from_here` counting it and every stage after it: its first backward waits for
+    one forward on each of them (Narayanan et al., PipeDream-Flush, ICML 2021; Alpa's stage
+    DP bounds memory the same way). GPipe would hold all m on every stage but the last."""
+    return min(m, stages_from_here)
+
+
+def route_time(nbytes: float, senders: int, receivers: int, link) -> float:
+    """One boundary's transfer per direction, as `routes` lays it out: the busiest rank's
+    messages one after another (a sender with several receivers sends to each)."""
+    plan = routes(senders, receivers)
+    sent: dict[int, list[float]] = {}
+    received = []
+    for route in plan:
+        received.append(sum(nbytes / pieces for _, _, pieces in route))
+        for sender, _, pieces in route:
+            sent.setdefault(sender, []).append(nbytes / pieces)
+    messages = max([*sent.values(), *([r] for r in received)], key=sum)
+    return sum(collective_time("send_recv", b, 2, link) for b in messages)
+
+
+def boundary_link(cluster: Cluster, span: int):
+    """The link between two neighbouring stages that hold `span` devices together: within
+    a node while both fit in one."""
+    return cluster.intra_node if span <= cluster.devices_per_node else cluster.inter_node
+
+
+def _mesh_options(table: dict, num_layers: int, sizes: list[int], per_node: int):
+    """(devices, logical mesh, lean, every layer's cost on it) for each mesh the layer
+    table holds all layers of."""
+    for n in sizes:
+        for shape in logical_meshes(n, per_node):
+            for lean in (False, True):
+                solves = [table.get((layer, shape, lean)) for layer in range(num_layers)]
+                if all(x is not None for x in solves):
+                    yield n, shape, lean, solves
+
+
+def stage_memory(cost: StageCost, held: int, recompute: bool) -> float:
+    """Peak bytes per device of a stage holding `held` micro-batches: each one's
+    activations, or, recomputing, each one's incoming tensors and one's activations."""
+    if recompute:
+        return cost.state_bytes + held * cost.checkpoint_bytes + cost.activation_bytes
+    return cost.state_bytes + held * cost.activation_bytes
