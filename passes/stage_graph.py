@@ -59,6 +59,11 @@ class ForwardGraph:
     """Every call_function node, in graph order."""
     loss: fx.Node
 
+    def parameter_values(self) -> dict[str, torch.Tensor]:
+        """Each parameter's traced value (meta), by FQN."""
+        return {self.parameters[n.name]: n.meta["val"] for n in self.graph.nodes
+                if n.op == "placeholder" and n.name in self.parameters}
+
     def op_flops(self) -> np.ndarray:
         return np.array([node_flops(n) for n in self.ops], dtype=float)
 
@@ -72,8 +77,9 @@ class ForwardGraph:
 
     def can_cut(self, cut: int) -> bool:
         """Whether a stage may end before op `cut`: every crossing value is a tensor (not a
-        tuple still to be unpacked), and no parameter is read on both sides (a weight tied
-        across stages would get two gradients that nothing sums)."""
+        tuple still to be unpacked). A parameter read on both sides (a tied weight) is held
+        by the stages on each, whose gradients are summed once per step
+        (`planner.search.tied`)."""
         return bool(self._cut_table[0][cut])
 
     def cut_bytes(self, cut: int) -> int:
@@ -101,11 +107,6 @@ class ForwardGraph:
                 spans(i, max(readers), crossing, tensor_bytes(value))
             else:
                 spans(i, max(readers), blocked, 1)
-        for node in self.graph.nodes:
-            if node.op == "placeholder" and node.name in self.parameters:
-                readers = [position[u] for u in node.users if u in position]
-                if readers:
-                    spans(min(readers), max(readers), blocked, 1)
         return np.cumsum(blocked)[:-1] == 0, np.cumsum(crossing)[:-1]
 
 

@@ -37,6 +37,10 @@ def graph_plan(candidate: Candidate, cluster: Cluster, name: str,
                       if not f.startswith(BOUNDARY + ".")}
         recompute = candidate.layout.recomputes(k)
         communication = _counts(solve, m, recompute)
+        for c in candidate.tie_collectives[k] if candidate.tie_collectives else ():
+            stats = communication.setdefault(c.kind, [0, 0])
+            stats[0] += 1
+            stats[1] += c.nbytes
         for kind, (count, nbytes) in _p2p_counts(candidate, k, sizes).items():
             stats = communication.setdefault(kind, [0, 0])
             stats[0] += count * m

@@ -21,7 +21,7 @@ import json
 import math
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterable, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -276,6 +276,16 @@ class Provenance(_Model):
     tessel_version: str = Field(description="The Tessel release that made the plan.")
 
 
+def tied_parameters(stages: Sequence[Iterable[str]]) -> dict[str, tuple[int, ...]]:
+    """FQN -> the stages holding it (in order), for each parameter more than one stage
+    holds (a tied weight, `planner.search.tied`)."""
+    holders: dict[str, list[int]] = {}
+    for k, fqns in enumerate(stages):
+        for fqn in fqns:
+            holders.setdefault(fqn, []).append(k)
+    return {fqn: tuple(ks) for fqn, ks in holders.items() if len(ks) > 1}
+
+
 def tessel_version() -> str:
     try:
         return metadata.version("tessel")
@@ -349,6 +359,15 @@ class Plan(_Model):
     def parameters(self) -> dict[str, str]:
         """Every stage's parameter placements, by FQN."""
         return {fqn: p for stage in self.stages for fqn, p in stage.parameters.items()}
+
+    def tie_groups(self) -> dict[str, list[int]]:
+        """Graph plans: each weight several stages hold (tied across them) -> the global
+        ranks of those stages, which sum its gradient once per step."""
+        tied = tied_parameters([stage.parameters for stage in self.stages])
+        return {fqn: [r for k in holders
+                      for r in range(self.stages[k].first_device,
+                                     self.stages[k].first_device + self.stages[k].num_devices)]
+                for fqn, holders in tied.items()}
 
     @property
     def operators(self) -> OperatorShardings:

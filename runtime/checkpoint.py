@@ -72,6 +72,18 @@ class TrainerState(Protocol):
         """Apply a state `state_dict` returned (the last one) and DCP loaded into."""
 
 
+def _to_save(trainer: TrainerState) -> dict[str, Any]:
+    """What this rank writes: its state, less the copies another rank writes (a trainer
+    holding such copies says which with `saved_elsewhere`)."""
+    state = trainer.state_dict()
+    others = getattr(trainer, "saved_elsewhere", frozenset())
+    if others:
+        state["model"] = {k: v for k, v in state["model"].items() if k not in others}
+        state["optimizer"] = {k: v for k, v in state["optimizer"].items()
+                              if not any(k.startswith(f"state.{name}.") for name in others)}
+    return state
+
+
 @dataclass
 class Resumed:
     """What `load` found."""
@@ -116,7 +128,7 @@ def _rank_entry(notes: dict[str, Any] | None) -> str:
 
 def _checkpoint_state(trainer: TrainerState, step: int, notes: dict[str, Any] | None
                       ) -> dict[str, Any]:
-    state = trainer.state_dict()
+    state = _to_save(trainer)
     state["step"] = step
     state[f"rank{dist.get_rank()}"] = _rank_entry(notes)
     return state
@@ -368,9 +380,12 @@ class ShardsState:
 
     def __init__(
         self, layouts: dict[str, DTensor], locals_: dict[str, torch.Tensor],
-        optimizer: torch.optim.Optimizer,
+        optimizer: torch.optim.Optimizer, saved_elsewhere: frozenset[str] = frozenset(),
     ) -> None:
         self.layouts, self.locals, self.optimizer = layouts, locals_, optimizer
+        self.saved_elsewhere = saved_elsewhere
+        """Parameters this rank loads but leaves to another stage's ranks to write: its
+        copies of weights tied across stages, which the first stage holding them writes."""
 
     def _wrap(self, name: str, local: torch.Tensor) -> torch.Tensor:
         if local.dim() == 0:

@@ -48,7 +48,7 @@ from passes.stage_graph import (
     stage_program,
     syncs_each_micro_batch,
 )
-from planner.plan import Plan
+from planner.plan import Plan, tied_parameters
 from runtime.checkpoint import Checkpointing, ShardsState
 from runtime.faults import bound_timeouts
 from runtime.trainer import DEFAULT_OPTIMIZER, training_state
@@ -129,6 +129,15 @@ class StagedTrainer(Checkpointing):
             list(self.locals.values()), **(optimizer or DEFAULT_OPTIMIZER)
         )
         self._grad_of = {fqn: name for name, fqn in program.gradients.items()}
+        # Weights tied across stages: a group of the holders' ranks each (creating a group
+        # is collective: every rank makes every one, in the same order).
+        groups: dict[tuple[int, ...], Any] = {}
+        self.ties: dict[str, Any] = {}
+        for fqn, ranks in sorted(plan.tie_groups().items()):
+            group = groups.get(tuple(ranks)) or dist.new_group(ranks)
+            groups[tuple(ranks)] = group
+            if fqn in self.params:
+                self.ties[fqn] = group
         self._bucketed = {m for b in self.program.operators.gradient_buckets for m in b.members}
 
     # -- one step ------------------------------------------------------------------------
@@ -239,6 +248,8 @@ class StagedTrainer(Checkpointing):
                 continue
             if fqn not in self._bucketed:
                 value = redistribute(value, placements[fqn])
+            if fqn in self.ties:
+                value = self._summed_over_stages(fqn, value)
             self.locals[fqn].grad = value.to_local().detach() / m
         if not losses:
             return None
@@ -246,6 +257,16 @@ class StagedTrainer(Checkpointing):
         if "loss" not in self._bucketed:
             loss = redistribute(loss, self.replicated)
         return float(loss.to_local()) / m
+
+    def _summed_over_stages(self, fqn: str, value: DTensor) -> DTensor:
+        """A tied weight's gradient summed with the other stages' holding it: replicated
+        here, one all-reduce over all their ranks (each stage's first rank adds its share,
+        the others zeros), resharded locally."""
+        full = redistribute(value, self.replicated).to_local().detach().clone()
+        if self.local_rank:
+            full.zero_()
+        dist.all_reduce(full, group=self.ties[fqn])
+        return self.program.shard(full, value.placements)
 
     # -- stage to stage ------------------------------------------------------------------
 
@@ -310,7 +331,10 @@ class StagedTrainer(Checkpointing):
     def checkpoint_state(self) -> ShardsState:
         """This rank's shards and AdamW state as DTensors of the plan's layouts, for `save`
         / `load` (`runtime.checkpoint`: a checkpoint loads onto another plan too)."""
-        return ShardsState(self.params, self.locals, self.optimizer)
+        holders = tied_parameters([stage.parameters for stage in self.plan.stages])
+        later_copies = frozenset(fqn for fqn, stages in holders.items()
+                                 if stages[0] != self.index and fqn in self.params)
+        return ShardsState(self.params, self.locals, self.optimizer, later_copies)
 
 
 def _warm_up(schedule: str | None, m: int, stages: int, index: int) -> int:

@@ -64,6 +64,7 @@ from planner.search.stage_costs import (
     stage_memory,
 )
 from planner.search.stage_solve import StageResult, solve_stage
+from planner.search.tied import tie_syncs
 from planner.search.workers import can_fork, forked_pool
 
 MAX_LAYERS = 16
@@ -113,6 +114,9 @@ class Candidate:
     exact: bool = True
     """False: not solved, as its lower bound (`step_time_s`) is no less than the step of a
     plan that fits; whether it fits was not asked (`fits` is False)."""
+    tie_collectives: list[tuple] = field(default_factory=list)
+    """Per stage, the collectives summing its tied weights' gradients once per step
+    (`planner.search.tied`)."""
 
 
 @dataclass
@@ -436,18 +440,23 @@ def predict(layout: Layout, solves: list[StageResult], traced: TracedForward,
         T = sum_i t_i + (m - 1) max_i t_i + max_i sync_i,
 
     t_i a micro-batch's forward and backward on stage i with its transfers (the pipeline's
-    fill and drain), sync_i its once-per-step gradient synchronisation; stage i of S holds
+    fill and drain), sync_i its once-per-step gradient synchronisation (its tied weights'
+    sums with other stages too, `planner.search.tied`); stage i of S holds
     `in_flight(S - i, m)` micro-batches' activations."""
     m = traced.micro_batches
     capacity = usable_bytes(cluster)
     p2p = _p2p_times(layout, traced.forward, traced.cuts, cluster)
     times = [x.cost.micro_batch_s + p + (x.cost.rerun_s if layout.recomputes(k) else 0.0)
              for k, (x, p) in enumerate(zip(solves, p2p))]
-    step = sum(times) + (m - 1) * max(times) + max(x.cost.step_comm_s for x in solves)
+    ties = tie_syncs([shape for _, _, shape, _ in layout.stages],
+                     [x.parameters for x in solves], traced.forward.parameter_values(), cluster)
+    step = sum(times) + (m - 1) * max(times) + max(
+        x.cost.step_comm_s + tie_s for x, (_, tie_s) in zip(solves, ties))
     memory = [stage_memory(x.cost, in_flight(len(solves) - k, m), layout.recomputes(k))
               for k, x in enumerate(solves)]
     slowest = int(np.argmax(times))
     return Candidate(layout, m, solves, step, memory, max(memory) <= capacity,
+                     tie_collectives=[collectives for collectives, _ in ties],
                      p2p_s=sum(p2p), compute_s=sum(x.compute_s for x in solves) * m,
                      communication_s=step - solves[slowest].compute_s * m,
                      forward=traced.forward, layer_cuts=traced.cuts,

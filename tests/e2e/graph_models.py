@@ -4,6 +4,7 @@
 ModuleList: nothing repeats, so Alpa's operator clustering cuts the layers).
 `residual_cnn`: residual blocks whose widths differ, with a classification loss the
 factory names (cross-entropy on labels that are a model input).
+`tied_mlp`: a weight read at both ends of the model (tied), so stages may share it.
 """
 
 from __future__ import annotations
@@ -81,3 +82,25 @@ def residual_cnn():
     images = torch.randn(4, 3, 8, 8)
     labels = torch.randint(0, 10, (4,))
     return ResidualCNN(), (images, labels), cross_entropy
+
+
+class TiedMLP(nn.Module):
+    """Linear layers whose first weight is read again, transposed, as the output layer: a
+    weight tied across the model's two ends, as a language model's embedding and head."""
+
+    def __init__(self, width: int = 32, hidden: int = 64, depth: int = 4) -> None:
+        super().__init__()
+        self.depth = depth
+        self.fc0 = nn.Linear(width, hidden)
+        for i in range(1, depth):
+            setattr(self, f"fc{i}", nn.Linear(hidden, hidden))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i in range(self.depth):
+            x = torch.relu(getattr(self, f"fc{i}")(x))
+        return F.linear(x, self.fc0.weight.t())
+
+
+def tied_mlp() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(0)
+    return TiedMLP(), (torch.randn(4, 32),)

@@ -117,3 +117,80 @@ def test_recomputes_a_stage_where_keeping_its_activations_does_not_fit() -> None
     assert report.max_rel_error < 1e-4
     assert report.communication_matches, report.mismatches[:3]
     assert report.passed
+
+
+def _tied_plan():
+    """fc0's weight is read by the first layer and, transposed, by the output layer; cut
+    into two stages of four devices each, both hold it: sharded on the first (lean: each
+    parameter at its least memory), replicated on the second."""
+    from graph_models import tied_mlp
+
+    from passes.stage_graph import forward_graph, layer_cuts, micro_batch_inputs, on_meta_device
+    from planner.search.graph_space import Layout, TracedForward, predict_all
+
+    model, inputs = tied_mlp()
+    batch, m = 16, 4
+    on_meta = on_meta_device(model)
+    values = {**dict(on_meta.named_parameters()), **dict(on_meta.named_buffers())}
+    micro = micro_batch_inputs(inputs, batch // m)
+    forward = forward_graph(on_meta, micro)
+    cuts = layer_cuts(forward, 4)
+    assert len(cuts) == 5  # the tied weight no longer keeps the model in one layer
+    traced = TracedForward(forward, cuts, micro, m)
+    layout = Layout(((0, 2, (4,), True), (2, 4, (2, 2), False)), "tied")
+    (candidate,) = predict_all([(traced, layout, None)], values, SMALL)
+    return model, inputs, candidate, graph_plan(candidate, SMALL, "tied_mlp", batch)
+
+
+def test_a_weight_tied_across_stages_trains_as_one_process() -> None:
+    # Each stage computes its share of the tied weight's gradient; one all-reduce over
+    # the eight ranks sums them, once per step.
+    model, inputs, candidate, plan = _tied_plan()
+    assert plan.tie_groups() == {"fc0.weight": list(range(8))}
+    assert [stage.parameters["fc0.weight"] for stage in plan.stages] == ["S(0)", "RR"]
+    # The first stage gathers its shards' gradient, then both all-reduce the whole weight.
+    weight_bytes = 64 * 32 * 4
+    assert [(c.kind, c.nbytes) for c in candidate.tie_collectives[0]] == [
+        ("all_gather", weight_bytes), ("all_reduce", weight_bytes)]
+    assert [(c.kind, c.nbytes) for c in candidate.tie_collectives[1]] == [
+        ("all_reduce", weight_bytes)]
+    report = check_graph_plan(model, plan, None, inputs, steps=2)
+    assert report.max_rel_error < 1e-4
+    assert report.communication_matches, report.mismatches[:3]
+    assert report.passed
+
+
+def _train_save_resume_tied(rank: int, world: int, plan_json: str, batches, directory: str):
+    from graph_models import TiedMLP, tied_mlp
+
+    from planner.plan import Plan
+    from runtime.staged import StagedTrainer
+
+    plan = Plan.from_json(plan_json)
+    model, inputs = tied_mlp()
+    trainer = StagedTrainer(plan, model, inputs)
+    losses = [trainer.step(*batch) for batch in batches[:2]]
+    trainer.save(directory)
+    torch.manual_seed(7)  # a restarted job: another initial model, then the saved state
+    resumed = StagedTrainer(plan, TiedMLP(), inputs)
+    resumed.load(directory)
+    losses.append(resumed.step(*batches[2]))
+    return losses, resumed.full_parameters()
+
+
+def test_a_plan_with_a_tied_weight_saves_once_and_resumes_on_every_stage(tmp_path) -> None:
+    from runtime.launch import run_on_ranks
+
+    from planner.check import train_single_process
+
+    model, _, _, plan = _tied_plan()
+    generator = torch.Generator().manual_seed(3)
+    batches = [(torch.randn(16, 32, generator=generator),) for _ in range(3)]
+    results = run_on_ranks(_train_save_resume_tied, 8, plan.to_json(), batches,
+                           str(tmp_path))
+    reference_losses, reference_params = train_single_process(model, None, batches)
+    for losses, _ in results[4:]:  # the last stage's ranks report the loss
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference_losses))
+    for rank in (0, 4):  # both stages' copies of the tied weight, after the resumed step
+        torch.testing.assert_close(results[rank][1]["fc0.weight"],
+                                   reference_params["fc0.weight"], rtol=1e-4, atol=1e-5)
