@@ -2,18 +2,23 @@
 
 `plan_model` plans a model's training step over a device mesh, `plan_graph` over a cluster
 (pipeline stages, each sharded on its own submesh); `parallelize` plans it and returns a
-trainer for the ranks of an initialized process group.
+trainer for the ranks of an initialized process group; `GraphKnobs` fixes a graph plan's
+recomputation, schedule or ZeRO-3.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["parallelize", "plan_graph", "plan_model"]
+__all__ = ["GraphKnobs", "parallelize", "plan_graph", "plan_model"]
 
 
 def __getattr__(name: str) -> Any:
     # Imported on first use: `planner.cluster` and the CLI's error paths stay light.
+    if name == "GraphKnobs":
+        from planner.search.graph_knobs import GraphKnobs
+
+        return GraphKnobs
     if name in __all__:
         from planner import api
 

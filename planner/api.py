@@ -22,6 +22,7 @@ from passes.program import TracedProgram
 from passes.trace import trace
 from planner.cluster import Cluster, calibration_of, step_time_band
 from planner.graph_plan import graph_plan
+from planner.search.graph_knobs import GraphKnobs
 from planner.search.graph_space import search_graph
 from planner.search.intra_op import IntraOpSolution, plan_intra_op
 from planner.search.shardings import operator_shardings, stats
@@ -142,6 +143,7 @@ def parallelize(
     gpus: int | None = None,
     global_batch_size: int | None = None,
     micro_batch_size: int | None = None,
+    knobs: GraphKnobs | None = None,
 ) -> tuple[Plan, ShardedTrainer | StagedTrainer]:
     """Plan `model` and return the plan and this rank's trainer, whose `step(*batch)`
     runs forward, backward and the optimizer step.
@@ -153,7 +155,8 @@ def parallelize(
 
     With `gpus` (the group's size) and `global_batch_size`, the plan is a graph plan for
     `cluster`: pipeline stages on submeshes, each sharded by the intra-op ILP, with
-    micro-batches (`micro_batch_size`, or searched); `step` takes a whole global batch and
+    micro-batches (`micro_batch_size`, or searched) and `knobs` (recomputation, schedule,
+    ZeRO-3) fixed where given; `step` takes a whole global batch and
     returns the loss on the last stage's ranks. Without them, every operator is sharded
     over one mesh of `mesh_shape`. Either trainer's `save(root)` / `load(path)` write and
     read sharded checkpoints (`runtime.checkpoint`), which load onto another plan too.
@@ -165,7 +168,7 @@ def parallelize(
         )
     if gpus is not None:
         return _parallelize_graph(model, tuple(example_inputs), gpus, cluster, loss_fn,
-                                  device_type, global_batch_size, micro_batch_size)
+                                  device_type, global_batch_size, micro_batch_size, knobs)
     world = math.prod(mesh_shape)
     if dist.get_world_size() != world:
         raise ValueError(
@@ -191,7 +194,7 @@ def parallelize(
 def _parallelize_graph(
     model: nn.Module, example_inputs: tuple, gpus: int, cluster: str | Cluster,
     loss_fn: Callable | None, device_type: str, global_batch_size: int | None,
-    micro_batch_size: int | None,
+    micro_batch_size: int | None, knobs: GraphKnobs | None,
 ) -> tuple[Plan, StagedTrainer]:
     if dist.get_world_size() != gpus:
         raise ValueError(f"gpus={gpus} but the process group has {dist.get_world_size()} "
@@ -203,7 +206,7 @@ def _parallelize_graph(
                          f"global_batch_size={global_batch_size}")
     plan = _plan_on_rank_0(
         lambda: plan_graph(model, example_inputs, gpus, cluster, global_batch_size, loss_fn,
-                           micro_batch_size),
+                           micro_batch_size, knobs=knobs),
         device_type)
     return plan, StagedTrainer(plan, model, example_inputs, loss_fn, training_state(model),
                                device_type)
@@ -213,14 +216,16 @@ def plan_graph(
     model: nn.Module, example_inputs: Sequence[Any], gpus: int, cluster: str | Cluster,
     global_batch_size: int, loss_fn: Callable[..., torch.Tensor] | None = None,
     micro_batch_size: int | None = None, name: str | None = None,
+    knobs: GraphKnobs | None = None,
 ) -> Plan:
     """The best graph plan of `model` on `gpus` devices of `cluster` (stages of the traced
-    model on submeshes, each sharded by the intra-op ILP); ValueError when none fits."""
+    model on submeshes, each sharded by the intra-op ILP, `knobs` fixed where given);
+    ValueError when none fits."""
     spec = cluster if isinstance(cluster, Cluster) else Cluster.load(cluster)
     spec = spec.with_devices(gpus)
     micro_batches = global_batch_size // micro_batch_size if micro_batch_size else None
     found = search_graph(model, tuple(example_inputs), spec, global_batch_size, loss_fn,
-                         micro_batches=micro_batches)
+                         micro_batches=micro_batches, knobs=knobs or GraphKnobs())
     best = found.candidates[0]
     if not best.fits:
         raise ValueError(

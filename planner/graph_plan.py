@@ -63,7 +63,7 @@ def graph_plan(candidate: Candidate, cluster: Cluster, name: str,
         devices_per_node=min(cluster.devices_per_node, devices),
         mesh_axes=["device"], mesh_shape=[devices],
         global_batch_size=global_batch_size, micro_batch_size=candidate.micro_batch_size,
-        num_micro_batches=m, schedule="1f1b", precision="fp32",
+        num_micro_batches=m, schedule=candidate.layout.schedule, precision="fp32",
         recompute="full" if any(s.recompute for s in stages) else "none",
         stages=stages, layer_cuts=list(candidate.layer_cuts),
         predicted=Predicted(

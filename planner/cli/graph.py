@@ -16,10 +16,11 @@ from planner.cli.parallel_flags import training_flags_given
 from planner.cluster import Cluster
 from planner.model_spec import LoadedModel
 from planner.plan import Plan
+from planner.search.graph_knobs import GRAPH_SCHEDULES, GraphKnobs
 
 # Flags a graph plan reads; the others are a transformer's knobs, which the ILP chooses.
 GRAPH_FLAGS = ("--gpus", "--global-batch-size", "--micro-batch-size", "--top", "--space",
-               "--intra-op")
+               "--intra-op", "--zero-stage", "--recompute-granularity", "--schedule")
 
 
 def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
@@ -35,8 +36,10 @@ def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
         raise UsageError(
             f"{', '.join(refused)}: {loaded.name} is planned from its traced graph, where "
             "the intra-op ILP chooses every operator's sharding; drop "
-            f"{'it' if len(refused) == 1 else 'them'} (--micro-batch-size is kept)"
+            f"{'it' if len(refused) == 1 else 'them'} (--micro-batch-size, --zero-stage, "
+            "--recompute-granularity and --schedule are kept)"
         )
+    knobs = graph_knobs(args)
     try:
         cluster = cluster.with_devices(args.gpus)
     except ValueError as error:
@@ -51,7 +54,7 @@ def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
     with console.status(f"planning {loaded.name} on {args.gpus} x {cluster.device.name}"):
         found = search_graph(loaded.model, loaded.example_inputs, cluster, gbs,
                              loaded.loss_fn, micro_batches=micro_batches,
-                             time_limit_s=args.time_limit)
+                             time_limit_s=args.time_limit, knobs=knobs)
     console.print(
         f"{found.num_layers} layers, {found.layer_solves} layer ILPs, "
         f"{found.layer_bounds} bounds, {found.layouts_bounded} layouts bounded out; "
@@ -66,6 +69,25 @@ def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
             f"{cluster.device.name}; use more --gpus or a smaller --micro-batch-size"
         )
     return [graph_plan(c, cluster, loaded.name, gbs) for c in fitting[: args.top]]
+
+
+def graph_knobs(args: argparse.Namespace) -> GraphKnobs:
+    """The graph search's fixed choices from the command line; UsageError for a value a
+    graph plan cannot run."""
+    if args.recompute == "selective":
+        raise UsageError("--recompute-granularity selective: a graph plan recomputes whole "
+                         "stages; use full or none, or leave it to the search")
+    if args.schedule not in (None, *GRAPH_SCHEDULES):
+        raise UsageError(f"--schedule {args.schedule}: graph plans run "
+                         f"{' or '.join(GRAPH_SCHEDULES)}")
+    if args.zero_stage in (1, 2):
+        raise UsageError(
+            f"--zero-stage {args.zero_stage}: a graph plan shards a parameter, its gradient "
+            "and optimizer state together (3) or leaves them to the ILP (0)")
+    return GraphKnobs(
+        recompute=None if args.recompute is None else args.recompute == "full",
+        schedule=args.schedule or "1f1b",
+        lean=None if args.zero_stage is None else args.zero_stage == 3)
 
 
 def describe(plan: Plan) -> str:
@@ -97,7 +119,7 @@ def print_graph_plans(plans: list[Plan], console: Console) -> None:
             shards.add_row(str(index), devices, fqn, placement)
     console.print(shards)
     console.print(f"best: {best.num_micro_batches} micro-batches of {best.micro_batch_size}, "
-                  f"1F1B; step {best.predicted.step_time_s:.4f} s, "
+                  f"{best.schedule.upper()}; step {best.predicted.step_time_s:.4f} s, "
                   f"{best.predicted.memory_gib_per_gpu * 1024:.2f} MiB per device",
                   highlight=False)
 

@@ -55,10 +55,10 @@ from passes.strategies import TRAINING_STATE_COPIES
 from planner.cluster import Cluster
 from planner.search.alpa_space import submeshes
 from planner.search.inter_op import stage_dp
+from planner.search.graph_knobs import GraphKnobs, in_flight
 from planner.search.layer_table import LayerTable, logical_meshes
 from planner.search.stage_costs import (
     boundary_link,
-    in_flight,
     route_time,
     stage_costs,
     stage_memory,
@@ -88,6 +88,8 @@ class Layout:
     recompute: tuple[bool, ...] = ()
     """Per stage, whether it recomputes its first pass rather than keep its activations
     (empty: no stage does)."""
+    schedule: str = "1f1b"
+    """Pipeline schedule (`graph_knobs.in_flight`): 1f1b or gpipe."""
 
     def recomputes(self, stage: int) -> bool:
         return bool(self.recompute) and self.recompute[stage]
@@ -156,13 +158,13 @@ def search_graph(
     model: nn.Module, example_inputs: tuple[Any, ...], cluster: Cluster,
     global_batch_size: int, loss_fn: Callable | None = None,
     micro_batches: int | None = None, max_layers: int = MAX_LAYERS,
-    time_limit_s: float = 30.0,
+    time_limit_s: float = 30.0, knobs: GraphKnobs = GraphKnobs(),
 ) -> GraphSearch:
     """The best graph plans of `model` on every device of `cluster`, best first.
 
     `example_inputs` give every input's shape past dim 0 (the batch); the batch of a step
     is `global_batch_size`, split into `micro_batches` (default: each count of
-    `default_micro_batches`)."""
+    `default_micro_batches`); `knobs` are what the user fixed."""
     on_meta = on_meta_device(model)
     values = {**dict(on_meta.named_parameters()), **dict(on_meta.named_buffers())}
     # The most micro-batches first: plans of several stages, predicted as each count's
@@ -187,7 +189,7 @@ def search_graph(
         timings["trace_s"] += time.perf_counter() - start
         traced = TracedForward(forward, cuts, inputs, m)
         searches.append(_search_micro_batches(traced, values, cluster, time_limit_s, timings,
-                                              predicted))
+                                              predicted, knobs))
     # Every layout of one stage, traced and solved whole (one takes as long as many
     # one-layer stages), but for those whose bound shows they cannot beat a plan already
     # predicted.
@@ -219,7 +221,7 @@ class TracedForward:
 
 def _search_micro_batches(
     traced: TracedForward, values: dict, cluster: Cluster, time_limit_s: float,
-    timings: dict[str, float], predicted: list[Candidate],
+    timings: dict[str, float], predicted: list[Candidate], knobs: GraphKnobs,
 ) -> tuple[GraphSearch, TracedForward, list[tuple[Layout, float]]]:
     """The layer table and stage DP at one micro-batch count. Its plans of several stages
     (the DP's and the even pipeline) are predicted here, into `predicted`; its layouts of
@@ -233,13 +235,13 @@ def _search_micro_batches(
     capacity = usable_bytes(cluster)
     cut_bytes = [forward.cut_bytes(c) if 0 < c < len(forward.ops) else 0 for c in cuts]
     with LayerTable(forward, cuts, values, inputs, cluster, sizes, time_limit_s,
-                     capacity, m) as table:
+                    capacity, m, knobs.modes()) as table:
         timings["layer_ilps_s"] += table.seconds
         refused: set[tuple] = set()
         done: set[Layout] = set()
         for _ in range(MAX_REFITS + 1):
             costs, layouts = _dp_layouts(table, traced, sizes, most, capacity, cut_bytes,
-                                         cluster, refused, timings)
+                                         cluster, knobs, refused, timings)
             traced.solved.update(table.results)
             start = time.perf_counter()
             new = [layout for layout in _unique(layouts) if layout not in done]
@@ -263,7 +265,7 @@ def _search_micro_batches(
         # use: each is bounded by its layers' bounds (`bound_stage`: each layer's share of
         # the stage, less the moves between layers), m micro-batches of it, and solved
         # only if that bound is less than a plan already predicted (`predict_all`).
-        whole = _one_stage_layouts(num_layers, devices, cluster.devices_per_node)
+        whole = _one_stage_layouts(num_layers, devices, cluster.devices_per_node, knobs)
         stage_bounds = table.bound(sorted({layout.stages[0][2] for layout in whole}),
                                    _best_step(predicted) / m)
         timings["layer_ilps_s"] += table.seconds
@@ -274,8 +276,8 @@ def _search_micro_batches(
 
 
 def _dp_layouts(table: LayerTable, traced: TracedForward, sizes: list[int], most: int,
-                capacity: float, cut_bytes: list[float], cluster: Cluster, refused: set,
-                timings: dict[str, float]) -> tuple[np.ndarray, list[Layout]]:
+                capacity: float, cut_bytes: list[float], cluster: Cluster, knobs: GraphKnobs,
+                refused: set, timings: dict[str, float]) -> tuple[np.ndarray, list[Layout]]:
     """The stage DP's cost array and its plan of several stages (with the even pipeline),
     every layer they read solved.
 
@@ -287,7 +289,7 @@ def _dp_layouts(table: LayerTable, traced: TracedForward, sizes: list[int], most
     while True:
         start = time.perf_counter()
         costs, chosen = stage_costs(table.costs, num_layers, sizes, m, most, capacity,
-                                     cut_bytes, cluster, refused)
+                                    cut_bytes, cluster, knobs, refused)
         # No stage of the DP's spans every device (the table holds no such mesh): one
         # stage on all of them is a layout of its own, bounded below.
         plan = stage_dp(costs, np.array(sizes), devices, m, most) if most > 1 else None
@@ -299,8 +301,9 @@ def _dp_layouts(table: LayerTable, traced: TracedForward, sizes: list[int], most
             layouts.append(Layout(
                 tuple((c.first_layer, c.last_layer, shape, lean)
                       for c, (shape, lean, _) in zip(plan.stages, options)),
-                "stage DP", recompute=tuple(r for _, _, r in options)))
-        layouts += _even_pipeline(num_layers, devices)
+                "stage DP", recompute=tuple(r for _, _, r in options),
+                schedule=knobs.schedule))
+        layouts += _even_pipeline(num_layers, devices, knobs)
         bounded = {(layer, shape, lean) for layout in layouts
                    for first, last, shape, lean in layout.stages
                    for layer in range(first, last)
@@ -330,25 +333,31 @@ def inputs_batch(inputs: tuple) -> int:
     return next(x.shape[0] for x in inputs if isinstance(x, torch.Tensor) and x.dim() > 0)
 
 
-def _even_pipeline(num_layers: int, devices: int) -> list[Layout]:
+def _even_pipeline(num_layers: int, devices: int, knobs: GraphKnobs) -> list[Layout]:
     """One device per stage, the layers split evenly (a pipeline of fewer micro-batches
     than stages only idles longer, which the prediction prices), where there are as many
-    layers as devices or more."""
+    layers as devices or more; recomputing where the knobs say so."""
     stages = min(devices, num_layers)
     if stages < 2 or devices != stages:
         return []
     bounds = np.linspace(0, num_layers, stages + 1).round().astype(int)
-    return [Layout(tuple((int(a), int(b), (1,), False) for a, b in zip(bounds, bounds[1:])),
-                   "even pipeline")]
+    lean = knobs.lean is True
+    recompute = tuple(bool(knobs.recompute) and k < stages - 1 for k in range(stages))
+    return [Layout(tuple((int(a), int(b), (1,), lean) for a, b in zip(bounds, bounds[1:])),
+                   "even pipeline", recompute=recompute if any(recompute) else (),
+                   schedule=knobs.schedule)]
 
 
-def _one_stage_layouts(num_layers: int, devices: int, per_node: int) -> list[Layout]:
-    """Data parallelism (every parameter replicated, the batch split), and every logical
-    mesh of every device, fast and lean: each a single intra-op mesh."""
-    out = [Layout(((0, num_layers, (devices,), False),), "data parallel",
-                  replicate_parameters=True, shard_inputs_on=0)]
-    out += [Layout(((0, num_layers, shape, lean),), "single mesh")
-            for shape in logical_meshes(devices, per_node) for lean in (False, True)]
+def _one_stage_layouts(num_layers: int, devices: int, per_node: int,
+                       knobs: GraphKnobs) -> list[Layout]:
+    """Data parallelism (every parameter replicated, the batch split; not under ZeRO-3),
+    and every logical mesh of every device, fast and lean as the knobs allow: each a
+    single intra-op mesh."""
+    out = [] if knobs.lean else [Layout(((0, num_layers, (devices,), False),), "data parallel",
+                                        replicate_parameters=True, shard_inputs_on=0,
+                                        schedule=knobs.schedule)]
+    out += [Layout(((0, num_layers, shape, lean),), "single mesh", schedule=knobs.schedule)
+            for shape in logical_meshes(devices, per_node) for lean in knobs.modes()]
     return out
 
 
@@ -442,7 +451,7 @@ def predict(layout: Layout, solves: list[StageResult], traced: TracedForward,
     t_i a micro-batch's forward and backward on stage i with its transfers (the pipeline's
     fill and drain), sync_i its once-per-step gradient synchronisation (its tied weights'
     sums with other stages too, `planner.search.tied`); stage i of S holds
-    `in_flight(S - i, m)` micro-batches' activations."""
+    `in_flight(S - i, m, schedule)` micro-batches' activations."""
     m = traced.micro_batches
     capacity = usable_bytes(cluster)
     p2p = _p2p_times(layout, traced.forward, traced.cuts, cluster)
@@ -452,7 +461,8 @@ def predict(layout: Layout, solves: list[StageResult], traced: TracedForward,
                      [x.parameters for x in solves], traced.forward.parameter_values(), cluster)
     step = sum(times) + (m - 1) * max(times) + max(
         x.cost.step_comm_s + tie_s for x, (_, tie_s) in zip(solves, ties))
-    memory = [stage_memory(x.cost, in_flight(len(solves) - k, m), layout.recomputes(k))
+    memory = [stage_memory(x.cost, in_flight(len(solves) - k, m, layout.schedule),
+                           layout.recomputes(k))
               for k, x in enumerate(solves)]
     slowest = int(np.argmax(times))
     return Candidate(layout, m, solves, step, memory, max(memory) <= capacity,

@@ -45,7 +45,7 @@ class LayerTable:
 
     def __init__(self, forward: ForwardGraph, cuts: list[int], values: dict, inputs: tuple,
                  cluster: Cluster, sizes: list[int], time_limit_s: float, capacity: float,
-                 m: int) -> None:
+                 m: int, modes: tuple[bool, ...] = (False, True)) -> None:
         self.num_layers = len(cuts) - 1
         graphs = []  # each template's graph, cut for its first layer
         index: dict[tuple, int] = {}  # template -> its place in `graphs`
@@ -66,7 +66,8 @@ class LayerTable:
         """The meshes a stage DP reads: not those of every device, as one stage on all of
         them is a layout of its own, which `bound` prices (its layers' solves would be of
         no use)."""
-        self.capacity, self.m = capacity, m
+        self.capacity, self.m, self.modes = capacity, m, modes
+        """`modes`: the lean settings a plan may take (`GraphKnobs.modes`)."""
         self.solver = _Solver(graphs, inputs, cluster, time_limit_s, m)
         self.costs: dict[tuple[int, tuple[int, ...], bool], StageCost] = {}
         self.lower: dict[tuple[int, tuple[int, ...]], float] = {}
@@ -80,14 +81,16 @@ class LayerTable:
         start = time.perf_counter()
         self.solver.__enter__()
         # Of one micro-batch (a stage on every device) no mesh is left: `bound` is all.
-        tasks = [(t, shape, False, "solve" if len(shape) == 1 else "bound")
+        first = self.modes == (True,)  # lean only: the fast solves would go unread
+        tasks = [(t, shape, first, "solve" if len(shape) == 1 else "bound")
                  for t in range(len(self.layers_of)) for shape in self.shapes]
         self._run(tasks)
         # A lean solve is made only where the fast ones leave too little memory: where the
         # whole model's fast state and all m micro-batches' activations (more than any
         # stage holds) on that mesh do not fit.
         short = [shape for shape in self.shapes if len(shape) == 1 and not _fast_fits(
-            self.costs, self.num_layers, shape, self.capacity, self.m)]
+            self.costs, self.num_layers, shape, self.capacity, self.m)
+        ] if self.modes == (False, True) else []
         self._run([(t, shape, True, "solve") for t in range(len(self.layers_of))
                    for shape in short])
         self.seconds = time.perf_counter() - start

@@ -10,28 +10,31 @@ import numpy as np
 from cost_models.comm import collective_time
 from passes.stage_graph import routes
 from planner.cluster import Cluster
+from planner.search.graph_knobs import GraphKnobs, in_flight
 from planner.search.layer_table import logical_meshes
 from planner.search.stage_solve import StageCost
 
 
 def stage_costs(table: dict, num_layers: int, sizes: list[int], m: int, most: int,
-                 capacity: float, cut_bytes: list[float], cluster: Cluster,
-                 refused: set = frozenset()) -> tuple[np.ndarray, dict]:
-    """The stage DP's cost array from the layer table, and the mesh option each entry
-    came from."""
+                capacity: float, cut_bytes: list[float], cluster: Cluster,
+                knobs: GraphKnobs = GraphKnobs(),
+                refused: set = frozenset()) -> tuple[np.ndarray, dict]:
+    """The stage DP's cost array from the layer table, and the option (logical mesh,
+    lean, recompute) each entry came from; `refused` entries (first, last, mesh, lean,
+    recompute, stages after) are left out."""
     costs = np.full((num_layers, num_layers + 1, len(sizes), most), np.inf)
-    chosen: dict[tuple[int, int, int, int], tuple[tuple[int, ...], bool]] = {}
+    chosen: dict[tuple[int, int, int, int], tuple[tuple[int, ...], bool, bool]] = {}
     for n, shape, lean, solves in _mesh_options(table, num_layers, sizes,
-                                                cluster.devices_per_node):
+                                                cluster.devices_per_node, knobs.modes()):
         link = boundary_link(cluster, 2 * n)
         _fill(costs[:, :, sizes.index(n)], chosen, sizes.index(n), (shape, lean), solves, m,
-              capacity, cut_bytes, n, link, refused)
+              capacity, cut_bytes, n, link, knobs, refused)
     return costs, chosen
 
 
 def _fill(costs: np.ndarray, chosen: dict, s: int, option: tuple, solves: list[StageCost],
-          m: int, capacity: float, cut_bytes: list[float], n: int, link,
-          refused: set = frozenset()) -> None:
+          m: int, capacity: float, cut_bytes: list[float], n: int, link, knobs: GraphKnobs,
+          refused: set) -> None:
     """Price every stage of layers i..j on one mesh `option` (shape, lean) of `n` devices,
     keeping its activations or recomputing them, into `costs` (submesh s's [first, last,
     stages after] slice), where it beats what is there, and note the option (shape, lean,
@@ -60,24 +63,16 @@ def _fill(costs: np.ndarray, chosen: dict, s: int, option: tuple, solves: list[S
             for k in range(costs.shape[2]):
                 if (k == 0) != (j == num_layers):
                     continue  # the last stage holds the last layer, and only it
-                held = in_flight(k + 1, m)
-                kept = latency, state + held * activations, False
-                # The last stage runs each backward at once: recomputing saves it nothing.
-                redone = (latency + p_rerun[j] - p_rerun[i],
-                          state + held * checkpoint[i] + activations, True)
-                for seconds, memory, recompute in (kept, redone)[:1 + (k > 0)]:
+                held = in_flight(k + 1, m, knobs.schedule)
+                for recompute in knobs.recomputations(last=k == 0):
+                    seconds, memory = latency, state + held * activations
+                    if recompute:
+                        seconds += p_rerun[j] - p_rerun[i]
+                        memory = state + held * checkpoint[i] + activations
                     if (memory <= capacity and seconds < costs[i, j, k]
                             and (i, j, *option, recompute, k) not in refused):
                         costs[i, j, k] = seconds
                         chosen[(i, j, s, k)] = (*option, recompute)
-
-
-def in_flight(stages_from_here: int, m: int) -> int:
-    """Micro-batches whose activations a stage holds at once under 1F1B (`runtime.staged`),
-    `stages_from_here` counting it and every stage after it: its first backward waits for
-    one forward on each of them (Narayanan et al., PipeDream-Flush, ICML 2021; Alpa's stage
-    DP bounds memory the same way). GPipe would hold all m on every stage but the last."""
-    return min(m, stages_from_here)
 
 
 def route_time(nbytes: float, senders: int, receivers: int, link) -> float:
@@ -100,12 +95,13 @@ def boundary_link(cluster: Cluster, span: int):
     return cluster.intra_node if span <= cluster.devices_per_node else cluster.inter_node
 
 
-def _mesh_options(table: dict, num_layers: int, sizes: list[int], per_node: int):
+def _mesh_options(table: dict, num_layers: int, sizes: list[int], per_node: int,
+                  modes: tuple[bool, ...]):
     """(devices, logical mesh, lean, every layer's cost on it) for each mesh the layer
-    table holds all layers of."""
+    table holds all layers of, lean as `modes` allow."""
     for n in sizes:
         for shape in logical_meshes(n, per_node):
-            for lean in (False, True):
+            for lean in modes:
                 solves = [table.get((layer, shape, lean)) for layer in range(num_layers)]
                 if all(x is not None for x in solves):
                     yield n, shape, lean, solves

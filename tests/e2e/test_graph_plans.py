@@ -194,3 +194,22 @@ def test_a_plan_with_a_tied_weight_saves_once_and_resumes_on_every_stage(tmp_pat
     for rank in (0, 4):  # both stages' copies of the tied weight, after the resumed step
         torch.testing.assert_close(results[rank][1]["fc0.weight"],
                                    reference_params["fc0.weight"], rtol=1e-4, atol=1e-5)
+
+
+def test_fixed_knobs_train_as_one_process() -> None:
+    # GPipe, recomputation on every stage but the last, ZeRO-3 (each parameter at its least
+    # memory), as `--schedule gpipe --recompute-granularity full --zero-stage 3` fix them.
+    from graph_models import narrow_mlp
+
+    from planner.search.graph_knobs import GraphKnobs
+
+    model, inputs = narrow_mlp()
+    knobs = GraphKnobs(recompute=True, schedule="gpipe", lean=True)
+    found = search_graph(model, inputs, SMALL, 16, micro_batches=4, knobs=knobs)
+    plan = graph_plan(found.candidates[0], SMALL, "narrow_mlp", 16)
+    assert plan.schedule == "gpipe" and len(plan.stages) > 1
+    assert [s.recompute for s in plan.stages] == [True] * (len(plan.stages) - 1) + [False]
+    report = check_graph_plan(model, plan, None, inputs, steps=2)
+    assert report.max_rel_error < 1e-4
+    assert report.communication_matches, report.mismatches[:3]
+    assert report.passed

@@ -239,6 +239,13 @@ GRAPH_PLANS = {
     "graph-micro-batch": ([*GRAPH, "--micro-batch-size", "5"],
                           ["--micro-batch-size 5 must divide --global-batch-size 32"]),
     "graph-no-batch": (GRAPH[:-2], ["--gpus needs --global-batch-size"]),
+    "graph-selective-recompute": ([*GRAPH, "--recompute-granularity", "selective"],
+                                  ["--recompute-granularity selective: a graph plan "
+                                   "recomputes whole stages"]),
+    "graph-interleaved": ([*GRAPH, "--schedule", "interleaved"],
+                          ["--schedule interleaved: graph plans run 1f1b or gpipe"]),
+    "graph-zero-1": ([*GRAPH, "--zero-stage", "1"],
+                     ["--zero-stage 1: a graph plan shards a parameter, its gradient"]),
 }
 FAMILIES = {**KNOB_VALUES, **ESCAPED_TRACEBACKS, **HANGS_AND_UNBOUNDED_WORK, **GARBAGE,
             **MISSPELT, **GRAPH_PLANS}

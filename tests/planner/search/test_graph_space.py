@@ -23,7 +23,7 @@ from planner.search.graph_space import (
     usable_submeshes,
 )
 from planner.search.layer_table import LayerTable
-from planner.search.stage_costs import in_flight
+from planner.search.graph_knobs import GraphKnobs, in_flight
 from planner.search.stage_solve import StageCost
 
 
@@ -50,10 +50,12 @@ def test_one_micro_batch_solves_layers_on_the_whole_cluster_only() -> None:
 
 
 def test_a_stage_holds_one_micro_batch_per_stage_from_it_to_the_last() -> None:
-    # 1F1B on 4 stages with 8 micro-batches: 4, 3, 2, 1 in flight; with 2, at most 2. The
-    # plan of 2 stages with 4 micro-batches: its first stage holds 2 (GPipe: 4).
+    # 1F1B on 4 stages with 8 micro-batches: 4, 3, 2, 1 in flight; with 2, at most 2
+    # (GPipe: 8, 8, 8, 1). The plan of 2 stages with 4 micro-batches: its first stage holds
+    # 2 (GPipe: 4).
     assert [in_flight(4 - k, 8) for k in range(4)] == [4, 3, 2, 1]
     assert [in_flight(4 - k, 2) for k in range(4)] == [2, 2, 2, 1]
+    assert [in_flight(4 - k, 8, "gpipe") for k in range(4)] == [8, 8, 8, 1]
     sys.path.insert(0, str(Path(__file__).parents[2] / "e2e"))
     from graph_models import narrow_mlp
 
@@ -67,6 +69,32 @@ def test_a_stage_holds_one_micro_batch_per_stage_from_it_to_the_last() -> None:
         assert c.memory_bytes == [
             x.cost.state_bytes + min(4, stages - k) * x.cost.activation_bytes
             for k, x in enumerate(c.solves)]
+
+
+def test_fixed_knobs_hold_for_every_layout() -> None:
+    # GPipe, every stage but the last recomputing, every parameter at its least memory
+    # (ZeRO-3): the DP's plan and the baselines all run so, and data parallelism's
+    # replicated parameters are no layout under ZeRO-3.
+    sys.path.insert(0, str(Path(__file__).parents[2] / "e2e"))
+    from graph_models import narrow_mlp
+
+    model, inputs = narrow_mlp()
+    cluster = Cluster.load(str(Path(__file__).parents[2] / "fixtures" / "small_memory.yaml"))
+    knobs = GraphKnobs(recompute=True, schedule="gpipe", lean=True)
+    found = search_graph(model, inputs, cluster.with_devices(8), 16, micro_batches=4,
+                         knobs=knobs)
+    assert "data parallel" not in {c.layout.name for c in found.candidates}
+    (dp,) = [c for c in found.candidates if c.layout.name == "stage DP"]
+    stages = len(dp.solves)
+    assert stages > 1 and dp.layout.recompute == (True,) * (stages - 1) + (False,)
+    for c in found.candidates:
+        assert c.layout.schedule == "gpipe"
+        assert all(lean for _, _, _, lean in c.layout.stages)
+    # GPipe holds all 4 micro-batches on every stage but the last: their incoming tensors.
+    assert dp.memory_bytes == [
+        x.cost.state_bytes + (4 * x.cost.checkpoint_bytes + x.cost.activation_bytes
+                              if k < stages - 1 else x.cost.activation_bytes)
+        for k, x in enumerate(dp.solves)]
 
 
 def test_bounds_change_the_work_not_the_plan(monkeypatch) -> None:

@@ -1,0 +1,51 @@
+"""What a user may fix of a graph plan (`plan MODEL --gpus N` for a model of one's own,
+`planner.parallelize(..., gpus=N)`); the graph search chooses the rest."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GRAPH_SCHEDULES = ("1f1b", "gpipe")
+
+
+@dataclass(frozen=True)
+class GraphKnobs:
+    """The graph search's fixed choices; None: searched."""
+
+    recompute: bool | None = None
+    """True: every stage but the last keeps only its incoming tensors per micro-batch in
+    flight and runs its first pass again before the backward (the last stage holds one
+    micro-batch at a time, so recomputing would save it nothing); False: none does."""
+    schedule: str = "1f1b"
+    """Pipeline schedule: 1f1b (a stage holds one micro-batch per stage from it to the
+    last) or gpipe (every stage but the last holds all of them)."""
+    lean: bool | None = None
+    """True: every parameter, its gradient and optimizer state at their least memory,
+    sharded over every mesh axis they split on (ZeRO-3); False: placed as fast as they go
+    (the ILP's choice, replicated where that is fastest: ZeRO-0)."""
+
+    def __post_init__(self) -> None:
+        if self.schedule not in GRAPH_SCHEDULES:
+            raise ValueError(f"schedule {self.schedule!r}: graph plans run "
+                             f"{' or '.join(GRAPH_SCHEDULES)}")
+
+    def modes(self) -> tuple[bool, ...]:
+        """The lean settings a layout may take (False, True when searched)."""
+        return (False, True) if self.lean is None else (self.lean,)
+
+    def recomputations(self, last: bool) -> tuple[bool, ...]:
+        """The recompute settings a stage may take (the last stage never recomputes)."""
+        if last:
+            return (False,)
+        return (False, True) if self.recompute is None else (self.recompute,)
+
+
+def in_flight(stages_from_here: int, m: int, schedule: str = "1f1b") -> int:
+    """Micro-batches whose activations a stage holds at once, `stages_from_here` counting
+    it and every stage after it. 1F1B (`runtime.staged`): its first backward waits for one
+    forward on each of them (Narayanan et al., PipeDream-Flush, ICML 2021; Alpa's stage DP
+    bounds memory the same way). GPipe: all m on every stage but the last, which runs each
+    backward at once."""
+    if schedule == "gpipe":
+        return 1 if stages_from_here == 1 else m
+    return min(m, stages_from_here)
