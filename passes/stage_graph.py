@@ -411,6 +411,21 @@ def on_meta_device(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model).to("meta")
 
 
+PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def in_precision(model: nn.Module, inputs: tuple[Any, ...],
+                 precision: str) -> tuple[nn.Module, tuple[Any, ...]]:
+    """`model` (on meta) and `inputs` with their floating parameters, buffers and tensors
+    in `precision`'s dtype (the caller's model untouched); as they are for fp32."""
+    dtype = PRECISION_DTYPES[precision]
+    if dtype == torch.float32:
+        return model, inputs
+    cast = copy.deepcopy(model).to(dtype)
+    return cast, tuple(x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point()
+                       else x for x in inputs)
+
+
 def micro_batch_inputs(example_inputs: tuple[Any, ...], size: int) -> tuple[Any, ...]:
     """Meta tensors like the example inputs with `size` along dim 0."""
     def resize(x: Any) -> Any:

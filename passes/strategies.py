@@ -33,6 +33,23 @@ if TYPE_CHECKING:
 
 # Parameter, gradient and AdamW's two moments, all in the parameter's dtype.
 TRAINING_STATE_COPIES = 4
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def state_bytes_per_element(dtype: torch.dtype) -> dict[str, int]:
+    """Bytes one trained parameter element holds, as the graph runtime trains it: in fp32
+    the parameter, its gradient and AdamW's two moments; in half precision (mixed) the
+    half parameter, an fp32 gradient accumulator, fp32 master weights and moments
+    (Megatron-LM's 18 bytes per parameter)."""
+    if dtype in HALF_DTYPES:
+        return {"parameters": 2, "gradients": 4, "optimizer": 12}
+    size = torch.empty((), dtype=dtype).element_size()
+    return {"parameters": size, "gradients": size, "optimizer": 2 * size}
+
+
+def training_state_bytes(value: torch.Tensor) -> int:
+    """All the training state of a parameter (`state_bytes_per_element`)."""
+    return value.numel() * sum(state_bytes_per_element(value.dtype).values())
 
 # Graph nodes that carry no computation to shard: shape assertions from export.
 _SKIPPED_OPS = {torch.ops.aten._assert_tensor_metadata.default}
@@ -270,12 +287,10 @@ def shard_factor(placements: Placements | None, mesh: DeviceMesh) -> int:
 def _placeholder(program: TracedProgram, node: fx.Node, mesh: DeviceMesh) -> NodeStrategies:
     value = node.meta["val"]
     if node.name in program.parameters:
-        kind, copies = "parameter", TRAINING_STATE_COPIES
-    elif node.name in program.buffers:
-        kind, copies = "buffer", 1
+        kind, nbytes = "parameter", training_state_bytes(value)
     else:
-        kind, copies = "input", 1
-    nbytes = tensor_bytes(value) * copies
+        kind = "buffer" if node.name in program.buffers else "input"
+        nbytes = tensor_bytes(value)
     strategies = [
         Strategy((), (p,), 0.0, nbytes / shard_factor(p, mesh))
         for p in shardable_placements(value.shape, mesh)

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from passes.stage_graph import BOUNDARY, piece_numel, routes
-from passes.strategies import TRAINING_STATE_COPIES
+from passes.strategies import state_bytes_per_element
 from planner.cluster import Cluster, calibration_of, step_time_band
 from planner.plan import (
     CollectiveStats,
@@ -31,6 +33,10 @@ def graph_plan(candidate: Candidate, cluster: Cluster, name: str,
     first_device = 0
     sizes = [math.prod(shape) for _, _, shape, _ in candidate.layout.stages]
     m = candidate.micro_batches
+    # The precision the model was traced in (`GraphKnobs.precision`).
+    dtypes = {v.dtype for v in candidate.forward.parameter_values().values()}
+    dtype = torch.bfloat16 if torch.bfloat16 in dtypes else torch.float32
+    precision = "bf16" if dtype == torch.bfloat16 else "fp32"
     for k, ((first, last, shape, _), solve) in enumerate(zip(candidate.layout.stages,
                                                              candidate.solves)):
         parameters = {f: p for f, p in solve.parameters.items()
@@ -51,19 +57,19 @@ def graph_plan(candidate: Candidate, cluster: Cluster, name: str,
             parameters=parameters,
             communication={kind: CollectiveStats(count=c, bytes=b)
                            for kind, (c, b) in sorted(communication.items())},
-            memory=_memory(solve), operators=solve.operators, recompute=recompute))
+            memory=_memory(solve, dtype), operators=solve.operators, recompute=recompute))
         first_device += sizes[k]
     flops = float(candidate.forward.op_flops().sum()) * 3 * m
     step = candidate.step_time_s
     devices = cluster.num_devices
-    peak = cluster.device.peak_tflops.get("fp32", 0.0) * 1e12
+    peak = cluster.device.peak_tflops.get(precision, 0.0) * 1e12
     return Plan(
         model=name, cluster=cluster.name, num_gpus=devices,
         devices_per_host=min(cluster.devices_per_host, devices),
         devices_per_node=min(cluster.devices_per_node, devices),
         mesh_axes=["device"], mesh_shape=[devices],
         global_batch_size=global_batch_size, micro_batch_size=candidate.micro_batch_size,
-        num_micro_batches=m, schedule=candidate.layout.schedule, precision="fp32",
+        num_micro_batches=m, schedule=candidate.layout.schedule, precision=precision,
         recompute="full" if any(s.recompute for s in stages) else "none",
         stages=stages, layer_cuts=list(candidate.layer_cuts),
         predicted=Predicted(
@@ -125,8 +131,10 @@ def _p2p_counts(candidate: Candidate, k: int,
     return {kind: (c, b) for kind, (c, b) in out.items() if c}
 
 
-def _memory(solve: StageResult) -> StageMemory:
-    """Parameters, gradients and Adam's two moments: one copy of the parameters each."""
-    copy = int(solve.cost.state_bytes // TRAINING_STATE_COPIES)
-    return StageMemory(parameters_bytes=copy, gradients_bytes=copy,
-                       optimizer_bytes=(TRAINING_STATE_COPIES - 2) * copy)
+def _memory(solve: StageResult, dtype: torch.dtype) -> StageMemory:
+    """The stage's training state split as `state_bytes_per_element` holds it."""
+    shares = state_bytes_per_element(dtype)
+    total = sum(shares.values())
+    part = {k: int(solve.cost.state_bytes * v // total) for k, v in shares.items()}
+    return StageMemory(parameters_bytes=part["parameters"], gradients_bytes=part["gradients"],
+                       optimizer_bytes=part["optimizer"])

@@ -38,8 +38,10 @@ from passes.stage_graph import (
     BOUNDARY,
     backward_nodes,
     boundary_parameters,
+    PRECISION_DTYPES,
     forward_graph,
     gradient_inputs,
+    in_precision,
     micro_batch_inputs,
     on_meta_device,
     routes,
@@ -78,8 +80,9 @@ def build_stage_program(
     """Stage `index`'s graph and traced program, as the planner built them."""
     if plan.layer_cuts is None or plan.micro_batch_size is None:
         raise ValueError("this plan has no layer cuts: it is not a graph plan")
-    inputs = micro_batch_inputs(tuple(example_inputs), plan.micro_batch_size)
-    on_meta = on_meta_device(model)
+    on_meta, example_inputs = in_precision(on_meta_device(model), tuple(example_inputs),
+                                           plan.precision)
+    inputs = micro_batch_inputs(example_inputs, plan.micro_batch_size)
     forward = forward_graph(on_meta, inputs, loss_fn)
     values = {**dict(on_meta.named_parameters()), **dict(on_meta.named_buffers())}
     first, last = plan.stages[index].layers
@@ -116,12 +119,15 @@ class StagedTrainer(Checkpointing):
         self.replicated = tuple(Replicate() for _ in self.stage.mesh_shape)
         state = state_dict if state_dict is not None else training_state(model)
         placements = self.program.parameter_placements()
+        # bf16 plans: the programs run in bf16; the trainer keeps fp32 master weights (and
+        # AdamW's moments) and accumulates the micro-batches' gradients in fp32.
+        self.dtype = PRECISION_DTYPES[plan.precision]
         self.params = {
-            fqn: self.program.shard(state[fqn], placements[fqn])
+            fqn: self.program.shard(state[fqn].float(), placements[fqn])
             for fqn in program.parameters.values() if not fqn.startswith(BOUNDARY + ".")
         }
         self.buffers = {
-            fqn: self.program.shard(state[fqn], self.replicated)
+            fqn: self.program.shard(self._in_dtype(state[fqn]), self.replicated)
             for fqn in program.buffers.values()
         }
         self.locals = {fqn: p.to_local().detach().clone() for fqn, p in self.params.items()}
@@ -188,7 +194,8 @@ class StagedTrainer(Checkpointing):
         """Every op that does not read the next stage's gradient."""
         operators = self.program.operators
         inputs = [
-            self.program.shard(batch[position], parse_placements(operators.inputs[name]))
+            self.program.shard(self._in_dtype(batch[position]),
+                               parse_placements(operators.inputs[name]))
             for position, name in zip(self.graph.user_inputs, self.program.program.user_inputs)
         ]
         params = self._dtensors()
@@ -250,7 +257,7 @@ class StagedTrainer(Checkpointing):
                 value = redistribute(value, placements[fqn])
             if fqn in self.ties:
                 value = self._summed_over_stages(fqn, value)
-            self.locals[fqn].grad = value.to_local().detach() / m
+            self.locals[fqn].grad = value.to_local().detach().float() / m
         if not losses:
             return None
         loss = values["loss"]
@@ -318,15 +325,25 @@ class StagedTrainer(Checkpointing):
     # -- state ---------------------------------------------------------------------------
 
     def _dtensors(self) -> dict[str, DTensor]:
+        """The parameters as the programs read them (in the plan's precision)."""
         return {
-            fqn: DTensor.from_local(self.locals[fqn], p.device_mesh, p.placements,
-                                    run_check=False, shape=p.shape, stride=p.stride())
+            fqn: DTensor.from_local(self._in_dtype(self.locals[fqn]), p.device_mesh,
+                                    p.placements, run_check=False, shape=p.shape,
+                                    stride=p.stride())
             for fqn, p in self.params.items()
         }
 
+    def _in_dtype(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.to(self.dtype)
+        return value
+
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """This stage's parameters gathered in full (a collective over the stage's ranks)."""
-        return {fqn: p.full_tensor() for fqn, p in self._dtensors().items()}
+        return {fqn: DTensor.from_local(self.locals[fqn], p.device_mesh, p.placements,
+                                        run_check=False, shape=p.shape, stride=p.stride())
+                .full_tensor() for fqn, p in self.params.items()}
+
 
     def checkpoint_state(self) -> ShardsState:
         """This rank's shards and AdamW state as DTensors of the plan's layouts, for `save`
@@ -359,13 +376,14 @@ def _set_rng_state(device_type: str, state: tuple[torch.Tensor, torch.Tensor | N
 
 
 def _summed(parts: list[DTensor]) -> DTensor:
-    """The micro-batches' values added locally (partial sums stay partial: no collective)."""
+    """The micro-batches' values added locally (partial sums stay partial: no collective),
+    in fp32 and then in their own dtype (a bf16 gradient is synchronised in bf16)."""
     first = parts[0]
-    total = first.to_local().clone()
+    total = first.to_local().to(torch.float32, copy=True)
     for part in parts[1:]:
         total += part.to_local()
-    return DTensor.from_local(total, first.device_mesh, first.placements, run_check=False,
-                              shape=first.shape, stride=first.stride())
+    return DTensor.from_local(total.to(first.dtype), first.device_mesh, first.placements,
+                              run_check=False, shape=first.shape, stride=first.stride())
 
 
 def _tag(micro_batch: int, tensor: int, piece: int) -> int:

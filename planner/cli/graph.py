@@ -16,11 +16,12 @@ from planner.cli.parallel_flags import training_flags_given
 from planner.cluster import Cluster
 from planner.model_spec import LoadedModel
 from planner.plan import Plan
-from planner.search.graph_knobs import GRAPH_SCHEDULES, GraphKnobs
+from planner.search.graph_knobs import GRAPH_PRECISIONS, GRAPH_SCHEDULES, GraphKnobs
 
 # Flags a graph plan reads; the others are a transformer's knobs, which the ILP chooses.
 GRAPH_FLAGS = ("--gpus", "--global-batch-size", "--micro-batch-size", "--top", "--space",
-               "--intra-op", "--zero-stage", "--recompute-granularity", "--schedule")
+               "--intra-op", "--zero-stage", "--recompute-granularity", "--schedule",
+               "--precision")
 
 
 def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
@@ -37,7 +38,7 @@ def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
             f"{', '.join(refused)}: {loaded.name} is planned from its traced graph, where "
             "the intra-op ILP chooses every operator's sharding; drop "
             f"{'it' if len(refused) == 1 else 'them'} (--micro-batch-size, --zero-stage, "
-            "--recompute-granularity and --schedule are kept)"
+            "--recompute-granularity, --schedule and --precision are kept)"
         )
     knobs = graph_knobs(args)
     try:
@@ -80,6 +81,9 @@ def graph_knobs(args: argparse.Namespace) -> GraphKnobs:
     if args.schedule not in (None, *GRAPH_SCHEDULES):
         raise UsageError(f"--schedule {args.schedule}: graph plans run "
                          f"{' or '.join(GRAPH_SCHEDULES)}")
+    if args.precision not in (None, *GRAPH_PRECISIONS):
+        raise UsageError(f"--precision {args.precision}: graph plans train in "
+                         f"{' or '.join(GRAPH_PRECISIONS)} (bf16 with fp32 master weights)")
     if args.zero_stage in (1, 2):
         raise UsageError(
             f"--zero-stage {args.zero_stage}: a graph plan shards a parameter, its gradient "
@@ -87,7 +91,8 @@ def graph_knobs(args: argparse.Namespace) -> GraphKnobs:
     return GraphKnobs(
         recompute=None if args.recompute is None else args.recompute == "full",
         schedule=args.schedule or "1f1b",
-        lean=None if args.zero_stage is None else args.zero_stage == 3)
+        lean=None if args.zero_stage is None else args.zero_stage == 3,
+        precision=args.precision or "fp32")
 
 
 def describe(plan: Plan) -> str:
@@ -119,7 +124,8 @@ def print_graph_plans(plans: list[Plan], console: Console) -> None:
             shards.add_row(str(index), devices, fqn, placement)
     console.print(shards)
     console.print(f"best: {best.num_micro_batches} micro-batches of {best.micro_batch_size}, "
-                  f"{best.schedule.upper()}; step {best.predicted.step_time_s:.4f} s, "
+                  f"{best.schedule.upper()}, {best.precision}; "
+                  f"step {best.predicted.step_time_s:.4f} s, "
                   f"{best.predicted.memory_gib_per_gpu * 1024:.2f} MiB per device",
                   highlight=False)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GRAPH_SCHEDULES = ("1f1b", "gpipe")
+GRAPH_PRECISIONS = ("fp32", "bf16")
 
 
 @dataclass(frozen=True)
@@ -23,11 +24,17 @@ class GraphKnobs:
     """True: every parameter, its gradient and optimizer state at their least memory,
     sharded over every mesh axis they split on (ZeRO-3); False: placed as fast as they go
     (the ILP's choice, replicated where that is fastest: ZeRO-0)."""
+    precision: str = "fp32"
+    """fp32, or bf16: the model traced, priced and run in bf16 with fp32 master weights,
+    gradient accumulators and moments (mixed precision)."""
 
     def __post_init__(self) -> None:
         if self.schedule not in GRAPH_SCHEDULES:
             raise ValueError(f"schedule {self.schedule!r}: graph plans run "
                              f"{' or '.join(GRAPH_SCHEDULES)}")
+        if self.precision not in GRAPH_PRECISIONS:
+            raise ValueError(f"precision {self.precision!r}: graph plans train in "
+                             f"{' or '.join(GRAPH_PRECISIONS)}")
 
     def modes(self) -> tuple[bool, ...]:
         """The lean settings a layout may take (False, True when searched)."""

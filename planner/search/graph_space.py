@@ -45,13 +45,14 @@ from passes.stage_graph import (
     ForwardGraph,
     forward_at_batch,
     forward_graph,
+    in_precision,
     layer_cuts,
     micro_batch_inputs,
     on_meta_device,
     stage_graph,
     stage_program,
 )
-from passes.strategies import TRAINING_STATE_COPIES
+from passes.strategies import training_state_bytes
 from planner.cluster import Cluster
 from planner.search.alpa_space import submeshes
 from planner.search.inter_op import stage_dp
@@ -165,7 +166,8 @@ def search_graph(
     `example_inputs` give every input's shape past dim 0 (the batch); the batch of a step
     is `global_batch_size`, split into `micro_batches` (default: each count of
     `default_micro_batches`); `knobs` are what the user fixed."""
-    on_meta = on_meta_device(model)
+    on_meta, example_inputs = in_precision(on_meta_device(model), tuple(example_inputs),
+                                           knobs.precision)
     values = {**dict(on_meta.named_parameters()), **dict(on_meta.named_buffers())}
     # The most micro-batches first: plans of several stages, predicted as each count's
     # search ends, bound the work of the counts after (a count of one micro-batch, whose
@@ -401,11 +403,11 @@ def _predict(layouts: list[tuple[TracedForward, Layout]], values: dict, cluster:
     two layouts share is solved once; a stage of one layer the layer table solved alone is
     not solved again."""
     capacity = usable_bytes(cluster)
-    parameter_bytes = sum(v.numel() * v.element_size() for v in values.values()
-                          if isinstance(v, nn.Parameter))
+    state_bytes = sum(training_state_bytes(v) for v in values.values()
+                      if isinstance(v, nn.Parameter))
     tasks: dict[tuple, tuple] = {}
     for traced, layout in layouts:
-        if _replicas_cannot_fit(layout, parameter_bytes, capacity):
+        if _replicas_cannot_fit(layout, state_bytes, capacity):
             continue
         for first, last, shape, lean in layout.stages:
             key = (id(traced), first, last, shape, lean, layout.replicate_parameters,
@@ -423,11 +425,11 @@ def _predict(layouts: list[tuple[TracedForward, Layout]], values: dict, cluster:
                                             time_limit_s)))
     candidates = []
     for traced, layout in layouts:
-        if _replicas_cannot_fit(layout, parameter_bytes, capacity):
+        if _replicas_cannot_fit(layout, state_bytes, capacity):
             # Every rank would hold all of the model's training state, which alone does not
             # fit: nothing to solve.
-            state = float(parameter_bytes * TRAINING_STATE_COPIES)
-            candidates.append(Candidate(layout, traced.micro_batches, [], math.inf, [state],
+            candidates.append(Candidate(layout, traced.micro_batches, [], math.inf,
+                                        [float(state_bytes)],
                                         False, 0.0, 0.0, 0.0, traced.forward, traced.cuts,
                                         inputs_batch(traced.inputs)))
             continue
@@ -438,8 +440,8 @@ def _predict(layouts: list[tuple[TracedForward, Layout]], values: dict, cluster:
     return candidates
 
 
-def _replicas_cannot_fit(layout: Layout, parameter_bytes: float, capacity: float) -> bool:
-    return layout.replicate_parameters and parameter_bytes * TRAINING_STATE_COPIES > capacity
+def _replicas_cannot_fit(layout: Layout, state_bytes: float, capacity: float) -> bool:
+    return layout.replicate_parameters and state_bytes > capacity
 
 
 def predict(layout: Layout, solves: list[StageResult], traced: TracedForward,

@@ -213,3 +213,23 @@ def test_fixed_knobs_train_as_one_process() -> None:
     assert report.max_rel_error < 1e-4
     assert report.communication_matches, report.mismatches[:3]
     assert report.passed
+
+
+def test_a_bf16_plan_trains_as_one_process_does_in_bf16() -> None:
+    # `--precision bf16`: traced, priced and run in bf16 (half the bytes on every wire),
+    # fp32 master weights, gradient accumulators and moments (18 bytes per parameter).
+    from planner.check import RELATIVE_TOLERANCE_BF16
+    from planner.search.graph_knobs import GraphKnobs
+
+    model, inputs, loss_fn = residual_cnn()
+    knobs = GraphKnobs(precision="bf16")
+    found = search_graph(model, inputs, SMALL, 16, loss_fn, micro_batches=4, knobs=knobs)
+    plan = graph_plan(found.candidates[0], SMALL, "residual_cnn", 16)
+    assert plan.precision == "bf16" and len(plan.stages) > 1
+    for stage in plan.stages:
+        assert stage.memory.gradients_bytes == 2 * stage.memory.parameters_bytes
+        assert stage.memory.optimizer_bytes == 6 * stage.memory.parameters_bytes
+    report = check_graph_plan(model, plan, loss_fn, inputs, steps=2)
+    assert report.max_rel_error < RELATIVE_TOLERANCE_BF16
+    assert report.communication_matches, report.mismatches[:3]
+    assert report.passed

@@ -244,6 +244,8 @@ GRAPH_PLANS = {
                                    "recomputes whole stages"]),
     "graph-interleaved": ([*GRAPH, "--schedule", "interleaved"],
                           ["--schedule interleaved: graph plans run 1f1b or gpipe"]),
+    "graph-fp16": ([*GRAPH, "--precision", "fp16"],
+                   ["--precision fp16: graph plans train in fp32 or bf16"]),
     "graph-zero-1": ([*GRAPH, "--zero-stage", "1"],
                      ["--zero-stage 1: a graph plan shards a parameter, its gradient"]),
 }
