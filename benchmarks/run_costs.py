@@ -51,7 +51,7 @@ def tessel_run(cluster_name: str, gpus: int, price: float, precision: str) -> di
     settings = RunSettings(gpu_hour_usd=price,
                            failure_rate_per_gpu_hour=cluster.run_costs.failure_rate_per_gpu_hour,
                            checkpoint_write_gbps=5.0, restart_minutes=10.0)
-    totals = plan_totals(plan, model, cluster,
+    totals = plan_totals(plan, model.num_parameters(), cluster,
                          run_steps(model, GLOBAL_BATCH, TOKENS, None), settings)
     return {"cluster": cluster_name, "gpus": gpus, "precision": precision,
             "tokens_per_s": plan.predicted.tokens_per_s,

@@ -23,6 +23,7 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor._ops import _pointwise_ops
 
 from cost_models.compute import dtype_key, op_flops, op_time, tensor_bytes
+from cost_models.memory import state_element_bytes
 from passes.deadline import Deadline
 from passes.dtensor_rules import Placements, TensorMeta, has_rule, op_choices, tensor_meta
 from passes.program import TracedProgram
@@ -36,20 +37,15 @@ TRAINING_STATE_COPIES = 4
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def state_bytes_per_element(dtype: torch.dtype) -> dict[str, int]:
-    """Bytes one trained parameter element holds, as the graph runtime trains it: in fp32
-    the parameter, its gradient and AdamW's two moments; in half precision (mixed) the
-    half parameter, an fp32 gradient accumulator, fp32 master weights and moments
-    (Megatron-LM's 18 bytes per parameter)."""
-    if dtype in HALF_DTYPES:
-        return {"parameters": 2, "gradients": 4, "optimizer": 12}
-    size = torch.empty((), dtype=dtype).element_size()
-    return {"parameters": size, "gradients": size, "optimizer": 2 * size}
-
-
 def training_state_bytes(value: torch.Tensor) -> int:
-    """All the training state of a parameter (`state_bytes_per_element`)."""
-    return value.numel() * sum(state_bytes_per_element(value.dtype).values())
+    """All the training state of a parameter as the graph runtime trains it
+    (`cost_models.memory.state_element_bytes`): in fp32 the parameter, its gradient and
+    AdamW's two moments; in half precision (mixed) the half parameter, an fp32 gradient
+    accumulator, fp32 master weights and moments (18 bytes per element)."""
+    if value.dtype in HALF_DTYPES or value.dtype == torch.float32:
+        element = state_element_bytes("fp32" if value.dtype == torch.float32 else "bf16")
+        return value.numel() * (element.params + element.grads + element.optimizer)
+    return tensor_bytes(value) * TRAINING_STATE_COPIES
 
 # Graph nodes that carry no computation to shard: shape assertions from export.
 _SKIPPED_OPS = {torch.ops.aten._assert_tensor_metadata.default}

@@ -9,7 +9,7 @@ import math
 import torch
 
 from passes.stage_graph import BOUNDARY, piece_numel, routes
-from passes.strategies import state_bytes_per_element
+from cost_models.memory import state_element_bytes
 from planner.cluster import Cluster, calibration_of, step_time_band
 from planner.plan import (
     CollectiveStats,
@@ -35,8 +35,7 @@ def graph_plan(candidate: Candidate, cluster: Cluster, name: str,
     m = candidate.micro_batches
     # The precision the model was traced in (`GraphKnobs.precision`).
     dtypes = {v.dtype for v in candidate.forward.parameter_values().values()}
-    dtype = torch.bfloat16 if torch.bfloat16 in dtypes else torch.float32
-    precision = "bf16" if dtype == torch.bfloat16 else "fp32"
+    precision = "bf16" if torch.bfloat16 in dtypes else "fp32"
     for k, ((first, last, shape, _), solve) in enumerate(zip(candidate.layout.stages,
                                                              candidate.solves)):
         parameters = {f: p for f, p in solve.parameters.items()
@@ -57,7 +56,7 @@ def graph_plan(candidate: Candidate, cluster: Cluster, name: str,
             parameters=parameters,
             communication={kind: CollectiveStats(count=c, bytes=b)
                            for kind, (c, b) in sorted(communication.items())},
-            memory=_memory(solve, dtype), operators=solve.operators, recompute=recompute))
+            memory=_memory(solve, precision), operators=solve.operators, recompute=recompute))
         first_device += sizes[k]
     flops = float(candidate.forward.op_flops().sum()) * 3 * m
     step = candidate.step_time_s
@@ -131,10 +130,12 @@ def _p2p_counts(candidate: Candidate, k: int,
     return {kind: (c, b) for kind, (c, b) in out.items() if c}
 
 
-def _memory(solve: StageResult, dtype: torch.dtype) -> StageMemory:
-    """The stage's training state split as `state_bytes_per_element` holds it."""
-    shares = state_bytes_per_element(dtype)
-    total = sum(shares.values())
-    part = {k: int(solve.cost.state_bytes * v // total) for k, v in shares.items()}
-    return StageMemory(parameters_bytes=part["parameters"], gradients_bytes=part["gradients"],
-                       optimizer_bytes=part["optimizer"])
+def _memory(solve: StageResult, precision: str) -> StageMemory:
+    """The stage's training state split as the precision holds an element's
+    (`cost_models.memory.state_element_bytes`)."""
+    element = state_element_bytes(precision)
+    total = element.params + element.grads + element.optimizer
+    state = solve.cost.state_bytes
+    return StageMemory(parameters_bytes=int(state * element.params // total),
+                       gradients_bytes=int(state * element.grads // total),
+                       optimizer_bytes=int(state * element.optimizer // total))

@@ -22,23 +22,25 @@ def run_steps(model: TransformerConfig, global_batch_size: int, train_tokens: fl
     return math.ceil(train_tokens / (global_batch_size * model.seq_length))
 
 
-def checkpoint_bytes(plan: Plan, model: TransformerConfig) -> tuple[float, float]:
-    """(bytes of one checkpoint of the whole model, bytes the fullest rank writes): the
-    weights and the optimizer state (fp32 master weights and Adam's moments under mixed
-    precision); gradients are not saved. Replicated shards are written once."""
+def checkpoint_bytes(plan: Plan, num_parameters: float) -> tuple[float, float]:
+    """(bytes of one checkpoint of the whole model of `num_parameters`, bytes the fullest
+    rank writes): the weights and the optimizer state (fp32 master weights and Adam's
+    moments under mixed precision); gradients are not saved. Replicated shards are written
+    once."""
     element = state_element_bytes(plan.precision)
-    total = model.num_parameters() * (element.params + element.optimizer)
+    total = num_parameters * (element.params + element.optimizer)
     per_rank = max((stage.memory.parameters_bytes + stage.memory.optimizer_bytes)
                    for stage in plan.stages if stage.memory is not None)
     return float(total), float(per_rank)
 
 
-def plan_totals(plan: Plan, model: TransformerConfig, cluster: Cluster, steps: int,
+def plan_totals(plan: Plan, num_parameters: float, cluster: Cluster, steps: int,
                 settings: RunSettings) -> TrainingTotals:
-    """The totals of `steps` steps of `plan` on `cluster` (whose `run_costs` give power)."""
+    """The totals of `steps` steps of `plan` of a model of `num_parameters` on `cluster`
+    (whose `run_costs` give power)."""
     assert cluster.run_costs is not None
     predicted = plan.predicted
-    total, per_rank = checkpoint_bytes(plan, model)
+    total, per_rank = checkpoint_bytes(plan, num_parameters)
     return training_totals(
         steps=steps, step_time_s=predicted.step_time_s,
         compute_fraction=predicted.compute_s / predicted.step_time_s,

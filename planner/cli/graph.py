@@ -12,16 +12,21 @@ from rich.table import Table
 
 from planner.cli.errors import UsageError
 from planner.cli.output import write_json
+from planner.cli.run_flags import objective_key, run_settings, wants_totals
+from planner.cli.whole_run import print_totals
 from planner.cli.parallel_flags import training_flags_given
 from planner.cluster import Cluster
 from planner.model_spec import LoadedModel
 from planner.plan import Plan
+from planner.totals import plan_totals
 from planner.search.graph_knobs import GRAPH_PRECISIONS, GRAPH_SCHEDULES, GraphKnobs
 
 # Flags a graph plan reads; the others are a transformer's knobs, which the ILP chooses.
 GRAPH_FLAGS = ("--gpus", "--global-batch-size", "--micro-batch-size", "--top", "--space",
                "--intra-op", "--zero-stage", "--recompute-granularity", "--schedule",
-               "--precision")
+               "--precision", "--train-iters", "--train-tokens", "--gpu-hour-price",
+               "--failure-rate", "--checkpoint-write-gbps", "--sync-checkpoints",
+               "--restart-minutes", "--pue", "--objective")
 
 
 def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
@@ -38,7 +43,8 @@ def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
             f"{', '.join(refused)}: {loaded.name} is planned from its traced graph, where "
             "the intra-op ILP chooses every operator's sharding; drop "
             f"{'it' if len(refused) == 1 else 'them'} (--micro-batch-size, --zero-stage, "
-            "--recompute-granularity, --schedule and --precision are kept)"
+            "--recompute-granularity, --schedule, --precision and the whole run's flags "
+            "are kept)"
         )
     knobs = graph_knobs(args)
     try:
@@ -132,8 +138,36 @@ def print_graph_plans(plans: list[Plan], console: Console) -> None:
 
 def run_graph_training(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
                        console: Console) -> int:
+    totals = _wants_graph_totals(args, cluster)
     plans = plan_graph(args, loaded, cluster, console)
+    if totals:
+        plans = _with_totals(plans, loaded, cluster, args)
     print_graph_plans(plans, console)
+    if totals:
+        print_totals(plans, console, args.objective)
     if args.json:
         write_json(args.json, plans[0].to_json(), "plan")
     return 0
+
+
+def _wants_graph_totals(args: argparse.Namespace, cluster: Cluster) -> bool:
+    """Whether the command line asks for the whole run (checked before any planning)."""
+    if args.train_tokens is not None:
+        raise UsageError("--train-tokens: a model of one's own has no tokens per sample; "
+                         "give the run's length as --train-iters N")
+    if not wants_totals(args):
+        return False
+    run_settings(args, cluster)  # a cluster without run costs is refused now
+    return True
+
+
+def _with_totals(plans: list[Plan], loaded: LoadedModel, cluster: Cluster,
+                 args: argparse.Namespace) -> list[Plan]:
+    """The plans with their whole run's totals (`planner.totals`), ranked by --objective
+    (fitting plans first) where given."""
+    settings = run_settings(args, cluster)
+    parameters = sum(p.numel() for p in loaded.model.parameters())
+    out = [plan.model_copy(update={"training": plan_totals(
+        plan, parameters, cluster.with_devices(plan.num_gpus), args.train_iters, settings)})
+        for plan in plans]
+    return sorted(out, key=objective_key(args.objective)) if args.objective else out

@@ -32,8 +32,8 @@ def with_totals(plans: list[Plan], model: TransformerConfig, cluster: Cluster,
     for plan in plans:
         steps = run_steps(model, plan.global_batch_size or 1, args.train_tokens,
                           args.train_iters)
-        totals = plan_totals(plan, model, cluster.with_devices(plan.num_gpus), steps,
-                             settings)
+        totals = plan_totals(plan, model.num_parameters(), cluster.with_devices(plan.num_gpus),
+                             steps, settings)
         out.append(plan.model_copy(update={"training": totals}))
     if args.objective:
         out.sort(key=objective_key(args.objective))

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from planner.plan import Plan
 
 REPO = Path(__file__).parents[2]
@@ -101,3 +103,24 @@ def test_plan_check_gpus_plans_and_trains_a_model_of_ones_own(tmp_path: Path) ->
     assert plan.layer_cuts and plan.num_gpus == 4
     assert sum(stage.num_devices for stage in plan.stages) == 4
     assert report["check"]["communication_matches"]
+
+
+def test_a_graph_plan_prices_the_whole_run(tmp_path: Path) -> None:
+    """`--train-iters N` on a model of one's own: the run's days, GPU-hours and cost from
+    the plan's predicted step, and a checkpoint of its weights and AdamW state."""
+    out = tmp_path / "plan.json"
+    result = run_plan(
+        f"{REPO / 'tests/e2e/graph_models.py'}:narrow_mlp", "--cluster", "aws-p3.16xlarge",
+        "--gpus", "4", "--global-batch-size", "16", "--train-iters", "1000000",
+        "--gpu-hour-price", "3", "--json", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "the whole run of each plan above: 1,000,000 steps" in result.stdout
+    plan = Plan.model_validate_json(out.read_text())
+    totals = plan.training
+    step = plan.predicted.step_time_s
+    assert totals.steps == 1_000_000
+    assert totals.gpu_hours == pytest.approx(1_000_000 * step * 4 / 3600)
+    assert totals.cost_usd == pytest.approx(3 * totals.gpu_hours)
+    # narrow_mlp: 32*48 + 48 + 48*64 + 64 + 64*40 + 40 + 40*16 + 16 parameters; fp32
+    # weights and AdamW's two moments are written (gradients are not).
+    assert totals.checkpoint_bytes == (1584 + 3136 + 2600 + 656) * (4 + 8)
