@@ -114,11 +114,13 @@ def print_graph_plans(plans: list[Plan], console: Console) -> None:
     table = Table(title=f"{best.model} on {best.num_gpus} x {best.cluster}, global batch "
                         f"{best.global_batch_size}")
     for column in ("#", "stages (layers:logical mesh, rc: recomputed)", "step s",
-                   "MiB/device"):
+                   "TFLOP/s/GPU", "MFU", "MiB/device"):
         table.add_column(column, justify="left" if column.startswith("stages") else "right")
     for rank, plan in enumerate(plans, 1):
         p = plan.predicted
         table.add_row(str(rank), describe(plan), f"{p.step_time_s:.4f}",
+                      "-" if p.model_tflops_per_gpu is None else f"{p.model_tflops_per_gpu:.3g}",
+                      "-" if p.mfu is None else f"{p.mfu:.1%}",
                       f"{p.memory_gib_per_gpu * 1024:.2f}")
     console.print(table)
     shards = Table(title="best plan: parameter placements per stage (first 8 of each)")
