@@ -36,9 +36,9 @@ from passes.dtensor_rules import parse_placements, redistribute
 from passes.lower import RankProgram
 from passes.stage_graph import (
     BOUNDARY,
+    PRECISION_DTYPES,
     backward_nodes,
     boundary_parameters,
-    PRECISION_DTYPES,
     forward_graph,
     gradient_inputs,
     in_precision,

@@ -288,7 +288,8 @@ def _price_rerun(solve: StageSolve, comm: CommModel, gradients: list[str]) -> No
     gradient from the next stage) and runs that pass again, without sending, before the
     micro-batch's backward: the same kernels and the same moves of inputs."""
     program, table, solution = solve.program, solve.table, solve.solution
-    first_pass = {name for name in table if name not in backward_nodes(program, gradients)}
+    later = backward_nodes(program, gradients)
+    first_pass = {name for name in table if name not in later}
     reads = moves_read_by(program, table, solution.choices, first_pass)
     solve.rerun = [
         c for t in solution.transfers if t.phase != "gradient_sync" and (
