@@ -150,3 +150,36 @@ def test_parallelize_a_graph_plan_trains_saves_and_resumes_like_one_process(tmp_
     assert set(params) == set(reference_params)
     for name, value in reference_params.items():
         torch.testing.assert_close(params[name], value, rtol=1e-4, atol=1e-5)
+
+
+def _parallelize_with_knobs(rank: int, world: int, batches):
+    import planner
+
+    model, inputs = _graph_model()
+    knobs = planner.GraphKnobs(schedule="gpipe", recompute=True, precision="bf16", lean=True)
+    plan, trainer = planner.parallelize(model, inputs, cluster=SMALL_MEMORY, gpus=world,
+                                        global_batch_size=16, micro_batch_size=4,
+                                        knobs=knobs)
+    losses = [trainer.step(*batch) for batch in batches]
+    return plan.to_json(), losses
+
+
+def test_parallelize_a_graph_plan_with_fixed_knobs(tmp_path) -> None:
+    # The knobs reach the plan rank 0 makes and the trainers every rank runs: GPipe, every
+    # stage but the last recomputing, bf16 with fp32 master weights, ZeRO-3 (which rules
+    # out the replicated data parallelism that would win on 4 devices: a pipeline wins).
+    from planner.check import RELATIVE_TOLERANCE_BF16
+    from planner.plan import Plan
+
+    generator = torch.Generator().manual_seed(5)
+    batches = [(torch.randn(16, 32, generator=generator),) for _ in range(2)]
+    results = run_on_ranks(_parallelize_with_knobs, 4, batches)
+    plan = Plan.from_json(results[0][0])
+    assert (plan.schedule, plan.precision) == ("gpipe", "bf16") and len(plan.stages) > 1
+    assert [s.recompute for s in plan.stages] == [True] * (len(plan.stages) - 1) + [False]
+    model, _ = _graph_model()
+    reference_losses, _ = train_single_process(model, None, batches, "bf16")
+    last_stage = [losses for _, losses in results if losses[0] is not None]
+    for losses in last_stage:
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference_losses),
+                                   rtol=RELATIVE_TOLERANCE_BF16, atol=0)
