@@ -201,7 +201,7 @@ def check_graph_plan(
     issue exactly its stage's predicted collectives, sends and receives."""
     if plan.global_batch_size is None:
         raise ValueError("a graph plan records its global batch size; this one does not")
-    examples = tuple(_grown(x, plan.global_batch_size) for x in example_inputs)
+    examples = tuple(grown(x, plan.global_batch_size) for x in example_inputs)
     batches = synthetic_batches(examples, steps)
     state = training_state(model)
     reference_losses, reference_params = train_single_process(model, loss_fn, batches,
@@ -231,7 +231,7 @@ def check_graph_plan(
     )
 
 
-def _grown(example: Any, batch: int) -> Any:
+def grown(example: Any, batch: int) -> Any:
     """An example input grown (or cut) to `batch` along dim 0, keeping its values' range."""
     if not isinstance(example, torch.Tensor) or example.dim() == 0:
         return example

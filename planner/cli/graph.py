@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.cli.errors import UsageError
+from planner.cli.emit_flags import emit_if_asked
 from planner.cli.output import write_json
 from planner.cli.run_flags import objective_key, run_settings, wants_totals
 from planner.cli.whole_run import print_totals
@@ -26,7 +27,7 @@ GRAPH_FLAGS = ("--gpus", "--global-batch-size", "--micro-batch-size", "--top", "
                "--intra-op", "--zero-stage", "--recompute-granularity", "--schedule",
                "--precision", "--train-iters", "--train-tokens", "--gpu-hour-price",
                "--failure-rate", "--checkpoint-write-gbps", "--sync-checkpoints",
-               "--restart-minutes", "--pue", "--objective")
+               "--restart-minutes", "--pue", "--objective", "--emit")
 
 
 def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
@@ -43,8 +44,8 @@ def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
             f"{', '.join(refused)}: {loaded.name} is planned from its traced graph, where "
             "the intra-op ILP chooses every operator's sharding; drop "
             f"{'it' if len(refused) == 1 else 'them'} (--micro-batch-size, --zero-stage, "
-            "--recompute-granularity, --schedule, --precision and the whole run's flags "
-            "are kept)"
+            "--recompute-granularity, --schedule, --precision, --emit and the whole run's "
+            "flags are kept)"
         )
     knobs = graph_knobs(args)
     try:
@@ -75,7 +76,7 @@ def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
             f"device at best, more than the {cluster.device.memory_gib * 1024:g} MiB of a "
             f"{cluster.device.name}; use more --gpus or a smaller --micro-batch-size"
         )
-    return [graph_plan(c, cluster, loaded.name, gbs) for c in fitting[: args.top]]
+    return [graph_plan(c, cluster, loaded.name, gbs, args.model) for c in fitting[: args.top]]
 
 
 def graph_knobs(args: argparse.Namespace) -> GraphKnobs:
@@ -145,6 +146,7 @@ def run_graph_training(args: argparse.Namespace, loaded: LoadedModel, cluster: C
     if totals:
         plans = _with_totals(plans, loaded, cluster, args)
     print_graph_plans(plans, console)
+    emit_if_asked(args, plans[0], None, console)
     if totals:
         print_totals(plans, console, args.objective)
     if args.json:

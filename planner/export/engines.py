@@ -3,7 +3,9 @@
 Each exporter module reads only the Plan (and the model's shape, which a Plan names but
 does not hold); this registry is the one place that knows them all. Slurm and Ray Train
 are launchers: they start what torchrun would, Megatron-LM's `pretrain_gpt.py` with the
-plan's flags where Megatron-LM can run the plan, else the PyTorch export's script.
+plan's flags where Megatron-LM can run the plan, else the PyTorch export's script; for a
+graph plan (a model of one's own), the PyTorch export is `train_graph.py` on Tessel's
+runtime (`planner.export.graph_script`).
 
 `engine_files(name, plan, model)` returns {file name: text}, or raises `Refusal` with the
 one line saying why that engine cannot run the plan.
@@ -27,8 +29,10 @@ class Refusal(ValueError):
 def workload(plan: Plan, model: TransformerConfig | None) -> tuple[list[str], dict[str, str]]:
     """What a launcher starts on every rank (script and arguments) and the environment it
     needs: Megatron-LM's pretrain_gpt.py with the plan's flags, else the PyTorch script."""
-    from planner.export import megatron_launch, pytorch_script
+    from planner.export import graph_script, megatron_launch, pytorch_script
 
+    if graph_script.is_graph_plan(plan):
+        return [graph_script.FILE], {}
     if megatron_launch.megatron_incompatibility(plan) is None:
         assert plan.megatron_flags is not None
         flags = [word for flag in plan.megatron_flags for word in flag.split()]
@@ -57,8 +61,19 @@ def _exporters() -> dict[str, Callable[[Plan, TransformerConfig | None], dict[st
 
 def engine_files(name: str, plan: Plan, model: TransformerConfig | None) -> dict[str, str]:
     """{file name: text} of engine `name` for `plan`; Refusal (one line) when it cannot
-    run the plan; KeyError for an engine not in ENGINES."""
+    run the plan; KeyError for an engine not in ENGINES. A graph plan runs on Tessel's
+    staged runtime: `pytorch` writes its script, Slurm and Ray start that."""
+    from planner.export import graph_script
+
+    if name not in ENGINES:
+        raise KeyError(name)
     try:
+        if graph_script.is_graph_plan(plan) and name not in ("slurm", "ray"):
+            if name != "pytorch":
+                raise Refusal(f"{name} runs stages of one layout; this graph plan's stages "
+                              "have meshes and operator shardings of their own, which "
+                              "Tessel's runtime runs: emit pytorch (or slurm, ray)")
+            return graph_script.graph_files(plan)
         return _exporters()[name](plan, model)
     except Refusal:
         raise

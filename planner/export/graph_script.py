@@ -1,0 +1,56 @@
+"""A graph plan's launch files (`plan MODEL --gpus N --emit pytorch DIR` for a model of
+one's own): the plan itself and `train_graph.py`, which every rank runs under torchrun
+(`planner.graph_job`: Tessel's staged runtime, the only engine that runs a plan whose
+stages have meshes of their own and per-operator shardings). Slurm and Ray start the same
+script (`planner.export.engines`)."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from planner.export.launch import torchrun_args
+from planner.plan import Plan
+
+FILE = "train_graph.py"
+PLAN_FILE = "plan.json"
+
+SCRIPT = '''"""Train {what} with its graph plan ({plan_file}, beside this file),
+one process per rank:
+
+    {torchrun}
+
+Emitted by `plan`; `python {file} --help` lists the options (--steps, --checkpoint-dir).
+"""
+
+import sys
+from pathlib import Path
+
+from planner.graph_job import main
+
+if __name__ == "__main__":
+    plan = Path(__file__).with_name({plan_file!r})
+    sys.exit(main(["--plan", str(plan), "--model", {model!r}, *sys.argv[1:]]))
+'''
+
+
+def is_graph_plan(plan: Plan) -> bool:
+    return plan.layer_cuts is not None
+
+
+def graph_files(plan: Plan) -> dict[str, str]:
+    """{'train_graph.py': ..., 'plan.json': ...}; ValueError (one line) for a plan whose
+    model the script cannot build again (no factory named)."""
+    spec = plan.provenance.model_spec
+    if ":" not in spec or spec.startswith("hf:"):
+        raise ValueError(f"the plan names its model {spec!r}, not the factory that builds it "
+                         "(file.py:function or package.module:function)")
+    target, function = spec.rsplit(":", 1)
+    if target.endswith(".py"):  # the job may start elsewhere: the file by its full path
+        spec = f"{Path(target).resolve()}:{function}"
+    torchrun = " ".join(w if w.startswith("$MASTER_ADDR:") else shlex.quote(w)
+                        for w in ["torchrun", *torchrun_args(plan), FILE])
+    what = f"{plan.model} on {plan.num_gpus} x {plan.cluster}"
+    return {FILE: SCRIPT.format(what=what, plan_file=PLAN_FILE, torchrun=torchrun,
+                                file=FILE, model=spec),
+            PLAN_FILE: plan.to_json()}

@@ -1,0 +1,71 @@
+"""What every rank of a launched graph-plan job runs (`plan MODEL --gpus N --emit pytorch
+DIR` writes the script that calls it; torchrun, Slurm or Ray start that script): the model
+the plan names, built by the factory the user named, trained by Tessel's staged runtime
+with the plan's stages, meshes and shardings, on batches shaped like the factory's example
+inputs grown to the plan's global batch (random values, as `plan check` trains; feed real
+data through `planner.parallelize` in your own loop). With `--checkpoint-dir`, a job
+resumes from the latest checkpoint there and saves one every `--checkpoint-every` steps.
+
+    torchrun --nproc-per-node 8 train_graph.py --steps 100 --checkpoint-dir ckpt/
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from planner.check import grown, synthetic_batches
+from planner.model_spec import load_model
+from planner.plan import Plan
+from runtime.checkpoint import latest_checkpoint
+from runtime.staged import StagedTrainer
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="train_graph.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--plan", required=True, help="the graph plan's JSON file")
+    parser.add_argument("--model", required=True,
+                        help="the model's factory as the plan was made for it (file.py:function "
+                        "or package.module:function)")
+    parser.add_argument("--steps", type=int, default=100, help="optimizer steps to run")
+    parser.add_argument("--checkpoint-dir", default=None,
+                        help="resume from the latest checkpoint here and save into it")
+    parser.add_argument("--checkpoint-every", type=int, default=100,
+                        help="steps between checkpoints (with --checkpoint-dir)")
+    return parser.parse_args(list(argv))
+
+
+def main(argv: Sequence[str]) -> int:
+    args = parse(argv)
+    plan = Plan.from_json(args.plan)
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl" if cuda else "gloo")
+    try:
+        if dist.get_world_size() != plan.num_gpus:
+            raise SystemExit(f"the plan runs on {plan.num_gpus} ranks, this job has "
+                             f"{dist.get_world_size()}; launch it with that many")
+        loaded = load_model(args.model)
+        device = "cuda" if cuda else "cpu"
+        trainer = StagedTrainer(plan, loaded.model, loaded.example_inputs, loaded.loss_fn,
+                                device_type=device)
+        if args.checkpoint_dir and latest_checkpoint(args.checkpoint_dir) is not None:
+            trainer.load(args.checkpoint_dir)
+        examples = tuple(grown(x, plan.global_batch_size) for x in loaded.example_inputs)
+        while trainer.steps_done < args.steps:
+            (batch,) = synthetic_batches(examples, 1, seed=trainer.steps_done)
+            batch = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in batch)
+            loss = trainer.step(*batch)
+            if loss is not None and trainer.local_rank == 0:
+                print(f"step {trainer.steps_done} loss {loss:.6f}", flush=True)
+            if args.checkpoint_dir and trainer.steps_done % args.checkpoint_every == 0:
+                trainer.save(args.checkpoint_dir)
+        dist.barrier()  # a rank leaving early can abort its peers' last collectives
+    finally:
+        dist.destroy_process_group()
+    return 0

@@ -1,0 +1,56 @@
+"""`plan MODEL --gpus N --emit pytorch DIR` for a model of one's own: the graph plan's
+launch script, started by torchrun on 4 CPU ranks, trains as one process does, saves
+checkpoints and resumes from them; engines that cannot run a graph plan say so."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.check import grown, synthetic_batches, train_single_process
+
+REPO = Path(__file__).parents[2]
+sys.path.insert(0, str(Path(__file__).parent))
+from graph_models import narrow_mlp  # noqa: E402
+
+
+def _torchrun(folder: Path, *args: str) -> dict[int, float]:
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+         "4", str(folder / "train_graph.py"), *args],
+        cwd=folder.parent, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    return {int(s): float(v) for s, v in re.findall(r"step (\d+) loss ([0-9.e-]+)",
+                                                    result.stdout)}
+
+
+def test_the_emitted_script_trains_checkpoints_and_resumes(tmp_path: Path) -> None:
+    out = tmp_path / "launch"
+    out.mkdir()
+    result = subprocess.run(
+        [sys.executable, "-m", "planner", "tests/e2e/graph_models.py:narrow_mlp",
+         "--cluster", "tests/fixtures/small_memory.yaml", "--gpus", "4",
+         "--global-batch-size", "16", "--micro-batch-size", "4", "--zero-stage", "3",
+         "--emit", "pytorch,slurm,megatron", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "megatron: no file: megatron runs stages of one layout" in result.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["plan.json", "slurm.sh",
+                                                     "train_graph.py"]
+    assert "train_graph.py" in (out / "slurm.sh").read_text()
+    # Launched from another folder: the script finds its plan and the factory's file.
+    first = _torchrun(out, "--steps", "3", "--checkpoint-dir", str(tmp_path / "ckpt"),
+                      "--checkpoint-every", "2")
+    model, inputs = narrow_mlp()
+    examples = tuple(grown(x, 16) for x in inputs)
+    batches = [synthetic_batches(examples, 1, seed=step)[0] for step in range(3)]
+    reference, _ = train_single_process(model, None, batches)
+    assert [first[s] for s in (1, 2, 3)] == pytest.approx(reference, rel=1e-4)
+    # Restarted: resumes from the checkpoint of step 2, so step 3 is the same step again.
+    resumed = _torchrun(out, "--steps", "4", "--checkpoint-dir", str(tmp_path / "ckpt"))
+    assert sorted(resumed) == [3, 4]
+    assert resumed[3] == pytest.approx(first[3], rel=1e-6)
