@@ -224,8 +224,12 @@ def plan_graph(
     spec = cluster if isinstance(cluster, Cluster) else Cluster.load(cluster)
     spec = spec.with_devices(gpus)
     micro_batches = global_batch_size // micro_batch_size if micro_batch_size else None
+    knobs = knobs or GraphKnobs()
+    problem = knobs.precision_problem(spec.device.peak_tflops, spec.device.name)
+    if problem:
+        raise ValueError(problem.replace("--precision", "precision"))
     found = search_graph(model, tuple(example_inputs), spec, global_batch_size, loss_fn,
-                         micro_batches=micro_batches, knobs=knobs or GraphKnobs())
+                         micro_batches=micro_batches, knobs=knobs)
     best = found.candidates[0]
     if not best.fits:
         raise ValueError(

@@ -52,6 +52,9 @@ def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
         cluster = cluster.with_devices(args.gpus)
     except ValueError as error:
         raise UsageError(f"--gpus {args.gpus}: {error}") from None
+    problem = knobs.precision_problem(cluster.device.peak_tflops, cluster.device.name)
+    if problem:
+        raise UsageError(problem)
     gbs = args.global_batch_size
     micro_batches = None
     if args.micro_batch_size is not None:

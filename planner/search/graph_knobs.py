@@ -36,6 +36,13 @@ class GraphKnobs:
             raise ValueError(f"precision {self.precision!r}: graph plans train in "
                              f"{' or '.join(GRAPH_PRECISIONS)}")
 
+    def precision_problem(self, peaks: dict[str, float], device: str) -> str | None:
+        """Why `device` (its datasheet `peaks`) cannot train in the knobs' precision."""
+        if self.precision in peaks:
+            return None
+        return (f"--precision {self.precision} needs {self.precision} tensor cores, which "
+                f"{device} lacks; train in fp32 or plan for a newer cluster")
+
     def modes(self) -> tuple[bool, ...]:
         """The lean settings a layout may take (False, True when searched)."""
         return (False, True) if self.lean is None else (self.lean,)

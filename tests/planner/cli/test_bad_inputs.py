@@ -248,6 +248,10 @@ GRAPH_PLANS = {
                            ["--train-tokens: a model of one's own has no tokens per sample"]),
     "graph-run-without-run-costs": ([*GRAPH, "--train-iters", "100"],
                                     ["--cluster small-memory has no run_costs"]),
+    "graph-bf16-on-v100": ([GRAPH[0], "--cluster", "aws-p3.16xlarge", "--gpus", "8",
+                            "--global-batch-size", "32", "--precision", "bf16"],
+                           ["--precision bf16 needs bf16 tensor cores, which V100-SXM2-16GB "
+                            "lacks"]),
     "graph-fp16": ([*GRAPH, "--precision", "fp16"],
                    ["--precision fp16: graph plans train in fp32 or bf16"]),
     "graph-zero-1": ([*GRAPH, "--zero-stage", "1"],
