@@ -414,6 +414,14 @@ def on_meta_device(model: nn.Module) -> nn.Module:
 PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
+def floating_in(value: Any, dtype: torch.dtype | None) -> Any:
+    """`value` in `dtype` if it is a floating tensor (and `dtype` is given); anything else
+    as it is."""
+    if dtype is not None and isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.to(dtype)
+    return value
+
+
 def in_precision(model: nn.Module, inputs: tuple[Any, ...],
                  precision: str) -> tuple[nn.Module, tuple[Any, ...]]:
     """`model` (on meta) and `inputs` with their floating parameters, buffers and tensors
@@ -421,9 +429,7 @@ def in_precision(model: nn.Module, inputs: tuple[Any, ...],
     dtype = PRECISION_DTYPES[precision]
     if dtype == torch.float32:
         return model, inputs
-    cast = copy.deepcopy(model).to(dtype)
-    return cast, tuple(x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point()
-                       else x for x in inputs)
+    return copy.deepcopy(model).to(dtype), tuple(floating_in(x, dtype) for x in inputs)
 
 
 def micro_batch_inputs(example_inputs: tuple[Any, ...], size: int) -> tuple[Any, ...]:

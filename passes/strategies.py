@@ -34,18 +34,19 @@ if TYPE_CHECKING:
 
 # Parameter, gradient and AdamW's two moments, all in the parameter's dtype.
 TRAINING_STATE_COPIES = 4
-HALF_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def training_state_bytes(value: torch.Tensor) -> int:
     """All the training state of a parameter as the graph runtime trains it
     (`cost_models.memory.state_element_bytes`): in fp32 the parameter, its gradient and
     AdamW's two moments; in half precision (mixed) the half parameter, an fp32 gradient
-    accumulator, fp32 master weights and moments (18 bytes per element)."""
-    if value.dtype in HALF_DTYPES or value.dtype == torch.float32:
-        element = state_element_bytes("fp32" if value.dtype == torch.float32 else "bf16")
-        return value.numel() * (element.params + element.grads + element.optimizer)
-    return tensor_bytes(value) * TRAINING_STATE_COPIES
+    accumulator, fp32 master weights and moments (18 bytes per element); in any other
+    dtype, four copies in it."""
+    key = dtype_key(value.dtype)
+    if key not in ("fp32", "bf16", "fp16"):
+        return tensor_bytes(value) * TRAINING_STATE_COPIES
+    element = state_element_bytes(key)
+    return value.numel() * (element.params + element.grads + element.optimizer)
 
 # Graph nodes that carry no computation to shard: shape assertions from export.
 _SKIPPED_OPS = {torch.ops.aten._assert_tensor_metadata.default}

@@ -227,7 +227,7 @@ def plan_graph(
     knobs = knobs or GraphKnobs()
     problem = knobs.precision_problem(spec.device.peak_tflops, spec.device.name)
     if problem:
-        raise ValueError(problem.replace("--precision", "precision"))
+        raise ValueError(f"knobs.precision {problem}")
     found = search_graph(model, tuple(example_inputs), spec, global_batch_size, loss_fn,
                          micro_batches=micro_batches, knobs=knobs)
     best = found.candidates[0]

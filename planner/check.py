@@ -18,6 +18,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from passes.lower import RankProgram
 from passes.program import TracedProgram
+from passes.stage_graph import floating_in
 from passes.trace import TrainingObjective
 from planner.plan import Plan
 from runtime.comm_counter import CommCounter
@@ -89,8 +90,7 @@ def train_single_process(
             with torch.no_grad():
                 for w, p in zip(work.parameters(), master.parameters()):
                     w.copy_(p)
-            batch = tuple(x.to(torch.bfloat16) if isinstance(x, torch.Tensor)
-                          and x.is_floating_point() else x for x in batch)
+            batch = tuple(floating_in(x, torch.bfloat16) for x in batch)
         loss = objective(*batch)
         loss.backward()
         if half:

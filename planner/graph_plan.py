@@ -42,11 +42,7 @@ def graph_plan(candidate: Candidate, cluster: Cluster, name: str,
         parameters = {f: p for f, p in solve.parameters.items()
                       if not f.startswith(BOUNDARY + ".")}
         recompute = candidate.layout.recomputes(k)
-        communication = _counts(solve, m, recompute)
-        for c in candidate.tie_collectives[k] if candidate.tie_collectives else ():
-            stats = communication.setdefault(c.kind, [0, 0])
-            stats[0] += 1
-            stats[1] += c.nbytes
+        communication = _counts(solve, m, recompute, candidate.tie_collectives[k])
         for kind, (count, nbytes) in _p2p_counts(candidate, k, sizes).items():
             stats = communication.setdefault(kind, [0, 0])
             stats[0] += count * m
@@ -86,11 +82,14 @@ def graph_plan(candidate: Candidate, cluster: Cluster, name: str,
     )
 
 
-def _counts(solve: StageResult, m: int, recompute: bool) -> dict[str, list[int]]:
+def _counts(solve: StageResult, m: int, recompute: bool,
+            ties: tuple = ()) -> dict[str, list[int]]:
+    """Each kind's (count, bytes) one rank issues per step: every micro-batch's, the
+    step's own, the first pass's again where the stage recomputes, and the sums of its
+    tied weights' gradients (`planner.search.tied`)."""
     out: dict[str, list[int]] = {}
-    # A recomputing stage runs its first pass's collectives again each micro-batch.
     for times, collectives in ((m, solve.per_micro_batch), (1, solve.per_step),
-                              (m, solve.rerun if recompute else ())):
+                              (m, solve.rerun if recompute else ()), (1, ties)):
         for c in collectives:
             stats = out.setdefault(c.kind, [0, 0])
             stats[0] += times

@@ -39,6 +39,7 @@ from passes.stage_graph import (
     PRECISION_DTYPES,
     backward_nodes,
     boundary_parameters,
+    floating_in,
     forward_graph,
     gradient_inputs,
     in_precision,
@@ -120,14 +121,16 @@ class StagedTrainer(Checkpointing):
         state = state_dict if state_dict is not None else training_state(model)
         placements = self.program.parameter_placements()
         # bf16 plans: the programs run in bf16; the trainer keeps fp32 master weights (and
-        # AdamW's moments) and accumulates the micro-batches' gradients in fp32.
-        self.dtype = PRECISION_DTYPES[plan.precision]
+        # AdamW's moments) and accumulates the micro-batches' gradients in fp32. Other
+        # plans run the model's own dtypes (None: no cast).
+        self.dtype = PRECISION_DTYPES[plan.precision] if plan.precision != "fp32" else None
+        master = torch.float32 if self.dtype else None
         self.params = {
-            fqn: self.program.shard(state[fqn].float(), placements[fqn])
+            fqn: self.program.shard(floating_in(state[fqn], master), placements[fqn])
             for fqn in program.parameters.values() if not fqn.startswith(BOUNDARY + ".")
         }
         self.buffers = {
-            fqn: self.program.shard(self._in_dtype(state[fqn]), self.replicated)
+            fqn: self.program.shard(floating_in(state[fqn], self.dtype), self.replicated)
             for fqn in program.buffers.values()
         }
         self.locals = {fqn: p.to_local().detach().clone() for fqn, p in self.params.items()}
@@ -144,6 +147,10 @@ class StagedTrainer(Checkpointing):
             groups[tuple(ranks)] = group
             if fqn in self.params:
                 self.ties[fqn] = group
+        # A checkpoint holds a tied weight once: the first stage holding it writes it.
+        holders = tied_parameters([stage.parameters for stage in plan.stages])
+        self._saved_elsewhere = frozenset(fqn for fqn, stages in holders.items()
+                                          if stages[0] != self.index and fqn in self.params)
         self._bucketed = {m for b in self.program.operators.gradient_buckets for m in b.members}
 
     # -- one step ------------------------------------------------------------------------
@@ -194,11 +201,11 @@ class StagedTrainer(Checkpointing):
         """Every op that does not read the next stage's gradient."""
         operators = self.program.operators
         inputs = [
-            self.program.shard(self._in_dtype(batch[position]),
+            self.program.shard(floating_in(batch[position], self.dtype),
                                parse_placements(operators.inputs[name]))
             for position, name in zip(self.graph.user_inputs, self.program.program.user_inputs)
         ]
-        params = self._dtensors()
+        params = self._dtensors(self.dtype)
         for fqn, full in zip(self.boundaries, received):
             params[fqn] = DTensor.from_local(full, self.mesh, self.replicated, run_check=False)
         env, moved = self.program.bind(params, self.buffers, inputs)
@@ -257,7 +264,7 @@ class StagedTrainer(Checkpointing):
                 value = redistribute(value, placements[fqn])
             if fqn in self.ties:
                 value = self._summed_over_stages(fqn, value)
-            self.locals[fqn].grad = value.to_local().detach().float() / m
+            self.locals[fqn].grad = value.to_local().detach().to(self.locals[fqn].dtype) / m
         if not losses:
             return None
         loss = values["loss"]
@@ -324,34 +331,25 @@ class StagedTrainer(Checkpointing):
 
     # -- state ---------------------------------------------------------------------------
 
-    def _dtensors(self) -> dict[str, DTensor]:
-        """The parameters as the programs read them (in the plan's precision)."""
+    def _dtensors(self, dtype: torch.dtype | None = None) -> dict[str, DTensor]:
+        """The parameters in `dtype` (None: as the trainer keeps them), as DTensors of the
+        plan's layouts."""
         return {
-            fqn: DTensor.from_local(self._in_dtype(self.locals[fqn]), p.device_mesh,
-                                    p.placements, run_check=False, shape=p.shape,
-                                    stride=p.stride())
+            fqn: DTensor.from_local(floating_in(self.locals[fqn], dtype),
+                                    p.device_mesh, p.placements, run_check=False,
+                                    shape=p.shape, stride=p.stride())
             for fqn, p in self.params.items()
         }
 
-    def _in_dtype(self, value: Any) -> Any:
-        if isinstance(value, torch.Tensor) and value.is_floating_point():
-            return value.to(self.dtype)
-        return value
-
     def full_parameters(self) -> dict[str, torch.Tensor]:
-        """This stage's parameters gathered in full (a collective over the stage's ranks)."""
-        return {fqn: DTensor.from_local(self.locals[fqn], p.device_mesh, p.placements,
-                                        run_check=False, shape=p.shape, stride=p.stride())
-                .full_tensor() for fqn, p in self.params.items()}
-
+        """This stage's parameters (the fp32 master weights of a bf16 plan) gathered in
+        full (a collective over the stage's ranks)."""
+        return {fqn: p.full_tensor() for fqn, p in self._dtensors().items()}
 
     def checkpoint_state(self) -> ShardsState:
         """This rank's shards and AdamW state as DTensors of the plan's layouts, for `save`
         / `load` (`runtime.checkpoint`: a checkpoint loads onto another plan too)."""
-        holders = tied_parameters([stage.parameters for stage in self.plan.stages])
-        later_copies = frozenset(fqn for fqn, stages in holders.items()
-                                 if stages[0] != self.index and fqn in self.params)
-        return ShardsState(self.params, self.locals, self.optimizer, later_copies)
+        return ShardsState(self.params, self.locals, self.optimizer, self._saved_elsewhere)
 
 
 def _warm_up(schedule: str | None, m: int, stages: int, index: int) -> int:
@@ -379,7 +377,7 @@ def _summed(parts: list[DTensor]) -> DTensor:
     """The micro-batches' values added locally (partial sums stay partial: no collective),
     in fp32 and then in their own dtype (a bf16 gradient is synchronised in bf16)."""
     first = parts[0]
-    total = first.to_local().to(torch.float32, copy=True)
+    total = first.to_local().to(torch.promote_types(first.dtype, torch.float32), copy=True)
     for part in parts[1:]:
         total += part.to_local()
     return DTensor.from_local(total.to(first.dtype), first.device_mesh, first.placements,

@@ -54,7 +54,7 @@ def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
         raise UsageError(f"--gpus {args.gpus}: {error}") from None
     problem = knobs.precision_problem(cluster.device.peak_tflops, cluster.device.name)
     if problem:
-        raise UsageError(problem)
+        raise UsageError(f"--precision {problem}")
     gbs = args.global_batch_size
     micro_batches = None
     if args.micro_batch_size is not None:

@@ -37,11 +37,12 @@ class GraphKnobs:
                              f"{' or '.join(GRAPH_PRECISIONS)}")
 
     def precision_problem(self, peaks: dict[str, float], device: str) -> str | None:
-        """Why `device` (its datasheet `peaks`) cannot train in the knobs' precision."""
+        """Why `device` (its datasheet `peaks`) cannot train in the knobs' precision:
+        '<precision> needs ...', for the caller to name the flag or argument."""
         if self.precision in peaks:
             return None
-        return (f"--precision {self.precision} needs {self.precision} tensor cores, which "
-                f"{device} lacks; train in fp32 or plan for a newer cluster")
+        return (f"{self.precision} needs {self.precision} tensor cores, which {device} "
+                "lacks; train in fp32 or plan for a newer cluster")
 
     def modes(self) -> tuple[bool, ...]:
         """The lean settings a layout may take (False, True when searched)."""

@@ -463,8 +463,8 @@ def predict(layout: Layout, solves: list[StageResult], traced: TracedForward,
                      [x.parameters for x in solves], traced.forward.parameter_values(), cluster)
     step = sum(times) + (m - 1) * max(times) + max(
         x.cost.step_comm_s + tie_s for x, (_, tie_s) in zip(solves, ties))
-    memory = [stage_memory(x.cost, in_flight(len(solves) - k, m, layout.schedule),
-                           layout.recomputes(k))
+    memory = [stage_memory(x.cost.state_bytes, x.cost.activation_bytes, x.cost.checkpoint_bytes,
+                           in_flight(len(solves) - k, m, layout.schedule), layout.recomputes(k))
               for k, x in enumerate(solves)]
     slowest = int(np.argmax(times))
     return Candidate(layout, m, solves, step, memory, max(memory) <= capacity,

@@ -65,10 +65,8 @@ def _fill(costs: np.ndarray, chosen: dict, s: int, option: tuple, solves: list[S
                     continue  # the last stage holds the last layer, and only it
                 held = in_flight(k + 1, m, knobs.schedule)
                 for recompute in knobs.recomputations(last=k == 0):
-                    seconds, memory = latency, state + held * activations
-                    if recompute:
-                        seconds += p_rerun[j] - p_rerun[i]
-                        memory = state + held * checkpoint[i] + activations
+                    seconds = latency + (p_rerun[j] - p_rerun[i] if recompute else 0.0)
+                    memory = stage_memory(state, activations, checkpoint[i], held, recompute)
                     if (memory <= capacity and seconds < costs[i, j, k]
                             and (i, j, *option, recompute, k) not in refused):
                         costs[i, j, k] = seconds
@@ -107,9 +105,11 @@ def _mesh_options(table: dict, num_layers: int, sizes: list[int], per_node: int,
                     yield n, shape, lean, solves
 
 
-def stage_memory(cost: StageCost, held: int, recompute: bool) -> float:
-    """Peak bytes per device of a stage holding `held` micro-batches: each one's
-    activations, or, recomputing, each one's incoming tensors and one's activations."""
+def stage_memory(state: float, activations: float, checkpoint: float, held: int,
+                 recompute: bool) -> float:
+    """Peak bytes per device of a stage of `state` bytes holding `held` micro-batches: each
+    one's `activations`, or, recomputing, each one's incoming tensors (`checkpoint`) and
+    one micro-batch's activations."""
     if recompute:
-        return cost.state_bytes + held * cost.checkpoint_bytes + cost.activation_bytes
-    return cost.state_bytes + held * cost.activation_bytes
+        return state + held * checkpoint + activations
+    return state + held * activations

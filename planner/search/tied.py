@@ -12,12 +12,14 @@ prediction of a layout (`graph_space.predict`) counts them exactly."""
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
 from torch.distributed.tensor import Replicate
 
 from cost_models.comm import collective_time
+from cost_models.compute import tensor_bytes
 from passes.dtensor_rules import (
     Collective,
     fake_mesh,
@@ -39,7 +41,7 @@ def tie_syncs(
     another from rank 0): the collectives one of its ranks issues per step to sum its
     tied weights' gradients with the other holders', and their time. `weights`: each
     parameter's value (meta is fine)."""
-    sizes = [int(torch.Size(shape).numel()) for shape in shapes]
+    sizes = [math.prod(shape) for shape in shapes]
     firsts = [sum(sizes[:k]) for k in range(len(sizes))]
     tied = tied_parameters([[f for f in p if not f.startswith(BOUNDARY + ".")]
                             for p in parameters])
@@ -55,7 +57,7 @@ def tie_syncs(
             moves = redistribution(comm.mesh, tensor_meta(value),
                                    parse_placements(parameters[k][fqn]), replicated)
             ranks = [r for h in holders for r in range(firsts[h], firsts[h] + sizes[h])]
-            nbytes = value.numel() * value.element_size()
+            nbytes = tensor_bytes(value)
             per_node = cluster.devices_per_node
             link = (cluster.intra_node if ranks[0] // per_node == ranks[-1] // per_node
                     else cluster.inter_node)
