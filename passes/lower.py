@@ -39,20 +39,25 @@ class RankProgram:
     """One rank's view of a planned training step."""
 
     def __init__(
-        self, program: TracedProgram, plan: Plan, mesh: DeviceMesh, stage: int = 0
+        self, program: TracedProgram, plan: Plan, mesh: DeviceMesh, stage: int = 0,
+        layer: int | None = None,
     ) -> None:
+        """`layer`: the stage's layer (counted from its first) whose own program this is,
+        where the stage runs its layers one program each (`Stage.layer_operators`)."""
         self.stage = plan.stages[stage]
         if list(mesh.shape) != list(self.stage.mesh_shape):
             raise PlanMismatchError(
                 f"the plan is for mesh {self.stage.mesh_shape} but the mesh is "
                 f"{list(mesh.shape)}"
             )
-        if self.stage.operators is None:
+        operators = (self.stage.operators if layer is None
+                     else self.stage.layer_operators[layer])
+        if operators is None:
             raise PlanMismatchError(
                 f"stage {stage} of the plan has no operator shardings; plan with --mesh, "
                 "or a model traced as a graph (--gpus with a model of your own)"
             )
-        self.operators = self.stage.operators
+        self.operators = operators
         if graph_fingerprint(program) != self.operators.graph_fingerprint:
             raise PlanMismatchError(
                 "the plan was made for a different graph; plan this model again"

@@ -21,7 +21,7 @@ from planner.plan import (
     logical_axes,
     tessel_version,
 )
-from planner.search.graph_space import Candidate
+from planner.search.graph_prediction import Candidate
 from planner.search.stage_solve import StageResult
 
 
@@ -35,7 +35,7 @@ def graph_plan(candidate: Candidate, cluster: Cluster, name: str,
     sizes = [math.prod(shape) for _, _, shape, _ in candidate.layout.stages]
     m = candidate.micro_batches
     # The precision the model was traced in (`GraphKnobs.precision`).
-    dtypes = {v.dtype for v in candidate.forward.parameter_values().values()}
+    dtypes = {v.dtype for v in candidate.layers.parameter_values().values()}
     precision = "bf16" if torch.bfloat16 in dtypes else "fp32"
     for k, ((first, last, shape, _), solve) in enumerate(zip(candidate.layout.stages,
                                                              candidate.solves)):
@@ -53,9 +53,10 @@ def graph_plan(candidate: Candidate, cluster: Cluster, name: str,
             parameters=parameters,
             communication={kind: CollectiveStats(count=c, bytes=b)
                            for kind, (c, b) in sorted(communication.items())},
-            memory=_memory(solve, precision), operators=solve.operators, recompute=recompute))
+            memory=_memory(solve, precision), operators=solve.operators,
+            layer_operators=list(solve.layer_operators), recompute=recompute))
         first_device += sizes[k]
-    flops = float(candidate.forward.op_flops().sum()) * 3 * m
+    flops = candidate.layers.flops() * 3 * m
     step = candidate.step_time_s
     devices = cluster.num_devices
     peak = cluster.device.peak_tflops.get(precision, 0.0) * 1e12
@@ -67,7 +68,7 @@ def graph_plan(candidate: Candidate, cluster: Cluster, name: str,
         global_batch_size=global_batch_size, micro_batch_size=candidate.micro_batch_size,
         num_micro_batches=m, schedule=candidate.layout.schedule, precision=precision,
         recompute="full" if any(s.recompute for s in stages) else "none",
-        stages=stages, layer_cuts=list(candidate.layer_cuts),
+        stages=stages, layer_cuts=list(candidate.layers.cuts),
         predicted=Predicted(
             step_time_s=step, compute_s=candidate.compute_s,
             communication_s=max(candidate.communication_s, 0.0),
@@ -110,15 +111,14 @@ def _p2p_counts(candidate: Candidate, k: int,
     if k < len(stages) - 1:  # send activations to k + 1, receive gradients
         boundaries.append((k, k + 1, stages[k][1]))
     for earlier, later, layer in boundaries:
-        tensors = candidate.forward.crossing(candidate.layer_cuts[layer])
+        tensors = candidate.layers.crossing(layer)
         activations, gradients = ("send", "recv") if k == earlier else ("recv", "send")
         for kind, senders, receivers in ((activations, sizes[earlier], sizes[later]),
                                          (gradients, sizes[later], sizes[earlier])):
             plan = routes(senders, receivers)
             i_send = kind == "send"
             for tensor in tensors:
-                numel = tensor.meta["val"].numel()
-                size = tensor.meta["val"].element_size()
+                numel, size = tensor.numel(), tensor.element_size()
                 if i_send:
                     messages = [(piece, pieces) for route in plan
                                 for sender, piece, pieces in route if sender == 0]

@@ -164,6 +164,12 @@ class Stage(_Model):
     operators: OperatorShardings | None = Field(
         default=None, description="The intra-op ILP's choice for every node, where it chose."
     )
+    layer_operators: list[OperatorShardings] = Field(
+        default_factory=list, description="Graph plans: each layer's own shardings, where "
+        "the stage runs its layers as programs of their own in turn (each layer's outputs "
+        "moved to replicated and handed to the next, as between stages, the layer table's "
+        "solves as they are); empty where it runs them as one program (`operators`).",
+    )
     recompute: bool = Field(
         default=False, description="Graph plans: the stage keeps of each micro-batch in "
         "flight only its incoming tensors and runs its first pass again (without sending) "
@@ -399,8 +405,10 @@ class Plan(_Model):
             k for stage in self.stages
             for k in [*stage.communication, *stage.communication_once]
         ] + [
-            k for stage in self.stages if stage.operators
-            for table in stage.operators.communication_by_phase.values() for k in table
+            k for stage in self.stages
+            for operators in [stage.operators] * (stage.operators is not None)
+            + stage.layer_operators
+            for table in operators.communication_by_phase.values() for k in table
         ]
         for kind in kinds:
             if kind not in COMMUNICATION_KINDS:
@@ -461,10 +469,13 @@ def _check_stage(index: int, stage: Stage) -> None:
             f"{where}: mesh_axes {stage.mesh_axes} x mesh_shape {stage.mesh_shape} must "
             f"name and hold its {stage.num_devices} devices"
         )
+    if stage.layer_operators and len(stage.layer_operators) != stage.layers[1] - stage.layers[0]:
+        raise ValueError(f"{where}: {len(stage.layer_operators)} layer_operators listed for "
+                         f"layers {list(stage.layers)}")
     placements = list(stage.parameters.items())
-    if stage.operators is not None:
-        placements += list(stage.operators.inputs.items())
-        for node, sharding in stage.operators.nodes.items():
+    for operators in [stage.operators] * (stage.operators is not None) + stage.layer_operators:
+        placements += list(operators.inputs.items())
+        for node, sharding in operators.nodes.items():
             placements += [(f"{node} input", p) for p in sharding.inputs]
             placements += [(f"{node} output", p) for p in sharding.outputs if p is not None]
     for name, text in placements:

@@ -5,7 +5,9 @@ Each rank rebuilds its stage's program exactly as the planner traced it
 the plan's node shardings (`passes.lower.RankProgram`): the ops that do not need the next
 stage's gradient when a micro-batch arrives, the rest when its gradient does. Stages run
 the plan's schedule (`_warm_up`: 1F1B, or GPipe's all forwards then all backwards) over
-their own submeshes, which may differ in size, as Alpa's do. A stage the plan recomputes
+their own submeshes, which may differ in size, as Alpa's do. A stage may run its layers as
+programs of their own in turn (`Stage.layer_operators`), each layer's outputs moved to
+replicated and handed to the next as they would be to the next stage. A stage the plan recomputes
 keeps of each micro-batch in flight only its inputs and runs its first pass again (same
 random draws, nothing sent) when the micro-batch's gradient arrives.
 Tensors cross a stage boundary whole: each sending rank holds the tensor replicated, and
@@ -37,6 +39,7 @@ from passes.lower import RankProgram
 from passes.stage_graph import (
     BOUNDARY,
     PRECISION_DTYPES,
+    StageGraph,
     backward_nodes,
     boundary_parameters,
     floating_in,
@@ -51,6 +54,7 @@ from passes.stage_graph import (
     stage_program,
     syncs_each_micro_batch,
 )
+from passes.program import TracedProgram
 from planner.plan import Plan, tied_parameters
 from runtime.checkpoint import Checkpointing, ShardsState
 from runtime.faults import bound_timeouts
@@ -74,11 +78,13 @@ def stage_meshes(plan: Plan, device_type: str = "cpu") -> list[DeviceMesh]:
     ]
 
 
-def build_stage_program(
+def build_stage_programs(
     plan: Plan, index: int, model: nn.Module, example_inputs: tuple[Any, ...],
     loss_fn: Callable | None,
-):
-    """Stage `index`'s graph and traced program, as the planner built them."""
+) -> list[tuple[StageGraph, TracedProgram]]:
+    """Stage `index`'s programs, as the planner built them: the stage's graph and traced
+    program, or one of each per layer where the stage runs its layers in turn
+    (`Stage.layer_operators`)."""
     if plan.layer_cuts is None or plan.micro_batch_size is None:
         raise ValueError("this plan has no layer cuts: it is not a graph plan")
     on_meta, example_inputs = in_precision(on_meta_device(model), tuple(example_inputs),
@@ -86,9 +92,40 @@ def build_stage_program(
     inputs = micro_batch_inputs(example_inputs, plan.micro_batch_size)
     forward = forward_graph(on_meta, inputs, loss_fn)
     values = {**dict(on_meta.named_parameters()), **dict(on_meta.named_buffers())}
-    first, last = plan.stages[index].layers
-    graph = stage_graph(forward, list(plan.layer_cuts), first, last, values)
-    return graph, stage_program(graph, inputs)
+    stage = plan.stages[index]
+    first, last = stage.layers
+    spans = ([(layer, layer + 1) for layer in range(first, last)] if stage.layer_operators
+             else [(first, last)])
+    out = []
+    for begin, end in spans:
+        graph = stage_graph(forward, list(plan.layer_cuts), begin, end, values)
+        out.append((graph, stage_program(graph, inputs)))
+    return out
+
+
+class _Part:
+    """One program of a stage (the whole stage, or one of its layers): what its ranks run
+    of a micro-batch before its gradient arrives and after, and the names it is read by."""
+
+    def __init__(self, graph: StageGraph, program: TracedProgram, plan: Plan, mesh: DeviceMesh,
+                 stage: int, layer: int | None) -> None:
+        self.graph = graph
+        self.program = RankProgram(program, plan, mesh, stage=stage, layer=layer)
+        self.gradient_names = gradient_inputs(program, len(graph.user_inputs))
+        self.later = backward_nodes(program, self.gradient_names)
+        self.output_names = stage_outputs(program, self.gradient_names)
+        self.boundaries = boundary_parameters(program)
+        self.grad_of = {fqn: name for name, fqn in program.gradients.items()}
+        self.parameters = [f for f in program.parameters.values()
+                           if not f.startswith(BOUNDARY + ".")]
+        self.bucketed = {m for b in self.program.operators.gradient_buckets for m in b.members}
+
+    def outputs(self, env: dict, replicated: tuple) -> list[torch.Tensor]:
+        """The part's outgoing tensors moved to replicated, whole on every rank. The move is
+        its own, as `planner.search.stage_solve` prices it, even where an op of the
+        backward moves the same value there too (a recomputing stage moves it before
+        sending, and the backward after its rerun)."""
+        return [redistribute(env[n], replicated).to_local() for n in self.output_names]
 
 
 class StagedTrainer(Checkpointing):
@@ -109,35 +146,30 @@ class StagedTrainer(Checkpointing):
         self.local_rank = self.rank - self.stage.first_device
         self.mesh = meshes[self.index]
         bound_timeouts(self.mesh.get_all_groups())  # subgroups: 30 min otherwise
-        graph, program = build_stage_program(plan, self.index, model, example_inputs, loss_fn)
-        self.graph = graph
-        self.program = RankProgram(program, plan, self.mesh, stage=self.index)
-        self.num_inputs = len(graph.user_inputs)
-        self.gradient_names = gradient_inputs(program, self.num_inputs)
-        self.later = backward_nodes(program, self.gradient_names)
-        self.output_names = stage_outputs(program, self.gradient_names)
-        self.boundaries = boundary_parameters(program)
+        built = build_stage_programs(plan, self.index, model, example_inputs, loss_fn)
+        layered = bool(self.stage.layer_operators)
+        self.parts = [_Part(graph, program, plan, self.mesh, self.index,
+                            layer if layered else None)
+                      for layer, (graph, program) in enumerate(built)]
         self.replicated = tuple(Replicate() for _ in self.stage.mesh_shape)
         state = state_dict if state_dict is not None else training_state(model)
-        placements = self.program.parameter_placements()
+        self.placements = {fqn: parse_placements(p) for fqn, p in self.stage.parameters.items()}
         # bf16 plans: the programs run in bf16; the trainer keeps fp32 master weights (and
         # AdamW's moments) and accumulates the micro-batches' gradients in fp32. Other
         # plans run the model's own dtypes (None: no cast).
         self.dtype = PRECISION_DTYPES[plan.precision] if plan.precision != "fp32" else None
         master = torch.float32 if self.dtype else None
-        self.params = {
-            fqn: self.program.shard(floating_in(state[fqn], master), placements[fqn])
-            for fqn in program.parameters.values() if not fqn.startswith(BOUNDARY + ".")
-        }
+        shard = self.parts[0].program.shard
+        self.params = {fqn: shard(floating_in(state[fqn], master), self.placements[fqn])
+                       for part in self.parts for fqn in part.parameters}
         self.buffers = {
-            fqn: self.program.shard(floating_in(state[fqn], self.dtype), self.replicated)
-            for fqn in program.buffers.values()
+            fqn: shard(floating_in(state[fqn], self.dtype), self.replicated)
+            for part in self.parts for fqn in part.program.program.buffers.values()
         }
         self.locals = {fqn: p.to_local().detach().clone() for fqn, p in self.params.items()}
         self.optimizer = torch.optim.AdamW(
             list(self.locals.values()), **(optimizer or DEFAULT_OPTIMIZER)
         )
-        self._grad_of = {fqn: name for name, fqn in program.gradients.items()}
         # Weights tied across stages: a group of the holders' ranks each (creating a group
         # is collective: every rank makes every one, in the same order).
         groups: dict[tuple[int, ...], Any] = {}
@@ -151,7 +183,6 @@ class StagedTrainer(Checkpointing):
         holders = tied_parameters([stage.parameters for stage in plan.stages])
         self._saved_elsewhere = frozenset(fqn for fqn, stages in holders.items()
                                           if stages[0] != self.index and fqn in self.params)
-        self._bucketed = {m for b in self.program.operators.gradient_buckets for m in b.members}
 
     # -- one step ------------------------------------------------------------------------
 
@@ -164,7 +195,7 @@ class StagedTrainer(Checkpointing):
             for i in range(m)
         ]
         sends: list[tuple[dist.Work, torch.Tensor]] = []
-        gradients: dict[str, list] = {}
+        gradients: dict[tuple[int, str], list] = {}  # (part, parameter) -> per micro-batch
         losses: list = []
         warm_up = _warm_up(self.plan.schedule, m, len(self.plan.stages), self.index)
         held: deque = deque()
@@ -185,92 +216,110 @@ class StagedTrainer(Checkpointing):
 
     def _forward(self, i: int, batch: tuple, sends: list) -> tuple:
         """Micro-batch i's first pass, its outputs sent on: what its backward needs (the
-        pass's values or, on a recomputing stage, what runs the pass again)."""
+        pass's values, per part, or, on a recomputing stage, what runs the pass again)."""
         received = self._receive(i, self.index - 1, "forward") if self.index > 0 else []
         rng = _rng_state(self.device_type) if self.stage.recompute else None
-        env, moved = self._first_pass(batch, received)
-        if self.output_names:
-            outputs = [self.program.move(n, env, moved, self.replicated).to_local()
-                       for n in self.output_names]
+        passes = self._first_pass(batch, received)
+        last = self.parts[-1]
+        if last.output_names:
+            env, moved = passes[-1]
+            outputs = last.outputs(env, self.replicated)
             self._send(i, outputs, self.index + 1, "forward", sends)
         if self.stage.recompute:
-            return None, None, (batch, received, rng)
-        return env, moved, None
+            return None, (batch, received, rng)
+        return passes, None
 
-    def _first_pass(self, batch: tuple, received: list[torch.Tensor]) -> tuple[dict, dict]:
-        """Every op that does not read the next stage's gradient."""
-        operators = self.program.operators
-        inputs = [
-            self.program.shard(floating_in(batch[position], self.dtype),
-                               parse_placements(operators.inputs[name]))
-            for position, name in zip(self.graph.user_inputs, self.program.program.user_inputs)
-        ]
+    def _first_pass(self, batch: tuple,
+                    received: list[torch.Tensor]) -> list[tuple[dict, dict]]:
+        """Every op that does not read the next stage's gradient, part after part (each
+        part's outputs, moved to replicated, are the next one's inputs): per part its
+        values and moved values."""
         params = self._dtensors(self.dtype)
-        for fqn, full in zip(self.boundaries, received):
-            params[fqn] = DTensor.from_local(full, self.mesh, self.replicated, run_check=False)
-        env, moved = self.program.bind(params, self.buffers, inputs)
-        self.program.run_nodes(env, moved, skip=self.later)
-        return env, moved
+        passes = []
+        for part in self.parts:
+            program, operators = part.program, part.program.operators
+            inputs = [
+                program.shard(floating_in(batch[position], self.dtype),
+                              parse_placements(operators.inputs[name]))
+                for position, name in zip(part.graph.user_inputs, program.program.user_inputs)
+            ]
+            for fqn, full in zip(part.boundaries, received):
+                params[fqn] = DTensor.from_local(full, self.mesh, self.replicated,
+                                                 run_check=False)
+            env, moved = program.bind(params, self.buffers, inputs)
+            program.run_nodes(env, moved, skip=part.later)
+            passes.append((env, moved))
+            if part is not self.parts[-1]:
+                received = part.outputs(env, self.replicated)
+        return passes
 
     def _backward_oldest(self, held: deque, gradients: dict, losses: list,
                          sends: list) -> None:
-        i, env, moved, kept = held.popleft()
+        i, passes, kept = held.popleft()
         if kept is not None:  # recompute: the first pass again, its random draws too
             batch, received, rng = kept
             now = _rng_state(self.device_type)
             _set_rng_state(self.device_type, rng)
-            env, moved = self._first_pass(batch, received)
+            passes = self._first_pass(batch, received)
             _set_rng_state(self.device_type, now)
         last = self.index == len(self.plan.stages) - 1
         received = [] if last else self._receive(i, self.index + 1, "backward")
-        self._backward(i, env, moved, received, gradients, losses, sends)
+        self._backward(i, passes, received, gradients, losses, sends)
 
-    def _backward(self, i: int, env: dict, moved: dict, received: list[torch.Tensor],
+    def _backward(self, i: int, passes: list[tuple[dict, dict]], received: list[torch.Tensor],
                   gradients: dict, losses: list, sends: list) -> None:
-        operators = self.program.operators
-        for name, full in zip(self.gradient_names, received):
-            env[name] = self.program.shard(full, parse_placements(operators.inputs[name]))
-        self.program.run_nodes(env, moved, only=self.later)
-        if self.boundaries:
-            back = [self.program.move(self._grad_of[f], env, moved, self.replicated).to_local()
-                    for f in self.boundaries]
-            self._send(i, back, self.index - 1, "backward", sends)
-        placements = self.program.parameter_placements()
-        for fqn in self.params:
-            name = self._grad_of.get(fqn)
-            if name is None:
-                continue
-            value = env[name]
-            if syncs_each_micro_batch(value.placements, placements[fqn]):
-                value = self.program.move(name, env, moved, placements[fqn])
-            gradients.setdefault(fqn, []).append(value)
-        if self.index == len(self.plan.stages) - 1:
-            loss = env[self.program.program.loss]
-            if "loss" not in self._bucketed:
-                loss = self.program.move(self.program.program.loss, env, moved, self.replicated)
-            losses.append(loss)
+        """The rest of each part, last part first (each part's incoming tensors' gradients,
+        moved to replicated, are the previous one's received gradients)."""
+        for k in reversed(range(len(self.parts))):
+            part, (env, moved) = self.parts[k], passes[k]
+            program = part.program
+            for name, full in zip(part.gradient_names, received):
+                env[name] = program.shard(full, parse_placements(program.operators.inputs[name]))
+            program.run_nodes(env, moved, only=part.later)
+            received = [program.move(part.grad_of[f], env, moved, self.replicated).to_local()
+                        for f in part.boundaries]
+            for fqn in part.parameters:
+                name = part.grad_of.get(fqn)
+                if name is None:
+                    continue
+                value = env[name]
+                if syncs_each_micro_batch(value.placements, self.placements[fqn]):
+                    value = program.move(name, env, moved, self.placements[fqn])
+                gradients.setdefault((k, fqn), []).append(value)
+            if self.index == len(self.plan.stages) - 1 and k == len(self.parts) - 1:
+                loss = env[program.program.loss]
+                if "loss" not in part.bucketed:
+                    loss = program.move(program.program.loss, env, moved, self.replicated)
+                losses.append(loss)
+        if self.parts[0].boundaries:
+            self._send(i, received, self.index - 1, "backward", sends)
 
     def _finish(self, gradients: dict, losses: list, m: int) -> float | None:
-        values = {fqn: _summed(parts) for fqn, parts in gradients.items()}
-        if losses:
-            values["loss"] = _summed(losses)
-        for bucket in self.program.operators.gradient_buckets:
-            values.update(self.program.reduce_bucket(bucket, values))
-        placements = self.program.parameter_placements()
-        for fqn, value in values.items():
-            if fqn == "loss":
-                continue
-            if fqn not in self._bucketed:
-                value = redistribute(value, placements[fqn])
+        """Each part's gradients summed over the micro-batches and synchronised as its
+        solve says (its buckets, or moved to the parameter's placement), added up over the
+        parts that read one parameter (a weight two layers of the stage share), summed
+        with the other stages holding it, and divided by m; the loss, on the last stage."""
+        totals: dict[str, DTensor] = {}
+        loss = None
+        for k, part in enumerate(self.parts):
+            values = {fqn: _summed(parts) for (j, fqn), parts in gradients.items() if j == k}
+            if losses and k == len(self.parts) - 1:
+                values["loss"] = _summed(losses)
+            for bucket in part.program.operators.gradient_buckets:
+                values.update(part.program.reduce_bucket(bucket, values))
+            for fqn, value in values.items():
+                if fqn == "loss":
+                    loss = value if fqn in part.bucketed else redistribute(value,
+                                                                           self.replicated)
+                    continue
+                if fqn not in part.bucketed:
+                    value = redistribute(value, self.placements[fqn])
+                totals[fqn] = _summed([totals[fqn], value]) if fqn in totals else value
+        for fqn, value in totals.items():
             if fqn in self.ties:
                 value = self._summed_over_stages(fqn, value)
             self.locals[fqn].grad = value.to_local().detach().to(self.locals[fqn].dtype) / m
-        if not losses:
-            return None
-        loss = values["loss"]
-        if "loss" not in self._bucketed:
-            loss = redistribute(loss, self.replicated)
-        return float(loss.to_local()) / m
+        return None if loss is None else float(loss.to_local()) / m
 
     def _summed_over_stages(self, fqn: str, value: DTensor) -> DTensor:
         """A tied weight's gradient summed with the other stages' holding it: replicated
@@ -280,7 +329,7 @@ class StagedTrainer(Checkpointing):
         if self.local_rank:
             full.zero_()
         dist.all_reduce(full, group=self.ties[fqn])
-        return self.program.shard(full, value.placements)
+        return self.parts[0].program.shard(full, value.placements)
 
     # -- stage to stage ------------------------------------------------------------------
 
@@ -312,7 +361,8 @@ class StagedTrainer(Checkpointing):
 
     def _receive(self, i: int, other: int, direction: str) -> list[torch.Tensor]:
         incoming, _ = self._peers(other, direction)
-        values = (self.graph.inputs if direction == "forward" else self.graph.outputs)
+        values = (self.parts[0].graph.inputs if direction == "forward"
+                  else self.parts[-1].graph.outputs)
         out = []
         for k, value in enumerate(values):
             flat = torch.empty(value.numel(), dtype=value.dtype)

@@ -11,9 +11,11 @@ import time
 from collections import deque
 
 from passes.dtensor_rules import fake_mesh
-from passes.stage_graph import ForwardGraph, stage_graph, stage_program
+from passes.model_layers import ModelLayers
+from passes.stage_graph import BOUNDARY, ForwardGraph, stage_graph, stage_program
 from passes.strategies import enumerate_strategies
 from planner.cluster import Cluster
+from planner.search.layered_stage import renamed
 from planner.search.stage_solve import StageCost, StageResult, bound_stage, solve_stage
 from planner.search.workers import can_fork, forked_pool
 
@@ -43,21 +45,29 @@ class LayerTable:
     strategy tables carry over), as Alpa compiles stages in parallel workers; each worker
     traces the templates it is given."""
 
-    def __init__(self, forward: ForwardGraph, cuts: list[int], values: dict, inputs: tuple,
+    def __init__(self, layers: ModelLayers, values: dict, inputs: tuple,
                  cluster: Cluster, sizes: list[int], time_limit_s: float, capacity: float,
                  m: int, modes: tuple[bool, ...] = (False, True)) -> None:
-        self.num_layers = len(cuts) - 1
+        self.num_layers = layers.num_layers
         graphs = []  # each template's graph, cut for its first layer
         index: dict[tuple, int] = {}  # template -> its place in `graphs`
+        traced: dict[int, tuple[tuple, list[str]]] = {}  # traced layer -> template, FQNs
         self.template_of: list[int] = []
         """Each layer's template, as an index into `layers_of`."""
-        for layer in range(self.num_layers):
-            graph = stage_graph(forward, cuts, layer, layer + 1, values)
-            key = _template(forward, cuts, layer, graph)
-            if key not in index:
-                index[key] = len(graphs)
-                graphs.append(graph)
+        self.names: list[list[str]] = []
+        """Each layer's parameters' FQNs, in the order its graph reads them."""
+        for layer, r in enumerate(layers.source):
+            if r not in traced:
+                graph = stage_graph(layers.forward, layers.traced_cuts, r, r + 1, values)
+                key = _template(layers.forward, layers.traced_cuts, r, graph)
+                if key not in index:
+                    index[key] = len(graphs)
+                    graphs.append(graph)
+                traced[r] = key, [n.target for n in graph.module.graph.nodes
+                                  if n.op == "get_attr" and not n.target.startswith(BOUNDARY)]
+            key, fqns = traced[r]
             self.template_of.append(index[key])
+            self.names.append([layers.fqn(layer, f) for f in fqns])
         self.layers_of = [[layer for layer, t in enumerate(self.template_of) if t == template]
                           for template in range(len(graphs))]
         """Each template's layers, the one its graph was cut for first."""
@@ -98,6 +108,16 @@ class LayerTable:
 
     def __exit__(self, *exc: object) -> None:
         self.solver.__exit__(*exc)
+
+    def layer_result(self, layer: int, shape: tuple[int, ...],
+                     lean: bool) -> StageResult | None:
+        """The solve of `layer` alone on `shape`, under its own parameters' names; None
+        where the table holds none (a bound, or a mesh it was not asked for)."""
+        first = self.layers_of[self.template_of[layer]][0]
+        result = self.results.get((first, shape, lean))
+        if result is None:
+            return None
+        return renamed(result, dict(zip(self.names[first], self.names[layer])))
 
     def is_bound(self, layer: int, shape: tuple[int, ...], lean: bool) -> bool:
         """Whether the table holds only a bound for this entry (a mesh off the table, as

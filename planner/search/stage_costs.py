@@ -17,24 +17,27 @@ from planner.search.stage_solve import StageCost
 
 def stage_costs(table: dict, num_layers: int, sizes: list[int], m: int, most: int,
                 capacity: float, cut_bytes: list[float], cluster: Cluster,
-                knobs: GraphKnobs = GraphKnobs(),
-                refused: set = frozenset()) -> tuple[np.ndarray, dict]:
+                knobs: GraphKnobs = GraphKnobs(), refused: set = frozenset(),
+                layered: bool = False) -> tuple[np.ndarray, dict]:
     """The stage DP's cost array from the layer table, and the option (logical mesh,
     lean, recompute) each entry came from; `refused` entries (first, last, mesh, lean,
-    recompute, stages after) are left out."""
+    recompute, stages after) are left out. `layered`: each stage runs its layers as
+    programs of their own (`planner.search.layered_stage`), which costs exactly the sum of
+    their solves, rather than as one program, which this prices as that sum less the
+    moves between its layers."""
     costs = np.full((num_layers, num_layers + 1, len(sizes), most), np.inf)
     chosen: dict[tuple[int, int, int, int], tuple[tuple[int, ...], bool, bool]] = {}
     for n, shape, lean, solves in _mesh_options(table, num_layers, sizes,
                                                 cluster.devices_per_node, knobs.modes()):
         link = boundary_link(cluster, 2 * n)
         _fill(costs[:, :, sizes.index(n)], chosen, sizes.index(n), (shape, lean), solves, m,
-              capacity, cut_bytes, n, link, knobs, refused)
+              capacity, cut_bytes, n, link, knobs, refused, layered)
     return costs, chosen
 
 
 def _fill(costs: np.ndarray, chosen: dict, s: int, option: tuple, solves: list[StageCost],
           m: int, capacity: float, cut_bytes: list[float], n: int, link, knobs: GraphKnobs,
-          refused: set) -> None:
+          refused: set, layered: bool) -> None:
     """Price every stage of layers i..j on one mesh `option` (shape, lean) of `n` devices,
     keeping its activations or recomputing them, into `costs` (submesh s's [first, last,
     stages after] slice), where it beats what is there, and note the option (shape, lean,
@@ -44,9 +47,15 @@ def _fill(costs: np.ndarray, chosen: dict, s: int, option: tuple, solves: list[S
     (layer i's) and holds one micro-batch's activations at a time, for one more first pass
     of its layers per micro-batch."""
     num_layers = len(solves)
-    interior = np.array([x.micro_batch_s - x.incoming_s - x.outgoing_s for x in solves])
     incoming = np.array([x.incoming_s for x in solves])
     outgoing = np.array([x.outgoing_s for x in solves])
+    interior = np.array([x.micro_batch_s for x in solves])
+    if not layered:
+        interior -= incoming + outgoing
+    # A layered stage's first pass moves every layer's outputs but its last's: again
+    # where it recomputes.
+    p_out = np.concatenate([[0.0], np.cumsum(outgoing)]) if layered else np.zeros(
+        num_layers + 1)
     checkpoint = np.array([x.checkpoint_bytes for x in solves])
     prefix = lambda a: np.concatenate([[0.0], np.cumsum(a)])  # noqa: E731
     p_int = prefix(interior)
@@ -56,7 +65,7 @@ def _fill(costs: np.ndarray, chosen: dict, s: int, option: tuple, solves: list[S
     for i in range(num_layers):
         for j in range(i + 1, num_layers + 1):
             # Ends: the first layer's incoming gradient, the last layer's outgoing tensors.
-            ends = incoming[i] + outgoing[j - 1]
+            ends = 0.0 if layered else incoming[i] + outgoing[j - 1]
             p2p = sum(route_time(cut_bytes[c], n, n, link) for c in (i, j) if cut_bytes[c])
             latency = p_int[j] - p_int[i] + ends + 2 * p2p + (p_sync[j] - p_sync[i]) / m
             state, activations = p_state[j] - p_state[i], p_act[j] - p_act[i]
@@ -65,7 +74,8 @@ def _fill(costs: np.ndarray, chosen: dict, s: int, option: tuple, solves: list[S
                     continue  # the last stage holds the last layer, and only it
                 held = in_flight(k + 1, m, knobs.schedule)
                 for recompute in knobs.recomputations(last=k == 0):
-                    seconds = latency + (p_rerun[j] - p_rerun[i] if recompute else 0.0)
+                    seconds = latency + (p_rerun[j] - p_rerun[i] + p_out[j - 1] - p_out[i]
+                                         if recompute else 0.0)
                     memory = stage_memory(state, activations, checkpoint[i], held, recompute)
                     if (memory <= capacity and seconds < costs[i, j, k]
                             and (i, j, *option, recompute, k) not in refused):

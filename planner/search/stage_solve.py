@@ -86,6 +86,8 @@ class StageSolve:
     """That first pass's kernels and collectives: what recomputation adds per micro-batch."""
     checkpoint_bytes: float = 0.0
     """What a recomputing stage keeps of a micro-batch in flight: its incoming tensors."""
+    outgoing: list[Collective] = field(default_factory=list)
+    """Of per_micro_batch: moving the outgoing tensors to replicated."""
 
     @property
     def micro_batch_s(self) -> float:
@@ -100,7 +102,8 @@ class StageSolve:
         parameters, operators = operator_shardings(self.program, self.table, self.solution,
                                                    buckets=self.buckets)
         return StageResult(self.cost(), self.compute_s, tuple(self.per_micro_batch),
-                           tuple(self.per_step), parameters, operators, tuple(self.rerun))
+                           tuple(self.per_step), parameters, operators, tuple(self.rerun),
+                           tuple(self.outgoing))
 
 
 @dataclass(frozen=True)
@@ -135,9 +138,14 @@ class StageResult:
     per_step: tuple[Collective, ...]
     parameters: dict[str, str]
     """Parameter FQN -> placement (DTensor's short form)."""
-    operators: OperatorShardings
+    operators: OperatorShardings | None
     rerun: tuple[Collective, ...] = ()
     """Collectives a recomputing stage issues again per micro-batch."""
+    outgoing: tuple[Collective, ...] = ()
+    """Of per_micro_batch: moving the outgoing tensors to replicated."""
+    layer_operators: tuple[OperatorShardings, ...] = ()
+    """Each layer's shardings where the stage runs its layers as programs of their own
+    (`planner.search.layered_stage`; `operators` is then None)."""
 
 
 def solve_stage(
@@ -269,6 +277,7 @@ def _price(solve: StageSolve, comm: CommModel, num_model_inputs: int) -> None:
         src = table[producer].strategies[solution.choices[producer]].outputs[index]
         value = output_value(program, (producer, index))
         outgoing += redistribution(mesh, tensor_meta(value), src, replicated)
+    solve.outgoing = outgoing
     solve.per_micro_batch = per_mb + boundary + outgoing
     solve.per_step = per_step
     solve.incoming_s = sum(comm.time(c) for c in boundary)

@@ -125,18 +125,18 @@ def _tied_plan():
     parameter at its least memory), replicated on the second."""
     from graph_models import tied_mlp
 
-    from passes.stage_graph import forward_graph, layer_cuts, micro_batch_inputs, on_meta_device
-    from planner.search.graph_space import Layout, TracedForward, predict_all
+    from passes.model_layers import ModelLayers
+    from passes.stage_graph import forward_graph, micro_batch_inputs, on_meta_device
+    from planner.search.graph_prediction import Layout, TracedForward, predict_all
 
     model, inputs = tied_mlp()
     batch, m = 16, 4
     on_meta = on_meta_device(model)
     values = {**dict(on_meta.named_parameters()), **dict(on_meta.named_buffers())}
     micro = micro_batch_inputs(inputs, batch // m)
-    forward = forward_graph(on_meta, micro)
-    cuts = layer_cuts(forward, 4)
-    assert len(cuts) == 5  # the tied weight no longer keeps the model in one layer
-    traced = TracedForward(forward, cuts, micro, m)
+    layers = ModelLayers.traced(forward_graph(on_meta, micro), 4)
+    assert layers.num_layers == 4  # the tied weight no longer keeps the model in one layer
+    traced = TracedForward(layers, micro, m)
     layout = Layout(((0, 2, (4,), True), (2, 4, (2, 2), False)), "tied")
     (candidate,) = predict_all([(traced, layout, None)], values, SMALL)
     return model, inputs, candidate, graph_plan(candidate, SMALL, "tied_mlp", batch)

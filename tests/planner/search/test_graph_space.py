@@ -12,16 +12,10 @@ import pytest
 
 from planner.cluster import Cluster
 from planner.search import layer_table
-from passes.stage_graph import forward_graph, layer_cuts, micro_batch_inputs, on_meta_device
-from planner.search.graph_space import (
-    Layout,
-    TracedForward,
-    logical_meshes,
-    predict_all,
-    search_graph,
-    usable_bytes,
-    usable_submeshes,
-)
+from passes.model_layers import ModelLayers
+from passes.stage_graph import forward_graph, micro_batch_inputs, on_meta_device
+from planner.search.graph_prediction import Layout, TracedForward, predict_all, usable_bytes
+from planner.search.graph_space import logical_meshes, search_graph, usable_submeshes
 from planner.search.layer_table import LayerTable
 from planner.search.graph_knobs import GraphKnobs, in_flight
 from planner.search.stage_solve import StageCost
@@ -84,17 +78,21 @@ def test_fixed_knobs_hold_for_every_layout() -> None:
     found = search_graph(model, inputs, cluster.with_devices(8), 16, micro_batches=4,
                          knobs=knobs)
     assert "data parallel" not in {c.layout.name for c in found.candidates}
-    (dp,) = [c for c in found.candidates if c.layout.name == "stage DP"]
-    stages = len(dp.solves)
-    assert stages > 1 and dp.layout.recompute == (True,) * (stages - 1) + (False,)
+    # The DP's plan, its stages solved whole and run as their layers' programs.
+    plans = [c for c in found.candidates if c.layout.name == "stage DP"]
+    assert sorted(c.layout.layered for c in plans) == [False, True]
     for c in found.candidates:
         assert c.layout.schedule == "gpipe"
         assert all(lean for _, _, _, lean in c.layout.stages)
-    # GPipe holds all 4 micro-batches on every stage but the last: their incoming tensors.
-    assert dp.memory_bytes == [
-        x.cost.state_bytes + (4 * x.cost.checkpoint_bytes + x.cost.activation_bytes
-                              if k < stages - 1 else x.cost.activation_bytes)
-        for k, x in enumerate(dp.solves)]
+    for dp in plans:
+        stages = len(dp.solves)
+        assert stages > 1 and dp.layout.recompute == (True,) * (stages - 1) + (False,)
+        # GPipe holds all 4 micro-batches on every stage but the last: their incoming
+        # tensors.
+        assert dp.memory_bytes == [
+            x.cost.state_bytes + (4 * x.cost.checkpoint_bytes + x.cost.activation_bytes
+                                  if k < stages - 1 else x.cost.activation_bytes)
+            for k, x in enumerate(dp.solves)]
 
 
 def test_bounds_change_the_work_not_the_plan(monkeypatch) -> None:
@@ -134,13 +132,12 @@ def test_a_stage_is_never_bounded_above_its_solve(factory: str) -> None:
     values = {**dict(on_meta.named_parameters()), **dict(on_meta.named_buffers())}
     m, shapes = 2, [(4,), (2, 2)]
     batch = micro_batch_inputs(tuple(inputs), inputs[0].shape[0] // m)
-    forward = forward_graph(on_meta, batch, loss_fn)
-    cuts = layer_cuts(forward, 4)
-    assert len(cuts) - 1 >= 3
-    with LayerTable(forward, cuts, values, batch, cluster, [4], 30.0, math.inf, m) as table:
+    layers = ModelLayers.traced(forward_graph(on_meta, batch, loss_fn), 4)
+    assert layers.num_layers >= 3
+    with LayerTable(layers, values, batch, cluster, [4], 30.0, math.inf, m) as table:
         bounds = table.bound(shapes)
-    traced = TracedForward(forward, cuts, batch, m)
-    layouts = [(traced, Layout(((0, len(cuts) - 1, shape, False),), "single mesh"), None)
+    traced = TracedForward(layers, batch, m)
+    layouts = [(traced, Layout(((0, layers.num_layers, shape, False),), "single mesh"), None)
                for shape in shapes]
     for shape, candidate in zip(shapes, predict_all(layouts, values, cluster)):
         assert candidate.exact
@@ -161,10 +158,8 @@ def test_the_layer_table_leaves_meshes_of_every_device_to_bound() -> None:
     on_meta = on_meta_device(model)
     values = {**dict(on_meta.named_parameters()), **dict(on_meta.named_buffers())}
     batch = micro_batch_inputs(tuple(inputs), inputs[0].shape[0] // 2)
-    forward = forward_graph(on_meta, batch, None)
-    cuts = layer_cuts(forward, 4)
-    with LayerTable(forward, cuts, values, batch, cluster, [1, 2, 4], 30.0, math.inf,
-                    2) as table:
+    layers = ModelLayers.traced(forward_graph(on_meta, batch, None), 4)
+    with LayerTable(layers, values, batch, cluster, [1, 2, 4], 30.0, math.inf, 2) as table:
         meshes = {shape for _, shape, _ in table.costs}
         assert meshes == {(1,), (2,)}
         bounds = table.bound([(4,), (2, 2)])

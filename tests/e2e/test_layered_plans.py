@@ -1,0 +1,50 @@
+"""Graph plans whose stages run their layers as programs of their own
+(`planner.search.layered_stage`): priced exactly as the sum of the layer table's solves,
+and run by the staged runtime exactly as predicted, collective for collective."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.check import check_graph_plan
+from planner.cluster import Cluster
+from planner.graph_plan import graph_plan
+from planner.search.graph_knobs import GraphKnobs
+from planner.search.graph_space import search_graph
+
+sys.path.insert(0, str(Path(__file__).parent))
+from graph_models import narrow_mlp, residual_cnn  # noqa: E402
+
+SMALL = Cluster.load(str(Path(__file__).parents[1] / "fixtures" / "small_memory.yaml"))
+
+
+@pytest.mark.parametrize("factory, knobs", [
+    # Skip connections cross the layers' cuts: a layer passes a tensor through to the next.
+    (residual_cnn, GraphKnobs()),
+    # Recomputing stages run every layer's first pass again, the moves between them too.
+    (narrow_mlp, GraphKnobs(recompute=True)),
+], ids=["residual_cnn", "narrow_mlp_recompute"])
+def test_stages_run_as_their_layers_programs_train_as_one_process(factory, knobs) -> None:
+    model, inputs, *loss = factory()
+    loss_fn = loss[0] if loss else None
+    cluster = SMALL.with_devices(8)
+    found = search_graph(model, inputs, cluster, 16, loss_fn, micro_batches=4, knobs=knobs)
+    (layered,) = [c for c in found.candidates if c.layout.name == "stage DP" and c.layout.layered]
+    (whole,) = [c for c in found.candidates
+                if c.layout.name == "stage DP" and not c.layout.layered]
+    assert layered.layout.stages == whole.layout.stages and layered.fits
+    plan = graph_plan(layered, cluster, factory.__name__, 16)
+    several = [s for s in plan.stages if s.layers[1] - s.layers[0] > 1]
+    assert several, "no stage of several layers"
+    for stage in plan.stages:
+        assert stage.operators is None
+        assert len(stage.layer_operators) == stage.layers[1] - stage.layers[0]
+    assert [s.recompute for s in plan.stages] == list(layered.layout.recompute or
+                                                      [False] * len(plan.stages))
+    report = check_graph_plan(model, plan, loss_fn, inputs, steps=2)
+    assert report.max_rel_error < 1e-4
+    assert report.communication_matches, report.mismatches[:3]
+    assert report.passed
