@@ -18,7 +18,7 @@ from planner.search.stage_solve import StageCost
 def stage_costs(table: dict, num_layers: int, sizes: list[int], m: int, most: int,
                 capacity: float, cut_bytes: list[float], cluster: Cluster,
                 knobs: GraphKnobs = GraphKnobs(), refused: set = frozenset(),
-                layered: bool = False) -> tuple[np.ndarray, dict]:
+                layered: bool = False) -> tuple[np.ndarray, ChosenOptions]:
     """The stage DP's cost array from the layer table, and the option (logical mesh,
     lean, recompute) each entry came from; `refused` entries (first, last, mesh, lean,
     recompute, stages after) are left out. `layered`: each stage runs its layers as
@@ -26,7 +26,7 @@ def stage_costs(table: dict, num_layers: int, sizes: list[int], m: int, most: in
     their solves, rather than as one program, which this prices as that sum less the
     moves between its layers."""
     costs = np.full((num_layers, num_layers + 1, len(sizes), most), np.inf)
-    chosen: dict[tuple[int, int, int, int], tuple[tuple[int, ...], bool, bool]] = {}
+    chosen = ChosenOptions(costs.shape)
     for n, shape, lean, solves in _mesh_options(table, num_layers, sizes,
                                                 cluster.devices_per_node, knobs.modes()):
         link = boundary_link(cluster, 2 * n)
@@ -35,9 +35,26 @@ def stage_costs(table: dict, num_layers: int, sizes: list[int], m: int, most: in
     return costs, chosen
 
 
-def _fill(costs: np.ndarray, chosen: dict, s: int, option: tuple, solves: list[StageCost],
-          m: int, capacity: float, cut_bytes: list[float], n: int, link, knobs: GraphKnobs,
-          refused: set, layered: bool) -> None:
+class ChosenOptions:
+    """Which (logical mesh, lean, recompute) priced each entry [first, last, submesh,
+    stages after] of the cost array."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.index = np.full(shape, -1, dtype=np.int32)
+        self.options: list[tuple[tuple[int, ...], bool, bool]] = []
+
+    def __getitem__(self, entry: tuple[int, int, int, int]) -> tuple[tuple[int, ...], bool, bool]:
+        return self.options[self.index[entry]]
+
+    def number(self, option: tuple[tuple[int, ...], bool, bool]) -> int:
+        if option not in self.options:
+            self.options.append(option)
+        return self.options.index(option)
+
+
+def _fill(costs: np.ndarray, chosen: ChosenOptions, s: int, option: tuple,
+          solves: list[StageCost], m: int, capacity: float, cut_bytes: list[float], n: int,
+          link, knobs: GraphKnobs, refused: set, layered: bool) -> None:
     """Price every stage of layers i..j on one mesh `option` (shape, lean) of `n` devices,
     keeping its activations or recomputing them, into `costs` (submesh s's [first, last,
     stages after] slice), where it beats what is there, and note the option (shape, lean,
@@ -52,35 +69,39 @@ def _fill(costs: np.ndarray, chosen: dict, s: int, option: tuple, solves: list[S
     interior = np.array([x.micro_batch_s for x in solves])
     if not layered:
         interior -= incoming + outgoing
-    # A layered stage's first pass moves every layer's outputs but its last's: again
-    # where it recomputes.
-    p_out = np.concatenate([[0.0], np.cumsum(outgoing)]) if layered else np.zeros(
-        num_layers + 1)
     checkpoint = np.array([x.checkpoint_bytes for x in solves])
     prefix = lambda a: np.concatenate([[0.0], np.cumsum(a)])  # noqa: E731
-    p_int = prefix(interior)
+    p_int, p_out = prefix(interior), prefix(outgoing)
     p_sync, p_state, p_act, p_rerun = (
         prefix(np.array([getattr(x, f) for x in solves]))
         for f in ("step_comm_s", "state_bytes", "activation_bytes", "rerun_s"))
-    for i in range(num_layers):
-        for j in range(i + 1, num_layers + 1):
-            # Ends: the first layer's incoming gradient, the last layer's outgoing tensors.
-            ends = 0.0 if layered else incoming[i] + outgoing[j - 1]
-            p2p = sum(route_time(cut_bytes[c], n, n, link) for c in (i, j) if cut_bytes[c])
-            latency = p_int[j] - p_int[i] + ends + 2 * p2p + (p_sync[j] - p_sync[i]) / m
-            state, activations = p_state[j] - p_state[i], p_act[j] - p_act[i]
-            for k in range(costs.shape[2]):
-                if (k == 0) != (j == num_layers):
-                    continue  # the last stage holds the last layer, and only it
-                held = in_flight(k + 1, m, knobs.schedule)
-                for recompute in knobs.recomputations(last=k == 0):
-                    seconds = latency + (p_rerun[j] - p_rerun[i] + p_out[j - 1] - p_out[i]
-                                         if recompute else 0.0)
-                    memory = stage_memory(state, activations, checkpoint[i], held, recompute)
-                    if (memory <= capacity and seconds < costs[i, j, k]
-                            and (i, j, *option, recompute, k) not in refused):
-                        costs[i, j, k] = seconds
-                        chosen[(i, j, s, k)] = (*option, recompute)
+    first = np.arange(num_layers)[:, None]
+    last = np.arange(num_layers + 1)[None, :]
+    valid = last > first
+    end = np.maximum(last - 1, 0) + 0 * first  # the stage's last layer
+    # Ends: the first layer's incoming gradient, the last layer's outgoing tensors (part
+    # of each layer's own time where the stage is layered).
+    ends = 0.0 if layered else incoming[first] + outgoing[end]
+    p2p = np.array([route_time(b, n, n, link) if b else 0.0 for b in cut_bytes])
+    latency = (p_int[last] - p_int[first] + ends + 2 * (p2p[first] + p2p[last])
+               + (p_sync[last] - p_sync[first]) / m)
+    state, activations = p_state[last] - p_state[first], p_act[last] - p_act[first]
+    # A layered stage's first pass moves every layer's outputs but its last's: again
+    # where it recomputes.
+    rerun = p_rerun[last] - p_rerun[first] + (p_out[end] - p_out[first] if layered else 0.0)
+    for k in range(costs.shape[2]):
+        # The last stage holds the last layer, and only it.
+        where = valid & ((last == num_layers) == (k == 0))
+        held = in_flight(k + 1, m, knobs.schedule)
+        for recompute in knobs.recomputations(last=k == 0):
+            seconds = latency + (rerun if recompute else 0.0)
+            memory = stage_memory(state, activations, checkpoint[first], held, recompute)
+            better = where & (memory <= capacity) & (seconds < costs[:, :, k])
+            for i, j, shape, lean, rc, after in refused:
+                if (shape, lean, rc, after) == (*option, recompute, k):
+                    better[i, j] = False
+            costs[:, :, k] = np.where(better, seconds, costs[:, :, k])
+            chosen.index[:, :, s, k][better] = chosen.number((*option, recompute))
 
 
 def route_time(nbytes: float, senders: int, receivers: int, link) -> float:
