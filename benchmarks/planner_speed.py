@@ -17,8 +17,10 @@ a user waits for count. Two groups of rows (`--rows`):
   reads, the others bounded, short of the whole cluster, whose one-stage layouts are
   bounded; the stage DP): under 60 s.
   Alpa's GPT 39B (its OSDI'22 shape, as `benchmarks/alpa_e2e.py` plans it) with
-  `--intra-op ilp` (a block template traced and solved per tensor degree): under 10 s
-  (Alpa: 2,393 s for 39B on 64 GPUs, profiling included). Each command gets at most
+  `--intra-op ilp`, planned by the same graph path (four blocks traced and described at 48,
+  the three layer templates solved on every logical mesh, stages run as their layers'
+  programs, micro-batch 1): target under 10 s (Alpa: 2,393 s for 39B on 64 GPUs,
+  profiling included). Each command gets at most
   `--timeout` seconds; the timings it prints (trace, ILPs, stage DP, search) are kept.
 
     .venv/bin/python benchmarks/planner_speed.py [--quick] [--rows all|zoo|traced]
@@ -206,7 +208,7 @@ def zoo_rows(quick: bool) -> tuple[list[dict], bool]:
     seconds, planned = plan_seconds("gpt3-175b", "--intra-op", "ilp", gpus=1024, batch=1536)
     rows.append({"model": "gpt3-175b", "gpus": 1024, "intra_op": "ilp", "command_s": seconds,
                  "planned": planned})
-    print(f"{'gpt3-175b':<10} {1024:>5} {seconds:>7.1f}  (--intra-op ilp: trace + 3 ILPs)")
+    print(f"{'gpt3-175b':<10} {1024:>5} {seconds:>7.1f}  (--intra-op ilp: the graph path)")
     print("\nscaling with depth: GPT h=4096, 32 heads, on 512 GPUs")
     print(f"{'layers':>6} {'plan s':>7} {'s per layer':>12}")
     per_layer = []

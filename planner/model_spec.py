@@ -26,7 +26,7 @@ import os
 import re
 import sys
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from types import ModuleType
@@ -197,6 +197,29 @@ def _load_zoo(name: str, shape: dict[str, Any]) -> LoadedModel:
         return BuiltModel(build_model(sized), (example_inputs(sized, batch_size=1),), None)
 
     return LoadedModel(name=name, build=build, num_layers=config.num_layers, config=config)
+
+
+def with_weights(loaded: LoadedModel, seed: int = 0) -> LoadedModel | None:
+    """A zoo model built on the CPU with real weights (each module's own initialisation,
+    drawn after `torch.manual_seed(seed)`) and token ids, at any depth, so that it can
+    train; None for other models (a zoo model is built on the meta device)."""
+    from planner.models.config import TransformerConfig
+
+    config = loaded.config
+    if not isinstance(config, TransformerConfig):
+        return None
+
+    def build(depth: int | None) -> BuiltModel:
+        import torch
+
+        from planner.models.transformer import build_model, example_inputs
+
+        sized = config if depth is None else config.model_copy(update={"num_layers": depth})
+        torch.manual_seed(seed)
+        return BuiltModel(build_model(sized, "cpu"),
+                          (example_inputs(sized, batch_size=1, device="cpu"),), None)
+
+    return replace(loaded, build=build)
 
 
 def _load_hf(path: str, shape: dict[str, Any]) -> LoadedModel:

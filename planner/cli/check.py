@@ -20,6 +20,7 @@ from planner.cli.model_args import load
 from planner.check import RELATIVE_TOLERANCE
 from planner.cli.plan import mesh_for, plan_on_mesh, print_plan
 from planner.cluster import Cluster
+from planner.model_spec import with_weights
 from planner.training_check import PlanComparison, compare
 
 # Most ranks a check starts: each is a process on this machine.
@@ -106,8 +107,12 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
         )
     check_fault_flags(args, args.gpus)
     loaded = load(args)
-    if loaded.config is None:  # a model of one's own: its traced graph is planned
-        refuse_faults(args, "they run zoo and hf: transformers, not a model of one's own")
+    # A model of one's own, or a transformer whose operators the intra-op ILP shards: its
+    # traced graph is planned (a zoo model trained with weights of its own initialisation).
+    if loaded.config is None or args.intra_op == "ilp":
+        refuse_faults(args, "they run the transformer plans of --intra-op analytic, not "
+                      "graph plans")
+        loaded = with_weights(loaded) or loaded
         if loaded.on_meta:
             raise UsageError(
                 f"{args.model} is built on the meta device (no weights), so it cannot "
@@ -246,7 +251,7 @@ def run_graph_check(args: argparse.Namespace, loaded, cluster: Cluster, console)
     from planner.check import check_graph_plan
     from planner.cli.graph import plan_graph, print_graph_plans
 
-    plan = plan_graph(args, loaded, cluster, console)[0]
+    plan = plan_graph(args, loaded, cluster, console, checking=True)[0]
     print_graph_plans([plan], console)
     with console.status(f"training {args.steps} steps on {plan.num_gpus} gloo ranks"):
         report = check_graph_plan(loaded.model, plan, loaded.loss_fn, loaded.example_inputs,

@@ -1,11 +1,13 @@
 """`plan MODEL --gpus N ...` and `plan check MODEL --gpus N ...` for a model of one's own
-(`file.py:function`, `package.module:function`, `demo:NAME`): the graph plan
-(`planner/search/graph_space.py`), stages of the traced model each sharded by the intra-op
-ILP on its own submesh."""
+(`file.py:function`, `package.module:function`, `demo:NAME`), and for a zoo or hf:
+transformer with `--intra-op ilp`: the graph plan (`planner/search/graph_space.py`), stages
+of the traced model each sharded by the intra-op ILP on its own submesh."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
@@ -22,6 +24,9 @@ from planner.plan import Plan
 from planner.totals import plan_totals
 from planner.search.graph_knobs import GRAPH_PRECISIONS, GRAPH_SCHEDULES, GraphKnobs
 
+if TYPE_CHECKING:
+    from planner.search.graph_space import ReducedModel
+
 # Flags a graph plan reads; the others are a transformer's knobs, which the ILP chooses.
 GRAPH_FLAGS = ("--gpus", "--global-batch-size", "--micro-batch-size", "--top", "--space",
                "--intra-op", "--zero-stage", "--recompute-granularity", "--schedule",
@@ -31,8 +36,9 @@ GRAPH_FLAGS = ("--gpus", "--global-batch-size", "--micro-batch-size", "--top", "
 
 
 def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
-               console: Console) -> list[Plan]:
-    """The best graph plans for the command line (best first, at most --top)."""
+               console: Console, checking: bool = False) -> list[Plan]:
+    """The best graph plans for the command line (best first, at most --top); `checking`:
+    for `plan check`, which trains in the model's own precision unless told."""
     from planner.graph_plan import graph_plan
     from planner.search.graph_space import search_graph
 
@@ -48,6 +54,12 @@ def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
             "flags are kept)"
         )
     knobs = graph_knobs(args)
+    if args.precision is None and loaded.config is not None and not checking:
+        # A transformer trains in mixed precision unless told, as its analytic plans do
+        # (bf16 where the device has it; fp32 where it has not: fp16 graph plans are not
+        # run yet).
+        knobs = replace(knobs, precision="bf16" if "bf16" in cluster.device.peak_tflops
+                        else "fp32")
     try:
         cluster = cluster.with_devices(args.gpus)
     except ValueError as error:
@@ -65,7 +77,8 @@ def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
     with console.status(f"planning {loaded.name} on {args.gpus} x {cluster.device.name}"):
         found = search_graph(loaded.model, loaded.example_inputs, cluster, gbs,
                              loaded.loss_fn, micro_batches=micro_batches,
-                             time_limit_s=args.time_limit, knobs=knobs)
+                             time_limit_s=args.time_limit, knobs=knobs,
+                             reduced=reduced_model(loaded))
     console.print(
         f"{found.num_layers} layers, {found.layer_solves} layer ILPs, "
         f"{found.layer_bounds} bounds, {found.layouts_bounded} layouts bounded out; "
@@ -80,6 +93,17 @@ def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
             f"{cluster.device.name}; use more --gpus or a smaller --micro-batch-size"
         )
     return [graph_plan(c, cluster, loaded.name, gbs, args.model) for c in fitting[: args.top]]
+
+
+def reduced_model(loaded: LoadedModel) -> ReducedModel | None:
+    """A model that can be rebuilt at another depth (a zoo or hf: transformer), built with
+    REDUCED_BLOCKS blocks to trace in its place; None for others."""
+    from passes.model_layers import REDUCED_BLOCKS
+    from planner.search.graph_space import ReducedModel
+
+    if loaded.num_layers is None or loaded.num_layers <= REDUCED_BLOCKS:
+        return None
+    return ReducedModel(loaded.build(REDUCED_BLOCKS).model, loaded.num_layers)
 
 
 def graph_knobs(args: argparse.Namespace) -> GraphKnobs:

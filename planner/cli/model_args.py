@@ -38,8 +38,8 @@ def add_mesh_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--time-limit", type=seconds(0.0, MAX_TIME_LIMIT_S), default=60.0,
         help="seconds for choosing the shardings: enumerating strategies, building and "
-        "solving the ILP (default 60; the best plan found by then is kept); with --gpus "
-        "--intra-op ilp, each block ILP's solver limit",
+        "solving the ILP (default 60; the best plan found by then is kept); with --gpus, "
+        "each layer's or stage's ILP's solver limit",
     )
     parser.add_argument(
         "--profile", metavar="PATH",

@@ -144,9 +144,10 @@ def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--intra-op", choices=("analytic", "ilp"), default="analytic",
-        help="how layers are sharded inside a stage: analytic (Megatron-LM's tensor + "
-        "sequence parallel layout) or ilp (trace one block and let the intra-op ILP choose "
-        "on each tensor-parallel mesh; a few seconds more)",
+        help="how a zoo or hf: transformer is planned: analytic (Megatron-LM's layouts, "
+        "priced by the transformer's shape) or ilp (its traced graph planned as any "
+        "model's: each layer's operators sharded by the intra-op ILP on every logical "
+        "mesh, stages chosen by the stage DP)",
     )
     add("--top", type=whole(1, MAX_TOP), default=5,
                        help="plans to list (default 5)")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import os
 from typing import TYPE_CHECKING, Any, Callable
 
 from rich.console import Console
@@ -41,7 +40,9 @@ def run_training(args: argparse.Namespace, cluster: Cluster, console: Console) -
     and write the best as JSON. Every knob is checked against the model and the cluster
     before any search; UsageError when the best plan does not fit or nothing does."""
     loaded = load(args)
-    if loaded.config is None:  # a model of one's own: its traced graph is planned
+    # A model of one's own, or a transformer whose operators the intra-op ILP shards: its
+    # traced graph is planned.
+    if loaded.config is None or args.intra_op == "ilp":
         from planner.cli.graph import run_graph_training
 
         return run_graph_training(args, loaded, cluster, console)
@@ -86,20 +87,19 @@ def plan_training(
     knobs = fixed_knobs(args, model.num_layers)
     check_knobs(knobs, model, cluster, args.global_batch_size, args.space)
     knobs.setdefault("precision", default_precision(cluster))
-    collectives, timings = _intra_op_collectives(args, loaded, model, cluster, console)
     names = _parameter_names(loaded)
     if is_what_if(knobs):
         return [training_plan(args.model, model, cluster,
                               what_if_config(knobs, args.global_batch_size),
-                              collectives=collectives, parameter_names=names)], model, loaded
-    result = _search_with_progress(args, model, cluster, knobs, console, collectives)
+                              parameter_names=names)], model, loaded
+    result = _search_with_progress(args, model, cluster, knobs, console)
     if not result.ranked:
         raise UsageError(_no_fit(args, model, cluster, knobs))
-    plans = ranked_plans(args.model, model, cluster, result, top or args.top, collectives,
-                         names)
-    timings = {**timings, **result.timings}
+    plans = ranked_plans(args.model, model, cluster, result, top or args.top,
+                         parameter_names=names)
     console.print(f"searched {result.evaluated:,} configurations in "
-                  + ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in timings.items()),
+                  + ", ".join(f"{k.removesuffix('_s')} {v:.2f} s"
+                              for k, v in result.timings.items()),
                   highlight=False)
     return plans, model, loaded
 
@@ -154,30 +154,9 @@ def _parameter_names(loaded: LoadedModel) -> Callable[[str], str] | None:
     return parameter_namer(loaded.config)
 
 
-def _intra_op_collectives(
-    args: argparse.Namespace, loaded: LoadedModel, model: TransformerConfig,
-    cluster: Cluster, console: Console,
-) -> tuple[LayerCollectives | None, dict[str, float]]:
-    """With --intra-op ilp, trace one block per template and solve its intra-op ILP on
-    every tensor-parallel degree the search may use, one process per core."""
-    if args.intra_op != "ilp":
-        return None, {}
-    from passes.model_graph import trace_model
-    from planner.search.megatron_space import tensor_degrees
-    from planner.search.stage_ilp import layer_collectives
-
-    with console.status("tracing one block per template"):
-        graph = trace_model(loaded.build, loaded.num_layers, decomposed_backward=True)
-    degrees = tensor_degrees(model, cluster)
-    with console.status(f"solving the block's intra-op ILP on {len(degrees)} meshes"):
-        collectives, timings = layer_collectives(graph, cluster, degrees, args.time_limit,
-                                                 processes=os.cpu_count() or 1)
-    return collectives, {"trace_s": graph.trace_s + graph.layers_s, **timings}
-
-
 def _search_with_progress(
     args: argparse.Namespace, model: TransformerConfig, cluster: Cluster,
-    knobs: dict[str, Any], console: Console, collectives: LayerCollectives | None = None,
+    knobs: dict[str, Any], console: Console,
 ) -> SearchResult:
     from rich.progress import Progress
 
@@ -189,8 +168,7 @@ def _search_with_progress(
         def advance(done: int, total: int) -> None:
             progress.update(task, completed=done, total=total)
 
-        return search(model, cluster, args.global_batch_size, knobs, args.space, advance,
-                      collectives=collectives)
+        return search(model, cluster, args.global_batch_size, knobs, args.space, advance)
 
 
 def _no_fit(

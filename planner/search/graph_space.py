@@ -125,7 +125,9 @@ def search_graph(
     is `global_batch_size`, split into `micro_batches` (default: each count of
     `default_micro_batches`); `knobs` are what the user fixed. `reduced`, where given, is
     traced instead of `model` and its layers described at the model's depth; its stages
-    then run as their layers' programs (`Layout.layered`)."""
+    then run as their layers' programs (`Layout.layered`), and its default micro-batch is
+    one sample (a transformer's activations per sequence are what limits its stages, as
+    Megatron-LM's and Alpa's plans of large models take micro-batches of 1 or 2)."""
     if reduced is not None and reduced.num_blocks <= REDUCED_BLOCKS:
         reduced = None
     on_meta, example_inputs = in_precision(on_meta_device(reduced.model if reduced else model),
@@ -135,6 +137,7 @@ def search_graph(
     # search ends, bound the work of the counts after (a count of one micro-batch, whose
     # one stage on every device is only bounded, stops bounding once that shows it loses).
     counts = ([micro_batches] if micro_batches
+              else [global_batch_size] if reduced
               else sorted(default_micro_batches(global_batch_size), reverse=True))
     searches: list[tuple[GraphSearch, TracedForward, list]] = []
     timings = {"trace_s": 0.0, "layer_ilps_s": 0.0, "stage_dp_s": 0.0, "stage_ilps_s": 0.0}

@@ -56,15 +56,19 @@ class LayerTable:
         """Each layer's template, as an index into `layers_of`."""
         self.names: list[list[str]] = []
         """Each layer's parameters' FQNs, in the order its graph reads them."""
+        self.solved_names: list[list[str]] = []
+        """Each template's, as its graph (and so its solves) names them."""
         for layer, r in enumerate(layers.source):
             if r not in traced:
                 graph = stage_graph(layers.forward, layers.traced_cuts, r, r + 1, values)
                 key = _template(layers.forward, layers.traced_cuts, r, graph)
+                fqns = [n.target for n in graph.module.graph.nodes
+                        if n.op == "get_attr" and not n.target.startswith(BOUNDARY)]
                 if key not in index:
                     index[key] = len(graphs)
                     graphs.append(graph)
-                traced[r] = key, [n.target for n in graph.module.graph.nodes
-                                  if n.op == "get_attr" and not n.target.startswith(BOUNDARY)]
+                    self.solved_names.append(fqns)
+                traced[r] = key, fqns
             key, fqns = traced[r]
             self.template_of.append(index[key])
             self.names.append([layers.fqn(layer, f) for f in fqns])
@@ -113,11 +117,11 @@ class LayerTable:
                      lean: bool) -> StageResult | None:
         """The solve of `layer` alone on `shape`, under its own parameters' names; None
         where the table holds none (a bound, or a mesh it was not asked for)."""
-        first = self.layers_of[self.template_of[layer]][0]
-        result = self.results.get((first, shape, lean))
+        template = self.template_of[layer]
+        result = self.results.get((self.layers_of[template][0], shape, lean))
         if result is None:
             return None
-        return renamed(result, dict(zip(self.names[first], self.names[layer])))
+        return renamed(result, dict(zip(self.solved_names[template], self.names[layer])))
 
     def is_bound(self, layer: int, shape: tuple[int, ...], lean: bool) -> bool:
         """Whether the table holds only a bound for this entry (a mesh off the table, as
