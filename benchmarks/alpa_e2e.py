@@ -42,16 +42,25 @@ Caveats: the aws-p3.16xlarge preset's efficiencies were never calibrated on a V1
 the preset), and V100 cannot run FlashAttention, so attention is priced unfused (as
 Megatron-LM and Alpa ran it in 2021) unless --flash-attention is given.
 
+With `--intra-op ilp`, each size is also planned as `plan gpt ... --intra-op ilp` plans it
+(a whole command, timed): from its traced graph, as any model is (four blocks traced and
+described at full depth, every layer's operators sharded by the intra-op ILP on every
+logical mesh, the stage DP; fp16 with loss scaling, micro-batch one sequence), its plan,
+predicted step and TFLOP/s printed in a second table beside the same published numbers.
+
 Run:
 
     .venv/bin/python benchmarks/alpa_e2e.py [--json PATH] [--flash-attention]
+        [--intra-op ilp]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -61,6 +70,7 @@ sys.path.insert(0, str(ROOT))
 
 from cost_models.pipeline_memory import StageLayout  # noqa: E402
 from cost_models.step_time import predict_stages  # noqa: E402
+from planner.cli.graph import describe  # noqa: E402
 from planner.cli.train import layout  # noqa: E402
 from planner.cluster import Cluster  # noqa: E402
 from planner.knobs import check_knobs, default_precision  # noqa: E402
@@ -189,11 +199,61 @@ def row(
             "megatron_flags": plan.megatron_flags}
 
 
+def plan_graph_case(case: Case) -> tuple[Plan | None, float]:
+    """`plan gpt ... --intra-op ilp` for one case, as a user runs it: the best graph plan
+    (None if none fits) and the whole command's wall seconds."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "plan.json"
+        command = [sys.executable, "-m", "planner", "gpt", "--num-layers", str(case.layers),
+                   "--hidden-size", str(case.hidden), "--num-attention-heads", str(case.heads),
+                   "--seq-length", str(SEQ), "--vocab-size", str(VOCAB), "--cluster", CLUSTER,
+                   "--gpus", str(case.gpus), "--global-batch-size", str(GLOBAL_BATCH),
+                   "--intra-op", "ilp", "--json", str(out)]
+        start = time.perf_counter()
+        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+        seconds = time.perf_counter() - start
+        if done.returncode != 0:
+            return None, seconds
+        return Plan.from_json(out), seconds
+
+
+def graph_rows() -> list[dict]:
+    print("\n--intra-op ilp: planned from the traced graph (stages: layers:logical mesh)")
+    print(f"{'size':>5} {'GPUs':>4}  {'plan':<40} {'step s':>8} {'GiB':>5} {'model':>6} "
+          f"{'Alpa-f':>6} | {'Megatron':>8} {'Alpa':>5} | {'plan s':>6}")
+    rows = []
+    for case in CASES:
+        plan, seconds = plan_graph_case(case)
+        out = {"size": case.size, "gpus": case.gpus, "command_s": seconds,
+               "published_megatron_tflops": case.megatron_tflops,
+               "published_alpa_tflops": case.alpa_tflops}
+        published = f"{case.megatron_tflops:>8.2f} {case.alpa_tflops:>5.2f}"
+        if plan is None:
+            rows.append({**out, "plan": None})
+            print(f"{case.size:>5} {case.gpus:>4}  {'no plan fits':<40} {'-':>8} {'-':>5} "
+                  f"{'-':>6} {'-':>6} | {published} | {seconds:>6.1f}")
+            continue
+        p = plan.predicted
+        alpa_formula = alpa_step_flops(case) / (p.step_time_s * 1e12 * case.gpus)
+        rows.append({**out, "plan": describe(plan), "step_s": p.step_time_s,
+                     "memory_gib": p.memory_gib_per_gpu, "precision": plan.precision,
+                     "model_tflops": p.model_tflops_per_gpu,
+                     "alpa_formula_tflops": alpa_formula})
+        text = describe(plan)
+        text = text if len(text) <= 40 else text[:37] + "..."
+        print(f"{case.size:>5} {case.gpus:>4}  {text:<40} {p.step_time_s:>8.2f} "
+              f"{p.memory_gib_per_gpu:>5.1f} {p.model_tflops_per_gpu:>6.1f} "
+              f"{alpa_formula:>6.1f} | {published} | {seconds:>6.1f}")
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     parser.add_argument("--flash-attention", action="store_true",
                         help="price attention as FlashAttention (V100 cannot run it)")
+    parser.add_argument("--intra-op", choices=("analytic", "ilp"), default="analytic",
+                        help="ilp: also plan each size from its traced graph")
     args = parser.parse_args()
     cluster = Cluster.load(CLUSTER)
     assert default_precision(cluster) == PRECISION  # Volta: no bf16, so fp16 by default
@@ -225,6 +285,8 @@ def main() -> int:
     print("Megatron, Alpa: published TFLOP/s per GPU (alpa osdi22_artifact "
           "results_e2e_ref.tsv; x GPUs / 1000 = the paper's PFLOPS); Alpa s: the step time "
           "those imply; Alpa plan: what its search found; pred s: Tessel's step time for it.")
+    if args.intra_op == "ilp":
+        rows = {"analytic": rows, "graph": graph_rows()}
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
         print(f"rows written to {args.json}")

@@ -3,13 +3,14 @@
 Most models are traced whole: each layer is a run of the traced forward's ops. A model of
 many identical blocks that can be rebuilt at another depth (a zoo or Hugging Face
 transformer, `planner.model_spec.LoadedModel.build`) is traced with `REDUCED_BLOCKS`
-blocks instead and described at full depth: its first block's layer (which holds what
-comes before the blocks), the middle block's layer once per middle block, each under its
-own parameters' names (`layers.1.` -> `layers.K.`), and the last block's layer (which holds
-what comes after). Two middle blocks are traced, so that the template is confirmed by a
-second instance rather than assumed. Exporting a 48-block GPT of width 8192 takes 6 s,
-four blocks a fraction of that; the runtime, which traces the model it runs, cuts it
-where the full model's layers begin (`cuts`).
+blocks instead and described at full depth: what comes before the blocks (the embedding)
+as a layer of its own, the first block, the middle block once per middle block, each
+under its own parameters' names (`layers.2.` -> `layers.K.`), the last block, and what
+comes after (the head and loss). Every block is then one template, solved once per mesh,
+and the ends are small programs. Two middle blocks are traced, so that the template is
+confirmed by a second instance rather than assumed. Exporting a 48-block GPT of width
+8192 takes 6 s, four blocks a fraction of that; the runtime, which traces the model it
+runs, cuts it where the full model's layers begin (`cuts`).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from passes.layers import repeated_blocks
-from passes.stage_graph import ForwardGraph, layer_cuts, module_path
+from passes.layers import block_of, repeated_blocks
+from passes.stage_graph import ForwardGraph, block_cuts, layer_cuts, module_path
 
 REDUCED_BLOCKS = 4
 """Blocks a model rebuilt at another depth is traced with: first, two middle, last."""
@@ -48,22 +49,33 @@ class ModelLayers:
 
     @classmethod
     def expanded(cls, forward: ForwardGraph, num_blocks: int) -> ModelLayers | None:
-        """`forward`, traced with REDUCED_BLOCKS blocks, described at `num_blocks`; None
-        where its layers are not one per block or its two middle blocks differ."""
-        cuts = layer_cuts(forward, REDUCED_BLOCKS)
-        blocks = repeated_blocks([module_path(node) for node in forward.ops])
-        if len(cuts) - 1 != REDUCED_BLOCKS or len(blocks) != REDUCED_BLOCKS:
+        """`forward`, traced with REDUCED_BLOCKS blocks, described at `num_blocks`: a layer
+        per block, and what comes before the first and after the last as layers of their
+        own (so that every block is one template). None where the two middle blocks
+        differ or the blocks cannot be cut apart."""
+        cuts = block_cuts(forward, ends=True)
+        paths = [module_path(node) for node in forward.ops]
+        blocks = repeated_blocks(paths)
+        if cuts is None or len(blocks) != REDUCED_BLOCKS:
             return None
-        if _signature(forward, cuts, 1) != _signature(forward, cuts, 2):
+        first = int(block_of(paths[0], blocks) is None)  # a layer before the first block
+        last = len(cuts) - 1 - first - REDUCED_BLOCKS  # a layer after the last block
+        if last not in (0, 1) or (
+                _signature(forward, cuts, first + 1) != _signature(forward, cuts, first + 2)):
             return None
+        traced = [first, first + 1, *[first + 2] * (num_blocks - 3), first + 3]
+        source = [0] * first + traced + [first + REDUCED_BLOCKS] * last
         prefix = blocks[0].rsplit(".", 1)[0]
-        source = [0] + [2] * (num_blocks - 2) + [3]
-        source[1] = 1
-        renames: list[tuple[str, str] | None] = []
-        for layer, traced in enumerate(source):
-            old, new = f"{blocks[traced]}.", f"{prefix}.{layer}."
-            renames.append(None if old == new else (old, new))
+        renames: list[tuple[str, str] | None] = [None] * len(source)
+        for block, r in enumerate(traced):
+            old, new = f"{blocks[r - first]}.", f"{prefix}.{block}."
+            renames[first + block] = None if old == new else (old, new)
         return cls(forward, cuts, source, renames)
+
+    @property
+    def loss_scaled(self) -> bool:
+        """Whether the model trains in fp16, its loss scaled (`stage_graph.LOSS_SCALE`)."""
+        return self.forward.loss_scaled
 
     @property
     def num_layers(self) -> int:

@@ -40,6 +40,12 @@ from passes.trace import LossFn, export_forward
 
 BOUNDARY = "tessel_boundary"
 """Name of the parameters that stand for a stage's incoming tensors."""
+LOSS_SCALE = "tessel_loss_scale"
+"""Name of the buffer an fp16 model's last stage multiplies its loss by (loss scaling: the
+runtime sets it each step, so that small gradients do not underflow in fp16)."""
+OVERFLOW_FLAG_BYTES = 4
+"""What the all-reduce of whether any rank's scaled gradients overflowed carries (one
+fp32), once per step of an fp16 model (`runtime.loss_scale`)."""
 
 _aten = torch.ops.aten
 
@@ -64,6 +70,12 @@ class ForwardGraph:
         return {self.parameters[n.name]: n.meta["val"] for n in self.graph.nodes
                 if n.op == "placeholder" and n.name in self.parameters}
 
+    @cached_property
+    def loss_scaled(self) -> bool:
+        """Whether the model trains in fp16 (its parameters were cast to it), where its last
+        stage scales the loss (`LOSS_SCALE`)."""
+        return any(v.dtype == torch.float16 for v in self.parameter_values().values())
+
     def op_flops(self) -> np.ndarray:
         return np.array([node_flops(n) for n in self.ops], dtype=float)
 
@@ -76,8 +88,9 @@ class ForwardGraph:
         ]
 
     def can_cut(self, cut: int) -> bool:
-        """Whether a stage may end before op `cut`: every crossing value is a tensor (not a
-        tuple still to be unpacked). A parameter read on both sides (a tied weight) is held
+        """Whether a stage may end before op `cut`: every crossing value is a floating
+        tensor (not a tuple still to be unpacked, nor integer positions or masks, which
+        have no gradient to send back). A parameter read on both sides (a tied weight) is held
         by the stages on each, whose gradients are summed once per step
         (`planner.search.tied`)."""
         return bool(self._cut_table[0][cut])
@@ -105,7 +118,7 @@ class ForwardGraph:
             value = node.meta.get("val")
             if isinstance(value, torch.Tensor):
                 spans(i, max(readers), crossing, tensor_bytes(value))
-            else:
+            if not isinstance(value, torch.Tensor) or not value.is_floating_point():
                 spans(i, max(readers), blocked, 1)
         return np.cumsum(blocked)[:-1] == 0, np.cumsum(crossing)[:-1]
 
@@ -199,7 +212,7 @@ def layer_cuts(forward: ForwardGraph, count: int, balance: float = 0.25) -> list
     Otherwise each cut is placed, among the positions whose FLOPs before it are within
     `balance` of a layer's share of the target, where the fewest bytes cross (Alpa's
     operator clustering: balanced compute, little communication between stages)."""
-    blocks = _block_cuts(forward)
+    blocks = block_cuts(forward)
     if blocks is not None and len(blocks) - 1 >= 2:
         return blocks
     flops = forward.op_flops()
@@ -227,9 +240,11 @@ def layer_cuts(forward: ForwardGraph, count: int, balance: float = 0.25) -> list
     return cuts
 
 
-def _block_cuts(forward: ForwardGraph) -> list[int] | None:
+def block_cuts(forward: ForwardGraph, ends: bool = False) -> list[int] | None:
     """Cuts between the blocks of the ModuleList the forward runs through, if any: each
-    cut at the first op of a block (the first block's absorbs the ops before it)."""
+    cut at the first op of a block, the first block's absorbing the ops before it and the
+    last block's those after it; with `ends`, what comes before the first block and after
+    the last is a layer of its own (a transformer's embedding, its head and loss)."""
     paths = [module_path(node) for node in forward.ops]
     blocks = repeated_blocks(paths)
     starts, seen = [], set()
@@ -238,9 +253,15 @@ def _block_cuts(forward: ForwardGraph) -> list[int] | None:
         if block is not None and block not in seen:
             seen.add(block)
             starts.append(position)
-    if len(starts) < 2 or not all(forward.can_cut(p) for p in starts[1:]):
+    if len(starts) < 2:
         return None
-    return [0, *starts[1:], len(forward.ops)]
+    cuts = [0, *starts[1:], len(forward.ops)]
+    if ends:
+        after = 1 + max(p for p, path in enumerate(paths) if block_of(path, blocks) == blocks[-1])
+        cuts = sorted({*cuts, starts[0], after})
+    if not all(forward.can_cut(p) for p in cuts[1:-1]):
+        return None
+    return cuts
 
 
 def module_path(node: fx.Node) -> str:
@@ -317,6 +338,9 @@ def stage_graph(
             loss = graph.call_function(_aten.add.Tensor, (loss, term))
     else:
         loss = env[forward.loss]
+        if forward.loss_scaled:
+            attributes[LOSS_SCALE] = torch.ones((), dtype=torch.float32, device="meta")
+            loss = graph.call_function(_aten.mul.Tensor, (loss, graph.get_attr(LOSS_SCALE)))
     graph.output(loss)
     module = fx.GraphModule(_Holder(attributes), graph)
     return StageGraph(module, inputs, [n.meta["val"] for n in outgoing], used_inputs)
@@ -411,7 +435,7 @@ def on_meta_device(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model).to("meta")
 
 
-PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def floating_in(value: Any, dtype: torch.dtype | None) -> Any:

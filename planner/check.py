@@ -18,11 +18,12 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from passes.lower import RankProgram
 from passes.program import TracedProgram
-from passes.stage_graph import floating_in
+from passes.stage_graph import PRECISION_DTYPES, floating_in
 from passes.trace import TrainingObjective
 from planner.plan import Plan
 from runtime.comm_counter import CommCounter
 from runtime.launch import run_on_ranks
+from runtime.loss_scale import LossScale
 from runtime.trainer import DEFAULT_OPTIMIZER, ShardedTrainer, training_state
 from runtime.training import relative_errors
 
@@ -77,27 +78,33 @@ def train_single_process(
     model: nn.Module, loss_fn: Callable | None, batches: list[tuple],
     precision: str = "fp32",
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """The reference: the unmodified model trained with the same optimizer; in bf16, a bf16
-    copy runs each step from the fp32 master weights, whose gradients it becomes."""
-    half = precision == "bf16"
+    """The reference: the unmodified model trained with the same optimizer; in bf16 or
+    fp16, a copy in that dtype runs each step from the fp32 master weights, whose gradients
+    it becomes; fp16 scales its loss and skips a step whose gradients overflow, as
+    `runtime.loss_scale` does."""
+    half = PRECISION_DTYPES[precision] if precision != "fp32" else None
     master = copy.deepcopy(model).float() if half else copy.deepcopy(model)
     optimizer = torch.optim.AdamW(master.parameters(), **DEFAULT_OPTIMIZER)
-    work = copy.deepcopy(master).to(torch.bfloat16) if half else master
+    work = copy.deepcopy(master).to(half) if half else master
     objective = TrainingObjective(work, loss_fn)
+    scaler = LossScale() if precision == "fp16" else None
     losses = []
     for batch in batches:
         if half:
             with torch.no_grad():
                 for w, p in zip(work.parameters(), master.parameters()):
                     w.copy_(p)
-            batch = tuple(floating_in(x, torch.bfloat16) for x in batch)
+            batch = tuple(floating_in(x, half) for x in batch)
         loss = objective(*batch)
-        loss.backward()
+        scale = scaler.scale if scaler else 1.0
+        (loss * torch.tensor(scale) if scaler else loss).backward()
         if half:
             for w, p in zip(work.parameters(), master.parameters()):
-                p.grad = w.grad.float()
+                p.grad = w.grad.float() / scale
                 w.grad = None
-        optimizer.step()
+        if scaler is None or not scaler.overflowed(
+                [p.grad for p in master.parameters() if p.grad is not None], across_ranks=False):
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))
     return losses, {k: v.detach().clone() for k, v in master.named_parameters()}
@@ -221,7 +228,7 @@ def check_graph_plan(
             if measured != predicted:
                 mismatches.append(f"rank {rank} step {step}: measured {measured}, "
                                   f"predicted {predicted}")
-    tolerance = RELATIVE_TOLERANCE_BF16 if plan.precision == "bf16" else RELATIVE_TOLERANCE
+    tolerance = RELATIVE_TOLERANCE if plan.precision == "fp32" else RELATIVE_TOLERANCE_BF16
     return CheckReport(
         passed=rel_error < tolerance and not mismatches and math.isfinite(abs_error),
         steps=steps, max_abs_error=abs_error, max_rel_error=rel_error, losses=losses,

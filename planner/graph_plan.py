@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import math
 
-import torch
 
-from passes.stage_graph import BOUNDARY, piece_numel, routes
+from passes.stage_graph import (
+    BOUNDARY,
+    OVERFLOW_FLAG_BYTES,
+    PRECISION_DTYPES,
+    piece_numel,
+    routes,
+)
 from cost_models.memory import state_element_bytes
 from planner.cluster import Cluster, calibration_of, step_time_band
 from planner.plan import (
@@ -36,7 +41,8 @@ def graph_plan(candidate: Candidate, cluster: Cluster, name: str,
     m = candidate.micro_batches
     # The precision the model was traced in (`GraphKnobs.precision`).
     dtypes = {v.dtype for v in candidate.layers.parameter_values().values()}
-    precision = "bf16" if torch.bfloat16 in dtypes else "fp32"
+    precision = next((name for name, dtype in PRECISION_DTYPES.items()
+                      if dtype in dtypes and name != "fp32"), "fp32")
     for k, ((first, last, shape, _), solve) in enumerate(zip(candidate.layout.stages,
                                                              candidate.solves)):
         parameters = {f: p for f, p in solve.parameters.items()
@@ -47,6 +53,10 @@ def graph_plan(candidate: Candidate, cluster: Cluster, name: str,
             stats = communication.setdefault(kind, [0, 0])
             stats[0] += count * m
             stats[1] += nbytes * m
+        if precision == "fp16":  # whether any rank's gradients overflowed (loss scaling)
+            stats = communication.setdefault("all_reduce", [0, 0])
+            stats[0] += 1
+            stats[1] += OVERFLOW_FLAG_BYTES
         stages.append(Stage(
             layers=(first, last), first_device=first_device, num_devices=sizes[k],
             mesh_axes=logical_axes(len(shape)), mesh_shape=list(shape),

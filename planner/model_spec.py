@@ -82,6 +82,9 @@ class LoadedModel:
     default or --seq-length)."""
     hf_path: str | None = None
     """A Hugging Face model's config.json (or its folder), as given."""
+    build_on: Callable[[int | None, str], BuiltModel] | None = field(default=None, repr=False)
+    """`build` on another device ('cpu': real weights, each module's own initialisation,
+    and token ids), for a zoo or hf: model, which `build` makes on the meta device."""
 
     @cached_property
     def built(self) -> BuiltModel:
@@ -190,34 +193,30 @@ def _load_zoo(name: str, shape: dict[str, Any]) -> LoadedModel:
             message if helpful else f"{message} Other forms: {ACCEPTED_FORMS}."
         ) from None
 
-    def build(depth: int | None) -> BuiltModel:
+    def build_on(depth: int | None, device: str) -> BuiltModel:
         from planner.models.transformer import build_model, example_inputs
 
         sized = config if depth is None else config.model_copy(update={"num_layers": depth})
-        return BuiltModel(build_model(sized), (example_inputs(sized, batch_size=1),), None)
+        return BuiltModel(build_model(sized, device),
+                          (example_inputs(sized, batch_size=1, device=device),), None)
 
-    return LoadedModel(name=name, build=build, num_layers=config.num_layers, config=config)
+    return LoadedModel(name=name, build=lambda depth: build_on(depth, "meta"),
+                       num_layers=config.num_layers, config=config, build_on=build_on)
 
 
 def with_weights(loaded: LoadedModel, seed: int = 0) -> LoadedModel | None:
-    """A zoo model built on the CPU with real weights (each module's own initialisation,
-    drawn after `torch.manual_seed(seed)`) and token ids, at any depth, so that it can
-    train; None for other models (a zoo model is built on the meta device)."""
-    from planner.models.config import TransformerConfig
-
-    config = loaded.config
-    if not isinstance(config, TransformerConfig):
+    """A zoo or hf: model built on the CPU with real weights (each module's own
+    initialisation, drawn after `torch.manual_seed(seed)`) and token ids, at any depth, so
+    that it can train; None for other models."""
+    if loaded.build_on is None:
         return None
+    build_on = loaded.build_on
 
     def build(depth: int | None) -> BuiltModel:
         import torch
 
-        from planner.models.transformer import build_model, example_inputs
-
-        sized = config if depth is None else config.model_copy(update={"num_layers": depth})
         torch.manual_seed(seed)
-        return BuiltModel(build_model(sized, "cpu"),
-                          (example_inputs(sized, batch_size=1, device="cpu"),), None)
+        return build_on(depth, "cpu")
 
     return replace(loaded, build=build)
 
@@ -244,12 +243,12 @@ def _load_hf(path: str, shape: dict[str, Any]) -> LoadedModel:
     seq_length = shape.get("seq_length") or hf_shape.default_seq_length(config)
     vocab = getattr(config, "vocab_size", None) or 2
 
-    def build(depth: int | None) -> BuiltModel:
+    def build_on(depth: int | None, device: str) -> BuiltModel:
         from planner.models import huggingface as hf
 
         try:
             model, loss = hf.build_hf_model(config if plain is None else _transformers_config(path),
-                                            depth or shape.get("num_layers"))
+                                            depth or shape.get("num_layers"), device)
         except hf.HFConfigError as error:
             raise ModelSpecError(str(error)) from None
         except Exception as error:  # noqa: BLE001 - transformers validates in many ways
@@ -259,13 +258,14 @@ def _load_hf(path: str, shape: dict[str, Any]) -> LoadedModel:
             ) from None
         import torch
 
-        tokens = torch.randint(0, vocab, (1, seq_length), device="meta")
+        tokens = torch.randint(0, vocab, (1, seq_length), device=device)
         return BuiltModel(model, (tokens,), loss)
 
     name = Path(path).parent.name if Path(path).name == "config.json" else Path(path).name
     return LoadedModel(
         name=f"hf:{name or path}",
-        build=build,
+        build=lambda depth: build_on(depth, "meta"),
+        build_on=build_on,
         num_layers=uniform_depth and shape.get("num_layers", uniform_depth),
         config=config,
         seq_length=seq_length,

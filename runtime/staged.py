@@ -38,6 +38,7 @@ from passes.dtensor_rules import parse_placements, redistribute
 from passes.lower import RankProgram
 from passes.stage_graph import (
     BOUNDARY,
+    LOSS_SCALE,
     PRECISION_DTYPES,
     StageGraph,
     backward_nodes,
@@ -58,6 +59,7 @@ from passes.program import TracedProgram
 from planner.plan import Plan, tied_parameters
 from runtime.checkpoint import Checkpointing, ShardsState
 from runtime.faults import bound_timeouts
+from runtime.loss_scale import LossScale
 from runtime.trainer import DEFAULT_OPTIMIZER, training_state
 
 
@@ -165,7 +167,9 @@ class StagedTrainer(Checkpointing):
         self.buffers = {
             fqn: shard(floating_in(state[fqn], self.dtype), self.replicated)
             for part in self.parts for fqn in part.program.program.buffers.values()
+            if fqn != LOSS_SCALE
         }
+        self.loss_scale = LossScale() if plan.precision == "fp16" else None
         self.locals = {fqn: p.to_local().detach().clone() for fqn, p in self.params.items()}
         self.optimizer = torch.optim.AdamW(
             list(self.locals.values()), **(optimizer or DEFAULT_OPTIMIZER)
@@ -199,6 +203,9 @@ class StagedTrainer(Checkpointing):
         losses: list = []
         warm_up = _warm_up(self.plan.schedule, m, len(self.plan.stages), self.index)
         held: deque = deque()
+        if self.loss_scale is not None:
+            self.buffers[LOSS_SCALE] = self.parts[0].program.shard(
+                torch.tensor(self.loss_scale.scale), self.replicated)
         with torch.no_grad():
             for i in range(m):
                 held.append((i, *self._forward(i, micro[i], sends)))
@@ -207,7 +214,9 @@ class StagedTrainer(Checkpointing):
             while held:
                 self._backward_oldest(held, gradients, losses, sends)
             loss = self._finish(gradients, losses, m)
-        self.optimizer.step()
+        if self.loss_scale is None or not self.loss_scale.overflowed(
+                [p.grad for p in self.locals.values() if p.grad is not None]):
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps_done += 1
         for work, _ in sends:
@@ -315,11 +324,13 @@ class StagedTrainer(Checkpointing):
                 if fqn not in part.bucketed:
                     value = redistribute(value, self.placements[fqn])
                 totals[fqn] = _summed([totals[fqn], value]) if fqn in totals else value
+        # An fp16 plan's gradients and loss are the loss scale's multiple.
+        scale = m * (self.loss_scale.scale if self.loss_scale else 1.0)
         for fqn, value in totals.items():
             if fqn in self.ties:
                 value = self._summed_over_stages(fqn, value)
-            self.locals[fqn].grad = value.to_local().detach().to(self.locals[fqn].dtype) / m
-        return None if loss is None else float(loss.to_local()) / m
+            self.locals[fqn].grad = value.to_local().detach().to(self.locals[fqn].dtype) / scale
+        return None if loss is None else float(loss.to_local()) / scale
 
     def _summed_over_stages(self, fqn: str, value: DTensor) -> DTensor:
         """A tied weight's gradient summed with the other stages' holding it: replicated

@@ -108,7 +108,8 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
     check_fault_flags(args, args.gpus)
     loaded = load(args)
     # A model of one's own, or a transformer whose operators the intra-op ILP shards: its
-    # traced graph is planned (a zoo model trained with weights of its own initialisation).
+    # traced graph is planned (a zoo or hf: model trains with weights of its own
+    # initialisation).
     if loaded.config is None or args.intra_op == "ilp":
         refuse_faults(args, "they run the transformer plans of --intra-op analytic, not "
                       "graph plans")

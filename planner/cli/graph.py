@@ -44,6 +44,12 @@ def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
 
     if args.global_batch_size is None:
         raise UsageError("--gpus needs --global-batch-size (samples per optimizer step)")
+    if loaded.hf_path is not None:
+        # transformers' models do not cut into stages yet: integer positions cross every
+        # block, and their SDPA attention traces with other strides under make_fx.
+        raise UsageError(f"--intra-op ilp: {loaded.name} cannot be planned from its graph "
+                         "across stages yet; use --intra-op analytic, or --mesh for its "
+                         "operator shardings on one mesh")
     refused = [flag for flag in training_flags_given(args) if flag not in GRAPH_FLAGS]
     if refused:
         raise UsageError(
@@ -55,11 +61,9 @@ def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
         )
     knobs = graph_knobs(args)
     if args.precision is None and loaded.config is not None and not checking:
-        # A transformer trains in mixed precision unless told, as its analytic plans do
-        # (bf16 where the device has it; fp32 where it has not: fp16 graph plans are not
-        # run yet).
-        knobs = replace(knobs, precision="bf16" if "bf16" in cluster.device.peak_tflops
-                        else "fp32")
+        # A transformer trains in mixed precision unless told, as its analytic plans do:
+        # bf16, or fp16 with loss scaling on a device without bf16 (a V100).
+        knobs = replace(knobs, precision=cluster.device.default_precision)
     try:
         cluster = cluster.with_devices(args.gpus)
     except ValueError as error:
@@ -117,7 +121,8 @@ def graph_knobs(args: argparse.Namespace) -> GraphKnobs:
                          f"{' or '.join(GRAPH_SCHEDULES)}")
     if args.precision not in (None, *GRAPH_PRECISIONS):
         raise UsageError(f"--precision {args.precision}: graph plans train in "
-                         f"{' or '.join(GRAPH_PRECISIONS)} (bf16 with fp32 master weights)")
+                         f"{', '.join(GRAPH_PRECISIONS)} (bf16 and fp16 with fp32 master "
+                         "weights)")
     if args.zero_stage in (1, 2):
         raise UsageError(
             f"--zero-stage {args.zero_stage}: a graph plan shards a parameter, its gradient "

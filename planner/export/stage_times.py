@@ -12,7 +12,8 @@ matmuls included), split by phase as their unoverlapped prices are.
 The phases are then scaled so that the step-time model's pipeline formula over them gives
 the plan's predicted pipeline time exactly. For an analytically priced plan the scale is 1
 (the tests check it); where the plan's layer collectives came from the intra-op ILP
-(`--intra-op ilp`), which a Plan does not keep, it absorbs the difference.
+(a search given `collectives`, `planner.search.stage_ilp`), which a Plan does not keep, it
+absorbs the difference.
 """
 
 from __future__ import annotations

@@ -107,10 +107,11 @@ def _field_error(file: Path, error: Exception) -> HFConfigError:
 
 
 def build_hf_model(
-    config: Any, num_layers: int | None = None
+    config: Any, num_layers: int | None = None, device: str = "meta",
 ) -> tuple[nn.Module, Callable[..., torch.Tensor] | None]:
     """The model `config` describes (optionally with `num_layers` blocks), wrapped for
-    tracing, and the loss its head trains with."""
+    tracing, and the loss its head trains with; built on `device` (meta: nothing
+    allocated)."""
     import transformers
 
     config = config.__class__.from_dict(without_code_fields(config.to_dict()))
@@ -125,7 +126,7 @@ def build_hf_model(
         if isinstance(getattr(config, name, None), float):
             setattr(config, name, 0.0)
     architecture = _architecture(config, transformers)
-    with torch.device("meta"):
+    with torch.device(device):
         # A concrete transformers class: nothing here can import code from outside the
         # package (Auto*.from_config, the one call that can, is never made).
         model = architecture._from_config(config)

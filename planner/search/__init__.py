@@ -5,7 +5,12 @@
   chosen by the stage DP of `inter_op` for each setting of the knobs all stages share.
 - `intra_op` builds Alpa's operator-sharding ILP over DTensor's strategies, `solver`
   solves it, `buckets` groups gradient reductions, `stage_ilp` prices a transformer
-  block's tensor-parallel collectives with that ILP (`--intra-op ilp`).
+  block's tensor-parallel collectives with that ILP (for `search(..., collectives=...)`).
+- `graph_space`: Alpa for any traced model (and for zoo and hf: transformers under
+  `plan --intra-op ilp`): `layer_table` solves each layer on every logical mesh,
+  `stage_costs` prices every stage from it for the stage DP, `graph_prediction` predicts a
+  layout exactly, its stages solved whole (`stage_solve`) or run as their layers' programs
+  (`layered_stage`).
 
 `search` is the entry point of the training-plan search. Modules import one way:
 alpa_space -> megatron_space, stage_ilp -> intra_op -> solver, buckets.

@@ -38,6 +38,9 @@ about 400 per variable, a small GPT-2 block 2,600 and a Llama block 100,000)."""
 MAX_TABLE_ENTRIES = 4_000_000_000
 """Most table entries in all, whatever the ILP's size (about a minute here)."""
 MAX_SHARED_COSTS = 6
+MAX_BUCKET_AXES = 60
+"""Nodes one bucket's table may span: numpy arrays hold at most 64 dims (nodes of one
+choice add no entries, but still an axis)."""
 """Most shared costs conditioned on (2^k networks at worst)."""
 
 
@@ -195,7 +198,7 @@ class _Network:
     def order(self, max_entries: int) -> tuple[list[int], float] | None:
         """A greedy min-weight elimination order (each step the node whose table, its
         choices times its neighbours', is smallest) and the entries its tables hold in
-        all, or None past `max_entries`."""
+        all, or None past `max_entries` or `MAX_BUCKET_AXES`."""
         domains = self.domains
         adjacent = [set(n) for n in self.neighbours]
         log_domain = [math.log(max(d, 1)) for d in domains]
@@ -212,7 +215,7 @@ class _Network:
             if done[v] or w != weight(v):
                 continue  # a stale entry: v was re-weighted since
             entries += math.exp(w)
-            if entries > max_entries:
+            if entries > max_entries or len(adjacent[v]) + 1 > MAX_BUCKET_AXES:
                 return None
             done[v] = True
             order.append(v)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GRAPH_SCHEDULES = ("1f1b", "gpipe")
-GRAPH_PRECISIONS = ("fp32", "bf16")
+GRAPH_PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 @dataclass(frozen=True)
@@ -25,8 +25,9 @@ class GraphKnobs:
     sharded over every mesh axis they split on (ZeRO-3); False: placed as fast as they go
     (the ILP's choice, replicated where that is fastest: ZeRO-0)."""
     precision: str = "fp32"
-    """fp32, or bf16: the model traced, priced and run in bf16 with fp32 master weights,
-    gradient accumulators and moments (mixed precision)."""
+    """fp32, or bf16 or fp16: the model traced, priced and run in that precision with fp32
+    master weights, gradient accumulators and moments (mixed precision); fp16 with dynamic
+    loss scaling (`runtime.staged.LossScale`)."""
 
     def __post_init__(self) -> None:
         if self.schedule not in GRAPH_SCHEDULES:

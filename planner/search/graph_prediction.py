@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from cost_models.comm import collective_time
 from cost_models.memory import FRAMEWORK_RESERVE_BYTES
 from passes.model_layers import ModelLayers
-from passes.stage_graph import stage_graph, stage_program
+from passes.stage_graph import OVERFLOW_FLAG_BYTES, stage_graph, stage_program
 from passes.strategies import training_state_bytes
 from planner.cluster import Cluster
 from planner.search.graph_knobs import in_flight
@@ -197,6 +198,9 @@ def predict(layout: Layout, solves: list[StageResult], traced: TracedForward,
                      [x.parameters for x in solves], traced.layers.parameter_values(), cluster)
     step = sum(times) + (m - 1) * max(times) + max(
         x.cost.step_comm_s + tie_s for x, (_, tie_s) in zip(solves, ties))
+    if traced.layers.loss_scaled:  # every rank agrees whether a gradient overflowed
+        step += collective_time("all_reduce", OVERFLOW_FLAG_BYTES, cluster.num_devices,
+                                boundary_link(cluster, cluster.num_devices))
     memory = [stage_memory(x.cost.state_bytes, x.cost.activation_bytes, x.cost.checkpoint_bytes,
                            in_flight(len(solves) - k, m, layout.schedule), layout.recomputes(k))
               for k, x in enumerate(solves)]

@@ -215,17 +215,20 @@ def test_fixed_knobs_train_as_one_process() -> None:
     assert report.passed
 
 
-def test_a_bf16_plan_trains_as_one_process_does_in_bf16() -> None:
-    # `--precision bf16`: traced, priced and run in bf16 (half the bytes on every wire),
-    # fp32 master weights, gradient accumulators and moments (18 bytes per parameter).
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_a_half_precision_plan_trains_as_one_process_does(precision) -> None:
+    # `--precision bf16|fp16`: traced, priced and run in 16 bits (half the bytes on every
+    # wire), fp32 master weights, gradient accumulators and moments (18 bytes per
+    # parameter); fp16 scales its loss, and every rank agrees once per step whether a
+    # gradient overflowed (one all-reduce, predicted like the rest).
     from planner.check import RELATIVE_TOLERANCE_BF16
     from planner.search.graph_knobs import GraphKnobs
 
     model, inputs, loss_fn = residual_cnn()
-    knobs = GraphKnobs(precision="bf16")
+    knobs = GraphKnobs(precision=precision)
     found = search_graph(model, inputs, SMALL, 16, loss_fn, micro_batches=4, knobs=knobs)
     plan = graph_plan(found.candidates[0], SMALL, "residual_cnn", 16)
-    assert plan.precision == "bf16" and len(plan.stages) > 1
+    assert plan.precision == precision and len(plan.stages) > 1
     for stage in plan.stages:
         assert stage.memory.gradients_bytes == 2 * stage.memory.parameters_bytes
         assert stage.memory.optimizer_bytes == 6 * stage.memory.parameters_bytes

@@ -252,8 +252,11 @@ GRAPH_PLANS = {
                             "--global-batch-size", "32", "--precision", "bf16"],
                            ["--precision bf16 needs bf16 tensor cores, which V100-SXM2-16GB "
                             "lacks"]),
-    "graph-fp16": ([*GRAPH, "--precision", "fp16"],
-                   ["--precision fp16: graph plans train in fp32 or bf16"]),
+    "graph-fp16-without-fp16": ([*GRAPH, "--precision", "fp16"],
+                                ["--precision fp16 needs fp16 tensor cores, which small-device "
+                                 "lacks"]),
+    "graph-fp8": ([*GRAPH, "--precision", "fp8"],
+                  ["--precision fp8: graph plans train in fp32, bf16, fp16"]),
     "graph-zero-1": ([*GRAPH, "--zero-stage", "1"],
                      ["--zero-stage 1: a graph plan shards a parameter, its gradient"]),
 }

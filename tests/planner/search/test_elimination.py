@@ -159,3 +159,16 @@ def test_a_bucket_over_more_than_32_nodes_is_eliminated() -> None:
     got = solve_by_elimination(problem)
     assert got is not None
     assert got.objective == pytest.approx(solve_brute_force(problem).objective, abs=1e-9)
+
+
+def test_a_bucket_over_more_axes_than_numpy_holds_is_left_to_the_ilp() -> None:
+    """A node tied to 70 nodes of one choice each: its bucket would span 71 axes, more
+    than a numpy array's 64 dims (a whole Hugging Face model traced as one layer reached
+    65), so elimination declines and the ILP solves it."""
+    rng = np.random.default_rng(70)
+    leaves = range(1, 71)
+    costs = [rng.uniform(0, 10, size=3).round(2),
+             *([rng.uniform(0, 10, size=1).round(2)] * 70)]
+    edges = [(0, v, rng.uniform(0, 10, size=(3, 1)).round(2)) for v in leaves]
+    problem = AssignmentProblem(costs, [np.zeros(len(c)) for c in costs], edges)
+    assert solve_by_elimination(problem) is None
