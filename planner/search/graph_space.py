@@ -44,7 +44,9 @@ from torch import nn
 
 from passes.model_layers import REDUCED_BLOCKS, ModelLayers
 from passes.stage_graph import (
+    PRECISION_DTYPES,
     ForwardGraph,
+    floating_in,
     forward_at_batch,
     forward_graph,
     in_precision,
@@ -130,9 +132,9 @@ def search_graph(
     Megatron-LM's and Alpa's plans of large models take micro-batches of 1 or 2)."""
     if reduced is not None and reduced.num_blocks <= REDUCED_BLOCKS:
         reduced = None
-    on_meta, example_inputs = in_precision(on_meta_device(reduced.model if reduced else model),
-                                           tuple(example_inputs), knobs.precision)
-    values = {**dict(on_meta.named_parameters()), **dict(on_meta.named_buffers())}
+    dtype = PRECISION_DTYPES[knobs.precision] if knobs.precision != "fp32" else None
+    example_inputs = tuple(floating_in(x, dtype) for x in example_inputs)
+    on_meta, values = _traceable(reduced.model if reduced else model, knobs)
     # The most micro-batches first: plans of several stages, predicted as each count's
     # search ends, bound the work of the counts after (a count of one micro-batch, whose
     # one stage on every device is only bounded, stops bounding once that shows it loses).
@@ -151,15 +153,13 @@ def search_graph(
         # carries its batch through (an export of a large model takes seconds).
         forward = (forward_at_batch(*first, size) if first else None) or forward_graph(
             on_meta, inputs, loss_fn)
-        first = first or (forward, size)
-        layers = reduced and ModelLayers.expanded(forward, reduced.num_blocks)
+        layers = ModelLayers.expanded(forward, reduced.num_blocks) if reduced else None
         if reduced and layers is None:
             # Not one layer per block, or its middle blocks differ: the model traced whole.
-            reduced, first = None, None
-            on_meta, _ = in_precision(on_meta_device(model), (), knobs.precision)
-            values = {**dict(on_meta.named_parameters()), **dict(on_meta.named_buffers())}
+            reduced = None
+            on_meta, values = _traceable(model, knobs)
             forward = forward_graph(on_meta, inputs, loss_fn)
-            first = (forward, size)
+        first = first or (forward, size)
         layers = layers or ModelLayers.traced(forward, max_layers)
         timings["trace_s"] += time.perf_counter() - start
         traced = TracedForward(layers, inputs, m)
@@ -180,6 +180,13 @@ def search_graph(
     best.candidates = sorted(predicted, key=lambda c: (not c.fits, not c.exact, c.step_time_s))
     best.timings = timings
     return best
+
+
+def _traceable(model: nn.Module, knobs: GraphKnobs) -> tuple[nn.Module, dict]:
+    """`model` on the meta device in the knobs' precision, and its parameters and buffers
+    by FQN."""
+    on_meta, _ = in_precision(on_meta_device(model), (), knobs.precision)
+    return on_meta, {**dict(on_meta.named_parameters()), **dict(on_meta.named_buffers())}
 
 
 def _search_micro_batches(
