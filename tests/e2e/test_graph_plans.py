@@ -206,13 +206,19 @@ def test_fixed_knobs_train_as_one_process() -> None:
     model, inputs = narrow_mlp()
     knobs = GraphKnobs(recompute=True, schedule="gpipe", lean=True)
     found = search_graph(model, inputs, SMALL, 16, micro_batches=4, knobs=knobs)
-    plan = graph_plan(found.candidates[0], SMALL, "narrow_mlp", 16)
-    assert plan.schedule == "gpipe" and len(plan.stages) > 1
-    assert [s.recompute for s in plan.stages] == [True] * (len(plan.stages) - 1) + [False]
-    report = check_graph_plan(model, plan, None, inputs, steps=2)
-    assert report.max_rel_error < 1e-4
-    assert report.communication_matches, report.mismatches[:3]
-    assert report.passed
+    # The best plan, and the DP's run as its layers' programs: a recomputing stage runs
+    # every layer's first pass again, the moves between its layers too.
+    (layered,) = [c for c in found.candidates if c.layout.name == "stage DP"
+                  and c.layout.layered]
+    for candidate in (found.candidates[0], layered):
+        plan = graph_plan(candidate, SMALL, "narrow_mlp", 16)
+        assert plan.schedule == "gpipe" and len(plan.stages) > 1
+        assert [s.recompute for s in plan.stages] == [True] * (len(plan.stages) - 1) + [False]
+        report = check_graph_plan(model, plan, None, inputs, steps=2)
+        assert report.max_rel_error < 1e-4
+        assert report.communication_matches, report.mismatches[:3]
+        assert report.passed
+    assert any(len(s.layer_operators) > 1 for s in plan.stages)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
