@@ -174,6 +174,12 @@ def print_graph_plans(plans: list[Plan], console: Console) -> None:
 def run_graph_training(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
                        console: Console) -> int:
     totals = _wants_graph_totals(args, cluster)
+    if args.emit and loaded.config is not None:
+        # The launch files build the model by the factory named; a zoo model's shape
+        # flags are not in the plan.
+        raise UsageError(f"--emit: {loaded.name} planned with --intra-op ilp "
+                         "has no launch files yet; emit them from its analytic plan "
+                         "(--intra-op analytic)")
     plans = plan_graph(args, loaded, cluster, console)
     if totals:
         plans = _with_totals(plans, loaded, cluster, args)
@@ -189,8 +195,8 @@ def run_graph_training(args: argparse.Namespace, loaded: LoadedModel, cluster: C
 def _wants_graph_totals(args: argparse.Namespace, cluster: Cluster) -> bool:
     """Whether the command line asks for the whole run (checked before any planning)."""
     if args.train_tokens is not None:
-        raise UsageError("--train-tokens: a model of one's own has no tokens per sample; "
-                         "give the run's length as --train-iters N")
+        raise UsageError("--train-tokens: a graph plan counts its run in steps (a model "
+                         "of one's own has no tokens per sample); give --train-iters N")
     if not wants_totals(args):
         return False
     run_settings(args, cluster)  # a cluster without run costs is refused now
