@@ -61,7 +61,7 @@ class ModelLayers:
         first = int(block_of(paths[0], blocks) is None)  # a layer before the first block
         last = len(cuts) - 1 - first - REDUCED_BLOCKS  # a layer after the last block
         if last not in (0, 1) or (
-                _signature(forward, cuts, first + 1) != _signature(forward, cuts, first + 2)):
+                op_signature(forward, cuts, first + 1) != op_signature(forward, cuts, first + 2)):
             return None
         traced = [first, first + 1, *[first + 2] * (num_blocks - 3), first + 3]
         source = [0] * first + traced + [first + REDUCED_BLOCKS] * last
@@ -136,6 +136,7 @@ class ModelLayers:
         return out
 
 
-def _signature(forward: ForwardGraph, cuts: list[int], layer: int) -> tuple:
+def op_signature(forward: ForwardGraph, cuts: list[int], layer: int) -> tuple:
+    """What layer `layer` computes, op by op: each op and its output's shape."""
     return tuple((str(n.target), tuple(getattr(n.meta.get("val"), "shape", ())))
                  for n in forward.ops[cuts[layer]:cuts[layer + 1]])

@@ -247,9 +247,9 @@ def block_cuts(forward: ForwardGraph, ends: bool = False) -> list[int] | None:
     the last is a layer of its own (a transformer's embedding, its head and loss)."""
     paths = [module_path(node) for node in forward.ops]
     blocks = repeated_blocks(paths)
+    owners = [block_of(path, blocks) for path in paths]
     starts, seen = [], set()
-    for position, path in enumerate(paths):
-        block = block_of(path, blocks)
+    for position, block in enumerate(owners):
         if block is not None and block not in seen:
             seen.add(block)
             starts.append(position)
@@ -257,7 +257,7 @@ def block_cuts(forward: ForwardGraph, ends: bool = False) -> list[int] | None:
         return None
     cuts = [0, *starts[1:], len(forward.ops)]
     if ends:
-        after = 1 + max(p for p, path in enumerate(paths) if block_of(path, blocks) == blocks[-1])
+        after = 1 + max(p for p, block in enumerate(owners) if block == blocks[-1])
         cuts = sorted({*cuts, starts[0], after})
     if not all(forward.can_cut(p) for p in cuts[1:-1]):
         return None

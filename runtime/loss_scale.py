@@ -19,7 +19,6 @@ INITIAL_SCALE = 2.0**16
 GROWTH_INTERVAL = 2000
 
 
-
 @dataclass
 class LossScale:
     """The scale of the next step, and the steps since it last changed without overflow."""

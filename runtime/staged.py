@@ -7,9 +7,9 @@ stage's gradient when a micro-batch arrives, the rest when its gradient does. St
 the plan's schedule (`_warm_up`: 1F1B, or GPipe's all forwards then all backwards) over
 their own submeshes, which may differ in size, as Alpa's do. A stage may run its layers as
 programs of their own in turn (`Stage.layer_operators`), each layer's outputs moved to
-replicated and handed to the next as they would be to the next stage. A stage the plan recomputes
-keeps of each micro-batch in flight only its inputs and runs its first pass again (same
-random draws, nothing sent) when the micro-batch's gradient arrives.
+replicated and handed to the next as they would be to the next stage. A stage the plan
+recomputes keeps of each micro-batch in flight only its inputs and runs its first pass
+again (same random draws, nothing sent) when the micro-batch's gradient arrives.
 Tensors cross a stage boundary whole: each sending rank holds the tensor replicated, and
 `passes.stage_graph.routes` says which of them sends which piece to which receiving rank.
 
@@ -199,7 +199,8 @@ class StagedTrainer(Checkpointing):
             for i in range(m)
         ]
         sends: list[tuple[dist.Work, torch.Tensor]] = []
-        gradients: dict[tuple[int, str], list] = {}  # (part, parameter) -> per micro-batch
+        # Per part, each parameter's gradient of every micro-batch.
+        gradients: list[dict[str, list]] = [{} for _ in self.parts]
         losses: list = []
         warm_up = _warm_up(self.plan.schedule, m, len(self.plan.stages), self.index)
         held: deque = deque()
@@ -231,8 +232,7 @@ class StagedTrainer(Checkpointing):
         passes = self._first_pass(batch, received)
         last = self.parts[-1]
         if last.output_names:
-            env, moved = passes[-1]
-            outputs = last.outputs(env, self.replicated)
+            outputs = last.outputs(passes[-1][0], self.replicated)
             self._send(i, outputs, self.index + 1, "forward", sends)
         if self.stage.recompute:
             return None, (batch, received, rng)
@@ -262,7 +262,7 @@ class StagedTrainer(Checkpointing):
                 received = part.outputs(env, self.replicated)
         return passes
 
-    def _backward_oldest(self, held: deque, gradients: dict, losses: list,
+    def _backward_oldest(self, held: deque, gradients: list[dict], losses: list,
                          sends: list) -> None:
         i, passes, kept = held.popleft()
         if kept is not None:  # recompute: the first pass again, its random draws too
@@ -276,7 +276,7 @@ class StagedTrainer(Checkpointing):
         self._backward(i, passes, received, gradients, losses, sends)
 
     def _backward(self, i: int, passes: list[tuple[dict, dict]], received: list[torch.Tensor],
-                  gradients: dict, losses: list, sends: list) -> None:
+                  gradients: list[dict], losses: list, sends: list) -> None:
         """The rest of each part, last part first (each part's incoming tensors' gradients,
         moved to replicated, are the previous one's received gradients)."""
         for k in reversed(range(len(self.parts))):
@@ -294,7 +294,7 @@ class StagedTrainer(Checkpointing):
                 value = env[name]
                 if syncs_each_micro_batch(value.placements, self.placements[fqn]):
                     value = program.move(name, env, moved, self.placements[fqn])
-                gradients.setdefault((k, fqn), []).append(value)
+                gradients[k].setdefault(fqn, []).append(value)
             if self.index == len(self.plan.stages) - 1 and k == len(self.parts) - 1:
                 loss = env[program.program.loss]
                 if "loss" not in part.bucketed:
@@ -303,7 +303,7 @@ class StagedTrainer(Checkpointing):
         if self.parts[0].boundaries:
             self._send(i, received, self.index - 1, "backward", sends)
 
-    def _finish(self, gradients: dict, losses: list, m: int) -> float | None:
+    def _finish(self, gradients: list[dict], losses: list, m: int) -> float | None:
         """Each part's gradients summed over the micro-batches and synchronised as its
         solve says (its buckets, or moved to the parameter's placement), added up over the
         parts that read one parameter (a weight two layers of the stage share), summed
@@ -311,7 +311,7 @@ class StagedTrainer(Checkpointing):
         totals: dict[str, DTensor] = {}
         loss = None
         for k, part in enumerate(self.parts):
-            values = {fqn: _summed(parts) for (j, fqn), parts in gradients.items() if j == k}
+            values = {fqn: _summed(parts) for fqn, parts in gradients[k].items()}
             if losses and k == len(self.parts) - 1:
                 values["loss"] = _summed(losses)
             for bucket in part.program.operators.gradient_buckets:

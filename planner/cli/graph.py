@@ -107,7 +107,10 @@ def reduced_model(loaded: LoadedModel) -> ReducedModel | None:
 
     if loaded.num_layers is None or loaded.num_layers <= REDUCED_BLOCKS:
         return None
-    return ReducedModel(loaded.build(REDUCED_BLOCKS).model, loaded.num_layers)
+    # Only traced: built on the meta device even where the model itself has weights.
+    built = (loaded.build_on(REDUCED_BLOCKS, "meta") if loaded.build_on
+             else loaded.build(REDUCED_BLOCKS))
+    return ReducedModel(built.model, loaded.num_layers)
 
 
 def graph_knobs(args: argparse.Namespace) -> GraphKnobs:

@@ -222,8 +222,7 @@ def _search_micro_batches(
             found_now = predict_all([(traced, layout, None) for layout in new
                                      if not layout.layered], values, cluster, time_limit_s)
             found_now += predict_layered(table, traced, [
-                layout if layout.layered else replace(layout, layered=True)
-                for layout in new if layout.layered or any(
+                replace(layout, layered=True) for layout in new if layout.layered or any(
                     last - first > 1 for first, last, _, _ in layout.stages)], cluster)
             predicted += found_now
             timings["stage_ilps_s"] += time.perf_counter() - start
@@ -274,7 +273,7 @@ def _one_stage_layered(table: LayerTable, traced: TracedForward,
             continue
         _, _, shape, lean = layout.stages[0]
         table.solve([(layer, shape, lean) for layer in range(table.num_layers)
-                     if table.layer_result(layer, shape, lean) is None])
+                     if not table.solved(layer, shape, lean)])
         out += predict_layered(table, traced, [layout], cluster)
     return out
 

@@ -11,7 +11,7 @@ import time
 from collections import deque
 
 from passes.dtensor_rules import fake_mesh
-from passes.model_layers import ModelLayers
+from passes.model_layers import ModelLayers, op_signature
 from passes.stage_graph import BOUNDARY, ForwardGraph, stage_graph, stage_program
 from passes.strategies import enumerate_strategies
 from planner.cluster import Cluster
@@ -117,11 +117,15 @@ class LayerTable:
                      lean: bool) -> StageResult | None:
         """The solve of `layer` alone on `shape`, under its own parameters' names; None
         where the table holds none (a bound, or a mesh it was not asked for)."""
-        template = self.template_of[layer]
-        result = self.results.get((self.layers_of[template][0], shape, lean))
-        if result is None:
+        if not self.solved(layer, shape, lean):
             return None
+        template = self.template_of[layer]
+        result = self.results[(self.layers_of[template][0], shape, lean)]
         return renamed(result, dict(zip(self.solved_names[template], self.names[layer])))
+
+    def solved(self, layer: int, shape: tuple[int, ...], lean: bool) -> bool:
+        """Whether the table holds a solve of `layer`'s template on `shape`."""
+        return (self.layers_of[self.template_of[layer]][0], shape, lean) in self.results
 
     def is_bound(self, layer: int, shape: tuple[int, ...], lean: bool) -> bool:
         """Whether the table holds only a bound for this entry (a mesh off the table, as
@@ -325,9 +329,8 @@ def _fast_fits(table: dict, num_layers: int, shape: tuple[int, ...], capacity: f
 
 def _template(forward: ForwardGraph, cuts: list[int], layer: int, graph) -> tuple:
     """What a layer computes, up to its parameters' names."""
-    ops = forward.ops[cuts[layer]:cuts[layer + 1]]
     return (
-        tuple((str(n.target), tuple(getattr(n.meta.get("val"), "shape", ()))) for n in ops),
+        op_signature(forward, cuts, layer),
         tuple(tuple(v.shape) for v in graph.inputs), tuple(tuple(v.shape) for v in graph.outputs),
         tuple(graph.user_inputs),
     )
