@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any, Sequence
 
 import torch
@@ -195,42 +194,45 @@ def redistribution(
         raise UnsupportedRedistribution(
             f"DTensor cannot move {placement_str(src)} to {placement_str(dst)}"
         )
-    # Where the whole mesh divides every dim, every shard is even and DTensor's plan is the
-    # same for every such shape, each collective a fixed fraction of the tensor's bytes:
-    # planned once per (mesh, rank, dtype, src, dst) for the process.
-    full = math.prod(meta.shape) * meta.dtype.itemsize
+    # Where the whole mesh divides every dim either end shards, every shard is even and
+    # DTensor's plan is the same whatever the axes' sizes (they only pad uneven shards), and
+    # on a mesh without axis names the same whatever its shape (only named axes flatten):
+    # planned once per (axes, rank, src, dst) for the process, each collective sized for
+    # this mesh.
     size = mesh.size()
-    if full == 0 or any(s % size for s in meta.shape):
-        return _redistribution(mesh, meta, src, dst)
-    key = (mesh.device_type, tuple(mesh.shape), len(meta.shape), meta.dtype, tuple(src),
-           tuple(dst))
+    split = {p.dim for p in (*src, *dst) if isinstance(p, Shard)}
+    if math.prod(meta.shape) == 0 or any(
+            d >= len(meta.shape) or meta.shape[d] % size for d in split):
+        return _sized(_plan(mesh, meta, src, dst), meta, mesh)
+    axes = mesh.ndim if mesh.mesh_dim_names is None else (tuple(mesh.shape),
+                                                          mesh.mesh_dim_names)
+    key = (mesh.device_type, axes, len(meta.shape), tuple(src), tuple(dst))
     if key not in _EVEN_PLANS:
-        _EVEN_PLANS[key] = [(c.kind, c.mesh_dims, Fraction(c.nbytes, full))
-                            for c in _redistribution(mesh, meta, src, dst)]
-    return [Collective(kind, dims, int(full * share)) for kind, dims, share in _EVEN_PLANS[key]]
+        _EVEN_PLANS[key] = _plan(mesh, meta, src, dst)
+    return _sized(_EVEN_PLANS[key], meta, mesh)
 
 
-_EVEN_PLANS: dict[tuple, list[tuple[str, tuple[int, ...], Fraction]]] = {}
+_Step = tuple[str, tuple[int, ...], Placements]
+"""A collective of a redistribution: its kind, its mesh axes, and the placements of the
+tensor it starts from (which its buffer's size is a shard of)."""
+_EVEN_PLANS: dict[tuple, list[_Step]] = {}
 
 
-def _redistribution(
-    mesh: DeviceMesh, meta: TensorMeta, src: Placements, dst: Placements
-) -> list[Collective]:
+def _plan(mesh: DeviceMesh, meta: TensorMeta, src: Placements,
+          dst: Placements) -> list[_Step]:
     axis = _shard_move_axis(src, dst)
     if mesh.device_type == "cpu" and axis is not None:
         # `redistribute` below: one all-to-all of the local shard.
-        return [Collective("all_to_all", (axis,), _local_numel(meta.shape, src, mesh)
-                           * meta.dtype.itemsize)]
+        return [("all_to_all", (axis,), tuple(src))]
     src_spec, dst_spec = spec(mesh, src, meta), spec(mesh, dst, meta)
     infos = _gen_transform_infos(src_spec, dst_spec)
     infos = _optimize_transform_infos(infos, mesh, src_spec.placements, dst_spec.placements)
-    itemsize = meta.dtype.itemsize
     current = list(src)
-    collectives = []
+    steps = []
     for info in infos:
         kind = info._comm_type_key()
         dims = tuple(getattr(info, "original_mesh_dims", (info.mesh_dim,)))
-        before = _local_numel(meta.shape, current, mesh) * itemsize
+        before = tuple(current)
         for d in dims:
             current[d] = info.src_dst_placements[1]
         if kind is None:
@@ -238,14 +240,21 @@ def _redistribution(
         if kind == "all_to_all" and mesh.device_type == "cpu":
             # A move over several axes: DTensor all-gathers the shard and keeps a chunk.
             kind = "all_gather"
-        group = 1
-        for d in dims:
-            group *= mesh.size(d)
-        # The larger of the local input and output buffers: a gather's output holds
-        # `group` local inputs; the others are at most their input.
-        nbytes = before * group if kind == "all_gather" else before
-        collectives.append(Collective(kind, dims, nbytes))
-    return collectives
+        steps.append((kind, dims, before))
+    return steps
+
+
+def _sized(steps: list[_Step], meta: TensorMeta, mesh: DeviceMesh) -> list[Collective]:
+    """The collectives of `steps` on this mesh: each of the larger of its local input and
+    output buffers (a gather's output holds `group` local inputs; the others are at most
+    their input)."""
+    out = []
+    for kind, dims, before in steps:
+        nbytes = _local_numel(meta.shape, before, mesh) * meta.dtype.itemsize
+        if kind == "all_gather":
+            nbytes *= math.prod(mesh.size(d) for d in dims)
+        out.append(Collective(kind, dims, nbytes))
+    return out
 
 
 def _local_numel(shape: Sequence[int], placements: Sequence[Placement], mesh: DeviceMesh) -> int:

@@ -182,10 +182,9 @@ class _RuleCache:
         ask = lambda: _choices(op, args, kwargs, mesh, candidates, out_meta)  # noqa: E731
         if key is None:
             return keep(ask())
-        # What a node makes of the answers reads the mesh's own axes (how many pieces a
-        # placement splits a tensor into), so they are kept by the mesh's very shape.
-        return self._remember(("ways", tuple(mesh.shape), key),
-                              lambda: keep(self._remember(key, ask)))
+        # What a node makes of the answers (which shards are even) reads the axes' sizes
+        # only as the key does: it is kept under the same key.
+        return self._remember(("ways", key), lambda: keep(self._remember(key, ask)))
 
     def _key(self, op, args, kwargs, mesh, candidates, out_meta) -> tuple | None:
         leaves, structure = torch.utils._pytree.tree_flatten(
@@ -193,15 +192,16 @@ class _RuleCache:
         )
         out_key = out_meta
         mesh_key: tuple = tuple(mesh.shape)
+        size = mesh.size()
+        outs = [out_meta] if isinstance(out_meta, TensorMeta) else list(out_meta or ())
+        tensors = [a for a in (*leaves, *outs) if isinstance(a, TensorMeta)]
+        if min(mesh.shape) > 1 and all(d == 1 or _splits(d, size)
+                                       for t in tensors for d in t.shape):
+            # Every dim splits over any product of the axes (or over none, being 1): a
+            # rule reads the axes' sizes only to ask that, so its answer is the same on
+            # every mesh of as many axes, whatever their sizes.
+            mesh_key = ("axes", mesh.ndim)
         if op in _SHAPE_FREE_RULES:
-            size = mesh.size()
-            outs = [out_meta] if isinstance(out_meta, TensorMeta) else list(out_meta or ())
-            tensors = [a for a in (*leaves, *outs) if isinstance(a, TensorMeta)]
-            if min(mesh.shape) > 1 and all(d == 1 or _splits(d, size)
-                                           for t in tensors for d in t.shape):
-                # Every dim splits over every axis (or over none, being 1): the rule's
-                # answer is the same on every mesh of as many axes, whatever their sizes.
-                mesh_key = ("axes", mesh.ndim)
             leaves = [_shape_class(a, size) if isinstance(a, TensorMeta) else a for a in leaves]
             out_key = (_shape_class(out_meta, size) if isinstance(out_meta, TensorMeta)
                        else out_meta)
@@ -315,9 +315,9 @@ def _op(
     costs: dict[int, tuple[float, float]] = {}
 
     def strategy(ins: tuple[Placements, ...], outs: tuple[Placements | None, ...],
-                 produced: Placements | None = None, split: int | None = None) -> Strategy:
-        if split is None:
-            split = shard_factor(outs[0], mesh)
+                 produced: Placements | None = None) -> Strategy:
+        # The op's own work is split as what it produces (before any reduction after it).
+        split = shard_factor(produced or outs[0], mesh)
         if split not in costs:
             costs[split] = (timer(flops / split, traffic / split, dtype), out_bytes / split)
         return Strategy(ins, outs, *costs[split], produced)
@@ -341,9 +341,8 @@ def _op(
     return NodeStrategies(node.name, "op", sources, [strategy(*way) for way in ways])
 
 
-Way = tuple[tuple, tuple, "Placements | None", int]
-"""A strategy's placements, (inputs, outputs, produced) as in `Strategy`, and the pieces
-its op's work is split into (`shard_factor` of what the op itself produces)."""
+Way = tuple[tuple, tuple, "Placements | None"]
+"""A strategy's placements, (inputs, outputs, produced) as in `Strategy`."""
 
 
 def _ways(node: fx.Node, inputs: list[fx.Node], value: object, mesh: DeviceMesh,
@@ -388,13 +387,12 @@ def _ways(node: fx.Node, inputs: list[fx.Node], value: object, mesh: DeviceMesh,
         return None
     ways: list[Way] = []
     for choice in kept:
-        split = shard_factor(choice.outputs[0], mesh)
-        ways.append((choice.inputs, choice.outputs, None, split))
+        ways.append((choice.inputs, choice.outputs, None))
         # On 2-D meshes, where every partial placement multiplies the ILP, reduce only
         # where the partial sum is made (a matmul or sum over a split dimension), not
         # again at every op it flows through.
         if len(choice.outputs) == 1 and (mesh.ndim == 1 or _creates_partial(choice)):
-            ways.extend((choice.inputs, (out,), choice.outputs[0], split)
+            ways.extend((choice.inputs, (out,), choice.outputs[0])
                         for out in _reduced(choice.outputs[0], shapes_out[0], mesh))
     return ways
 

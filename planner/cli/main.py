@@ -22,9 +22,12 @@ with status 2 and one line saying what to change (a traceback too with --debug);
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib
+import os
 import sys
-from typing import Callable, Sequence
+import threading
+from typing import Callable, NoReturn, Sequence
 
 from planner.cli.calibrate import add_calibrate_arguments
 from planner.cli.catalog import add_catalog_arguments
@@ -139,5 +142,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             console.file = None  # back to stdout for the next command in this process
 
 
+def run() -> NoReturn:
+    """The `plan` command: `main()`, then the process ends without freeing its modules one
+    by one (torch's two thousand take about a second, which nothing needs): exit handlers
+    run and output is flushed as at any exit. Where a thread of ours still runs, the exit
+    is the ordinary one, which waits for it."""
+    code = main()
+    if any(not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing left to say there
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

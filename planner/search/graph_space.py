@@ -315,7 +315,11 @@ def _dp_layouts(table: LayerTable, traced: TracedForward, sizes: list[int], most
                    if table.is_bound(layer, shape, lean)}
         if not bounded:
             return costs, layouts
-        table.solve(sorted(bounded))
+        # Both modes of a mesh at once: once one's solve replaces its bound, the other's
+        # bound (no more than that solve) is what the DP reads next; solved together, they
+        # share a batch of workers.
+        table.solve(sorted({(layer, shape, mode) for layer, shape, _ in bounded
+                            for mode in knobs.modes() if table.is_bound(layer, shape, mode)}))
         timings["layer_ilps_s"] += table.seconds
 
 

@@ -5,6 +5,7 @@ ranks exactly as one process does, with every rank's collectives as predicted.""
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -33,14 +34,21 @@ MODELS = {
 }
 
 
-@pytest.fixture(scope="module", params=list(MODELS))
-def planned(request):
-    factory, batch, micro_batches, max_layers = MODELS[request.param]
+@functools.cache
+def _searched(name: str) -> tuple:
+    """(model, inputs, loss_fn, search) of MODELS[name], searched once for the module."""
+    factory, batch, micro_batches, max_layers = MODELS[name]
     model, inputs, *loss = factory()
     loss_fn = loss[0] if loss else None
     found = search_graph(model, inputs, SMALL, batch, loss_fn, micro_batches=micro_batches,
                          max_layers=max_layers)
-    plan = graph_plan(found.candidates[0], SMALL, request.param, batch)
+    return model, inputs, loss_fn, found
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def planned(request):
+    model, inputs, loss_fn, found = _searched(request.param)
+    plan = graph_plan(found.candidates[0], SMALL, request.param, MODELS[request.param][1])
     return request.param, model, inputs, loss_fn, found, plan
 
 
@@ -90,6 +98,30 @@ def test_trains_on_8_ranks_as_one_process_with_the_predicted_collectives(planned
     name, model, inputs, loss_fn, _, plan = planned
     report = check_graph_plan(model, plan, loss_fn, inputs, steps=2)
     assert report.max_rel_error < 1e-4, name
+    assert report.communication_matches, report.mismatches[:3]
+    assert report.passed
+
+
+def test_stages_run_as_their_layers_programs_train_as_one_process() -> None:
+    # The residual CNN's DP plan run as its layers' programs (`planner.search.
+    # layered_stage`): skip connections cross the layers' cuts, so a layer passes a tensor
+    # through to the next. It keeps the whole solve's stages, fits, and trains as one
+    # process does with every collective as predicted. (A recomputing layered plan: the
+    # fixed knobs' test.)
+    model, inputs, loss_fn, found = _searched("residual_cnn")
+    (layered,) = [c for c in found.candidates if c.layout.name == "stage DP" and c.layout.layered]
+    (whole,) = [c for c in found.candidates
+                if c.layout.name == "stage DP" and not c.layout.layered]
+    assert layered.layout.stages == whole.layout.stages and layered.fits
+    plan = graph_plan(layered, SMALL, "residual_cnn", MODELS["residual_cnn"][1])
+    assert any(s.layers[1] - s.layers[0] > 1 for s in plan.stages), "no stage of several layers"
+    for stage in plan.stages:
+        assert stage.operators is None
+        assert len(stage.layer_operators) == stage.layers[1] - stage.layers[0]
+    assert [s.recompute for s in plan.stages] == list(layered.layout.recompute or
+                                                      [False] * len(plan.stages))
+    report = check_graph_plan(model, plan, loss_fn, inputs, steps=2)
+    assert report.max_rel_error < 1e-4
     assert report.communication_matches, report.mismatches[:3]
     assert report.passed
 

@@ -148,6 +148,35 @@ def test_redistribution_bytes_follow_the_dtype(mesh4) -> None:
     assert redistribution(mesh4, half, P("P"), P("R")) == [Collective("all_reduce", (0,), 256)]
 
 
+def test_an_even_plan_is_shared_by_every_mesh_of_as_many_axes() -> None:
+    # Where the whole mesh divides every dim either end shards, DTensor's plan differs
+    # between 2-D meshes only in the bytes each collective moves: every move of a
+    # [16, 8, 1] tensor on 4x2, planned from the 2x2 and 2x4 plans, equals DTensor's own
+    # plan on 4x2, bytes too (its batch dim of 1, never evenly split, is no obstacle).
+    import itertools
+
+    from passes import dtensor_rules
+
+    meta = tensor_meta(torch.empty(16, 8, 1))
+    ones = ["R", "P", "S(0)", "S(1)"]
+    pairs = [(P(a + b), P(c + d)) for a, b, c, d in itertools.product(ones, repeat=4)
+             if is_supported(P(a + b), P(c + d))]
+    dtensor_rules._EVEN_PLANS.clear()
+    for shape in ((2, 2), (2, 4)):
+        mesh = fake_mesh(shape)
+        for src, dst in pairs:
+            redistribution(mesh, meta, src, dst)
+    planned = len(dtensor_rules._EVEN_PLANS)
+    mesh = fake_mesh((4, 2))
+    warm = [redistribution(mesh, meta, src, dst) for src, dst in pairs]
+    assert len(dtensor_rules._EVEN_PLANS) == planned
+    cold = [dtensor_rules._sized(dtensor_rules._plan(mesh, meta, src, dst), meta, mesh)
+            for src, dst in pairs]
+    assert warm == cold
+    # A gather over both axes of the 4x2 mesh holds all 512 bytes; its plan came from 2x2.
+    assert redistribution(mesh, meta, P("S(0)S(1)"), P("RR"))[-1].nbytes == 512
+
+
 def test_shard_to_partial_is_unsupported(mesh4) -> None:
     assert not is_supported(P("S(0)"), P("P"))
     assert is_supported(P("R"), P("P"))

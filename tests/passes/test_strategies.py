@@ -298,25 +298,23 @@ def test_a_layer_of_other_widths_reuses_the_cached_ways_exactly(device) -> None:
 
 
 def test_a_table_on_another_2d_mesh_reuses_dtensors_answers_exactly(device, monkeypatch) -> None:
-    # Where every dim splits over the whole mesh, a shape-free rule (matmuls, pointwise
-    # ops: mul and add too) answers alike on every 2-D mesh: the 4x2 table, built mostly
-    # from the 2x2 and 2x4 tables' answers, equals the one built asking DTensor each time.
+    # Where every dim splits over the whole mesh (or is 1), a rule reads the axes' sizes
+    # only to ask that, so it answers alike on every 2-D mesh: a transformer's 4x2 table
+    # (views, attention, layer norms, embedding and loss), built wholly from the 2x2 and
+    # 2x4 tables' answers, equals the one built asking DTensor each time, costs too.
     from passes.strategies import _RuleCache
 
     torch.manual_seed(0)
-    model, inputs = demo.mlp(batch=16, in_features=32, hidden=64, out_features=16)
+    model, inputs = demo.gpt(batch=8, seq_len=16, vocab=64, hidden=64, heads=8, layers=1)
     program = trace(model, inputs)
     _RuleCache._answers.clear()
     enumerate_strategies(program, fake_mesh((2, 2)), device)
     enumerate_strategies(program, fake_mesh((2, 4)), device)
     asked = len(_RuleCache._answers)
     warm = enumerate_strategies(program, fake_mesh((4, 2)), device)
-    new = len(_RuleCache._answers) - asked
+    assert len(_RuleCache._answers) == asked  # nothing asked again
     monkeypatch.setattr(_RuleCache, "_key", lambda self, *args: None)
     cold = enumerate_strategies(program, fake_mesh((4, 2)), device)
     _RuleCache._answers.clear()
-    # Per op, DTensor is asked again only where its rule reads sizes (views); the ways a
-    # node makes of the answers are the mesh's own (one entry each).
-    ops = sum(node.kind == "op" for node in cold.values())
-    assert new < 1.5 * ops
     assert _as_text(warm) == _as_text(cold)
+    assert any(len(node.strategies) > 10 for node in cold.values())

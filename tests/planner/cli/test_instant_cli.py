@@ -66,6 +66,18 @@ def test_json_to_stdout_leaves_stdout_to_the_json() -> None:
     assert "Megatron-LM flags" in result.stderr
 
 
+def test_the_command_exits_with_mains_code_and_all_it_wrote() -> None:
+    # `plan` ends without tearing its modules down (planner.cli.main.run): its exit code
+    # and every line it wrote, to a pipe, arrive all the same.
+    result = subprocess.run(
+        [sys.executable, "-m", "planner", "gpt3-1.3b", "--cluster", "nosuch", "--gpus", "8",
+         "--global-batch-size", "64"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    said = result.stdout + result.stderr
+    assert result.returncode == 2
+    assert said.startswith("error: Unknown cluster preset 'nosuch'")
+    assert said.rstrip().endswith("or give a .yaml/.json file path).")
+
+
 def test_an_hf_config_stating_its_shape_plans_without_torch(tmp_path: Path) -> None:
     fields = {"model_type": "llama", "architectures": ["LlamaForCausalLM"],
               "num_hidden_layers": 32, "hidden_size": 4096, "intermediate_size": 14336,
