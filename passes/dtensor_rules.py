@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.distributed._functional_collectives as funcol
@@ -21,6 +22,8 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Sha
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor.placement_types import _StridedShard
 from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, TupleStrategy
+from torch.distributed.tensor._ops import _view_ops as _dtensor_view_ops
+from torch.distributed.tensor._ops import utils as _dtensor_op_utils
 from torch.distributed.tensor._ops.single_dim_strategy import (
     _expand_single_dim_strategy_to_mesh,
 )
@@ -136,12 +139,37 @@ def op_choices(
         else prop.op_to_schema_info.get(op)
     )
     schema = OpSchema(op, tuple(strategy_args), strategy_kwargs, schema_info=schema_info)
-    if single_dim is not None:
-        expand = _expand_single_dim_strategy_to_mesh(mesh, schema, single_dim, output_meta)
-        strategy = expand(op, schema.args_meta, schema.kwargs_meta)
-    else:
-        strategy = full(schema)
+    with _no_redistribute_costs():
+        if single_dim is not None:
+            expand = _expand_single_dim_strategy_to_mesh(mesh, schema, single_dim, output_meta)
+            strategy = expand(op, schema.args_meta, schema.kwargs_meta)
+        else:
+            strategy = full(schema)
     return [_as_choice(s, len(tensor_positions)) for s in _op_specs(strategy)]
+
+
+@contextmanager
+def _no_redistribute_costs() -> Iterator[None]:
+    """DTensor's expansion of a rule to every mesh axis (`expand_to_full_mesh_op_strategy`)
+    and its view rule price each strategy's move from every candidate input with DTensor's
+    cost model, about a third of the time a rule takes on a 2-D mesh; a choice keeps only
+    placements (the ILP prices moves itself), so there they are priced at zero. Neither
+    filters by those costs; the rules that do (elsewhere) keep theirs."""
+    saved = [module.generate_redistribute_costs for module in _COST_ATTACHING]
+    for module in _COST_ATTACHING:
+        module.generate_redistribute_costs = _zero_costs
+    try:
+        yield
+    finally:
+        for module, original in zip(_COST_ATTACHING, saved):
+            module.generate_redistribute_costs = original
+
+
+_COST_ATTACHING = (_dtensor_op_utils, _dtensor_view_ops)
+
+
+def _zero_costs(src_strategy: OpStrategy, dst_spec: DTensorSpec) -> list[float]:
+    return [0.0] * len(src_strategy.strategies)
 
 
 def _representative(candidates: Sequence[Placements]) -> Placements:

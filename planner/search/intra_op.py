@@ -117,6 +117,7 @@ class CommModel:
     _cache: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self._links: dict[tuple[int, ...], tuple[int, LinkSpec]] = {}
         # Without a profile, a move's price depends only on the mesh, the cluster and the
         # tensor: the layers of a model, and every layer a graph plan solves on this mesh,
         # share one cache for the process.
@@ -133,15 +134,25 @@ class CommModel:
         return math.prod(shape[d] for d in dims), math.prod(shape[max(dims) + 1 :])
 
     def link(self, dims: tuple[int, ...]) -> tuple[int, LinkSpec]:
-        size, stride = self.group(dims)
-        return size, self.cluster.link_for_group(stride, size)
+        if dims not in self._links:
+            size, stride = self.group(dims)
+            self._links[dims] = size, self.cluster.link_for_group(stride, size)
+        return self._links[dims]
 
     def transfer(
         self, value: torch.Tensor, src: Placements, dst: Placements, bucketed: bool = False
     ) -> tuple[float, tuple[Collective, ...]]:
         """Seconds and collectives of one redistribution. `bucketed` all-reduces ride in a
         gradient bucket whose latency is shared, so only their bandwidth term is charged."""
-        key = (tuple(value.shape), value.dtype, src, dst, bucketed)
+        return self._transfer((tuple(value.shape), value.dtype), value, _interned(src), src,
+                              _interned(dst), dst, bucketed)
+
+    def _transfer(self, tensor_key: tuple, value: torch.Tensor, src_id: int, src: Placements,
+                  dst_id: int, dst: Placements,
+                  bucketed: bool) -> tuple[float, tuple[Collective, ...]]:
+        """`transfer` of a value whose (shape, dtype) is `tensor_key`, of placements
+        interned as `src_id` and `dst_id`."""
+        key = (tensor_key, src_id, dst_id, bucketed)
         if key not in self._cache:
             if not is_supported(src, dst):
                 self._cache[key] = (IMPOSSIBLE_S, ())
@@ -453,12 +464,26 @@ def _pair_prices(value: torch.Tensor, srcs: list[Placements], dsts: list[Placeme
     each all-reducing pair falls into."""
     small = np.zeros((len(srcs), len(dsts)))
     small_keys = {}
+    tensor_key = (tuple(value.shape), value.dtype)
+    dst_ids = [_interned(dst) for dst in dsts]
     for a, src in enumerate(srcs):
+        src_id = _interned(src)
         for b, dst in enumerate(dsts):
-            small[a, b], collectives = comm.transfer(value, src, dst, bucketed)
+            small[a, b], collectives = comm._transfer(tensor_key, value, src_id, src,
+                                                      dst_ids[b], dst, bucketed)
             if bucketed and _all_reduce_only(collectives):
                 small_keys[(a, b)] = _bucket_key(collectives)
     return small, small_keys
+
+
+_INTERNED: dict[Placements, int] = {}
+
+
+def _interned(placements: Placements) -> int:
+    """A number for `placements`, the same for the process: the price cache's keys hold it
+    in their place, as hashing a Placement runs Python code and a 2-D edge is priced for
+    hundreds of pairs of them."""
+    return _INTERNED.setdefault(placements, len(_INTERNED))
 
 
 def _distinct(placements: list[Placements]) -> tuple[list[Placements], np.ndarray]:
