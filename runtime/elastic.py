@@ -128,8 +128,8 @@ def _root_cause(
     earliest), else a rank that died without a word (killed, `os._exit`: what its peers
     lost) as the agent saw it or else as its peers did, else the earliest peer that lost
     one."""
-    reports = [json.loads(p.read_text())
-               for p in sorted((tmp / "store.errors").glob("rank*.json"))]
+    reports = [r for p in sorted((tmp / "store.errors").glob("rank*.json"))
+               if (r := _read_report(p)) is not None]
     last = max((r["attempt"] for r in reports), default=0)
     current = [r for r in reports if r["attempt"] == last]
     first_hand = [r for r in current if not any(m in r["summary"] for m in _SECOND_HAND)]
@@ -161,6 +161,15 @@ def _root_cause(
     return found
 
 
+def _read_report(path: Path) -> dict | None:
+    """A rank's report, or None where it is not whole (a full disk cut it short): that rank
+    then counts as one that died without a word."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
 def _report(folder: Path, rank: int, attempt: int, error: BaseException) -> None:
     """Write this rank's exception where `launch` looks for the root cause."""
     folder.mkdir(exist_ok=True)
@@ -170,7 +179,12 @@ def _report(folder: Path, rank: int, attempt: int, error: BaseException) -> None
     report = {"rank": rank, "attempt": attempt, "summary": summary,
               "traceback": traceback.format_exc(), "time_ns": time.time_ns(),
               "lost": list(getattr(error, "lost", []))}  # runtime.faults.PeerLost's
-    (folder / f"rank{rank}.attempt{attempt}.json").write_text(json.dumps(report))
+    # Written whole and renamed: the agent may stop this rank (SIGTERM) mid-write, after a
+    # peer failed, and must never read half a report.
+    final = folder / f"rank{rank}.attempt{attempt}.json"
+    partial = final.with_suffix(".partial")
+    partial.write_text(json.dumps(report))
+    partial.replace(final)
 
 
 def _worker(fn, store_path: str, collective_timeout_s: float, args) -> Any:

@@ -198,3 +198,23 @@ def test_a_rank_only_its_peers_saw_die_is_the_one_named(tmp_path) -> None:
     failure = ProcessFailure(local_rank=0, pid=41, exitcode=1, error_file="")
     error = _root_cause(ChildFailedError("fn", {0: failure}), tmp_path)
     assert error.rank == 1 and str(error) == f"rank 1 failed without a word; {seen}"
+
+
+def test_a_half_written_report_is_read_as_a_rank_without_a_word(tmp_path) -> None:
+    """A report cut short (the agent stopped its rank mid-write after a peer failed, or the
+    disk filled) does not hide the root cause: the whole reports name it."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from runtime.elastic import _report, _root_cause
+
+    folder = tmp_path / "store.errors"
+    try:
+        raise ValueError("bad batch")
+    except ValueError as error:
+        _report(folder, 0, 0, error)
+    assert [p.name for p in folder.iterdir()] == ["rank0.attempt0.json"]  # nothing partial
+    (folder / "rank1.attempt0.json").write_text('{"rank": 1, "summ')
+    failures = {r: ProcessFailure(local_rank=r, pid=40 + r, exitcode=1, error_file="")
+                for r in (0, 1)}
+    error = _root_cause(ChildFailedError("fn", failures), tmp_path)
+    assert error.rank == 0 and str(error) == "rank 0 failed: ValueError: bad batch"
