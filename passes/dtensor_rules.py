@@ -22,6 +22,9 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Sha
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor.placement_types import _StridedShard
 from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, TupleStrategy
+from torch.distributed.tensor._ops import _math_ops as _dtensor_math_ops
+from torch.distributed.tensor._ops import _matrix_ops as _dtensor_matrix_ops
+from torch.distributed.tensor._ops import _tensor_ops as _dtensor_tensor_ops
 from torch.distributed.tensor._ops import _view_ops as _dtensor_view_ops
 from torch.distributed.tensor._ops import utils as _dtensor_op_utils
 from torch.distributed.tensor._ops.single_dim_strategy import (
@@ -150,11 +153,12 @@ def op_choices(
 
 @contextmanager
 def _no_redistribute_costs() -> Iterator[None]:
-    """DTensor's expansion of a rule to every mesh axis (`expand_to_full_mesh_op_strategy`)
-    and its view rule price each strategy's move from every candidate input with DTensor's
-    cost model, about a third of the time a rule takes on a 2-D mesh; a choice keeps only
-    placements (the ILP prices moves itself), so there they are priced at zero. Neither
-    filters by those costs; the rules that do (elsewhere) keep theirs."""
+    """DTensor's expansion of a rule to every mesh axis (`expand_to_full_mesh_op_strategy`),
+    its view, reduction, matmul and tensor rules price each strategy's move from every
+    candidate input with DTensor's cost model, about half the time a rule takes on a 2-D
+    mesh; a choice keeps only placements (the ILP prices moves itself), so there they are
+    priced at zero. None of these modules reads the costs back; the single-dim expansion,
+    which searches by them, keeps its own."""
     saved = [module.generate_redistribute_costs for module in _COST_ATTACHING]
     for module in _COST_ATTACHING:
         module.generate_redistribute_costs = _zero_costs
@@ -165,7 +169,8 @@ def _no_redistribute_costs() -> Iterator[None]:
             module.generate_redistribute_costs = original
 
 
-_COST_ATTACHING = (_dtensor_op_utils, _dtensor_view_ops)
+_COST_ATTACHING = (_dtensor_op_utils, _dtensor_view_ops, _dtensor_math_ops,
+                   _dtensor_matrix_ops, _dtensor_tensor_ops)
 
 
 def _zero_costs(src_strategy: OpStrategy, dst_spec: DTensorSpec) -> list[float]:
@@ -216,9 +221,11 @@ def redistribution(
     Asks DTensor's own planner (and its merging of same-kind collectives over several mesh
     axes), so a plan's predicted collectives are the ones the runtime issues.
     """
-    if tuple(src) == tuple(dst):
+    src, dst = tuple(src), tuple(dst)
+    if src == dst:
         return []
-    if not is_supported(src, dst):
+    supported, split = _move(src, dst)
+    if not supported:
         raise UnsupportedRedistribution(
             f"DTensor cannot move {placement_str(src)} to {placement_str(dst)}"
         )
@@ -227,22 +234,21 @@ def redistribution(
     # on a mesh without axis names the same whatever its shape (only named axes flatten):
     # planned once per (axes, rank, src, dst) for the process, each collective sized for
     # this mesh.
-    size = mesh.size()
-    split = {p.dim for p in (*src, *dst) if isinstance(p, Shard)}
+    shape = tuple(mesh.shape)
+    size = math.prod(shape)
     if math.prod(meta.shape) == 0 or any(
             d >= len(meta.shape) or meta.shape[d] % size for d in split):
         return _sized(_plan(mesh, meta, src, dst), meta, mesh)
-    axes = mesh.ndim if mesh.mesh_dim_names is None else (tuple(mesh.shape),
-                                                          mesh.mesh_dim_names)
-    key = (mesh.device_type, axes, len(meta.shape), tuple(src), tuple(dst))
+    axes = len(shape) if mesh.mesh_dim_names is None else (shape, mesh.mesh_dim_names)
+    key = (mesh.device_type, axes, len(meta.shape), src, dst)
     if key not in _EVEN_PLANS:
         _EVEN_PLANS[key] = _plan(mesh, meta, src, dst)
     return _sized(_EVEN_PLANS[key], meta, mesh)
 
 
-_Step = tuple[str, tuple[int, ...], Placements]
-"""A collective of a redistribution: its kind, its mesh axes, and the placements of the
-tensor it starts from (which its buffer's size is a shard of)."""
+_Step = tuple[str, tuple[int, ...], tuple[int, ...]]
+"""A collective of a redistribution: its kind, its mesh axes, and the mesh axes that shard
+the tensor it starts from (its buffer is a shard over them)."""
 _EVEN_PLANS: dict[tuple, list[_Step]] = {}
 
 
@@ -251,7 +257,7 @@ def _plan(mesh: DeviceMesh, meta: TensorMeta, src: Placements,
     axis = _shard_move_axis(src, dst)
     if mesh.device_type == "cpu" and axis is not None:
         # `redistribute` below: one all-to-all of the local shard.
-        return [("all_to_all", (axis,), tuple(src))]
+        return [("all_to_all", (axis,), _sharding_axes(src))]
     src_spec, dst_spec = spec(mesh, src, meta), spec(mesh, dst, meta)
     infos = _gen_transform_infos(src_spec, dst_spec)
     infos = _optimize_transform_infos(infos, mesh, src_spec.placements, dst_spec.placements)
@@ -260,7 +266,7 @@ def _plan(mesh: DeviceMesh, meta: TensorMeta, src: Placements,
     for info in infos:
         kind = info._comm_type_key()
         dims = tuple(getattr(info, "original_mesh_dims", (info.mesh_dim,)))
-        before = tuple(current)
+        before = _sharding_axes(current)
         for d in dims:
             current[d] = info.src_dst_placements[1]
         if kind is None:
@@ -272,28 +278,26 @@ def _plan(mesh: DeviceMesh, meta: TensorMeta, src: Placements,
     return steps
 
 
+def _sharding_axes(placements: Sequence[Placement]) -> tuple[int, ...]:
+    return tuple(axis for axis, p in enumerate(placements) if isinstance(p, Shard))
+
+
 def _sized(steps: list[_Step], meta: TensorMeta, mesh: DeviceMesh) -> list[Collective]:
     """The collectives of `steps` on this mesh: each of the larger of its local input and
     output buffers (a gather's output holds `group` local inputs; the others are at most
-    their input)."""
+    their input). Shapes divide evenly: see strategies.is_even."""
+    shape = tuple(mesh.shape)
+    numel = math.prod(meta.shape)
     out = []
-    for kind, dims, before in steps:
-        nbytes = _local_numel(meta.shape, before, mesh) * meta.dtype.itemsize
+    for kind, dims, sharded in steps:
+        local = numel
+        for axis in sharded:
+            local //= shape[axis]
+        nbytes = local * meta.dtype.itemsize
         if kind == "all_gather":
-            nbytes *= math.prod(mesh.size(d) for d in dims)
+            nbytes *= math.prod(shape[d] for d in dims)
         out.append(Collective(kind, dims, nbytes))
     return out
-
-
-def _local_numel(shape: Sequence[int], placements: Sequence[Placement], mesh: DeviceMesh) -> int:
-    """Elements of one rank's shard (shapes divide evenly: see strategies.is_even)."""
-    numel = 1
-    for size in shape:
-        numel *= int(size)
-    for axis, p in enumerate(placements):
-        if isinstance(p, Shard):
-            numel //= mesh.size(axis)
-    return numel
 
 
 class UnsupportedRedistribution(ValueError):
@@ -302,7 +306,22 @@ class UnsupportedRedistribution(ValueError):
 
 def is_supported(src: Placements, dst: Placements) -> bool:
     """DTensor makes partial values only from replicated ones (or the same partial)."""
-    return not any(d.is_partial() and d != s and not s.is_replicate() for s, d in zip(src, dst))
+    return _move(tuple(src), tuple(dst))[0]
+
+
+_MOVES: dict[tuple[Placements, Placements], tuple[bool, frozenset[int]]] = {}
+
+
+def _move(src: Placements, dst: Placements) -> tuple[bool, frozenset[int]]:
+    """(`is_supported`, the dims either end shards) of a move, once per pair for the
+    process: a layer's 2-D ILP prices thousands of moves among a few dozen placements, and
+    each Placement method runs through pybind."""
+    if (src, dst) not in _MOVES:
+        supported = not any(d.is_partial() and d != s and not s.is_replicate()
+                            for s, d in zip(src, dst))
+        split = frozenset(p.dim for p in (*src, *dst) if isinstance(p, Shard))
+        _MOVES[(src, dst)] = supported, split
+    return _MOVES[(src, dst)]
 
 
 def redistribute(value: DTensor, placements: Placements) -> DTensor:

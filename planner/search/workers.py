@@ -8,6 +8,7 @@ team, which did not survive the fork.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import multiprocessing.pool
 import signal
@@ -20,7 +21,15 @@ def can_fork() -> bool:
 
 
 def forked_pool(processes: int) -> multiprocessing.pool.Pool:
-    return multiprocessing.get_context("fork").Pool(processes, initializer=_worker_start)
+    # Python's advice for a fork without exec: what the workers inherit is frozen out of
+    # their garbage collections. Otherwise each collection in a worker walks the parent's
+    # whole heap (torch, the traced graphs): a third of a layer ILP's time, and every page
+    # it touches is copied. The caller's own collections are left as they were.
+    gc.freeze()
+    try:
+        return multiprocessing.get_context("fork").Pool(processes, initializer=_worker_start)
+    finally:
+        gc.unfreeze()
 
 
 def _worker_start() -> None:
