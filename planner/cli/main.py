@@ -150,7 +150,7 @@ def run() -> NoReturn:
     is the ordinary one, which waits for it."""
     # A command lives seconds and allocates millions of small objects (torch's modules,
     # traced graphs, DTensor's specs), which set off a young collection every 700 by
-    # default, each costly on such a heap: a sixth of a traced plan's time. A young
+    # default, each costly on such a heap: an eighth of a traced plan's time. A young
     # collection every 200,000, as mypy's command does.
     gc.set_threshold(200_000, 30, 30)
     code = main()
