@@ -142,7 +142,11 @@ class RankProgram:
         sharding = self.operators.nodes[node.name]
         if node.target in SHAPE_ONLY_OPS or not sharding.inputs:
             return self._replicated_call(node, env, like_only=True)
-        if node.name in self._fallbacks:
+        if node.name in self._fallbacks or self._all_replicated(sharding):
+            # An op the plan runs wholly replicated runs on the local tensors, as DTensor's
+            # all-replicated strategy does: DTensor's own dispatch may pick another strategy
+            # of equal cost from replicated inputs (an attention whose batch dim is 1,
+            # which the plan never splits, comes out sharded on it).
             return self._replicated_call(node, env, like_only=False, moved=moved)
         wanted = iter(parse_placements(p) for p in sharding.inputs)
 
@@ -165,6 +169,12 @@ class RankProgram:
         if sharding.produced is not None:
             out = redistribute(out, parse_placements(sharding.outputs[0]))
         return out
+
+    def _all_replicated(self, sharding: Any) -> bool:
+        every = placement_str(self.replicated)
+        return (all(p == every for p in sharding.inputs)
+                and all(p == every for p in sharding.outputs)
+                and sharding.produced in (None, every))
 
     def _replicated_call(
         self, node: fx.Node, env: dict[str, Any], like_only: bool, moved: dict | None = None

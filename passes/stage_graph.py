@@ -15,7 +15,9 @@ the runtime treat it as they treat a whole model:
   each received gradient `grad_K` a user input: the backward of that loss is the backward
   of the stage given its outputs' gradients, so the stage's forward ops are the ones that
   do not depend on a `grad_K` (`backward_nodes`).
-User inputs (the batch, labels) reach every stage directly; they are never sent.
+User inputs (the batch, labels) reach every stage directly; they are never sent, and what
+a stage reads that is made from them alone without a gradient (integer positions, a causal
+mask every block of a transformers model reads) it makes again (`ForwardGraph.recomputed`).
 """
 
 from __future__ import annotations
@@ -80,18 +82,47 @@ class ForwardGraph:
         return np.array([node_flops(n) for n in self.ops], dtype=float)
 
     def crossing(self, cut: int) -> list[fx.Node]:
-        """The tensors op `cut` and later read that ops before `cut` made (graph order)."""
+        """The tensors op `cut` and later read that ops before `cut` made, and that a stage
+        starting at `cut` receives (graph order): all but those it computes again
+        (`recomputed`)."""
+        return [n for n in self._read_across(cut) if n not in self.input_only
+                or n.meta["val"].is_floating_point()]
+
+    def recomputed(self, cut: int) -> list[fx.Node]:
+        """The crossing tensors a stage starting at `cut` computes again rather than
+        receives: those with no gradient (integer positions, a causal mask) made from the
+        model's inputs alone."""
+        return [n for n in self._read_across(cut) if n in self.input_only
+                and not n.meta["val"].is_floating_point()]
+
+    def _read_across(self, cut: int) -> list[fx.Node]:
         later = set(self.ops[cut:])
         return [
             n for n in self.ops[:cut]
             if isinstance(n.meta.get("val"), torch.Tensor) and any(u in later for u in n.users)
         ]
 
+    @cached_property
+    def input_only(self) -> set[fx.Node]:
+        """Ops whose value depends on nothing but the model's inputs (no parameter or
+        buffer) through ops that draw no random numbers: any stage can compute it again."""
+        inputs = {n for n in self.graph.nodes if n.op == "placeholder"
+                  and n.name in self.user_inputs}
+        found: set[fx.Node] = set()
+        for node in self.ops:
+            tags = getattr(node.target, "tags", ())
+            if torch.Tag.nondeterministic_seeded not in tags and all(
+                    a in inputs or a in found for a in node.all_input_nodes):
+                found.add(node)
+        return found
+
     def can_cut(self, cut: int) -> bool:
-        """Whether a stage may end before op `cut`: every crossing value is a floating
-        tensor (not a tuple still to be unpacked, nor integer positions or masks, which
-        have no gradient to send back). A parameter read on both sides (a tied weight) is held
-        by the stages on each, whose gradients are summed once per step
+        """Whether a stage may end before op `cut`: every tensor crossing it is a floating
+        one in its own contiguous layout, or is `recomputed` after it. Not a tuple still to
+        be unpacked; not a tensor without gradient that depends on parameters; not a view
+        of another layout (a stage receives a contiguous buffer, and a view after it was
+        traced for the layout it had). A parameter read on both sides (a tied weight) is
+        held by the stages on each, whose gradients are summed once per step
         (`planner.search.tied`)."""
         return bool(self._cut_table[0][cut])
 
@@ -116,9 +147,12 @@ class ForwardGraph:
             if not readers:
                 continue
             value = node.meta.get("val")
-            if isinstance(value, torch.Tensor):
+            floating = isinstance(value, torch.Tensor) and value.is_floating_point()
+            if floating:
                 spans(i, max(readers), crossing, tensor_bytes(value))
-            if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            recomputed = (isinstance(value, torch.Tensor) and not floating
+                          and node in self.input_only)
+            if not (floating and value.is_contiguous() or recomputed):
                 spans(i, max(readers), blocked, 1)
         return np.cumsum(blocked)[:-1] == 0, np.cumsum(crossing)[:-1]
 
@@ -301,9 +335,11 @@ def stage_graph(
     """The stage of layers [first, last) of `forward` cut at `cuts`; `values` are the
     model's parameters and buffers by FQN (meta or real: only their shapes are read)."""
     begin, end = cuts[first], cuts[last]
-    ops = forward.ops[begin:end]
     incoming = forward.crossing(begin) if begin > 0 else []
     outgoing = forward.crossing(end) if end < len(forward.ops) else []
+    # What the stage computes again from the model's inputs, ahead of its own ops.
+    again = _ancestry(forward.recomputed(begin)) if begin > 0 else set()
+    ops = [node for node in forward.ops[:begin] if node in again] + forward.ops[begin:end]
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     placeholders = {n.name: n for n in forward.graph.nodes if n.op == "placeholder"}
@@ -344,6 +380,18 @@ def stage_graph(
     graph.output(loss)
     module = fx.GraphModule(_Holder(attributes), graph)
     return StageGraph(module, inputs, [n.meta["val"] for n in outgoing], used_inputs)
+
+
+def _ancestry(nodes: list[fx.Node]) -> set[fx.Node]:
+    """`nodes` and every op they are computed from (placeholders left out)."""
+    found: set[fx.Node] = set()
+    todo = list(nodes)
+    while todo:
+        node = todo.pop()
+        if node.op == "call_function" and node not in found:
+            found.add(node)
+            todo.extend(node.all_input_nodes)
+    return found
 
 
 class _Holder(nn.Module):

@@ -44,12 +44,6 @@ def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
 
     if args.global_batch_size is None:
         raise UsageError("--gpus needs --global-batch-size (samples per optimizer step)")
-    if loaded.hf_path is not None:
-        # transformers' models do not cut into stages yet: integer positions cross every
-        # block, and their SDPA attention traces with other strides under make_fx.
-        raise UsageError(f"--intra-op ilp: {loaded.name} cannot be planned from its graph "
-                         "across stages yet; use --intra-op analytic, or --mesh for its "
-                         "operator shardings on one mesh")
     refused = [flag for flag in training_flags_given(args) if flag not in GRAPH_FLAGS]
     if refused:
         raise UsageError(

@@ -141,3 +141,59 @@ def test_a_weight_as_wide_as_the_batch_is_exported_again() -> None:
     model = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 8)).to("meta")
     forward = forward_graph(model, micro_batch_inputs((torch.randn(4, 8),), 4))
     assert forward_at_batch(forward, 4, 12) is None
+
+
+class MaskedBlocks(nn.Module):
+    """Blocks that each read a causal mask the model makes once, as a Hugging Face
+    transformer passes its mask to every decoder layer; `transposed`: each block hands the
+    next its output transposed, a view of another layout."""
+
+    def __init__(self, transposed: bool = False) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+        self.transposed = transposed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = x.shape[1]
+        positions = torch.arange(s, device=x.device)
+        mask = positions[:, None] >= positions[None, :]  # bool: no gradient to send back
+        for k, layer in enumerate(self.layers):
+            if self.transposed and k:
+                x = x.transpose(1, 2)
+            scores = (layer(x) @ x.transpose(1, 2)).masked_fill(~mask, 0.0)
+            x = scores @ x
+            if self.transposed:
+                x = x.transpose(1, 2)
+        return x
+
+
+def _masked_forward(model: nn.Module):
+    return forward_graph(model.to("meta"), micro_batch_inputs((torch.randn(2, 4, 8),), 2))
+
+
+def test_a_mask_made_from_the_inputs_is_made_again_by_each_stage_not_sent() -> None:
+    model = MaskedBlocks()
+    forward = _masked_forward(model)
+    cuts = layer_cuts(forward, 3)
+    assert len(cuts) == 4  # one layer per block: the mask does not stop the cuts
+    for cut in cuts[1:-1]:
+        assert [n.meta["val"].dtype for n in forward.recomputed(cut)] == [torch.bool]
+        assert all(n.meta["val"].is_floating_point() for n in forward.crossing(cut))
+    values = dict(model.named_parameters())
+    second = stage_graph(forward, cuts, 1, 2, values)
+    # It receives the hidden state only, and computes the mask from the positions again.
+    assert [tuple(v.shape) for v in second.inputs] == [(2, 4, 8)]
+    ops = {getattr(n.target, "_overloadpacket", None) for n in second.module.graph.nodes}
+    assert torch.ops.aten.ge in ops and torch.ops.aten.arange in ops
+    inputs = micro_batch_inputs((torch.randn(2, 4, 8),), 2)
+    program = stage_program(second, inputs)
+    assert boundary_parameters(program) == ["tessel_boundary.0"]
+
+
+def test_no_cut_where_a_view_of_another_layout_crosses() -> None:
+    forward = _masked_forward(MaskedBlocks(transposed=True))
+    for cut in range(1, len(forward.ops)):
+        crossing = [n.meta["val"] for n in forward.crossing(cut)]
+        if not all(v.is_contiguous() for v in crossing):
+            assert not forward.can_cut(cut)
+    assert layer_cuts(forward, 3) != layer_cuts(_masked_forward(MaskedBlocks()), 3)

@@ -261,10 +261,6 @@ GRAPH_PLANS = {
                                  "lacks"]),
     "graph-fp8": ([*GRAPH, "--precision", "fp8"],
                   ["--precision fp8: graph plans train in fp32, bf16, fp16"]),
-    "graph-hf-ilp": (["hf:tinyllama/config.json", "--gpus", "4", "--global-batch-size", "8",
-                      "--intra-op", "ilp"],
-                     ["--intra-op ilp: hf:tinyllama cannot be planned from its graph across "
-                      "stages yet; use --intra-op analytic"]),
     "graph-zero-1": ([*GRAPH, "--zero-stage", "1"],
                      ["--zero-stage 1: a graph plan shards a parameter, its gradient"]),
 }
@@ -281,11 +277,6 @@ def _workdir(tmp_path, monkeypatch):
     (tmp_path / "badfield" / "config.json").write_text(
         json.dumps({"model_type": "llama", "hidden_size": "wide", "num_hidden_layers": [2]})
     )
-    (tmp_path / "tinyllama").mkdir()
-    (tmp_path / "tinyllama" / "config.json").write_text(json.dumps({
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 6,
-        "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 64}))
     (tmp_path / "empty.csv").write_text("")
     header = ("Parameters (billion),# GPUs,global batch,micro batch,hidden size,attention heads,"
               "# layers,sequence length,tensor parallelism,data parallelism,pipeline "
