@@ -17,6 +17,8 @@ onto another plan (other degrees, another ZeRO stage, another world size) reshar
   neither writes nor reads the other half's entries;
 - ``step``: the number of optimizer steps taken, which is also where the data resumes (a
   batch is a function of its step index);
+- ``loss_scale``: an fp16 graph-plan trainer's loss scale and its steps without overflow
+  (`runtime.loss_scale`), the same on every rank;
 - ``rankN``: rank N's own state (its CPU generator, to which dropout would owe its masks,
   and the caller's notes): given back only when the checkpoint is loaded by as many ranks
   as wrote it, since another world's rank N is another process's role.
@@ -53,9 +55,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from runtime.loss_scale import LossScale
+
 # torch.distributed.checkpoint is imported where it is used: importing it takes 0.2 s,
 # and every trainer (so `planner.api`) imports this module.
 
+LOSS_SCALE_ENTRY = "loss_scale"
+"""A checkpoint's entry for an fp16 trainer's loss scale (`runtime.loss_scale`)."""
 MARKER = "tessel-checkpoint.json"
 """Written in a checkpoint's folder once every rank's part of it is on disk."""
 STEP_PREFIX = "step-"
@@ -237,6 +243,8 @@ def load(trainer: TrainerState, path: str | Path) -> Resumed:
     same_world = int(marker["world_size"]) == dist.get_world_size()
     state = trainer.state_dict()
     state["step"] = 0
+    if LOSS_SCALE_ENTRY in state and not _holds(folder, LOSS_SCALE_ENTRY):
+        del state[LOSS_SCALE_ENTRY]  # saved by a plan without loss scaling
     entry = f"rank{dist.get_rank()}"
     if same_world:
         state[entry] = ""
@@ -249,6 +257,14 @@ def load(trainer: TrainerState, path: str | Path) -> Resumed:
         torch.set_rng_state(torch.frombuffer(bytearray(rng), dtype=torch.uint8))
         notes = mine["notes"]
     return Resumed(folder, int(state["step"]), notes, same_world)
+
+
+def _holds(folder: Path, entry: str) -> bool:
+    """Whether the checkpoint in `folder` has a top-level `entry`."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    stored = FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    return any(key == entry or key.startswith(f"{entry}.") for key in stored)
 
 
 class Checkpointing:
@@ -381,11 +397,15 @@ class ShardsState:
     def __init__(
         self, layouts: dict[str, DTensor], locals_: dict[str, torch.Tensor],
         optimizer: torch.optim.Optimizer, saved_elsewhere: frozenset[str] = frozenset(),
+        loss_scale: LossScale | None = None,
     ) -> None:
         self.layouts, self.locals, self.optimizer = layouts, locals_, optimizer
         self.saved_elsewhere = saved_elsewhere
         """Parameters this rank loads but leaves to another stage's ranks to write: its
         copies of weights tied across stages, which the first stage holding them writes."""
+        self.loss_scale = loss_scale
+        """An fp16 trainer's loss scale, checkpointed as ``loss_scale`` (one copy: every
+        rank holds the same); a checkpoint of a plan without one leaves it as it is."""
 
     def _wrap(self, name: str, local: torch.Tensor) -> torch.Tensor:
         if local.dim() == 0:
@@ -402,7 +422,10 @@ class ShardsState:
             for key, value in self.optimizer.state.get(local, {}).items():
                 wrapped = self._wrap(name, value) if isinstance(value, torch.Tensor) else value
                 optimizer[f"state.{name}.{key}"] = wrapped
-        return {"model": model, "optimizer": optimizer}
+        state = {"model": model, "optimizer": optimizer}
+        if self.loss_scale is not None:
+            state[LOSS_SCALE_ENTRY] = self.loss_scale.as_tensor()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # DCP loaded the tensors in place (the DTensors alias the local shards and the
@@ -413,6 +436,8 @@ class ShardsState:
                 value = state["optimizer"][f"state.{name}.{key}"]
                 if not isinstance(value, torch.Tensor):
                     slots[key] = value
+        if self.loss_scale is not None and LOSS_SCALE_ENTRY in state:
+            self.loss_scale.load(state[LOSS_SCALE_ENTRY])
 
 
 def _init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:

@@ -43,3 +43,11 @@ class LossScale:
             self.scale *= 2
             self.good_steps = 0
         return False
+
+    def as_tensor(self) -> torch.Tensor:
+        """(scale, good steps), as a checkpoint holds them (`runtime.checkpoint`): every rank
+        has the same, so a resumed run scales its next step as the uninterrupted one would."""
+        return torch.tensor([self.scale, float(self.good_steps)], dtype=torch.float64)
+
+    def load(self, saved: torch.Tensor) -> None:
+        self.scale, self.good_steps = float(saved[0]), int(saved[1])

@@ -410,7 +410,8 @@ class StagedTrainer(Checkpointing):
     def checkpoint_state(self) -> ShardsState:
         """This rank's shards and AdamW state as DTensors of the plan's layouts, for `save`
         / `load` (`runtime.checkpoint`: a checkpoint loads onto another plan too)."""
-        return ShardsState(self.params, self.locals, self.optimizer, self._saved_elsewhere)
+        return ShardsState(self.params, self.locals, self.optimizer, self._saved_elsewhere,
+                           self.loss_scale)
 
 
 def _warm_up(schedule: str | None, m: int, stages: int, index: int) -> int:

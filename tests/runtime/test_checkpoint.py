@@ -18,7 +18,7 @@ from planner.models.config import TransformerConfig
 from runtime.checkpoint import MARKER, latest_checkpoint, step_directory
 from runtime.elastic import launch
 from runtime.faults import FaultWatch, PeerLost
-from runtime.launch import RankError
+from runtime.launch import RankError, run_on_ranks
 from runtime.mesh import Degrees
 from runtime.resilience import Resilience
 from runtime.spec import RunSpec, even_chunks
@@ -218,3 +218,35 @@ def test_a_half_written_report_is_read_as_a_rank_without_a_word(tmp_path) -> Non
                 for r in (0, 1)}
     error = _root_cause(ChildFailedError("fn", failures), tmp_path)
     assert error.rank == 0 and str(error) == "rank 0 failed: ValueError: bad batch"
+
+
+def _loss_scale_round_trip(rank: int, world: int, root: str) -> list[tuple[float, int]]:
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from runtime.checkpoint import ShardsState, load, save
+    from runtime.loss_scale import INITIAL_SCALE, LossScale
+
+    mesh = init_device_mesh("cpu", (world,))
+
+    def state(scale: LossScale | None) -> ShardsState:
+        local = torch.full((2,), float(rank))
+        layout = DTensor.from_local(local, mesh, (Shard(0),), run_check=False)
+        optimizer = torch.optim.AdamW([local])
+        return ShardsState({"w": layout}, {"w": local}, optimizer, loss_scale=scale)
+
+    save(state(LossScale(scale=1024.0, good_steps=7)), root, step=1)
+    save(state(None), root + "-bf16", step=1)  # a plan without loss scaling
+    resumed, fresh = LossScale(), LossScale()
+    load(state(resumed), root)
+    load(state(fresh), root + "-bf16")
+    assert (fresh.scale, fresh.good_steps) == (INITIAL_SCALE, 0)
+    return [(resumed.scale, resumed.good_steps), (fresh.scale, fresh.good_steps)]
+
+
+def test_an_fp16_trainers_loss_scale_resumes_where_it_was(tmp_path) -> None:
+    """The loss scale is part of the checkpoint: a resumed fp16 run scales its next step as
+    the uninterrupted one would (not from 2**16 again); a checkpoint of a plan without
+    loss scaling loads onto an fp16 one, which starts from the initial scale."""
+    results = run_on_ranks(_loss_scale_round_trip, 2, str(tmp_path / "ckpt"))
+    assert results == [[(1024.0, 7), (2.0**16, 0)]] * 2
