@@ -1,6 +1,7 @@
 """What every rank of a launched graph-plan job runs (`plan MODEL --gpus N --emit pytorch
 DIR` writes the script that calls it; torchrun, Slurm or Ray start that script): the model
-the plan names, built by the factory the user named, trained by Tessel's staged runtime
+the plan names, built by the factory the user named (a zoo or hf: model at the plan's
+shape, with each module's own initialisation), trained by Tessel's staged runtime
 with the plan's stages, meshes and shardings, on batches shaped like the factory's example
 inputs grown to the plan's global batch (random values, as `plan check` trains; feed real
 data through `planner.parallelize` in your own loop). With `--checkpoint-dir`, a job
@@ -12,6 +13,7 @@ resumes from the latest checkpoint there and saves one every `--checkpoint-every
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from typing import Sequence
 
@@ -19,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from planner.check import grown, synthetic_batches
-from planner.model_spec import load_model
+from planner.model_spec import load_model, with_weights
 from planner.plan import Plan
 from runtime.checkpoint import latest_checkpoint
 from runtime.staged import StagedTrainer
@@ -29,8 +31,11 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="train_graph.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--plan", required=True, help="the graph plan's JSON file")
     parser.add_argument("--model", required=True,
-                        help="the model's factory as the plan was made for it (file.py:function "
-                        "or package.module:function)")
+                        help="the model as the plan was made for it (file.py:function, "
+                        "package.module:function, a zoo name or hf:config.json)")
+    parser.add_argument("--shape", type=json.loads, default={},
+                        help="a zoo or hf: model's shape as JSON config fields "
+                        "('{\"num_layers\": 48}'), as the plan was made for it")
     parser.add_argument("--steps", type=int, default=100, help="optimizer steps to run")
     parser.add_argument("--checkpoint-dir", default=None,
                         help="resume from the latest checkpoint here and save into it")
@@ -50,7 +55,9 @@ def main(argv: Sequence[str]) -> int:
         if dist.get_world_size() != plan.num_gpus:
             raise SystemExit(f"the plan runs on {plan.num_gpus} ranks, this job has "
                              f"{dist.get_world_size()}; launch it with that many")
-        loaded = load_model(args.model)
+        loaded = load_model(args.model, args.shape)
+        # A zoo or hf: model is built on the meta device to plan; here it trains.
+        loaded = with_weights(loaded) or loaded
         device = "cuda" if cuda else "cpu"
         trainer = StagedTrainer(plan, loaded.model, loaded.example_inputs, loaded.loss_fn,
                                 device_type=device)

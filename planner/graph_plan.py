@@ -5,7 +5,7 @@ its ranks issues per step (as `plan check` counts them) and its model state."""
 from __future__ import annotations
 
 import math
-
+from typing import Any
 
 from passes.stage_graph import (
     BOUNDARY,
@@ -31,10 +31,12 @@ from planner.search.stage_solve import StageResult
 
 
 def graph_plan(candidate: Candidate, cluster: Cluster, name: str,
-               global_batch_size: int, model_spec: str | None = None) -> Plan:
+               global_batch_size: int, model_spec: str | None = None,
+               model_shape: dict[str, Any] | None = None) -> Plan:
     """The Plan of a candidate: every stage's node shardings, placements, collectives per
-    step (as `plan check` counts them, point-to-point included) and memory. `model_spec`:
-    how the model was named (`file.py:function`, ...), which launch files build it by."""
+    step (as `plan check` counts them, point-to-point included) and memory. `model_spec`
+    and `model_shape`: how the model was named (`file.py:function`, `gpt` and its shape
+    flags, ...), which launch files build it by."""
     stages = []
     first_device = 0
     sizes = [math.prod(shape) for _, _, shape, _ in candidate.layout.stages]
@@ -86,7 +88,8 @@ def graph_plan(candidate: Candidate, cluster: Cluster, name: str,
             model_tflops_per_gpu=flops / step / devices / 1e12 if step else None,
             mfu=flops / step / devices / peak if step and peak else None,
         ).with_band(*step_time_band(cluster.device)),
-        provenance=Provenance(model_spec=model_spec or name, cluster=cluster.name,
+        provenance=Provenance(model_spec=model_spec or name, model_shape=model_shape or {},
+                              cluster=cluster.name,
                               cost_source="analytical",
                               calibration=calibration_of(cluster.device),
                               tessel_version=tessel_version()),

@@ -268,6 +268,11 @@ class Provenance(_Model):
     """Where a plan came from."""
 
     model_spec: str = Field(description="The model as named (preset, file.py:function, ...).")
+    model_shape: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The shape flags a zoo or hf: model was given, as its config's fields "
+        "(num_layers, seq_length, ...): with model_spec, what a launch file builds it by.",
+    )
     cluster: str = Field(description="Cluster preset or file.")
     cost_source: str = Field(
         default="analytical",

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.cli.errors import UsageError
+from planner.cli.model_args import shape_overrides
 from planner.cli.emit_flags import emit_if_asked
 from planner.cli.output import write_json
 from planner.cli.run_flags import objective_key, run_settings, wants_totals
@@ -90,7 +91,9 @@ def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
             f"device at best, more than the {cluster.device.memory_gib * 1024:g} MiB of a "
             f"{cluster.device.name}; use more --gpus or a smaller --micro-batch-size"
         )
-    return [graph_plan(c, cluster, loaded.name, gbs, args.model) for c in fitting[: args.top]]
+    shape = shape_overrides(args)
+    return [graph_plan(c, cluster, loaded.name, gbs, args.model, shape)
+            for c in fitting[: args.top]]
 
 
 def reduced_model(loaded: LoadedModel) -> ReducedModel | None:
@@ -171,12 +174,6 @@ def print_graph_plans(plans: list[Plan], console: Console) -> None:
 def run_graph_training(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
                        console: Console) -> int:
     totals = _wants_graph_totals(args, cluster)
-    if args.emit and loaded.config is not None:
-        # The launch files build the model by the factory named; a zoo model's shape
-        # flags are not in the plan.
-        raise UsageError(f"--emit: {loaded.name} planned with --intra-op ilp "
-                         "has no launch files yet; emit them from its analytic plan "
-                         "(--intra-op analytic)")
     plans = plan_graph(args, loaded, cluster, console)
     if totals:
         plans = _with_totals(plans, loaded, cluster, args)

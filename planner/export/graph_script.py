@@ -1,11 +1,12 @@
 """A graph plan's launch files (`plan MODEL --gpus N --emit pytorch DIR` for a model of
-one's own): the plan itself and `train_graph.py`, which every rank runs under torchrun
-(`planner.graph_job`: Tessel's staged runtime, the only engine that runs a plan whose
-stages have meshes of their own and per-operator shardings). Slurm and Ray start the same
-script (`planner.export.engines`)."""
+one's own, or a zoo or hf: model under `--intra-op ilp`): the plan itself and
+`train_graph.py`, which every rank runs under torchrun (`planner.graph_job`: Tessel's
+staged runtime, the only engine that runs a plan whose stages have meshes of their own and
+per-operator shardings). Slurm and Ray start the same script (`planner.export.engines`)."""
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from planner.graph_job import main
 
 if __name__ == "__main__":
     plan = Path(__file__).with_name({plan_file!r})
-    sys.exit(main(["--plan", str(plan), "--model", {model!r}, *sys.argv[1:]]))
+    sys.exit(main(["--plan", str(plan), "--model", {model!r}, {shape}*sys.argv[1:]]))
 '''
 
 
@@ -39,18 +40,28 @@ def is_graph_plan(plan: Plan) -> bool:
 
 
 def graph_files(plan: Plan) -> dict[str, str]:
-    """{'train_graph.py': ..., 'plan.json': ...}; ValueError (one line) for a plan whose
-    model the script cannot build again (no factory named)."""
+    """{'train_graph.py': ..., 'plan.json': ...}: the script builds the model the plan names
+    (a factory, or a zoo or hf: model at the plan's shape; with real weights, each module's
+    own initialisation); ValueError (one line) for a plan whose model cannot be built
+    again (`planner.parallelize` names a model by its class)."""
+    from planner.models.presets import FAMILIES, PRESETS
+
     spec = plan.provenance.model_spec
-    if ":" not in spec or spec.startswith("hf:"):
-        raise ValueError(f"the plan names its model {spec!r}, not the factory that builds it "
-                         "(file.py:function or package.module:function)")
-    target, function = spec.rsplit(":", 1)
-    if target.endswith(".py"):  # the job may start elsewhere: the file by its full path
-        spec = f"{Path(target).resolve()}:{function}"
+    if ":" not in spec and spec not in PRESETS and spec not in FAMILIES:
+        raise ValueError(f"the plan names its model {spec!r}, not how to build it "
+                         "(file.py:function, package.module:function, a zoo or hf: model)")
+    # The job may start elsewhere: a factory's file and an hf: config by their full paths.
+    if spec.startswith("hf:"):
+        spec = f"hf:{Path(spec.removeprefix('hf:')).resolve()}"
+    elif ":" in spec:
+        target, function = spec.rsplit(":", 1)
+        if target.endswith(".py"):
+            spec = f"{Path(target).resolve()}:{function}"
+    shape = plan.provenance.model_shape
+    shape_args = f'"--shape", {json.dumps(shape, sort_keys=True)!r}, ' if shape else ""
     torchrun = " ".join(w if w.startswith("$MASTER_ADDR:") else shlex.quote(w)
                         for w in ["torchrun", *torchrun_args(plan), FILE])
     what = f"{plan.model} on {plan.num_gpus} x {plan.cluster}"
     return {FILE: SCRIPT.format(what=what, plan_file=PLAN_FILE, torchrun=torchrun,
-                                file=FILE, model=spec),
+                                file=FILE, model=spec, shape=shape_args),
             PLAN_FILE: plan.to_json()}

@@ -54,3 +54,28 @@ def test_the_emitted_script_trains_checkpoints_and_resumes(tmp_path: Path) -> No
     resumed = _torchrun(out, "--steps", "4", "--checkpoint-dir", str(tmp_path / "ckpt"))
     assert sorted(resumed) == [3, 4]
     assert resumed[3] == pytest.approx(first[3], rel=1e-6)
+
+
+def test_a_zoo_transformers_script_builds_it_at_the_plans_shape(tmp_path: Path) -> None:
+    """`plan gpt --num-layers 6 ... --intra-op ilp --emit pytorch DIR`: the plan holds the
+    shape flags, and the script builds the transformer at that shape (weights of its own
+    initialisation) and trains it on 4 ranks as one process does."""
+    from planner.model_spec import load_model, with_weights
+
+    shape = {"num_layers": 6, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32,
+             "vocab_size": 128}
+    out = tmp_path / "launch"
+    result = subprocess.run(
+        [sys.executable, "-m", "planner", "gpt", "--num-layers", "6", "--hidden-size", "64",
+         "--num-attention-heads", "4", "--seq-length", "32", "--vocab-size", "128",
+         "--cluster", "tests/fixtures/small_memory.yaml", "--gpus", "4",
+         "--global-batch-size", "16", "--micro-batch-size", "4", "--intra-op", "ilp",
+         "--precision", "fp32", "--emit", "pytorch", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    losses = _torchrun(out, "--steps", "2")
+    loaded = with_weights(load_model("gpt", shape))
+    examples = tuple(grown(x, 16) for x in loaded.example_inputs)
+    batches = [synthetic_batches(examples, 1, seed=step)[0] for step in range(2)]
+    reference, _ = train_single_process(loaded.model, loaded.loss_fn, batches)
+    assert [losses[s] for s in (1, 2)] == pytest.approx(reference, rel=1e-4)

@@ -246,10 +246,6 @@ GRAPH_PLANS = {
                           ["--schedule interleaved: graph plans run 1f1b or gpipe"]),
     "graph-train-tokens": ([*GRAPH, "--train-tokens", "1e9"],
                            ["--train-tokens: a graph plan counts its run in steps"]),
-    "graph-zoo-emit": (["gpt3-125m", "--gpus", "8", "--global-batch-size", "8", "--intra-op",
-                        "ilp", "--emit", "pytorch", "out"],
-                       ["--emit: gpt3-125m planned with --intra-op ilp has no launch files "
-                        "yet"]),
     "graph-run-without-run-costs": ([*GRAPH, "--train-iters", "100"],
                                     ["--cluster small-memory has no run_costs"]),
     "graph-bf16-on-v100": ([GRAPH[0], "--cluster", "aws-p3.16xlarge", "--gpus", "8",
