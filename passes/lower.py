@@ -142,7 +142,7 @@ class RankProgram:
         sharding = self.operators.nodes[node.name]
         if node.target in SHAPE_ONLY_OPS or not sharding.inputs:
             return self._replicated_call(node, env, like_only=True)
-        if node.name in self._fallbacks or self._all_replicated(sharding):
+        if node.name in self._fallbacks or self._all_replicated(node, sharding):
             # An op the plan runs wholly replicated runs on the local tensors, as DTensor's
             # all-replicated strategy does: DTensor's own dispatch may pick another strategy
             # of equal cost from replicated inputs (an attention whose batch dim is 1,
@@ -170,8 +170,12 @@ class RankProgram:
             out = redistribute(out, parse_placements(sharding.outputs[0]))
         return out
 
-    def _all_replicated(self, sharding: Any) -> bool:
+    def _all_replicated(self, node: fx.Node, sharding: Any) -> bool:
+        """Whether the plan runs `node` wholly replicated, and it draws no random numbers
+        (those DTensor's generator draws, to keep replicas alike)."""
         every = placement_str(self.replicated)
+        if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+            return False
         return (all(p == every for p in sharding.inputs)
                 and all(p == every for p in sharding.outputs)
                 and sharding.produced in (None, every))
