@@ -162,13 +162,46 @@ class RankProgram:
         produced = sharding.produced or sharding.outputs[0]
         first = out[0] if isinstance(out, (tuple, list)) else out
         if isinstance(first, DTensor) and placement_str(first.placements) != produced:
-            raise PlanMismatchError(
-                f"{node.name} ({node.target}): DTensor produced {placement_str(first.placements)}, "
-                f"the plan expects {produced}"
-            )
+            expected = parse_placements(produced)
+            if not self._alike(first.placements, expected):
+                raise PlanMismatchError(
+                    f"{node.name} ({node.target}): DTensor produced "
+                    f"{placement_str(first.placements)}, the plan expects {produced}"
+                )
+            out = self._relabel(out, expected)
         if sharding.produced is not None:
             out = redistribute(out, parse_placements(sharding.outputs[0]))
         return out
+
+    def _alike(self, placements: tuple, expected: tuple) -> bool:
+        """Whether two placements differ only on mesh axes of size 1, where every
+        placement holds the whole tensor."""
+        return all(a == b or size == 1
+                   for a, b, size in zip(placements, expected, self.mesh.shape))
+
+    def _relabel(self, out: Any, expected: tuple) -> Any:
+        """`out` with its first output labelled `expected` and the rest replicated on the
+        mesh axes of size 1: the same local tensors, no communication. DTensor breaks
+        ties between strategies of equal cost its own way (a seeded attention on a
+        one-device mesh comes out S(0)); the plan's label is what later ops expect."""
+
+        def relabel(t: Any, placements: tuple) -> Any:
+            if not isinstance(t, DTensor):
+                return t
+            return DTensor.from_local(
+                t.to_local(), self.mesh, placements, run_check=False,
+                shape=t.shape, stride=t.stride(),
+            )
+
+        if not isinstance(out, (tuple, list)):
+            return relabel(out, expected)
+        rest = [
+            relabel(t, tuple(Replicate() if size == 1 else p
+                             for p, size in zip(t.placements, self.mesh.shape)))
+            if isinstance(t, DTensor) else t
+            for t in out[1:]
+        ]
+        return type(out)([relabel(out[0], expected), *rest])
 
     def _all_replicated(self, node: fx.Node, sharding: Any) -> bool:
         """Whether the plan runs `node` wholly replicated, and it draws no random numbers
