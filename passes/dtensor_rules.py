@@ -442,7 +442,10 @@ def _register_cpu_flash_attention_rules() -> None:
         inputs = [a for a in op_schema.args_schema if isinstance(a, OpStrategy)]
         inputs += [v for v in op_schema.kwargs_schema.values() if isinstance(v, OpStrategy)]
         out = []
+        query = inputs[0]
         for placement in (Replicate(), Shard(0), Shard(1)):
+            if isinstance(placement, Shard) and query.shape[placement.dim] == 1:
+                continue  # nothing to split: a batch of one, or one head
             # A mask broadcast over batch or heads (size 1 there) stays replicated.
             per_input = [
                 Replicate() if isinstance(placement, Shard) and t.shape[placement.dim] == 1

@@ -142,11 +142,7 @@ class RankProgram:
         sharding = self.operators.nodes[node.name]
         if node.target in SHAPE_ONLY_OPS or not sharding.inputs:
             return self._replicated_call(node, env, like_only=True)
-        if node.name in self._fallbacks or self._all_replicated(node, sharding):
-            # An op the plan runs wholly replicated runs on the local tensors, as DTensor's
-            # all-replicated strategy does: DTensor's own dispatch may pick another strategy
-            # of equal cost from replicated inputs (an attention whose batch dim is 1,
-            # which the plan never splits, comes out sharded on it).
+        if node.name in self._fallbacks:
             return self._replicated_call(node, env, like_only=False, moved=moved)
         wanted = iter(parse_placements(p) for p in sharding.inputs)
 
@@ -162,56 +158,13 @@ class RankProgram:
         produced = sharding.produced or sharding.outputs[0]
         first = out[0] if isinstance(out, (tuple, list)) else out
         if isinstance(first, DTensor) and placement_str(first.placements) != produced:
-            expected = parse_placements(produced)
-            if not self._alike(first.placements, expected):
-                raise PlanMismatchError(
-                    f"{node.name} ({node.target}): DTensor produced "
-                    f"{placement_str(first.placements)}, the plan expects {produced}"
-                )
-            out = self._relabel(out, expected)
+            raise PlanMismatchError(
+                f"{node.name} ({node.target}): DTensor produced {placement_str(first.placements)}, "
+                f"the plan expects {produced}"
+            )
         if sharding.produced is not None:
             out = redistribute(out, parse_placements(sharding.outputs[0]))
         return out
-
-    def _alike(self, placements: tuple, expected: tuple) -> bool:
-        """Whether two placements differ only on mesh axes of size 1, where every
-        placement holds the whole tensor."""
-        return all(a == b or size == 1
-                   for a, b, size in zip(placements, expected, self.mesh.shape))
-
-    def _relabel(self, out: Any, expected: tuple) -> Any:
-        """`out` with its first output labelled `expected` and the rest replicated on the
-        mesh axes of size 1: the same local tensors, no communication. DTensor breaks
-        ties between strategies of equal cost its own way (a seeded attention on a
-        one-device mesh comes out S(0)); the plan's label is what later ops expect."""
-
-        def relabel(t: Any, placements: tuple) -> Any:
-            if not isinstance(t, DTensor):
-                return t
-            return DTensor.from_local(
-                t.to_local(), self.mesh, placements, run_check=False,
-                shape=t.shape, stride=t.stride(),
-            )
-
-        if not isinstance(out, (tuple, list)):
-            return relabel(out, expected)
-        rest = [
-            relabel(t, tuple(Replicate() if size == 1 else p
-                             for p, size in zip(t.placements, self.mesh.shape)))
-            if isinstance(t, DTensor) else t
-            for t in out[1:]
-        ]
-        return type(out)([relabel(out[0], expected), *rest])
-
-    def _all_replicated(self, node: fx.Node, sharding: Any) -> bool:
-        """Whether the plan runs `node` wholly replicated, and it draws no random numbers
-        (those DTensor's generator draws, to keep replicas alike)."""
-        every = placement_str(self.replicated)
-        if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
-            return False
-        return (all(p == every for p in sharding.inputs)
-                and all(p == every for p in sharding.outputs)
-                and sharding.produced in (None, every))
 
     def _replicated_call(
         self, node: fx.Node, env: dict[str, Any], like_only: bool, moved: dict | None = None

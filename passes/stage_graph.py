@@ -85,15 +85,16 @@ class ForwardGraph:
         """The tensors op `cut` and later read that ops before `cut` made, and that a stage
         starting at `cut` receives (graph order): all but those it computes again
         (`recomputed`)."""
-        return [n for n in self._read_across(cut) if n not in self.input_only
-                or n.meta["val"].is_floating_point()]
+        return [n for n in self._read_across(cut) if not self._made_again(n)]
 
     def recomputed(self, cut: int) -> list[fx.Node]:
         """The crossing tensors a stage starting at `cut` computes again rather than
         receives: those with no gradient (integer positions, a causal mask) made from the
         model's inputs alone."""
-        return [n for n in self._read_across(cut) if n in self.input_only
-                and not n.meta["val"].is_floating_point()]
+        return [n for n in self._read_across(cut) if self._made_again(n)]
+
+    def _made_again(self, node: fx.Node) -> bool:
+        return node in self.input_only and not node.meta["val"].is_floating_point()
 
     def _read_across(self, cut: int) -> list[fx.Node]:
         later = set(self.ops[cut:])
@@ -150,8 +151,7 @@ class ForwardGraph:
             floating = isinstance(value, torch.Tensor) and value.is_floating_point()
             if floating:
                 spans(i, max(readers), crossing, tensor_bytes(value))
-            recomputed = (isinstance(value, torch.Tensor) and not floating
-                          and node in self.input_only)
+            recomputed = isinstance(value, torch.Tensor) and self._made_again(node)
             if not (floating and value.is_contiguous() or recomputed):
                 spans(i, max(readers), blocked, 1)
         return np.cumsum(blocked)[:-1] == 0, np.cumsum(crossing)[:-1]

@@ -221,3 +221,19 @@ def test_op_without_a_rule_has_no_choices(mesh4) -> None:
     assert has_rule(torch.ops.aten.mm.default)
     x = tensor_meta(torch.empty(8, 16))
     assert op_choices(op, (x,), {}, mesh4, [[P("R")]], None) is None
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_cpu_attention_splits_batch_only_where_there_is_more_than_one(mesh4, batch) -> None:
+    """A batch of one has nothing to split: no strategy labels it S(0) (DTensor's dispatch
+    would otherwise pick such a strategy, of equal cost, from replicated inputs where the
+    plan runs the attention replicated)."""
+    q = tensor_meta(torch.empty(batch, 4, 8, 16))
+    outputs = [tensor_meta(torch.empty(batch, 4, 8, 16)), tensor_meta(torch.empty(batch, 4, 8))]
+    candidates = [[P("R"), P("S(0)"), P("S(1)")]] * 3
+    choices = op_choices(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+                         (q, q, q, 0.0, True), {}, mesh4, candidates, outputs)
+    assert choices is not None
+    produced = {c.outputs[0] for c in choices}
+    assert (P("S(0)") in produced) == (batch > 1)
+    assert {P("R"), P("S(1)")} <= produced  # heads split either way
