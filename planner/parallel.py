@@ -16,6 +16,10 @@ ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
 RECOMPUTE_METHODS = ("uniform", "block")
 FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
 MOE_DISPATCHERS = ("allgather", "alltoall", "flex")
+ENGINES = ("megatron", "torchtitan", "tessel")
+RESHARD_POLICIES = ("default", "always", "never")
+RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm")
+STATE_DTYPES = ("fp32", "bf16")
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,32 @@ class ParallelConfig:
     cuda_graphs: bool = False
     """Capture each layer's kernels in CUDA graphs (--cuda-graph-impl local): the host
     launches a graph, not each kernel, so small kernels are no longer bound by it."""
+    engine: str = "megatron"
+    """The engine that runs the plan, whose choices its memory follows: megatron
+    (Megatron-LM / Megatron-Core with Transformer Engine), torchtitan (FSDP2, DTensor
+    tensor parallelism, torch.distributed.pipelining) or tessel (Tessel's own runtime)."""
+    recompute_modules: tuple[str, ...] = ("core_attn",)
+    """Under selective recomputation, the parts of each layer replayed in backward
+    (Megatron-LM's --recompute-modules: core_attn, mlp, layernorm)."""
+    main_grads_dtype: str = "fp32"
+    """Gradient buffer the optimizer reads (Megatron-LM's --main-grads-dtype; bf16 with
+    --grad-reduce-in-bf16 or the precision-aware optimizer)."""
+    exp_avg_dtype: str = "fp32"
+    """Adam's two moments (Megatron-LM's --exp-avg-dtype / --exp-avg-sq-dtype; bf16 with
+    --use-precision-aware-optimizer)."""
+    fsdp_reshard_after_forward: str = "default"
+    """TorchTitan's FSDP2 policy (parallelism.fsdp_reshard_after_forward): always frees
+    gathered weights after each block's forward, never keeps them to backward, default
+    reshards except under pipeline parallelism."""
+    recompute_every: int = 1
+    """Under full recomputation, one block in every this many is checkpointed
+    (TorchTitan's layer-level selective_ac_option = "k"); 1: every block."""
+    compile: bool = False
+    """torch.compile of each block (TorchTitan's [compile] enable): elementwise chains are
+    fused, so their intermediates are neither written nor kept."""
+    fp8_param_gather: bool = False
+    """Gather fp8 weights rather than bf16 ones (Megatron-LM's --fp8-param-gather,
+    TorchTitan's enable_fsdp_float8_all_gather)."""
 
     @property
     def model_parallel(self) -> int:
@@ -120,9 +150,17 @@ class ParallelConfig:
         for name, allowed in (("attention_backend", ATTENTION_BACKENDS),
                               ("recompute_method", RECOMPUTE_METHODS),
                               ("fp8_recipe", FP8_RECIPES),
-                              ("moe_token_dispatcher", MOE_DISPATCHERS)):
+                              ("moe_token_dispatcher", MOE_DISPATCHERS),
+                              ("engine", ENGINES),
+                              ("fsdp_reshard_after_forward", RESHARD_POLICIES),
+                              ("main_grads_dtype", STATE_DTYPES),
+                              ("exp_avg_dtype", STATE_DTYPES)):
             if getattr(self, name) not in allowed:
                 problems.append(f"{name} must be one of {', '.join(allowed)}")
+        unknown = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
+        if unknown:
+            problems.append(f"recompute_modules must be among {', '.join(RECOMPUTE_MODULES)}, "
+                            f"not {', '.join(unknown)}")
         if self.overlap_param_gather and (self.zero_stage < 1 or not self.overlap_grad_reduce):
             problems.append("overlap_param_gather needs zero_stage >= 1 and overlap_grad_reduce")
         if self.tp_comm_overlap and not self.sequence_parallel:

@@ -208,6 +208,22 @@ class RunSettings(_Model):
     moe_token_dispatcher: str = Field(default="allgather", description="How tokens reach "
                                       "their experts: allgather, alltoall or flex.")
     cuda_graphs: bool = Field(default=False, description="Layers captured in CUDA graphs.")
+    engine: Literal["megatron", "torchtitan", "tessel"] = Field(
+        default="megatron", description="The engine that runs the plan, whose memory "
+        "rules its prediction follows.")
+    recompute_modules: tuple[str, ...] = Field(
+        default=("core_attn",), description="Selective recomputation: the parts of each "
+        "layer replayed (core_attn, mlp, layernorm).")
+    main_grads_dtype: Literal["fp32", "bf16"] = Field(default="fp32", description="The "
+                                                      "optimizer's gradient buffer.")
+    exp_avg_dtype: Literal["fp32", "bf16"] = Field(default="fp32", description="Adam's "
+                                                   "moments.")
+    fsdp_reshard_after_forward: Literal["default", "always", "never"] = Field(
+        default="default", description="TorchTitan's FSDP2 resharding after forward.")
+    recompute_every: int = Field(default=1, ge=1, description="Full recomputation: one "
+                                 "block in every this many checkpointed.")
+    compile: bool = Field(default=False, description="Blocks compiled by torch.compile.")
+    fp8_param_gather: bool = Field(default=False, description="fp8 weights gathered.")
 
 
 class Breakdown(_Model):
