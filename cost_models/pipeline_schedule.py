@@ -1,0 +1,333 @@
+"""A pipeline schedule as data: for each pipeline rank, the forward and backward actions
+it runs, in the order it runs them (torch.distributed.pipelining's `_Action` lists).
+
+Micro-batches in flight and pipeline time are read off these lists rather than written as
+formulas of their own: `peak_in_flight` walks one rank's actions, `simulate` runs every
+rank's actions against each other with given durations.
+
+The orders are torch 2.13's (`torch/distributed/pipelining/schedules.py`), action for
+action; tests/cost_models/test_pipeline_schedule.py compares them with torch's own:
+
+- gpipe: every forward, then every backward (Huang et al., "GPipe", NeurIPS 2019;
+  `ScheduleGPipe`).
+- 1f1b: PipeDream-Flush (Narayanan et al., "Efficient Large-Scale Language Model Training
+  on GPU Clusters Using Megatron-LM", SC 2021, Sec. 2.2.1; `Schedule1F1B`): rank r runs
+  min(m, p - r) forwards, then a backward and a forward in turn, then the backwards left.
+- interleaved: Sec. 2.2.2 of the same paper (`ScheduleInterleaved1F1B`): rank r holds the
+  v stages r, r + p, ..., r + (v - 1) p of p v, and takes micro-batches in rounds through
+  each of them. With v = 1 it is 1f1b, as Megatron-LM runs it (torch's class would warm
+  up with 2 (p - 1 - r) forwards instead).
+- zbv: ZB-V (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, Sec. 6;
+  `ScheduleZBVZeroBubble`): rank r holds stages r and 2 p - 1 - r (a V), and splits each
+  backward into I (the inputs' gradient, which the previous stage waits for) and W (the
+  weights' gradient, which fills the bubbles).
+
+Pure Python on plain numbers: no torch, nothing searched.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from planner.parallel import SCHEDULES
+
+SCHEDULE_NAMES: tuple[str, ...] = (*SCHEDULES, "zbv")
+"""The schedules this module lays out: the planner's, and ZB-V."""
+KINDS: tuple[str, ...] = ("F", "B", "I", "W")
+"""Forward, full backward, backward for inputs, backward for weights (torch's letters)."""
+
+_ACTION = re.compile(r"(\d+)([FBIW])(\d+)")
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class Action:
+    """One compute action of a pipeline rank: one kind of pass of one micro-batch through
+    one (virtual) stage. Written as torch's `_Action` writes itself: `2F0`."""
+
+    stage: int
+    """The global (virtual) stage index, 0 for the first of all p v."""
+    kind: str
+    """One of KINDS."""
+    micro_batch: int
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.kind}{self.micro_batch}"
+
+    # Lists of actions print as torch prints them: ['0F0', '0F1', ...].
+    __repr__ = __str__
+
+    @staticmethod
+    def parse(text: str) -> Action:
+        """The action `text` writes (`2F0`, `5W3`): the inverse of str()."""
+        match = _ACTION.fullmatch(text.strip())
+        if match is None:
+            raise ValueError(f"{text!r} is not an action such as 2F0 "
+                             "(stage, one of F B I W, micro-batch)")
+        return Action(int(match[1]), match[2], int(match[3]))
+
+
+def stages_per_rank(schedule: str, virtual: int = 1) -> int:
+    """How many (virtual) stages each rank holds under `schedule`."""
+    return 2 if schedule == "zbv" else virtual
+
+
+def schedule_actions(schedule: str, pipeline: int, micro_batches: int,
+                     virtual: int = 1) -> list[list[Action]]:
+    """For each of `pipeline` ranks, the actions it runs, in order, for `micro_batches`
+    micro-batches under `schedule` (one of SCHEDULE_NAMES; `virtual` stages per rank for
+    the interleaved schedule, 2 for zbv). Sources in the module's docstring."""
+    return [rank_actions(schedule, pipeline, rank, micro_batches, virtual)
+            for rank in range(pipeline)]
+
+
+def rank_actions(schedule: str, pipeline: int, rank: int, micro_batches: int,
+                 virtual: int = 1) -> list[Action]:
+    """The actions of one rank of `schedule_actions` (as torch computes one rank's,
+    `_calculate_single_rank_operations`): what one rank needs, without the others'."""
+    p, r, m, v = pipeline, rank, micro_batches, virtual
+    _check(schedule, p, r, m, v)
+    if schedule == "gpipe":
+        return [Action(r, "F", j) for j in range(m)] + [Action(r, "B", j) for j in range(m)]
+    if schedule == "zbv":
+        return _zbv(p, r, m)
+    if v == 1:
+        return _one_f_one_b(p, r, m)
+    return _interleaved(p, r, m, v)
+
+
+def _check(schedule: str, p: int, r: int, m: int, v: int) -> None:
+    if schedule not in SCHEDULE_NAMES:
+        raise ValueError(f"unknown pipeline schedule {schedule!r}; "
+                         f"expected one of {', '.join(SCHEDULE_NAMES)}")
+    if p < 1 or m < 1 or v < 1:
+        raise ValueError(f"pipeline, micro-batches and virtual stages must be >= 1, "
+                         f"got {p}, {m} and {v}")
+    if not 0 <= r < p:
+        raise ValueError(f"rank must be in [0, {p}), got {r}")
+    if schedule == "zbv" and v != 2:
+        raise ValueError(f"zbv holds two stages per rank (a V): virtual must be 2, got {v}")
+    if schedule in ("gpipe", "1f1b") and v != 1:
+        raise ValueError(f"{v} stages per rank need the interleaved schedule, not {schedule}")
+
+
+def _one_f_one_b(p: int, r: int, m: int) -> list[Action]:
+    """PipeDream-Flush as `Schedule1F1B._step_microbatches` runs it: the first backward's
+    gradient comes back once every stage from r on holds a micro-batch, so r warms up
+    with p - r forwards, then runs a backward and a forward in turn."""
+    warmup = min(m, p - r)
+    actions = [Action(r, "F", j) for j in range(warmup)]
+    for j in range(m - warmup):
+        actions += [Action(r, "B", j), Action(r, "F", warmup + j)]
+    return actions + [Action(r, "B", j) for j in range(m - warmup, m)]
+
+
+def _interleaved(p: int, r: int, m: int, v: int) -> list[Action]:
+    """Interleaved 1F1B as `ScheduleInterleaved1F1B` lays it out (`_get_warmup_ops`,
+    `_get_1f1b_rank_ops`): micro-batches go in rounds of m / max(1, m // p) through the
+    rank's stages r, r + p, ... (backwards through them in reverse). Its warm-up is the
+    last rank's (v - 1) rounds plus 2 for each rank after r, at most every forward."""
+    rounds = max(1, m // p)
+    if m % rounds:
+        # Torch refuses these (a short last round would leave a rank waiting on itself);
+        # Megatron-LM asks for m a multiple of p.
+        raise ValueError(f"the interleaved schedule takes micro-batches in {rounds} rounds "
+                         f"of equal size: {m} micro-batches do not split into them")
+    per_round, total = m // rounds, m * v
+    warmup = min((v - 1) * per_round + 2 * (p - 1 - r), total)
+
+    def forward_stage(k: int) -> int:
+        return (k // per_round) % v * p + r
+
+    def backward_stage(k: int) -> int:
+        return (v - 1 - (k // per_round) % v) * p + r
+
+    forwards = _numbered("F", [forward_stage(k) for k in range(total)])
+    backwards = _numbered("B", [backward_stage(k) for k in range(total)])
+    actions = forwards[:warmup]
+    for k in range(total - warmup):  # steady state: one forward, one backward
+        actions += [forwards[warmup + k], backwards[k]]
+    return actions + backwards[total - warmup:]
+
+
+def _numbered(kind: str, stages: list[int]) -> list[Action]:
+    """`kind` actions on `stages` in turn, each stage's micro-batches counted from 0."""
+    seen: dict[int, int] = {}
+    out = []
+    for stage in stages:
+        seen[stage] = seen.get(stage, -1) + 1
+        out.append(Action(stage, kind, seen[stage]))
+    return out
+
+
+def _zbv(p: int, r: int, m: int) -> list[Action]:
+    """ZB-V as `ScheduleZBVZeroBubble` lays it out: rank r holds stage r (going down the
+    V) and 2 p - 1 - r (coming back up). It warms up the first with 2 (p - r) - 1
+    forwards, alternates both stages' forwards r times, then runs the second stage's
+    F I W p - r times; the steady state runs F I W on each stage in turn; the cool-down
+    runs the inputs' gradients first (the previous rank waits for them) and the weights'
+    after. Laid out as torch does for at least 2 p - 1 micro-batches, those past m
+    dropped."""
+    down, up = r, 2 * p - 1 - r
+    n = max(2 * p - 1, m)
+    count = {(stage, kind): 0 for stage in (down, up) for kind in "FIW"}
+    actions: list[Action] = []
+
+    def add(stage: int, kind: str, micro_batch: int | None = None) -> None:
+        if micro_batch is None:  # the next of the stage's own count of that kind
+            micro_batch = count[stage, kind]
+            count[stage, kind] += 1
+        actions.append(Action(stage, kind, micro_batch))
+
+    for _ in range(2 * (p - r) - 1):
+        add(down, "F")
+    for _ in range(r):
+        add(up, "F")
+        add(down, "F")
+    for _ in range(p - r):
+        add(up, "F")
+        add(up, "I")
+        add(up, "W")
+    while count[up, "F"] < count[down, "F"] or count[down, "F"] < n:
+        if count[down, "F"] < n:
+            add(down, "F")
+        add(down, "I")
+        add(down, "W")
+        add(up, "F")
+        add(up, "I")
+        add(up, "W")
+    for _ in range(r):
+        add(down, "I")
+        add(up, "I")
+    for _ in range(p - r):
+        add(down, "I")
+        add(down, "W")
+    for stage in (up, down):
+        while count[stage, "W"] < count[stage, "I"]:
+            add(stage, "W")
+    return [a for a in actions if a.micro_batch < m]
+
+
+def peak_in_flight(actions: list[Action],
+                   stage_bytes: Callable[[int], float] | Mapping[int, float] | None = None,
+                   ) -> float:
+    """The most activations one rank holds at once, walking its `actions`: a forward
+    keeps its stage's `stage_bytes` (1 per stage by default: the answer is then in
+    micro-batch-stages), a full backward frees them, and a split backward frees them at
+    its W. (Its I could free what only the inputs' gradient reads; ZB-V's rank runs W
+    right after I in its steady state, and a W left for the cool-down keeps at most the
+    layers' inputs: counting the whole stage until W is the simple, safe side.)"""
+    size = _sizes(stage_bytes)
+    held = peak = 0.0
+    for action in actions:
+        if action.kind == "F":
+            held += size(action.stage)
+            peak = max(peak, held)
+        elif action.kind in ("B", "W"):
+            held -= size(action.stage)
+    return peak
+
+
+def _sizes(stage_bytes: Callable[[int], float] | Mapping[int, float] | None,
+           ) -> Callable[[int], float]:
+    if stage_bytes is None:
+        return lambda stage: 1.0
+    if isinstance(stage_bytes, Mapping):
+        return stage_bytes.__getitem__
+    return stage_bytes
+
+
+def in_flight_micro_batches(schedule: str, pipeline: int, rank: int, micro_batches: int,
+                            virtual: int = 1) -> float:
+    """Micro-batches of activations `rank` holds at its peak, in units of one micro-batch
+    through all the rank's layers (its stages taken as equal shares of them): the peak of
+    its actions (`peak_in_flight`) over the stages it holds. The arguments of
+    `cost_models.memory.in_flight_micro_batches`, which this answers from the order."""
+    actions = rank_actions(schedule, pipeline, rank, micro_batches, virtual)
+    return peak_in_flight(actions) / stages_per_rank(schedule, virtual)
+
+
+Interval = tuple[Action, float, float]
+"""An action and when it starts and ends."""
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """When each rank ran each of its actions, and how long the pipeline took."""
+
+    intervals: list[list[Interval]]
+    """Per rank, its actions in the order it ran them, with their start and end."""
+    makespan: float
+    """When the last rank finishes."""
+    idle: list[float]
+    """Per rank, the seconds of [0, makespan] it waits (its bubble)."""
+
+    def gaps(self, rank: int) -> list[tuple[float, float]]:
+        """The (start, end) of each of `rank`'s waits in [0, makespan]."""
+        out, t = [], 0
+        for _, start, end in self.intervals[rank]:
+            if start > t:
+                out.append((t, start))
+            t = end
+        if self.makespan > t:
+            out.append((t, self.makespan))
+        return out
+
+
+def simulate(actions_per_rank: list[list[Action]], seconds: Callable[[Action], float],
+             p2p_s: float = 0) -> Timeline:
+    """Run every rank's actions in their order, each as soon as its rank is free and its
+    input is there: a forward of stage s after stage s - 1's forward of the micro-batch,
+    a backward (B or I) of stage s after stage s + 1's (the last stage's after its own
+    forward), a W after its own I. An input from another rank arrives `p2p_s` after it
+    is made. `seconds` gives each action's duration."""
+    rank_of = {a.stage: rank for rank, actions in enumerate(actions_per_rank) for a in actions}
+    last = max(rank_of, default=0)
+    done: dict[tuple[str, int, int], float] = {}  # ("F" or "B" or "I", stage, mb) -> end
+    intervals: list[list[Interval]] = [[] for _ in actions_per_rank]
+    # Times start at int 0, so that Fraction durations give exact times.
+    position, free = [0] * len(actions_per_rank), [0] * len(actions_per_rank)
+    remaining = sum(map(len, actions_per_rank))
+    while remaining:
+        progressed = False
+        for rank, actions in enumerate(actions_per_rank):
+            while position[rank] < len(actions):
+                action = actions[position[rank]]
+                ready = _ready(action, last, rank_of, done, p2p_s)
+                if ready is None:
+                    break  # its input comes from a rank that has not made it yet
+                start = max(free[rank], ready)
+                free[rank] = start + seconds(action)
+                intervals[rank].append((action, start, free[rank]))
+                # A full backward makes what an I would: the previous stage's input.
+                kind = "I" if action.kind == "B" else action.kind
+                done[kind, action.stage, action.micro_batch] = free[rank]
+                position[rank] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            waiting = [str(actions[i]) for actions, i in zip(actions_per_rank, position)
+                       if i < len(actions)]
+            raise ValueError(f"the schedule deadlocks: every rank waits ({', '.join(waiting)})")
+    makespan = max(free, default=0)
+    idle = [makespan - sum(end - start for _, start, end in rank) for rank in intervals]
+    return Timeline(intervals, makespan, idle)
+
+
+def _ready(action: Action, last: int, rank_of: dict[int, int],
+           done: dict[tuple[str, int, int], float], p2p_s: float) -> float | None:
+    """When `action`'s input is there, or None while it is not made yet."""
+    s, j = action.stage, action.micro_batch
+    if action.kind == "F":
+        need = ("F", s - 1, j) if s > 0 else None
+    elif action.kind == "W":
+        need = ("I", s, j)
+    else:
+        need = ("I", s + 1, j) if s < last else ("F", s, j)
+    if need is None:
+        return 0
+    if need not in done:
+        return None
+    crossing = rank_of.get(need[1], rank_of[s]) != rank_of[s]
+    return done[need] + p2p_s if crossing else done[need]

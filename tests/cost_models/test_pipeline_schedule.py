@@ -1,0 +1,295 @@
+"""cost_models.pipeline_schedule: each rank's actions equal the order torch 2.13's own
+schedules run (GPipe, 1F1B, Interleaved1F1B, ZBVZeroBubble); micro-batches in flight
+walked off them equal `memory.in_flight_micro_batches`; and their simulated pipelines
+last what the papers' formulas say."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from fractions import Fraction
+from typing import Callable
+
+import pytest
+import torch
+from torch.distributed.pipelining.schedules import (
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleZBVZeroBubble,
+)
+from torch.distributed.pipelining.stage import _PipelineStageBase
+
+from cost_models import memory
+from cost_models.pipeline_schedule import (
+    Action,
+    in_flight_micro_batches,
+    peak_in_flight,
+    rank_actions,
+    schedule_actions,
+    simulate,
+)
+
+COMPUTE = ("F", "B", "I", "W")
+
+
+class _Stage(_PipelineStageBase):
+    """A pipeline stage with no module, process group or buffers: torch's schedules read
+    its index and group, and a single-stage schedule's run calls it once per forward and
+    backward, which it records (as torch's own schedule tests mock a stage)."""
+
+    def __init__(self, index: int, num_stages: int, group_size: int, group_rank: int):
+        self.stage_index, self.num_stages = index, num_stages
+        self.group_size, self.group_rank, self.group = group_size, group_rank, None
+        self.submod = torch.nn.Identity()
+        self.calls: list[str] = []
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage_index == self.num_stages - 1
+
+    def forward_one_chunk(self, micro_batch: int, *args, **kwargs) -> None:
+        self.calls.append(f"{self.stage_index}F{micro_batch}")
+
+    def backward_one_chunk(self, micro_batch: int, *args, **kwargs) -> None:
+        self.calls.append(f"{self.stage_index}B{micro_batch}")
+
+    # Nothing to send or receive: the order is what is recorded.
+    def get_fwd_recv_ops(self, micro_batch: int) -> list:
+        return []
+
+    get_fwd_send_ops = get_bwd_recv_ops = get_bwd_send_ops = get_fwd_recv_ops
+
+    def perform_reduce_grad(self, *args) -> None:
+        pass
+
+    def _prepare_forward_infra(self, *args, **kwargs) -> None:
+        pass
+
+    def _prepare_backward_infra(self, *args, **kwargs) -> None:
+        pass
+
+    def _create_grad_recv_info(self, *args, **kwargs) -> None:
+        pass
+
+
+def torch_single_stage_order(schedule: type, p: int, rank: int, m: int) -> list[str]:
+    """The forwards and backwards torch's single-stage `schedule` runs on `rank`, recorded
+    from its own `_step_microbatches`. (Its `pipeline_order` is a picture of that order;
+    torch 2.13's Schedule1F1B draws the last rank's forwards one micro-batch late, 3F1 ...
+    3F6 for 6 micro-batches, so the run is what is compared.)"""
+    stage = _Stage(rank, p, p, rank)
+    run = schedule(stage, m)
+    run._initialize_stage = lambda *args, **kwargs: None  # shapes and buffers: none needed
+    run._step_microbatches([()] * m, [{}] * m)
+    return stage.calls
+
+
+def torch_multi_stage_order(schedule: type, p: int, m: int, stages: list[int]) -> list[list[str]]:
+    """Each rank's compute actions of torch's multi-stage `schedule` with `stages` on rank
+    0: its `pipeline_order` without the idle slots, checked to be the compute order of
+    the program with sends and receives that `_PipelineScheduleRuntime` runs."""
+    run = schedule([_Stage(s, len(stages) * p, p, 0) for s in stages], m)
+    order = [[str(a) for a in run.pipeline_order[r] if a is not None] for r in range(p)]
+    lowered = [[str(a) for a in run.pipeline_order_with_comms[r]
+                if a.computation_type in COMPUTE] for r in range(p)]
+    assert lowered == order
+    return order
+
+
+def ours(schedule: str, p: int, m: int, v: int = 1) -> list[list[str]]:
+    return [[str(a) for a in rank] for rank in schedule_actions(schedule, p, m, v)]
+
+
+# -- the orders are torch's --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "schedule"), [("gpipe", ScheduleGPipe),
+                                                ("1f1b", Schedule1F1B)])
+def test_single_stage_schedules_run_as_torch_runs_them(name: str, schedule: type) -> None:
+    for p in range(1, 6):
+        for m in range(p if name == "1f1b" else 1, 11):  # torch's 1F1B asks m >= p
+            expected = [torch_single_stage_order(schedule, p, r, m) for r in range(p)]
+            assert ours(name, p, m) == expected, (p, m)
+
+
+def test_interleaved_1f1b_is_torch_s_order() -> None:
+    for p in range(1, 6):
+        for v in (2, 3, 4):
+            for m in range(1, 13):
+                stages = [k * p for k in range(v)]  # rank 0: stages 0, p, 2p, ...
+                try:
+                    expected = torch_multi_stage_order(ScheduleInterleaved1F1B, p, m, stages)
+                except ValueError:  # m does not split into equal rounds
+                    with pytest.raises(ValueError, match="rounds"):
+                        schedule_actions("interleaved", p, m, v)
+                    continue
+                assert ours("interleaved", p, m, v) == expected, (p, v, m)
+
+
+def test_zbv_is_torch_s_order() -> None:
+    for p in range(1, 6):
+        for m in range(1, 13):
+            expected = torch_multi_stage_order(ScheduleZBVZeroBubble, p, m, [0, 2 * p - 1])
+            assert ours("zbv", p, m, 2) == expected, (p, m)
+
+
+def test_one_chunk_interleaved_is_1f1b_as_megatron_runs_it() -> None:
+    assert ours("interleaved", 4, 8, 1) == ours("1f1b", 4, 8)
+
+
+def test_actions_write_and_read_as_torch_s() -> None:
+    assert str(Action(2, "F", 0)) == "2F0" and repr(Action(13, "W", 7)) == "13W7"
+    for text in ("2F0", "0B11", "5I3", "12W0"):
+        assert str(Action.parse(text)) == text
+    assert Action.parse(" 3I2 ") == Action(3, "I", 2)
+    for text in ("F0", "2X0", "2F", "1UNSHARD", "2F0;"):
+        with pytest.raises(ValueError, match="not an action"):
+            Action.parse(text)
+
+
+def test_bad_schedules_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown pipeline schedule"):
+        schedule_actions("zigzag", 2, 4)
+    with pytest.raises(ValueError, match="interleaved"):
+        schedule_actions("1f1b", 2, 4, virtual=2)
+    with pytest.raises(ValueError, match="virtual must be 2"):
+        schedule_actions("zbv", 2, 4)
+    with pytest.raises(ValueError, match=">= 1"):
+        schedule_actions("gpipe", 2, 0)
+    with pytest.raises(ValueError, match="rank"):
+        rank_actions("gpipe", 2, 2, 4)
+
+
+def test_the_module_does_not_import_torch() -> None:
+    # cost_models imports only planner's vocabulary: a search never loads torch for it.
+    code = "import sys, cost_models.pipeline_schedule; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# -- micro-batches in flight -------------------------------------------------------------
+
+
+def test_in_flight_equals_the_memory_model_s() -> None:
+    for p in range(1, 9):
+        for m in range(1, 25):
+            for i in range(p):
+                for schedule in ("gpipe", "1f1b"):
+                    assert in_flight_micro_batches(schedule, p, i, m) == \
+                        memory.in_flight_micro_batches(schedule, p, i, m), (schedule, p, i, m)
+                if m % p:  # Megatron-LM interleaves whole rounds of p micro-batches only
+                    continue
+                for v in (1, 2, 3, 4):
+                    assert in_flight_micro_batches("interleaved", p, i, m, v) == \
+                        memory.in_flight_micro_batches("interleaved", p, i, m, v), (p, i, m, v)
+
+
+def test_interleaving_rounds_of_more_than_p_hold_more() -> None:
+    # 6 micro-batches on 4 ranks: torch runs one round of 6, and rank 0 runs all 12 of
+    # its chunk-forwards before its first backward. memory.in_flight_micro_batches,
+    # from Megatron-LM's warm-up for rounds of p, says 5.5.
+    assert in_flight_micro_batches("interleaved", 4, 0, 6, 2) == 6
+    assert memory.in_flight_micro_batches("interleaved", 4, 0, 6, 2) == 5.5
+
+
+def test_peak_in_flight_weighs_each_stage() -> None:
+    actions = rank_actions("interleaved", 2, 0, 4, 2)  # stages 0 and 2
+    # 0F0 0F1 2F0 2F1 0F2 2B0 0F3 ...: five at once, then four of stage 0 and one of 2.
+    assert peak_in_flight(actions) == 5
+    assert peak_in_flight(actions, {0: 3.0, 2: 1.0}) == 4 * 3 + 1
+    assert peak_in_flight(actions, lambda stage: 2.0) == 10
+    # Split backward: a stage's activations go at its W, not its I.
+    assert peak_in_flight([Action(0, "F", 0), Action(0, "I", 0), Action(0, "F", 1),
+                           Action(0, "W", 0), Action(0, "I", 1), Action(0, "W", 1)]) == 2
+
+
+def test_zbv_holds_what_1f1b_s_first_stage_holds() -> None:
+    # Qi et al. Sec. 6: ZB-V's peak is p micro-batches, as 1F1B's first stage.
+    for p in range(1, 6):
+        for m in range(2 * p - 1, 2 * p + 4):
+            assert [in_flight_micro_batches("zbv", p, r, m, 2) for r in range(p)] == [p] * p
+
+
+# -- pipeline time -----------------------------------------------------------------------
+
+
+def uniform(f: Fraction, b: Fraction) -> Callable[[Action], Fraction]:
+    return lambda action: f if action.kind == "F" else b
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_fill_and_drain_last_m_plus_p_minus_1_stages(schedule: str) -> None:
+    f, b = 1, 2
+    for p in range(1, 6):
+        for m in range(1, 10):
+            timeline = simulate(schedule_actions(schedule, p, m), uniform(f, b))
+            assert timeline.makespan == (m + p - 1) * (f + b)
+            assert timeline.idle == [(p - 1) * (f + b)] * p
+
+
+def test_interleaving_shrinks_the_bubble_v_times() -> None:
+    # Narayanan et al. Sec. 2.2.2: v chunks of f / v and b / v last (m + (p - 1) / v)
+    # (f + b), exactly, for every m >= p torch accepts.
+    f, b = Fraction(1), Fraction(2)
+    for p in range(1, 6):
+        for v in (2, 3, 4):
+            for m in range(p, 17):
+                try:
+                    actions = schedule_actions("interleaved", p, m, v)
+                except ValueError:
+                    continue
+                timeline = simulate(actions, uniform(f / v, b / v))
+                assert timeline.makespan == (m + Fraction(p - 1, v)) * (f + b), (p, v, m)
+    # Fewer micro-batches than ranks: one round of m, a longer fill.
+    assert simulate(schedule_actions("interleaved", 4, 2, 2),
+                    uniform(f / 2, b / 2)).makespan == Fraction(27, 2)
+
+
+def test_zbv_leaves_a_sixth_of_1f1b_s_bubble() -> None:
+    # Every action one unit (T_F = T_B = T_W, where Qi et al. call ZB-V bubble-free):
+    # each rank waits only p - 1 units for the V to fill; 1F1B over the same two chunks
+    # per rank (f = 2, b = 4) waits 6 (p - 1).
+    for p in range(1, 6):
+        for m in range(2 * p - 1, 2 * p + 4):
+            timeline = simulate(schedule_actions("zbv", p, m, 2), lambda action: 1)
+            assert timeline.makespan == 6 * m + p - 1
+            assert timeline.idle == [p - 1] * p
+
+
+def test_transfers_delay_each_crossing() -> None:
+    # GPipe's critical path crosses p - 1 boundaries each way.
+    c = Fraction(1, 10)
+    for p in range(1, 5):
+        for m in range(1, 6):
+            timeline = simulate(schedule_actions("gpipe", p, m), uniform(1, 2), p2p_s=c)
+            assert timeline.makespan == (m + p - 1) * 3 + 2 * (p - 1) * c
+    # Stages on one rank send nothing: one rank's interleaved chunks wait on nobody.
+    alone = simulate(schedule_actions("interleaved", 1, 3, 2), uniform(1, 2), p2p_s=c)
+    assert alone.makespan == 3 * 2 * 3 and alone.idle == [0]
+
+
+def test_every_action_waits_for_its_input() -> None:
+    actions = schedule_actions("zbv", 3, 6, 2)
+    timeline = simulate(actions, lambda action: {"F": 1, "I": 2, "W": 1}[action.kind])
+    ends = {str(a): end for rank in timeline.intervals for a, _, end in rank}
+    last = 5
+    for rank in timeline.intervals:
+        for a, start, end in rank:
+            if a.kind == "F" and a.stage > 0:
+                assert start >= ends[f"{a.stage - 1}F{a.micro_batch}"]
+            if a.kind == "I":
+                before = f"{a.stage + 1}I" if a.stage < last else f"{a.stage}F"
+                assert start >= ends[f"{before}{a.micro_batch}"]
+            if a.kind == "W":
+                assert start >= ends[f"{a.stage}I{a.micro_batch}"]
+        gaps = timeline.gaps(timeline.intervals.index(rank))
+        busy = sum(end - start for _, start, end in rank)
+        assert sum(end - start for start, end in gaps) + busy == timeline.makespan
+
+
+def test_an_order_that_waits_on_itself_is_refused() -> None:
+    # Rank 0 runs stage 0's backward before stage 1 (rank 1) can have made its input,
+    # and rank 1 waits for a forward rank 0 has not run.
+    actions = [[Action(0, "B", 0), Action(0, "F", 0)], [Action(1, "F", 0), Action(1, "B", 0)]]
+    with pytest.raises(ValueError, match="deadlocks"):
+        simulate(actions, lambda action: 1)
