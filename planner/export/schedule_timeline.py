@@ -1,31 +1,30 @@
 """One optimizer step's pipeline schedule as bars on a (stage x time) chart.
 
 A pure function from each stage's per-micro-batch phase times, the micro-batch count and
-the schedule to the bars a timeline draws. Every stage runs its operations in the order
-the engine issues them, each as soon as the stage is free and its input has arrived:
-
-- gpipe: all forwards, then all backwards (`torch.distributed.pipelining.ScheduleGPipe`);
-- 1f1b: stage i warms up with p - i - 1 forwards, then alternates one forward and one
-  backward, and drains the backwards left (PipeDream-Flush, Narayanan et al. 2021);
-- interleaved: each stage holds v model chunks and warms up with 2 (p - i - 1) + (v - 1) p
-  chunk-forwards, micro-batches taken in groups of p per chunk (Megatron-LM's order; with
-  m not a multiple of p, which Megatron-LM refuses, all forwards first); a chunk's work is
-  taken as 1/v of the stage's (its transfers excepted: each chunk sends its own), so this
-  one is approximate.
+the schedule to the bars a timeline draws. Each stage runs its actions in the order the
+engine issues them (`cost_models.pipeline_schedule`: torch.distributed.pipelining's
+GPipe, 1F1B and Interleaved1F1B orders), each as soon as the stage is free and its input
+has arrived (`pipeline_schedule.simulate`); an action is drawn as the phases it spends
+its time on. Under the interleaved schedule a chunk's work is taken as 1/v of its stage's
+(its transfers excepted: each chunk sends its own).
 
 With equal stages the 1F1B and GPipe timelines last sum(stage times) + (m - 1) x slowest,
 as does any pipeline whose last stage is its slowest, and the interleaved one (m + (p - 1)
-/ v) x slowest (plus its chunks' extra transfers): the step-time model's formulas
-(`cost_models/step_time.py`), which the tests check. Where a middle stage is the slowest,
-the stages around it wait on each other in ways the formula does not count, and the two
-differ a little.
+/ v) x slowest (plus its chunks' extra transfers) for m >= p: the step-time model's
+formulas (`cost_models/step_time.py`), which the tests check. Where a middle stage is the
+slowest, the stages around it wait on each other in ways the formula does not count, and
+the two differ a little.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cost_models.pipeline_schedule import Action, schedule_actions, simulate
+
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
+"""The schedules drawn: those whose backward is one pass (ZB-V splits it in two, which
+`StagePhases` does not)."""
 BAR_KINDS = ("forward", "backward", "recompute", "communication", "bubble")
 """What a bar shows: a stage's forward or backward kernels, the forward it replays in
 backward (activation recomputation), communication it waits on (tensor- and context-
@@ -57,12 +56,6 @@ class StagePhases:
         return (self.forward + self.backward + self.recompute + self.forward_communication
                 + self.backward_communication + self.transfer)
 
-    def scaled(self, factor: float) -> StagePhases:
-        """Every phase times `factor`."""
-        return StagePhases(self.forward * factor, self.backward * factor,
-                           self.recompute * factor, self.forward_communication * factor,
-                           self.backward_communication * factor, self.transfer * factor)
-
 
 @dataclass(frozen=True)
 class Bar:
@@ -92,10 +85,6 @@ class Timeline:
         return sum(b.end - b.start for b in self.bars if b.stage == stage and b.kind != "bubble")
 
 
-# An operation of a stage's program: ("F" or "B", chunk, micro-batch).
-Operation = tuple[str, int, int]
-
-
 def pipeline_timeline(
     stages: list[StagePhases], num_micro_batches: int, schedule: str, virtual: int = 1,
 ) -> Timeline:
@@ -105,105 +94,32 @@ def pipeline_timeline(
     if p < 1 or m < 1 or v < 1:
         raise ValueError(f"need stages, micro-batches and chunks >= 1, got {p}, {m} and {v}")
     if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; known: {', '.join(SCHEDULES)}")
-    if v > 1 and schedule != "interleaved":
-        raise ValueError(f"{v} chunks per stage need the interleaved schedule, not {schedule}")
-    programs = [_program(schedule, p, i, m, v) for i in range(p)]
-    done: dict[tuple[str, int, int], float] = {}  # (F/B, virtual stage, micro-batch) -> end
-    bars: list[Bar] = []
-    position, free = [0] * p, [0.0] * p
-    remaining = sum(len(program) for program in programs)
-    while remaining:
-        progressed = False
-        for i in range(p):
-            while position[i] < len(programs[i]):
-                kind, chunk, micro = programs[i][position[i]]
-                need = _dependency(kind, chunk * p + i, micro, p * v)
-                if need is not None and need not in done:
-                    break  # its input comes from a stage that has not run it yet
-                start = max(free[i], done[need] if need is not None else 0.0)
-                free[i] = _emit(bars, i, start, kind, chunk, micro, stages[i], v)
-                done[kind, chunk * p + i, micro] = free[i]
-                position[i] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:  # every stage waits on another: the program order is wrong
-            raise RuntimeError(f"the {schedule} schedule deadlocked at {position}")
-    length = max(free)
-    return Timeline(bars + _bubbles(bars, p, length), length, p)
+        raise ValueError(f"cannot draw schedule {schedule!r}; it draws {', '.join(SCHEDULES)}")
+    # Stage s of the p v (virtual) stages runs on pipeline stage s % p, as its chunk s // p.
+    run = simulate(schedule_actions(schedule, p, m, v),
+                   lambda action: sum(t for _, t in _parts(action, stages[action.stage % p], v)))
+    # A wait shorter than this is rounding in the sums above, not a bubble.
+    tolerance = 1e-12 * max(run.makespan, 1.0)
+    bars = []
+    for stage, intervals in enumerate(run.intervals):
+        for action, start, _ in intervals:
+            t = start
+            for name, seconds in _parts(action, stages[stage], v):
+                if seconds > 0:
+                    bars.append(Bar(stage, t, t + seconds, name, action.micro_batch,
+                                    action.stage // p))
+                    t += seconds
+        bars += [Bar(stage, start, end, "bubble") for start, end in run.gaps(stage)
+                 if end - start > tolerance]
+    return Timeline(bars, run.makespan, p)
 
 
-def _program(schedule: str, p: int, i: int, m: int, v: int) -> list[Operation]:
-    """The operations stage `i` of `p` runs, in order."""
-    if schedule == "gpipe":
-        return [("F", 0, j) for j in range(m)] + [("B", 0, j) for j in range(m)]
-    total = m * v
-    if schedule == "1f1b":
-        warmup = min(p - i - 1, m)
-    elif m % p:
-        # Megatron-LM interleaves only whole groups of p micro-batches; a short last group
-        # would leave a stage waiting on itself, so such a step runs all forwards first.
-        warmup = total
-    else:
-        warmup = min(2 * (p - i - 1) + (v - 1) * p, total)
-    forwards = [("F", *_chunk_micro_batch(k, p, m, v, False)) for k in range(total)]
-    backwards = [("B", *_chunk_micro_batch(k, p, m, v, True)) for k in range(total)]
-    program = forwards[:warmup]
-    for k in range(total - warmup):  # steady state: one forward, one backward
-        program += [forwards[warmup + k], backwards[k]]
-    return program + backwards[total - warmup:]
-
-
-def _chunk_micro_batch(k: int, p: int, m: int, v: int, backward: bool) -> tuple[int, int]:
-    """(chunk, micro-batch) of a stage's k-th forward (or backward): micro-batches go in
-    groups of p (fewer in a last short group), each group through chunk 0, 1, ... (the
-    backward through the chunks in reverse)."""
-    group_start = (k // (p * v)) * p
-    size = min(p, m - group_start)
-    offset = k - group_start * v
-    chunk = offset // size
-    return (v - 1 - chunk if backward else chunk), group_start + offset % size
-
-
-def _dependency(kind: str, virtual_stage: int, micro: int,
-                num_virtual: int) -> tuple[str, int, int] | None:
-    """The operation whose output this one consumes: the previous virtual stage's
-    forward, the next one's backward, or (the last stage's backward) its own forward."""
-    if kind == "F":
-        return ("F", virtual_stage - 1, micro) if virtual_stage > 0 else None
-    if virtual_stage < num_virtual - 1:
-        return ("B", virtual_stage + 1, micro)
-    return ("F", virtual_stage, micro)
-
-
-def _emit(bars: list[Bar], stage: int, start: float, kind: str, chunk: int, micro: int,
-          phases: StagePhases, v: int) -> float:
-    """Append one operation's bars (its chunk's share of the stage's phases, 1/v, and
-    its own transfer); return when it ends."""
-    if kind == "F":
-        parts = [("forward", phases.forward / v),
-                 ("communication", phases.forward_communication / v + phases.transfer / 2)]
-    else:
-        # Recomputation replays the forward just before the backward that needs it.
-        parts = [("recompute", phases.recompute / v), ("backward", phases.backward / v),
-                 ("communication", phases.backward_communication / v + phases.transfer / 2)]
-    t = start
-    for name, seconds in parts:
-        if seconds > 0:
-            bars.append(Bar(stage, t, t + seconds, name, micro, chunk))
-            t += seconds
-    return t
-
-
-def _bubbles(bars: list[Bar], p: int, length: float) -> list[Bar]:
-    """Each stage's idle intervals in [0, length]: pipeline fill, waits and drain."""
-    out = []
-    for stage in range(p):
-        t = 0.0
-        for bar in sorted((b for b in bars if b.stage == stage), key=lambda b: b.start):
-            if bar.start > t + 1e-12 * max(length, 1.0):
-                out.append(Bar(stage, t, bar.start, "bubble"))
-            t = max(t, bar.end)
-        if length > t + 1e-12 * max(length, 1.0):
-            out.append(Bar(stage, t, length, "bubble"))
-    return out
+def _parts(action: Action, phases: StagePhases, v: int) -> list[tuple[str, float]]:
+    """What one action spends its time on, in order: its chunk's share of the stage's
+    phases (1/v), and its own half of the chunk's transfer."""
+    if action.kind == "F":
+        return [("forward", phases.forward / v),
+                ("communication", phases.forward_communication / v + phases.transfer / 2)]
+    # Recomputation replays the forward just before the backward that needs it.
+    return [("recompute", phases.recompute / v), ("backward", phases.backward / v),
+            ("communication", phases.backward_communication / v + phases.transfer / 2)]

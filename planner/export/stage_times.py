@@ -9,11 +9,12 @@ The layer's kernels are split by phase as the kernel model times them; its expos
 collectives are the step-time model's own total per layer (`stage_costs`, overlap with
 matmuls included), split by phase as their unoverlapped prices are.
 
-The phases are then scaled so that the step-time model's pipeline formula over them gives
-the plan's predicted pipeline time exactly. For an analytically priced plan the scale is 1
-(the tests check it); where the plan's layer collectives came from the intra-op ILP
-(a search given `collectives`, `planner.search.stage_ilp`), which a Plan does not keep, it
-absorbs the difference.
+Nothing here prices the pipeline: the timeline runs these phases through the schedule's
+actions (`schedule_timeline`), and the plan's own pipeline time is read from its
+breakdown (`plan_pipeline_seconds`) to be shown beside it. The slowest stage's phases sum
+to the breakdown's compute, tensor-parallel and pipeline communication per micro-batch
+(the tests check it), except where the plan's layer collectives came from the intra-op
+ILP (a search given `collectives`, `planner.search.stage_ilp`), which a Plan does not keep.
 """
 
 from __future__ import annotations
@@ -40,14 +41,12 @@ from planner.plan import Plan
 
 @dataclass(frozen=True)
 class StageTimes:
-    """A plan's stages, one micro-batch each, and the pipeline they make."""
+    """A plan's stages, one micro-batch each, and the plan's pipeline time."""
 
     phases: list[StagePhases]
-    """Each stage's seconds per micro-batch by phase, scaled to the plan."""
+    """Each stage's seconds per micro-batch by phase."""
     pipeline_s: float
     """The plan's predicted pipeline time: its step less data-parallel and optimizer."""
-    scale: float
-    """The plan's pipeline time over the one predicted again here (1 when they agree)."""
 
 
 def plan_pipeline_seconds(plan: Plan) -> float:
@@ -56,17 +55,6 @@ def plan_pipeline_seconds(plan: Plan) -> float:
     if b is None:
         raise ValueError("the plan has no step-time breakdown to draw")
     return b.compute_s + b.tensor_parallel_comm_s + b.pipeline_comm_s + b.bubble_s
-
-
-def pipeline_formula(totals: list[float], p2p_s: float, num_micro_batches: int,
-                     schedule: str, virtual: int) -> float:
-    """The step-time model's pipeline time over stages of `totals` seconds per
-    micro-batch: sum + (m - 1) x slowest, or (m + (p - 1) / v) x slowest for the
-    interleaved schedule, whose v chunks send (v - 1) more activations per micro-batch."""
-    m, p, slowest = num_micro_batches, len(totals), max(totals)
-    if schedule == "interleaved":
-        return (m + (p - 1) / virtual) * slowest + (virtual - 1) * m * p2p_s
-    return sum(totals) + (m - 1) * slowest
 
 
 def stage_times(plan: Plan, model: TransformerConfig, cluster: Cluster) -> StageTimes:
@@ -100,11 +88,7 @@ def stage_times(plan: Plan, model: TransformerConfig, cluster: Cluster) -> Stage
             + ends.backward + ends.recompute,
             transfer=p2p,
         ))
-    m = parallel.num_micro_batches
-    predicted = pipeline_formula([s.total for s in phases], p2p, m, parallel.schedule, v)
-    pipeline_s = plan_pipeline_seconds(plan)
-    scale = pipeline_s / predicted if predicted > 0 else 1.0
-    return StageTimes([s.scaled(scale) for s in phases], pipeline_s, scale)
+    return StageTimes(phases, plan_pipeline_seconds(plan))
 
 
 def _layer_kernels(model: TransformerConfig, here: ParallelConfig, cluster: Cluster) -> Pass:

@@ -1,6 +1,7 @@
-"""planner.export.schedule_timeline: the pipeline of one step laid out operation by
-operation, against the step-time model's pipeline formulas; and planner.export.stage_times,
-whose stages predicted again from a Plan give back the plan's own pipeline time."""
+"""planner.export.schedule_timeline: the pipeline of one step laid out action by action
+(`cost_models.pipeline_schedule`), against the step-time model's pipeline formulas; and
+planner.export.stage_times, whose stages predicted again from a Plan give back the plan's
+own times."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from cost_models.pipeline_memory import StageLayout
 from planner.cluster import Cluster
 from planner.export.schedule_timeline import Bar, StagePhases, Timeline, pipeline_timeline
-from planner.export.stage_times import pipeline_formula, stage_times
+from planner.export.stage_times import plan_pipeline_seconds, stage_times
 from planner.models.presets import get_preset
 from planner.parallel import ParallelConfig
 from planner.training import training_plan
@@ -46,8 +47,6 @@ def test_equal_stages_last_the_step_time_formula(schedule: str) -> None:
     p, m = 4, 6
     timeline = pipeline_timeline([STAGE] * p, m, schedule)
     # sum of stage times + (m - 1) x the slowest: (m + p - 1) x 4 s here.
-    assert timeline.length == pytest.approx(pipeline_formula([STAGE.total] * p, 0.0, m,
-                                                             schedule, 1))
     assert timeline.length == pytest.approx((m + p - 1) * STAGE.total)
     check_consistent(timeline)
     for stage in range(p):
@@ -87,8 +86,8 @@ def test_a_slowest_last_stage_still_gives_the_formula() -> None:
     # The output layer and loss make the last stage the slowest in most plans.
     stages = [StagePhases(1.0, 2.0)] * 3 + [StagePhases(1.5, 2.5, transfer=0.2)]
     timeline = pipeline_timeline(stages, 6, "1f1b")
-    assert timeline.length == pytest.approx(
-        pipeline_formula([s.total for s in stages], 0.0, 6, "1f1b", 1))
+    totals = [s.total for s in stages]  # Alpa's: sum + (m - 1) x the slowest
+    assert timeline.length == pytest.approx(sum(totals) + 5 * max(totals))
 
 
 @pytest.mark.parametrize(("p", "m", "v"), [(2, 4, 2), (4, 8, 2), (4, 4, 4), (3, 9, 3)])
@@ -108,26 +107,42 @@ def test_interleaved_chunks_send_their_own_transfers() -> None:
     p, m, v, transfer = 4, 8, 2, 0.1
     stages = [StagePhases(1.0, 2.0, transfer=transfer)] * p
     timeline = pipeline_timeline(stages, m, "interleaved", v)
-    formula = pipeline_formula([s.total for s in stages], transfer, m, "interleaved", v)
+    # The step-time model's: (m + (p - 1) / v) x the slowest, and v - 1 more transfers.
+    formula = (m + (p - 1) / v) * stages[0].total + (v - 1) * m * transfer
     # Each chunk's transfer delays the fill too, which the formula leaves out.
     assert formula <= timeline.length <= formula + (p - 1) * (v - 1) / v * transfer + 1e-9
 
 
 @pytest.mark.parametrize(("p", "m", "v"), [(4, 5, 3), (4, 6, 2), (3, 2, 4), (2, 1, 2)])
-def test_interleaving_a_short_last_group_does_not_deadlock(p: int, m: int, v: int) -> None:
+def test_interleaving_m_not_a_multiple_of_p_runs_one_round(p: int, m: int, v: int) -> None:
+    # torch's Interleaved1F1B takes such micro-batches as one round of m.
     timeline = pipeline_timeline([STAGE] * p, m, "interleaved", v)
     check_consistent(timeline)
     for stage in range(p):
         assert len(work(timeline, stage, "backward")) == m * v
+    with pytest.raises(ValueError, match="rounds"):  # 9 on 4: rounds of 4, 4 and 1
+        pipeline_timeline([STAGE] * 4, 9, "interleaved", 2)
 
 
 def test_bad_inputs_are_refused() -> None:
-    with pytest.raises(ValueError, match="unknown schedule"):
-        pipeline_timeline([STAGE], 2, "zigzag")
+    for schedule in ("zigzag", "zbv"):  # ZB-V splits a backward StagePhases keeps whole
+        with pytest.raises(ValueError, match="cannot draw"):
+            pipeline_timeline([STAGE], 2, schedule)
     with pytest.raises(ValueError, match="interleaved"):
         pipeline_timeline([STAGE] * 2, 2, "1f1b", virtual=2)
     with pytest.raises(ValueError, match=">= 1"):
         pipeline_timeline([STAGE], 0, "1f1b")
+
+
+def check_slowest_stage(plan, phases: list[StagePhases]) -> None:
+    """The stages predicted again are the plan's: its breakdown holds the slowest stage's
+    compute, tensor-parallel communication and transfers over the m micro-batches."""
+    b = plan.predicted.breakdown
+    slowest = max(phases, key=lambda s: s.total)
+    m = plan.num_micro_batches
+    assert m * slowest.total == pytest.approx(
+        b.compute_s + b.tensor_parallel_comm_s + b.pipeline_comm_s, rel=1e-9)
+    assert m * slowest.transfer == pytest.approx(b.pipeline_comm_s, rel=1e-9)
 
 
 def _plans():
@@ -151,7 +166,7 @@ def test_stages_predicted_again_give_the_plan_s_pipeline_time(case) -> None:
     _, model, cluster, parallel = case
     plan = training_plan("gpt3-175b", model, cluster, parallel)
     times = stage_times(plan, model, cluster)
-    assert times.scale == pytest.approx(1.0, abs=1e-9)  # nothing left for the scale
+    check_slowest_stage(plan, times.phases)
     timeline = pipeline_timeline(times.phases, plan.num_micro_batches, plan.schedule,
                                  parallel.virtual_pipeline)
     # The last stage (output layer and loss) is the slowest: 1F1B and GPipe give the
@@ -170,5 +185,6 @@ def test_stages_on_different_meshes_are_predicted_again_exactly() -> None:
     stages = (StageLayout(30, 8, 2), StageLayout(30, 4, 4), StageLayout(20, 8, 2))
     plan = training_plan("llama3-70b", model, cluster, parallel, stages=stages)
     times = stage_times(plan, model, cluster)
-    assert times.scale == pytest.approx(1.0, abs=1e-9)
+    check_slowest_stage(plan, times.phases)
+    assert times.pipeline_s == plan_pipeline_seconds(plan)
     assert times.phases[0].total > times.phases[2].total  # 30 layers against 20
