@@ -209,6 +209,26 @@ def _zbv(p: int, r: int, m: int) -> list[Action]:
     return [a for a in actions if a.micro_batch < m]
 
 
+def eager_last_stage(actions: list[Action], num_stages: int) -> list[Action]:
+    """`actions` with each backward of the last of `num_stages` stages run right after its
+    forward. That backward needs nothing but its own forward, so running it at once
+    delays no one and keeps one micro-batch there: Tessel's graph runtime
+    (`runtime.staged`) runs its last stage so under every schedule, where torch's
+    ScheduleGPipe keeps all m."""
+    last = num_stages - 1
+    backward: dict[int, list[Action]] = {}  # micro-batch -> the last stage's B (or I, W)
+    for action in actions:
+        if action.stage == last and action.kind != "F":
+            backward.setdefault(action.micro_batch, []).append(action)
+    out = []
+    for action in actions:
+        if action.stage != last:
+            out.append(action)
+        elif action.kind == "F":
+            out += [action, *backward.get(action.micro_batch, [])]
+    return out
+
+
 def peak_in_flight(actions: list[Action],
                    stage_bytes: Callable[[int], float] | Mapping[int, float] | None = None,
                    ) -> float:

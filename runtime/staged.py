@@ -4,14 +4,15 @@ Each rank rebuilds its stage's program exactly as the planner traced it
 (`passes.stage_graph`: the model's forward cut at the plan's layer cuts) and runs it with
 the plan's node shardings (`passes.lower.RankProgram`): the ops that do not need the next
 stage's gradient when a micro-batch arrives, the rest when its gradient does. Stages run
-the plan's schedule (`_warm_up`: 1F1B, or GPipe's all forwards then all backwards) over
-their own submeshes, which may differ in size, as Alpa's do. A stage may run its layers as
-programs of their own in turn (`Stage.layer_operators`), each layer's outputs moved to
-replicated and handed to the next as they would be to the next stage. A stage the plan
-recomputes keeps of each micro-batch in flight only its inputs and runs its first pass
-again (same random draws, nothing sent) when the micro-batch's gradient arrives.
-Tensors cross a stage boundary whole: each sending rank holds the tensor replicated, and
-`passes.stage_graph.routes` says which of them sends which piece to which receiving rank.
+the plan's schedule (`_order`: 1F1B's or GPipe's forwards and backwards as
+`cost_models.pipeline_schedule` orders them) over their own submeshes, which may differ
+in size, as Alpa's do. A stage may run its layers as programs of their own in turn
+(`Stage.layer_operators`), each layer's outputs moved to replicated and handed to the
+next as they would be to the next stage. A stage the plan recomputes keeps of each
+micro-batch in flight only its inputs and runs its first pass again (same random draws,
+nothing sent) when the micro-batch's gradient arrives. Tensors cross a stage boundary
+whole: each sending rank holds the tensor replicated, and `passes.stage_graph.routes` says
+which of them sends which piece to which receiving rank.
 
 Why not `torch.distributed.pipelining`: its stages are autograd modules on one rank of each
 pipeline group, so every stage has the same mesh; an Alpa plan's stages have meshes of
@@ -34,6 +35,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate
 
+from cost_models.pipeline_schedule import Action, eager_last_stage, rank_actions
 from passes.dtensor_rules import parse_placements, redistribute
 from passes.lower import RankProgram
 from passes.stage_graph import (
@@ -202,18 +204,18 @@ class StagedTrainer(Checkpointing):
         # Per part, each parameter's gradient of every micro-batch.
         gradients: list[dict[str, list]] = [{} for _ in self.parts]
         losses: list = []
-        warm_up = _warm_up(self.plan.schedule, m, len(self.plan.stages), self.index)
+        order = _order(self.plan.schedule, m, len(self.plan.stages), self.index)
         held: deque = deque()
         if self.loss_scale is not None:
             self.buffers[LOSS_SCALE] = self.parts[0].program.shard(
                 torch.tensor(self.loss_scale.scale), self.replicated)
         with torch.no_grad():
-            for i in range(m):
-                held.append((i, *self._forward(i, micro[i], sends)))
-                if i >= warm_up:
+            for action in order:
+                if action.kind == "F":
+                    i = action.micro_batch
+                    held.append((i, *self._forward(i, micro[i], sends)))
+                else:  # backwards come in micro-batch order: the oldest held is this one's
                     self._backward_oldest(held, gradients, losses, sends)
-            while held:
-                self._backward_oldest(held, gradients, losses, sends)
             loss = self._finish(gradients, losses, m)
         if self.loss_scale is None or not self.loss_scale.overflowed(
                 [p.grad for p in self.locals.values() if p.grad is not None]):
@@ -414,14 +416,12 @@ class StagedTrainer(Checkpointing):
                            self.loss_scale)
 
 
-def _warm_up(schedule: str | None, m: int, stages: int, index: int) -> int:
-    """Forwards stage `index` runs before its first backward; then it alternates a forward
-    and a backward, so it holds at most warm-up + 1 micro-batches. 1F1B: as many as the
-    stages after it (the first backward's gradient is back when their pipeline is full);
-    GPipe: all of them. The last stage runs each backward at once either way."""
-    if index == stages - 1:
-        return 0
-    return min(m, stages - 1 - index) if schedule == "1f1b" else m
+def _order(schedule: str | None, m: int, stages: int, index: int) -> list[Action]:
+    """The forwards and backwards stage `index` of `stages` runs, in order: the schedule's
+    (`pipeline_schedule.rank_actions`; a plan without one has one stage), the last stage
+    running each backward as soon as its forward is done (`eager_last_stage`)."""
+    actions = rank_actions(schedule or "1f1b", stages, index, m)
+    return eager_last_stage(actions, stages)
 
 
 def _rng_state(device_type: str) -> tuple[torch.Tensor, torch.Tensor | None]:

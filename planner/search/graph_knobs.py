@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+
+from cost_models.pipeline_schedule import eager_last_stage, peak_in_flight, rank_actions
 
 GRAPH_SCHEDULES = ("1f1b", "gpipe")
 GRAPH_PRECISIONS = ("fp32", "bf16", "fp16")
@@ -56,12 +59,15 @@ class GraphKnobs:
         return (False, True) if self.recompute is None else (self.recompute,)
 
 
+@functools.cache
 def in_flight(stages_from_here: int, m: int, schedule: str = "1f1b") -> int:
     """Micro-batches whose activations a stage holds at once, `stages_from_here` counting
-    it and every stage after it. 1F1B (`runtime.staged`): its first backward waits for one
-    forward on each of them (Narayanan et al., PipeDream-Flush, ICML 2021; Alpa's stage DP
-    bounds memory the same way). GPipe: all m on every stage but the last, which runs each
-    backward at once."""
-    if schedule == "gpipe":
-        return 1 if stages_from_here == 1 else m
-    return min(m, stages_from_here)
+    it and every stage after it: the peak of the forwards and backwards it runs, in the
+    order `runtime.staged` runs them (`cost_models.pipeline_schedule`). 1F1B: its first
+    backward waits for one forward on each of them (Narayanan et al., PipeDream-Flush,
+    ICML 2021; Alpa's stage DP bounds memory the same way). GPipe: all m on every stage but
+    the last, which runs each backward at once."""
+    # A 1F1B or GPipe stage's order depends only on the stages from it on: it runs as
+    # the first of a pipeline of that many.
+    actions = rank_actions(schedule, stages_from_here, 0, m)
+    return int(peak_in_flight(eager_last_stage(actions, stages_from_here)))

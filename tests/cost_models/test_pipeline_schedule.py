@@ -23,6 +23,7 @@ from torch.distributed.pipelining.stage import _PipelineStageBase
 from cost_models import memory
 from cost_models.pipeline_schedule import (
     Action,
+    eager_last_stage,
     in_flight_micro_batches,
     peak_in_flight,
     rank_actions,
@@ -201,6 +202,22 @@ def test_peak_in_flight_weighs_each_stage() -> None:
     # Split backward: a stage's activations go at its W, not its I.
     assert peak_in_flight([Action(0, "F", 0), Action(0, "I", 0), Action(0, "F", 1),
                            Action(0, "W", 0), Action(0, "I", 1), Action(0, "W", 1)]) == 2
+
+
+def test_an_eager_last_stage_holds_one_micro_batch() -> None:
+    gpipe = schedule_actions("gpipe", 3, 4)
+    eager = [eager_last_stage(actions, 3) for actions in gpipe]
+    assert eager[:2] == gpipe[:2]  # the other stages run as torch's GPipe
+    assert [str(a) for a in eager[2]] == ["2F0", "2B0", "2F1", "2B1", "2F2", "2B2", "2F3", "2B3"]
+    assert [peak_in_flight(actions) for actions in eager] == [4, 4, 1]
+    # 1F1B's last stage already runs each backward at once.
+    assert [eager_last_stage(a, 3) for a in schedule_actions("1f1b", 3, 4)] == \
+        schedule_actions("1f1b", 3, 4)
+    # A split backward moves whole: ZB-V's last stage (2 p - 1) is rank 0's second.
+    rank_0 = eager_last_stage(rank_actions("zbv", 2, 0, 3, 2), 4)
+    assert [str(a) for a in rank_0 if a.stage == 3] == \
+        ["3F0", "3I0", "3W0", "3F1", "3I1", "3W1", "3F2", "3I2", "3W2"]
+    assert sorted(map(str, rank_0)) == sorted(map(str, rank_actions("zbv", 2, 0, 3, 2)))
 
 
 def test_zbv_holds_what_1f1b_s_first_stage_holds() -> None:
