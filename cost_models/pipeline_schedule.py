@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from planner.parallel import SCHEDULES
 
@@ -66,11 +66,6 @@ class Action:
             raise ValueError(f"{text!r} is not an action such as 2F0 "
                              "(stage, one of F B I W, micro-batch)")
         return Action(int(match[1]), match[2], int(match[3]))
-
-
-def stages_per_rank(schedule: str, virtual: int = 1) -> int:
-    """How many (virtual) stages each rank holds under `schedule`."""
-    return 2 if schedule == "zbv" else virtual
 
 
 def schedule_actions(schedule: str, pipeline: int, micro_batches: int,
@@ -235,9 +230,9 @@ def peak_in_flight(actions: list[Action],
     """The most activations one rank holds at once, walking its `actions`: a forward
     keeps its stage's `stage_bytes` (1 per stage by default: the answer is then in
     micro-batch-stages), a full backward frees them, and a split backward frees them at
-    its W. (Its I could free what only the inputs' gradient reads; ZB-V's rank runs W
-    right after I in its steady state, and a W left for the cool-down keeps at most the
-    layers' inputs: counting the whole stage until W is the simple, safe side.)"""
+    its W. (Its I could free what only the inputs' gradient reads and keep what W reads,
+    each layer's input and output gradient; counting the whole stage until W is the
+    simple, safe side.)"""
     size = _sizes(stage_bytes)
     held = peak = 0.0
     for action in actions:
@@ -262,10 +257,10 @@ def in_flight_micro_batches(schedule: str, pipeline: int, rank: int, micro_batch
                             virtual: int = 1) -> float:
     """Micro-batches of activations `rank` holds at its peak, in units of one micro-batch
     through all the rank's layers (its stages taken as equal shares of them): the peak of
-    its actions (`peak_in_flight`) over the stages it holds. The arguments of
+    its actions (`peak_in_flight`) over the `virtual` stages it holds. The arguments of
     `cost_models.memory.in_flight_micro_batches`, which this answers from the order."""
     actions = rank_actions(schedule, pipeline, rank, micro_batches, virtual)
-    return peak_in_flight(actions) / stages_per_rank(schedule, virtual)
+    return peak_in_flight(actions) / virtual
 
 
 Interval = tuple[Action, float, float]
