@@ -228,7 +228,7 @@ class MemoryBreakdown:
     """Peak bytes on one device of one pipeline stage."""
 
     weights: float
-    """Low-precision parameters (after ZeRO-3 sharding, if any)."""
+    """Parameters as the engine stores them (after ZeRO-3 / FSDP sharding, if any)."""
     gradients: float
     """Gradients (after ZeRO-2/3 sharding, if any)."""
     optimizer: float
@@ -236,17 +236,42 @@ class MemoryBreakdown:
     activations: float
     """Activations kept for backward at the peak, over all micro-batches in flight."""
     reserve: float
-    """Fixed framework overhead: CUDA context, NCCL buffers, allocator fragmentation."""
+    """Memory outside the caching allocator (CUDA context, communicator buffers), or for
+    the plans priced without the engines' rules a fixed framework overhead."""
+    transient: float = 0.0
+    """Working buffers alive at the peak: gathered weights and unsharded gradients, the
+    loss's fp32 logits, a layer's backward gradients."""
+    fragmentation: float = 0.0
+    """What the caching allocator holds beyond the allocated peak."""
+    activation_kinds: tuple[tuple[str, float], ...] = ()
+    """`activations` by kind (norm inputs, attention, mlp, ...), where the engine's rules
+    counted them."""
     total: float = field(init=False)
-    """Sum of all the above."""
+    """Everything that must fit: the allocated peak and the memory outside the allocator."""
 
     def __post_init__(self) -> None:
-        parts = (self.weights, self.gradients, self.optimizer, self.activations, self.reserve)
+        parts = (self.weights, self.gradients, self.optimizer, self.activations,
+                 self.transient, self.reserve)
         object.__setattr__(self, "total", sum(parts))
+
+    @property
+    def allocated(self) -> float:
+        """Peak allocated bytes (what `torch.cuda.max_memory_allocated` reports)."""
+        return self.total - self.reserve
+
+    @property
+    def reserved(self) -> float:
+        """Bytes the caching allocator holds at that peak (`max_memory_reserved`)."""
+        return self.allocated + self.fragmentation
 
     def fits(self, capacity_bytes: float) -> bool:
         """Whether the peak fits in a device of `capacity_bytes` (e.g. memory_gib * 2**30)."""
         return self.total <= capacity_bytes
+
+    def reserved_fits(self, capacity_bytes: float) -> bool:
+        """Whether what the allocator reserves fits too; a run that fits allocated but not
+        reserved may run out of memory through fragmentation."""
+        return self.reserved + self.reserve <= capacity_bytes
 
 
 def peak_memory_bytes(

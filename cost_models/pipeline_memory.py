@@ -8,10 +8,10 @@ layouts it tries do not fit, and their time is never needed.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
-from cost_models import memory
+from cost_models import engine_memory, memory
+from cost_models.saved_activations import checkpoint_bytes, saved_per_layer
 from cost_models.transformer_ops import SCORE_FREE_ATTENTION
 from planner.cluster import Cluster
 from planner.models.config import TransformerConfig
@@ -40,6 +40,9 @@ def recomputed_layers(parallel: ParallelConfig, layers: int) -> int:
     first recompute_num_layers of each of the stage's virtual chunks."""
     if parallel.recompute == "none":
         return 0
+    if parallel.recompute == "full" and parallel.recompute_every > 1:
+        # TorchTitan's layer-level checkpointing wraps blocks k, 2k, ... of the model.
+        return layers // parallel.recompute_every
     if parallel.recompute == "full" and parallel.recompute_method == "block":
         v = parallel.virtual_pipeline
         return min(layers, parallel.recompute_num_layers * v)
@@ -156,15 +159,23 @@ def stage_memory(
     flash: bool,
 ) -> memory.MemoryBreakdown:
     """Memory of one GPU of pipeline stage `index` (`parallel` as the stage runs it),
-    holding `params` parameters and `layers` layers' activations."""
-    element = memory.state_element_bytes(parallel.precision)
-    state = memory.model_state_bytes(
-        params, parallel.data, parallel.zero_stage, params_bytes=element.params,
-        grads_bytes=element.grads, optimizer_bytes=element.optimizer,
+    holding `params` parameters and `layers` layers' activations, by the rules of the
+    engine that runs it (`cost_models.engine_memory`, `cost_models.saved_activations`)."""
+    block = layer_parameters(model, parallel.expert) / parallel.tensor
+    state, gathered = engine_memory.model_state(params, block, max(params - layers * block, 0),
+                                                parallel)
+    kinds, working = stage_activations(model, parallel, layers, index, num_stages,
+                                       num_micro_batches, flash)
+    activations = sum(kinds.values())
+    transient = gathered + working
+    allocated = state.total + activations + transient
+    return memory.MemoryBreakdown(
+        weights=state.weights, gradients=state.gradients, optimizer=state.optimizer,
+        activations=activations, reserve=engine_memory.NON_ALLOCATOR_BYTES,
+        transient=transient,
+        fragmentation=engine_memory.reserved_bytes(allocated, parallel) - allocated,
+        activation_kinds=tuple(kinds.items()),
     )
-    activations = stage_activation_bytes(model, parallel, layers, index, num_stages,
-                                         num_micro_batches, flash)
-    return memory.peak_memory_bytes(state, activations, 1, 1.0)
 
 
 def stage_activation_bytes(
@@ -174,31 +185,47 @@ def stage_activation_bytes(
     """Activations pipeline stage `index` of `num_stages` keeps at its peak on one GPU of
     its mesh (`parallel` as the stage runs it: its tensor degree and micro-batch), with
     `layers` layers and the schedule's micro-batches in flight."""
-    seq = math.ceil(model.seq_length / parallel.context)
+    kinds, _ = stage_activations(model, parallel, layers, index, num_stages,
+                                 num_micro_batches, flash)
+    return sum(kinds.values())
 
-    def kept(recompute: str) -> float:
-        return memory.activation_bytes_per_layer(
-            seq, parallel.micro_batch_size, model.hidden_size, model.num_attention_heads,
-            parallel.tensor, parallel.sequence_parallel, recompute, flash,
-            parallel.precision == "fp8",
-        )
 
-    per_layer = kept(parallel.recompute)
-    extra = 0.0
+def stage_activations(
+    model: TransformerConfig, parallel: ParallelConfig, layers: int, index: int,
+    num_stages: int, num_micro_batches: int, flash: bool,
+) -> tuple[dict[str, float], float]:
+    """(kept, working): the activations stage `index` keeps at its peak, by kind, over the
+    schedule's micro-batches in flight, and the working buffers of backward beside them
+    (one replayed layer, the loss's logits, a layer's gradients)."""
+    layer = saved_per_layer(model, parallel, flash)
+    whole = sum(layer.values())
+    kinds = dict(layer)
+    working = 0.0
     if parallel.recompute == "full":
-        # Checkpointed layers keep their input; the others (block method) all they made.
-        # Backward rebuilds one checkpointed group at a time: its working set, held once.
+        # Checkpointed layers keep their input; the others all they made. Backward rebuilds
+        # one checkpointed group at a time: its working set, held once.
+        none = saved_per_layer(model, replace(parallel, recompute="none"), flash)
+        whole_none = sum(none.values())
         replayed = recomputed_layers(parallel, layers)
         group = parallel.recompute_num_layers if parallel.recompute_method == "uniform" else 1
-        per_layer = (replayed * kept("full") / group + (layers - replayed) * kept("none")) \
+        share = (layers - replayed) / max(layers, 1)
+        kinds = {kind: bytes_ * share for kind, bytes_ in none.items()}
+        kinds["checkpointed inputs"] = replayed * checkpoint_bytes(model, parallel) / group \
             / max(layers, 1)
-        extra += min(group, layers) * kept("none")
+        working += min(group, layers) * whole_none
+    elif parallel.recompute == "selective" and layers:
+        # The replayed part of one layer lives again during its backward.
+        none = saved_per_layer(model, replace(parallel, recompute="none"), flash)
+        working += max(sum(none.values()) - whole, 0.0)
     in_flight = memory.in_flight_micro_batches(
         parallel.schedule, num_stages, index, num_micro_batches, parallel.virtual_pipeline,
     )
+    kept = {kind: bytes_ * layers * in_flight for kind, bytes_ in kinds.items()}
+    layer_working = engine_memory.layer_working_bytes(model, parallel)
     if index == num_stages - 1:
-        extra += memory.output_layer_activation_bytes(
-            seq, parallel.micro_batch_size, model.hidden_size, model.vocab_size,
-            parallel.tensor,
-        )
-    return per_layer * layers * in_flight + extra
+        saved, loss_working = engine_memory.loss_bytes(model, parallel)
+        kept["loss"] = saved
+        working += max(loss_working, layer_working)
+    else:
+        working += layer_working
+    return kept, working

@@ -29,7 +29,7 @@ pipeline; so tensor groups stay in a node and pipeline neighbours are far apart.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
 from cost_models import memory
@@ -110,6 +110,14 @@ class StepPrediction:
     """Peak memory of the fullest GPU, framework reserve included, in GiB."""
     fits: bool
     """Whether that peak fits in device memory."""
+    reserved_gib_per_gpu: float = 0.0
+    """What the caching allocator holds on that GPU at its peak, in GiB."""
+    reserved_fits: bool = True
+    """Whether that fits too; a run that fits allocated but not reserved may run out of
+    memory through fragmentation (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)."""
+    memory_breakdown_gib: dict[str, float] = field(default_factory=dict)
+    """The fullest GPU's peak by kind, in GiB: weights, gradients, optimizer, activations
+    by kind, working buffers, memory outside the allocator."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -369,7 +377,22 @@ def predict_stages(
         mfu=model_flops / step / num_gpus / (peak * 1e12),
         memory_gib_per_gpu=worst_memory.total / 2**30,
         fits=worst_memory.fits(device.memory_gib * 2**30),
+        reserved_gib_per_gpu=(worst_memory.reserved + worst_memory.reserve) / 2**30,
+        reserved_fits=worst_memory.reserved_fits(device.memory_gib * 2**30),
+        memory_breakdown_gib=breakdown_gib(worst_memory),
     )
+
+
+def breakdown_gib(peak: memory.MemoryBreakdown) -> dict[str, float]:
+    """`peak` by kind in GiB, activations split by the kinds counted."""
+    parts = {"weights": peak.weights, "gradients": peak.gradients,
+             "optimizer": peak.optimizer}
+    if peak.activation_kinds:
+        parts |= {f"activations: {kind}": bytes_ for kind, bytes_ in peak.activation_kinds}
+    else:
+        parts["activations"] = peak.activations
+    parts |= {"working buffers": peak.transient, "outside the allocator": peak.reserve}
+    return {kind: bytes_ / 2**30 for kind, bytes_ in parts.items()}
 
 
 def _pipeline_p2p(

@@ -246,6 +246,14 @@ class Predicted(_Model):
                                       "GiB: parameters, gradients, optimizer state and saved "
                                       "activations.")
     fits: bool = Field(default=True, description="Whether that peak fits in device memory.")
+    reserved_gib_per_gpu: float | None = Field(
+        default=None, ge=0, description="What the caching allocator holds on that device at "
+        "its peak, GiB (max_memory_reserved, what TorchTitan logs and nvidia-smi shows).")
+    reserved_fits: bool = Field(default=True, description="Whether the reserved memory fits "
+                                "too; if not, fragmentation may run the plan out of memory "
+                                "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True helps).")
+    memory_breakdown_gib: dict[str, float] = Field(
+        default_factory=dict, description="The fullest device's peak by kind, GiB.")
     tokens_per_s: float | None = Field(default=None, description="Tokens per second over the "
                                        "cluster (training plans).")
     model_tflops_per_gpu: float | None = Field(default=None, description="Model TFLOP/s per "

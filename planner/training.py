@@ -43,11 +43,14 @@ def training_plan(
     layers_per_stage: list[int] | None = None, stages: tuple[StageLayout, ...] | None = None,
     collectives: LayerCollectives | None = None, prediction: StepPrediction | None = None,
     parameter_names: Callable[[str], str] | None = None,
+    chunk_layers: list[int] | None = None,
 ) -> Plan:
     """Predict one configuration (unless the search's `prediction` of it is given) and
     package it as a plan. `stages` gives each stage its own mesh (Alpa's space); without
     it every stage runs on `parallel`'s mesh. `parameter_names` maps the zoo's parameter
-    names to the model's own (a Hugging Face model's)."""
+    names to the model's own (a Hugging Face model's). `chunk_layers`: each model chunk's
+    layers in model order where they differ (the embedding or the loss counted as a
+    layer); `layers_per_stage` then holds their sums per stage."""
     if stages is None:
         parallel = parallel.resolve(cluster.num_devices)
         layers = layers_per_stage or _even(model.num_layers, parallel.pipeline)
@@ -58,7 +61,7 @@ def training_plan(
         prediction = predict_stages(model, cluster, parallel, layouts,
                                     cluster.device.flash_attention, collectives)
     if stages is None:
-        incompatibility = megatron_incompatibility(parallel, layers)
+        incompatibility = megatron_incompatibility(parallel, layers, chunk_layers)
     else:
         incompatibility = "its pipeline stages run on different meshes (Alpa's space)"
         first = stages[0]
@@ -67,8 +70,9 @@ def training_plan(
             parallel, tensor=first.tensor, data=first.data, pipeline=len(stages),
             micro_batch_size=parallel.micro_batch_size * parallel.data // first.data,
         )
-    flags = None if incompatibility else megatron_flags(model, parallel, layers)
-    plan = _plan(name, model, cluster, parallel, layouts, prediction, flags, incompatibility)
+    flags = None if incompatibility else megatron_flags(model, parallel, layers, chunk_layers)
+    plan = _plan(name, model, cluster, parallel, layouts, prediction, flags, incompatibility,
+                 chunk_layers)
     if parameter_names is None:
         return plan
     return plan.model_copy(update={"stages": [
@@ -81,12 +85,13 @@ def training_plan(
 def _plan(
     name: str, model: TransformerConfig, cluster: Cluster, parallel: ParallelConfig,
     layouts: list[StageLayout], prediction: StepPrediction, flags: list[str] | None,
-    incompatibility: str | None,
+    incompatibility: str | None, chunk_layers: list[int] | None = None,
 ) -> Plan:
     """The Plan of a configuration whose stages run on `layouts`' meshes."""
     stages, first_layer, first_device = [], 0, 0
-    interleaved = _interleaved_chunks(sum(layout.layers for layout in layouts), len(layouts),
-                                      parallel.virtual_pipeline)
+    interleaved = _chunk_bounds(chunk_layers) if chunk_layers and parallel.virtual_pipeline > 1 \
+        else _interleaved_chunks(sum(layout.layers for layout in layouts), len(layouts),
+                                 parallel.virtual_pipeline)
     bounds = [0]
     for layout in layouts:
         bounds.append(bounds[-1] + layout.layers)
@@ -169,6 +174,14 @@ def _even(num_layers: int, stages: int) -> list[int]:
     stages when the layers do not divide."""
     splits = megatron_stage_splits(num_layers, stages)
     return list(splits[0]) if splits else even_split(num_layers, stages)
+
+
+def _chunk_bounds(sizes: list[int]) -> list[tuple[int, int]]:
+    """Layers [first, last) of chunks of `sizes` layers, in model order."""
+    bounds = [0]
+    for size in sizes:
+        bounds.append(bounds[-1] + size)
+    return list(zip(bounds, bounds[1:]))
 
 
 def _interleaved_chunks(num_layers: int, stages: int, virtual: int) -> list[tuple[int, int]]:

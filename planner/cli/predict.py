@@ -110,7 +110,8 @@ def run_predict(args: argparse.Namespace) -> int:
     run = megatron_run(parsed, gpus)
     _check_on_cluster(parsed, run, cluster)
     name = Path(launch.script).stem if launch.script else "pretrain_gpt"
-    launched = training_plan(name, run.model, cluster, run.parallel, run.layers_per_stage)
+    launched = training_plan(name, run.model, cluster, run.parallel, run.layers_per_stage,
+                             chunk_layers=run.chunk_layers)
     totals = wants_totals(args)
     if totals:
         launched = with_totals([launched], run.model, cluster, args)[0]

@@ -12,8 +12,11 @@ from planner.models.config import TransformerConfig
 from planner.parallel import ParallelConfig
 
 
-def megatron_incompatibility(parallel: ParallelConfig, layers_per_stage: list[int]) -> str | None:
-    """Why Megatron-LM cannot run this layout, or None if it can."""
+def megatron_incompatibility(
+    parallel: ParallelConfig, layers_per_stage: list[int], chunk_layers: list[int] | None = None
+) -> str | None:
+    """Why Megatron-LM cannot run this layout, or None if it can. `chunk_layers`: each
+    model chunk's layers where the embedding or loss take a layer's place."""
     p = parallel.pipeline
     if parallel.zero_stage > 1:
         return f"ZeRO stage {parallel.zero_stage} (Megatron-LM shards optimizer state only)"
@@ -23,6 +26,9 @@ def megatron_incompatibility(parallel: ParallelConfig, layers_per_stage: list[in
         return "sequence parallelism without tensor parallelism"
     if parallel.expert > 1 and parallel.tensor > 1 and not parallel.sequence_parallel:
         return "expert with tensor parallelism but no sequence parallelism"
+    if chunk_layers is not None:
+        return None if _accounted_ends(chunk_layers) is not None else (
+            "model chunks of sizes other than the embedding's and loss's slots make")
     middle = layers_per_stage[1:-1]
     if p > 2 and len(set(middle)) > 1:
         return "middle pipeline stages of different sizes"
@@ -37,8 +43,23 @@ def megatron_incompatibility(parallel: ParallelConfig, layers_per_stage: list[in
     return None
 
 
+def _accounted_ends(chunk_layers: list[int]) -> tuple[bool, bool] | None:
+    """(embedding, loss): which ends of `chunk_layers` are one layer short because the
+    embedding or the loss takes that slot (Megatron-LM's
+    --account-for-embedding/loss-in-pipeline-split); None if the chunks are not so."""
+    size = max(chunk_layers)
+    embedding, loss = chunk_layers[0] == size - 1, chunk_layers[-1] == size - 1
+    if len(chunk_layers) == 1 and embedding and loss:
+        return None
+    expected = [size] * len(chunk_layers)
+    expected[0] -= embedding
+    expected[-1] -= loss
+    return (embedding, loss) if expected == chunk_layers else None
+
+
 def megatron_flags(
-    model: TransformerConfig, parallel: ParallelConfig, layers_per_stage: list[int]
+    model: TransformerConfig, parallel: ParallelConfig, layers_per_stage: list[int],
+    chunk_layers: list[int] | None = None,
 ) -> list[str]:
     """The flags of a Megatron-LM launch line, in the order a person would write them."""
     flags = [
@@ -62,12 +83,24 @@ def megatron_flags(
         flags.append("--untie-embeddings-and-output-weights")
     if not model.bias:
         flags.append("--disable-bias-linear")
+    # Megatron-LM's dropouts default to 0.1; a model trained without them says so.
+    if model.hidden_dropout != 0.1:
+        flags.append(f"--hidden-dropout {model.hidden_dropout:g}")
+    if model.attention_dropout != 0.1:
+        flags.append(f"--attention-dropout {model.attention_dropout:g}")
     if model.num_experts is not None:
         flags += [f"--num-experts {model.num_experts}", f"--moe-router-topk {model.moe_top_k}",
                   f"--moe-token-dispatcher-type {parallel.moe_token_dispatcher}"]
     flags += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": [],
               "fp8": ["--bf16", "--fp8-format hybrid",
                       f"--fp8-recipe {parallel.fp8_recipe}"]}[parallel.precision]
+    if parallel.precision == "fp8" and parallel.fp8_param_gather:
+        flags.append("--fp8-param-gather")
+    if parallel.main_grads_dtype == "bf16":
+        flags.append("--grad-reduce-in-bf16")
+    if parallel.exp_avg_dtype == "bf16":
+        flags += ["--use-precision-aware-optimizer", "--exp-avg-dtype bf16",
+                  "--exp-avg-sq-dtype bf16"]
     if parallel.attention_backend != "auto":
         flags.append(f"--attention-backend {parallel.attention_backend}")
     flags += [
@@ -87,6 +120,8 @@ def megatron_flags(
                   f"--recompute-num-layers {parallel.recompute_num_layers}"]
     elif parallel.recompute == "selective":
         flags.append("--recompute-granularity selective")
+        if tuple(parallel.recompute_modules) != ("core_attn",):
+            flags.append(f"--recompute-modules {' '.join(parallel.recompute_modules)}")
     if parallel.zero_stage == 1:
         flags.append("--use-distributed-optimizer")
     if parallel.overlap_grad_reduce:
@@ -99,6 +134,14 @@ def megatron_flags(
         flags.append("--cuda-graph-impl local")
     # Any uneven split, also where the pipeline divides the layers: without these flags
     # Megatron-LM splits evenly, not as planned.
+    accounted = _accounted_ends(chunk_layers) if chunk_layers is not None else None
+    if accounted is not None:
+        embedding, loss = accounted
+        flags += ["--account-for-embedding-in-pipeline-split"] if embedding else []
+        flags += ["--account-for-loss-in-pipeline-split"] if loss else []
+        if parallel.virtual_pipeline > 1:
+            flags.append(f"--num-virtual-stages-per-pipeline-rank {parallel.virtual_pipeline}")
+        return flags
     if parallel.pipeline > 1 and len(set(layers_per_stage)) > 1:
         flags += [f"--decoder-first-pipeline-num-layers {layers_per_stage[0]}",
                   f"--decoder-last-pipeline-num-layers {layers_per_stage[-1]}"]

@@ -164,8 +164,9 @@ def _timeline_section(t: dict[str, Any]) -> str:
 def _memory_section(m: dict[str, Any]) -> str:
     caption = _e(
         "One GPU of each stage at its peak: its weights, gradients and optimizer state as "
-        "the plan holds them, the activations its schedule keeps in flight, and the "
-        f"framework's reserve, against the {m['capacity_gib']:g} GiB of a {m['device']}.")
+        "the plan holds them, the activations its schedule keeps in flight, the working "
+        "buffers of backward and the memory outside the allocator; a tick marks what the "
+        f"allocator reserves. Against the {m['capacity_gib']:g} GiB of a {m['device']}.")
     return "<h2>Memory per stage</h2>" + _figure("memory", caption)
 
 

@@ -16,7 +16,7 @@
   };
   const MEMORY_COLORS = {
     weights: "#4c78a8", gradients: "#72b7b2", optimizer: "#b279a2",
-    activations: "#f2a93b", reserve: "#bab0ac",
+    activations: "#f2a93b", working: "#e45756", reserve: "#bab0ac",
   };
   const BREAKDOWN_COLORS = ["#4c78a8", "#e45756", "#ff9d98", "#e9e9ee", "#b279a2", "#8c6d31"];
 
@@ -179,7 +179,7 @@
     const height = 320;
     const svg = svgIn(figure, height);
     const totals = m.stages.map((parts) => parts.reduce((a, b) => a + b, 0));
-    const hi = Math.max(m.capacity_gib, ...totals) * 1.08;
+    const hi = Math.max(m.capacity_gib, ...totals, ...m.reserved_gib) * 1.08;
     const y = scale(0, hi, height - 36, 16);
     yAxis(svg, y, 0, hi, LEFT, WIDTH - RIGHT, "GiB per GPU");
     const band = (WIDTH - RIGHT - LEFT) / m.stages.length;
@@ -200,6 +200,12 @@
         base += gib;
         drawn += 1;
       });
+      // What the caching allocator reserves at that peak: a tick above the bar.
+      el("line", {
+        x1: cx - barWidth / 2, x2: cx + barWidth / 2, y1: y(m.reserved_gib[s]),
+        y2: y(m.reserved_gib[s]), stroke: "#333", "stroke-width": 2, class: "mark",
+        "data-tip": `stage ${s}: reserved ${m.reserved_gib[s].toFixed(1)} GiB`,
+      }, svg);
       if (s % every === 0) {
         text(svg, cx, height - 20, `${s}`, { class: "tick", "text-anchor": "middle" });
       }

@@ -19,7 +19,7 @@ TAIL_KINDS = ("data-parallel communication", "optimizer")
 """What every stage runs after the pipeline drains: the exposed gradient reduction (and
 parameter gathering), then the optimizer update."""
 TIMELINE_KINDS = (*BAR_KINDS, *TAIL_KINDS)
-MEMORY_KINDS = ("weights", "gradients", "optimizer", "activations", "reserve")
+MEMORY_KINDS = ("weights", "gradients", "optimizer", "activations", "working", "reserve")
 BREAKDOWN = (
     ("compute_s", "compute"), ("tensor_parallel_comm_s", "tensor/context communication"),
     ("pipeline_comm_s", "pipeline communication"), ("bubble_s", "pipeline bubble"),
@@ -69,6 +69,7 @@ def memory_data(plan: Plan, model: TransformerConfig, cluster: Cluster) -> dict[
     return {
         "kinds": list(MEMORY_KINDS),
         "stages": [[round(getattr(peak, k) / GIB, 4) for k in MEMORY_KINDS] for peak in peaks],
+        "reserved_gib": [round((peak.reserved + peak.reserve) / GIB, 4) for peak in peaks],
         "capacity_gib": cluster.device.memory_gib, "device": cluster.device.name,
         "predicted_peak_gib": plan.predicted.memory_gib_per_gpu,
     }

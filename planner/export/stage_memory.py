@@ -1,19 +1,17 @@
-"""What one GPU of each pipeline stage holds at its peak: weights, gradients, optimizer
-state, activations and the framework's reserve, for drawing a Plan against the device.
+"""What one GPU of each pipeline stage holds at its peak, by kind, for drawing a Plan
+against the device: weights, gradients, optimizer state, activations, working buffers and
+the memory outside the allocator, and what the allocator reserves beside them.
 
-The model state is the plan's own (`Stage.memory`, counted over the rank's shards). A Plan
-does not record activations per stage, so they are predicted again from its configuration
-with `cost_models.memory`, as the step-time model does for the plan's peak: the layers'
-activations times the micro-batches in flight under the schedule, the output layer's on
-the last stage, and under full recomputation one checkpointed group rebuilt at a time.
+Each stage is priced by the predictor's own function (`cost_models.pipeline_memory.
+stage_memory`, the one the plan's peak came from), at the plan's configuration and
+stages; nothing is searched.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from cost_models import memory
-from cost_models.pipeline_memory import attention_backend, stage_activation_bytes
+from cost_models.pipeline_memory import attention_backend, stage_memory, stage_parameters
 from cost_models.transformer_ops import SCORE_FREE_ATTENTION
 from planner.cluster import Cluster
 from planner.export.plan_config import parallel_config, stage_layouts
@@ -29,11 +27,17 @@ class StagePeak:
     gradients: float
     optimizer: float
     activations: float
+    working: float
+    """Gathered weights, unsharded gradients, the loss's logits, a layer's gradients."""
     reserve: float
+    """Outside the caching allocator: the CUDA context, communicator buffers."""
+    reserved: float
+    """What the caching allocator holds at the peak (allocated and its fragmentation)."""
 
     @property
     def total(self) -> float:
-        return self.weights + self.gradients + self.optimizer + self.activations + self.reserve
+        return (self.weights + self.gradients + self.optimizer + self.activations
+                + self.working + self.reserve)
 
 
 def stage_peaks(plan: Plan, model: TransformerConfig, cluster: Cluster) -> list[StagePeak]:
@@ -43,18 +47,16 @@ def stage_peaks(plan: Plan, model: TransformerConfig, cluster: Cluster) -> list[
     layouts = stage_layouts(plan)
     sequences = parallel.micro_batch_size * parallel.data
     flash = attention_backend(parallel, cluster.device.flash_attention) in SCORE_FREE_ATTENTION
+    params = stage_parameters(model, layouts, parallel.expert)
     peaks = []
-    for index, (stage, layout) in enumerate(zip(plan.stages, layouts)):
-        if stage.memory is None:
-            raise ValueError(f"stage {index} of the plan records no memory")
+    for index, layout in enumerate(layouts):
         here = replace(parallel, tensor=layout.tensor, data=layout.data,
                        micro_batch_size=sequences // layout.data)
+        peak = stage_memory(model, here, params[index], layout.layers, index, len(layouts),
+                            parallel.num_micro_batches, flash)
         peaks.append(StagePeak(
-            weights=stage.memory.parameters_bytes, gradients=stage.memory.gradients_bytes,
-            optimizer=stage.memory.optimizer_bytes,
-            activations=stage_activation_bytes(model, here, layout.layers, index,
-                                               len(layouts), parallel.num_micro_batches,
-                                               flash),
-            reserve=memory.FRAMEWORK_RESERVE_BYTES,
+            weights=peak.weights, gradients=peak.gradients, optimizer=peak.optimizer,
+            activations=peak.activations, working=peak.transient, reserve=peak.reserve,
+            reserved=peak.reserved,
         ))
     return peaks

@@ -60,6 +60,7 @@ def model_config(args: MegatronArgs, notes: list[str]) -> TransformerConfig:
         "rotary_base": v.rotary_base,
         "tie_embeddings": not v.untie_embeddings_and_output_weights,
         "bias": v.add_bias_linear,
+        "hidden_dropout": v.hidden_dropout, "attention_dropout": v.attention_dropout,
     }
     # Megatron-LM reads --num-query-groups only under --group-query-attention.
     if v.group_query_attention:

@@ -19,8 +19,10 @@ if TYPE_CHECKING:
 
 def parallel_config(
     args: MegatronArgs, model: TransformerConfig, world: int, notes: list[str]
-) -> tuple[ParallelConfig, list[int] | None]:
-    """The parallel configuration, resolved for `world` GPUs, and the stages' layers."""
+) -> tuple[ParallelConfig, list[int] | None, list[int] | None]:
+    """The parallel configuration, resolved for `world` GPUs, the stages' layers and, where
+    the embedding or the loss take a layer's place, each model chunk's layers in model
+    order (chunk c on pipeline rank c % pipeline)."""
     v = args.values
     t, p, c, e = (args.count(dest) or 1 for dest in _DEGREES)
     data = _data_parallel(args, model, world, t, p, c, e)
@@ -32,10 +34,16 @@ def parallel_config(
             f"{args.flag('micro_batch_size')} {micro} x data-parallel size {data} = "
             f"{micro * data} ({world} GPUs / (tensor {t} x pipeline {p} x context {c})); "
             "change the batch or a degree")
-    layers = _stage_layers(args, model.num_layers, p)
-    virtual = _virtual_stages(args, model.num_layers, p, layers, batch // (micro * data))
+    slots = model.num_layers + _accounted(args)
+    layers = None if slots != model.num_layers else _stage_layers(args, model.num_layers, p)
+    virtual = _virtual_stages(args, slots, p, layers, batch // (micro * data))
+    chunks = _accounted_chunks(args, model.num_layers, p, virtual) \
+        if slots != model.num_layers else None
+    if chunks is not None:
+        layers = [sum(chunks[rank::p]) for rank in range(p)]
     _check_overlaps(args, t, e)
     recompute, method, recompute_layers = _recomputation(args, layers or [model.num_layers // p])
+    grads, moments = _optimizer_state(args)
     config = ParallelConfig(
         tensor=t, pipeline=p, data=data, context=c, expert=e,
         sequence_parallel=v.sequence_parallel, micro_batch_size=micro, global_batch_size=batch,
@@ -47,9 +55,12 @@ def parallel_config(
         fp8_recipe=v.fp8_recipe if v.fp8 is not None else "delayed",
         attention_backend=_attention(args),
         moe_token_dispatcher=v.moe_token_dispatcher_type, cuda_graphs=_cuda_graphs(args),
+        recompute_modules=tuple(v.recompute_modules or ("core_attn",)),
+        main_grads_dtype=grads, exp_avg_dtype=moments,
+        fp8_param_gather=bool(v.fp8_param_gather) and v.fp8 is not None,
     )
     try:
-        return config.resolve(world), layers
+        return config.resolve(world), layers, chunks
     except ValueError as error:
         raise LaunchLineError(f"the launch line's configuration on {world} GPUs: {error}") \
             from None
@@ -132,6 +143,44 @@ def _stage_layers(args: MegatronArgs, num_layers: int, p: int) -> list[int] | No
                                                               else [])
 
 
+_ACCOUNTED = ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
+
+
+def _accounted(args: MegatronArgs) -> int:
+    """Pipeline slots the embedding and the loss take (Megatron-Core counts each as one
+    layer of the first and the last model chunk when its flag is given)."""
+    return sum(bool(getattr(args.values, dest)) for dest in _ACCOUNTED)
+
+
+def _accounted_chunks(args: MegatronArgs, num_layers: int, p: int, virtual: int) -> list[int]:
+    """Each model chunk's decoder layers when the embedding and/or loss count as layers
+    (Megatron-Core's `get_num_layers_to_build`): the layers plus those slots split evenly
+    over pipeline x virtual chunks, the first chunk one short for the embedding and the
+    last one short for the loss."""
+    given = [args.flag(dest) for dest in _ACCOUNTED if getattr(args.values, dest)]
+    ends = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")
+    sized = [args.flag(dest) for dest in ends if args.given(dest)]
+    if sized:
+        raise LaunchLineError(
+            f"{' and '.join(given)} with {' and '.join(sized)} size the end stages twice, "
+            "which Megatron-LM refuses; keep one")
+    slots = num_layers + len(given)
+    chunks = p * virtual
+    if slots % chunks:
+        pipeline = args.flag("pipeline_model_parallel_size")
+        raise LaunchLineError(
+            f"--num-layers {num_layers} plus the {len(given)} layer(s) {' and '.join(given)} "
+            f"add(s) must split evenly over {pipeline} {p} x {virtual} virtual stage(s), as "
+            "Megatron-LM requires; change the layers, the pipeline or the virtual stages")
+    size = slots // chunks
+    sizes = [size] * chunks
+    if args.values.account_for_embedding_in_pipeline_split:
+        sizes[0] -= 1
+    if args.values.account_for_loss_in_pipeline_split:
+        sizes[-1] -= 1
+    return sizes
+
+
 def _virtual_stages(
     args: MegatronArgs, num_layers: int, p: int, layers: list[int] | None, micro_batches: int
 ) -> int:
@@ -209,6 +258,26 @@ def _recomputation(args: MegatronArgs, stage_layers: list[int]) -> tuple[str, st
             f"{args.flag('recompute_num_layers')} {count} must be from 1 to the {most} "
             "layers of a pipeline stage; change it")
     return "full", method, count
+
+
+def _optimizer_state(args: MegatronArgs) -> tuple[str, str]:
+    """(main-gradient dtype, Adam-moment dtype), as --grad-reduce-in-bf16 and the
+    precision-aware optimizer's dtype flags set them (Megatron-LM reads the dtypes only
+    with --use-precision-aware-optimizer)."""
+    v = args.values
+    typed = [args.flag(d) for d in ("main_grads_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
+             if args.given(d) and getattr(v, d) != args.defaults.get(d)]
+    if typed and not v.use_precision_aware_optimizer:
+        raise LaunchLineError(
+            f"{' and '.join(typed)} apply only with --use-precision-aware-optimizer, which "
+            "Megatron-LM requires; add it or drop them")
+    if v.exp_avg_dtype != v.exp_avg_sq_dtype:
+        raise LaunchLineError(
+            f"{args.flag('exp_avg_dtype')} {v.exp_avg_dtype} and {args.flag('exp_avg_sq_dtype')} "
+            f"{v.exp_avg_sq_dtype} differ; Tessel prices both moments in one dtype, give both "
+            "the same")
+    grads = "bf16" if v.grad_reduce_in_bf16 or v.main_grads_dtype == "bf16" else "fp32"
+    return grads, v.exp_avg_dtype
 
 
 def _precision(args: MegatronArgs, notes: list[str]) -> str:

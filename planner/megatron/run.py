@@ -28,14 +28,18 @@ _READ = frozenset({
     "num_query_groups", "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "swiglu",
     "normalization", "position_embedding_type", "use_rotary_position_embeddings",
     "add_position_embedding", "rotary_base", "untie_embeddings_and_output_weights",
-    "add_bias_linear", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+    "add_bias_linear", "hidden_dropout", "attention_dropout", "tensor_model_parallel_size",
+    "pipeline_model_parallel_size", "recompute_modules", "grad_reduce_in_bf16",
+    "use_precision_aware_optimizer", "main_grads_dtype", "exp_avg_dtype", "exp_avg_sq_dtype",
+    "fp8_param_gather",
     "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size",
     "sequence_parallel", "micro_batch_size", "global_batch_size", "recompute_granularity",
     "recompute_activations", "recompute_method", "recompute_num_layers",
     "use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather",
     "tp_comm_overlap", "num_layers_per_virtual_pipeline_stage",
     "num_virtual_stages_per_pipeline_rank", "decoder_first_pipeline_num_layers",
-    "decoder_last_pipeline_num_layers", "overlap_p2p_comm", "bf16", "fp16", "fp8",
+    "decoder_last_pipeline_num_layers", "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split", "overlap_p2p_comm", "bf16", "fp16", "fp8",
     "fp8_recipe", "attention_backend", "use_flash_attn", "transformer_impl",
     "moe_token_dispatcher_type", "enable_cuda_graph", "external_cuda_graph",
     "cuda_graph_impl",
@@ -50,8 +54,12 @@ class MegatronRun:
     parallel: ParallelConfig
     """The configuration, resolved for the world size (data filled in)."""
     layers_per_stage: list[int] | None
-    """Layers of each pipeline stage when --decoder-first/last-pipeline-num-layers make
-    them uneven; None: Megatron-LM's even split."""
+    """Layers of each pipeline stage when --decoder-first/last-pipeline-num-layers or the
+    embedding and loss counted as layers make them uneven; None: Megatron-LM's even
+    split."""
+    chunk_layers: list[int] | None
+    """Layers of each model chunk in model order (chunk c on pipeline rank c % pipeline)
+    where the embedding or the loss take a layer's place; None: chunks of equal size."""
     notes: list[str]
     """Defaults worth saying out loud (fp32 without --bf16, a padded vocabulary, ...)."""
     ignored: list[str]
@@ -66,6 +74,6 @@ def megatron_run(args: MegatronArgs, world_size: int) -> MegatronRun:
     refuse_unpriced(args)
     notes: list[str] = []
     model = model_config(args, notes)
-    parallel, layers = parallel_config(args, model, world_size, notes)
+    parallel, layers, chunks = parallel_config(args, model, world_size, notes)
     ignored = [flag for dest, flag in args.typed.items() if dest not in _READ]
-    return MegatronRun(model, parallel, layers, notes, ignored)
+    return MegatronRun(model, parallel, layers, chunks, notes, ignored)

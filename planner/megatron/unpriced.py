@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from planner.megatron.errors import LaunchLineError
-from planner.parallel import FP8_RECIPES
+from planner.parallel import FP8_RECIPES, RECOMPUTE_MODULES
 
 if TYPE_CHECKING:
     from planner.megatron.arguments import MegatronArgs
@@ -27,8 +27,6 @@ UNPRICED: dict[str, tuple[str, tuple[Any, ...]]] = {
     "hybrid_context_parallel": ("hybrid context parallelism", ()),
     "cp_comm_type": ("context-parallel exchange other than the p2p ring", (["p2p"],)),
     "pipeline_model_parallel_layout": ("a custom pipeline layout", ()),
-    "account_for_embedding_in_pipeline_split": ("the embedding as a pipeline layer", ()),
-    "account_for_loss_in_pipeline_split": ("the loss as a pipeline layer", ()),
     "microbatch_group_size_per_vp_stage": (
         "micro-batch groups other than the pipeline size", ()),
     "num_distributed_optimizer_instances": ("several distributed-optimizer instances", ()),
@@ -42,16 +40,13 @@ UNPRICED: dict[str, tuple[str, tuple[Any, ...]]] = {
     # Precision and optimizer state other than mixed-precision Adam with fp32 main grads.
     "fp4": ("fp4 matmuls", ()),
     "fp4_param_gather": ("fp4 parameter all-gathers", ()),
-    "fp8_param_gather": ("fp8 parameters and all-gathers", ()),
     "first_last_layers_bf16": ("bf16 first and last layers in an fp8 run", ()),
     "fp8_wgrad": ("weight gradients outside fp8", ()),
     "fp8_output_proj": ("an fp8 output projection", ()),
-    "grad_reduce_in_bf16": ("gradients reduced in bf16 (Tessel prices fp32 main grads)", ()),
-    "use_precision_aware_optimizer": ("the precision-aware optimizer", ()),
-    "main_grads_dtype": ("main gradients other than fp32", ()),
+    "main_grads_dtype": ("main gradients other than fp32 or bf16", ("bf16",)),
     "main_params_dtype": ("main parameters other than fp32", ()),
-    "exp_avg_dtype": ("Adam moments other than fp32", ()),
-    "exp_avg_sq_dtype": ("Adam moments other than fp32", ()),
+    "exp_avg_dtype": ("Adam moments other than fp32 or bf16", ("bf16",)),
+    "exp_avg_sq_dtype": ("Adam moments other than fp32 or bf16", ("bf16",)),
     "optimizer": ("an optimizer other than Adam (its state differs)", ()),
     "optimizer_cpu_offload": ("optimizer state offloaded to the CPU", ()),
     # Activations kept elsewhere, or recomputed beyond Tessel's three modes.
@@ -60,8 +55,6 @@ UNPRICED: dict[str, tuple[str, tuple[Any, ...]]] = {
     "offload_modules": ("activations offloaded to the CPU", ()),
     "moe_paged_stash": ("MoE activations stashed in pages", ()),
     "distribute_saved_activations": ("recomputed activations split over tensor ranks", ()),
-    "recompute_modules": ("selective recomputation of modules other than core_attn",
-                          (["core_attn"],)),
     "moe_layer_recompute": ("recomputation of MoE layers", ()),
     # Architectures the zoo's decoder does not describe.
     "multi_latent_attention": ("multi-latent attention", ()),
@@ -95,7 +88,7 @@ UNPRICED: dict[str, tuple[str, tuple[Any, ...]]] = {
 }
 # Options that act only on fp8 matmuls, or only on experts: without those, Megatron-LM
 # ignores them, and so does Tessel.
-_FP8_ONLY = ("fp8_param_gather", "first_last_layers_bf16", "fp8_wgrad", "fp8_output_proj")
+_FP8_ONLY = ("first_last_layers_bf16", "fp8_wgrad", "fp8_output_proj")
 # Not in UNPRICED, on purpose: kernel choices that do the same work (fusions, TE's
 # communication-overlap variants, --deterministic-mode, grouped GEMMs, bucket sizes),
 # which calibrated efficiencies absorb; and shape details a few parameters wide
@@ -135,6 +128,9 @@ def refuse_unpriced(args: MegatronArgs) -> None:
          "inference-optimized layers"),
         ("fp8_recipe", v.fp8 is not None and v.fp8_recipe not in FP8_RECIPES,
          f"the {v.fp8_recipe} fp8 recipe"),
+        ("recompute_modules", bool(set(v.recompute_modules or ()) - set(RECOMPUTE_MODULES)),
+         "selective recomputation of modules other than "
+         + ", ".join(RECOMPUTE_MODULES)),
         ("expert_tensor_parallel_size",
          v.expert_tensor_parallel_size not in (None, v.tensor_model_parallel_size),
          "an expert tensor-parallel size other than --tensor-model-parallel-size"),

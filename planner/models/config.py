@@ -84,6 +84,16 @@ class TransformerConfig(BaseModel):
         description="Experts each token is routed to (--moe-router-topk); at most "
         "num_experts. Ignored for dense models.",
     )
+    hidden_dropout: float = Field(
+        default=0.1, ge=0, lt=1,
+        description="Dropout after the attention and MLP outputs (--hidden-dropout; "
+        "Megatron-LM's default 0.1). At 0 no mask is made or kept.",
+    )
+    attention_dropout: float = Field(
+        default=0.1, ge=0, lt=1,
+        description="Dropout of the attention probabilities (--attention-dropout; "
+        "Megatron-LM's default 0.1); kept as a mask only where the scores are written.",
+    )
     bias: bool = Field(
         default=True,
         description="Give every Linear layer a bias (off: --disable-bias-linear). Norms are "

@@ -19,7 +19,7 @@ __all__ = ["FAMILIES", "PRESETS", "describe_presets", "get_preset", "zoo_config"
 
 _LLAMA_FORM: dict[str, Any] = dict(
     norm="rmsnorm", activation="swiglu", position_embedding="rope", tie_embeddings=False,
-    bias=False,
+    bias=False, hidden_dropout=0.0, attention_dropout=0.0,
 )
 
 FAMILIES: dict[str, dict[str, Any]] = {

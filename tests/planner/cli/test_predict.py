@@ -25,7 +25,7 @@ LLAMA = ("--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --num-quer
 # What Megatron-LM needs to be told to build the zoo's llama (its defaults are GPT's).
 LLAMA_FORM = ("--group-query-attention --swiglu --normalization RMSNorm "
               "--position-embedding-type rope --untie-embeddings-and-output-weights "
-              "--disable-bias-linear")
+              "--disable-bias-linear --hidden-dropout 0 --attention-dropout 0")
 MIXTRAL = ("--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --num-query-groups 8 "
            "--seq-length 4096 --max-position-embeddings 32768 --vocab-size 32768 "
            "--rotary-base 1000000 --num-experts 8 --moe-router-topk 2")

@@ -167,3 +167,33 @@ def test_megatron_lms_rules_are_errors_naming_the_flags(
     message = error_of(flags, world)
     for fragment in fragments:
         assert fragment in message
+
+
+def test_the_embedding_and_loss_counted_as_layers_shorten_the_end_chunks() -> None:
+    # NeMo's Llama 3 405B layout: 126 layers + 2 slots over 8 stages x 8 virtual chunks.
+    flags = SHAPE.replace("--num-layers 8", "--num-layers 126")
+    run = run_of(flags + " --pipeline-model-parallel-size 8 "
+                 "--num-virtual-stages-per-pipeline-rank 8 --global-batch-size 64 "
+                 "--account-for-embedding-in-pipeline-split "
+                 "--account-for-loss-in-pipeline-split", world=8)
+    assert run.chunk_layers == [1] + [2] * 62 + [1]
+    assert run.layers_per_stage == [15, 16, 16, 16, 16, 16, 16, 15]
+    assert run.parallel.virtual_pipeline == 8
+    assert "split evenly over --pipeline-model-parallel-size 8" in error_of(
+        flags.replace("126", "125") + " --pipeline-model-parallel-size 8 "
+        "--account-for-loss-in-pipeline-split")
+    assert "size the end stages twice" in error_of(
+        flags + " --pipeline-model-parallel-size 8 --account-for-loss-in-pipeline-split "
+        "--decoder-first-pipeline-num-layers 15")
+
+
+def test_optimizer_state_flags_set_the_dtypes_they_name() -> None:
+    run = run_of(SHAPE + " --bf16 --use-distributed-optimizer --use-precision-aware-optimizer "
+                 "--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 --grad-reduce-in-bf16 "
+                 "--recompute-granularity selective --recompute-modules core_attn mlp")
+    q = run.parallel
+    assert (q.main_grads_dtype, q.exp_avg_dtype, q.recompute_modules) == (
+        "bf16", "bf16", ("core_attn", "mlp"))
+    assert "--use-precision-aware-optimizer" in error_of(SHAPE + " --exp-avg-dtype bf16")
+    assert "--recompute-modules" in error_of(
+        SHAPE + " --recompute-granularity selective --recompute-modules moe")

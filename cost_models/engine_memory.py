@@ -1,0 +1,126 @@
+"""The memory rules that differ by engine: model state, working buffers at the peak, and
+what the caching allocator reserves beyond what is allocated.
+
+- megatron (Megatron-Core, `megatron/core/distributed/param_and_grad_buffer.py`,
+  `megatron/core/optimizer/distrib_optimizer.py`): 16-bit weights and a contiguous
+  main-gradient buffer (fp32 unless `--main-grads-dtype bf16` / `--grad-reduce-in-bf16`)
+  on every data-parallel rank; the distributed optimizer shards the fp32 main weights and
+  Adam's moments (fp32, or bf16 with the precision-aware optimizer's `--exp-avg-dtype`)
+  over the data-parallel (x context) group. Transformer Engine's fp8 linears cache the
+  weight's fp8 cast and its transpose across micro-batches (1 + 1 bytes), or with
+  `--fp8-param-gather` keep only those (`transformer_engine/pytorch/module/base.py`).
+- torchtitan (FSDP2, `torch/distributed/fsdp/_fully_shard`; TorchTitan's
+  `parallelize.py`): fp32 parameters, gradients and moments sharded over the data group
+  (mixed_precision_param bf16, reduce fp32). Gathered bf16 weights live per block from its
+  forward to the next block's, two blocks at a time (FSDP2 prefetches the next), and the
+  root's (embedding, norm, output) until backward; with `reshard_after_forward` off (the
+  default under pipeline parallelism) a stage's whole weights stay gathered, and the
+  pipeline keeps unsharded fp32 gradients across micro-batches (`PipelineStage` turns
+  gradient sync and reshard-after-backward off until the last micro-batch).
+- tessel: ZeRO's accounting of the runtime's own state (`cost_models.memory`).
+
+Reserved memory: the caching allocator (PyTorch's "CUDA memory management" notes) keeps
+freed blocks for reuse and splits large ones; the blocks it cannot hand out again make
+`reserved` exceed `allocated`. That share is fitted per engine on the runs of
+`published_memory.csv` that logged both or reserved alone
+(`benchmarks/memory_accuracy.py` prints the fit).
+"""
+
+from __future__ import annotations
+
+from cost_models import memory
+from cost_models.saved_activations import activation_element_bytes, layer_shape
+from planner.models.config import TransformerConfig
+from planner.parallel import ParallelConfig
+
+# Reserved over allocated at the peak, less one, by engine. megatron: Megatron-Bridge's
+# Moonlight-16B run logged 36.6 GiB allocated and about 40 reserved (1.093); torchtitan:
+# fitted to TorchTitan's Llama 3.1 8B runs (reserved only), see memory_accuracy.py.
+FRAGMENTATION = {"megatron": 0.093, "torchtitan": 0.12, "tessel": 0.093}
+
+# Memory outside the caching allocator: the CUDA context with its loaded kernels (about
+# 0.5 GiB on Hopper with cuBLAS and Transformer Engine) and NCCL's buffers (NCCL_BUFFSIZE,
+# 4 MiB per channel and peer, for the few groups a rank joins). An estimate.
+NON_ALLOCATOR_BYTES = 1.0 * 2**30
+
+
+def _moment_bytes(parallel: ParallelConfig) -> int:
+    return 2 * (2 if parallel.exp_avg_dtype == "bf16" else 4)
+
+
+def model_state(
+    params: float, block_params: float, end_params: float, parallel: ParallelConfig
+) -> tuple[memory.ModelStateBytes, float]:
+    """(state, gathered): the weights, gradients and optimizer state one GPU holds for
+    `params` parameters (its tensor shard of a stage), and the bytes of gathered weights
+    and unsharded gradients it holds at the peak beyond them. `block_params`: one layer's
+    parameters on this GPU; `end_params`: the embedding's and head's on this stage."""
+    shards = parallel.data * parallel.context
+    if parallel.engine == "torchtitan" and parallel.zero_stage >= 1:
+        weight = 1 if parallel.fp8_param_gather else activation_element_bytes(
+            parallel.precision)
+        state = memory.ModelStateBytes(weights=4 * params / shards,
+                                       gradients=4 * params / shards,
+                                       optimizer=_moment_bytes(parallel) * params / shards)
+        pipelined = parallel.pipeline > 1
+        keep = parallel.fsdp_reshard_after_forward == "never" or (
+            parallel.fsdp_reshard_after_forward == "default" and pipelined)
+        gathered = weight * (params if keep else 2 * block_params + end_params)
+        # A block's bf16 gradient and its fp32 reduce-scatter input; under a pipeline the
+        # whole stage's fp32 gradients, accumulated unsharded over the micro-batches.
+        gradients = 4 * params if pipelined else (2 + 4) * block_params
+        return state, gathered + gradients
+    if parallel.engine == "megatron" and parallel.zero_stage <= 1:
+        fp32 = parallel.precision == "fp32"
+        weight = 4 if fp32 else 2
+        if parallel.precision == "fp8":
+            weight = 2 if parallel.fp8_param_gather else 2 + 2
+        grads = 4 if fp32 or parallel.main_grads_dtype == "fp32" else 2
+        optimizer = (0 if fp32 else 4) + _moment_bytes(parallel)
+        return memory.ModelStateBytes(
+            weights=weight * params, gradients=grads * params,
+            optimizer=optimizer * params / (shards if parallel.zero_stage == 1 else 1),
+        ), 0.0
+    element = memory.state_element_bytes(parallel.precision)
+    return memory.model_state_bytes(
+        params, shards, parallel.zero_stage, params_bytes=element.params,
+        grads_bytes=element.grads, optimizer_bytes=element.optimizer,
+    ), 0.0
+
+
+def loss_bytes(model: TransformerConfig, parallel: ParallelConfig) -> tuple[float, float]:
+    """(saved, working): what the last stage keeps for the loss's backward per micro-batch,
+    and the buffers the loss holds at its peak beyond it.
+
+    Both engines compute the cross-entropy in fp32 over the vocabulary (split over t:
+    Megatron-LM's vocab-parallel cross-entropy, TorchTitan's loss parallelism) and keep
+    the fp32 softmax (Megatron, in place) or log-softmax (torch) of the logits, 4 s b v / t,
+    with the head's input; at the peak the bf16 logits and (torch) the fp32 copy they were
+    cast to are alive beside it."""
+    x = layer_shape(model, parallel)
+    e = activation_element_bytes(parallel.precision)
+    logits = x.tokens * model.vocab_size / parallel.tensor
+    if parallel.engine == "megatron":
+        head_input = e * x.tokens * x.hidden / x.sequence_shards
+        return FP32_BYTES * logits + head_input, e * logits
+    head_input = e * x.tokens * x.hidden  # the gathered norm output the head's mm keeps
+    return FP32_BYTES * logits + head_input, (e + FP32_BYTES) * logits
+
+
+FP32_BYTES = 4
+
+
+def layer_working_bytes(model: TransformerConfig, parallel: ParallelConfig) -> float:
+    """Gradients alive at the widest point of one layer's backward, in its MLP: the output's
+    gradient (whole: a row-parallel linear gathers it over the tensor group before its
+    data-gradient matmul), the gradient of the down projection's input, and that of the up
+    projection's output the activation function makes from it."""
+    x = layer_shape(model, parallel)
+    e = activation_element_bytes(parallel.precision)
+    up = 2 * x.ffn if model.activation == "swiglu" else x.ffn
+    return e * x.tokens * (x.hidden + x.ffn + up)
+
+
+def reserved_bytes(allocated: float, parallel: ParallelConfig) -> float:
+    """What the caching allocator holds when `allocated` bytes are allocated at the peak."""
+    return allocated * (1 + FRAGMENTATION[parallel.engine])

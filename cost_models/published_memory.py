@@ -1,0 +1,167 @@
+"""Published peak memory per GPU as runs Tessel can predict: the rows of
+`../shared/calibration/published_memory.csv`, each in Tessel's vocabulary and on the
+device it ran on, with what the row measured (TorchTitan logs the caching allocator's peak
+reserved bytes, Megatron-LM its peak allocated bytes).
+
+What a row does not say is set as its engine's published configuration sets it (each
+setting below cites where). Rows whose architecture Tessel cannot describe yet
+(multi-latent attention, shared experts) are returned apart, with the reason.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+from cost_models.step_time import predict_step
+from planner.cluster import Cluster
+from planner.models.config import TransformerConfig
+from planner.models.presets import FAMILIES
+from planner.parallel import ParallelConfig
+
+CSV = Path(__file__).resolve().parents[2] / "shared" / "calibration" / "published_memory.csv"
+
+
+@dataclass(frozen=True)
+class MemoryRun:
+    """One published run, in Tessel's vocabulary."""
+
+    line: int
+    name: str
+    model: TransformerConfig
+    parallel: ParallelConfig
+    cluster: Cluster
+    measured_gib: float | None
+    kind: str
+    """'allocated' or 'reserved', as the row measured."""
+    oom: bool
+    fragmentation: bool
+    """The row ran out of memory through fragmentation, not its allocated peak."""
+
+
+def _number(text: str) -> float:
+    return float(text.strip().rstrip("~").lstrip("~"))
+
+
+def _cluster(gpu: str, num_gpus: int) -> Cluster:
+    cluster = Cluster.load("dgx-h100").with_devices(num_gpus)
+    if "96GB" in gpu:
+        # H100 with 96 GB HBM2e (TorchTitan's benchmark machines): 95.0 GiB usable.
+        device = cluster.device.model_copy(update={"memory_gib": 95.0})
+        return cluster.model_copy(update={"device": device})
+    # H100 and H800 80 GB: 79.1 GiB as torch.cuda reports it.
+    return cluster.model_copy(update={"device": cluster.device.model_copy(
+        update={"memory_gib": 79.1})})
+
+
+def read_runs(path: Path = CSV) -> tuple[list[MemoryRun], list[tuple[int, str, str]]]:
+    """The rows Tessel can describe, and (line, model, why) for the rest."""
+    runs, skipped = [], []
+    with path.open() as handle:
+        for line, row in enumerate(csv.DictReader(handle), start=2):
+            if "MLA" in row["kv_heads"]:
+                skipped.append((line, row["model"], "multi-latent attention and shared "
+                                "experts are not in the zoo yet (issue 30)"))
+                continue
+            runs.append(_run(line, row))
+    return runs, skipped
+
+
+def _run(line: int, row: dict[str, str]) -> MemoryRun:
+    source, model_name = row["source"], row["model"]
+    torchtitan = "torchtitan" in source.lower()
+    megatron_gpt = "GPTModel" in model_name
+    form = dict(FAMILIES["gpt" if megatron_gpt else "llama"])
+    if megatron_gpt:
+        # get_training_info's GPTModel: learned positions, biases, LayerNorm, SwiGLU and a
+        # tied embedding (its parameter count, 6,642,245,632, has one vocabulary matrix).
+        form |= {"activation": "swiglu"}
+    model = TransformerConfig(
+        num_layers=int(row["layers"]), hidden_size=int(row["hidden"]),
+        num_attention_heads=int(row["heads"]), num_query_groups=int(row["kv_heads"]),
+        ffn_hidden_size=int(_number(row["ffn"])), vocab_size=int(_number(row["vocab"])),
+        seq_length=int(_number(row["seq"])), **form,
+    )
+    precision = row["precision"].lower()
+    recompute = row["recompute"].lower()
+    tensor = int(row["tp"])
+    knobs: dict = dict(
+        tensor=tensor, pipeline=int(row["pp"]), data=int(row["dp"]),
+        context=int(row["cp"] or 1), micro_batch_size=int(_number(row["micro_batch"])),
+        global_batch_size=int(_number(row["global_batch"])),
+        engine="torchtitan" if torchtitan else "megatron",
+        precision="fp8" if ("fp8" in precision or "float8" in precision) else "bf16",
+        compile=row["compile"].startswith("on") and torchtitan,
+        attention_backend="flash",
+    )
+    if knobs["precision"] == "fp8":
+        knobs["fp8_recipe"] = "tensorwise"
+        knobs["fp8_param_gather"] = torchtitan and "all-gather" in precision
+    if torchtitan:
+        knobs |= dict(zero_stage=3 if "fsdp" in row["zero_or_fsdp"].lower() else 0,
+                      recompute="selective" if recompute.startswith("selective") else
+                      ("full" if recompute.startswith("full") else "none"),
+                      sequence_parallel=tensor > 1)
+    else:
+        knobs |= dict(zero_stage=1 if "distributed optimizer" in row["zero_or_fsdp"] else 0,
+                      recompute="selective" if "core_attn" in recompute else "none",
+                      sequence_parallel="SP on" in row["notes"])
+        if row["vp"]:
+            knobs |= dict(schedule="interleaved", virtual_pipeline=int(row["vp"]))
+        if "CUDA graph" in row["compile"]:
+            knobs["cuda_graphs"] = True
+        if "Megatron-Bridge" in source:
+            # Bridge's performance recipes reduce gradients in bf16
+            # (ddp.grad_reduce_in_fp32 = False), and its fp8 current-scaling recipe
+            # (bf16_with_fp8_current_scaling_mixed) gathers fp8 parameters.
+            knobs["main_grads_dtype"] = "bf16"
+            knobs["fp8_param_gather"] = knobs["precision"] == "fp8"
+    parallel = ParallelConfig(**knobs)
+    kind = "reserved" if "reserved" in row["memory_kind"] else "allocated"
+    measured = _number(row["memory_gib"]) if row["memory_gib"].strip() else None
+    return MemoryRun(
+        line=line, name=f"{model_name.split(' ')[0]} {row['gpu'].split(' ')[0]}",
+        model=model, parallel=parallel,
+        cluster=_cluster(row["gpu"], int(row["num_gpus"])), measured_gib=measured,
+        kind=kind, oom=row["oom"].strip() == "yes",
+        fragmentation="fragmentation" in row["notes"],
+    )
+
+
+@dataclass(frozen=True)
+class MemoryResult:
+    run: MemoryRun
+    allocated_gib: float
+    reserved_gib: float
+    fits: bool
+    reserved_fits: bool
+
+    @property
+    def predicted_gib(self) -> float:
+        return self.reserved_gib if self.run.kind == "reserved" else self.allocated_gib
+
+    @property
+    def error(self) -> float | None:
+        if self.run.measured_gib is None:
+            return None
+        return self.predicted_gib / self.run.measured_gib - 1
+
+    @property
+    def verdict_ok(self) -> bool:
+        """A run that ran is predicted to fit; one that ran out of memory is not (through
+        its reserved estimate where fragmentation ran it out)."""
+        if not self.run.oom:
+            return self.fits
+        return (not self.reserved_fits) if self.run.fragmentation else not self.fits
+
+
+def predict(run: MemoryRun) -> MemoryResult:
+    p = predict_step(run.model, run.cluster, run.parallel)
+    # Allocated and reserved as torch.cuda reports them: without the memory outside the
+    # caching allocator, which predict_step's totals include.
+    outside = p.memory_breakdown_gib["outside the allocator"]
+    return MemoryResult(run, p.memory_gib_per_gpu - outside, p.reserved_gib_per_gpu - outside,
+                        p.fits, p.reserved_fits)
+
+

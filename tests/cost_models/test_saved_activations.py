@@ -1,0 +1,93 @@
+"""What a layer saves for backward, counted tensor by tensor per engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from cost_models.saved_activations import checkpoint_bytes, saved_per_layer
+from planner.models.config import TransformerConfig
+from planner.models.presets import FAMILIES, get_preset
+from planner.parallel import ParallelConfig
+
+S, B, H, A = 2048, 2, 4096, 32
+GPT = TransformerConfig(num_layers=2, hidden_size=H, num_attention_heads=A, vocab_size=1024,
+                        seq_length=S, **FAMILIES["gpt"])
+
+
+def _megatron(**knobs) -> ParallelConfig:
+    return ParallelConfig(micro_batch_size=B, engine="megatron", **knobs)
+
+
+def test_a_gpt_layer_saves_korthikantis_34_sbh_plus_the_scores() -> None:
+    # Korthikanti et al., Sec. 4: s b h (34 + 5 a s / h) bytes without parallelism, with the
+    # scores written (local attention); flash attention keeps the log-sum-exp instead.
+    local = saved_per_layer(GPT, _megatron(), score_free=False)
+    assert sum(local.values()) == pytest.approx(S * B * H * (34 + 5 * A * S / H))
+    flash = saved_per_layer(GPT, _megatron(), score_free=True)
+    assert sum(flash.values()) == pytest.approx(S * B * H * 34 + 4 * A * S * B)
+
+
+def test_sequence_parallelism_splits_every_tensor_over_t() -> None:
+    # Selective recomputation with sequence parallelism: 34 s b h / t (Table 2).
+    saved = saved_per_layer(GPT, _megatron(tensor=8, sequence_parallel=True,
+                                           recompute="selective"), score_free=False)
+    assert sum(saved.values()) == pytest.approx(S * B * H * 34 / 8)
+    assert "scores" not in saved
+    assert checkpoint_bytes(GPT, _megatron(tensor=8, sequence_parallel=True)) == \
+        2 * S * B * H / 8
+
+
+def test_a_llama_layer_counts_swiglu_grouped_keys_and_no_dropout() -> None:
+    model = get_preset("llama3-8b")  # f = 14336 = 3.5 h, 8 of 32 heads for keys and values
+    s, b, h = model.seq_length, B, model.hidden_size
+    saved = saved_per_layer(model, _megatron(), score_free=True)
+    assert "dropout masks" not in saved
+    assert saved["norm inputs"] == 2 * 2 * s * b * h
+    assert saved["linear inputs"] == 2 * 2 * s * b * h
+    assert saved["attention"] == pytest.approx(2 * s * b * (2 * h + 2 * h / 4) + 4 * 32 * s * b)
+    assert saved["mlp"] == 2 * s * b * (2 * 14336 + 14336)
+
+
+def test_fp8_keeps_the_casts_of_linear_inputs_in_one_byte() -> None:
+    model = get_preset("llama3-8b")
+    bf16 = saved_per_layer(model, _megatron(precision="bf16"), score_free=True)
+    fp8 = saved_per_layer(model, _megatron(precision="fp8"), score_free=True)
+    tokens = model.seq_length * B
+    # q/k/v and fc1 inputs halve; the attention output gains an fp8 copy beside the one
+    # flash attention keeps; fc2's input halves.
+    assert fp8["linear inputs"] == bf16["linear inputs"] / 2 + tokens * model.hidden_size
+    assert fp8["mlp"] == bf16["mlp"] - tokens * model.ffn_size
+
+
+def test_recompute_modules_drop_what_they_replay() -> None:
+    mlp = saved_per_layer(GPT, _megatron(recompute="selective",
+                                         recompute_modules=("core_attn", "mlp")), False)
+    assert mlp["mlp"] == 0
+    norms = saved_per_layer(GPT, _megatron(recompute="selective",
+                                           recompute_modules=("layernorm",)), False)
+    assert norms["linear inputs"] == 0
+    assert "scores" in norms  # core_attn not replayed: the scores are kept
+
+
+def test_torchtitans_op_level_checkpointing_keeps_every_other_matmul() -> None:
+    model = get_preset("llama3-8b")
+    tokens, h, f = model.seq_length * B, model.hidden_size, model.ffn_size
+    titan = ParallelConfig(micro_batch_size=B, engine="torchtitan", recompute="selective")
+    saved = saved_per_layer(model, titan, score_free=True)
+    # The block's input; wq's and wv's outputs, SDPA's output and log-sum-exp; w1's and
+    # w2's outputs (wk, wo and w3 are replayed).
+    assert saved == {
+        "block inputs": 2 * tokens * h,
+        "attention": pytest.approx(2 * tokens * (h + h / 4 + h) + 4 * 32 * tokens),
+        "mlp": 2 * tokens * f + 2 * tokens * h,
+    }
+
+
+def test_torch_compile_fuses_what_eager_keeps() -> None:
+    model = get_preset("llama3-8b")
+    eager = saved_per_layer(model, ParallelConfig(engine="torchtitan"), score_free=True)
+    compiled = saved_per_layer(model, ParallelConfig(engine="torchtitan", compile=True),
+                               score_free=True)
+    tokens = model.seq_length
+    assert eager["mlp"] - compiled["mlp"] == 2 * 2 * tokens * model.ffn_size
+    assert eager["norm inputs"] == 2 * compiled["norm inputs"]
