@@ -1,0 +1,24 @@
+"""A TorchTitan 0.2 job config, read as TorchTitan reads it, in Tessel's vocabulary.
+
+`plan predict --torchtitan JOB.toml` takes the TOML file TorchTitan's trainer reads
+(`--job.config_file`, the one `plan --emit torchtitan` writes) and predicts exactly that
+run. Three steps, one module each:
+
+- `keys`: every key of TorchTitan 0.2's `JobConfig` with its default, and what Tessel does
+  with it: read, ignored (it changes neither time nor memory) or refused (it does, in a
+  way Tessel cannot price, at a value other than one that changes nothing); a key or table
+  TorchTitan does not have is refused by name (`flatten`);
+- `parallel_config`: the degrees, batches, pipeline split, checkpointing, precision,
+  compile and FSDP2 policy TorchTitan runs, with its defaults and rules, as a
+  `ParallelConfig` with engine "torchtitan";
+- `job`: the file read (`load_job_config`), the model (the Llama 3 preset of its flavor at
+  its sequence length) and both together (`torchtitan_job`).
+
+Every mistake is one `JobConfigError` (`errors`) naming the file and the key. Modules
+import one way: `job` -> `parallel_config` -> `keys` -> `errors`.
+"""
+
+from planner.torchtitan.errors import JobConfigError
+from planner.torchtitan.job import TorchTitanJob, load_job_config, torchtitan_job
+
+__all__ = ["JobConfigError", "TorchTitanJob", "load_job_config", "torchtitan_job"]
