@@ -41,6 +41,7 @@ FLAG = {
     "fp8_recipe": "--fp8-recipe",
     "moe_token_dispatcher": "--moe-token-dispatcher-type",
     "cuda_graphs": "--cuda-graph-impl",
+    "engine": "--engine",
 }
 
 
@@ -177,7 +178,9 @@ def _schedule_problems(knobs: dict[str, Any], model: TransformerConfig, space: s
             f"{FLAG['schedule']} gpipe is not in --space megatron (Megatron-LM runs 1f1b and "
             "interleaved); use --space auto"
         )
-    if space == "megatron" and knobs.get("zero_stage", 0) > 1:
+    # TorchTitan's FSDP2 is ZeRO-3 on the one mesh the Megatron space lays out.
+    if space == "megatron" and knobs.get("zero_stage", 0) > 1 \
+            and knobs.get("engine") != "torchtitan":
         problems.append(
             f"{FLAG['zero_stage']} {knobs['zero_stage']} is not in --space megatron "
             "(Megatron-LM shards optimizer state only: stage 0 or 1); use --space auto"

@@ -16,6 +16,7 @@ from planner.cluster import MAX_DEVICES
 from planner.knobs import FLAG
 from planner.parallel import (
     ATTENTION_BACKENDS,
+    ENGINES,
     FP8_RECIPES,
     MOE_DISPATCHERS,
     PRECISIONS,
@@ -143,6 +144,12 @@ def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
         "kernels are not bound by the host's launches; none (default) leaves them eager",
     )
     add(
+        "--engine", choices=ENGINES, default=None,
+        help="the engine that will run the plan, whose choices its time and memory follow "
+        "(default megatron; torchtitan: FSDP2, sequence parallelism with tensor "
+        "parallelism, per-tensor fp8, so that --emit torchtitan writes what was priced)",
+    )
+    add(
         "--intra-op", choices=("analytic", "ilp"), default="analytic",
         help="how a zoo or hf: transformer is planned: analytic (Megatron-LM's layouts, "
         "priced by the transformer's shape) or ilp (its traced graph planned as any "
@@ -179,7 +186,7 @@ def fixed_knobs(args: argparse.Namespace, num_layers: int) -> dict[str, Any]:
     knobs["precision"] = args.precision
     for name in ("overlap_param_gather", "tp_comm_overlap", "attention_backend",
                  "recompute_method", "recompute_num_layers", "fp8_recipe",
-                 "moe_token_dispatcher"):
+                 "moe_token_dispatcher", "engine"):
         knobs[name] = getattr(args, name)
     if args.cuda_graph_impl is not None:
         knobs["cuda_graphs"] = args.cuda_graph_impl != "none"

@@ -26,6 +26,7 @@ from cost_models.step_time import StepPrediction, predict_step
 from planner.cluster import Cluster
 from planner.models.config import TransformerConfig
 from planner.parallel import RECOMPUTE, ParallelConfig
+from planner.torchtitan.rules import zero_stages
 
 if TYPE_CHECKING:
     from cost_models.layer_collectives import LayerCollectives
@@ -159,23 +160,35 @@ def _degree_layouts(
 
 def run_settings(fixed: dict[str, Any], cluster: Cluster, tensor: int,
                  sequence_parallel: bool, zero_stage: int,
-                 overlap_grad_reduce: bool) -> dict[str, Any]:
+                 overlap_grad_reduce: bool, data: int = 2) -> dict[str, Any]:
     """The knobs that only make a run faster or leaner where they apply, each as fixed or
     else at its best: the weights' gather overlapped with the forward where the optimizer
     is distributed, tensor-parallel communication overlapped with the matmuls where the
     device runs Transformer Engine's userbuffers, attention as the device runs it, and
     Megatron-LM's defaults for the rest (CUDA graphs stay off unless asked for: they need
-    static shapes and hold their own memory)."""
+    static shapes and hold their own memory). The engine and its knobs are as fixed
+    (Megatron-LM by default); under TorchTitan, async tensor parallelism is a compile pass
+    (`maybe_enable_async_tp`), fp8 is scaled per tensor, and FSDP2 gathers fp8 weights only
+    over `data` ranks above one (any, where stages differ: Alpa's space)."""
+    engine = fixed.get("engine", "megatron")
+    titan = engine == "torchtitan"
+    compiled = fixed.get("compile", False)
     overlap_tp = tensor > 1 and sequence_parallel and cluster.device.tp_comm_overlap
     return dict(
         attention_backend=fixed.get("attention_backend", "auto"),
         overlap_param_gather=fixed.get("overlap_param_gather",
                                        zero_stage >= 1 and overlap_grad_reduce),
-        tp_comm_overlap=fixed.get("tp_comm_overlap", overlap_tp),
+        tp_comm_overlap=fixed.get("tp_comm_overlap", overlap_tp and (compiled or not titan)),
         recompute_method=fixed.get("recompute_method", "uniform"),
         recompute_num_layers=fixed.get("recompute_num_layers", 1),
-        fp8_recipe=fixed.get("fp8_recipe", "delayed"),
+        fp8_recipe=fixed.get("fp8_recipe", "tensorwise" if titan else "delayed"),
         cuda_graphs=fixed.get("cuda_graphs", False),
+        engine=engine,
+        fsdp_reshard_after_forward=fixed.get("fsdp_reshard_after_forward", "default"),
+        recompute_every=fixed.get("recompute_every", 1),
+        compile=compiled,
+        fp8_param_gather=fixed.get("fp8_param_gather", False) and (
+            not titan or (zero_stage == 3 and data > 1)),
     )
 
 
@@ -196,20 +209,23 @@ def _knob_choices(
     micro = _divisors(per_replica, MAX_MICRO_BATCH)
     if "micro_batch_size" in fixed:
         micro = [fixed["micro_batch_size"]] if per_replica % fixed["micro_batch_size"] == 0 else []
-    # Megatron-LM requires sequence parallelism when experts and tensors are split; fixed
-    # on, it needs a tensor-parallel group to shard over.
-    parallel_seq = [True] if t > 1 and e > 1 else [False, True] if t > 1 else [False]
+    # Megatron-LM requires sequence parallelism when experts and tensors are split, and
+    # TorchTitan always runs it with tensor parallelism; fixed on, it needs a
+    # tensor-parallel group to shard over.
+    titan = fixed.get("engine") == "torchtitan"
+    parallel_seq = [True] if t > 1 and (e > 1 or titan) else [False, True] if t > 1 else [False]
     if "sequence_parallel" in fixed:
         parallel_seq = [v for v in parallel_seq if v == fixed["sequence_parallel"]]
     zero = [fixed["zero_stage"]] if "zero_stage" in fixed else (
-        [0, 1] if space == "megatron" else [0, 1, 2, 3]
+        list(zero_stages(t, c, p, d)) if titan
+        else [0, 1] if space == "megatron" else [0, 1, 2, 3]
     )
     overlap = [fixed.get("overlap_grad_reduce", True)]
     dispatchers = _dispatchers(fixed)
     for mb, sp, z, ov, dispatcher in itertools.product(micro, parallel_seq, zero, overlap,
                                                        dispatchers):
         schedules = _schedules(model.num_layers, p, per_replica // mb, fixed, space)
-        settings = run_settings(fixed, cluster, t, sp, z, ov)
+        settings = run_settings(fixed, cluster, t, sp, z, ov, d)
         for schedule, v in schedules:
             yield dict(tensor=t, context=c, pipeline=p, data=d, expert=e, micro_batch_size=mb,
                        global_batch_size=gbs, sequence_parallel=sp, zero_stage=z,

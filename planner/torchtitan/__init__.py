@@ -14,8 +14,11 @@ run. Three steps, one module each:
 - `job`: the file read (`load_job_config`), the model (the Llama 3 preset of its flavor at
   its sequence length) and both together (`torchtitan_job`).
 
+`rules` holds what TorchTitan decides for a layout (FSDP2 or DDP), which the search and
+the exporter follow too, so that a plan's exported file predicts as the plan did.
+
 Every mistake is one `JobConfigError` (`errors`) naming the file and the key. Modules
-import one way: `job` -> `parallel_config` -> `keys` -> `errors`.
+import one way: `job` -> `parallel_config` -> `keys` -> `errors`; `rules` imports nothing.
 """
 
 from planner.torchtitan.errors import JobConfigError
