@@ -12,16 +12,23 @@ TorchTitan builds its own models, not an arbitrary shape: the plan's model must 
 its Llama 3 flavors (8B, 70B, 405B); anything else is refused in one line. How the plan
 maps:
 
-- data parallelism is FSDP2 (`data_parallel_shard_degree`); ZeRO-3 reshards parameters
-  after forward, ZeRO-1/2 keep them gathered until backward (`fsdp_reshard_after_forward`).
-  A ZeRO-0 plan runs as DDP (`data_parallel_replicate_degree`) where it has nothing but
-  data parallelism; TorchTitan's DDP does not compose with other parallelism, so with them
-  it runs as ZeRO-2 (less memory than planned, the same traffic volume).
+- data parallelism is FSDP2 (`data_parallel_shard_degree`), or DDP
+  (`data_parallel_replicate_degree`) for a ZeRO-0 plan with nothing but data parallelism.
 - the pipeline split is the plan's, exactly: `module_fqns_per_model_part` names each model
   chunk's modules (chunk c on pipeline rank c % pipeline, as in Megatron-LM); the plan's
   micro-batches are the schedule's (`pipeline_parallel_microbatch_size`).
-- recomputation: full -> `full`; selective -> per-op selective (`op`); none -> `none`.
+- recomputation: full -> `full` (every k-th block: layer-level selective "k");
+  selective -> per-op selective (`op`); none -> `none`.
 - tensor parallelism always runs with sequence parallelism in TorchTitan.
+
+A plan priced as TorchTitan runs it (engine "torchtitan": `plan --engine torchtitan`)
+holds only what TorchTitan runs, and its file carries every knob (FSDP2's reshard policy,
+compile, fp8 all-gathers, the checkpointing frequency): `plan predict --torchtitan` reads
+it back to the same prediction; one that holds anything else is refused in one line
+(`torchtitan_incompatibility`). A plan priced for another engine is translated: ZeRO-3
+reshards parameters after forward, ZeRO-1/2 keep them gathered until backward, ZeRO-0 with
+other parallelism runs as FSDP2 (TorchTitan's DDP does not compose with it), delayed fp8
+scaling as tensorwise; its TOML runs what TorchTitan runs, which is not what was priced.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from typing import Any
 
 from planner.models.config import TransformerConfig
 from planner.plan import Plan
+from planner.torchtitan.rules import DDP, FSDP, zero_stages
 
 CONFIG_FILE = "torchtitan.toml"
 LAUNCH_FILE = "torchtitan.sh"
@@ -79,6 +87,43 @@ def torchtitan_incompatibility(plan: Plan, model: TransformerConfig | None) -> s
         return "TorchTitan trains in bf16 or fp32, not fp16"
     if plan.precision == "fp8" and plan.run and plan.run.fp8_recipe not in FP8_RECIPES:
         return f"TorchTitan {RELEASE} has no {plan.run.fp8_recipe} fp8 recipe"
+    if plan.run is not None and plan.run.engine == "torchtitan":
+        return _not_as_torchtitan_runs(plan)
+    return None
+
+
+def _not_as_torchtitan_runs(plan: Plan) -> str | None:
+    """Why a plan priced as TorchTitan runs it holds something TorchTitan would run
+    otherwise (so its file would not predict as the plan did), with the flag that fixes
+    it; None when TorchTitan runs exactly the plan."""
+    q, run = plan.parallel, plan.run
+    assert q is not None and run is not None
+    allowed = zero_stages(q.tensor, q.context, q.pipeline, q.data)
+    if q.zero_stage not in allowed:
+        kinds = {FSDP: "FSDP2 (ZeRO-3)", DDP: "DDP (ZeRO-0)"}
+        return (f"TorchTitan runs this layout's data parallelism as "
+                f"{' or '.join(kinds[z] for z in allowed)}, not ZeRO-{q.zero_stage}; plan "
+                f"with --zero-stage {allowed[-1]}")
+    if q.sequence_parallel != (q.tensor > 1):
+        return ("TorchTitan runs tensor parallelism with sequence parallelism, and none "
+                "without it; plan with --sequence-parallel exactly where tensor parallelism is")
+    if run.recompute_method != "uniform" or run.recompute_num_layers != 1:
+        return ("TorchTitan checkpoints every block or every k-th one, not Megatron-LM's "
+                "--recompute-method / --recompute-num-layers groups")
+    if not run.overlap_grad_reduce or run.overlap_param_gather != (q.zero_stage >= 1):
+        return ("FSDP2 and DDP always overlap the gradient reduction (and FSDP2 the weights' "
+                "gathers) with compute; plan with --overlap-grad-reduce")
+    if run.tp_comm_overlap and not run.compile:
+        return ("TorchTitan's async tensor parallelism is a torch.compile pass, and the plan "
+                "is not compiled; plan with --no-tp-comm-overlap")
+    if plan.precision == "fp8" and run.fp8_recipe == "delayed":
+        return "TorchTitan scales fp8 per tensor; plan with --fp8-recipe tensorwise"
+    if run.fp8_param_gather and not (q.zero_stage == FSDP and q.data > 1):
+        return "TorchTitan gathers fp8 weights only under FSDP2 over two or more data ranks"
+    if run.cuda_graphs or run.attention_backend != "auto" or (
+            run.main_grads_dtype, run.exp_avg_dtype) != ("fp32", "fp32"):
+        return ("TorchTitan runs no CUDA graphs, SDPA's own attention kernels and fp32 "
+                "gradients and Adam moments")
     return None
 
 
@@ -102,10 +147,16 @@ def job_config(plan: Plan, model: TransformerConfig) -> dict[str, dict[str, Any]
     flavor = llama3_flavor(model)
     only_data = q.tensor == q.pipeline == q.context == 1
     ddp = q.zero_stage == 0 and only_data
+    titan = run is not None and run.engine == "torchtitan"
+    if titan:  # the plan's own policy, as it was priced
+        assert run is not None
+        reshard = run.fsdp_reshard_after_forward
+    else:  # ZeRO-3 frees gathered weights after forward; ZeRO-1/2 keep them
+        reshard = "always" if q.zero_stage == 3 else "never"
     parallelism: dict[str, Any] = {
         "data_parallel_replicate_degree": q.data if ddp else 1,
         "data_parallel_shard_degree": 1 if ddp else q.data,
-        "fsdp_reshard_after_forward": "always" if q.zero_stage == 3 else "never",
+        "fsdp_reshard_after_forward": reshard,
         "tensor_parallel_degree": q.tensor,
         "context_parallel_degree": q.context,
         "pipeline_parallel_degree": q.pipeline,
@@ -122,9 +173,8 @@ def job_config(plan: Plan, model: TransformerConfig) -> dict[str, dict[str, Any]
         }
     if run is not None and run.tp_comm_overlap and q.tensor > 1:
         parallelism["enable_async_tensor_parallel"] = True
-    mode = {"none": "none", "selective": "selective", "full": "full"}[plan.recompute]
-    activation = {"mode": mode} | ({"selective_ac_option": "op"} if mode == "selective"
-                                   else {})
+    activation = _activation_checkpoint(plan.recompute,
+                                        run.recompute_every if run is not None else 1)
     steps = plan.training.steps if plan.training is not None else DEFAULT_STEPS
     tables: dict[str, dict[str, Any]] = {
         "job": {"dump_folder": "./outputs",
@@ -140,14 +190,39 @@ def job_config(plan: Plan, model: TransformerConfig) -> dict[str, dict[str, Any]
         "parallelism": parallelism,
         "activation_checkpoint": activation,
     }
-    if run is not None and run.tp_comm_overlap and q.tensor > 1:
-        tables["compile"] = {"enable": True}  # async tensor parallelism is a compile pass
+    async_tp = run is not None and run.tp_comm_overlap and q.tensor > 1
+    if async_tp or (run is not None and run.compile):
+        # Each block compiled; async tensor parallelism is a compile pass.
+        tables["compile"] = {"enable": True, "components": ["model", "loss"]}
     if plan.precision == "fp8":
         assert run is not None
-        converter, recipe = FP8_RECIPES[run.fp8_recipe]
-        tables["model"]["converters"] = [converter]
-        tables[converter] = {"recipe_name": recipe}
+        tables["model"]["converters"] = [FP8_RECIPES[run.fp8_recipe][0]]
+        tables |= _fp8_tables(run.fp8_recipe, run.fp8_param_gather)
     return tables
+
+
+def _activation_checkpoint(recompute: str, every: int) -> dict[str, Any]:
+    """[activation_checkpoint]: full checkpointing of every k-th block is TorchTitan's
+    layer-level selective mode "k"; selective recomputation its op-level one."""
+    if recompute == "full" and every > 1:
+        return {"mode": "selective", "selective_ac_option": str(every)}
+    if recompute == "selective":
+        return {"mode": "selective", "selective_ac_option": "op"}
+    return {"mode": recompute}
+
+
+def _fp8_tables(recipe: str, gather: bool) -> dict[str, dict[str, Any]]:
+    """The converter's table. Float8: tensorwise is its default without a recipe name,
+    and fp8 all-gathers need the name unset (Float8LinearConverter refuses the two
+    together); every linear in fp8, as Tessel prices it (MX's default keeps the output
+    layer out)."""
+    converter, name = FP8_RECIPES[recipe]
+    if converter == "quantize.linear.mx":
+        return {converter: {"recipe_name": name, "filter_fqns": []}}
+    if gather:
+        return {converter: {"enable_fsdp_float8_all_gather": True,
+                            "precompute_float8_dynamic_scale_for_fsdp": True}}
+    return {converter: {"recipe_name": name}}
 
 
 def toml_text(tables: dict[str, dict[str, Any]]) -> str:
