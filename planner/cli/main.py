@@ -7,6 +7,7 @@
                [--max-restarts N]
     plan inspect MODEL [--json PATH]
     plan predict --cluster C --gpus N -- MEGATRON_FLAGS | --args-file FILE
+    plan predict --cluster C [--gpus N] --torchtitan JOB.toml
     plan profile [--output tessel-profile.json] [--ranks 2,4] [--max-bytes 16MiB]
     plan calibrate CSV [--cluster C]
     plan models [--json PATH]
@@ -86,10 +87,11 @@ COMMANDS: dict[str, tuple[Callable[[], Parser], str, str]] = {
         add_model_arguments,
     ), "planner.cli.inspect", "run_inspect"),
     "predict": (lambda: predict_parser(
-        "plan predict", "Predict exactly the run a Megatron-LM launch line starts (its "
-        "pretrain_gpt.py flags after --, or --args-file): step time, tokens/s, TFLOP/s, MFU "
-        "and memory per GPU; then the best plan the search finds for the same model, cluster "
-        "and batch, its speed-up and the flags that change.",
+        "plan predict", "Predict exactly the run a Megatron-LM launch line (its "
+        "pretrain_gpt.py flags after --, or --args-file) or a TorchTitan job config "
+        "(--torchtitan JOB.toml) starts: step time, tokens/s, TFLOP/s, MFU and memory per "
+        "GPU; then the best plan the search finds for the same model, cluster and batch, its "
+        "speed-up and the flags or keys that change.",
     ), "planner.cli.predict", "run_predict"),
     "profile": (lambda: _parser(
         "plan profile", "Time matmuls, an elementwise op and collectives on this machine (CPU "

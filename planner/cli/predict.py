@@ -1,16 +1,19 @@
-"""`plan predict`: the prediction of exactly the run a Megatron-LM launch line starts, and
-the best plan the search finds for the same model, cluster and global batch.
+"""`plan predict`: the prediction of exactly the run a Megatron-LM launch line or a
+TorchTitan job config starts, and the best plan the search finds for the same model,
+cluster and global batch.
 
     plan predict --cluster dgx-h100 --gpus 512 -- --num-layers 80 --hidden-size 8192 ...
     plan predict --cluster dgx-h100 --args-file launch.sh [-- --micro-batch-size 2]
+    plan predict --cluster dgx-h100 --torchtitan llama3_8b.toml [--gpus 64]
 
-The launch line is read as Megatron-LM reads it (`planner/megatron/`): its own
-defaults for everything absent, its rules, flags that change neither time nor memory
-ignored. The output is `plan`'s: step time, tokens/s, model and hardware TFLOP/s, MFU,
-memory per GPU (a run that would not fit is called out, not refused) and the breakdown;
-then the best plans of the search (the launch line's precision kept, every other knob
-free), the speed-up of the best and the Megatron-LM flags that change. --json writes both
-plans and the comparison.
+The launch line is read as Megatron-LM reads it (`planner/megatron/`), the job config as
+TorchTitan 0.2 reads it (`planner/torchtitan/`): the engine's own defaults for everything
+absent, its rules, what changes neither time nor memory ignored. The output is `plan`'s:
+step time, tokens/s, model and hardware TFLOP/s, MFU, memory per GPU, allocated and
+reserved (a run that would not fit is called out, not refused) and the breakdown; then the
+best plans of the search, priced as the same engine runs them (the run's precision kept,
+every other knob free), the speed-up of the best and the Megatron-LM flags or TorchTitan
+keys that change. --json writes both plans and the comparison.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import argparse
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from dataclasses import dataclass
 
 from rich.console import Console
 from rich.table import Table
@@ -34,14 +39,34 @@ from planner.search.megatron_space import MAX_GPUS
 if TYPE_CHECKING:
     from planner.cluster import Cluster
     from planner.megatron import LaunchLine, MegatronArgs, MegatronRun
+    from planner.models.config import TransformerConfig
+    from planner.parallel import ParallelConfig
     from planner.plan import Plan
+    from planner.torchtitan import TorchTitanJob
 
 # Knobs the best plan keeps from the launch line: the precision and fp8 recipe change the
 # numerics, not only the speed; the attention kernels and CUDA graphs are software
 # choices the search does not make (it runs attention as the device does, graphs off).
 KEPT = ("precision", "fp8_recipe", "attention_backend", "cuda_graphs")
+# What the best plan keeps from a job config: the precision and recipe, TorchTitan as the
+# engine, and compile and fp8 all-gathers (software choices the search does not make).
+TORCHTITAN_KEPT = ("precision", "fp8_recipe", "engine", "compile", "fp8_param_gather")
 # Largest --args-file read: a launch script is a few KiB; this bounds the work.
 MAX_ARGS_FILE_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Given:
+    """What a prediction was read from, in the words its output uses."""
+
+    label: str
+    """"launch line" or "job config"."""
+    unit: str
+    """What it is made of: "flag" or "key"."""
+    notes: list[str]
+    """Defaults worth saying out loud."""
+    ignored: list[str]
+    """What it sets that changes neither time nor memory."""
 
 
 def predict_parser(prog: str, description: str) -> Parser:
@@ -70,8 +95,13 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--gpus", type=whole(1, MAX_GPUS),
-        help="GPUs of the run (Megatron-LM's world size); optional when the launch line's "
-        "torchrun gives --nnodes and --nproc-per-node",
+        help="GPUs of the run (the world size); optional when the launch line's torchrun "
+        "gives --nnodes and --nproc-per-node, or the job config's degrees give it (no -1)",
+    )
+    parser.add_argument(
+        "--torchtitan", metavar="JOB.toml",
+        help="predict a TorchTitan 0.2 job config (the TOML its trainer reads with "
+        "--job.config_file; `plan --emit torchtitan` writes one) instead of a launch line",
     )
     parser.add_argument(
         "--args-file", metavar="FILE",
@@ -82,8 +112,9 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
                         help="best plans of the search to list (default 3)")
     parser.add_argument(
         "--space", choices=("megatron", "auto"), default="megatron",
-        help="the search's space: megatron (default: layouts Megatron-LM runs, so the flags "
-        "that change apply to this launch line) or auto (Alpa's, stages may differ)",
+        help="the search's space: megatron (default: one layout for every stage, as "
+        "Megatron-LM and TorchTitan run, so the flags or keys that change apply to the run) "
+        "or auto (Alpa's, stages may differ; launch lines only)",
     )
     parser.add_argument(
         "--search", action=argparse.BooleanOptionalAction, default=True,
@@ -103,10 +134,12 @@ def run_predict(args: argparse.Namespace) -> int:
     from planner.megatron import megatron_run, parse_megatron_flags
     from planner.training import training_plan
 
+    if args.torchtitan is not None:
+        return _predict_torchtitan(args, console)
     launch = _launch_line(args)
     parsed = parse_megatron_flags(launch.flags)
     gpus = _world_size(args, launch)
-    cluster = _cluster(args, gpus)
+    cluster = _cluster(args, gpus, f"the launch line's {gpus} processes")
     run = megatron_run(parsed, gpus)
     _check_on_cluster(parsed, run, cluster)
     name = Path(launch.script).stem if launch.script else "pretrain_gpt"
@@ -115,18 +148,87 @@ def run_predict(args: argparse.Namespace) -> int:
     totals = wants_totals(args)
     if totals:
         launched = with_totals([launched], run.model, cluster, args)[0]
-    print_launch_line(launched, run, cluster, console)
+    given = Given("launch line", "flag", run.notes, run.ignored)
+    print_given(launched, given, cluster, console)
     if totals:
         print_totals([launched], console, None)
-    best = _best_plans(args, name, run, cluster, console) if args.search else []
+    best = _best_plans(args, name, run.model, run.parallel, KEPT, cluster, console) \
+        if args.search else []
     if totals and best:
         best = with_totals(best, run.model, cluster, args)
-    changes = _print_comparison(launched, run, best, cluster, args.space, console) \
-        if args.search else []
+    changes = [] if not best or best[0].megatron_flags is None else flag_changes(
+        _launch_flags(launched, run), best[0].megatron_flags)
+    if args.search:
+        _print_comparison(launched, best, cluster, args.space, console, given, [
+            describe_change(c["flag"], c["launch_line"], c["best"]) for c in changes])
     if args.json:
         write_json(args.json, json.dumps(_report(launched, run, best, changes), indent=2),
                    "prediction")
     return 0
+
+
+def _predict_torchtitan(args: argparse.Namespace, console: Console) -> int:
+    """`run_predict` for a TorchTitan job config: the file is read and checked before any
+    other work, the run predicted as TorchTitan runs it, the search priced under the same
+    engine, and the TOML keys that change listed."""
+    from planner.torchtitan import load_job_config, torchtitan_job
+    from planner.training import training_plan
+
+    source = args.torchtitan
+    if args.flags or args.args_file is not None:
+        raise UsageError("--torchtitan reads a TorchTitan job config, and Megatron-LM's "
+                         "flags (after -- or --args-file) start another run; give one of "
+                         "the two")
+    if args.space != "megatron":
+        raise UsageError("--space auto gives stages meshes of their own, which TorchTitan "
+                         "cannot run; drop --space with --torchtitan")
+    job = torchtitan_job(load_job_config(source), args.gpus, source)
+    if job.num_gpus > MAX_GPUS:
+        raise UsageError(f"{source}: its degrees make {job.num_gpus:,} GPUs, more than the "
+                         f"{MAX_GPUS:,} Tessel plans")
+    cluster = _cluster(args, job.num_gpus, f"{source}'s {job.num_gpus} GPUs")
+    _check_job_on_cluster(job, cluster, source)
+    launched = training_plan(job.preset, job.model, cluster, job.parallel,
+                             job.layers_per_stage, chunk_layers=job.chunk_layers)
+    totals = wants_totals(args)
+    if totals:
+        launched = with_totals([launched], job.model, cluster, args)[0]
+    given = Given("job config", "key", job.notes, job.ignored)
+    print_given(launched, given, cluster, console)
+    if totals:
+        print_totals([launched], console, None)
+    best = _best_plans(args, job.preset, job.model, job.parallel, TORCHTITAN_KEPT, cluster,
+                       console) if args.search else []
+    if totals and best:
+        best = with_totals(best, job.model, cluster, args)
+    changes = key_changes(launched, best[0], job.model) if best else []
+    if args.search:
+        _print_comparison(launched, best, cluster, args.space, console, given, [
+            describe_change(c["key"], c["job_config"], c["best"], toml=True)
+            for c in changes])
+    if args.json:
+        report = {
+            "job_config": json.loads(launched.to_json()), "notes": job.notes,
+            "ignored_keys": job.ignored, "best": [json.loads(plan.to_json()) for plan in best],
+            "speed_up": speed_up(launched, best[0]) if best else None, "keys_changed": changes,
+        }
+        write_json(args.json, json.dumps(report, indent=2), "prediction")
+    return 0
+
+
+def _check_job_on_cluster(job: TorchTitanJob, cluster: Cluster, source: str) -> None:
+    """The job's matmul precision on the cluster's tensor cores, named by its keys."""
+    q, device = job.parallel, cluster.device
+    needed = "mxfp8" if q.precision == "fp8" and q.fp8_recipe == "mxfp8" else q.precision
+    if needed in device.peak_tflops:
+        return
+    setting = {"fp8": "model.converters [\"quantize.linear.float8\"]",
+               "mxfp8": "model.converters [\"quantize.linear.mx\"]",
+               "bf16": 'training.mixed_precision_param "bfloat16"',
+               "fp32": 'training.mixed_precision_param "float32"'}[needed]
+    has = ", ".join(sorted(device.peak_tflops))
+    raise UsageError(f"{source}: {setting} needs {needed} tensor cores, which {device.name} "
+                     f"lacks ({has}); change it or the cluster")
 
 
 def _launch_line(args: argparse.Namespace) -> LaunchLine:
@@ -182,20 +284,21 @@ def _world_size(args: argparse.Namespace, launch: LaunchLine) -> int:
     return gpus
 
 
-def _cluster(args: argparse.Namespace, gpus: int) -> Cluster:
+def _cluster(args: argparse.Namespace, gpus: int, source: str) -> Cluster:
+    """--cluster with `gpus` of its devices; `source` names where the count came from
+    when --gpus did not give it."""
     from planner.cluster import Cluster
 
     if args.cluster is None:
         raise UsageError(
-            "plan predict needs --cluster C, the GPUs the launch line runs on (a preset such "
-            "as dgx-h100, see `plan clusters`, or a YAML/JSON file)"
+            "plan predict needs --cluster C, the GPUs the run is on (a preset such as "
+            "dgx-h100, see `plan clusters`, or a YAML/JSON file)"
         )
     cluster = Cluster.load(args.cluster)
     try:
         return cluster.with_devices(gpus)
     except ValueError as error:
-        source = f"--gpus {gpus}" if args.gpus else f"the launch line's {gpus} processes"
-        raise UsageError(f"{source}: {error}") from None
+        raise UsageError(f"{f'--gpus {gpus}' if args.gpus else source}: {error}") from None
 
 
 def _check_on_cluster(parsed: MegatronArgs, run: MegatronRun, cluster: Cluster) -> None:
@@ -229,13 +332,13 @@ def _check_on_cluster(parsed: MegatronArgs, run: MegatronRun, cluster: Cluster) 
     check_knobs(knobs, run.model, cluster, q.global_batch_size, "megatron")
 
 
-def print_launch_line(plan: Plan, run: MegatronRun, cluster: Cluster, console: Console) -> None:
-    """The launch line's prediction: its numbers, the breakdown, and out-of-memory called
-    out; the defaults worth knowing and the flags ignored."""
+def print_given(plan: Plan, given: Given, cluster: Cluster, console: Console) -> None:
+    """The prediction of the run as given: its numbers, the breakdown, memory allocated and
+    reserved (out-of-memory called out); the defaults worth knowing and what was ignored."""
     from planner.cli.train import layout, print_summary
 
     p = plan.predicted
-    table = Table(title=f"launch line: {plan.model} on {plan.num_gpus} x {plan.cluster}, "
+    table = Table(title=f"{given.label}: {plan.model} on {plan.num_gpus} x {plan.cluster}, "
                         f"{plan.precision}, global batch {plan.global_batch_size}")
     for column in ("layout", "recompute", "step s", "tokens/s", "MFU", "GiB/GPU"):
         table.add_column(column, justify="left" if column in ("layout", "recompute")
@@ -244,31 +347,37 @@ def print_launch_line(plan: Plan, run: MegatronRun, cluster: Cluster, console: C
                   f"{p.tokens_per_s:,.0f}", f"{p.mfu:.1%}",
                   f"{p.memory_gib_per_gpu:.1f}" + ("" if p.fits else " !"))
     console.print(table)
-    print_summary(plan, console, label="launch line")
-    if p.fits:
-        console.print(f"memory {p.memory_gib_per_gpu:.1f} GiB per GPU of the "
-                      f"{cluster.device.memory_gib:g} GiB of a {cluster.device.name}",
+    print_summary(plan, console, label=given.label)
+    device = f"the {cluster.device.memory_gib:g} GiB of a {cluster.device.name}"
+    reserved = getattr(p, "reserved_gib_per_gpu", None)
+    held = f"{p.memory_gib_per_gpu:.1f} GiB" + (
+        "" if reserved is None else f" allocated, {reserved:.1f} GiB reserved")
+    if not p.fits:
+        console.print(f"[red]out of memory:[/red] the run needs {held} per GPU, more than "
+                      f"{device}", highlight=False)
+    elif not getattr(p, "reserved_fits", True):
+        console.print(f"memory {held} per GPU of {device}: what the caching allocator "
+                      "reserves does not fit, so fragmentation may run it out of memory "
+                      "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True helps)",
                       highlight=False)
     else:
-        console.print(
-            f"[red]out of memory:[/red] the run needs {p.memory_gib_per_gpu:.1f} GiB per GPU, "
-            f"more than the {cluster.device.memory_gib:g} GiB of a {cluster.device.name}",
-            highlight=False,
-        )
-    for note in run.notes:
+        console.print(f"memory {held} per GPU of {device}", highlight=False)
+    for note in given.notes:
         console.print(f"note: {note}", highlight=False)
-    if run.ignored:
-        shown = ", ".join(run.ignored[:8]) + (", ..." if len(run.ignored) > 8 else "")
-        console.print(f"ignored {len(run.ignored)} flag{'s' if len(run.ignored) > 1 else ''} "
-                      f"that change neither time nor memory: {shown}", highlight=False)
+    if given.ignored:
+        shown = ", ".join(given.ignored[:8]) + (", ..." if len(given.ignored) > 8 else "")
+        plural = "s" if len(given.ignored) > 1 else ""
+        console.print(f"ignored {len(given.ignored)} {given.unit}{plural} that change neither "
+                      f"time nor memory: {shown}", highlight=False)
 
 
 def _best_plans(
-    args: argparse.Namespace, name: str, run: MegatronRun, cluster: Cluster, console: Console
+    args: argparse.Namespace, name: str, model: TransformerConfig, parallel: ParallelConfig,
+    kept: tuple[str, ...], cluster: Cluster, console: Console,
 ) -> list[Plan]:
-    """The best plans the search finds for the launch line's model, cluster and global
-    batch. Every knob the search chooses is free; the ones it does not choose are kept as
-    the launch line sets them (`KEPT`)."""
+    """The best plans the search finds for the run's model, cluster and global batch.
+    Every knob the search chooses is free; those it does not choose are kept as the run
+    sets them (`kept`: `KEPT` or `TORCHTITAN_KEPT`)."""
     from rich.progress import Progress
 
     from planner.cli.train import ranked_plans
@@ -276,18 +385,18 @@ def _best_plans(
 
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task(f"searching the {args.space} space", total=None)
-        kept = {name: getattr(run.parallel, name) for name in KEPT}
-        result = search(run.model, cluster, run.parallel.global_batch_size, kept, args.space,
+        fixed = {knob: getattr(parallel, knob) for knob in kept}
+        result = search(model, cluster, parallel.global_batch_size, fixed, args.space,
                         lambda done, total: progress.update(task, completed=done, total=total))
-    return ranked_plans(name, run.model, cluster, result, args.top)
+    return ranked_plans(name, model, cluster, result, args.top)
 
 
 def _print_comparison(
-    launched: Plan, run: MegatronRun, best: list[Plan], cluster: Cluster, space: str,
-    console: Console,
-) -> list[dict[str, str | None]]:
-    """The search's best plans, the best's speed-up and the flags that change; those
-    changes as (flag, launch line's value, best's value)."""
+    launched: Plan, best: list[Plan], cluster: Cluster, space: str, console: Console,
+    given: Given, changes: list[str],
+) -> None:
+    """The search's best plans, the best's speed-up and the `changes` (described) of the
+    flags or keys that would run it."""
     from planner.cli.train import print_training_plans
 
     if not best:
@@ -296,30 +405,31 @@ def _print_comparison(
             f"{cluster.device.name} with global batch {launched.global_batch_size}",
             highlight=False,
         )
-        return []
-    console.print(f"the best plans the search finds ({space} space; precision, fp8 "
-                  "recipe, attention kernels and CUDA graphs kept from the launch line):",
+        return
+    titan = given.unit == "key"
+    kept = ("precision, fp8 recipe, compile and fp8 all-gathers kept from the job config, "
+            "priced as TorchTitan runs them" if titan else "precision, fp8 recipe, attention "
+            "kernels and CUDA graphs kept from the launch line")
+    console.print(f"the best plans the search finds ({space} space; {kept}):",
                   highlight=False)
-    print_training_plans(best, console)
+    print_training_plans(best, console, megatron=not titan)
     if best[0].training is not None:
         print_totals(best, console, None)
     ratio = speed_up(launched, best[0])
-    changes = [] if best[0].megatron_flags is None else flag_changes(
-        _launch_flags(launched, run), best[0].megatron_flags)
     if ratio <= 1.0:
-        # The launch line uses knobs the search does not try (or is already the best).
-        console.print(f"the launch line is as fast as the best plan found, or faster "
+        # The run uses knobs the search does not try (or is already the best).
+        console.print(f"the {given.label} is as fast as the best plan found, or faster "
                       f"({ratio:.2f}x): keep it", highlight=False)
-        return changes
-    console.print(f"speed-up of the best plan over the launch line: {ratio:.2f}x "
+        return
+    console.print(f"speed-up of the best plan over the {given.label}: {ratio:.2f}x "
                   f"({launched.predicted.step_time_s:.3f} s -> "
                   f"{best[0].predicted.step_time_s:.3f} s per step"
-                  + ("; the launch line does not fit)" if not launched.predicted.fits
+                  + (f"; the {given.label} does not fit)" if not launched.predicted.fits
                      else ")"), highlight=False)
     if changes:
-        console.print("flags that change: " + "; ".join(map(describe_change, changes)),
-                      highlight=False, soft_wrap=True)
-    return changes
+        what = "TOML keys" if titan else "flags"
+        console.print(f"{what} that change: " + "; ".join(changes), highlight=False,
+                      soft_wrap=True)
 
 
 def speed_up(launched: Plan, best: Plan) -> float:
@@ -349,14 +459,45 @@ def _values(flags: list[str]) -> dict[str, str]:
     return {flag: value for flag, _, value in (entry.partition(" ") for entry in flags)}
 
 
-def describe_change(change: dict[str, str | None]) -> str:
-    """'--tensor-model-parallel-size 8 -> 4', '+ --sequence-parallel', '- --recompute-...'."""
-    flag, old, new = change["flag"], change["launch_line"], change["best"]
+def key_changes(launched: Plan, best: Plan, model: TransformerConfig) -> list[dict[str, Any]]:
+    """The TorchTitan keys (dotted, as its command line names them) whose value differs
+    between the job config as Tessel writes it for the two plans, so that they compare key
+    by key: each as {"key", "job_config", "best"}, an absent key's value None."""
+    from planner.export.torchtitan import job_config, torchtitan_incompatibility
+
+    if torchtitan_incompatibility(best, model) is not None:
+        return []
+    old, new = (_dotted(job_config(plan, model)) for plan in (launched, best))
+    return [{"key": key, "job_config": old.get(key), "best": new.get(key)}
+            for key in dict.fromkeys([*old, *new]) if old.get(key) != new.get(key)]
+
+
+def _dotted(tables: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return {f"{table}.{key}": value for table, values in tables.items()
+            for key, value in values.items()}
+
+
+def describe_change(name: str, old: Any, new: Any, toml: bool = False) -> str:
+    """'--tensor-model-parallel-size 8 -> 4', '+ --sequence-parallel', '- --recompute-...';
+    with `toml`, values as TOML writes them (a long list shortened)."""
+    if toml:
+        old, new = (None if v is None else _short(v) for v in (old, new))
     if old is None:
-        return f"+ {flag} {new}".rstrip()
+        return f"+ {name} {new}".rstrip()
     if new is None:
-        return f"- {flag} {old}".rstrip()
-    return f"{flag} {old} -> {new}"
+        return f"- {name} {old}".rstrip()
+    return f"{name} {old} -> {new}"
+
+
+def _short(value: Any) -> str:
+    """A TOML value; a list of lists (the pipeline's model parts) by its length."""
+    from planner.torchtitan.keys import shown
+
+    if isinstance(value, list) and value and isinstance(value[0], list):
+        blocks = [str(sum(name.startswith("layers.") for name in part)) for part in value]
+        more = ", ..." if len(blocks) > 8 else ""
+        return f"[{len(blocks)} parts of {', '.join(blocks[:8])}{more} blocks]"
+    return shown(value)
 
 
 def _report(

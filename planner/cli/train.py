@@ -204,9 +204,10 @@ def layout(plan: Plan) -> str:
     return " ".join(parts)
 
 
-def print_training_plans(plans: list[Plan], console: Console) -> None:
-    """The plans' table, best first; the best's summary (`print_summary`), and its
-    Megatron-LM flags and launch command."""
+def print_training_plans(plans: list[Plan], console: Console, megatron: bool = True) -> None:
+    """The plans' table, best first; the best's summary (`print_summary`), and (unless
+    `megatron` is off: plans for another engine) its Megatron-LM flags and launch
+    command."""
     best = plans[0]
     table = Table(title=f"{best.model} on {best.num_gpus} x {best.cluster}, global batch "
                         f"{best.global_batch_size}")
@@ -226,6 +227,8 @@ def print_training_plans(plans: list[Plan], console: Console) -> None:
         console.print(
             f"[red]does not fit:[/red] {best.predicted.memory_gib_per_gpu:.1f} GiB per GPU",
         )
+    if not megatron:
+        return
     if best.megatron_flags:
         from planner.export.launch import torchrun_command
 
