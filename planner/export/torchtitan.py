@@ -112,7 +112,8 @@ def _not_as_torchtitan_runs(plan: Plan) -> str | None:
                 "--recompute-method / --recompute-num-layers groups")
     if not run.overlap_grad_reduce or run.overlap_param_gather != (q.zero_stage >= 1):
         return ("FSDP2 and DDP always overlap the gradient reduction (and FSDP2 the weights' "
-                "gathers) with compute; plan with --overlap-grad-reduce")
+                "gathers) with compute; plan with --overlap-grad-reduce"
+                + (" --overlap-param-gather" if q.zero_stage >= 1 else ""))
     if run.tp_comm_overlap and not run.compile:
         return ("TorchTitan's async tensor parallelism is a torch.compile pass, and the plan "
                 "is not compiled; plan with --no-tp-comm-overlap")
