@@ -148,6 +148,29 @@ def stages_peak_memory(
     )
 
 
+def stage_memories(
+    model: TransformerConfig,
+    cluster: Cluster,
+    parallel: ParallelConfig,
+    stages: list[StageLayout],
+    flash_attention: bool | None = None,
+) -> list[memory.MemoryBreakdown]:
+    """The memory of one GPU of every stage (`stages_peak_memory` takes the fullest)."""
+    if flash_attention is None:
+        flash_attention = cluster.device.flash_attention
+    p = len(stages)
+    sequences = parallel.micro_batch_size * parallel.data
+    m = parallel.global_batch_size // sequences
+    params = stage_parameters(model, stages, parallel.expert)
+    score_free = attention_backend(parallel, flash_attention) in SCORE_FREE_ATTENTION
+    return [
+        stage_memory(model, replace(parallel, tensor=stage.tensor, data=stage.data,
+                                    micro_batch_size=sequences // stage.data),
+                     params[i], stage.layers, i, p, m, score_free)
+        for i, stage in enumerate(stages)
+    ]
+
+
 def stage_memory(
     model: TransformerConfig,
     parallel: ParallelConfig,

@@ -123,14 +123,51 @@ class StepPrediction:
         return asdict(self)
 
 
-def _head_seconds(
+def _head_pass(
     model: TransformerConfig, parallel: ParallelConfig, device: DeviceSpec, tensor: int
-) -> float:
+) -> Pass:
     """Forward and backward of the final norm, output layer and loss for one micro-batch."""
     head = head_ops(model, parallel.micro_batch_size, model.seq_length / parallel.context,
                     tensor)
-    return (pass_seconds(head, device, device.efficiency, parallel.precision)
-            + pass_seconds(head, device, device.efficiency, parallel.precision, backward=True))
+    return Pass(pass_seconds(head, device, device.efficiency, parallel.precision),
+                pass_seconds(head, device, device.efficiency, parallel.precision,
+                             backward=True))
+
+
+@dataclass(frozen=True)
+class StagePhases:
+    """Seconds one pipeline stage spends on one micro-batch (all its chunks), by phase:
+    what the pipeline's time is made of, and what a schedule's timeline draws."""
+
+    forward: float
+    """Forward kernels."""
+    backward: float
+    """Backward kernels."""
+    recompute: float = 0.0
+    """Forward replayed inside the backward (activation recomputation)."""
+    forward_communication: float = 0.0
+    """Exposed collectives of the forward (tensor, context and expert parallel)."""
+    backward_communication: float = 0.0
+    """Exposed collectives of the backward (the replayed forward's included)."""
+    transfer: float = 0.0
+    """Pipeline point-to-point of one chunk: sending the activation (half of it, after a
+    forward) and the gradient (the other half, after a backward). Each of a stage's v
+    chunks sends its own, so unlike the phases above it is not shared among chunks."""
+
+    @property
+    def compute(self) -> float:
+        """Kernel seconds: forward, backward and the replayed forward."""
+        return self.forward + self.backward + self.recompute
+
+    @property
+    def communication(self) -> float:
+        """Exposed tensor-, context- and expert-parallel collectives."""
+        return self.forward_communication + self.backward_communication
+
+    @property
+    def total(self) -> float:
+        """Seconds per micro-batch as the pipeline counts a stage (one transfer)."""
+        return self.compute + self.communication + self.transfer
 
 
 _LAYER_PASSES: dict[tuple, tuple] = {}
@@ -305,41 +342,11 @@ def predict_stages(
     m = parallel.global_batch_size // sequences
     device, eff = cluster.device, cluster.device.efficiency
     p2p = _pipeline_p2p(model, parallel, stages, cluster) if p > 1 else 0.0
-
-    compute, comm, local = [], [], []
-    passes: dict[tuple[int, int], tuple[Pass, Pass]] = {}  # stages alike share one
-    priced: dict[tuple, tuple[float, float, ParallelConfig, Pass]] = {}
-    for index, stage in enumerate(stages):
-        first, last = index == 0, index == p - 1
-        key = (stage.tensor, stage.data, stage.layers, first, last)
-        if key not in priced:
-            here = replace(parallel, tensor=stage.tensor, data=stage.data,
-                           micro_batch_size=sequences // stage.data)
-            if (stage.tensor, stage.data) not in passes:
-                passes[stage.tensor, stage.data] = _layer_pass(model, here, cluster,
-                                                              flash_attention, collectives)
-            kernels, layer_comm = passes[stage.tensor, stage.data]
-            replayed = recomputed_layers(parallel, stage.layers)
-            work = stage.layers * (kernels.forward + kernels.backward) \
-                + replayed * kernels.recompute
-            if last:
-                work += _head_seconds(model, here, device, stage.tensor)
-            # The embedding's and the head's own collectives on the first and last stage.
-            layout = rank_layout(here)
-            ends = price(end_collectives(model, layout, first, last), here, cluster)
-            # Each of the stage's v chunks gathers the slices it receives and their
-            # gradients.
-            slices = price(boundary_collectives(model, layout, first and v == 1,
-                                                last and v == 1), here, cluster) \
-                if p > 1 else Pass(0.0, 0.0)
-            talk = stage.layers * (layer_comm.forward + layer_comm.backward) \
-                + replayed * layer_comm.recompute + ends.total + v * slices.total
-            priced[key] = (work, talk, here, kernels)
-        work, talk, here, kernels = priced[key]
-        compute.append(work)
-        comm.append(talk)
-        local.append((here, kernels))
-    stage_times = [c + x + p2p for c, x in zip(compute, comm)]
+    phases, local = _stage_phases(model, cluster, parallel, stages, flash_attention,
+                                  collectives, p2p)
+    compute = [phase.compute for phase in phases]
+    comm = [phase.communication for phase in phases]
+    stage_times = [phase.total for phase in phases]
     slowest = max(range(p), key=lambda i: stage_times[i])
     if parallel.schedule == "interleaved":
         pipeline_s = (m + (p - 1) / v) * stage_times[slowest] + (v - 1) * m * p2p
@@ -383,16 +390,84 @@ def predict_stages(
     )
 
 
-def breakdown_gib(peak: memory.MemoryBreakdown) -> dict[str, float]:
-    """`peak` by kind in GiB, activations split by the kinds counted."""
+def breakdown_gib(peak: memory.MemoryBreakdown, by_kind: bool = True) -> dict[str, float]:
+    """`peak` by kind in GiB, activations split by the kinds counted (`by_kind`) or whole."""
     parts = {"weights": peak.weights, "gradients": peak.gradients,
              "optimizer": peak.optimizer}
-    if peak.activation_kinds:
+    if peak.activation_kinds and by_kind:
         parts |= {f"activations: {kind}": bytes_ for kind, bytes_ in peak.activation_kinds}
     else:
         parts["activations"] = peak.activations
     parts |= {"working buffers": peak.transient, "outside the allocator": peak.reserve}
     return {kind: bytes_ / 2**30 for kind, bytes_ in parts.items()}
+
+
+def stage_phases(
+    model: TransformerConfig,
+    cluster: Cluster,
+    parallel: ParallelConfig,
+    stages: list[StageLayout],
+    flash_attention: bool | None = None,
+    collectives: LayerCollectives | None = None,
+) -> list[StagePhases]:
+    """Each stage's seconds per micro-batch by phase, as `predict_stages` prices them (the
+    pipeline's time is made of these)."""
+    if flash_attention is None:
+        flash_attention = cluster.device.flash_attention
+    p2p = _pipeline_p2p(model, parallel, stages, cluster) if len(stages) > 1 else 0.0
+    return _stage_phases(model, cluster, parallel, stages, flash_attention, collectives,
+                         p2p)[0]
+
+
+def _stage_phases(
+    model: TransformerConfig, cluster: Cluster, parallel: ParallelConfig,
+    stages: list[StageLayout], flash_attention: bool, collectives: LayerCollectives | None,
+    p2p: float,
+) -> tuple[list[StagePhases], list[tuple[ParallelConfig, Pass]]]:
+    """(phases, (configuration, layer kernels)) of each stage: its layers' kernels and
+    exposed collectives by phase, the head on the last stage, the embedding's and head's
+    collectives on the end stages, each chunk gathering the slices it receives."""
+    p, v = len(stages), parallel.virtual_pipeline
+    sequences = parallel.micro_batch_size * parallel.data
+    device = cluster.device
+    phases, local = [], []
+    passes: dict[tuple[int, int], tuple[Pass, Pass]] = {}  # stages alike share one
+    priced: dict[tuple, tuple[StagePhases, ParallelConfig, Pass]] = {}
+    for index, stage in enumerate(stages):
+        first, last = index == 0, index == p - 1
+        key = (stage.tensor, stage.data, stage.layers, first, last)
+        if key not in priced:
+            here = replace(parallel, tensor=stage.tensor, data=stage.data,
+                           micro_batch_size=sequences // stage.data)
+            if (stage.tensor, stage.data) not in passes:
+                passes[stage.tensor, stage.data] = _layer_pass(model, here, cluster,
+                                                              flash_attention, collectives)
+            kernels, layer_comm = passes[stage.tensor, stage.data]
+            replayed = recomputed_layers(parallel, stage.layers)
+            head = _head_pass(model, here, device, stage.tensor) if last else Pass(0.0, 0.0)
+            # The embedding's and the head's own collectives on the first and last stage.
+            layout = rank_layout(here)
+            ends = price(end_collectives(model, layout, first, last), here, cluster)
+            # Each of the stage's v chunks gathers the slices it receives and their
+            # gradients.
+            slices = price(boundary_collectives(model, layout, first and v == 1,
+                                                last and v == 1), here, cluster) \
+                if p > 1 else Pass(0.0, 0.0)
+            priced[key] = (StagePhases(
+                forward=stage.layers * kernels.forward + head.forward,
+                backward=stage.layers * kernels.backward + head.backward,
+                recompute=replayed * kernels.recompute,
+                forward_communication=stage.layers * layer_comm.forward + ends.forward
+                + v * slices.forward,
+                backward_communication=stage.layers * layer_comm.backward
+                + replayed * layer_comm.recompute + ends.backward + ends.recompute
+                + v * (slices.backward + slices.recompute),
+                transfer=p2p,
+            ), here, kernels)
+        phase, here, kernels = priced[key]
+        phases.append(phase)
+        local.append((here, kernels))
+    return phases, local
 
 
 def _pipeline_p2p(
@@ -476,7 +551,7 @@ def stage_costs(
     )
     return StageCosts(
         layer_s=kernels.total + comm.total,
-        head_s=_head_seconds(model, here, cluster.device, tensor),
+        head_s=_head_pass(model, here, cluster.device, tensor).total,
         p2p_s=_pipeline_p2p(model, here, [stage, stage], cluster),
         state_bytes_per_layer=layer_parameters(model, parallel.expert) / tensor * per_param,
         state_bytes_embedding=model.vocab_size * model.hidden_size / tensor * per_param,

@@ -161,6 +161,17 @@ class Stage(_Model):
     memory: StageMemory | None = Field(
         default=None, description="Model state one rank of the stage holds (training plans).",
     )
+    phases_s: dict[str, float] = Field(
+        default_factory=dict, description="Training plans: the seconds one micro-batch "
+        "spends in the stage (all its chunks) by phase, as the step-time model priced them: "
+        "forward, backward, recompute, forward_communication, backward_communication, "
+        "transfer (one chunk's pipeline sends and receives).",
+    )
+    peak_memory_gib: dict[str, float] = Field(
+        default_factory=dict, description="Training plans: one GPU of the stage at its "
+        "peak, GiB, by kind (weights, gradients, optimizer, activations, working buffers, "
+        "outside the allocator), and what the caching allocator reserves then (reserved).",
+    )
     operators: OperatorShardings | None = Field(
         default=None, description="The intra-op ILP's choice for every node, where it chose."
     )

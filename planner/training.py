@@ -8,14 +8,20 @@ Megatron-LM can run it.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Callable
 
 from cost_models.layer_collectives import LayerCollectives
 from cost_models.memory import state_element_bytes
 from cost_models.stage_parameters import chunk_parameters, placement, rank_state_bytes
-from cost_models.pipeline_memory import StageLayout, even_split
-from cost_models.step_time import StepPrediction, predict_stages, rank_layout
+from cost_models.pipeline_memory import StageLayout, even_split, stage_memories
+from cost_models.step_time import (
+    StepPrediction,
+    breakdown_gib,
+    predict_stages,
+    rank_layout,
+    stage_phases,
+)
 from cost_models.training_collectives import by_kind, rank_collectives
 from planner.cluster import Cluster, calibration_of, step_time_band
 from planner.export.megatron import megatron_flags, megatron_incompatibility
@@ -72,7 +78,7 @@ def training_plan(
         )
     flags = None if incompatibility else megatron_flags(model, parallel, layers, chunk_layers)
     plan = _plan(name, model, cluster, parallel, layouts, prediction, flags, incompatibility,
-                 chunk_layers)
+                 chunk_layers, collectives)
     if parameter_names is None:
         return plan
     return plan.model_copy(update={"stages": [
@@ -86,8 +92,12 @@ def _plan(
     name: str, model: TransformerConfig, cluster: Cluster, parallel: ParallelConfig,
     layouts: list[StageLayout], prediction: StepPrediction, flags: list[str] | None,
     incompatibility: str | None, chunk_layers: list[int] | None = None,
+    collectives: LayerCollectives | None = None,
 ) -> Plan:
-    """The Plan of a configuration whose stages run on `layouts`' meshes."""
+    """The Plan of a configuration whose stages run on `layouts`' meshes, each stage with
+    its phases and peak memory as the predictor priced them."""
+    phases = stage_phases(model, cluster, parallel, layouts, None, collectives)
+    peaks = stage_memories(model, cluster, parallel, layouts)
     stages, first_layer, first_device = [], 0, 0
     interleaved = _chunk_bounds(chunk_layers) if chunk_layers and parallel.virtual_pipeline > 1 \
         else _interleaved_chunks(sum(layout.layers for layout in layouts), len(layouts),
@@ -103,8 +113,11 @@ def _plan(
         stage = Stage(layers=layers, first_device=first_device, num_devices=devices,
                       mesh_axes=axes, mesh_shape=shape, virtual_chunks=parallel.virtual_pipeline,
                       chunks=interleaved[index::len(layouts)] if interleaved else [layers])
-        stages.append(_with_contents(stage, index, model, parallel, layout, chunks,
-                                     len(layouts)))
+        stage = _with_contents(stage, index, model, parallel, layout, chunks, len(layouts))
+        peak = breakdown_gib(peaks[index], by_kind=False)
+        peak["reserved"] = (peaks[index].reserved + peaks[index].reserve) / 2**30
+        stages.append(stage.model_copy(update={
+            "phases_s": asdict(phases[index]), "peak_memory_gib": peak}))
         first_layer, first_device = first_layer + layout.layers, first_device + devices
     mesh_axes, mesh_shape = training_mesh(parallel.data, parallel.context, parallel.tensor,
                                           [stage.mesh_shape for stage in stages])

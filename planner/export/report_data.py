@@ -35,10 +35,10 @@ def _round(seconds: float) -> float:
     return round(seconds, 6)
 
 
-def timeline_data(plan: Plan, model: TransformerConfig, cluster: Cluster) -> dict[str, Any]:
+def timeline_data(plan: Plan) -> dict[str, Any]:
     """One step of `plan`: its pipeline's bars as [stage, start, end, kind, micro-batch,
     chunk] (kind indexes `kinds`), then data-parallel communication and the optimizer."""
-    times = stage_times(plan, model, cluster)
+    times = stage_times(plan)
     schedule = plan.schedule or "1f1b"
     virtual = plan.parallel.virtual_pipeline if plan.parallel else 1
     timeline = pipeline_timeline(times.phases, plan.num_micro_batches, schedule, virtual)
@@ -63,13 +63,13 @@ def timeline_data(plan: Plan, model: TransformerConfig, cluster: Cluster) -> dic
     }
 
 
-def memory_data(plan: Plan, model: TransformerConfig, cluster: Cluster) -> dict[str, Any]:
+def memory_data(plan: Plan, cluster: Cluster) -> dict[str, Any]:
     """GiB one GPU of each stage holds at its peak, by kind, and the device's capacity."""
-    peaks = stage_peaks(plan, model, cluster)
+    peaks = stage_peaks(plan)
     return {
         "kinds": list(MEMORY_KINDS),
         "stages": [[round(getattr(peak, k) / GIB, 4) for k in MEMORY_KINDS] for peak in peaks],
-        "reserved_gib": [round((peak.reserved + peak.reserve) / GIB, 4) for peak in peaks],
+        "reserved_gib": [round(peak.reserved / GIB, 4) for peak in peaks],
         "capacity_gib": cluster.device.memory_gib, "device": cluster.device.name,
         "predicted_peak_gib": plan.predicted.memory_gib_per_gpu,
     }
@@ -108,8 +108,8 @@ def report_data(plans: list[Plan], model: TransformerConfig, cluster: Cluster,
     best = plans[0]
     here = cluster.with_devices(best.num_gpus)
     return {
-        "timeline": timeline_data(best, model, here),
-        "memory": memory_data(best, model, here),
+        "timeline": timeline_data(best),
+        "memory": memory_data(best, here),
         "breakdown": breakdown_data(best),
         "plans": plans_data(plans, label),
         "totals": totals_data(plans, label),

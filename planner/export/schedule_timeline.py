@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cost_models.pipeline_schedule import Action, schedule_actions, simulate
+from cost_models.step_time import StagePhases
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 """The schedules drawn: those whose backward is one pass (ZB-V splits it in two, which
@@ -29,32 +30,6 @@ BAR_KINDS = ("forward", "backward", "recompute", "communication", "bubble")
 """What a bar shows: a stage's forward or backward kernels, the forward it replays in
 backward (activation recomputation), communication it waits on (tensor- and context-
 parallel collectives, pipeline sends and receives), or idle time."""
-
-
-@dataclass(frozen=True)
-class StagePhases:
-    """Seconds one pipeline stage spends on one micro-batch (all its chunks), by phase."""
-
-    forward: float
-    """Forward kernels."""
-    backward: float
-    """Backward kernels."""
-    recompute: float = 0.0
-    """Forward replayed inside the backward (activation recomputation)."""
-    forward_communication: float = 0.0
-    """Exposed collectives of the forward (tensor, context and expert parallel)."""
-    backward_communication: float = 0.0
-    """Exposed collectives of the backward (the replayed forward's included)."""
-    transfer: float = 0.0
-    """Pipeline point-to-point of one chunk: sending the activation (half of it, after a
-    forward) and the gradient (the other half, after a backward). Each of a stage's v
-    chunks sends its own, so unlike the phases above it is not shared among chunks."""
-
-    @property
-    def total(self) -> float:
-        """Seconds per micro-batch as the step-time model counts a stage (one transfer)."""
-        return (self.forward + self.backward + self.recompute + self.forward_communication
-                + self.backward_communication + self.transfer)
 
 
 @dataclass(frozen=True)

@@ -1,22 +1,14 @@
 """What one GPU of each pipeline stage holds at its peak, by kind, for drawing a Plan
-against the device: weights, gradients, optimizer state, activations, working buffers and
-the memory outside the allocator, and what the allocator reserves beside them.
-
-Each stage is priced by the predictor's own function (`cost_models.pipeline_memory.
-stage_memory`, the one the plan's peak came from), at the plan's configuration and
-stages; nothing is searched.
-"""
+against the device: read from the Plan (`Stage.peak_memory_gib`, as the predictor priced
+each stage: `cost_models.pipeline_memory.stage_memories`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from cost_models.pipeline_memory import attention_backend, stage_memory, stage_parameters
-from cost_models.transformer_ops import SCORE_FREE_ATTENTION
-from planner.cluster import Cluster
-from planner.export.plan_config import parallel_config, stage_layouts
-from planner.models.config import TransformerConfig
 from planner.plan import Plan
+
+GIB = 2**30
 
 
 @dataclass(frozen=True)
@@ -32,7 +24,7 @@ class StagePeak:
     reserve: float
     """Outside the caching allocator: the CUDA context, communicator buffers."""
     reserved: float
-    """What the caching allocator holds at the peak (allocated and its fragmentation)."""
+    """What the caching allocator holds at the peak, and the memory outside it."""
 
     @property
     def total(self) -> float:
@@ -40,23 +32,14 @@ class StagePeak:
                 + self.working + self.reserve)
 
 
-def stage_peaks(plan: Plan, model: TransformerConfig, cluster: Cluster) -> list[StagePeak]:
-    """The peak of one GPU of each of `plan`'s stages (a training plan of `model` on
-    `cluster`)."""
-    parallel = parallel_config(plan)
-    layouts = stage_layouts(plan)
-    sequences = parallel.micro_batch_size * parallel.data
-    flash = attention_backend(parallel, cluster.device.flash_attention) in SCORE_FREE_ATTENTION
-    params = stage_parameters(model, layouts, parallel.expert)
-    peaks = []
-    for index, layout in enumerate(layouts):
-        here = replace(parallel, tensor=layout.tensor, data=layout.data,
-                       micro_batch_size=sequences // layout.data)
-        peak = stage_memory(model, here, params[index], layout.layers, index, len(layouts),
-                            parallel.num_micro_batches, flash)
-        peaks.append(StagePeak(
-            weights=peak.weights, gradients=peak.gradients, optimizer=peak.optimizer,
-            activations=peak.activations, working=peak.transient, reserve=peak.reserve,
-            reserved=peak.reserved,
-        ))
-    return peaks
+def stage_peaks(plan: Plan) -> list[StagePeak]:
+    """The peak of one GPU of each of `plan`'s stages, as the plan records them."""
+    if any(not stage.peak_memory_gib for stage in plan.stages):
+        raise ValueError("the plan records no memory per stage (a training plan made by an "
+                         "older Tessel, or an operator-level plan); plan it again")
+    return [StagePeak(
+        weights=m["weights"] * GIB, gradients=m["gradients"] * GIB,
+        optimizer=m["optimizer"] * GIB, activations=m["activations"] * GIB,
+        working=m["working buffers"] * GIB, reserve=m["outside the allocator"] * GIB,
+        reserved=m["reserved"] * GIB,
+    ) for m in (stage.peak_memory_gib for stage in plan.stages)]

@@ -1,7 +1,7 @@
 """planner.export.schedule_timeline: the pipeline of one step laid out action by action
 (`cost_models.pipeline_schedule`), against the step-time model's pipeline formulas; and
-planner.export.stage_times, whose stages predicted again from a Plan give back the plan's
-own times."""
+planner.export.stage_times, which reads each stage's phases from the Plan (as the
+step-time model priced them) and gives back the plan's own times."""
 
 from __future__ import annotations
 
@@ -135,7 +135,7 @@ def test_bad_inputs_are_refused() -> None:
 
 
 def check_slowest_stage(plan, phases: list[StagePhases]) -> None:
-    """The stages predicted again are the plan's: its breakdown holds the slowest stage's
+    """The stages the plan records are its prediction's: its breakdown holds the slowest stage's
     compute, tensor-parallel communication and transfers over the m micro-batches."""
     b = plan.predicted.breakdown
     slowest = max(phases, key=lambda s: s.total)
@@ -162,10 +162,10 @@ def _plans():
 
 
 @pytest.mark.parametrize("case", list(_plans()), ids=lambda case: case[0])
-def test_stages_predicted_again_give_the_plan_s_pipeline_time(case) -> None:
+def test_the_plan_s_stage_phases_give_its_pipeline_time(case) -> None:
     _, model, cluster, parallel = case
     plan = training_plan("gpt3-175b", model, cluster, parallel)
-    times = stage_times(plan, model, cluster)
+    times = stage_times(plan)
     check_slowest_stage(plan, times.phases)
     timeline = pipeline_timeline(times.phases, plan.num_micro_batches, plan.schedule,
                                  parallel.virtual_pipeline)
@@ -176,7 +176,7 @@ def test_stages_predicted_again_give_the_plan_s_pipeline_time(case) -> None:
     assert timeline.length == pytest.approx(times.pipeline_s, rel=rel)
 
 
-def test_stages_on_different_meshes_are_predicted_again_exactly() -> None:
+def test_stages_on_different_meshes_are_recorded_exactly() -> None:
     # An Alpa-space plan: each stage its own layers and (data x tensor) mesh.
     model = get_preset("llama3-70b")
     cluster = Cluster.load("dgx-h100").with_devices(48)
@@ -184,7 +184,7 @@ def test_stages_on_different_meshes_are_predicted_again_exactly() -> None:
                               global_batch_size=64, recompute="full")
     stages = (StageLayout(30, 8, 2), StageLayout(30, 4, 4), StageLayout(20, 8, 2))
     plan = training_plan("llama3-70b", model, cluster, parallel, stages=stages)
-    times = stage_times(plan, model, cluster)
+    times = stage_times(plan)
     check_slowest_stage(plan, times.phases)
     assert times.pipeline_s == plan_pipeline_seconds(plan)
     assert times.phases[0].total > times.phases[2].total  # 30 layers against 20
