@@ -1,8 +1,8 @@
 """Parallel knobs on the command line, under Megatron-LM's flag names.
 
-A knob given on the command line is fixed; the search chooses the rest. With tensor,
-pipeline and micro-batch size all given, `plan` predicts that one configuration (knobs not
-given take Megatron-LM's defaults) instead of searching.
+A knob given on the command line is fixed; the search chooses the rest, also when the
+degrees and micro-batch are all given (`plan predict` prices a launch line with
+Megatron-LM's literal defaults).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from planner.parallel import (
     RECOMPUTE,
     RECOMPUTE_METHODS,
     SCHEDULES,
-    ParallelConfig,
 )
 from planner.search.megatron_space import MAX_GPUS
 
@@ -36,8 +35,6 @@ MAX_TOP = 100
 _NUMBER_FLAGS = {
     FLAG[field]: field for field in ("tensor", "pipeline", "context", "expert", "micro_batch_size")
 }
-# Knobs that make a what-if prediction when all given.
-WHAT_IF = ("tensor", "pipeline", "micro_batch_size")
 
 
 # The dataclass's attribute docstrings, which argparse cannot read, as CLI help.
@@ -219,12 +216,3 @@ def fixed_knobs(args: argparse.Namespace, num_layers: int) -> dict[str, Any]:
         knobs["virtual_pipeline"] = per_stage // chunk
         knobs["schedule"] = "interleaved"
     return {k: v for k, v in knobs.items() if v is not None}
-
-
-def is_what_if(knobs: dict[str, Any]) -> bool:
-    return all(name in knobs for name in WHAT_IF)
-
-
-def what_if_config(knobs: dict[str, Any], global_batch_size: int) -> ParallelConfig:
-    """The configuration the knobs fix, Megatron-LM's defaults for the rest."""
-    return ParallelConfig(global_batch_size=global_batch_size, **knobs)

@@ -19,12 +19,12 @@ from planner.cli.errors import UsageError
 from planner.cli.emit_flags import emit_if_asked
 from planner.cli.model_args import load
 from planner.cli.output import shell_lines, write_json
-from planner.cli.parallel_flags import fixed_knobs, is_what_if, what_if_config
+from planner.cli.parallel_flags import fixed_knobs
 from planner.cli.report_flags import write_report_if_asked
 from planner.cli.run_flags import objective_key, wants_totals
 from planner.cli.whole_run import fewer_gpu_plans, print_totals, with_totals
 from planner.cluster import Cluster
-from planner.knobs import check_knobs, default_precision
+from planner.knobs import FLAG, check_knobs, default_precision
 from planner.models.config import TransformerConfig
 from planner.plan import Plan
 from planner.training import training_plan
@@ -88,13 +88,12 @@ def plan_training(
     check_knobs(knobs, model, cluster, args.global_batch_size, args.space)
     knobs.setdefault("precision", default_precision(cluster))
     names = _parameter_names(loaded)
-    if is_what_if(knobs):
-        return [training_plan(args.model, model, cluster,
-                              what_if_config(knobs, args.global_batch_size),
-                              parameter_names=names)], model, loaded
+    # Knobs not given are searched, also when the degrees and micro-batch are all given
+    # (`plan predict` is where a launch line's literal defaults are priced).
     result = _search_with_progress(args, model, cluster, knobs, console)
     if not result.ranked:
-        raise UsageError(_no_fit(args, model, cluster, knobs))
+        raise UsageError(_no_fit(args, model, cluster, knobs)
+                         + _cheapest_relaxation(args, model, cluster, knobs))
     plans = ranked_plans(args.model, model, cluster, result, top or args.top,
                          parameter_names=names)
     console.print(f"searched {result.evaluated:,} configurations in "
@@ -169,6 +168,41 @@ def _search_with_progress(
             progress.update(task, completed=done, total=total)
 
         return search(model, cluster, args.global_batch_size, knobs, args.space, advance)
+
+
+# Fixed knobs a refusal may suggest giving up, each named by its flag (planner.knobs.FLAG).
+_RELAXABLE = ("micro_batch_size", "recompute", "zero_stage", "sequence_parallel",
+              "pipeline", "tensor", "context", "schedule", "virtual_pipeline",
+              "recompute_method", "recompute_num_layers")
+
+
+def _cheapest_relaxation(
+    args: argparse.Namespace, model: TransformerConfig, cluster: Cluster, knobs: dict[str, Any]
+) -> str:
+    """'; ...' naming the fixed knob whose release makes the fastest plan fit, and the
+    value the search then takes for it; '' where none does (or none was fixed)."""
+    from planner.search import search
+
+    best: tuple[float, str, str] | None = None
+    for name in _RELAXABLE:
+        if name not in knobs:
+            continue
+        relaxed = {k: v for k, v in knobs.items() if k != name}
+        if name == "virtual_pipeline":
+            relaxed.pop("schedule", None)
+        result = search(model, cluster, args.global_batch_size, relaxed, args.space)
+        if result.ranked:
+            candidate, prediction = result.ranked[0]
+            if best is None or prediction.step_time_s < best[0]:
+                taken = getattr(candidate.parallel, name)
+                best = (prediction.step_time_s, name, f"{taken}".lower())
+    if best is None:
+        return ""
+    _, name, taken = best
+    given = knobs[name]
+    given = f"{given}".lower()
+    return (f"; or, on these {cluster.num_devices} GPUs, leave {FLAG[name]} {given} to the "
+            f"search: the fastest plan then takes {taken} ({best[0]:.3f} s a step)")
 
 
 def _no_fit(

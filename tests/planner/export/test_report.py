@@ -23,11 +23,11 @@ from planner.plan import Plan
 
 GPT3_175B = ["gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "1024",
              "--global-batch-size", "1536"]
-# A what-if (no search: one plan) with a run length, for the whole-run chart.
+# One plan (--top 1) of fixed degrees with a run length, for the whole-run chart.
 LLAMA_RUN = ["llama3-70b", "--cluster", "dgx-h100", "--gpus", "256", "--global-batch-size",
              "512", "--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "4",
              "--micro-batch-size", "1", "--use-distributed-optimizer",
-             "--recompute-granularity", "full", "--train-tokens", "1T"]
+             "--recompute-granularity", "full", "--train-tokens", "1T", "--top", "1"]
 CASES = {"gpt3-175b": (GPT3_175B, CHARTS[:-1]), "llama3-70b-1T": (LLAMA_RUN, CHARTS)}
 needs_chromium = pytest.mark.skipif(
     chromium() is None, reason="Debian's chromium is not installed (`make browser` installs "

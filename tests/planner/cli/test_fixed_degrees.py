@@ -1,0 +1,41 @@
+"""Fixed degrees and micro-batch: the knobs not given are still searched, and a refusal
+for memory names the knob whose release makes it fit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from planner.cli.main import main
+
+LLAMA_405B = ["llama3-405b", "--cluster", "dgx-h100", "--gpus", "16384", "--seq-length", "8192",
+              "--global-batch-size", "2048", "--space", "megatron", "--top", "1"]
+
+
+def test_knobs_not_given_are_searched_not_megatrons_defaults(tmp_path: Path, capsys) -> None:
+    # The Llama 3 paper's degrees: the search turns sequence parallelism and the
+    # distributed optimizer on (Megatron-LM's defaults, both off, need 250 GiB).
+    out = tmp_path / "plan.json"
+    code = main([*LLAMA_405B, "--tensor-model-parallel-size", "8",
+                 "--pipeline-model-parallel-size", "16", "--micro-batch-size", "1",
+                 "--context-parallel-size", "1", "--json", str(out)])
+    capsys.readouterr()
+    assert code == 0
+    plan = json.loads(out.read_text())
+    q = plan["parallel"]
+    assert (q["tensor"], q["pipeline"], q["context"], plan["micro_batch_size"]) == (8, 16, 1, 1)
+    assert q["sequence_parallel"] and q["zero_stage"] >= 1
+    assert plan["predicted"]["fits"]
+
+
+def test_a_refusal_names_the_fixed_knob_that_would_make_it_fit(capsys) -> None:
+    code = main(["llama3-70b", "--cluster", "dgx-h100", "--gpus", "64",
+                 "--global-batch-size", "512", "--tensor-model-parallel-size", "2",
+                 "--pipeline-model-parallel-size", "1", "--micro-batch-size", "4",
+                 "--zero-stage", "1"])
+    captured = capsys.readouterr()
+    output = captured.out + captured.err
+    assert code == 2 and "Traceback" not in output
+    assert output.strip().splitlines()[0].startswith("error: no plan fits")
+    text = " ".join(output.split())
+    assert "or, on these 64 GPUs, leave --zero-stage 1 to the search" in text
