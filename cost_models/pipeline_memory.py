@@ -102,7 +102,7 @@ def fits_memory(
     parallel = parallel.resolve(cluster.num_devices)
     stages = uniform_stages(model, parallel, layers_per_stage)
     return stages_peak_memory(model, cluster, parallel, stages, flash_attention).fits(
-        cluster.device.memory_gib * 2**30)
+        cluster.usable_memory_bytes)
 
 
 def uniform_stages(

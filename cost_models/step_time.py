@@ -383,9 +383,9 @@ def predict_stages(
         hardware_tflops_per_gpu=hardware_flops / step / num_gpus / 1e12,
         mfu=model_flops / step / num_gpus / (peak * 1e12),
         memory_gib_per_gpu=worst_memory.total / 2**30,
-        fits=worst_memory.fits(device.memory_gib * 2**30),
+        fits=worst_memory.fits(cluster.usable_memory_bytes),
         reserved_gib_per_gpu=(worst_memory.reserved + worst_memory.reserve) / 2**30,
-        reserved_fits=worst_memory.reserved_fits(device.memory_gib * 2**30),
+        reserved_fits=worst_memory.reserved_fits(cluster.usable_memory_bytes),
         memory_breakdown_gib=breakdown_gib(worst_memory),
     )
 

@@ -124,7 +124,7 @@ def _assemble(
             compute_s=solution.compute_s,
             communication_s=solution.communication_s,
             memory_gib_per_gpu=solution.memory_bytes / 2**30,
-            fits=solution.memory_bytes <= cluster.device.memory_gib * 2**30,
+            fits=solution.memory_bytes <= cluster.usable_memory_bytes,
         ).with_band(*step_time_band(cluster.device)),
         provenance=Provenance(model_spec=name, cluster=cluster.name, cost_source=cost_source,
                               calibration=calibration_of(cluster.device),

@@ -196,6 +196,10 @@ class Cluster(_Config):
         default=None, description="Price per GPU-hour, failure rate and power, with their "
         "sources: what a whole run's totals need (--train-tokens).",
     )
+    memory_headroom_gib: float = Field(
+        default=0.0, ge=0, description="GiB of each device a plan must leave free: a plan "
+        "fits only in the device's memory less this margin (--memory-headroom).",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -258,6 +262,19 @@ class Cluster(_Config):
         """
         _check_size(num_devices, self.devices_per_host, self.devices_per_node, self.name)
         return self.model_copy(update={"num_devices": num_devices})
+
+    @property
+    def usable_memory_bytes(self) -> float:
+        """Bytes of one device a plan may use: its memory less the headroom kept free."""
+        return (self.device.memory_gib - self.memory_headroom_gib) * 2**30
+
+    def with_memory_headroom(self, gib: float) -> Cluster:
+        """A copy whose plans must leave `gib` GiB of each device free; ValueError when
+        that leaves nothing."""
+        if gib >= self.device.memory_gib:
+            raise ValueError(f"{gib:g} GiB is all of a {self.device.name}'s "
+                             f"{self.device.memory_gib:g} GiB; keep less free")
+        return self.model_copy(update={"memory_headroom_gib": gib})
 
     def with_unbounded_memory(self) -> Cluster:
         """A copy whose devices never run out of memory: for an ILP whose caller checks

@@ -16,7 +16,7 @@ from rich.table import Table
 from planner.cli.console import console
 from planner.cli.errors import UsageError
 from planner.cli.fault_flags import check_fault_flags, faults_given, refuse_faults
-from planner.cli.model_args import load
+from planner.cli.model_args import load, load_cluster
 from planner.check import RELATIVE_TOLERANCE
 from planner.cli.plan import mesh_for, plan_on_mesh, print_plan
 from planner.cluster import Cluster
@@ -30,7 +30,7 @@ MAX_LOCAL_RANKS = 16
 def run_check(args: argparse.Namespace) -> int:
     from planner.check import check_plan
 
-    cluster = Cluster.load(args.cluster)
+    cluster = load_cluster(args)
     if args.gpus is not None:
         return run_training_check(args, cluster)
     refuse_faults(args, "give --gpus (a training plan of a zoo or hf: transformer)")

@@ -6,7 +6,9 @@ import argparse
 
 from typing import Any
 
-from planner.cli.parsing import seconds, whole
+from planner.cli.errors import UsageError
+from planner.cli.parsing import gibibytes, seconds, whole
+from planner.cluster import Cluster
 from planner.model_flags import NORMALIZATION, POSITION_EMBEDDING, SWITCHES, VALUE_FLAGS
 from planner.model_spec import ACCEPTED_FORMS, LoadedModel
 from planner.models.config import TransformerConfig
@@ -35,6 +37,7 @@ def add_mesh_arguments(parser: argparse.ArgumentParser) -> None:
         "--cluster", default="cpu",
         help="cluster preset or YAML/JSON file (default cpu; `plan clusters` lists presets)",
     )
+    add_headroom_argument(parser)
     parser.add_argument(
         "--time-limit", type=seconds(0.0, MAX_TIME_LIMIT_S), default=60.0,
         help="seconds for choosing the shardings: enumerating strategies, building and "
@@ -92,3 +95,23 @@ def load(args: argparse.Namespace) -> LoadedModel:
     from planner.model_spec import load_model
 
     return load_model(args.model, shape_overrides(args))
+
+
+def add_headroom_argument(parser: argparse.ArgumentParser) -> None:
+    """--memory-headroom: GiB of each device a plan must leave free."""
+    parser.add_argument(
+        "--memory-headroom", type=gibibytes(1024.0), default=0.0, metavar="GIB",
+        help="GiB of each GPU a plan must leave free (default 0): a plan fits only in the "
+        "device's memory less this margin",
+    )
+
+
+def load_cluster(args: argparse.Namespace) -> Cluster:
+    """--cluster with the --memory-headroom asked for; UsageError naming the flag."""
+    cluster = Cluster.load(args.cluster)
+    if not args.memory_headroom:
+        return cluster
+    try:
+        return cluster.with_memory_headroom(args.memory_headroom)
+    except ValueError as error:
+        raise UsageError(f"--memory-headroom {args.memory_headroom:g}: {error}") from None

@@ -97,3 +97,19 @@ def seconds(low: float, high: float) -> Callable[[str], float]:
 
     parse.__name__ = "seconds"
     return parse
+
+
+def gibibytes(high: float) -> Callable[[str], float]:
+    """An argparse type: a finite number of GiB from 0 to `high`."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of GiB") from None
+        if not (math.isfinite(value) and 0 <= value <= high):
+            raise argparse.ArgumentTypeError(f"{text} must be from 0 to {high:g} GiB")
+        return value
+
+    parse.__name__ = "GiB"
+    return parse

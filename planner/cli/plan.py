@@ -13,7 +13,7 @@ from passes.deadline import DeadlinePassed
 from planner.cli.console import console
 from planner.cli.errors import UsageError
 from planner.cli.output import write_json
-from planner.cli.model_args import load
+from planner.cli.model_args import load, load_cluster
 from planner.cli.parallel_flags import training_flags_given
 from planner.cluster import Cluster
 from planner.model_spec import LoadedModel
@@ -89,7 +89,7 @@ def plan_on_mesh(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    cluster = Cluster.load(args.cluster)
+    cluster = load_cluster(args)
     if args.gpus is not None:
         from planner.cli.train import run_training
 

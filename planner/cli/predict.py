@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.cli.errors import UsageError
+from planner.cli.model_args import add_headroom_argument, load_cluster
 from planner.cli.parallel_flags import MAX_TOP
 from planner.cli.output import write_json
 from planner.cli.parsing import Parser, whole
@@ -93,6 +94,7 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
         "--cluster", help="cluster preset or YAML/JSON file the run is on (`plan clusters` "
         "lists the presets)",
     )
+    add_headroom_argument(parser)
     parser.add_argument(
         "--gpus", type=whole(1, MAX_GPUS),
         help="GPUs of the run (the world size); optional when the launch line's torchrun "
@@ -287,14 +289,12 @@ def _world_size(args: argparse.Namespace, launch: LaunchLine) -> int:
 def _cluster(args: argparse.Namespace, gpus: int, source: str) -> Cluster:
     """--cluster with `gpus` of its devices; `source` names where the count came from
     when --gpus did not give it."""
-    from planner.cluster import Cluster
-
     if args.cluster is None:
         raise UsageError(
             "plan predict needs --cluster C, the GPUs the run is on (a preset such as "
             "dgx-h100, see `plan clusters`, or a YAML/JSON file)"
         )
-    cluster = Cluster.load(args.cluster)
+    cluster = load_cluster(args)
     try:
         return cluster.with_devices(gpus)
     except ValueError as error:

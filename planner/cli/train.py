@@ -257,10 +257,17 @@ def print_training_plans(plans: list[Plan], console: Console, megatron: bool = T
         )
     console.print(table)
     print_summary(best, console)
-    if not best.predicted.fits:
-        console.print(
-            f"[red]does not fit:[/red] {best.predicted.memory_gib_per_gpu:.1f} GiB per GPU",
-        )
+    p = best.predicted
+    if not p.fits:
+        console.print(f"[red]does not fit:[/red] {p.memory_gib_per_gpu:.1f} GiB per GPU")
+    elif p.reserved_gib_per_gpu is not None:
+        console.print(f"memory per GPU: {p.memory_gib_per_gpu:.1f} GiB allocated at the peak, "
+                      f"{p.reserved_gib_per_gpu:.1f} GiB reserved by the caching allocator",
+                      highlight=False)
+        if not p.reserved_fits:
+            console.print("[yellow]fits allocated, not reserved:[/yellow] fragmentation may "
+                          "run it out of memory; it may need "
+                          "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", highlight=False)
     if not megatron:
         return
     if best.megatron_flags:

@@ -204,7 +204,7 @@ def _best_stages(
         return None  # more stages than layer groups or micro-batches
     costs = np.full((groups, groups + 1, len(sizes), most), np.inf)
     meshes: list[list[tuple[int, int]]] = []
-    capacity = cluster.device.memory_gib * 2**30 - FRAMEWORK_RESERVE_BYTES
+    capacity = cluster.usable_memory_bytes - FRAMEWORK_RESERVE_BYTES
     first, last = np.arange(groups)[:, None], np.arange(groups + 1)[None, :]
     layers = (last - first) * group
     valid = layers > 0

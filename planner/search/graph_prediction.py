@@ -78,7 +78,7 @@ class Candidate:
 def usable_bytes(cluster: Cluster) -> float:
     """Device memory a plan may fill: less the framework's reserve (CUDA context, allocator
     slack), which on a small device (a test cluster's) is at most a tenth of it."""
-    memory = cluster.device.memory_gib * 2**30
+    memory = cluster.usable_memory_bytes
     return memory - min(FRAMEWORK_RESERVE_BYTES, memory / 10)
 
 

@@ -243,7 +243,7 @@ def plan_intra_op(
         node_costs,
         node_memory,
         edges,
-        memory_limit=cluster.device.memory_gib * 2**30,
+        memory_limit=cluster.usable_memory_bytes,
         shared_costs=list(buckets.values()),
         followers=_followers(table, index),
     )

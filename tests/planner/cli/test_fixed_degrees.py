@@ -1,5 +1,6 @@
-"""Fixed degrees and micro-batch: the knobs not given are still searched, and a refusal
-for memory names the knob whose release makes it fit."""
+"""What a user fixes about memory and layout: with the degrees and micro-batch fixed the
+knobs not given are still searched, a refusal for memory names the knob whose release
+makes it fit, and --memory-headroom keeps a margin free on every GPU."""
 
 from __future__ import annotations
 
@@ -39,3 +40,21 @@ def test_a_refusal_names_the_fixed_knob_that_would_make_it_fit(capsys) -> None:
     assert output.strip().splitlines()[0].startswith("error: no plan fits")
     text = " ".join(output.split())
     assert "or, on these 64 GPUs, leave --zero-stage 1 to the search" in text
+
+
+def test_memory_headroom_keeps_every_plan_that_much_below_the_device(
+    tmp_path: Path, capsys
+) -> None:
+    argv = ["llama3-70b", "--cluster", "dgx-h100", "--gpus", "64", "--global-batch-size",
+            "512", "--space", "megatron", "--top", "1"]
+    peaks = []
+    for headroom in ("0", "40"):
+        out = tmp_path / f"plan-{headroom}.json"
+        assert main([*argv, "--memory-headroom", headroom, "--json", str(out)]) == 0
+        peaks.append(json.loads(out.read_text())["predicted"]["memory_gib_per_gpu"])
+    capsys.readouterr()
+    assert peaks[1] <= 79.6 - 40 < peaks[0]
+    assert main([*argv, "--memory-headroom", "90"]) == 2
+    captured = capsys.readouterr()
+    assert "--memory-headroom 90: 90 GiB is all of a H100-SXM5-80GB's 79.6 GiB" in " ".join(
+        (captured.out + captured.err).split())
