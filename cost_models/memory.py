@@ -1,10 +1,11 @@
-"""Analytical memory cost: peak bytes per device of a Megatron-LM-style training plan.
+"""Analytical memory cost: model state, micro-batches in flight and a device's peak by kind.
 
 - Model state (weights, gradients, optimizer): Rajbhandari et al., "ZeRO: Memory
   Optimizations Toward Training Trillion Parameter Models" (SC 2020), Sec. 5 and Table 1;
   Megatron-LM's `megatron/training/theoretical_memory_usage.py` for its own accounting.
-- Activations per transformer layer: Korthikanti et al., "Reducing Activation Recomputation
-  in Large Transformer Models" (MLSys 2023, arXiv:2205.05198), Sec. 4-5 and Table 2.
+- Activations per transformer layer are counted tensor by tensor in
+  `cost_models/saved_activations.py` (Korthikanti et al.'s Table 2 for a GPT layer), and
+  what differs by engine in `cost_models/engine_memory.py`.
 - Micro-batches in flight per pipeline schedule: Narayanan et al., "Efficient Large-Scale
   Language Model Training on GPU Clusters Using Megatron-LM" (SC 2021), Sec. 2.2, and the
   warm-up counts of Megatron-LM's `megatron/core/pipeline_parallel/schedules.py`.
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from planner.parallel import RECOMPUTE, SCHEDULES
+from planner.parallel import SCHEDULES
 
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 
@@ -122,69 +123,6 @@ def model_state_bytes(
     )
 
 
-def activation_bytes_per_layer(
-    seq_length: int,
-    micro_batch_size: int,
-    hidden_size: int,
-    num_attention_heads: int,
-    tensor_parallel: int = 1,
-    sequence_parallel: bool = False,
-    recompute: str = "none",
-    flash_attention: bool = True,
-    fp8: bool = False,
-) -> float:
-    """Bytes of activations one transformer layer keeps for backward, for one micro-batch,
-    with 16-bit activations (Korthikanti et al., Sec. 4-5, Table 2). With s, b, h, a, t:
-
-    - none:      s b h (10 + 24/t + 5 a s / (h t)); the 10 becomes 10/t with sequence
-                 parallelism, so s b h (34 + 5 a s / h) without parallelism
-    - selective: the attention core (score matrix, softmax, its dropout: 5 a s / h) is
-                 recomputed: s b h (10 + 24/t), or s b h 34/t with sequence parallelism
-    - full:      only the layer input, 2 s b h (divided by t with sequence parallelism)
-
-    With `flash_attention` the 5 a s / h term is never stored (FlashAttention recomputes
-    scores in backward and keeps only O(a s b) softmax statistics, ignored here), so
-    'none' and 'selective' coincide. The formulas assume a GPT block (MLP width 4h,
-    multi-head attention). Context parallelism is not modelled: passing seq_length / cp
-    is exact when the scores are not stored. Full recompute also rebuilds one layer's activations
-    during backward; add `activation_bytes_per_layer(..., recompute="none")` once as
-    `extra_activation_bytes` of `peak_memory_bytes` to count that working set.
-
-    With `fp8` matmuls, Transformer Engine keeps each projection's input as the fp8 copy
-    it cast (1 byte, not 2): the inputs of the q/k/v and first MLP projections (s b h
-    each, over t with sequence parallelism), of the attention output projection (s b h
-    over t) and of the second MLP projection (4 s b h over t) are halved.
-    """
-    _check_choice("recompute mode", recompute, RECOMPUTE)
-    if tensor_parallel < 1:
-        raise ValueError(f"tensor_parallel must be >= 1, got {tensor_parallel}")
-    s, b, h, t = seq_length, micro_batch_size, hidden_size, tensor_parallel
-    # Layer norms, dropouts and residual inputs: split over t only by sequence parallelism.
-    t_sp = t if sequence_parallel else 1
-    if recompute == "full":
-        return 2 * s * b * h / t_sp
-    layer = s * b * h * (10 / t_sp + 24 / t)
-    if fp8:
-        layer -= s * b * h * (2 / t_sp + 5 / t)
-    if recompute == "none" and not flash_attention:
-        layer += 5 * num_attention_heads * s * s * b / t
-    return layer
-
-
-def output_layer_activation_bytes(
-    seq_length: int,
-    micro_batch_size: int,
-    hidden_size: int,
-    vocab_size: int,
-    tensor_parallel: int = 1,
-) -> float:
-    """Bytes the last stage keeps for the final layer norm, output projection and
-    cross-entropy of one micro-batch: 4 s b h (1 + v / h) / t (Korthikanti et al., Sec. 4,
-    as Megatron's theoretical_memory_usage.py counts it). Pass it as `extra_activation_bytes`."""
-    s, b, h, v = seq_length, micro_batch_size, hidden_size, vocab_size
-    return 4 * s * b * h * (1 + v / h) / tensor_parallel
-
-
 def in_flight_micro_batches(
     schedule: str,
     pipeline_parallel: int,
@@ -272,29 +210,3 @@ class MemoryBreakdown:
         """Whether what the allocator reserves fits too; a run that fits allocated but not
         reserved may run out of memory through fragmentation."""
         return self.reserved + self.reserve <= capacity_bytes
-
-
-def peak_memory_bytes(
-    model_state: ModelStateBytes,
-    layer_activation_bytes: float,
-    layers_in_stage: int,
-    micro_batches_in_flight: float,
-    extra_activation_bytes: float = 0.0,
-    reserve_bytes: float = FRAMEWORK_RESERVE_BYTES,
-) -> MemoryBreakdown:
-    """Peak memory of one device of a pipeline stage: its model state (`model_state_bytes`
-    of the stage's parameters), `layer_activation_bytes` (`activation_bytes_per_layer`)
-    x `layers_in_stage` x `micro_batches_in_flight` (`in_flight_micro_batches`), plus
-    `extra_activation_bytes` held once (e.g. `output_layer_activation_bytes` on the last
-    stage, a layer's working set under full recompute), plus the fixed `reserve_bytes`.
-    """
-    if layers_in_stage < 0 or micro_batches_in_flight < 0 or extra_activation_bytes < 0:
-        raise ValueError("layers, micro-batches in flight and extra activations must be >= 0")
-    activations = layer_activation_bytes * layers_in_stage * micro_batches_in_flight
-    return MemoryBreakdown(
-        weights=model_state.weights,
-        gradients=model_state.gradients,
-        optimizer=model_state.optimizer,
-        activations=activations + extra_activation_bytes,
-        reserve=reserve_bytes,
-    )

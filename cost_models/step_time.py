@@ -28,15 +28,15 @@ pipeline; so tensor groups stay in a node and pipeline neighbours are far apart.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
-from cost_models import memory
+from cost_models import engine_memory, memory
 from cost_models.comm import group_collective_time
 from cost_models.data_parallel import data_parallel_comm, hidden
 from cost_models.efficiency import Efficiency
 from cost_models.kernel_time import Pass, pass_seconds
+from cost_models.saved_activations import checkpoint_bytes, saved_per_layer
 from cost_models.pipeline_memory import (
     StageLayout,
     attention_backend,
@@ -537,18 +537,17 @@ def stage_costs(
         flash_attention = cluster.device.flash_attention
     kernels, comm = _layer_pass(model, here, cluster, flash_attention, collectives)
     flash_attention = attention_backend(parallel, flash_attention) in SCORE_FREE_ATTENTION
-    seq = model.seq_length / parallel.context
     stage = StageLayout(1, tensor, data)
-    element = memory.state_element_bytes(parallel.precision)
-    per_param = memory.model_state_bytes(
-        1, data, parallel.zero_stage, params_bytes=element.params,
-        grads_bytes=element.grads, optimizer_bytes=element.optimizer,
-    ).total
-    activations = memory.activation_bytes_per_layer(
-        math.ceil(seq), here.micro_batch_size, model.hidden_size, model.num_attention_heads,
-        tensor, parallel.sequence_parallel, parallel.recompute, flash_attention,
-        parallel.precision == "fp8",
-    )
+    # The engine's rules (`cost_models.engine_memory`, `saved_activations`), as linear
+    # terms: its model state per parameter, what a layer keeps (its input alone under full
+    # recomputation), and the loss's saved and working bytes on the last stage.
+    state, _ = engine_memory.model_state(1.0, 0.0, 0.0, here)
+    per_param = state.total
+    if parallel.recompute == "full":
+        activations = checkpoint_bytes(model, here)
+    else:
+        activations = sum(saved_per_layer(model, here, flash_attention).values())
+    loss_saved, loss_working = engine_memory.loss_bytes(model, here)
     return StageCosts(
         layer_s=kernels.total + comm.total,
         head_s=_head_pass(model, here, cluster.device, tensor).total,
@@ -556,7 +555,5 @@ def stage_costs(
         state_bytes_per_layer=layer_parameters(model, parallel.expert) / tensor * per_param,
         state_bytes_embedding=model.vocab_size * model.hidden_size / tensor * per_param,
         activation_bytes_per_layer=activations,
-        head_activation_bytes=memory.output_layer_activation_bytes(
-            math.ceil(seq), here.micro_batch_size, model.hidden_size, model.vocab_size, tensor
-        ),
+        head_activation_bytes=loss_saved + loss_working,
     )

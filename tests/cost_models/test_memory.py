@@ -1,20 +1,14 @@
 import pytest
 
-from cost_models.memory import (
-    FRAMEWORK_RESERVE_BYTES,
-    MemoryBreakdown,
-    activation_bytes_per_layer,
-    in_flight_micro_batches,
-    model_state_bytes,
-    output_layer_activation_bytes,
-    peak_memory_bytes,
-)
+from cost_models.memory import MemoryBreakdown, in_flight_micro_batches, model_state_bytes
+from cost_models.pipeline_memory import stage_memories, uniform_stages
+from planner.cluster import Cluster
+from planner.models.presets import get_preset
+from planner.parallel import ParallelConfig
 
 GB = 1e9
 GIB = 2**30
 
-# GPT-3 175B as in Korthikanti et al. 2022: s = 2048, b = 1, h = 12288, a = 96, t = 8.
-GPT3 = {"seq_length": 2048, "micro_batch_size": 1, "hidden_size": 12288, "num_attention_heads": 96}
 T = 8
 
 
@@ -82,70 +76,6 @@ def test_model_state_rejects_bad_arguments() -> None:
         model_state_bytes(1e9, 0, zero_stage=0)
 
 
-# --- activations: Korthikanti et al. 2022, Table 2 --------------------------------------
-
-
-def test_activations_no_parallelism() -> None:
-    # s b h (34 + 5 a s / h) = 2048 * 12288 * (34 + 80) = 2,868,903,936 bytes
-    expected = 2048 * 1 * 12288 * (34 + 5 * 96 * 2048 / 12288)
-    assert expected == 2_868_903_936
-    got = activation_bytes_per_layer(**GPT3, flash_attention=False)
-    assert got == pytest.approx(expected, rel=0.05)
-
-
-def test_activations_tensor_parallel() -> None:
-    # s b h (10 + 24/t + 5 a s / (h t)) = 2048 * 12288 * (10 + 3 + 10) = 578,813,952 bytes
-    expected = 2048 * 12288 * (10 + 24 / 8 + 5 * 96 * 2048 / (12288 * 8))
-    assert expected == 578_813_952
-    got = activation_bytes_per_layer(**GPT3, tensor_parallel=T, flash_attention=False)
-    assert got == pytest.approx(expected, rel=0.05)
-
-
-def test_activations_tensor_sequence_parallel() -> None:
-    # s b h (34/t + 5 a s / (h t)) = 2048 * 12288 * (4.25 + 10)
-    expected = 2048 * 12288 * (34 / 8 + 5 * 96 * 2048 / (12288 * 8))
-    got = activation_bytes_per_layer(
-        **GPT3, tensor_parallel=T, sequence_parallel=True, flash_attention=False
-    )
-    assert got == pytest.approx(expected, rel=0.05)
-
-
-def test_activations_selective_recompute() -> None:
-    # With sequence parallelism: s b h 34/t = 106,954,752 bytes; without: s b h (10 + 24/t).
-    kw = {"tensor_parallel": T, "recompute": "selective", "flash_attention": False}
-    with_sp = activation_bytes_per_layer(**GPT3, sequence_parallel=True, **kw)
-    assert with_sp == pytest.approx(2048 * 12288 * 34 / 8, rel=0.05)
-    assert with_sp == pytest.approx(106_954_752, rel=0.05)
-    without_sp = activation_bytes_per_layer(**GPT3, **kw)
-    assert without_sp == pytest.approx(2048 * 12288 * (10 + 24 / 8), rel=0.05)
-
-
-def test_activations_full_recompute() -> None:
-    # Only the layer input: 2 s b h = 50,331,648 bytes, / t with sequence parallelism.
-    kw = {"tensor_parallel": T, "recompute": "full", "flash_attention": False}
-    assert activation_bytes_per_layer(**GPT3, **kw) == pytest.approx(2 * 2048 * 12288, rel=0.05)
-    with_sp = activation_bytes_per_layer(**GPT3, sequence_parallel=True, **kw)
-    assert with_sp == pytest.approx(2 * 2048 * 12288 / 8, rel=0.05)
-
-
-def test_flash_attention_stores_no_scores() -> None:
-    kw = {"tensor_parallel": T, "sequence_parallel": True}
-    none = activation_bytes_per_layer(**GPT3, recompute="none", **kw)
-    assert none == activation_bytes_per_layer(**GPT3, recompute="selective", **kw)
-    assert none == pytest.approx(2048 * 12288 * 34 / 8)
-
-
-def test_unknown_recompute_mode() -> None:
-    with pytest.raises(ValueError, match="'none', 'selective', 'full'"):
-        activation_bytes_per_layer(**GPT3, recompute="block")
-
-
-def test_output_layer_activations() -> None:
-    # 4 s b h (1 + v / h) / t with v = 51200: 4 * 2048 * (12288 + 51200) / 8 bytes
-    got = output_layer_activation_bytes(2048, 1, 12288, 51200, tensor_parallel=8)
-    assert got == pytest.approx(4 * 2048 * (12288 + 51200) / 8)
-
-
 # --- micro-batches in flight -------------------------------------------------------------
 
 
@@ -189,39 +119,37 @@ def test_in_flight_rejects_bad_arguments() -> None:
 # --- peak memory and feasibility ---------------------------------------------------------
 
 
-def _gpt3_stage_peak(pipeline_parallel: int, stage_index: int) -> MemoryBreakdown:
-    """GPT-3 175B, t = 8, selective recompute + sequence parallelism, 1F1B, ZeRO off."""
-    params_per_rank = 175e9 / (T * pipeline_parallel)
-    layer = activation_bytes_per_layer(
-        **GPT3, tensor_parallel=T, sequence_parallel=True, recompute="selective"
-    )
-    return peak_memory_bytes(
-        model_state_bytes(params_per_rank, data_parallel=1, zero_stage=0),
-        layer_activation_bytes=layer,
-        layers_in_stage=96 // pipeline_parallel,
-        micro_batches_in_flight=in_flight_micro_batches("1f1b", pipeline_parallel, stage_index, 64),
-    )
+def _gpt3_stages(pipeline: int) -> list[MemoryBreakdown]:
+    """GPT-3 175B, t = 8, selective recompute + sequence parallelism, 1F1B, ZeRO off, 64
+    micro-batches, local attention (the scores written, then recomputed)."""
+    model = get_preset("gpt3-175b")
+    parallel = ParallelConfig(tensor=T, pipeline=pipeline, data=1, micro_batch_size=1,
+                              global_batch_size=64, recompute="selective",
+                              sequence_parallel=True, attention_backend="local")
+    cluster = Cluster.load("dgx-a100-80g").with_devices(T * pipeline)
+    stages = uniform_stages(model, parallel, None)
+    return stage_memories(model, cluster, parallel, stages)
 
 
 def test_plan_that_does_not_fit() -> None:
-    # t = 8, no pipeline: 21.9e9 parameters per GPU x 16 bytes = 350 GB > 80 GiB.
-    peak = _gpt3_stage_peak(pipeline_parallel=1, stage_index=0)
-    assert peak.weights + peak.gradients + peak.optimizer == pytest.approx(175e9 / 8 * 16)
+    # t = 8, no pipeline: 21.9e9 parameters per GPU x 18 bytes (Megatron-LM's fp32 main
+    # gradients) > 80 GiB.
+    (peak,) = _gpt3_stages(pipeline=1)
+    assert peak.weights + peak.gradients + peak.optimizer == pytest.approx(
+        get_preset("gpt3-175b").num_parameters() / 8 * 18, rel=1e-3)
     assert not peak.fits(80 * GIB)
 
 
 def test_megatron_gpt3_layout_fits() -> None:
-    # t = 8, p = 8: 2.73e9 parameters x 16 B = 43.75 GB, plus 12 layers x 8 micro-batches
-    # x 107 MB = 10.3 GB of activations, plus the reserve.
-    first = _gpt3_stage_peak(pipeline_parallel=8, stage_index=0)
-    assert first.activations == pytest.approx(12 * 8 * 2048 * 12288 * 34 / 8)
-    assert first.reserve == FRAMEWORK_RESERVE_BYTES
-    parts = (first.weights, first.gradients, first.optimizer, first.activations, first.reserve)
+    # t = 8, p = 8: the first stage keeps 12 layers x 8 micro-batches x 34 s b h / t
+    # (Korthikanti et al., Table 2, selective with sequence parallelism).
+    stages = _gpt3_stages(pipeline=8)
+    first = stages[0]
+    layers = dict(first.activation_kinds)
+    assert sum(layers.values()) == pytest.approx(12 * 8 * 2048 * 12288 * 34 / 8)
+    parts = (first.weights, first.gradients, first.optimizer, first.activations,
+             first.transient, first.reserve)
     assert first.total == pytest.approx(sum(parts))
-    assert first.weights + first.gradients + first.optimizer == pytest.approx(
-        16 * (first.weights / 2)
-    )
     assert first.fits(80 * GIB)
     assert not first.fits(first.total - 1)
-    last = _gpt3_stage_peak(pipeline_parallel=8, stage_index=7)
-    assert last.total < first.total
+    assert stages[-1].activations < first.activations

@@ -91,3 +91,36 @@ def test_torch_compile_fuses_what_eager_keeps() -> None:
     tokens = model.seq_length
     assert eager["mlp"] - compiled["mlp"] == 2 * 2 * tokens * model.ffn_size
     assert eager["norm inputs"] == 2 * compiled["norm inputs"]
+
+
+# --- Korthikanti et al. 2022, Table 2, on GPT-3 175B (s 2048, b 1, h 12288, a 96, t 8) ---
+
+GPT3 = get_preset("gpt3-175b")
+SBH = 2048 * 12288
+
+
+def _gpt3(**knobs) -> float:
+    return sum(saved_per_layer(GPT3, ParallelConfig(**knobs), score_free=False).values())
+
+
+def test_table_2_without_parallelism() -> None:
+    # s b h (34 + 5 a s / h) = 2,868,903,936 bytes.
+    assert _gpt3() == pytest.approx(2_868_903_936)
+
+
+def test_table_2_tensor_parallel_with_and_without_sequence_parallelism() -> None:
+    # s b h (10 + 24/t + 5 a s / (h t)) = 578,813,952 bytes; the 10 over t with SP.
+    assert _gpt3(tensor=8) == pytest.approx(578_813_952)
+    assert _gpt3(tensor=8, sequence_parallel=True) == pytest.approx(
+        SBH * (34 / 8 + 5 * 96 * 2048 / (12288 * 8)))
+
+
+def test_table_2_selective_and_full_recomputation() -> None:
+    # Selective: 34 s b h / t with SP = 106,954,752 bytes, s b h (10 + 24/t) without.
+    assert _gpt3(tensor=8, sequence_parallel=True, recompute="selective") == \
+        pytest.approx(106_954_752)
+    assert _gpt3(tensor=8, recompute="selective") == pytest.approx(SBH * (10 + 24 / 8))
+    # Full: the layer's input, 2 s b h, over t with SP.
+    assert checkpoint_bytes(GPT3, ParallelConfig(tensor=8)) == 2 * SBH
+    assert checkpoint_bytes(GPT3, ParallelConfig(tensor=8, sequence_parallel=True)) == \
+        2 * SBH / 8
