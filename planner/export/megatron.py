@@ -8,6 +8,7 @@ size is not a flag: it comes from the launcher.
 
 from __future__ import annotations
 
+from planner.megatron.pipeline_layout import layout_string
 from planner.models.config import TransformerConfig
 from planner.parallel import ParallelConfig
 
@@ -27,8 +28,7 @@ def megatron_incompatibility(
     if parallel.expert > 1 and parallel.tensor > 1 and not parallel.sequence_parallel:
         return "expert with tensor parallelism but no sequence parallelism"
     if chunk_layers is not None:
-        return None if _accounted_ends(chunk_layers) is not None else (
-            "model chunks of sizes other than the embedding's and loss's slots make")
+        return None  # the account-for flags or the layout string say any chunk sizes
     middle = layers_per_stage[1:-1]
     if p > 2 and len(set(middle)) > 1:
         return "middle pipeline stages of different sizes"
@@ -142,6 +142,8 @@ def megatron_flags(
         if parallel.virtual_pipeline > 1:
             flags.append(f"--num-virtual-stages-per-pipeline-rank {parallel.virtual_pipeline}")
         return flags
+    if chunk_layers is not None:
+        return [*flags, f"--pipeline-model-parallel-layout '{layout_string(chunk_layers)}'"]
     if parallel.pipeline > 1 and len(set(layers_per_stage)) > 1:
         flags += [f"--decoder-first-pipeline-num-layers {layers_per_stage[0]}",
                   f"--decoder-last-pipeline-num-layers {layers_per_stage[-1]}"]

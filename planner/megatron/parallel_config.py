@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from planner.megatron.errors import LaunchLineError
+from planner.megatron.pipeline_layout import chunk_layers
 from planner.parallel import ParallelConfig
 
 if TYPE_CHECKING:
@@ -34,13 +35,8 @@ def parallel_config(
             f"{args.flag('micro_batch_size')} {micro} x data-parallel size {data} = "
             f"{micro * data} ({world} GPUs / (tensor {t} x pipeline {p} x context {c})); "
             "change the batch or a degree")
-    slots = model.num_layers + _accounted(args)
-    layers = None if slots != model.num_layers else _stage_layers(args, model.num_layers, p)
-    virtual = _virtual_stages(args, slots, p, layers, batch // (micro * data))
-    chunks = _accounted_chunks(args, model.num_layers, p, virtual) \
-        if slots != model.num_layers else None
-    if chunks is not None:
-        layers = [sum(chunks[rank::p]) for rank in range(p)]
+    layers, chunks, virtual = _pipeline_split(args, model.num_layers, p,
+                                              batch // (micro * data))
     _check_overlaps(args, t, e)
     recompute, method, recompute_layers = _recomputation(args, layers or [model.num_layers // p])
     grads, moments = _optimizer_state(args)
@@ -143,6 +139,55 @@ def _stage_layers(args: MegatronArgs, num_layers: int, p: int) -> list[int] | No
                                                               else [])
 
 
+def _pipeline_split(
+    args: MegatronArgs, num_layers: int, p: int, micro_batches: int
+) -> tuple[list[int] | None, list[int] | None, int]:
+    """(layers per stage, layers per model chunk, virtual stages): from the layout string,
+    the embedding and loss counted as layers, or the end stages' sizes; None for
+    Megatron-LM's even split (and chunks of equal size)."""
+    if args.given("pipeline_model_parallel_layout"):
+        chunks = _layout_chunks(args, num_layers, p)
+        virtual = len(chunks) // p
+        if virtual > 1:
+            _check_interleaving(args, "pipeline_model_parallel_layout", p, micro_batches)
+        return [sum(chunks[rank::p]) for rank in range(p)], chunks, virtual
+    slots = num_layers + _accounted(args)
+    if slots == num_layers:
+        layers = _stage_layers(args, num_layers, p)
+        return layers, None, _virtual_stages(args, slots, p, layers, micro_batches)
+    virtual = _virtual_stages(args, slots, p, None, micro_batches)
+    chunks = _accounted_chunks(args, num_layers, p, virtual)
+    return [sum(chunks[rank::p]) for rank in range(p)], chunks, virtual
+
+
+def _layout_chunks(args: MegatronArgs, num_layers: int, p: int) -> list[int]:
+    """Each model chunk's layers as --pipeline-model-parallel-layout gives them, checked
+    as Megatron-LM checks them."""
+    flag = args.flag("pipeline_model_parallel_layout")
+    layout = args.values.pipeline_model_parallel_layout
+    others = [args.flag(dest) for dest in (
+        "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+        *_ACCOUNTED, "num_layers_per_virtual_pipeline_stage",
+        "num_virtual_stages_per_pipeline_rank") if args.given(dest)]
+    if others:
+        raise LaunchLineError(f"{flag} places every layer, so {' and '.join(others)} cannot "
+                              "split them too, as Megatron-LM requires; keep the layout")
+    try:
+        chunks = chunk_layers(layout)
+    except ValueError as error:
+        raise LaunchLineError(f"{flag} {layout!r} {error}; fix the layout") from None
+    pipeline = args.flag("pipeline_model_parallel_size")
+    if len(chunks) % p:
+        raise LaunchLineError(
+            f"{flag} {layout!r} has {len(chunks)} stages, not a multiple of {pipeline} {p}; "
+            "give one group of layers per pipeline stage and virtual stage")
+    if sum(chunks) != num_layers:
+        raise LaunchLineError(
+            f"{flag} {layout!r} places {sum(chunks)} transformer layers, not --num-layers "
+            f"{num_layers}; make them agree")
+    return chunks
+
+
 _ACCOUNTED = ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
 
 
@@ -185,7 +230,6 @@ def _virtual_stages(
     args: MegatronArgs, num_layers: int, p: int, layers: list[int] | None, micro_batches: int
 ) -> int:
     """Model chunks per pipeline rank (1: no interleaving), by Megatron-LM's rules."""
-    v = args.values
     per_chunk = args.count("num_layers_per_virtual_pipeline_stage")
     chunks = args.count("num_virtual_stages_per_pipeline_rank")
     if per_chunk is None and chunks is None:
@@ -214,19 +258,26 @@ def _virtual_stages(
         raise LaunchLineError(
             f"{flag} {chunks} must divide the {per_stage} layers of each pipeline stage; "
             f"choose a divisor of {per_stage}")
-    least = 2 if v.overlap_p2p_comm else 3
+    _check_interleaving(args, "num_layers_per_virtual_pipeline_stage" if per_chunk is not None
+                        else "num_virtual_stages_per_pipeline_rank", p, micro_batches)
+    return chunks
+
+
+def _check_interleaving(args: MegatronArgs, dest: str, p: int, micro_batches: int) -> None:
+    """Megatron-LM's rules for the interleaved schedule that `dest` asked for."""
+    flag = args.flag(dest)
+    least = 2 if args.values.overlap_p2p_comm else 3
     if p < least:
         raise LaunchLineError(
             f"{flag} interleaves pipeline stages, and --pipeline-model-parallel-size {p} "
             f"needs to be at least {least}"
-            + ("" if v.overlap_p2p_comm else " without p2p overlap") + "; raise it or drop "
-            f"{flag}")
+            + ("" if args.values.overlap_p2p_comm else " without p2p overlap")
+            + f"; raise it or drop {flag}")
     if micro_batches % p:
         raise LaunchLineError(
             f"{flag}: the interleaved schedule needs the {micro_batches} micro-batches per "
             f"step (global batch / (micro batch x data-parallel size)) to be a multiple of "
             f"--pipeline-model-parallel-size {p}; change the batch or the pipeline")
-    return chunks
 
 
 def _recomputation(args: MegatronArgs, stage_layers: list[int]) -> tuple[str, str, int]:

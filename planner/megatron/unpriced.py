@@ -26,7 +26,6 @@ UNPRICED: dict[str, tuple[str, tuple[Any, ...]]] = {
     "hierarchical_context_parallel_sizes": ("hierarchical context parallelism", ()),
     "hybrid_context_parallel": ("hybrid context parallelism", ()),
     "cp_comm_type": ("context-parallel exchange other than the p2p ring", (["p2p"],)),
-    "pipeline_model_parallel_layout": ("a custom pipeline layout", ()),
     "microbatch_group_size_per_vp_stage": (
         "micro-batch groups other than the pipeline size", ()),
     "num_distributed_optimizer_instances": ("several distributed-optimizer instances", ()),

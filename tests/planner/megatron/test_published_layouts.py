@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
 
 from cost_models.pipeline_memory import StageLayout
@@ -35,6 +37,10 @@ LAYOUTS = {
                        "--num-virtual-stages-per-pipeline-rank 8 --global-batch-size 512 "
                        "--account-for-embedding-in-pipeline-split "
                        "--account-for-loss-in-pipeline-split"),
+    # The Llama 3 paper's split said as a layout string.
+    "llama3-paper-layout": (16384, "dgx-h100", "--tensor-model-parallel-size 8 "
+                            "--pipeline-model-parallel-size 16 --global-batch-size 2048 "
+                            "--pipeline-model-parallel-layout Et*7|(t*8|)*14t*7L"),
     "nemo-gb200-256": (256, "gb200-nvl72", "--tensor-model-parallel-size 4 "
                        "--pipeline-model-parallel-size 16 "
                        "--num-virtual-stages-per-pipeline-rank 4 --global-batch-size 64 "
@@ -53,8 +59,7 @@ def test_published_405b_layouts_fit(name: str) -> None:
     predicted = predict_stages(run.model, cluster, q, stages)
     assert predicted.fits, (name, predicted.memory_gib_per_gpu)
     # The flags the plan exports say the same layout again.
-    again = megatron_run(parse_megatron_flags(
-        " ".join(megatron_flags(run.model, q, run.layers_per_stage, run.chunk_layers)).split()),
-        gpus)
+    flags = megatron_flags(run.model, q, run.layers_per_stage, run.chunk_layers)
+    again = megatron_run(parse_megatron_flags(shlex.split(" ".join(flags))), gpus)
     assert (again.layers_per_stage, again.chunk_layers) == (run.layers_per_stage,
                                                            run.chunk_layers)

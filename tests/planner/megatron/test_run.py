@@ -197,3 +197,34 @@ def test_optimizer_state_flags_set_the_dtypes_they_name() -> None:
     assert "--use-precision-aware-optimizer" in error_of(SHAPE + " --exp-avg-dtype bf16")
     assert "--recompute-modules" in error_of(
         SHAPE + " --recompute-granularity selective --recompute-modules moe")
+
+
+def test_a_pipeline_layout_string_places_the_layers_of_each_chunk() -> None:
+    flags = SHAPE.replace("--num-layers 8", "--num-layers 10")
+    # Megatron-Core's form: the embedding alone on the first stage, the loss on the last.
+    run = run_of(flags + " --pipeline-model-parallel-size 4 "
+                 "--pipeline-model-parallel-layout E|t*5|t*5|L")
+    assert run.layers_per_stage == [0, 5, 5, 0] and run.chunk_layers == [0, 5, 5, 0]
+    # Two chunks per rank, run-length form with cosmetic commas: interleaved.
+    run = run_of(flags + " --pipeline-model-parallel-size 4 --global-batch-size 8 "
+                 "--pipeline-model-parallel-layout Et,|(t|)*6,t*3L")
+    assert run.chunk_layers == [1, 1, 1, 1, 1, 1, 1, 3]
+    assert run.parallel.virtual_pipeline == 2 and run.parallel.schedule == "interleaved"
+    assert run.layers_per_stage == [2, 2, 2, 4]
+
+
+@pytest.mark.parametrize("layout, fragment", [
+    ("E|t*5|t*4|L", "places 9 transformer layers, not --num-layers 10"),
+    ("E|t*10|L", "has 3 stages, not a multiple of --pipeline-model-parallel-size 4"),
+    ("t*5|t*5|E|L", "must begin with the embedding E"),
+    ("E|t*5|tx*5|L", "'x'"),
+    ("E|t*5|t*4m|L", "multi-token-prediction"),
+])
+def test_a_bad_pipeline_layout_is_one_line(layout: str, fragment: str) -> None:
+    flags = SHAPE.replace("--num-layers 8", "--num-layers 10")
+    message = error_of(flags + f" --pipeline-model-parallel-size 4 "
+                       f"--pipeline-model-parallel-layout {layout}")
+    assert fragment in message and "--pipeline-model-parallel-layout" in message
+    assert "places every layer" in error_of(
+        flags + " --pipeline-model-parallel-size 4 --pipeline-model-parallel-layout E|t*5|t*5|L"
+        " --decoder-first-pipeline-num-layers 2")
