@@ -26,12 +26,12 @@ from planner.search.graph_knobs import GraphKnobs
 from planner.search.graph_space import search_graph
 from planner.search.intra_op import IntraOpSolution, plan_intra_op
 from planner.search.shardings import operator_shardings, stats
+from planner.mesh_axes import logical_axes
 from planner.plan import (
     Plan,
     Predicted,
     Provenance,
     Stage,
-    logical_axes,
     tessel_version,
 )
 from runtime.staged import StagedTrainer

@@ -16,6 +16,7 @@ from passes.stage_graph import (
 )
 from cost_models.memory import state_element_bytes
 from planner.cluster import Cluster, calibration_of, step_time_band
+from planner.mesh_axes import logical_axes
 from planner.plan import (
     CollectiveStats,
     Plan,
@@ -23,7 +24,6 @@ from planner.plan import (
     Provenance,
     Stage,
     StageMemory,
-    logical_axes,
     tessel_version,
 )
 from planner.search.graph_prediction import Candidate

@@ -28,15 +28,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from cost_models.comm import COLLECTIVE_KINDS
 from cost_models.economics import TrainingTotals
 from passes.placement_text import placement_pieces
+from planner.mesh_axes import logical_axes, stage_mesh, training_mesh
 
 SCHEMA_VERSION = 2
 PHASES = ("forward", "backward", "gradient_sync")
 COMMUNICATION_KINDS = (*COLLECTIVE_KINDS, "send", "recv")
 """Kinds a plan's communication tables hold: the cost model's collectives, and point-to-
 point transfers counted per side, as `plan check` measures them."""
-MESH_AXES = ("pp", "dp", "cp", "tp")
-"""Named axes of a training plan's device mesh, outermost first (Megatron-LM's rank order:
-tensor fastest, then context, data, pipeline). Expert parallelism is carved out of `dp`."""
 
 
 class _Model(BaseModel):
@@ -530,11 +528,6 @@ def _check_stage(index: int, stage: Stage) -> None:
             )
 
 
-def logical_axes(ndim: int) -> list[str]:
-    """Names of an operator-level mesh's axes: the ILP decides per op what each carries."""
-    return [f"axis{i}" for i in range(ndim)]
-
-
 def migrate_v1(data: dict[str, Any]) -> dict[str, Any]:
     """A version-1 plan (an operator-level `Plan` or a `TrainingPlan`) as version 2."""
     data = dict(data)
@@ -587,20 +580,3 @@ def _preset_devices_per_node(cluster: str) -> int | None:
     from planner.cluster import Cluster
 
     return Cluster.load(cluster).devices_per_node if cluster in Cluster.presets() else None
-
-
-def stage_mesh(data: int, context: int, tensor: int) -> tuple[list[str], list[int]]:
-    """(mesh_axes, mesh_shape) of a training stage: [dp, tp], with cp between when used."""
-    if context == 1:
-        return ["dp", "tp"], [data, tensor]
-    return ["dp", "cp", "tp"], [data, context, tensor]
-
-
-def training_mesh(
-    data: int, context: int, tensor: int, stage_meshes: list[list[int]]
-) -> tuple[list[str], list[int]]:
-    """(mesh_axes, mesh_shape) of a training plan: pp x dp x cp x tp when every stage has
-    the same mesh, else one 'device' axis (each stage carves its own submesh, as in Alpa)."""
-    if len({tuple(mesh) for mesh in stage_meshes}) > 1:
-        return ["device"], [sum(math.prod(mesh) for mesh in stage_meshes)]
-    return list(MESH_AXES), [len(stage_meshes), data, context, tensor]

@@ -27,6 +27,7 @@ from planner.cluster import Cluster, calibration_of, step_time_band
 from planner.export.megatron import megatron_flags, megatron_incompatibility
 from planner.models.config import TransformerConfig
 from planner.parallel import ParallelConfig
+from planner.mesh_axes import stage_mesh, training_mesh
 from planner.plan import (
     Breakdown,
     CollectiveStats,
@@ -37,9 +38,7 @@ from planner.plan import (
     RunSettings,
     Stage,
     StageMemory,
-    stage_mesh,
     tessel_version,
-    training_mesh,
 )
 from planner.search.megatron_space import megatron_stage_splits
 
