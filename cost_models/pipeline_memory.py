@@ -11,7 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from cost_models import engine_memory, memory
-from cost_models.saved_activations import checkpoint_bytes, saved_per_layer
+from cost_models.saved_activations import (
+    checkpoint_bytes,
+    saved_per_layer,
+    tessel_counted,
+    tessel_stage,
+)
 from cost_models.transformer_ops import SCORE_FREE_ATTENTION
 from planner.cluster import Cluster
 from planner.models.config import TransformerConfig
@@ -244,10 +249,17 @@ def stage_activations(
         parallel.schedule, num_stages, index, num_micro_batches, parallel.virtual_pipeline,
     )
     kept = {kind: bytes_ * layers * in_flight for kind, bytes_ in kinds.items()}
+    tessel = parallel.engine == "tessel" and tessel_counted(model)
+    if tessel:
+        # Tessel's runtime, counted per micro-batch as `plan check` measures it: the blocks
+        # and the end stages' embedding, head and loss, each kept per micro-batch in flight.
+        kept = {kind: bytes_ * in_flight for kind, bytes_ in tessel_stage(
+            model, parallel, layers, index == 0, index == num_stages - 1).items()}
     layer_working = engine_memory.layer_working_bytes(model, parallel)
     if index == num_stages - 1:
         saved, loss_working = engine_memory.loss_bytes(model, parallel)
-        kept["loss"] = saved
+        if not tessel:
+            kept["loss"] = saved
         working += max(loss_working, layer_working)
     else:
         working += layer_working

@@ -24,8 +24,16 @@ what their kernels save rather than by GPT's total:
   1st, 3rd, 5th and 7th of wq, wk, wv, wo, w1, w3, w2), and replays the rest.
   `torch.compile` fuses the elementwise chains, so a norm keeps only its input and SwiGLU
   only the two matmul outputs it reads.
-- tessel: Tessel's runtime runs the zoo's decoder as torch's eager modules; it is priced
-  as TorchTitan's eager layer without tensor-parallel gathers (`plan check` measures it).
+- tessel: Tessel's runtime (`runtime/stages.py`, `runtime/parallelize.py`) runs the zoo's
+  decoder as torch's eager modules, each tensor counted as the autograd op that keeps it
+  does (`tessel_layer`, `tessel_stage`): a norm its input and statistics on its (sequence-
+  parallel) shard; q/k/v and the MLP's first matmuls one input between them, the norm's
+  whole output (its one all-gathered copy under sequence parallelism); SDPA's fused
+  kernels q, k and v (keys and values repeated to every query head, gathered over the
+  context group), the output (which o_proj reads as a view) and an fp32 log-sum-exp;
+  rotary embeddings their cos and sin tables; the MLP its activation's inputs and
+  outputs. The first stage keeps the token ids, the last the final norm's, the head's
+  input and the fp32 log-softmax of the whole logits. `plan check` measures it.
 
 Bytes are per micro-batch on one GPU: s tokens of the (context-parallel) sequence, b
 sequences, tensor degree t.
@@ -40,6 +48,7 @@ from planner.models.config import TransformerConfig
 from planner.parallel import ParallelConfig
 
 FP32 = 4
+INT64 = 8
 
 
 @dataclass(frozen=True)
@@ -93,6 +102,8 @@ def saved_per_layer(
     `score_free`: the attention kernel never writes the s x s scores (flash, fused)."""
     if parallel.engine == "megatron":
         return _megatron(model, parallel, score_free)
+    if parallel.engine == "tessel" and tessel_counted(model):
+        return tessel_layer(model, parallel)
     return _torch_eager(model, parallel, score_free)
 
 
@@ -173,3 +184,113 @@ def _torch_eager(
     if not score_free:
         kinds["scores"] = 2 * e * x.heads * n * model.seq_length / parallel.context
     return kinds
+
+
+def tessel_counted(model: TransformerConfig) -> bool:
+    """Whether `tessel_layer` counts `model`'s layer: dense decoders. The zoo's MoE layer
+    runs every expert densely and its routing keeps tensors not counted here; it is
+    priced as TorchTitan's eager layer."""
+    return not model.is_moe
+
+
+def tessel_layer(model: TransformerConfig, parallel: ParallelConfig) -> dict[str, float]:
+    """Bytes one zoo block saves for backward per micro-batch on one rank of Tessel's
+    runtime, by kind, when not recomputed whole (`parallel.recompute` none or selective).
+
+    Element sizes: activations at the run's precision (e); fp32 where the code computes in
+    fp32 (RMSNorm's normalisation, SDPA's log-sum-exp); LayerNorm's mean and rstd in the
+    input's dtype (the CPU kernel's). Selective recomputation (`runtime/stages.py`:
+    `checkpoint(_attention_core, q, k, v, mask)`, non-reentrant) saves q, k, v (and the
+    mask) as the checkpoint's inputs and o_proj saves the core's output, so it drops only
+    what SDPA itself keeps beyond them: the log-sum-exp (and the mask's converted copy).
+    """
+    x = layer_shape(model, parallel)
+    e = activation_element_bytes(parallel.precision)
+    n, sp, b = x.tokens, x.sequence_shards, parallel.micro_batch_size
+    s = n / b  # this rank's positions: the sequence over the context degree
+    selective = parallel.recompute == "selective"
+    # Keys and values as SDPA gets them: repeat_kv's copy for every local query head; no
+    # copy with as many key/value heads as query heads, nor with one key/value head per
+    # tensor rank (the reshape of its expand then merges a size-1 dim: a view).
+    local_groups = model.num_kv_heads // parallel.tensor
+    kv = x.key if local_groups in (1, model.num_attention_heads // parallel.tensor) \
+        else x.query
+    attention = (
+        # q on this rank's positions; k and v over the whole sequence (gathered over the
+        # context group).
+        e * n * x.query + 2 * e * b * s * parallel.context * kv
+        # SDPA's output: the flash kernel lays it out [b, s, heads, d], so the transpose
+        # and reshape before o_proj are views of it and o_proj saves the same storage.
+        + e * n * x.query
+    )
+    if not selective:
+        attention += FP32 * n * x.heads  # the log-sum-exp of each query row
+    if parallel.context > 1:
+        # The causal mask offset by the rank's first position [s, s c]: a bool checkpoint
+        # input under selective recomputation, else the copy SDPA converts it to.
+        attention += (1 if selective else e) * s * s * parallel.context
+    up = 4 if model.activation == "swiglu" else 2  # silu's input and output, up's output
+    # and their product; or GeLU's input and output (fc2's input)
+    kinds = {
+        "norms": 2 * _tessel_norm(model, n / sp, x.hidden, e),
+        # q, k, v (and fc1, or gate and up) read one tensor: the norm's output whole on
+        # every tensor rank (replicated), or under sequence parallelism the copy
+        # PrepareModuleInput all-gathers once per block input.
+        "linear inputs": 2 * e * n * x.hidden,
+        "attention": attention,
+        "mlp": e * n * x.ffn * up,
+    }
+    if model.position_embedding == "rope":
+        # Each block's attention computes its own cos and sin tables [s, head_dim], which
+        # the rotation's multiplications keep (q's and k's share them).
+        kinds["rotary"] = 2 * e * s * model.head_dim
+    return kinds
+
+
+def _tessel_norm(model: TransformerConfig, tokens: float, hidden: float, e: int) -> float:
+    """What one of the zoo's norms saves on `tokens` tokens: LayerNorm its input, mean and
+    rstd; RMSNorm (`planner/models/transformer.py`, computed in fp32) the fp32 input (or
+    its fp32 copy), rstd and the normalised input cast back, which the scale multiplies.
+    Its output is saved by whoever reads it (`tessel_layer`'s linear inputs)."""
+    if model.norm == "layernorm":
+        return e * tokens * hidden + 2 * e * tokens
+    return FP32 * tokens * hidden + FP32 * tokens + e * tokens * hidden
+
+
+def tessel_stage(
+    model: TransformerConfig, parallel: ParallelConfig, layers: int, first: bool, last: bool,
+) -> dict[str, float]:
+    """Bytes one rank of a pipeline chunk of `layers` blocks saves for backward per
+    micro-batch in Tessel's runtime, by kind: the blocks (`tessel_layer`, or under full
+    recomputation each block's input, which `checkpoint_wrapper` keeps), and on the first
+    chunk (`first`) what the embeddings keep, on the last (`last`) the final norm, the
+    head and the loss (`runtime/training.py` `lm_loss`)."""
+    x = layer_shape(model, parallel)
+    e = activation_element_bytes(parallel.precision)
+    n, sp = x.tokens, x.sequence_shards
+    if parallel.recompute == "full":
+        # Non-reentrant checkpointing saves the block's input (its sequence shard under
+        # sequence parallelism) outside its own hooks, and hides what the block saves.
+        kinds = {"checkpointed inputs": layers * e * n * x.hidden / sp}
+    else:
+        kinds = {kind: layers * bytes_ for kind, bytes_ in tessel_layer(model, parallel).items()}
+    if first:
+        # The embedding keeps its int64 indices: the token ids (whole on every tensor
+        # rank) and, for learned positions, the positions' ids.
+        positions = n / parallel.micro_batch_size if model.position_embedding == "learned" \
+            else 0
+        kinds["embedding"] = INT64 * (n + positions)
+    if last:
+        # The final norm on its shard; the head's input whole (gathered under sequence
+        # parallelism); the loss the fp32 log-softmax of the whole logits (gathered over
+        # the tensor group), the int64 targets and the scalar total weight.
+        kinds["head"] = _tessel_norm(model, n / sp, x.hidden, e) + e * n * x.hidden
+        kinds["loss"] = FP32 * n * model.vocab_size + INT64 * n + FP32
+    return kinds
+
+
+def tessel_stage_bytes(
+    model: TransformerConfig, parallel: ParallelConfig, layers: int, first: bool, last: bool,
+) -> int:
+    """`tessel_stage`'s total: what one rank saves per micro-batch in the chunk."""
+    return round(sum(tessel_stage(model, parallel, layers, first, last).values()))

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from cost_models.saved_activations import checkpoint_bytes, saved_per_layer
+from cost_models.saved_activations import (
+    checkpoint_bytes,
+    saved_per_layer,
+    tessel_layer,
+    tessel_stage,
+)
 from planner.models.config import TransformerConfig
 from planner.models.presets import FAMILIES, get_preset
 from planner.parallel import ParallelConfig
@@ -124,3 +129,43 @@ def test_table_2_selective_and_full_recomputation() -> None:
     assert checkpoint_bytes(GPT3, ParallelConfig(tensor=8)) == 2 * SBH
     assert checkpoint_bytes(GPT3, ParallelConfig(tensor=8, sequence_parallel=True)) == \
         2 * SBH / 8
+
+
+def _tessel(**knobs) -> ParallelConfig:
+    return ParallelConfig(micro_batch_size=B, engine="tessel", **{"precision": "fp32", **knobs})
+
+
+@pytest.mark.parametrize("t, sp", [(1, 1), (8, 1), (8, 8)])
+def test_tessels_gpt_layer_in_closed_form(t: int, sp: int) -> None:
+    # n tokens: each LayerNorm its input and mean/rstd on its (sequence) shard; q/k/v and
+    # fc1 one whole input each; q, k, v, SDPA's output and fp32 log-sum-exp per head;
+    # GeLU's input and output. Selective drops the log-sum-exp, full keeps the input.
+    e, n, f = 4, S * B, 4 * H
+    knobs = dict(tensor=t, sequence_parallel=sp > 1)
+    layer = e * n * (2 * H / sp + 2 * H + 4 * H / t + 2 * f / t) + 2 * 2 * e * n / sp
+    lse = 4 * n * A / t
+    assert sum(tessel_layer(GPT, _tessel(**knobs)).values()) == pytest.approx(layer + lse)
+    assert sum(tessel_layer(GPT, _tessel(recompute="selective", **knobs)).values()) == \
+        pytest.approx(layer)
+    assert tessel_stage(GPT, _tessel(recompute="full", **knobs), 3, False, False) == \
+        {"checkpointed inputs": pytest.approx(3 * e * n * H / sp)}
+
+
+def test_tessels_llama_layer_and_end_stages_in_closed_form() -> None:
+    model = get_preset("llama3-8b")  # 8 key/value heads of 32; f = 14336
+    s, h, a, d, f, v = model.seq_length, model.hidden_size, 32, 128, model.ffn_size, \
+        model.vocab_size
+    n, t = s * B, 4
+    # bf16: RMSNorm keeps its fp32 input copy and rstd, and the bf16 normalised input;
+    # repeat_kv copies 2 key/value heads per rank to its 8 query heads; SwiGLU keeps
+    # silu's input and output, up's output and their product; rotary its cos and sin.
+    par = _tessel(tensor=t, sequence_parallel=True, precision="bf16")
+    norm = (4 * h + 4 + 2 * h) * n / t
+    layer = 2 * norm + 2 * n * (2 * h + 4 * h / t + 4 * f / t) + 4 * n * a / t + 2 * 2 * s * d
+    assert sum(tessel_layer(model, par).values()) == pytest.approx(layer)
+    # The first stage keeps the token ids; the last its norm's, the head's whole input
+    # and the loss's fp32 log-softmax of the whole logits, the targets and one scalar.
+    ends = tessel_stage(model, par, 0, True, True)
+    assert {kind: ends[kind] for kind in ("embedding", "head", "loss")} == {
+        "embedding": 8 * n, "head": pytest.approx(norm + 2 * n * h),
+        "loss": 4 * n * v + 8 * n + 4}
