@@ -159,6 +159,13 @@ class Stage(_Model):
     memory: StageMemory | None = Field(
         default=None, description="Model state one rank of the stage holds (training plans).",
     )
+    saved_activation_bytes: list[int] = Field(
+        default_factory=list, description="Training plans run by Tessel's runtime (engine "
+        "tessel): bytes one rank of the stage saves for backward per micro-batch in each "
+        "chunk it holds, in `chunks` order (the blocks, and on the first and last chunk the "
+        "embedding, head and loss), as `plan check` measures them "
+        "(`cost_models.saved_activations.tessel_stage`). Empty where not predicted.",
+    )
     phases_s: dict[str, float] = Field(
         default_factory=dict, description="Training plans: the seconds one micro-batch "
         "spends in the stage (all its chunks) by phase, as the step-time model priced them: "

@@ -15,6 +15,7 @@ from cost_models.layer_collectives import LayerCollectives
 from cost_models.memory import state_element_bytes
 from cost_models.stage_parameters import chunk_parameters, placement, rank_state_bytes
 from cost_models.pipeline_memory import StageLayout, even_split, stage_memories
+from cost_models.saved_activations import tessel_counted, tessel_stage_bytes
 from cost_models.step_time import (
     StepPrediction,
     breakdown_gib,
@@ -156,8 +157,10 @@ def _with_contents(
     layout: StageLayout, chunks: list[tuple[int, int]], num_stages: int,
 ) -> Stage:
     """The stage with its parameters' placements, the collectives one of its ranks issues
-    in a step and the model state it holds (`cost_models.stage_parameters`,
-    `cost_models.training_collectives`: what the runtime runs)."""
+    in a step, the model state it holds and, for Tessel's runtime, what it saves for
+    backward per micro-batch (`cost_models.stage_parameters`,
+    `cost_models.training_collectives`, `cost_models.saved_activations`: what the runtime
+    runs)."""
     last = len(chunks) - 1
     params = [p for c, layers in enumerate(chunks) if c % num_stages == index
               for p in chunk_parameters(model, layers, c == 0, c == last)]
@@ -171,6 +174,10 @@ def _with_contents(
     once = [c for c in collectives if c.phase == "setup"]
     state = rank_state_bytes(params, layout.tensor, shards, zero, expert, model.num_experts,
                              state_element_bytes(parallel.precision))
+    saved = []
+    if parallel.engine == "tessel" and tessel_counted(model):
+        saved = [tessel_stage_bytes(model, here, stop - start, c == 0, c == last)
+                 for c, (start, stop) in enumerate(chunks) if c % num_stages == index]
     return stage.model_copy(update={
         "parameters": {p.name: placement(p, stage.mesh_axes, layout.tensor, zero, expert)
                        for p in params},
@@ -178,6 +185,7 @@ def _with_contents(
         "communication_once": {k: CollectiveStats(**v) for k, v in by_kind(once).items()},
         "memory": StageMemory(parameters_bytes=state[0], gradients_bytes=state[1],
                               optimizer_bytes=state[2]),
+        "saved_activation_bytes": saved,
     })
 
 
