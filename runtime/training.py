@@ -27,6 +27,7 @@ from torch.distributed.tensor import DTensor
 
 from planner.models.config import TransformerConfig
 from runtime import checkpoint
+from runtime.activation_counter import ActivationCounter
 from runtime.comm_counter import CommCounter
 from runtime.elastic import launch
 from runtime.experts import (
@@ -75,11 +76,14 @@ class PipelineTrainer(checkpoint.Checkpointing):
 
     `config` is the model's shape; with `hf_config` (a Hugging Face config's
     ``to_dict()``, `config` its `to_transformer_config`) the stages are that model's own
-    transformers modules, else the zoo transformer's."""
+    transformers modules, else the zoo transformer's. With `count_activations`, each step
+    counts the bytes every stage saves for backward per micro-batch
+    (`saved_activation_bytes`; off by default: its hooks cost time on every saved tensor)."""
 
     def __init__(
         self, config: TransformerConfig, spec: RunSpec, seed: int = 0, optimizer: str = "sgd",
         mesh: DeviceMesh | None = None, hf_config: dict[str, Any] | None = None,
+        count_activations: bool = False,
     ) -> None:
         self.config, self.spec = config, spec
         parts = model_parts(config, hf_config)
@@ -133,9 +137,16 @@ class PipelineTrainer(checkpoint.Checkpointing):
             )
             for index in self.modules
         }
+        self.activations = ActivationCounter() if count_activations else None
+        loss_fn = lm_loss
+        if self.activations is not None:
+            for index, module in self.modules.items():
+                self.activations.watch(index, module)
+            loss_fn = self.activations.counting_loss(spec.num_stages - 1, lm_loss)
+        self.saved_activations: dict[int, list[int]] = {}
         self.schedule = build_schedule(
             self.modules, shapes, spec.num_stages, spec.schedule, spec.virtual_pipeline,
-            spec.num_micro_batches, lm_loss, self.mesh["pp"].get_group(), torch.device("cpu"),
+            spec.num_micro_batches, loss_fn, self.mesh["pp"].get_group(), torch.device("cpu"),
         )
         self.embedding_group = self._embedding_group()
         self.parameters = [p for m in self.modules.values() for p in m.parameters()]
@@ -201,7 +212,11 @@ class PipelineTrainer(checkpoint.Checkpointing):
         kwargs: dict[str, Any] = {}
         if self.is_last:
             kwargs = {"target": self._local_batch(targets), "losses": losses}
+        if self.activations is not None:
+            self.activations.start_step()
         self.schedule.step(*args, **kwargs)
+        if self.activations is not None:
+            self.saved_activations = self.activations.per_micro_batch()
         self._sum_tied_embedding_gradients()
         if self.expert_mesh is not None:
             for module in self.modules.values():
@@ -221,6 +236,12 @@ class PipelineTrainer(checkpoint.Checkpointing):
         if not self.is_last:
             return None
         return float(torch.stack([loss.detach() for loss in losses]).mean())
+
+    def saved_activation_bytes(self) -> dict[int, list[int]]:
+        """Stage index -> bytes this rank saved for backward in each micro-batch of the
+        last step, in the order the schedule ran them (`runtime.activation_counter`);
+        empty unless built with `count_activations`."""
+        return dict(self.saved_activations)
 
     def checkpoint_state(self) -> checkpoint.ModulesState:
         """The stages' parameters and the optimizer, for `save` / `load`."""
@@ -299,7 +320,8 @@ def train_on_rank(
     (the losses before it come from the checkpoint), checkpoints every K steps and may
     kill a rank (`runtime.resilience`); ``resumed_from`` says the step it resumed at,
     ``steps_run`` how many steps this attempt ran (and counted collectives of)."""
-    trainer = PipelineTrainer(config, spec, seed, optimizer, hf_config=hf_config)
+    trainer = PipelineTrainer(config, spec, seed, optimizer, hf_config=hf_config,
+                              count_activations=True)
     data = batches(config, spec, steps, seed)
     losses: list[float | None] = []
     resumed = resilience.resume(trainer) if resilience is not None else None
@@ -335,6 +357,7 @@ def train_on_rank(
         "collectives_per_step": per_step,
         "collectives_by_group": everything.by_group(),
         "local_bytes": trainer.local_bytes(),
+        "saved_activations": trainer.saved_activation_bytes(),
         "resumed_from": None if resumed is None else resumed.step,
         "attempt": restart_count(),
         "steps_run": len(per_step),
@@ -424,6 +447,9 @@ class TrainingCheck:
     stage boundary each way."""
     local_bytes: list[dict[str, int]]
     """Per rank: bytes of parameters, gradients and optimizer state held locally."""
+    saved_activations: list[dict[int, list[int]]]
+    """Per rank: stage index -> bytes saved for backward by each micro-batch of the last
+    step (`PipelineTrainer.saved_activation_bytes`)."""
     coordinates: list[dict[str, int]]
     """Per rank: its index on each mesh axis."""
     steps_run: int = 0
@@ -474,6 +500,7 @@ def check_training(
         collectives_per_step=[r["collectives_per_step"] for r in results],
         collectives_by_group=[r["collectives_by_group"] for r in results],
         local_bytes=[r["local_bytes"] for r in results],
+        saved_activations=[r["saved_activations"] for r in results],
         coordinates=[r["coords"] for r in results],
         steps_run=results[0]["steps_run"],
         attempt=results[0]["attempt"],
