@@ -21,7 +21,7 @@ from planner.check import RELATIVE_TOLERANCE
 from planner.cli.plan import mesh_for, plan_on_mesh, print_plan
 from planner.cluster import Cluster
 from planner.model_spec import with_weights
-from planner.training_check import PlanComparison, compare
+from planner.training_check import ActivationRow, PlanComparison, compare
 
 # Most ranks a check starts: each is a process on this machine.
 MAX_LOCAL_RANKS = 16
@@ -87,9 +87,10 @@ def print_check(report) -> None:
 
 
 def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
-    """`plan check MODEL --gpus N ...`: plan (keeping the knobs given), train the best plan
-    on N local gloo ranks and the same steps in one process, and compare the losses and
-    parameters with one process and the collectives and held bytes with the Plan's."""
+    """`plan check MODEL --gpus N ...`: plan (keeping the knobs given) as Tessel's runtime
+    runs it (engine tessel), train the best plan on N local gloo ranks and the same steps
+    in one process, and compare the losses and parameters with one process and the
+    collectives, held bytes and bytes saved for backward with the Plan's."""
     from planner.cli.train import plan_training, print_training_plans
 
     if args.mesh is not None:
@@ -106,6 +107,14 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
             "one process agree to rounding; drop --precision"
         )
     check_fault_flags(args, args.gpus)
+    if args.engine not in (None, "tessel"):
+        raise UsageError(
+            f"--engine {args.engine}: plan check trains the plan on Tessel's own runtime and "
+            "compares it with a plan priced as that runtime runs it (engine tessel); drop "
+            "--engine"
+        )
+    # Priced as the runtime below runs it: its activations, not Megatron-LM's.
+    args.engine = "tessel"
     loaded = load(args)
     # A model of one's own, or a transformer whose operators the intra-op ILP shards: its
     # traced graph is planned (a zoo or hf: model trains with weights of its own
@@ -152,8 +161,11 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
             console.print(f"[red]FAILED[/red]: {escape(str(error))}", highlight=False)
             return 1
     # A restarted job's collectives are counted over the steps its last attempt ran.
+    # A Hugging Face model runs transformers' own modules, which save other tensors than
+    # the zoo's decoder the Plan counts (its rotary tables once per stage, for one).
+    note = "not compared: transformers' own modules" if hf_config is not None else ""
     comparison = compare(plan, report.coordinates, report.collectives, report.local_bytes,
-                         report.steps_run)
+                         report.steps_run, report.saved_activations, note)
     print_training_check(report, comparison, plan, args.steps)
     if resilience is not None:
         print_restarts(report, args)
@@ -222,17 +234,46 @@ def print_training_check(report, comparison: PlanComparison, plan, steps: int) -
                                f"{row.predicted:,}",
                                row.note or f"{row.relative_error:.2%}")
         console.print(memory)
+    if comparison.activations:
+        console.print(_activation_table(comparison.activations, report.coordinates, firsts))
     passed = report.passed(RELATIVE_TOLERANCE) and comparison.passed
     verdict = "[green]PASSED[/green]" if passed else "[red]FAILED[/red]"
     state = "match" if comparison.passed else "differ"
     console.print(
         f"{verdict}: losses within {report.loss_max_rel_error:.3e} (relative), parameters "
         f"within {report.parameter_rel_error:.3e} (relative norm) of one process; "
-        f"collectives and held bytes {state} the plan's",
+        f"collectives, held bytes and saved activations {state} the plan's",
         highlight=False,
     )
     for line in comparison.mismatches:
         console.print(f"  {line}", highlight=False)
+
+
+def _activation_table(rows: list[ActivationRow], coordinates: list[dict[str, int]],
+                      firsts: dict[int, int]) -> Table:
+    """Bytes saved for backward per micro-batch, measured vs predicted, for the first rank
+    of each stage; consecutive micro-batches that measured alike share a row."""
+    table = Table(title="activations saved for backward per micro-batch (bytes), measured "
+                  "vs predicted (first rank of each stage; every rank is compared)")
+    for column in ("stage", "rank", "chunk", "micro-batches", "measured", "predicted",
+                   "error"):
+        table.add_column(column)
+    shown = [row for row in rows if firsts[coordinates[row.rank]["pp"]] == row.rank]
+    groups: list[list[ActivationRow]] = []
+    for row in shown:
+        last = groups[-1][-1] if groups else None
+        if last is not None and (last.rank, last.stage, last.measured) == (
+                row.rank, row.stage, row.measured):
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+    for group in groups:
+        row, end = group[0], group[-1].micro_batch
+        batches = str(row.micro_batch) if end == row.micro_batch else f"{row.micro_batch}-{end}"
+        table.add_row(str(coordinates[row.rank]["pp"]), str(row.rank), str(row.stage),
+                      batches, f"{row.measured:,}", f"{row.predicted:,}",
+                      row.note or f"{row.relative_error:.2%}")
+    return table
 
 
 def _losses(title: str, label: str, losses: list[float], reference: list[float]) -> Table:
