@@ -20,7 +20,9 @@ from planner.models.config import TransformerConfig
 from planner.models.presets import FAMILIES
 from planner.parallel import ParallelConfig
 
-CSV = Path(__file__).resolve().parents[2] / "shared" / "calibration" / "published_memory.csv"
+CALIBRATION = Path(__file__).resolve().parents[2] / "shared" / "calibration"
+CSV = CALIBRATION / "published_memory.csv"
+TORCHTITAN_RUNS = CALIBRATION / "published_torchtitan_runs.csv"
 
 
 @dataclass(frozen=True)
@@ -165,3 +167,32 @@ def predict(run: MemoryRun) -> MemoryResult:
                         p.fits, p.reserved_fits)
 
 
+
+
+@dataclass(frozen=True)
+class SpeedRun:
+    """One published run's throughput: TorchTitan's tokens per second per GPU."""
+
+    line: int
+    run: MemoryRun
+    tokens_per_s_per_gpu: float
+
+
+def read_speed_runs(path: Path = TORCHTITAN_RUNS) -> list[SpeedRun]:
+    """TorchTitan's published runs (`published_torchtitan_runs.csv`), in Tessel's
+    vocabulary as `read_runs` reads a memory row (its compile and fp8 from the notes)."""
+    runs = []
+    with path.open() as handle:
+        for line, row in enumerate(csv.DictReader(handle), start=2):
+            compiled = "+torch.compile" in row["notes"]
+            fields = {**row, "compile": "on" if compiled else "off", "memory_gib": "",
+                      "memory_kind": "", "oom": "no"}
+            runs.append(SpeedRun(line, _run(line, fields), _number(row["value"])))
+    return runs
+
+
+def predicted_tokens_per_s_per_gpu(speed: SpeedRun) -> float:
+    """Tessel's tokens per second per GPU for the run."""
+    run = speed.run
+    return predict_step(run.model, run.cluster, run.parallel).tokens_per_s \
+        / run.cluster.num_devices

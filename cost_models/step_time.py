@@ -59,6 +59,7 @@ from cost_models.transformer_ops import (
     Attention,
     Matmul,
     attention_kernels,
+    every_other_matmul_replayed,
     forward_flops,
     fp8_casts,
     head_ops,
@@ -216,9 +217,13 @@ def _price_layer(
         ops += fp8_casts(ops, parallel.fp8_recipe)
     forward = pass_seconds(ops, device, eff, precision, graphed=graphed)
     backward = pass_seconds(ops, device, eff, precision, backward=True, graphed=graphed)
-    attention_core = pass_seconds(attention_kernels(ops), device, eff, precision,
-                                  graphed=graphed)
-    recompute = {"none": 0.0, "selective": attention_core, "full": forward}[parallel.recompute]
+    # Selective recomputation replays the attention core in Megatron-LM (and Tessel's
+    # runtime); TorchTitan's op-level checkpointing replays every other matmul and the
+    # memory-bound kernels instead.
+    selective = every_other_matmul_replayed(model, ops) if parallel.engine == "torchtitan" \
+        else attention_kernels(ops)
+    replayed = pass_seconds(selective, device, eff, precision, graphed=graphed)
+    recompute = {"none": 0.0, "selective": replayed, "full": forward}[parallel.recompute]
     tensor, others = _tensor_parallel_comm(model, parallel, cluster, collectives)
     if parallel.tp_comm_overlap:
         tensor = _overlapped(tensor, projections(ops), parallel, device, eff)
@@ -499,8 +504,10 @@ def _step_flops(model: TransformerConfig, parallel: ParallelConfig,
     layer = forward_flops(ops)
     head = forward_flops(head_ops(model, 1, model.seq_length, 1))
     forward = sequences * (model.num_layers * layer + head)
-    attention = sum(op.flops for op in ops if isinstance(op, Attention))
-    replay = {"none": 0.0, "selective": attention, "full": layer}[parallel.recompute]
+    selective = forward_flops(every_other_matmul_replayed(model, ops)) \
+        if parallel.engine == "torchtitan" \
+        else sum(op.flops for op in ops if isinstance(op, Attention))
+    replay = {"none": 0.0, "selective": selective, "full": layer}[parallel.recompute]
     return 3 * forward, 3 * forward + sequences * replays * replay
 
 

@@ -166,6 +166,26 @@ def attention_kernels(ops: list[Op]) -> list[Op]:
             if isinstance(op, Attention) or op.name in ("scores", "softmax", "context")]
 
 
+def every_other_matmul_replayed(config: TransformerConfig, ops: list[Op]) -> list[Op]:
+    """The kernels of `ops` that TorchTitan's op-level selective checkpointing replays in
+    backward (torchtitan/distributed/activation_checkpoint.py: it saves SDPA's outputs and
+    every odd-numbered matmul of a block, counting wq, wk, wv, wo, then the MLP's up
+    projections and its down projection): the even-numbered matmuls (wk, wo, and w3 of
+    SwiGLU or the down projection of a one-matrix MLP) and every memory-bound kernel."""
+    heads, kv = config.num_attention_heads, config.num_kv_heads
+    swiglu = config.activation == "swiglu"
+    # Share of each (fused) matmul of `layer_ops` that is replayed.
+    replayed = {"qkv": kv / (heads + 2 * kv), "attention output": 1.0,
+                "mlp input": 0.5 if swiglu else 0.0, "mlp output": 0.0 if swiglu else 1.0}
+    kept: list[Op] = []
+    for op in ops:
+        if isinstance(op, Memory):
+            kept.append(op)
+        elif isinstance(op, Matmul) and replayed.get(op.name, 0.0) > 0:
+            kept.append(Matmul(op.name, op.m, op.n * replayed[op.name], op.k, op.count))
+    return kept
+
+
 def forward_flops(ops: list[Op]) -> float:
     """FLOPs of the matmuls and attention of a kernel list (memory kernels count 0)."""
     return sum(op.flops for op in ops if not isinstance(op, Memory))

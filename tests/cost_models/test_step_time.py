@@ -10,7 +10,13 @@ import pytest
 from cost_models.kernel_time import kernel_seconds, pass_seconds
 from cost_models.pipeline_memory import StageLayout, fits_memory
 from cost_models.step_time import predict_stages, predict_step
-from cost_models.transformer_ops import Matmul, Memory
+from cost_models.transformer_ops import (
+    Matmul,
+    Memory,
+    every_other_matmul_replayed,
+    forward_flops,
+    layer_ops,
+)
 from planner.cluster import Cluster
 from planner.models.presets import get_preset
 from planner.parallel import ParallelConfig
@@ -134,3 +140,22 @@ def test_the_memory_check_agrees_with_the_whole_prediction() -> None:
         assert fits == predict_step(model, cluster, candidate.parallel, None, split).fits
         answers.add(fits)
     assert answers == {True, False}
+
+
+def test_torchtitans_selective_checkpointing_replays_every_other_matmul() -> None:
+    # Op-level SAC replays wk, wo and w3 (and the memory-bound kernels); Megatron-LM's
+    # selective recomputation replays the attention core only.
+    model = get_preset("llama3-8b")
+    ops = layer_ops(model, 1, model.seq_length, 1, False)
+    h, kv, f, s = model.hidden_size, model.num_kv_heads * model.head_dim, model.ffn_size, \
+        model.seq_length
+    assert forward_flops(every_other_matmul_replayed(model, ops)) == pytest.approx(
+        2 * s * (h * kv + h * h + h * f))
+    cluster = Cluster.load("dgx-h100").with_devices(8)
+    knobs = dict(data=8, zero_stage=3, recompute="selective", global_batch_size=8)
+    titan = predict_step(model, cluster, ParallelConfig(engine="torchtitan", **knobs))
+    megatron = predict_step(model, cluster, ParallelConfig(**knobs))
+    assert titan.hardware_tflops_per_gpu * titan.step_time_s > \
+        megatron.hardware_tflops_per_gpu * megatron.step_time_s
+    assert titan.model_tflops_per_gpu * titan.step_time_s == pytest.approx(
+        megatron.model_tflops_per_gpu * megatron.step_time_s)
