@@ -129,28 +129,13 @@ def stages_peak_memory(
     """The memory of the stage that needs the most per GPU. Micro-batches in flight fall
     with the stage index (`in_flight_micro_batches`), so of stages alike in all else the
     first holds the most; the last adds the output layer's activations."""
-    if flash_attention is None:
-        flash_attention = cluster.device.flash_attention
-    p = len(stages)
-    sequences = parallel.micro_batch_size * parallel.data
-    m = parallel.global_batch_size // sequences
     params = stage_parameters(model, stages, parallel.expert)
     firsts: dict[tuple, int] = {}
-    for i in range(p - 1):
+    for i in range(len(stages) - 1):
         firsts.setdefault((params[i], stages[i].tensor, stages[i].data, stages[i].layers), i)
-    meshes: dict[tuple[int, int], ParallelConfig] = {}
-    for i in [*firsts.values(), p - 1]:
-        key = (stages[i].tensor, stages[i].data)
-        if key not in meshes:
-            meshes[key] = replace(parallel, tensor=key[0], data=key[1],
-                                  micro_batch_size=sequences // key[1])
-    score_free = attention_backend(parallel, flash_attention) in SCORE_FREE_ATTENTION
-    return max(
-        (stage_memory(model, meshes[stages[i].tensor, stages[i].data], params[i],
-                       stages[i].layers, i, p, m, score_free)
-         for i in [*firsts.values(), p - 1]),
-        key=lambda breakdown: breakdown.total,
-    )
+    return max(stage_memories(model, cluster, parallel, stages, flash_attention,
+                              [*firsts.values(), len(stages) - 1]),
+               key=lambda breakdown: breakdown.total)
 
 
 def stage_memories(
@@ -159,8 +144,10 @@ def stage_memories(
     parallel: ParallelConfig,
     stages: list[StageLayout],
     flash_attention: bool | None = None,
+    indices: list[int] | None = None,
 ) -> list[memory.MemoryBreakdown]:
-    """The memory of one GPU of every stage (`stages_peak_memory` takes the fullest)."""
+    """The memory of one GPU of each stage (of those at `indices`, default all), each on its
+    own mesh with the sequences of one micro-batch split over its replicas."""
     if flash_attention is None:
         flash_attention = cluster.device.flash_attention
     p = len(stages)
@@ -168,12 +155,15 @@ def stage_memories(
     m = parallel.global_batch_size // sequences
     params = stage_parameters(model, stages, parallel.expert)
     score_free = attention_backend(parallel, flash_attention) in SCORE_FREE_ATTENTION
-    return [
-        stage_memory(model, replace(parallel, tensor=stage.tensor, data=stage.data,
-                                    micro_batch_size=sequences // stage.data),
-                     params[i], stage.layers, i, p, m, score_free)
-        for i, stage in enumerate(stages)
-    ]
+    meshes: dict[tuple[int, int], ParallelConfig] = {}
+    for stage in stages:
+        if (stage.tensor, stage.data) not in meshes:
+            meshes[stage.tensor, stage.data] = replace(
+                parallel, tensor=stage.tensor, data=stage.data,
+                micro_batch_size=sequences // stage.data)
+    return [stage_memory(model, meshes[stages[i].tensor, stages[i].data], params[i],
+                         stages[i].layers, i, p, m, score_free)
+            for i in (range(p) if indices is None else indices)]
 
 
 def stage_memory(
