@@ -92,14 +92,15 @@ def loss_bytes(model: TransformerConfig, parallel: ParallelConfig) -> tuple[floa
     """(saved, working): what the last stage keeps for the loss's backward per micro-batch,
     and the buffers the loss holds at its peak beyond it.
 
-    Both engines compute the cross-entropy in fp32 over the vocabulary (split over t:
-    Megatron-LM's vocab-parallel cross-entropy, TorchTitan's loss parallelism) and keep
-    the fp32 softmax (Megatron, in place) or log-softmax (torch) of the logits, 4 s b v / t,
-    with the head's input; at the peak the bf16 logits and (torch) the fp32 copy they were
-    cast to are alive beside it."""
+    The engines compute the cross-entropy in fp32 over the vocabulary (split over t:
+    Megatron-LM's vocab-parallel cross-entropy, TorchTitan's loss parallelism; whole in
+    Tessel's runtime, which gathers the logits) and keep the fp32 softmax (Megatron, in
+    place) or log-softmax (torch) of the logits, 4 s b v / t, with the head's input; at the
+    peak the bf16 logits and (torch) the fp32 copy they were cast to are alive beside it."""
     x = layer_shape(model, parallel)
     e = activation_element_bytes(parallel.precision)
-    logits = x.tokens * model.vocab_size / parallel.tensor
+    split = 1 if parallel.engine == "tessel" else parallel.tensor
+    logits = x.tokens * model.vocab_size / split
     if parallel.engine == "megatron":
         head_input = e * x.tokens * x.hidden / x.sequence_shards
         return FP32_BYTES * logits + head_input, e * logits

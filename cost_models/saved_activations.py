@@ -174,11 +174,15 @@ def _torch_eager(
     norm_saves = 1 if parallel.compile else 2  # eager RMSNorm: input and normalised input
     swiglu = 2 if parallel.compile else 4  # eager: w1 out, silu out, w3 out, their product
     up = swiglu if model.activation == "swiglu" else (1 if parallel.compile else 2)
+    # repeat_kv expands keys and values to every query head before SDPA: a copy, unless the
+    # rank holds one key head (the reshape is a view) or as many as query heads.
+    repeated = x.key if x.key in (x.query / x.heads, x.query) else x.query
     kinds = {
+        # wo reads SDPA's output: flash attention lays it out [b, s, heads, d], so the
+        # transpose and .contiguous() before wo copy nothing (counted under attention).
         "norm inputs": 2 * norm_saves * e * n * x.hidden / x.sequence_shards,
-        "linear inputs": 2 * e * gathered + e * n * x.query + e * n * x.ffn,
-        # repeat_kv expands keys and values to every query head before SDPA.
-        "attention": e * n * 3 * x.query + e * n * x.query + lse,
+        "linear inputs": 2 * e * gathered + e * n * x.ffn,
+        "attention": e * n * (2 * x.query + 2 * repeated) + lse,
         "mlp": e * n * x.ffn * (up - 1),
     }
     if not score_free:
