@@ -113,8 +113,6 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
             "compares it with a plan priced as that runtime runs it (engine tessel); drop "
             "--engine"
         )
-    # Priced as the runtime below runs it: its activations, not Megatron-LM's.
-    args.engine = "tessel"
     loaded = load(args)
     # A model of one's own, or a transformer whose operators the intra-op ILP shards: its
     # traced graph is planned (a zoo or hf: model trains with weights of its own
@@ -129,6 +127,9 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
                 "train; check a model with real weights"
             )
         return run_graph_check(args, loaded, cluster, console)
+    # Priced as the runtime below runs it: its activations, not Megatron-LM's. (A graph
+    # plan above is Tessel's runtime's by construction: it takes no engine.)
+    args.engine = "tessel"
     plans, model, loaded = plan_training(args, cluster, console, top=1, loaded=loaded)
     print_training_plans(plans, console)
     from runtime.launch import RankError
