@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from cost_models import pipeline_schedule
 from planner.parallel import SCHEDULES
 
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
@@ -141,6 +142,8 @@ def in_flight_micro_batches(
       of a stage: min(w + 1, m v) / v. For the first stage that is p (1 + (p - 1) / (p v)),
       the factor Megatron's theoretical_memory_usage.py applies (Korthikanti et al., Sec. 4).
       With v = 1 Megatron runs plain 1F1B, and so does this.
+      Where p does not divide m (torch's Interleaved1F1B allows it, Megatron-LM does not),
+      the rank's actions are walked (`pipeline_schedule`).
     """
     _check_choice("pipeline schedule", schedule, SCHEDULES)
     p, i, m, v = pipeline_parallel, stage_index, num_micro_batches, virtual_stages
@@ -157,6 +160,10 @@ def in_flight_micro_batches(
         return float(m)
     if schedule == "1f1b" or v == 1:
         return float(min(p - i, m))
+    if m % p:
+        # Torch's Interleaved1F1B runs m in rounds of its own, which the closed form below
+        # (equal to the schedule's actions wherever p divides m) does not describe.
+        return pipeline_schedule.in_flight_micro_batches(schedule, p, i, m, v)
     warmup = 2 * (p - i - 1) + (v - 1) * p
     return min(warmup + 1, m * v) / v
 

@@ -187,4 +187,10 @@ class ParallelConfig:
             )
         if self.schedule != "interleaved" and self.virtual_pipeline != 1:
             raise ValueError("virtual_pipeline > 1 needs the interleaved schedule.")
+        m = resolved.num_micro_batches
+        if self.engine == "megatron" and self.virtual_pipeline > 1 and m % self.pipeline:
+            # Megatron-LM's rule (torch's Interleaved1F1B runs other counts, in rounds).
+            raise ValueError(
+                f"the interleaved schedule needs the {m} micro-batches per step to be a "
+                f"multiple of pipeline ({self.pipeline}); change the batch or the pipeline.")
         return resolved

@@ -153,3 +153,13 @@ def test_megatron_gpt3_layout_fits() -> None:
     assert first.fits(80 * GIB)
     assert not first.fits(first.total - 1)
     assert stages[-1].activations < first.activations
+
+
+def test_interleaving_needs_whole_rounds_under_megatron_only() -> None:
+    # Megatron-LM refuses m not a multiple of p; torch's Interleaved1F1B (TorchTitan) runs
+    # it in rounds, and its memory is walked off the schedule.
+    knobs = dict(pipeline=4, data=1, schedule="interleaved", virtual_pipeline=2,
+                 global_batch_size=6)
+    with pytest.raises(ValueError, match="multiple of pipeline"):
+        ParallelConfig(**knobs).resolve(4)
+    assert ParallelConfig(engine="torchtitan", **knobs).resolve(4).num_micro_batches == 6

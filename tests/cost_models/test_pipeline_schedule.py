@@ -187,10 +187,11 @@ def test_in_flight_equals_the_memory_model_s() -> None:
 
 def test_interleaving_rounds_of_more_than_p_hold_more() -> None:
     # 6 micro-batches on 4 ranks: torch runs one round of 6, and rank 0 runs all 12 of
-    # its chunk-forwards before its first backward. memory.in_flight_micro_batches,
-    # from Megatron-LM's warm-up for rounds of p, says 5.5.
+    # its chunk-forwards before its first backward. Megatron-LM's warm-up for rounds of p
+    # would say 5.5; memory.in_flight_micro_batches walks the actions where p does not
+    # divide m.
     assert in_flight_micro_batches("interleaved", 4, 0, 6, 2) == 6
-    assert memory.in_flight_micro_batches("interleaved", 4, 0, 6, 2) == 5.5
+    assert memory.in_flight_micro_batches("interleaved", 4, 0, 6, 2) == 6
 
 
 def test_peak_in_flight_weighs_each_stage() -> None:
