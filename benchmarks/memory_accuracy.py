@@ -20,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from cost_models.engine_memory import FRAGMENTATION  # noqa: E402
 from cost_models.published_memory import (  # noqa: E402
     predict,
     predicted_tokens_per_s_per_gpu,
@@ -45,6 +46,12 @@ def main() -> int:
               f"{fits:<5} {verdict}")
     for line, model, why in skipped:
         print(f"{line:>4}  skipped {model.split(' (')[0]}: {why}")
+    fitted = [r.run.measured_gib / r.allocated_gib for r in results
+              if r.run.parallel.engine == "torchtitan" and r.run.kind == "reserved"
+              and r.run.measured_gib is not None]
+    print(f"\nfit: TorchTitan's reserved over predicted allocated on its {len(fitted)} rows "
+          f"{', '.join(f'{x:.3f}' for x in fitted)}, mean {sum(fitted) / len(fitted):.3f} "
+          f"(engine_memory.FRAGMENTATION: {1 + FRAGMENTATION['torchtitan']:.3f})")
     # TorchTitan's speed on the same runs' hardware, reported (no target: it ran on 500 W
     # H100s with 96 GB, which no preset describes; dgx-h100's 700 W SXM5 prices it).
     print("\nTorchTitan's throughput (published_torchtitan_runs.csv), tokens/s per GPU:")

@@ -196,18 +196,6 @@ def stage_memory(
     )
 
 
-def stage_activation_bytes(
-    model: TransformerConfig, parallel: ParallelConfig, layers: int, index: int,
-    num_stages: int, num_micro_batches: int, flash: bool,
-) -> float:
-    """Activations pipeline stage `index` of `num_stages` keeps at its peak on one GPU of
-    its mesh (`parallel` as the stage runs it: its tensor degree and micro-batch), with
-    `layers` layers and the schedule's micro-batches in flight."""
-    kinds, _ = stage_activations(model, parallel, layers, index, num_stages,
-                                 num_micro_batches, flash)
-    return sum(kinds.values())
-
-
 def stage_activations(
     model: TransformerConfig, parallel: ParallelConfig, layers: int, index: int,
     num_stages: int, num_micro_batches: int, flash: bool,
