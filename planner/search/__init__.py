@@ -34,16 +34,19 @@ def search(
     space: str = "auto", progress: Progress | None = None, flash_attention: bool | None = None,
     collectives: LayerCollectives | None = None,
 ) -> SearchResult:
-    """The best configurations in `space` ("megatron" or "auto"), best first; the knobs in
-    `fixed` are kept by every one. With `collectives`, layers are charged the
-    tensor-parallel collectives the intra-op ILP chose for them (`stage_ilp`) instead of
-    Megatron-LM's. Unless `fixed` names a precision, plans use the device's default
-    (bf16, fp16 on a device without it, fp32 on a CPU), and attention is priced fused
-    where the device runs fused attention, unless `flash_attention` says."""
+    """The best configurations in `space` ("megatron" or "auto"; the Megatron space under
+    the torchtitan engine), best first; the knobs in `fixed` are kept by every one. With
+    `collectives`, layers are charged the tensor-parallel collectives the intra-op ILP
+    chose for them (`stage_ilp`) instead of Megatron-LM's. Unless `fixed` names a
+    precision, plans use the device's default (bf16, fp16 on a device without it, fp32 on
+    a CPU), and attention is priced fused where the device runs fused attention, unless
+    `flash_attention` says."""
     fixed = {"precision": cluster.device.default_precision, **fixed}
     if flash_attention is None:  # as the device runs attention
         flash_attention = cluster.device.flash_attention
-    if space == "megatron":
+    # TorchTitan, like Megatron-LM, runs every stage on one mesh: Alpa's stages of meshes of
+    # their own are not plans it can run.
+    if space == "megatron" or fixed.get("engine") == "torchtitan":
         from planner.search.megatron_space import search_megatron
 
         return search_megatron(model, cluster, gbs, fixed, flash_attention, progress,
