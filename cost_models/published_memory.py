@@ -20,7 +20,14 @@ from planner.models.config import TransformerConfig
 from planner.models.presets import FAMILIES
 from planner.parallel import ParallelConfig
 
-CALIBRATION = Path(__file__).resolve().parents[2] / "shared" / "calibration"
+# The shared calibration folder beside the checkout (a clone elsewhere finds the
+# workplace's copy, as the calibration tests do).
+CALIBRATION = next(
+    (folder / "calibration" for folder in (Path(__file__).resolve().parents[2] / "shared",
+                                            Path("/work/shared"))
+     if (folder / "calibration").is_dir()),
+    Path(__file__).resolve().parents[2] / "shared" / "calibration",
+)
 CSV = CALIBRATION / "published_memory.csv"
 TORCHTITAN_RUNS = CALIBRATION / "published_torchtitan_runs.csv"
 
