@@ -206,6 +206,7 @@
         y2: y(m.reserved_gib[s]), stroke: "#333", "stroke-width": 2, class: "mark",
         "data-tip": `stage ${s}: reserved ${m.reserved_gib[s].toFixed(1)} GiB`,
       }, svg);
+      drawn += 1;
       if (s % every === 0) {
         text(svg, cx, height - 20, `${s}`, { class: "tick", "text-anchor": "middle" });
       }
