@@ -24,6 +24,11 @@ ACTIVATION_TOLERANCE = 0.02
 micro-batch and the Plan's prediction."""
 
 
+def relative_error(measured: int, predicted: int) -> float:
+    """|measured - predicted| over predicted (over 1 byte where nothing is predicted)."""
+    return abs(measured - predicted) / max(predicted, 1)
+
+
 @dataclass(frozen=True)
 class MemoryRow:
     rank: int
@@ -36,7 +41,7 @@ class MemoryRow:
 
     @property
     def relative_error(self) -> float:
-        return abs(self.measured - self.predicted) / max(self.predicted, 1)
+        return relative_error(self.measured, self.predicted)
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,7 @@ class ActivationRow:
 
     @property
     def relative_error(self) -> float:
-        return abs(self.measured - self.predicted) / max(self.predicted, 1)
+        return relative_error(self.measured, self.predicted)
 
 
 @dataclass
