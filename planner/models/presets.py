@@ -101,6 +101,57 @@ def _mixtral(
     )
 
 
+def _deepseek_v3() -> TransformerConfig:
+    """DeepSeek-V3 (DeepSeek-AI 2024, arXiv 2412.19437, Sec. 4.2, and the released
+    config.json): 61 layers, the first 3 dense (ffn 18432), then 256 routed experts of
+    width 2048 with top-8 sigmoid routing limited to 4 of 8 groups, one shared expert;
+    multi-latent attention (128 heads, q rank 1536, kv rank 512, 128 + 64 rotary query
+    width, 128 value width); one multi-token-prediction layer; vocabulary 129280;
+    pre-trained at 4096 tokens. 671B parameters, 37B active (685B with the MTP layer)."""
+    return TransformerConfig(
+        **_LLAMA_FORM, num_layers=61, hidden_size=7168, num_attention_heads=128,
+        ffn_hidden_size=18432, vocab_size=129280, seq_length=4096,
+        max_position_embeddings=163840, multi_latent_attention=True, q_lora_rank=1536,
+        kv_lora_rank=512, qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128,
+        num_experts=256, moe_top_k=8, moe_ffn_hidden_size=2048,
+        moe_shared_expert_intermediate_size=2048, moe_layer_freq=[0] * 3 + [1] * 58,
+        moe_router_score_function="sigmoid", moe_router_num_groups=8,
+        moe_router_group_topk=4, mtp_num_layers=1,
+    )
+
+
+def _qwen3_moe(num_layers: int, hidden_size: int, num_attention_heads: int,
+               ffn_hidden_size: int, moe_ffn_hidden_size: int) -> TransformerConfig:
+    """Qwen3 MoE (Qwen Team 2025, arXiv 2505.09388, Table 2, and the released
+    config.json files): 128 experts, top-8 softmax routing, no shared expert, every layer
+    MoE; 4 key/value heads of width 128 apart from hidden / heads; QK RMSNorm; no biases;
+    RoPE base 1e6; vocabulary 151936; pre-trained at 4096 tokens (its first two stages)."""
+    return TransformerConfig(
+        **_LLAMA_FORM, num_layers=num_layers, hidden_size=hidden_size,
+        num_attention_heads=num_attention_heads, num_query_groups=4, kv_channels=128,
+        qk_layernorm=True, ffn_hidden_size=ffn_hidden_size,
+        moe_ffn_hidden_size=moe_ffn_hidden_size, num_experts=128, moe_top_k=8,
+        vocab_size=151936, seq_length=4096, max_position_embeddings=40960,
+        rotary_base=1_000_000,
+    )
+
+
+def _gpt_oss(num_layers: int, num_experts: int) -> TransformerConfig:
+    """GPT-OSS (OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card", Table 1, and the
+    released config.json files): width 2880, 64 query and 8 key/value heads of width 64,
+    top-4 routing over experts of width 2880, biases on every linear (router included),
+    one learned attention sink per head, a 128-token sliding window on alternate layers
+    (the first windowed), RoPE base 150000, vocabulary 201088 (o200k_harmony); trained
+    at 4096 tokens in Megatron-Bridge's recipes."""
+    return TransformerConfig(
+        **{**_LLAMA_FORM, "bias": True}, num_layers=num_layers, hidden_size=2880,
+        num_attention_heads=64, num_query_groups=8, kv_channels=64,
+        ffn_hidden_size=2880, num_experts=num_experts, moe_top_k=4, vocab_size=201088,
+        seq_length=4096, max_position_embeddings=131072, rotary_base=150000,
+        softmax_type="learnable", window_size=128, window_attn_skip_freq=2,
+    )
+
+
 PRESETS: dict[str, TransformerConfig] = {
     # Brown et al. 2020, Table 2.1 (n_layers, d_model, n_heads).
     "gpt3-125m": _gpt3(12, 768, 12),
@@ -122,6 +173,11 @@ PRESETS: dict[str, TransformerConfig] = {
     # Mixtral 8x7B: 32k context. 8x22B (Mistral AI, April 2024): 64k context, 32768 vocab.
     "mixtral-8x7b": _mixtral(32, 4096, 32, 14336, 32000, 32768),
     "mixtral-8x22b": _mixtral(56, 6144, 48, 16384, 32768, 65536),
+    "deepseek-v3": _deepseek_v3(),
+    "qwen3-235b-a22b": _qwen3_moe(94, 4096, 64, 12288, 1536),
+    "qwen3-30b-a3b": _qwen3_moe(48, 2048, 32, 6144, 768),
+    "gpt-oss-120b": _gpt_oss(36, 128),
+    "gpt-oss-20b": _gpt_oss(24, 32),
 }
 
 
