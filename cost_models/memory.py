@@ -144,6 +144,11 @@ def in_flight_micro_batches(
       With v = 1 Megatron runs plain 1F1B, and so does this.
       Where p does not divide m (torch's Interleaved1F1B allows it, Megatron-LM does not),
       the rank's actions are walked (`pipeline_schedule`).
+    - dualpipev, two chunks per rank in V order: every rank holds PP + 1 chunk-micro-batches
+      at its peak, PP = 2 p the stages (deepseek-ai/DualPipe README, "Activation Per
+      Device" of DualPipeV; DeepSeek-V3 Technical Report Table 2 for DualPipe), each half
+      of the rank's layers: p + 1/2, for every m >= 2 p torch's ScheduleDualPipeV runs
+      (`pipeline_schedule`'s walk of its actions gives the same, which the tests check).
     """
     _check_choice("pipeline schedule", schedule, SCHEDULES)
     p, i, m, v = pipeline_parallel, stage_index, num_micro_batches, virtual_stages
@@ -154,6 +159,11 @@ def in_flight_micro_batches(
         )
     if not 0 <= i < p:
         raise ValueError(f"stage_index must be in [0, {p}), got {i}")
+    if schedule == "dualpipev":
+        if v != 2 or m < 2 * p:
+            raise ValueError(f"dualpipev runs 2 chunks per rank (got {v}) and at least 2 x "
+                             f"{p} micro-batches (got {m})")
+        return p + 0.5
     if v > 1 and schedule != "interleaved":
         raise ValueError(f"virtual_stages={v} needs the 'interleaved' schedule, not {schedule!r}")
     if schedule == "gpipe":

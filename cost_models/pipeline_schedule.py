@@ -21,6 +21,12 @@ action; tests/cost_models/test_pipeline_schedule.py compares them with torch's o
   `ScheduleZBVZeroBubble`): rank r holds stages r and 2 p - 1 - r (a V), and splits each
   backward into I (the inputs' gradient, which the previous stage waits for) and W (the
   weights' gradient, which fills the bubbles).
+- dualpipev: DualPipeV (DeepSeek-AI, "DeepSeek-V3 Technical Report", arXiv 2412.19437,
+  Sec. 3.2.1, cut in half by Sea AI Lab; deepseek-ai/DualPipe `dualpipe/dualpipev.py`;
+  `ScheduleDualPipeV`): the same V of stages r and 2 p - 1 - r; its steady state pairs a
+  forward of one chunk with a backward of the other (torch's OVERLAP_F_B, written here as
+  the forward followed by the backward with `overlap` set), and only the last half of its
+  cool-down splits backwards into I and W.
 
 Pure Python on plain numbers: no torch, nothing searched.
 """
@@ -35,6 +41,8 @@ from planner.parallel import SCHEDULES
 
 SCHEDULE_NAMES: tuple[str, ...] = (*SCHEDULES, "zbv")
 """The schedules this module lays out: the planner's, and ZB-V."""
+V_SHAPED: tuple[str, ...] = ("zbv", "dualpipev")
+"""Schedules whose rank r holds stages r and 2 p - 1 - r (torch's style="v" mapping)."""
 KINDS: tuple[str, ...] = ("F", "B", "I", "W")
 """Forward, full backward, backward for inputs, backward for weights (torch's letters)."""
 
@@ -51,6 +59,10 @@ class Action:
     kind: str
     """One of KINDS."""
     micro_batch: int
+    overlap: bool = False
+    """Whether it runs overlapped with the action before it, a forward: torch's
+    OVERLAP_F_B, DualPipe's `_forward_backward_chunk` (the pair starts once both inputs
+    are there). str() leaves it out; `torch_strings` writes the pair as torch does."""
 
     def __str__(self) -> str:
         return f"{self.stage}{self.kind}{self.micro_batch}"
@@ -87,6 +99,8 @@ def rank_actions(schedule: str, pipeline: int, rank: int, micro_batches: int,
         return [Action(r, "F", j) for j in range(m)] + [Action(r, "B", j) for j in range(m)]
     if schedule == "zbv":
         return _zbv(p, r, m)
+    if schedule == "dualpipev":
+        return _dualpipev(p, r, m)
     if v == 1:
         return _one_f_one_b(p, r, m)
     return _interleaved(p, r, m, v)
@@ -101,8 +115,14 @@ def _check(schedule: str, p: int, r: int, m: int, v: int) -> None:
                          f"got {p}, {m} and {v}")
     if not 0 <= r < p:
         raise ValueError(f"rank must be in [0, {p}), got {r}")
-    if schedule == "zbv" and v != 2:
-        raise ValueError(f"zbv holds two stages per rank (a V): virtual must be 2, got {v}")
+    if schedule in V_SHAPED and v != 2:
+        raise ValueError(f"{schedule} holds two stages per rank (a V): virtual must be 2, "
+                         f"got {v}")
+    if schedule == "dualpipev" and m < 2 * p:
+        # torch's ScheduleDualPipeV: "DualPipeV requires at least as many microbatches as
+        # stages".
+        raise ValueError(f"dualpipev needs at least as many micro-batches as its 2 x {p} "
+                         f"stages, got {m}")
     if schedule in ("gpipe", "1f1b") and v != 1:
         raise ValueError(f"{v} stages per rank need the interleaved schedule, not {schedule}")
 
@@ -204,6 +224,114 @@ def _zbv(p: int, r: int, m: int) -> list[Action]:
     return [a for a in actions if a.micro_batch < m]
 
 
+def _dualpipev(p: int, r: int, m: int) -> list[Action]:
+    """DualPipeV as `ScheduleDualPipeV._calculate_single_rank_operations` lays it out (its
+    steps 1-8, from deepseek-ai/DualPipe's `DualPipeV.step`): rank r holds stage r (chunk
+    0, down the V) and 2 p - 1 - r (chunk 1, back up).
+
+    1. 2 (p - r - 1) forwards of chunk 0; 2. r + 1 pairs of forwards, chunk 0 then 1;
+    3. p - r - 1 times chunk 1's I, a pending W, chunk 1's F (zero-bubble fill);
+    4. m - 2 p + r + 1 times chunk 0's F with chunk 1's B, then chunk 1's F with chunk 0's
+       B, each pair overlapped (the last rank runs its first pair apart);
+    5. p - r - 1 times chunk 1's B, then chunk 1's F with chunk 0's B overlapped;
+    6. r + 1 times chunk 1's then chunk 0's backward, split into I (W queued) from the
+       middle on; 7. p - r - 1 times a pending W and chunk 0's backward; 8. the Ws left.
+
+    A full backward B is counted as both an I and a W of its micro-batch."""
+    down, up = r, 2 * p - 1 - r
+    count: dict[tuple[int, str], int] = {}
+    weights: list[tuple[int, int]] = []  # (stage, micro-batch) of Is whose W is pending
+    actions: list[Action] = []
+
+    def add(stage: int, kind: str, overlap: bool = False) -> None:
+        j = count.get((stage, "I" if kind == "B" else kind), 0)
+        actions.append(Action(stage, kind, j, overlap))
+        if kind == "B":
+            count[stage, "I"] = j + 1
+            count[stage, "W"] = count.get((stage, "W"), 0) + 1
+            return
+        if kind == "I":
+            weights.append((stage, j))
+        count[stage, kind] = j + 1
+
+    def pending_weight() -> None:
+        if weights:
+            stage, j = weights.pop(0)
+            actions.append(Action(stage, "W", j))
+            count[stage, "W"] = count.get((stage, "W"), 0) + 1
+
+    def overlapped(forward: int, backward: int) -> None:
+        add(forward, "F")
+        add(backward, "B", overlap=True)
+
+    for _ in range(2 * (p - r - 1)):  # 1
+        add(down, "F")
+    for _ in range(r + 1):  # 2
+        add(down, "F")
+        add(up, "F")
+    for _ in range(p - r - 1):  # 3
+        add(up, "I")
+        pending_weight()
+        add(up, "F")
+    for i in range(m - 2 * p + r + 1):  # 4
+        if i == 0 and r == p - 1:  # "We don't overlap these two chunks"
+            add(down, "F")
+            add(up, "B")
+        else:
+            overlapped(down, up)
+        overlapped(up, down)
+    for _ in range(p - r - 1):  # 5
+        add(up, "B")
+        overlapped(up, down)
+    split = False
+    for i in range(r + 1):  # 6
+        if i == (r + 1) // 2 and r % 2 == 1:
+            split = True
+        add(up, "I" if split else "B")
+        if i == (r + 1) // 2 and r % 2 == 0:
+            split = True
+        add(down, "I" if split else "B")
+    for _ in range(p - r - 1):  # 7
+        pending_weight()
+        add(down, "I" if split else "B")
+    for _ in range(r + 1):  # 8
+        pending_weight()
+    return actions
+
+
+def torch_strings(actions: list[Action]) -> list[str]:
+    """`actions` as torch's `_Action`s print: each overlapped pair as one
+    `(0F3;3B1)OVERLAP_F_B`."""
+    out: list[str] = []
+    for action in actions:
+        if action.overlap:
+            out[-1] = f"({out[-1]};{action})OVERLAP_F_B"
+        else:
+            out.append(str(action))
+    return out
+
+
+def dualpipev_bubble(pipeline: int, forward: float, backward: float, weight: float,
+                     forward_backward: float | None = None) -> float:
+    """Seconds each rank of a DualPipeV pipeline over `pipeline` ranks (2 x pipeline
+    stages) waits in one step: (PP / 2 - 1)(F&B + B - 3 W) with PP = 2 x pipeline stages,
+    F, B and W the seconds of one chunk's forward, full backward and weights' gradient,
+    and F&B of a forward and a backward run overlapped (`forward_backward`; default F +
+    B: torch runs the two one after the other unless an OVERLAP_F_B function is
+    registered, and Tessel registers none). The formula: DeepSeek-V3 Technical Report
+    (arXiv 2412.19437) Table 2 for DualPipe, which deepseek-ai/DualPipe's README gives
+    DualPipeV too ("Pipeline Bubbles and Memory Usage Comparison", PP the number of
+    stages, F, B, W per chunk).
+
+    `simulate` of the schedule's actions gives exactly this where a chunk's I (B - W)
+    lasts as long as its F, as in the report's figure; the wait is longer where I is
+    shorter, and shorter where it is longer."""
+    if pipeline < 1:
+        raise ValueError(f"pipeline must be >= 1, got {pipeline}")
+    both = forward + backward if forward_backward is None else forward_backward
+    return (pipeline - 1) * (both + backward - 3 * weight)
+
+
 def eager_last_stage(actions: list[Action], num_stages: int) -> list[Action]:
     """`actions` with each backward of the last of `num_stages` stages run right after its
     forward. That backward needs nothing but its own forward, so running it at once
@@ -296,7 +424,11 @@ def simulate(actions_per_rank: list[list[Action]], seconds: Callable[[Action], f
     input is there: a forward of stage s after stage s - 1's forward of the micro-batch,
     a backward (B or I) of stage s after stage s + 1's (the last stage's after its own
     forward), a W after its own I. An input from another rank arrives `p2p_s` after it
-    is made. `seconds` gives each action's duration."""
+    is made. `seconds` gives each action's duration. An action overlapped with the one
+    before it (DualPipeV's F&B) runs right after it, and the pair starts once both
+    inputs are there, as DualPipe's `_forward_backward_chunk` receives both before it
+    computes (deepseek-ai/DualPipe, dualpipe/dualpipev.py); together they last the sum
+    of their `seconds`, as torch runs OVERLAP_F_B's two without an overlap function."""
     rank_of = {a.stage: rank for rank, actions in enumerate(actions_per_rank) for a in actions}
     last = max(rank_of, default=0)
     done: dict[tuple[str, int, int], float] = {}  # ("F" or "B" or "I", stage, mb) -> end
@@ -310,6 +442,15 @@ def simulate(actions_per_rank: list[list[Action]], seconds: Callable[[Action], f
             while position[rank] < len(actions):
                 action = actions[position[rank]]
                 ready = _ready(action, last, rank_of, done, p2p_s)
+                after = actions[position[rank] + 1] if position[rank] + 1 < len(actions) \
+                    else None
+                if ready is not None and after is not None and after.overlap:
+                    # The pair waits for the second's input too (unless the first makes it).
+                    made = ("I" if action.kind == "B" else action.kind, action.stage,
+                            action.micro_batch)
+                    if _need(after, last) != made:
+                        also = _ready(after, last, rank_of, done, p2p_s)
+                        ready = None if also is None else max(ready, also)
                 if ready is None:
                     break  # its input comes from a rank that has not made it yet
                 start = max(free[rank], ready)
@@ -333,16 +474,22 @@ def simulate(actions_per_rank: list[list[Action]], seconds: Callable[[Action], f
 def _ready(action: Action, last: int, rank_of: dict[int, int],
            done: dict[tuple[str, int, int], float], p2p_s: float) -> float | None:
     """When `action`'s input is there, or None while it is not made yet."""
-    s, j = action.stage, action.micro_batch
-    if action.kind == "F":
-        need = ("F", s - 1, j) if s > 0 else None
-    elif action.kind == "W":
-        need = ("I", s, j)
-    else:
-        need = ("I", s + 1, j) if s < last else ("F", s, j)
+    need = _need(action, last)
     if need is None:
         return 0
     if need not in done:
         return None
-    crossing = rank_of.get(need[1], rank_of[s]) != rank_of[s]
+    here = rank_of[action.stage]
+    crossing = rank_of.get(need[1], here) != here
     return done[need] + p2p_s if crossing else done[need]
+
+
+def _need(action: Action, last: int) -> tuple[str, int, int] | None:
+    """What `action` waits for, as `simulate` records it: ("F" or "I", stage, micro-batch),
+    or None (the first stage's forwards)."""
+    s, j = action.stage, action.micro_batch
+    if action.kind == "F":
+        return ("F", s - 1, j) if s > 0 else None
+    if action.kind == "W":
+        return ("I", s, j)
+    return ("I", s + 1, j) if s < last else ("F", s, j)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields, replace
 
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "dualpipev")
 ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
 RECOMPUTE_METHODS = ("uniform", "block")
 FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
@@ -50,11 +50,15 @@ class ParallelConfig:
     """ZeRO stage 0-3; 1 is Megatron-LM's distributed optimizer
     (--use-distributed-optimizer)."""
     schedule: str = "1f1b"
-    """Pipeline schedule: gpipe, 1f1b or interleaved (interleaved 1F1B with virtual
-    stages)."""
+    """Pipeline schedule: gpipe, 1f1b, interleaved (interleaved 1F1B with virtual
+    stages) or dualpipev (DeepSeek's DualPipeV, torch's ScheduleDualPipeV: two chunks per
+    rank in V order, the first going down the ranks and the second coming back, each
+    steady-state step a forward of one chunk with a backward of the other; TorchTitan and
+    Tessel run it, Megatron-LM does not)."""
     virtual_pipeline: int = 1
-    """Model chunks per pipeline rank for the interleaved schedule (Megatron-LM's
-    --num-layers-per-virtual-pipeline-stage is num_layers / (pipeline x this))."""
+    """Model chunks per pipeline rank: for the interleaved schedule (Megatron-LM's
+    --num-layers-per-virtual-pipeline-stage is num_layers / (pipeline x this)), and 2 for
+    dualpipev."""
     overlap_grad_reduce: bool = False
     """Reduce gradients in buckets during the backward pass (--overlap-grad-reduce);
     off, the reduction runs after the last micro-batch's backward."""
@@ -185,10 +189,22 @@ class ParallelConfig:
                 f"global batch ({self.global_batch_size}) must be a multiple of micro batch "
                 f"({self.micro_batch_size}) x data ({data}) = {self.micro_batch_size * data}."
             )
-        if self.schedule != "interleaved" and self.virtual_pipeline != 1:
-            raise ValueError("virtual_pipeline > 1 needs the interleaved schedule.")
         m = resolved.num_micro_batches
-        if self.engine == "megatron" and self.virtual_pipeline > 1 and m % self.pipeline:
+        if self.schedule == "dualpipev":
+            # torch 2.13's ScheduleDualPipeV takes exactly two stages per rank ("ZBV
+            # requires exactly 2 stages per rank") and refuses fewer micro-batches than
+            # stages ("DualPipeV requires at least as many microbatches as stages"): m >=
+            # 2 x pipeline (torch/distributed/pipelining/schedules.py).
+            if self.pipeline < 2 or self.virtual_pipeline != 2 or m < 2 * self.pipeline:
+                raise ValueError(
+                    f"the dualpipev schedule needs pipeline > 1 (got {self.pipeline}), "
+                    f"virtual_pipeline 2 (got {self.virtual_pipeline}: two chunks per rank "
+                    f"in V order) and at least 2 x pipeline = {2 * self.pipeline} "
+                    f"micro-batches per step (got {m}), as torch's ScheduleDualPipeV asks.")
+        elif self.schedule != "interleaved" and self.virtual_pipeline != 1:
+            raise ValueError("virtual_pipeline > 1 needs the interleaved schedule.")
+        if (self.engine == "megatron" and self.schedule == "interleaved"
+                and self.virtual_pipeline > 1 and m % self.pipeline):
             # Megatron-LM's rule (torch's Interleaved1F1B runs other counts, in rounds).
             raise ValueError(
                 f"the interleaved schedule needs the {m} micro-batches per step to be a "

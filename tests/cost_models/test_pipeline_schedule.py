@@ -1,5 +1,5 @@
 """cost_models.pipeline_schedule: each rank's actions equal the order torch 2.13's own
-schedules run (GPipe, 1F1B, Interleaved1F1B, ZBVZeroBubble); micro-batches in flight
+schedules run (GPipe, 1F1B, Interleaved1F1B, ZBVZeroBubble, DualPipeV); micro-batches in flight
 walked off them equal `memory.in_flight_micro_batches`; and their simulated pipelines
 last what the papers' formulas say."""
 
@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch.distributed.pipelining.schedules import (
     Schedule1F1B,
+    ScheduleDualPipeV,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
     ScheduleZBVZeroBubble,
@@ -23,12 +24,14 @@ from torch.distributed.pipelining.stage import _PipelineStageBase
 from cost_models import memory
 from cost_models.pipeline_schedule import (
     Action,
+    dualpipev_bubble,
     eager_last_stage,
     in_flight_micro_batches,
     peak_in_flight,
     rank_actions,
     schedule_actions,
     simulate,
+    torch_strings,
 )
 
 COMPUTE = ("F", "B", "I", "W")
@@ -135,6 +138,38 @@ def test_zbv_is_torch_s_order() -> None:
             assert ours("zbv", p, m, 2) == expected, (p, m)
 
 
+def test_dualpipev_is_torch_s_order() -> None:
+    # Torch builds DualPipeV's order for all ranks from stages alone (no process group):
+    # compared as it prints it, each overlapped forward and backward as one
+    # (F;B)OVERLAP_F_B, and as the program with sends and receives it runs.
+    for p in range(1, 6):
+        for m in range(2 * p, 2 * p + 7):
+            run = ScheduleDualPipeV([_Stage(0, 2 * p, p, 0), _Stage(2 * p - 1, 2 * p, p, 0)], m)
+            expected = [[str(a) for a in run.pipeline_order[r] if a is not None]
+                        for r in range(p)]
+            lowered = [[str(a) for a in run.pipeline_order_with_comms[r] if a.is_compute_op]
+                       for r in range(p)]
+            assert lowered == expected
+            got = [torch_strings(actions) for actions in schedule_actions("dualpipev", p, m, 2)]
+            assert got == expected, (p, m)
+    # Rank 0 of 2, 4 micro-batches, step by step (ScheduleDualPipeV's steps 1-8).
+    assert torch_strings(rank_actions("dualpipev", 2, 0, 4, 2)) == [
+        "0F0", "0F1", "0F2", "3F0", "3I0", "3W0", "3F1", "(0F3;3B1)OVERLAP_F_B",
+        "(3F2;0B0)OVERLAP_F_B", "3B2", "(3F3;0B1)OVERLAP_F_B", "3B3", "0I2", "0W2", "0I3",
+        "0W3"]
+
+
+def test_dualpipev_refuses_what_torch_refuses() -> None:
+    with pytest.raises(ValueError, match="at least as many microbatches"):
+        ScheduleDualPipeV([_Stage(0, 6, 3, 0), _Stage(5, 6, 3, 0)], 5)
+    with pytest.raises(ValueError, match="at least as many micro-batches"):
+        schedule_actions("dualpipev", 3, 5, 2)
+    with pytest.raises(ValueError, match="virtual must be 2"):
+        schedule_actions("dualpipev", 3, 6, 1)
+    with pytest.raises(ValueError, match="2 chunks"):
+        memory.in_flight_micro_batches("dualpipev", 3, 0, 6, 1)
+
+
 def test_one_chunk_interleaved_is_1f1b_as_megatron_runs_it() -> None:
     assert ours("interleaved", 4, 8, 1) == ours("1f1b", 4, 8)
 
@@ -228,6 +263,18 @@ def test_zbv_holds_what_1f1b_s_first_stage_holds() -> None:
             assert [in_flight_micro_batches("zbv", p, r, m, 2) for r in range(p)] == [p] * p
 
 
+def test_dualpipev_holds_pp_plus_one_chunks_on_every_rank() -> None:
+    # DualPipe's README: DualPipeV's "Activation Per Device" is PP + 1 (PP = 2 p stages),
+    # each chunk half a rank's layers; the walk of torch's order and the memory model agree.
+    for p in range(1, 7):
+        for m in range(2 * p, 2 * p + 5):
+            for r in range(p):
+                actions = rank_actions("dualpipev", p, r, m, 2)
+                assert peak_in_flight(actions) == 2 * p + 1, (p, r, m)
+                assert in_flight_micro_batches("dualpipev", p, r, m, 2) == p + 0.5
+                assert memory.in_flight_micro_batches("dualpipev", p, r, m, 2) == p + 0.5
+
+
 # -- pipeline time -----------------------------------------------------------------------
 
 
@@ -311,3 +358,39 @@ def test_an_order_that_waits_on_itself_is_refused() -> None:
     actions = [[Action(0, "B", 0), Action(0, "F", 0)], [Action(1, "F", 0), Action(1, "B", 0)]]
     with pytest.raises(ValueError, match="deadlocks"):
         simulate(actions, lambda action: 1)
+
+
+def durations(f, b, w) -> Callable[[Action], Fraction]:
+    """A chunk's forward f, full backward b, and its split: I = b - w, W = w."""
+    return lambda action: {"F": f, "B": b, "I": b - w, "W": w}[action.kind]
+
+
+def test_dualpipev_waits_the_report_s_bubble() -> None:
+    # DeepSeek-V3 report Table 2 / DualPipe README: (PP/2 - 1)(F&B + B - 3W) per rank, PP =
+    # 2 p stages; F&B = F + B as torch runs the pair. Exact where I = B - W equals F, as in
+    # the report's figure: e.g. the kernel model's matmuls (B = 2F, W = F).
+    for p in range(1, 6):
+        for m in range(2 * p, 2 * p + 4):
+            for f, b, w in ((1, 2, 1), (2, 3, 1), (3, 5, 2), (1, 1, 0)):
+                timeline = simulate(schedule_actions("dualpipev", p, m, 2), durations(f, b, w))
+                bubble = dualpipev_bubble(p, f, b, w)
+                assert bubble == (p - 1) * (f + 2 * b - 3 * w)
+                assert timeline.idle == [bubble] * p, (p, m, f, b, w)
+                assert timeline.makespan == 2 * m * (f + b) + bubble
+    # A third of 1F1B's over the same two chunks per rank (F = 2, B = 4): 6 (p - 1).
+    assert dualpipev_bubble(4, 1, 2, 1) == 6 == 6 * (4 - 1) / 3
+    # An overlapped pair that runs faster than its two parts shrinks it.
+    assert dualpipev_bubble(4, 1, 2, 1, forward_backward=2) == 3 * (2 + 2 - 3)
+    # Where I is shorter than F the closed form is short of the schedule's own wait.
+    timeline = simulate(schedule_actions("dualpipev", 3, 6, 2), durations(2, 3, 2))
+    assert timeline.idle[0] > dualpipev_bubble(3, 2, 3, 2)
+
+
+def test_an_overlapped_pair_starts_when_both_inputs_are_there() -> None:
+    # Rank 0 of 2: (3F2;0B0) starts once 0B0's input (1B0, from rank 1) is there, not as
+    # soon as 3F2's own (2F2) is; its backward follows its forward at once.
+    timeline = simulate(schedule_actions("dualpipev", 2, 4, 2), durations(1, 2, 1))
+    started = {str(a): start for rank in timeline.intervals for a, start, _ in rank}
+    ended = {str(a): end for rank in timeline.intervals for a, _, end in rank}
+    assert started["3F2"] == ended["1B0"] > ended["2F2"]
+    assert started["0B0"] == ended["3F2"]

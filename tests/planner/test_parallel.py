@@ -1,0 +1,40 @@
+"""planner.parallel: the dualpipev schedule's rules, torch 2.13's ScheduleDualPipeV's
+(two stages per rank, at least as many micro-batches as stages)."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.parallel import SCHEDULES, ParallelConfig
+
+
+def dualpipev(**knobs) -> ParallelConfig:
+    settings = dict(pipeline=4, data=2, virtual_pipeline=2, schedule="dualpipev",
+                    global_batch_size=16, engine="torchtitan")
+    return ParallelConfig(**(settings | knobs))
+
+
+def test_dualpipev_is_a_schedule_of_two_chunks_per_rank() -> None:
+    assert "dualpipev" in SCHEDULES
+    resolved = dualpipev().resolve(8)
+    assert resolved.num_micro_batches == 8 == 2 * resolved.pipeline
+    # Megatron-LM's rule for interleaving (m a multiple of p) is not DualPipeV's: 10
+    # micro-batches on 4 ranks run.
+    assert dualpipev(global_batch_size=20, engine="megatron").resolve(8).num_micro_batches == 10
+
+
+@pytest.mark.parametrize(("knobs", "problem"), [
+    (dict(pipeline=1, data=8, global_batch_size=32), r"pipeline > 1 \(got 1\)"),
+    (dict(virtual_pipeline=1), r"virtual_pipeline 2 \(got 1"),
+    (dict(virtual_pipeline=3), r"virtual_pipeline 2 \(got 3"),
+    (dict(global_batch_size=14), r"at least 2 x pipeline = 8 micro-batches per step \(got 7\)"),
+])
+def test_dualpipev_refuses_what_torch_refuses(knobs: dict, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        dualpipev(**knobs).resolve(8)
+
+
+def test_virtual_stages_still_need_interleaving_or_dualpipev() -> None:
+    with pytest.raises(ValueError, match="needs the interleaved schedule"):
+        ParallelConfig(pipeline=2, virtual_pipeline=2, schedule="1f1b",
+                       global_batch_size=8).resolve(2)
