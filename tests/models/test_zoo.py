@@ -12,7 +12,13 @@ import torch
 from passes.trace import trace
 from planner.models.config import TransformerConfig
 from planner.models.presets import PRESETS, describe_presets, get_preset
-from planner.models.transformer import apply_rotary, build_model, example_inputs, rotary_tables
+from planner.models.transformer import (
+    apply_rotary,
+    build_model,
+    example_inputs,
+    lm_loss,
+    rotary_tables,
+)
 
 
 def megatron_formula(config: TransformerConfig) -> float:
@@ -165,3 +171,154 @@ def test_get_preset_returns_a_copy() -> None:
 def test_example_inputs_reject_sequences_past_the_position_table() -> None:
     with pytest.raises(ValueError, match="max_position_embeddings"):
         example_inputs(PRESETS["gpt3-125m"], batch_size=1, seq_length=4096)
+
+
+# The 2025 MoE shapes, tiny: DeepSeek-V3's (multi-latent attention, a dense first layer,
+# a shared expert, 8 fine-grained experts of their own width, sigmoid routing limited to 2
+# of 4 groups, one MTP layer), Qwen3-MoE's (head width apart from hidden / heads, QK
+# RMSNorm, grouped keys) and GPT-OSS's (biases, attention sinks, a window on alternate
+# layers).
+_MOE_FORM = dict(norm="rmsnorm", activation="swiglu", position_embedding="rope",
+                 tie_embeddings=False, bias=False)
+TINY_MOE = {
+    "deepseek-v3": TransformerConfig(
+        **TINY, **_MOE_FORM, ffn_hidden_size=96, multi_latent_attention=True,
+        q_lora_rank=24, kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4,
+        v_head_dim=8, num_experts=8, moe_top_k=2, moe_ffn_hidden_size=16,
+        moe_shared_expert_intermediate_size=16, moe_layer_freq=[0, 1],
+        moe_router_score_function="sigmoid", moe_router_num_groups=4,
+        moe_router_group_topk=2, mtp_num_layers=1),
+    "deepseek-v2-lite": TransformerConfig(  # queries straight from the hidden state
+        **TINY, **_MOE_FORM, multi_latent_attention=True, kv_lora_rank=16, qk_head_dim=8,
+        qk_pos_emb_head_dim=4, v_head_dim=8, num_experts=4, moe_top_k=2,
+        moe_router_score_function="sigmoid", mtp_num_layers=2),
+    "qwen3-moe": TransformerConfig(
+        **TINY, **_MOE_FORM, num_query_groups=2, kv_channels=24, qk_layernorm=True,
+        ffn_hidden_size=96, moe_ffn_hidden_size=32, num_experts=8, moe_top_k=2),
+    "gpt-oss": TransformerConfig(
+        **{**TINY, "seq_length": 12}, **{**_MOE_FORM, "bias": True}, num_query_groups=2,
+        kv_channels=8, ffn_hidden_size=64, num_experts=4, moe_top_k=2,
+        softmax_type="learnable", window_size=3, window_attn_skip_freq=2),
+}
+
+
+@pytest.mark.parametrize("name", list(TINY_MOE))
+def test_tiny_moe_shapes_count_run_backward_and_are_causal(name: str) -> None:
+    torch.manual_seed(0)
+    config = TINY_MOE[name]
+    model = build_model(config, device="cpu")
+    with torch.no_grad():
+        for p in model.parameters():  # zero-initialised sinks would hide their effect
+            p.add_(torch.randn_like(p) * 0.02)
+    assert sum(p.numel() for p in model.parameters()) == config.num_parameters()
+    ids = example_inputs(config, batch_size=2, device="cpu")
+    targets = example_inputs(config, batch_size=2, device="cpu")
+    logits = model(ids)
+    assert logits.shape == (2, config.seq_length, config.vocab_size)
+    output = model(ids, mtp_targets=targets)
+    torch.testing.assert_close(output[0] if config.mtp_num_layers else output, logits)
+    lm_loss(output, targets).backward()
+    # Every parameter trains (each expert is picked by some token; MTP layers too).
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+    changed = ids.clone()
+    changed[0, -1] = (ids[0, -1] + 1) % config.vocab_size
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids)[:, :-1], model(changed)[:, :-1])
+
+
+def test_tiny_moe_layer_kinds_are_built_per_layer() -> None:
+    from planner.models.transformer import MLAttention, MoEMLP, MTPLayer
+
+    model = build_model(TINY_MOE["deepseek-v3"], device="meta")
+    assert [isinstance(b.mlp, MoEMLP) for b in model.layers] == [False, True]
+    assert all(isinstance(b.attn, MLAttention) for b in model.layers)
+    assert isinstance(model.mtp[0], MTPLayer) and isinstance(model.mtp[0].block.mlp, MoEMLP)
+    assert model.layers[1].mlp.experts[0].gate_proj.weight.shape == (16, 64)
+    assert model.layers[1].mlp.shared_experts.gate_proj.weight.shape == (16, 64)
+    assert model.layers[0].mlp.gate_proj.weight.shape == (96, 64)
+    oss = build_model(TINY_MOE["gpt-oss"], device="meta")
+    assert [b.attn.window for b in oss.layers] == [3, None]  # every 2nd layer full
+    assert oss.layers[0].attn.q_proj.weight.shape == (32, 64)  # 4 heads of kv_channels 8
+
+
+def test_a_sliding_window_sees_exactly_its_window() -> None:
+    # Layer 0 of the tiny GPT-OSS: a query sees itself and 3 earlier tokens, no more.
+    config = TINY_MOE["gpt-oss"].model_copy(update={"num_layers": 1,
+                                                    "window_attn_skip_freq": None})
+    torch.manual_seed(0)
+    model = build_model(config, device="cpu")
+    ids = example_inputs(config, batch_size=1, device="cpu")
+    changed = ids.clone()
+    changed[0, 4] = (ids[0, 4] + 1) % config.vocab_size
+    with torch.no_grad():
+        moved = (model(ids) - model(changed)).abs().amax(-1)[0]
+    assert (moved[:4] == 0).all() and (moved[4:8] > 0).all() and (moved[8:] == 0).all()
+
+
+def test_attention_sinks_join_the_softmax_denominator() -> None:
+    from planner.models.transformer import attention_core, attention_mask
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 5, 4) for _ in range(3))
+    sinks = torch.tensor([0.5, -1.0])
+    mask = attention_mask(torch.arange(5), 5, None)
+    got = attention_core(q, k, v, mask, sinks)
+    scores = (q @ k.transpose(-1, -2) / 2).masked_fill(~mask, float("-inf"))
+    weights = scores.exp() / (scores.exp().sum(-1, keepdim=True) + sinks.exp()[:, None, None])
+    torch.testing.assert_close(got, weights @ v)
+    torch.testing.assert_close(attention_core(q, k, v, mask), attention_core(q, k, v))
+
+
+def test_group_limited_sigmoid_routing_is_deepseek_v3s() -> None:
+    """The tiny DeepSeek-V3's routing equals transformers' DeepseekV3TopkRouter (no score
+    correction bias, no scaling) on the same router weight."""
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    config = TINY_MOE["deepseek-v3"]
+    torch.manual_seed(0)
+    moe = build_model(config, device="cpu").layers[1].mlp
+    hf = DeepseekV3TopkRouter(DeepseekV3Config(
+        hidden_size=64, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+        norm_topk_prob=True, routed_scaling_factor=1.0))
+    with torch.no_grad():
+        hf.weight.copy_(moe.router.weight)
+    x = torch.randn(3, 7, 64)
+    _, hf_weights, hf_index = hf(x)
+    top, index = moe.route(x)
+    order, hf_order = index.reshape(-1, 2).sort(-1), hf_index.sort(-1)
+    assert torch.equal(order.values, hf_order.values)
+    torch.testing.assert_close(top.reshape(-1, 2).gather(1, order.indices),
+                               hf_weights.gather(1, hf_order.indices))
+    weights = moe.routing_weights(x)
+    assert ((weights > 0).sum(-1) == 2).all()
+    torch.testing.assert_close(weights.sum(-1), torch.ones(3, 7))
+
+
+def test_forced_balance_gives_every_expert_the_same_tokens() -> None:
+    from planner.models.transformer import forced_experts
+
+    index = forced_experts(batch=2, seq=16, top_k=2, num_experts=8)
+    assert torch.bincount(index.reshape(-1), minlength=8).tolist() == [8] * 8
+    config = TINY_MOE["deepseek-v3"]
+    moe = build_model(config, device="cpu").layers[1].mlp
+    moe.force_balance = True
+    top, chosen = moe.route(torch.randn(2, 16, 64))
+    assert torch.equal(chosen, index)
+    torch.testing.assert_close(top.sum(-1), torch.ones(2, 16))
+
+
+def test_mtp_loss_is_added_scaled_as_megatron_does() -> None:
+    from planner.models.transformer import MTP_LOSS_SCALING_FACTOR, mtp_depth_inputs
+
+    config = TINY_MOE["deepseek-v2-lite"]  # two MTP depths
+    torch.manual_seed(0)
+    model = build_model(config, device="cpu")
+    ids, targets = (example_inputs(config, batch_size=2, device="cpu") for _ in range(2))
+    logits, mtp = model(ids, mtp_targets=targets)
+    main = torch.nn.functional.cross_entropy(logits.reshape(-1, 128), targets.reshape(-1))
+    torch.testing.assert_close(lm_loss((logits, mtp), targets),
+                               main + MTP_LOSS_SCALING_FACTOR * mtp)
+    embedded, labels = mtp_depth_inputs(targets, 2)
+    assert torch.equal(embedded[:, :14], targets[:, 1:15])
+    assert torch.equal(labels[:, :14], targets[:, 2:])
