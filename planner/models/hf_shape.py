@@ -122,6 +122,12 @@ def plain_config(fields: dict[str, Any]) -> SimpleNamespace | None:
                                hidden_size=fields["n_embd"],
                                num_attention_heads=fields["n_head"],
                                max_position_embeddings=fields["n_positions"])
+    # Mistral's window defaults to 4096 in transformers: a file that leaves it out (or
+    # states no number) is transformers' to read.
+    window = fields.get("sliding_window", "unstated")
+    if model_type == "mistral" and (isinstance(window, bool)
+                                    or not isinstance(window, (int, type(None)))):
+        return None
     config = SimpleNamespace(**fields)
     if fields["hidden_size"] % fields["num_attention_heads"] or _stated_rope_theta(config) is None:
         return None
@@ -129,12 +135,16 @@ def plain_config(fields: dict[str, Any]) -> SimpleNamespace | None:
 
 
 def hf_num_layers(config: Any) -> int | None:
-    """Number of repeated blocks, when every block is built alike (else None)."""
+    """Number of repeated blocks, when every block is built alike (else None): not when
+    `layer_types` mixes attention kinds, nor when dense and MoE layers mix (DeepSeek-V3's
+    first_k_dense_replace, Qwen3-MoE's mlp_only_layers and decoder_sparse_step)."""
     layers = getattr(config, "num_hidden_layers", None)
     layer_types = getattr(config, "layer_types", None)
     if not isinstance(layers, int) or (layer_types and len(set(layer_types)) > 1):
         return None
-    return layers
+    mixed = getattr(config, "first_k_dense_replace", None) or getattr(
+        config, "mlp_only_layers", None) or (getattr(config, "decoder_sparse_step", 1) or 1) > 1
+    return None if mixed else layers
 
 
 def default_seq_length(config: Any) -> int:
@@ -158,14 +168,20 @@ def _rope_theta(config: Any) -> int:
     return int(_stated_rope_theta(config) or 10000)
 
 
-# Decoder families whose config maps onto the zoo's TransformerConfig (Llama's layout).
+# Decoder families whose config maps onto the zoo's TransformerConfig (Llama's layout, and
+# the mixtures of experts built on it).
 _LLAMA_LIKE = {"llama", "mistral", "qwen2", "mixtral"}
+_MOE_ERA = {"qwen3", "qwen3_moe", "gpt_oss", "deepseek_v3"}
 
 
 def to_transformer_config(config: Any, seq_length: int | None = None) -> Any:
     """The zoo shape of a Hugging Face decoder, for training plans (which price layers
-    by their shape, not their traced graph)."""
+    by their shape, not their traced graph). HFConfigError, in one line naming the field,
+    for a config whose shape the zoo cannot state."""
+    from pydantic import ValidationError
+
     from planner.models.config import TransformerConfig
+    from planner.models.presets import validation_message
 
     seq = seq_length or default_seq_length(config)
     if config.model_type == "gpt2":
@@ -176,24 +192,195 @@ def to_transformer_config(config: Any, seq_length: int | None = None) -> Any:
             max_position_embeddings=config.n_positions,
             tie_embeddings=config.tie_word_embeddings,
         )
-    if config.model_type not in _LLAMA_LIKE:
+    known = _LLAMA_LIKE | _MOE_ERA
+    if config.model_type not in known:
         raise HFConfigError(
-            f"training plans know the shapes of {', '.join(sorted(_LLAMA_LIKE | {'gpt2'}))} "
+            f"training plans know the shapes of {', '.join(sorted(known | {'gpt2'}))} "
             f"configs, not model_type {config.model_type!r}; describe it with a zoo family "
             "(gpt/llama/mixtral) and its shape flags."
         )
-    experts = getattr(config, "num_local_experts", None)
-    return TransformerConfig(
-        num_layers=config.num_hidden_layers, hidden_size=config.hidden_size,
-        num_attention_heads=config.num_attention_heads,
+    fields = {**_llama_fields(config, seq), **_FAMILY_FIELDS[config.model_type](config)}
+    try:
+        return TransformerConfig(**fields)
+    except ValidationError as error:
+        raise HFConfigError(
+            f"{config.model_type} config: {validation_message(error)}") from None
+
+
+def _llama_fields(config: Any, seq: int) -> dict[str, Any]:
+    """The fields every Llama-layout decoder states alike: RMSNorm, SwiGLU (transformers'
+    gated MLP with `hidden_act`; the activation does not change its three matrices),
+    rotary positions, no biases, and head width apart from hidden / heads where the
+    config's `head_dim` says so."""
+    h, heads = config.hidden_size, config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None)
+    own_width = isinstance(head_dim, int) and (h % heads or head_dim != h // heads)
+    return dict(
+        num_layers=config.num_hidden_layers, hidden_size=h, num_attention_heads=heads,
         num_query_groups=getattr(config, "num_key_value_heads", None),
+        kv_channels=head_dim if own_width else None,
         ffn_hidden_size=config.intermediate_size, vocab_size=config.vocab_size,
         seq_length=seq, max_position_embeddings=config.max_position_embeddings,
         norm="rmsnorm", activation="swiglu", position_embedding="rope",
-        rotary_base=_rope_theta(config),
-        tie_embeddings=bool(config.tie_word_embeddings), bias=False,
-        num_experts=experts, moe_top_k=getattr(config, "num_experts_per_tok", 2) or 2,
+        rotary_base=_rope_theta(config), tie_embeddings=bool(config.tie_word_embeddings),
+        bias=False,
     )
+
+
+def _mistral(config: Any) -> dict[str, Any]:
+    """Llama, Mistral, Mixtral: experts (Mixtral's num_local_experts) and Mistral's and
+    Mixtral's sliding window, on every layer (transformers' MistralAttention and
+    MixtralAttention pass config.sliding_window to each layer)."""
+    experts = getattr(config, "num_local_experts", None)
+    return dict(num_experts=experts,
+                moe_top_k=getattr(config, "num_experts_per_tok", 2) or 2,
+                window_size=getattr(config, "sliding_window", None) or None)
+
+
+def _qwen2(config: Any) -> dict[str, Any]:
+    """Qwen2: a sliding window on the layers `layer_types` names (Qwen2Attention)."""
+    return _windows(config)
+
+
+def _qwen3(config: Any) -> dict[str, Any]:
+    """Qwen3 (dense): per-head RMSNorm of queries and keys (q_norm, k_norm), and a
+    sliding window on the layers `layer_types` names (transformers' Qwen3Config derives
+    them from use_sliding_window and max_window_layers)."""
+    _no_attention_bias(config)
+    return dict(qk_layernorm=True, attention_dropout=_dropout(config), hidden_dropout=0.0,
+                **_windows(config))
+
+
+def _qwen3_moe(config: Any) -> dict[str, Any]:
+    """Qwen3-MoE: Qwen3's attention and, on the layers transformers makes sparse (not in
+    mlp_only_layers, and (i + 1) % decoder_sparse_step == 0: Qwen3MoeDecoderLayer),
+    num_experts routed experts of moe_intermediate_size; the dense layers keep
+    intermediate_size. norm_topk_prob only rescales the top-k weights: nothing priced.
+    use_sliding_window puts the window on every layer (Qwen3MoeAttention)."""
+    _no_attention_bias(config)
+    layers, step = config.num_hidden_layers, config.decoder_sparse_step
+    dense = set(config.mlp_only_layers or [])
+    pattern = [int(i not in dense and (i + 1) % step == 0) for i in range(layers)]
+    return dict(qk_layernorm=True, attention_dropout=_dropout(config), hidden_dropout=0.0,
+                num_experts=config.num_experts, moe_top_k=config.num_experts_per_tok,
+                moe_ffn_hidden_size=config.moe_intermediate_size,
+                moe_layer_freq=moe_frequency(pattern),
+                window_size=getattr(config, "sliding_window", None) or None)
+
+
+def _gpt_oss(config: Any) -> dict[str, Any]:
+    """GPT-OSS: biases on every linear (q/k/v/o with attention_bias; the experts'
+    gate_up_proj_bias and down_proj_bias and the router's bias always: transformers'
+    GptOssExperts and GptOssTopKRouter), one learned sink logit per head (`sinks`,
+    Megatron-LM's --softmax-type learnable), a sliding window of `sliding_window` on the
+    layers `layer_types` calls sliding_attention, and num_local_experts experts of
+    intermediate_size. swiglu_alpha / swiglu_limit clamp the activation: same matrices."""
+    if not config.attention_bias:
+        raise HFConfigError(
+            "gpt_oss config: field 'attention_bias' is false, but GPT-OSS's experts and "
+            "router keep their biases, which the zoo ties to the attention's; Tessel "
+            "cannot price that mix: set it to true.")
+    return dict(bias=True, softmax_type="learnable", num_experts=config.num_local_experts,
+                moe_top_k=config.num_experts_per_tok, attention_dropout=_dropout(config),
+                hidden_dropout=0.0, **_windows(config))
+
+
+def _deepseek_v3(config: Any) -> dict[str, Any]:
+    """DeepSeek-V3 as transformers' DeepseekV3Config states it (arXiv 2412.19437,
+    Sec. 2.1): multi-latent attention (q_lora_rank may be None: queries straight from the
+    hidden state), first_k_dense_replace dense layers of intermediate_size then MoE
+    layers of n_routed_experts experts of moe_intermediate_size plus n_shared_experts
+    shared ones (one MLP of n_shared_experts x moe_intermediate_size: DeepseekV3MoE),
+    sigmoid router scores (DeepseekV3TopkRouter, whatever the file's scoring_func) limited
+    to topk_group of n_group groups, and num_mtp_layers multi-token-prediction layers
+    (the released config.json's num_nextn_predict_layers: DeepseekV3Config's
+    attribute_map). MLA ignores num_key_value_heads (and head_dim, which transformers
+    sets to qk_rope_head_dim). The config's moe_layer_freq,
+    topk_method and rope_scaling (YaRN) are not read by transformers' model or change no
+    shape."""
+    _no_attention_bias(config)
+    for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                 "n_routed_experts", "moe_intermediate_size", "num_experts_per_tok"):
+        if not isinstance(getattr(config, name, None), int):
+            raise HFConfigError(f"deepseek_v3 config: field {name!r} must be a whole "
+                                "number; state it in the file.")
+    layers, dense = config.num_hidden_layers, config.first_k_dense_replace or 0
+    shared = config.n_shared_experts or 0
+    groups = config.n_group if config.n_group and config.n_group > 1 else None
+    return dict(
+        num_query_groups=None, kv_channels=None, multi_latent_attention=True,
+        q_lora_rank=config.q_lora_rank, kv_lora_rank=config.kv_lora_rank,
+        qk_head_dim=config.qk_nope_head_dim,
+        qk_pos_emb_head_dim=config.qk_rope_head_dim, v_head_dim=config.v_head_dim,
+        num_experts=config.n_routed_experts, moe_top_k=config.num_experts_per_tok,
+        moe_ffn_hidden_size=config.moe_intermediate_size,
+        moe_shared_expert_intermediate_size=shared * config.moe_intermediate_size or None,
+        moe_layer_freq=moe_frequency([int(i >= dense) for i in range(layers)]),
+        moe_router_score_function="sigmoid", moe_router_num_groups=groups,
+        moe_router_group_topk=config.topk_group if groups else None,
+        mtp_num_layers=getattr(config, "num_mtp_layers", 0) or 0,
+        attention_dropout=_dropout(config), hidden_dropout=0.0,
+    )
+
+
+_FAMILY_FIELDS: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "llama": _mistral, "mistral": _mistral, "mixtral": _mistral, "qwen2": _qwen2,
+    "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "gpt_oss": _gpt_oss,
+    "deepseek_v3": _deepseek_v3,
+}
+
+
+def _no_attention_bias(config: Any) -> None:
+    """Refuse q/k/v/o biases on a family whose MLPs have none: the zoo's `bias` is one
+    switch for every linear layer."""
+    if getattr(config, "attention_bias", False):
+        raise HFConfigError(
+            f"{config.model_type} config: field 'attention_bias' is true, but the zoo "
+            "gives biases to every linear layer or none, and this family's MLPs have "
+            "none; Tessel cannot price that mix: set it to false.")
+
+
+def _dropout(config: Any) -> float:
+    value = getattr(config, "attention_dropout", 0.0)
+    return float(value) if isinstance(value, (int, float)) else 0.0
+
+
+def _windows(config: Any) -> dict[str, Any]:
+    """window_size and window_attn_skip_freq from `sliding_window` and `layer_types`
+    (sliding_attention windowed, full_attention full; Megatron-LM's list form is 1 for a
+    windowed layer)."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None) or []
+    unknown = sorted(set(types) - {"sliding_attention", "full_attention"})
+    if unknown:
+        raise HFConfigError(
+            f"{config.model_type} config: field 'layer_types' names {', '.join(unknown)}, "
+            "which Tessel does not price (it knows sliding_attention and full_attention).")
+    windowed = [int(kind == "sliding_attention") for kind in types]
+    if not window or not any(windowed):
+        return {}
+    return {"window_size": window, "window_attn_skip_freq": window_frequency(windowed)}
+
+
+def moe_frequency(pattern: list[int]) -> int | list[int]:
+    """A 0/1 MoE-layer pattern in Megatron-LM's shortest form (--moe-layer-freq): N when
+    layers 0, N, 2N, ... are exactly the MoE ones, else the list."""
+    for n in range(1, len(pattern) + 1):
+        if pattern == [int(i % n == 0) for i in range(len(pattern))]:
+            return n
+    return pattern
+
+
+def window_frequency(windowed: list[int]) -> int | list[int] | None:
+    """A 0/1 windowed-layer pattern in Megatron-LM's shortest form
+    (--window-attn-skip-freq, `is_layer_window_attention`): None when every layer is
+    windowed, N when exactly every N-th layer (from 1) is full, else the list."""
+    if all(windowed):
+        return None
+    for n in range(2, len(windowed) + 1):
+        if windowed == [int((i + 1) % n != 0) for i in range(len(windowed))]:
+            return n
+    return windowed
 
 
 # The zoo's parameter names -> a Llama-family Hugging Face model's (transformers' own

@@ -126,6 +126,9 @@ def build_hf_model(
         if isinstance(getattr(config, name, None), float):
             setattr(config, name, 0.0)
     architecture = _architecture(config, transformers)
+    if not getattr(architecture, "_supports_sdpa", True):
+        # GPT-OSS's attention sinks have no SDPA path in transformers: its eager attention.
+        config._attn_implementation = "eager"
     with torch.device(device):
         # A concrete transformers class: nothing here can import code from outside the
         # package (Auto*.from_config, the one call that can, is never made).
