@@ -48,6 +48,10 @@ BOUNDS = {
     "attention": (0.2, 0.8),
     "memory": (0.3, 0.9),
     "kernel_overhead_us": (1.0, 100.0),
+    "layer_overhead_us": (0.0, 20000.0),
+    "expert_matmul": (0.2, 1.0),
+    "moe_sync_us": (0.0, 2000.0),
+    "alltoall_bandwidth": (0.2, 1.0),
     "dispatch_us": (1.0, 300.0),
     "collective_overhead_us": (1.0, 200.0),
     "intra_node_bandwidth": (0.3, 0.85),
@@ -287,13 +291,13 @@ def fit_efficiency(
     start = cluster.device.efficiency
 
     def efficiency_at(x: np.ndarray) -> Efficiency:
-        values = {f: _from_unbounded(f, v) for f, v in zip(fields, x)}
+        values = {f: from_unbounded(f, v) for f, v in zip(fields, x)}
         return start.model_copy(update=values)
 
     def loss(x: np.ndarray) -> float:
         return mape(predict_all(steps, cluster, efficiency_at(x), flash_attention), measured)
 
-    x0 = np.array([_to_unbounded(f, getattr(start, f)) for f in fields])
+    x0 = np.array([to_unbounded(f, getattr(start, f)) for f in fields])
     best = nelder_mead(loss, x0, step=0.5, iterations=iterations)
     error = loss(best)
     if not math.isfinite(error):
@@ -327,7 +331,7 @@ def check_fit_settings(fields: tuple[str, ...], iterations: int) -> None:
         )
 
 
-def _to_unbounded(field: str, value: float) -> float:
+def to_unbounded(field: str, value: float) -> float:
     """A bounded parameter as a real number the simplex can move freely (scaled logit)."""
     low, high = BOUNDS[field]
     # Kept off the bounds, where the logistic is flat and the simplex could not move.
@@ -335,7 +339,7 @@ def _to_unbounded(field: str, value: float) -> float:
     return math.log(share / (1 - share))
 
 
-def _from_unbounded(field: str, x: float) -> float:
+def from_unbounded(field: str, x: float) -> float:
     low, high = BOUNDS[field]
     return low + (high - low) / (1 + math.exp(-x))
 

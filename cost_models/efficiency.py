@@ -53,6 +53,14 @@ class Efficiency(BaseModel):
         default=4.0, ge=0,
         description="Fixed GPU time per kernel (ramp-up and tail), in microseconds.",
     )
+    layer_overhead_us: float = Field(
+        default=0.0, ge=0,
+        description="GPU time each transformer layer's forward loses beyond its kernels' "
+        "(twice that in backward), in microseconds: a fitted residual of runs that lose "
+        "time per layer the model does not explain (Blackwell's, see "
+        "cost_models/preset_calibration.py), charged per layer so that layers of many "
+        "small kernels (MoE, MLA) do not pay it per kernel.",
+    )
     dispatch_us: float = Field(
         default=0.0, ge=0,
         description="Host time to launch one kernel, in microseconds. The host runs ahead "
@@ -71,6 +79,27 @@ class Efficiency(BaseModel):
         "NCCL's and userbuffers' kernels take SMs and memory bandwidth from the matmuls "
         "they overlap (NCCL runs a CTA per channel, of the order of a tenth of an H100's "
         "132 SMs; Rashidi et al., ISCA 2021, measure such interference).",
+    )
+    expert_matmul: float = Field(
+        default=1.0, gt=0, le=1,
+        description="Fraction of a dense matmul's efficiency (at the same shape) that the "
+        "grouped GEMM of a rank's experts reaches: Transformer Engine's GroupedLinear runs "
+        "one GEMM per local expert on several streams, whose shapes vary with the routing. "
+        "Fitted to the published MoE runs (cost_models/moe_calibration.py).",
+    )
+    alltoall_bandwidth: float = Field(
+        default=1.0, gt=0, le=1,
+        description="Fraction of the bandwidth ring collectives reach on a link that MoE "
+        "dispatch all-to-alls reach (many small messages to every peer; nccl-tests report "
+        "all-to-all below all-gather across nodes). Fitted to the published MoE runs.",
+    )
+    moe_sync_us: float = Field(
+        default=0.0, ge=0,
+        description="Host time left exposed per local expert of an MoE layer's forward when "
+        "its dispatcher waits for the tokens per expert (Megatron-Core's alltoall and flex "
+        "dispatchers copy the counts to the host; the GPU then idles while the host "
+        "launches the experts' GEMMs, one per local expert), in microseconds. Not under "
+        "CUDA graphs. Fitted to the published MoE runs.",
     )
     intra_node_bandwidth: float = Field(
         default=0.80, gt=0, le=1,

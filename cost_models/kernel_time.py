@@ -18,6 +18,8 @@ from planner.cluster import DeviceSpec
 
 # FlashAttention-2's backward does 2.5x the forward's matmul FLOPs (Dao 2023, Sec. 3.1).
 ATTENTION_BACKWARD_FACTOR = 2.5
+EXPERT_GEMMS = ("expert input", "expert output")
+"""The grouped GEMMs of a rank's routed experts (`transformer_ops._mlp_ops`)."""
 
 
 def kernel_seconds(
@@ -39,7 +41,10 @@ def kernel_seconds(
         precision = "bf16"  # attention multiplies activations in 16 bits, fp8 or not
     matmul_peak = device.peak_tflops.get(precision, peak / 1e12) * 1e12
     fp8 = precision == "fp8" and "fp8" in device.peak_tflops
-    compute = op.flops / (matmul_peak * efficiency.matmul_fraction(op.m, op.n, op.k, fp8))
+    fraction = efficiency.matmul_fraction(op.m, op.n, op.k, fp8)
+    if op.name in EXPERT_GEMMS:
+        fraction *= efficiency.expert_matmul
+    compute = op.flops / (matmul_peak * fraction)
     traffic = (op.m * op.k + op.k * op.n + op.m * op.n) * op.count * ACTIVATION_BYTES
     return max(compute, traffic / bandwidth) + overhead
 

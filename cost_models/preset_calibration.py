@@ -3,10 +3,11 @@
 - `dgx-h100`: Megatron-Core's weak-scaling table (9 GPT runs, bf16) and NeMo's Llama 3
   runs on DGX H100 (fp8): the compute, attention and link parameters.
 - `gb200-nvl72`: NeMo's Llama 3 runs on GB200 (fp8 and MXFP8), starting from the H100 fit
-  (same software, no bf16 rows to see): the fp8 matmul, memory and per-kernel parameters
+  (same software, no bf16 rows to see): the fp8 matmul, memory and per-layer parameters
   that Blackwell changes. Its rows are three layouts of two models, so only three
-  parameters move; the per-kernel cost ends at its bound (100 us): those runs lose time
-  per kernel that the model does not explain (a residual, not a measured launch cost).
+  parameters move; `layer_overhead_us` is the time those runs lose per layer that the
+  model does not explain (a residual, not a measured cost). Fitted per kernel it ended at
+  its bound and charged MoE and MLA layers, of many small kernels, for it many times.
 - `dgx-b200` borrows GB200's fit (the same GPU at a lower clock is in its peaks; its one
   NeMo row only checks it), `dgx-h200` H100's (the same SM; more and faster HBM is in its
   datasheet numbers).
@@ -50,7 +51,7 @@ FITS = (
                            "kernel_overhead_us", "dispatch_us", "collective_overhead_us",
                            "intra_node_bandwidth", "inter_node_bandwidth"),
               borrowers=("dgx-h200",)),
-    PresetFit("gb200-nvl72", ("fp8_matmul", "memory", "kernel_overhead_us"),
+    PresetFit("gb200-nvl72", ("fp8_matmul", "memory", "layer_overhead_us"),
               start_from="dgx-h100", borrowers=("dgx-b200",)),
 )
 

@@ -36,6 +36,8 @@ from cost_models.comm import group_collective_time
 from cost_models.data_parallel import data_parallel_comm, hidden
 from cost_models.efficiency import Efficiency
 from cost_models.kernel_time import Pass, pass_seconds
+from cost_models.layer_mix import layer_variants
+from cost_models.moe_dispatch import DispatchShape, dispatch_pass, expected_load
 from cost_models.saved_activations import checkpoint_bytes, saved_per_layer
 from cost_models.pipeline_memory import (
     StageLayout,
@@ -56,7 +58,7 @@ from cost_models.training_collectives import (
 from cost_models.transformer_ops import (
     ACTIVATION_BYTES,
     SCORE_FREE_ATTENTION,
-    Attention,
+    ExpertSplit,
     Matmul,
     attention_kernels,
     every_other_matmul_replayed,
@@ -64,7 +66,9 @@ from cost_models.transformer_ops import (
     fp8_casts,
     head_ops,
     layer_ops,
+    mtp_ops,
     projections,
+    recomputed_kernels,
 )
 from planner.cluster import Cluster, DeviceSpec
 
@@ -128,8 +132,11 @@ def _head_pass(
     model: TransformerConfig, parallel: ParallelConfig, device: DeviceSpec, tensor: int
 ) -> Pass:
     """Forward and backward of the final norm, output layer and loss for one micro-batch."""
-    head = head_ops(model, parallel.micro_batch_size, model.seq_length / parallel.context,
-                    tensor)
+    seq = model.seq_length / parallel.context
+    head = head_ops(model, parallel.micro_batch_size, seq, tensor)
+    if model.mtp_num_layers:
+        head += model.mtp_num_layers * mtp_ops(model, parallel.micro_batch_size, seq, tensor,
+                                               expert_split(model, parallel))
     return Pass(pass_seconds(head, device, device.efficiency, parallel.precision),
                 pass_seconds(head, device, device.efficiency, parallel.precision,
                              backward=True))
@@ -195,11 +202,56 @@ def _layer_pass(
     if found is not None and found[2] is model and found[3] is cluster \
             and found[4] is collectives:
         return found[0], found[1]
-    kernels, comm = _price_layer(model, parallel, cluster, flash, collectives)
+    variants = layer_variants(model)
+    if len(variants) == 1:
+        kernels, comm = _price_layer(variants[0][0], parallel, cluster, flash, collectives)
+    else:
+        # Blocks of several kinds (dense and MoE, windowed and full attention): a stage's
+        # layers are priced at the model's mean block.
+        priced = [(_layer_pass(variant, parallel, cluster, flash, collectives), share)
+                  for variant, share in variants]
+        kernels = _mean_pass([(k, share) for (k, _), share in priced])
+        comm = _mean_pass([(c, share) for (_, c), share in priced])
     if len(_LAYER_PASSES) > MAX_MEMO:
         _LAYER_PASSES.clear()
     _LAYER_PASSES[key] = (kernels, comm, model, cluster, collectives)
     return kernels, comm
+
+
+def _selective_kernels(model: TransformerConfig, ops: list, parallel: ParallelConfig) -> list:
+    """What selective recomputation replays of a layer's `ops`: TorchTitan's op-level
+    checkpointing every other matmul and the memory-bound kernels; Megatron-LM the
+    --recompute-modules; Tessel's runtime the attention core."""
+    if parallel.engine == "torchtitan":
+        return every_other_matmul_replayed(model, ops)
+    if parallel.engine == "tessel":
+        return attention_kernels(ops)
+    return recomputed_kernels(ops, parallel.recompute_modules)
+
+
+def _mean_pass(passes: list[tuple[Pass, float]]) -> Pass:
+    """The share-weighted mean of `passes`."""
+    return Pass(sum(p.forward * w for p, w in passes), sum(p.backward * w for p, w in passes),
+                sum(p.recompute * w for p, w in passes))
+
+
+def expert_split(model: TransformerConfig, parallel: ParallelConfig) -> ExpertSplit:
+    """How a rank of `parallel` runs `model`'s MoE layers, the busiest rank's load
+    included (`cost_models.moe_dispatch.expected_load`)."""
+    shards = parallel.tensor if parallel.sequence_parallel else 1
+    etp = parallel.expert_tensor_degree if shards > 1 else parallel.tensor
+    split = ExpertSplit(expert_tensor=etp, sequence_shards=shards, expert=parallel.expert)
+    tokens = parallel.micro_batch_size * model.seq_length / parallel.context
+    rows = tokens * model.moe_top_k * split.routed_share
+    return replace(split, load=expected_load(rows, parallel.expert, parallel))
+
+
+def _dispatch_shape(model: TransformerConfig, parallel: ParallelConfig,
+                    split: ExpertSplit) -> DispatchShape:
+    tokens = parallel.micro_batch_size * model.seq_length / parallel.context
+    return DispatchShape(tokens=tokens / split.sequence_shards, expert=parallel.expert,
+                         expert_tensor=split.expert_tensor,
+                         element_bytes=activation_bytes(parallel.precision))
 
 
 def _price_layer(
@@ -209,27 +261,50 @@ def _price_layer(
     """`_layer_pass`, computed."""
     device, eff = cluster.device, cluster.device.efficiency
     seq = model.seq_length / parallel.context
+    split = expert_split(model, parallel) if model.is_moe else None
     ops = layer_ops(model, parallel.micro_batch_size, seq, parallel.tensor,
                     parallel.sequence_parallel, attention_backend(parallel, flash),
-                    parallel.context)
+                    parallel.context, split)
     precision, graphed = parallel.precision, parallel.cuda_graphs
     if precision == "fp8":
         ops += fp8_casts(ops, parallel.fp8_recipe)
-    forward = pass_seconds(ops, device, eff, precision, graphed=graphed)
-    backward = pass_seconds(ops, device, eff, precision, backward=True, graphed=graphed)
+    residual = eff.layer_overhead_us * 1e-6
+    forward = pass_seconds(ops, device, eff, precision, graphed=graphed) + residual
+    backward = pass_seconds(ops, device, eff, precision, backward=True, graphed=graphed) \
+        + 2 * residual
     # Selective recomputation replays the attention core in Megatron-LM (and Tessel's
     # runtime); TorchTitan's op-level checkpointing replays every other matmul and the
     # memory-bound kernels instead.
-    selective = every_other_matmul_replayed(model, ops) if parallel.engine == "torchtitan" \
-        else attention_kernels(ops)
+    selective = _selective_kernels(model, ops, parallel)
     replayed = pass_seconds(selective, device, eff, precision, graphed=graphed)
     recompute = {"none": 0.0, "selective": replayed, "full": forward}[parallel.recompute]
     tensor, others = _tensor_parallel_comm(model, parallel, cluster, collectives)
     if parallel.tp_comm_overlap:
         tensor = _overlapped(tensor, projections(ops), parallel, device, eff)
+    if split is not None and parallel.moe_token_dispatcher != "allgather" and not graphed \
+            and "moe_preprocess" not in parallel.cuda_graph_scope:
+        # The dispatcher copies the tokens per expert to the host once per forward; the
+        # GPU then waits while the host launches the experts' GEMMs, one per local expert
+        # (Transformer Engine's GroupedLinear). CUDA graphs of the MoE preprocessing run
+        # without the copy (Megatron-Core's --cuda-graph-scope moe_preprocess).
+        sync = eff.moe_sync_us * 1e-6 * model.num_experts / parallel.expert
+        forward += sync
+        replays_moe = parallel.recompute == "full" or (
+            parallel.recompute == "selective" and "moe" in parallel.recompute_modules)
+        recompute += sync if replays_moe else 0.0
+    if split is not None and parallel.engine != "tessel":
+        # Megatron-Core's and TorchTitan's dispatchers, by their mechanism; Tessel's
+        # runtime is priced by the collectives it issues (`_tensor_parallel_comm`).
+        others = _add(others, dispatch_pass(model, parallel, cluster,
+                                            _dispatch_shape(model, parallel, split),
+                                            split.load, Pass(forward, backward)))
     return Pass(forward, backward, recompute), Pass(
         tensor.forward + others.forward, tensor.backward + others.backward,
         tensor.recompute + others.recompute)
+
+
+def _add(a: Pass, b: Pass) -> Pass:
+    return Pass(a.forward + b.forward, a.backward + b.backward, a.recompute + b.recompute)
 
 
 def _overlapped(tensor: Pass, gemms: list[Matmul], parallel: ParallelConfig,
@@ -256,7 +331,9 @@ def _tensor_parallel_comm(
     (`cost_models.training_collectives`), or with `collectives` the tensor-parallel ones
     are those the intra-op ILP chose for the layer on this tensor-parallel degree."""
     issued = layer_collectives(model, rank_layout(parallel))
-    others = price([c for c in issued if c.axis != "tp"], parallel, cluster)
+    # Outside Tessel's runtime, expert dispatch is priced by `moe_dispatch`.
+    skipped = ("tp",) if parallel.engine == "tessel" else ("tp", "ep")
+    others = price([c for c in issued if c.axis not in skipped], parallel, cluster)
     t = parallel.tensor
     if collectives is not None and t in collectives:
         tokens = parallel.micro_batch_size * model.seq_length / parallel.context
@@ -266,6 +343,16 @@ def _tensor_parallel_comm(
         )
         rerun = chosen if parallel.recompute == "full" else 0.0
         return Pass(chosen, chosen, rerun), others
+    if model.is_moe and parallel.engine != "tessel":
+        # Megatron-Core's MoE layer keeps its tokens in sequence shards: the dispatcher
+        # moves them (`moe_dispatch`), so only the attention, and a shared expert (which
+        # gathers the shard like a dense MLP), run the tensor-parallel collectives of a
+        # dense layer's halves.
+        dense = model.model_copy(update={"num_experts": None})
+        half = 1.0 if model.moe_shared_expert_intermediate_size else 0.5
+        tp = price([c for c in layer_collectives(dense, rank_layout(parallel))
+                    if c.axis == "tp"], parallel, cluster)
+        return Pass(tp.forward * half, tp.backward * half, tp.recompute * half), others
     return price([c for c in issued if c.axis == "tp"], parallel, cluster), others
 
 
@@ -500,15 +587,20 @@ def _step_flops(model: TransformerConfig, parallel: ParallelConfig,
     """(model FLOPs, executed FLOPs) of one step on the whole cluster, `replays` layers of
     each model replica replaying their forward (or attention core) in backward."""
     sequences = parallel.global_batch_size
-    ops = layer_ops(model, 1, model.seq_length, 1, False)
-    layer = forward_flops(ops)
+    layer = selective = 0.0
+    for variant, share in layer_variants(model):
+        ops = layer_ops(variant, 1, model.seq_length, 1, False)
+        layer += share * forward_flops(ops)
+        selective += share * forward_flops(_selective_kernels(variant, ops, parallel))
     head = forward_flops(head_ops(model, 1, model.seq_length, 1))
-    forward = sequences * (model.num_layers * layer + head)
-    selective = forward_flops(every_other_matmul_replayed(model, ops)) \
-        if parallel.engine == "torchtitan" \
-        else sum(op.flops for op in ops if isinstance(op, Attention))
+    forward = sequences * (model.num_layers * layer + head + _mtp_flops(model))
     replay = {"none": 0.0, "selective": selective, "full": layer}[parallel.recompute]
     return 3 * forward, 3 * forward + sequences * replays * replay
+
+
+def _mtp_flops(model: TransformerConfig) -> float:
+    """Forward FLOPs of one sequence through the multi-token-prediction layers."""
+    return model.mtp_num_layers * forward_flops(mtp_ops(model, 1, model.seq_length, 1))
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,11 @@ FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
 MOE_DISPATCHERS = ("allgather", "alltoall", "flex")
 ENGINES = ("megatron", "torchtitan", "tessel")
 RESHARD_POLICIES = ("default", "always", "never")
-RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm")
+RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm", "moe_act", "mla_up_proj", "moe",
+                     "shared_experts")
 STATE_DTYPES = ("fp32", "bf16")
+CUDA_GRAPH_SCOPES = ("full", "attn", "mlp", "moe", "moe_router", "moe_preprocess",
+                     "full_iteration")
 
 
 @dataclass(frozen=True)
@@ -35,8 +38,13 @@ class ParallelConfig:
     context: int = 1
     """Context-parallel degree: the sequence split over GPUs (--context-parallel-size)."""
     expert: int = 1
-    """Expert-parallel degree for mixture-of-experts layers (--expert-model-parallel-size);
-    carved out of the data-parallel ranks, as Megatron-LM does."""
+    """Expert-parallel degree for mixture-of-experts layers (--expert-model-parallel-size):
+    each expert lives on one of this many ranks. With expert_tensor, carved out of the
+    tensor x context x data ranks of a pipeline stage (Megatron-Core's "parallel
+    folding"); the rest are the expert-data-parallel ranks."""
+    expert_tensor: int | None = None
+    """Tensor-parallel degree inside each expert (--expert-tensor-parallel-size); None:
+    the attention's tensor degree, as Megatron-LM defaults it."""
     sequence_parallel: bool = False
     """Shard norms and dropout over the tensor-parallel group (--sequence-parallel)."""
     micro_batch_size: int = 1
@@ -94,16 +102,32 @@ class ParallelConfig:
     """How tokens reach their experts (--moe-token-dispatcher-type): allgather (every rank
     gathers all tokens of its expert group), alltoall (each token sent to its experts'
     ranks) or flex (all-to-all through DeepEP's fused kernels)."""
+    moe_router_force_load_balancing: bool = False
+    """Route tokens evenly over the experts whatever the router says
+    (--moe-router-force-load-balancing): every expert gets the same tokens, so dispatch
+    bytes are known in advance. Benchmarks and plan checks use it."""
+    moe_expert_capacity_factor: float | None = None
+    """Tokens an expert takes, as a multiple of an even share (--moe-expert-capacity-factor);
+    the rest are dropped. None: no cap (dropless)."""
+    overlap_moe_expert_parallel_comm: bool = False
+    """Overlap one micro-batch's dispatch and combine all-to-alls with another's compute
+    (--overlap-moe-expert-parallel-comm, Megatron-Core's 1F1B A2A overlap)."""
     cuda_graphs: bool = False
     """Capture each layer's kernels in CUDA graphs (--cuda-graph-impl local): the host
     launches a graph, not each kernel, so small kernels are no longer bound by it."""
+    cuda_graph_scope: tuple[str, ...] = ()
+    """Parts of each layer captured in CUDA graphs when not the whole layer
+    (Megatron-LM's --cuda-graph-scope: attn, moe_router, moe_preprocess, ...);
+    moe_preprocess runs the dispatcher without its device-to-host copy."""
     engine: str = "megatron"
     """The engine that runs the plan, whose choices its memory follows: megatron
     (Megatron-LM / Megatron-Core with Transformer Engine), torchtitan (FSDP2, DTensor
     tensor parallelism, torch.distributed.pipelining) or tessel (Tessel's own runtime)."""
     recompute_modules: tuple[str, ...] = ("core_attn",)
     """Under selective recomputation, the parts of each layer replayed in backward
-    (Megatron-LM's --recompute-modules: core_attn, mlp, layernorm)."""
+    (Megatron-LM's --recompute-modules: core_attn, mlp, layernorm, moe_act (the experts'
+    activation function), mla_up_proj (MLA's up projections and rotary), moe (the whole
+    MoE MLP), shared_experts)."""
     main_grads_dtype: str = "fp32"
     """Gradient buffer the optimizer reads (Megatron-LM's --main-grads-dtype; bf16 with
     --grad-reduce-in-bf16 or the precision-aware optimizer)."""
@@ -128,6 +152,18 @@ class ParallelConfig:
     def model_parallel(self) -> int:
         """GPUs one model replica spans: tensor x pipeline x context."""
         return self.tensor * self.pipeline * self.context
+
+    @property
+    def expert_tensor_degree(self) -> int:
+        """Tensor-parallel degree inside each expert: `expert_tensor`, else `tensor`."""
+        return self.expert_tensor if self.expert_tensor is not None else self.tensor
+
+    @property
+    def expert_data(self) -> int:
+        """Expert-data-parallel degree: the ranks of a stage (tensor x context x data) over
+        those one expert set spans (expert x expert_tensor). Resolved configs only."""
+        return self.tensor * self.context * self.data // (
+            self.expert * self.expert_tensor_degree)
 
     @property
     def num_micro_batches(self) -> int:
@@ -161,6 +197,10 @@ class ParallelConfig:
                               ("exp_avg_dtype", STATE_DTYPES)):
             if getattr(self, name) not in allowed:
                 problems.append(f"{name} must be one of {', '.join(allowed)}")
+        scopes = [m for m in self.cuda_graph_scope if m not in CUDA_GRAPH_SCOPES]
+        if scopes:
+            problems.append(f"cuda_graph_scope must be among {', '.join(CUDA_GRAPH_SCOPES)}, "
+                            f"not {', '.join(scopes)}")
         unknown = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
         if unknown:
             problems.append(f"recompute_modules must be among {', '.join(RECOMPUTE_MODULES)}, "
@@ -179,10 +219,14 @@ class ParallelConfig:
         )
         if data < 1 or self.model_parallel * data != num_gpus:
             raise ValueError(f"{degrees} must multiply to the {num_gpus} GPUs; change a degree.")
-        if data % self.expert:
+        stage_ranks = self.tensor * self.context * data
+        expert_ranks = self.expert * resolved.expert_tensor_degree
+        if stage_ranks % expert_ranks:
             raise ValueError(
-                f"expert ({self.expert}) must divide data ({data}) on {num_gpus} GPUs with "
-                f"{degrees}; choose an expert degree that divides {data}."
+                f"expert ({self.expert}) x expert_tensor ({resolved.expert_tensor_degree}) "
+                f"must divide the {stage_ranks} ranks of a pipeline stage (tensor x context "
+                f"x data) on {num_gpus} GPUs with {degrees}; choose degrees that divide "
+                f"{stage_ranks}."
             )
         if self.global_batch_size % (self.micro_batch_size * data):
             raise ValueError(

@@ -153,7 +153,8 @@ def test_token_dispatchers_move_different_bytes() -> None:
     # All-gather dispatch moves every token of the expert group to every rank; all-to-all
     # only each token's top-k copies.
     assert steps["alltoall"].tensor_parallel_comm_s < steps["allgather"].tensor_parallel_comm_s
-    assert steps["flex"] == steps["alltoall"]
+    # DeepEP sends a token across the fabric once per remote node, not once per expert.
+    assert steps["flex"].tensor_parallel_comm_s < steps["alltoall"].tensor_parallel_comm_s
 
 
 def test_a_megatron_era_run_with_its_own_attention_is_predicted_as_measured(tmp_path) -> None:

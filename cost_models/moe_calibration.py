@@ -1,0 +1,142 @@
+"""MoE efficiency fitted to the MoE pre-training runs Megatron-Bridge published.
+
+`../shared/calibration/published_moe_runs.csv` gives four runs with every setting:
+DeepSeek-V3 on 256 B200 (MXFP8, DeepEP), Qwen3-235B-A22B on 256 H100 (FP8 current
+scaling, forced balance), GPT-OSS-120B on 64 H100 (bf16) and on 64 GB200 (MXFP8, CUDA
+graphs of the whole iteration). Dense efficiency stays each preset's own (fitted on dense
+runs); three parameters of what MoE layers add are fitted here, shared by every device,
+each the price of one mechanism (`cost_models.efficiency`):
+
+- `expert_matmul`: the grouped GEMM of a rank's experts against a dense GEMM of its shape;
+- `moe_sync_us`: host time exposed per local expert when the dispatcher waits for the
+  token counts (eager runs only);
+- `alltoall_bandwidth`: the bandwidth dispatch all-to-alls reach against ring collectives.
+
+What a row does not give is set as Megatron-Bridge's recipes run it: the distributed
+optimizer with gradient reduction and weight gathering overlapped, Transformer Engine's
+fused attention, sequence parallelism where tensors are split, the interleaved schedule
+where a row has virtual stages, expert tensor parallelism 1, the alltoall dispatcher unless
+the notes name DeepEP. A row's step time is its batch's tokens over its throughput.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from cost_models.calibrate import MeasuredStep, from_unbounded, nelder_mead, to_unbounded
+from cost_models.efficiency import Efficiency
+from cost_models.step_time import predict_step
+from planner.cluster import Cluster
+from planner.models.presets import PRESETS
+from planner.parallel import ParallelConfig
+
+MOE_RUNS = "published_moe_runs.csv"
+FIELDS = ("expert_matmul", "moe_sync_us", "alltoall_bandwidth")
+FITTED_PRESETS = ("dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72")
+"""Presets that ship the fitted MoE parameters (H200 borrows H100's efficiency)."""
+MODELS = {"DeepSeek-V3": "deepseek-v3", "Qwen3-235B-A22B": "qwen3-235b-a22b",
+          "GPT-OSS-120B": "gpt-oss-120b"}
+SYSTEMS = {"B200": "dgx-b200", "H100": "dgx-h100", "GB200": "gb200-nvl72"}
+PRECISIONS = {"bf16": ("bf16", "delayed"), "FP8-CS": ("fp8", "tensorwise"),
+              "MXFP8": ("fp8", "mxfp8")}
+# The shape columns each row states, checked against the preset it is priced on.
+SHAPE = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+         "vocab": "vocab_size", "experts": "num_experts", "topk": "moe_top_k"}
+
+
+@dataclass(frozen=True)
+class MoeRun:
+    """One published MoE run, priced on a preset."""
+
+    step: MeasuredStep
+    preset: str
+    """The cluster preset it ran on."""
+    tokens_per_gpu_s: float
+    """The published throughput."""
+    notes: str
+
+
+def read_moe_runs(path: str | Path) -> list[MoeRun]:
+    """Every row of the published MoE file as a run on a preset; ValueError naming the
+    line where a row's model, system, precision or shape is not one Tessel prices."""
+    runs = []
+    with open(path, encoding="utf-8") as f:
+        for line, row in enumerate(csv.DictReader(f), start=2):
+            runs.append(_run(row, line))
+    return runs
+
+
+def _run(row: dict[str, str], line: int) -> MoeRun:
+    where = f"{MOE_RUNS} line {line}"
+    if row["model"] not in MODELS or row["gpu"] not in SYSTEMS \
+            or row["precision"] not in PRECISIONS:
+        raise ValueError(f"{where}: {row['model']} on {row['gpu']} in {row['precision']} "
+                         "has no preset; add it to moe_calibration's tables.")
+    model = PRESETS[MODELS[row["model"]]]
+    for column, field in SHAPE.items():
+        if int(row[column]) != getattr(model, field):
+            raise ValueError(f"{where}: {column} {row[column]} is not the preset's "
+                             f"{field} {getattr(model, field)}.")
+    precision, recipe = PRECISIONS[row["precision"]]
+    notes = row["notes"]
+    tensor, vp = int(row["tp"]), 1 if row["vp"] in ("-", "") else int(row["vp"])
+    recompute, *modules = row["recompute"].split()
+    parallel = ParallelConfig(
+        tensor=tensor, pipeline=int(row["pp"]), data=int(row["dp"]),
+        context=1 if row["cp"] in ("-", "") else int(row["cp"]), expert=int(row["ep"]),
+        expert_tensor=1, sequence_parallel=tensor > 1,
+        micro_batch_size=int(row["micro_batch"]), global_batch_size=int(row["global_batch"]),
+        schedule="interleaved" if vp > 1 else "1f1b", virtual_pipeline=vp,
+        recompute=recompute, recompute_modules=tuple(modules[0].split("+")) if modules
+        else ("core_attn",),
+        zero_stage=1, overlap_grad_reduce=True, overlap_param_gather=True,
+        attention_backend="fused", precision=precision, fp8_recipe=recipe,
+        moe_token_dispatcher="flex" if "DeepEP" in notes else "alltoall",
+        overlap_moe_expert_parallel_comm="A2A overlap" in notes,
+        moe_router_force_load_balancing="forced balance" in notes,
+        cuda_graphs="full-iteration CUDA graph" in notes,
+        cuda_graph_scope=("attn", "moe_router", "moe_preprocess")
+        if "cuda-graph attn/router/preproc" in notes else (),
+    )
+    gpus, throughput = int(row["num_gpus"]), float(row["value"])
+    seconds = parallel.global_batch_size * model.seq_length / (throughput * gpus)
+    step = MeasuredStep(model=model, parallel=parallel, num_gpus=gpus, seconds=seconds,
+                        label=f"{row['model']} {row['gpu']}", line=line)
+    return MoeRun(step=step, preset=SYSTEMS[row["gpu"]], tokens_per_gpu_s=throughput,
+                  notes=notes)
+
+
+def predicted_throughput(runs: list[MoeRun], values: dict[str, float] | None = None
+                         ) -> np.ndarray:
+    """Each run's predicted tokens/s per GPU, with the MoE parameters `values` over its
+    preset's (default: as the presets ship)."""
+    out = []
+    for run in runs:
+        cluster = Cluster.load(run.preset).with_devices(run.step.num_gpus)
+        if values:
+            cluster = cluster.with_efficiency(
+                cluster.device.efficiency.model_copy(update=values))
+        prediction = predict_step(run.step.model, cluster, run.step.parallel)
+        out.append(prediction.tokens_per_s / run.step.num_gpus)
+    return np.array(out)
+
+
+def fit_moe(runs: list[MoeRun], iterations: int = 200) -> dict[str, float]:
+    """The MoE parameters (`FIELDS`) that minimize the runs' mean absolute percentage
+    error of throughput, shared by all presets (Nelder-Mead within `calibrate.BOUNDS`)."""
+    measured = np.array([r.tokens_per_gpu_s for r in runs])
+    start = Efficiency()
+
+    def values_at(x: np.ndarray) -> dict[str, float]:
+        return {f: from_unbounded(f, v) for f, v in zip(FIELDS, x)}
+
+    def loss(x: np.ndarray) -> float:
+        return float(np.mean(np.abs(predicted_throughput(runs, values_at(x)) / measured - 1)))
+
+    x0 = np.array([to_unbounded(f, getattr(start, f) if f != "moe_sync_us" else 200.0)
+                   for f in FIELDS])
+    return values_at(nelder_mead(loss, x0, iterations=iterations))

@@ -1,0 +1,144 @@
+"""How long a mixture-of-experts layer takes to send its tokens to their experts and the
+outputs back, as Megatron-Core's token dispatchers run it (--moe-token-dispatcher-type).
+
+One rank routes the tokens of its sequence shard (`ExpertSplit.sequence_shards`); the
+expert group is `expert` ranks `expert_tensor` apart (Megatron-Core's expert rank order
+puts the expert-tensor ranks innermost: Liu et al. 2025, "MoE Parallel Folding", arXiv
+2504.14960), each rank holding num_experts / expert experts. Per layer and micro-batch:
+
+- ``allgather``: the expert group all-gathers every token (and its routing
+  probabilities), each rank runs its experts on the tokens routed to them, and a
+  reduce-scatter returns the outputs; backward mirrors it.
+- ``alltoall``: each (token, expert) row goes to its expert's rank in one all-to-all
+  (dispatch) and back in another (combine); the expert-tensor ranks then all-gather the
+  rows they share and reduce-scatter the outputs. Backward runs the same collectives.
+- ``flex``: DeepEP's (or HybridEP's) fused kernels (DeepSeek-AI 2025, github.com/
+  deepseek-ai/DeepEP): a token crosses the scale-out fabric once per remote *node*
+  holding one of its experts and is forwarded over NVLink inside it; node-limited
+  routing (--moe-router-num-groups / --moe-router-group-topk, DeepSeek-V3 report
+  Sec. 2.1.2) caps those nodes at the group top-k.
+
+The busiest rank sets the pace: with forced balance every rank gets its even share;
+otherwise the expected maximum load of the ep ranks over rows routed uniformly at random
+(Raab & Steger, "Balls into Bins", RANDOM 1998, Thm. 1: m balls into n bins, m >= n log
+n, leave the fullest with m/n + sqrt(2 m ln n / n)), capped by the capacity factor. With
+--overlap-moe-expert-parallel-comm the all-to-alls of one micro-batch run beside the
+other's compute (Megatron-Core's combined 1F1B schedule), exposed only where longer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from cost_models.comm import group_collective_time
+from cost_models.kernel_time import Pass
+from planner.cluster import Cluster
+from planner.models.config import TransformerConfig
+from planner.parallel import ParallelConfig
+
+
+@dataclass(frozen=True)
+class DispatchShape:
+    """One rank's tokens of one micro-batch entering an MoE layer, and its expert group."""
+
+    tokens: float
+    """Tokens the rank routes (its sequence shard of the micro-batch)."""
+    expert: int
+    """Expert-parallel degree."""
+    expert_tensor: int
+    """Tensor degree inside each expert; the expert group's ranks are this far apart."""
+    element_bytes: int
+    """Bytes of an activation element on the wire."""
+
+
+def expected_load(rows_per_rank: float, expert: int, parallel: ParallelConfig) -> float:
+    """Rows of the busiest expert-parallel rank over its even share: 1 under forced
+    balance, else Raab & Steger's m/n + sqrt(2 m ln n / n) over m/n for m rows on n = ep
+    ranks, at most the capacity factor."""
+    if parallel.moe_router_force_load_balancing or expert == 1 or rows_per_rank <= 0:
+        return 1.0
+    load = 1.0 + math.sqrt(2.0 * math.log(expert) / rows_per_rank)
+    cap = parallel.moe_expert_capacity_factor
+    return min(load, cap) if cap is not None else load
+
+
+def remote_nodes_per_token(model: TransformerConfig, nodes: int) -> float:
+    """Expected nodes other than its own that one token's top-k experts live on, the
+    experts spread evenly over `nodes` nodes and chosen uniformly (without replacement),
+    among at most the group top-k nodes under group-limited routing (groups aligned with
+    nodes, as DeepSeek-V3 lays them out)."""
+    experts, k = model.num_experts or 1, model.moe_top_k
+    candidates = nodes
+    if model.moe_router_group_topk is not None and model.moe_router_num_groups:
+        per_group = max(1, nodes // model.moe_router_num_groups)
+        candidates = min(nodes, model.moe_router_group_topk * per_group)
+    pool = experts * candidates / nodes
+    per_node = experts / nodes
+    # P(no expert on a given candidate node) = C(pool - per_node, k) / C(pool, k).
+    empty = math.comb(int(pool - per_node), k) / math.comb(int(pool), k) \
+        if pool - per_node >= k else 0.0
+    distinct = candidates * (1.0 - empty)
+    return distinct * (nodes - 1) / nodes
+
+
+def dispatch_seconds(model: TransformerConfig, parallel: ParallelConfig, cluster: Cluster,
+                     shape: DispatchShape, load: float) -> float:
+    """Seconds of one direction's dispatch and combine of one MoE layer, one micro-batch,
+    on the busiest rank (the backward moves the same bytes)."""
+    ep, etp = shape.expert, shape.expert_tensor
+    h, e, k = model.hidden_size, shape.element_bytes, model.moe_top_k
+    rows = shape.tokens * k * load
+    seconds = 0.0
+    if parallel.moe_token_dispatcher == "allgather":
+        group = ep * etp
+        gathered = shape.tokens * group * (h * e + (model.num_experts or 0) * 4)
+        seconds += group_collective_time("all_gather", gathered, group, 1, cluster)
+        seconds += group_collective_time("reduce_scatter", shape.tokens * group * h * e,
+                                         group, 1, cluster)
+        return seconds
+    if ep > 1:
+        if parallel.moe_token_dispatcher == "flex":
+            exchange = _flex_seconds(model, cluster, shape, load)
+        else:
+            exchange = group_collective_time("all_to_all", rows * h * e, ep, etp, cluster)
+        seconds += 2 * exchange / cluster.device.efficiency.alltoall_bandwidth
+    if etp > 1:
+        seconds += group_collective_time("all_gather", rows * h * e * etp, etp, 1, cluster)
+        seconds += group_collective_time("reduce_scatter", rows * h * e * etp, etp, 1,
+                                         cluster)
+    return seconds
+
+
+def _flex_seconds(model: TransformerConfig, cluster: Cluster, shape: DispatchShape,
+                  load: float) -> float:
+    """One DeepEP all-to-all: the scale-out bytes of each token's remote nodes and the
+    scale-up bytes of its rows, moved at once (its kernels drive both links together)."""
+    ep, etp = shape.expert, shape.expert_tensor
+    h, e = model.hidden_size, shape.element_bytes
+    rows_bytes = shape.tokens * model.moe_top_k * load * h * e
+    if not cluster.spans_domains(etp, ep):
+        return group_collective_time("all_to_all", rows_bytes, ep, etp, cluster)
+    per_domain = cluster.ranks_per_domain(etp, ep)
+    nodes = max(1, ep // per_domain)
+    remote = remote_nodes_per_token(model, nodes) * shape.tokens * load * h * e
+    eff = cluster.device.efficiency
+    scale_out = cluster.inter_node.bandwidth_gbs * eff.inter_node_bandwidth * 1e9
+    inside = group_collective_time("all_to_all", rows_bytes, per_domain, etp, cluster)
+    return max(remote / scale_out + cluster.inter_node.latency_us * 1e-6 * nodes, inside)
+
+
+def dispatch_pass(model: TransformerConfig, parallel: ParallelConfig, cluster: Cluster,
+                  shape: DispatchShape, load: float, compute: Pass) -> Pass:
+    """Exposed dispatch and combine of one MoE layer for one micro-batch, by phase. Under
+    --overlap-moe-expert-parallel-comm each phase's all-to-alls hide behind the layer's
+    compute of the other micro-batch in flight (its backward behind a forward and back)."""
+    one_way = dispatch_seconds(model, parallel, cluster, shape, load)
+    rerun = one_way if parallel.recompute == "full" else 0.0
+    if not parallel.overlap_moe_expert_parallel_comm:
+        return Pass(one_way, one_way, rerun)
+    slowdown = cluster.device.efficiency.overlap_slowdown
+    window = compute.forward + compute.backward
+    both = one_way * 2 + rerun
+    exposed = max(both - window, 0.0) + slowdown * min(both, window)
+    return Pass(exposed / 2, exposed / 2, 0.0)

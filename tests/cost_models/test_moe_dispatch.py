@@ -1,0 +1,125 @@
+"""MoE pricing: dispatch by mechanism, load imbalance, kinds of layers, and the published
+MoE runs it was fitted to."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from cost_models.layer_mix import layer_variants
+from cost_models.moe_calibration import MOE_RUNS, predicted_throughput, read_moe_runs
+from cost_models.moe_dispatch import expected_load, remote_nodes_per_token
+from cost_models.step_time import predict_step
+from cost_models.transformer_ops import (
+    Matmul,
+    forward_flops,
+    layer_ops,
+    projections,
+    recomputed_kernels,
+)
+from planner.cluster import Cluster
+from planner.models.config import LayerKind
+from planner.models.presets import PRESETS
+from planner.parallel import ParallelConfig
+
+CALIBRATION = Path(__file__).resolve().parents[3] / "shared" / "calibration"
+
+
+def test_forced_balance_is_exact_and_random_routing_follows_raab_steger() -> None:
+    even = ParallelConfig(moe_router_force_load_balancing=True)
+    assert expected_load(16384, 32, even) == 1.0
+    # m/n + sqrt(2 m ln n / n) over m/n, for m/n = 16384 rows per rank on 32 ranks.
+    assert expected_load(16384, 32, ParallelConfig()) == pytest.approx(
+        1 + math.sqrt(2 * math.log(32) / 16384))
+    capped = ParallelConfig(moe_expert_capacity_factor=1.01)
+    assert expected_load(100, 32, capped) == 1.01
+
+
+@pytest.mark.parametrize("experts, nodes, k, groups, group_topk", [
+    (8, 4, 2, None, None), (16, 4, 3, None, None), (16, 4, 4, 4, 2), (12, 2, 2, None, None)])
+def test_remote_nodes_per_token_is_the_count_over_every_choice_of_experts(
+        experts: int, nodes: int, k: int, groups: int | None, group_topk: int | None) -> None:
+    """Brute force: the router picks group_topk groups (one group per node), then k
+    experts among theirs (DeepSeek-V3's node-limited routing); every choice equally
+    likely; nodes other than the token's own, averaged over the token's node."""
+    model = PRESETS["mixtral-8x7b"].model_copy(update={
+        "num_experts": experts, "moe_top_k": k, "moe_router_num_groups": groups,
+        "moe_router_group_topk": group_topk})
+    per_node = experts // nodes
+    node_of = [e // per_node for e in range(experts)]
+    picks = itertools.combinations(range(nodes), group_topk) if groups else [range(nodes)]
+    counts = []
+    for picked in picks:
+        pool = [e for e in range(experts) if node_of[e] in picked]
+        for chosen in itertools.combinations(pool, k):
+            used = {node_of[e] for e in chosen}
+            counts.append(sum(len(used - {home}) for home in range(nodes)) / nodes)
+    assert remote_nodes_per_token(model, nodes) == pytest.approx(sum(counts) / len(counts))
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "qwen3-235b-a22b", "gpt-oss-120b",
+                                  "mixtral-8x22b"])
+def test_each_kind_of_layer_multiplies_its_active_weights_once_per_token(name: str) -> None:
+    """A token's projection FLOPs are 2 x the weights it passes through: MLA's latent
+    projections, the router, its top-k experts and the shared expert (biases, norms and
+    sinks aside)."""
+    model = PRESETS[name].model_copy(update={"bias": False, "qk_layernorm": False,
+                                             "softmax_type": "vanilla"})
+    for kind in set(model.layer_kinds()):
+        layer = model.for_layer(kind)
+        ops = layer_ops(layer, 1, 1, 1, False)
+        weights = model.layer_parameters(kind) - 2 * model.hidden_size
+        if model.multi_latent_attention:
+            weights -= (model.q_lora_rank or 0) + model.kv_lora_rank  # latent norms
+        if kind.moe:
+            experts = model.layer_expert_parameters(kind)
+            weights -= experts * (1 - model.moe_top_k / model.num_experts)
+        assert forward_flops(projections(ops)) == pytest.approx(2 * weights)
+
+
+def test_a_stage_of_mixed_layers_is_priced_at_the_mean_layer() -> None:
+    model = PRESETS["deepseek-v3"]
+    variants = layer_variants(model)
+    assert [(v.layer_kinds()[0], share) for v, share in variants] == [
+        (LayerKind(moe=False), 3 / 61), (LayerKind(moe=True), 58 / 61)]
+    assert layer_variants(PRESETS["llama3-8b"]) == [(PRESETS["llama3-8b"], 1.0)]
+
+
+def test_recompute_modules_replay_their_own_kernels() -> None:
+    ops = layer_ops(PRESETS["deepseek-v3"].for_layer(LayerKind(moe=True)), 1, 4096, 1, False)
+    assert {op.name for op in recomputed_kernels(ops, ("mla_up_proj",))} == {
+        "q up", "kv up", "rotary join"}
+    assert {op.name for op in recomputed_kernels(ops, ("moe_act",))} == {"expert activation"}
+    assert recomputed_kernels(ops, ("mlp",)) == []  # an MoE layer has no dense MLP
+
+
+def test_experts_folded_apart_from_attention_split_the_same_work() -> None:
+    """Qwen3-235B's layout (t2, expert tensor 1, ep 32 over 256 H100s): the expert GEMMs
+    of a rank hold half the tokens at the whole expert width, as many FLOPs as expert
+    tensor 2 would run."""
+    model, h100 = PRESETS["qwen3-235b-a22b"], Cluster.load("dgx-h100").with_devices(256)
+    folded = ParallelConfig(tensor=2, sequence_parallel=True, pipeline=8, expert=32,
+                            expert_tensor=1, global_batch_size=1024,
+                            moe_router_force_load_balancing=True)
+    split = predict_step(model, h100, folded)
+    assert split.fits
+    with pytest.raises(ValueError, match=r"expert \(32\) x expert_tensor \(2\) must divide"):
+        folded_t2 = replace(folded, expert_tensor=None)
+        folded_t2.resolve(256)
+    experts = [op for op in layer_ops(model, 1, 4096, 2, True) if isinstance(op, Matmul)
+               and op.name.startswith("expert")]
+    assert sum(op.flops for op in experts) == pytest.approx(
+        2 * 4096 * model.moe_top_k * 3 * model.hidden_size * model.expert_ffn_size / 2)
+
+
+def test_published_moe_runs_are_predicted_within_ten_percent() -> None:
+    """Megatron-Bridge's DeepSeek-V3, Qwen3-235B and GPT-OSS-120B runs, with the MoE
+    parameters the presets ship (fitted to these four rows)."""
+    runs = read_moe_runs(CALIBRATION / MOE_RUNS)
+    predicted = predicted_throughput(runs)
+    for run, tokens in zip(runs, predicted):
+        assert tokens == pytest.approx(run.tokens_per_gpu_s, rel=0.10), run.step.label
