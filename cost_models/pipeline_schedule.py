@@ -80,6 +80,16 @@ class Action:
         return Action(int(match[1]), match[2], int(match[3]))
 
 
+def stage_rank(stage: int, pipeline: int, schedule: str) -> int:
+    """The pipeline rank that runs (virtual) `stage` of `pipeline` ranks: stage s on rank
+    s mod p (GPipe, 1F1B, interleaved: Megatron-LM's and torch's loop order), or in V
+    order for ZB-V and DualPipeV (rank s going down, 2 p - 1 - s coming back: torch's
+    `generate_stage_to_rank_mapping(..., style="v")`)."""
+    if schedule in V_SHAPED and stage >= pipeline:
+        return 2 * pipeline - 1 - stage
+    return stage % pipeline
+
+
 def schedule_actions(schedule: str, pipeline: int, micro_batches: int,
                      virtual: int = 1) -> list[list[Action]]:
     """For each of `pipeline` ranks, the actions it runs, in order, for `micro_batches`
@@ -330,6 +340,33 @@ def dualpipev_bubble(pipeline: int, forward: float, backward: float, weight: flo
         raise ValueError(f"pipeline must be >= 1, got {pipeline}")
     both = forward + backward if forward_backward is None else forward_backward
     return (pipeline - 1) * (both + backward - 3 * weight)
+
+
+def dualpipev_chunk(forward: float, backward: float, backward_kernels: float,
+                    transfer: float) -> tuple[float, float, float]:
+    """(F, B, W): seconds of one of a DualPipeV rank's two chunks, from the rank's
+    seconds per micro-batch: `forward` (kernels and exposed collectives), `backward`
+    (kernels, replayed forward and exposed collectives), `backward_kernels` (the backward
+    kernels alone) and `transfer` (one chunk's activation out and gradient in, each chunk
+    sending its own). A chunk is half the rank's layers; F and B each carry half the
+    transfer. W, the weights' gradient: half the chunk's backward kernels. Assumed: each
+    matmul's backward is two matmuls of its forward's size, one for the inputs' gradient
+    and one for the weights' (the kernel model's backward = 2 x forward for matmuls);
+    attention's own backward and the elementwise kernels have no weights, so this
+    overstates W a little. The replayed forward and the collectives go with I = B - W,
+    which the previous stage waits for."""
+    return (forward / 2 + transfer / 2, backward / 2 + transfer / 2, backward_kernels / 4)
+
+
+def dualpipev_pipeline_seconds(pipeline: int, micro_batches: int, forward: float,
+                               backward: float, backward_kernels: float,
+                               transfer: float) -> float:
+    """Seconds a DualPipeV step's pipeline lasts, the rank's times as `dualpipev_chunk`
+    reads them: every micro-batch through both chunks, 2 m (F + B), and the wait
+    `dualpipev_bubble` (DeepSeek-V3 Technical Report Table 2; deepseek-ai/DualPipe README)
+    with F&B = F + B, as torch runs the pair."""
+    f, b, w = dualpipev_chunk(forward, backward, backward_kernels, transfer)
+    return 2 * micro_batches * (f + b) + dualpipev_bubble(pipeline, f, b, w)
 
 
 def eager_last_stage(actions: list[Action], num_stages: int) -> list[Action]:

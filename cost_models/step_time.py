@@ -442,6 +442,14 @@ def predict_stages(
     slowest = max(range(p), key=lambda i: stage_times[i])
     if parallel.schedule == "interleaved":
         pipeline_s = (m + (p - 1) / v) * stage_times[slowest] + (v - 1) * m * p2p
+    elif parallel.schedule == "dualpipev":
+        # DeepSeek-V3 report Table 2 / DualPipe README: 2 m (F + B) + (PP/2 - 1)(F&B + B -
+        # 3W) over the slowest rank's two chunks; each chunk sends its own transfers.
+        from cost_models.pipeline_schedule import dualpipev_pipeline_seconds
+        s = phases[slowest]
+        pipeline_s = dualpipev_pipeline_seconds(
+            p, m, s.forward + s.forward_communication,
+            s.recompute + s.backward + s.backward_communication, s.backward, s.transfer)
     else:
         pipeline_s = sum(stage_times) + (m - 1) * stage_times[slowest]
 

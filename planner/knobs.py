@@ -173,6 +173,15 @@ def _schedule_problems(knobs: dict[str, Any], model: TransformerConfig, space: s
             f"{FLAG['schedule']} interleaved needs pipeline stages to interleave, and "
             f"{FLAG['pipeline']} 1 has one"
         )
+    if schedule == "dualpipev":
+        if p == 1:
+            problems.append(f"{FLAG['schedule']} dualpipev needs pipeline stages, and "
+                            f"{FLAG['pipeline']} 1 has one")
+        if knobs.get("engine") not in ("torchtitan", "tessel"):
+            problems.append(
+                f"{FLAG['schedule']} dualpipev is TorchTitan's and Tessel's runtime's, not "
+                "Megatron-LM's (it has no DualPipe schedule); add --engine torchtitan or "
+                "--engine tessel")
     if space == "megatron" and schedule == "gpipe":
         problems.append(
             f"{FLAG['schedule']} gpipe is not in --space megatron (Megatron-LM runs 1f1b and "

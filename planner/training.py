@@ -15,6 +15,7 @@ from cost_models.layer_collectives import LayerCollectives
 from cost_models.memory import state_element_bytes
 from cost_models.stage_parameters import chunk_parameters, placement, rank_state_bytes
 from cost_models.pipeline_memory import StageLayout, even_split, stage_memories
+from cost_models.pipeline_schedule import stage_rank
 from cost_models.saved_activations import tessel_counted, tessel_stage_bytes
 from cost_models.step_time import (
     StepPrediction,
@@ -106,13 +107,16 @@ def _plan(
     for layout in layouts:
         bounds.append(bounds[-1] + layout.layers)
     chunks = interleaved or list(zip(bounds, bounds[1:]))
+    # Chunk c on stage c % p (Megatron-LM's order), or in V order under dualpipev.
+    owner = [stage_rank(c, len(layouts), parallel.schedule) for c in range(len(chunks))]
     for index, layout in enumerate(layouts):
         axes, shape = stage_mesh(layout.data, parallel.context, layout.tensor)
         devices = layout.devices * parallel.context
         layers = (first_layer, first_layer + layout.layers)
         stage = Stage(layers=layers, first_device=first_device, num_devices=devices,
                       mesh_axes=axes, mesh_shape=shape, virtual_chunks=parallel.virtual_pipeline,
-                      chunks=interleaved[index::len(layouts)] if interleaved else [layers])
+                      chunks=[c for c, at in zip(interleaved, owner) if at == index]
+                      if interleaved else [layers])
         stage = _with_contents(stage, index, model, parallel, layout, chunks, len(layouts))
         peak = breakdown_gib(peaks[index], by_kind=False)
         peak["reserved"] = (peaks[index].reserved + peaks[index].reserve) / 2**30
@@ -162,13 +166,14 @@ def _with_contents(
     `cost_models.training_collectives`, `cost_models.saved_activations`: what the runtime
     runs)."""
     last = len(chunks) - 1
-    params = [p for c, layers in enumerate(chunks) if c % num_stages == index
+    owner = tuple(stage_rank(c, num_stages, parallel.schedule) for c in range(len(chunks)))
+    params = [p for c, layers in enumerate(chunks) if owner[c] == index
               for p in chunk_parameters(model, layers, c == 0, c == last)]
     zero, expert, shards = parallel.zero_stage, parallel.expert, layout.data * parallel.context
     # The stage's own mesh, with the sequences of one micro-batch split over its replicas.
     here = replace(parallel, tensor=layout.tensor, data=layout.data,
                    micro_batch_size=parallel.micro_batch_size * parallel.data // layout.data)
-    rank = rank_layout(here, tuple(chunks), tuple(c % num_stages for c in range(len(chunks))))
+    rank = rank_layout(here, tuple(chunks), owner)
     collectives = rank_collectives(model, rank, index)
     steady = [c for c in collectives if c.phase != "setup"]
     once = [c for c in collectives if c.phase == "setup"]
@@ -177,7 +182,7 @@ def _with_contents(
     saved = []
     if parallel.engine == "tessel" and tessel_counted(model):
         saved = [tessel_stage_bytes(model, here, stop - start, c == 0, c == last)
-                 for c, (start, stop) in enumerate(chunks) if c % num_stages == index]
+                 for c, (start, stop) in enumerate(chunks) if owner[c] == index]
     return stage.model_copy(update={
         "parameters": {p.name: placement(p, stage.mesh_axes, layout.tensor, zero, expert)
                        for p in params},

@@ -4,7 +4,10 @@ hand-built `PipelineStage`s.
 gpipe -> ScheduleGPipe, 1f1b -> Schedule1F1B, interleaved -> ScheduleInterleaved1F1B over
 the rank's virtual stages (stage c on pipeline rank c % pp, torch's and Megatron's order);
 and torch's zero-bubble schedules: interleaved_zb -> ScheduleInterleavedZeroBubble (same
-order), zbv -> ScheduleZBVZeroBubble (two stages per rank in V order). Zero-bubble
+order), zbv -> ScheduleZBVZeroBubble (two stages per rank in V order); dualpipev ->
+ScheduleDualPipeV (DeepSeek's DualPipeV: the same V, a forward of one chunk run with a
+backward of the other; with no OVERLAP_F_B function registered torch runs the pair one
+after the other, and its cool-down splits backwards into I and W). Zero-bubble
 schedules write weight gradients by hand, which DDP's hooks never see (trap 1); data
 parallelism here is FSDP2, whose schedules-aware hooks reduce them.
 Every stage is given its input and output shapes (meta tensors; `stage_shapes`), so no
@@ -25,6 +28,7 @@ from torch import nn
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
+    ScheduleDualPipeV,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
     ScheduleInterleavedZeroBubble,
@@ -37,8 +41,10 @@ SCHEDULE_CLASSES = {
     "interleaved": ScheduleInterleaved1F1B,
     "interleaved_zb": ScheduleInterleavedZeroBubble,
     "zbv": ScheduleZBVZeroBubble,
+    "dualpipev": ScheduleDualPipeV,
 }
-_MULTI_STAGE = (ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble)
+_MULTI_STAGE = (ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble,
+                ScheduleDualPipeV)
 
 
 def schedule_class(schedule: str, virtual_pipeline: int) -> type:

@@ -13,10 +13,12 @@ from dataclasses import dataclass
 
 from runtime.mesh import Degrees
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "interleaved_zb", "zbv")
-"""The plan's three, and torch's two zero-bubble schedules (Qi et al. 2024): interleaved
-zero bubble (loop order) and ZBV (two chunks per rank in V order)."""
-MULTI_CHUNK = ("interleaved", "interleaved_zb", "zbv")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "interleaved_zb", "zbv", "dualpipev")
+"""The plan's four, and torch's two zero-bubble schedules (Qi et al. 2024): interleaved
+zero bubble (loop order) and ZBV (two chunks per rank in V order, as DualPipeV's)."""
+MULTI_CHUNK = ("interleaved", "interleaved_zb", "zbv", "dualpipev")
+V_ORDER = ("zbv", "dualpipev")
+"""Schedules of two chunks per rank in V order: rank r runs chunks r and 2 pp - 1 - r."""
 RECOMPUTE = ("none", "selective", "full")
 
 
@@ -28,7 +30,7 @@ class RunSpec:
     chunks: tuple[tuple[int, int], ...]
     """Transformer layers [first, last) of every pipeline chunk, in model order; pp x
     virtual chunks. Chunk c runs on pipeline rank c % pp (Megatron's interleaved order), or
-    for ZBV in V order: rank c for c < pp, then back, rank 2pp - 1 - c."""
+    for ZBV and DualPipeV in V order: rank c for c < pp, then back, rank 2pp - 1 - c."""
     micro_batch_size: int
     num_micro_batches: int
     schedule: str = "1f1b"
@@ -58,9 +60,16 @@ class RunSpec:
                 f"{self.virtual_pipeline}"
             )
         if self.virtual_pipeline > 1 and self.schedule not in MULTI_CHUNK:
-            problems.append("virtual stages need an interleaved (or zbv) schedule")
-        if self.schedule == "zbv" and self.virtual_pipeline != 2:
-            problems.append("zbv runs exactly 2 chunks per pipeline rank (virtual 2)")
+            problems.append("virtual stages need an interleaved, zbv or dualpipev schedule")
+        if self.schedule in V_ORDER and self.virtual_pipeline != 2:
+            problems.append(f"{self.schedule} runs exactly 2 chunks per pipeline rank "
+                            "(virtual 2)")
+        if self.schedule == "dualpipev" and self.num_micro_batches < 2 * d.pp:
+            # torch's ScheduleDualPipeV: "at least as many microbatches as stages".
+            problems.append(
+                f"DualPipeV needs at least as many micro-batches ({self.num_micro_batches}) "
+                f"as stages ({2 * d.pp})"
+            )
         if self.schedule == "1f1b" and d.pp > 1 and self.num_micro_batches < d.pp:
             problems.append(
                 f"1F1B needs at least as many micro-batches ({self.num_micro_batches}) "
@@ -99,7 +108,7 @@ class RunSpec:
 
     def stage_indices(self, pp_rank: int) -> list[int]:
         """The pipeline stages (chunks) pipeline rank `pp_rank` runs, in order."""
-        if self.schedule == "zbv":
+        if self.schedule in V_ORDER:
             return [pp_rank, 2 * self.degrees.pp - 1 - pp_rank]
         return list(range(pp_rank, self.num_stages, self.degrees.pp))
 

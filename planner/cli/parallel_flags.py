@@ -215,4 +215,6 @@ def fixed_knobs(args: argparse.Namespace, num_layers: int) -> dict[str, Any]:
             )
         knobs["virtual_pipeline"] = per_stage // chunk
         knobs["schedule"] = "interleaved"
+    if args.schedule == "dualpipev":  # two chunks per stage, in V order
+        knobs["virtual_pipeline"] = 2
     return {k: v for k, v in knobs.items() if v is not None}

@@ -222,7 +222,8 @@ def _no_fit(
 
 def layout(plan: Plan) -> str:
     """'t8 p8 d8 mb2', with cp/ep/sp/zero/virtual stages (v: interleaved 1F1B) only where
-    they are used; 'stages' when stages differ in mesh."""
+    they are used, and the schedule where it is gpipe or dualpipev; 'stages' when stages
+    differ in mesh."""
     q = plan.parallel
     if len({tuple(stage.mesh_shape) for stage in plan.stages}) > 1:
         meshes = "+".join(f"{s.layers[1] - s.layers[0]}L:{'x'.join(map(str, s.mesh_shape))}"
@@ -233,8 +234,9 @@ def layout(plan: Plan) -> str:
     parts += [f"ep{q.expert}"] if q.expert > 1 else []
     parts += ["sp"] if q.sequence_parallel else []
     parts += [f"zero{q.zero_stage}"] if q.zero_stage else []
-    parts += [f"v{q.virtual_pipeline}"] if q.virtual_pipeline > 1 else []
-    parts += ["gpipe"] if plan.schedule == "gpipe" else []
+    parts += [f"v{q.virtual_pipeline}"] if q.virtual_pipeline > 1 \
+        and plan.schedule != "dualpipev" else []
+    parts += [plan.schedule] if plan.schedule in ("gpipe", "dualpipev") else []
     return " ".join(parts)
 
 

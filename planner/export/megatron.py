@@ -23,6 +23,10 @@ def megatron_incompatibility(
         return f"ZeRO stage {parallel.zero_stage} (Megatron-LM shards optimizer state only)"
     if parallel.schedule == "gpipe" and p > 1:
         return "the GPipe schedule (Megatron-LM runs 1F1B)"
+    if parallel.schedule == "dualpipev":
+        # No DualPipe flag among Megatron-LM's arguments (shared/reference/
+        # megatron_lm_arguments.json): its schedules are 1F1B and interleaved 1F1B.
+        return "the DualPipeV schedule (Megatron-LM runs 1F1B or interleaved 1F1B)"
     if parallel.sequence_parallel and parallel.tensor == 1:
         return "sequence parallelism without tensor parallelism"
     if parallel.expert > 1 and parallel.tensor > 1 and not parallel.sequence_parallel:

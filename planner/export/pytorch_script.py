@@ -56,6 +56,9 @@ def pytorch_incompatibility(plan: Plan, model: TransformerConfig | None) -> str 
                 "torch.distributed.pipelining does not keep equal: use --emit megatron")
     if plan.precision in ("fp16", "fp8"):
         return f"{plan.precision} training needs more than torch (loss scaling or torchao)"
+    if plan.schedule not in (None, *SCHEDULES):
+        return (f"the script lays chunks out in loop order for {', '.join(SCHEDULES)}; "
+                f"{plan.schedule} runs them in V order: use --emit torchtitan")
     return None
 
 

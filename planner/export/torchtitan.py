@@ -15,8 +15,10 @@ maps:
 - data parallelism is FSDP2 (`data_parallel_shard_degree`), or DDP
   (`data_parallel_replicate_degree`) for a ZeRO-0 plan with nothing but data parallelism.
 - the pipeline split is the plan's, exactly: `module_fqns_per_model_part` names each model
-  chunk's modules (chunk c on pipeline rank c % pipeline, as in Megatron-LM); the plan's
-  micro-batches are the schedule's (`pipeline_parallel_microbatch_size`).
+  chunk's modules (chunk c on pipeline rank c % pipeline, as in Megatron-LM; under
+  DualPipeV TorchTitan places them in V order itself, rank r holding chunks r and
+  2 pipeline - 1 - r); the plan's micro-batches are the schedule's
+  (`pipeline_parallel_microbatch_size`).
 - recomputation: full -> `full` (every k-th block: layer-level selective "k");
   selective -> per-op selective (`op`); none -> `none`.
 - tensor parallelism always runs with sequence parallelism in TorchTitan.
@@ -51,7 +53,8 @@ LLAMA3_FLAVORS = {  # (layers, hidden, heads, kv heads, ffn) -> flavor
     (80, 8192, 64, 8, 28672): "70B",
     (126, 16384, 128, 8, 53248): "405B",
 }
-SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
+SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B",
+             "dualpipev": "DualPipeV"}
 FP8_RECIPES = {  # the plan's recipe -> (TorchTitan's converter, its recipe name)
     "delayed": ("quantize.linear.float8", "tensorwise"),
     "tensorwise": ("quantize.linear.float8", "tensorwise"),

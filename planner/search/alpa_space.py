@@ -157,8 +157,9 @@ def _shared_knobs(
     """Per micro-batch size, the settings all stages share, least memory relief first.
     `micro_batch_size` here is the whole micro-batch (data = 1): each stage splits it over
     its own data-parallel replicas. The stage DP prices 1F1B or GPipe pipelines of one
-    chunk per stage, so a fixed interleaved schedule leaves this space to the Megatron one."""
-    if fixed.get("schedule") == "interleaved" or "virtual_pipeline" in fixed:
+    chunk per stage, so a fixed interleaved (or dualpipev) schedule leaves this space to
+    the Megatron one."""
+    if fixed.get("schedule") in ("interleaved", "dualpipev") or "virtual_pipeline" in fixed:
         return []
     if fixed.get("recompute_method") == "block" or fixed.get("recompute_num_layers", 1) > 1:
         return []  # a stage's cost is no longer linear in its layers

@@ -239,16 +239,23 @@ def _schedules(
 ) -> list[tuple[str, int]]:
     """(schedule, virtual stages) for `p` stages and `m` micro-batches, fixed ones kept.
     Interleaving needs the micro-batches to be a multiple of the stages and the stage's
-    layers to split into the chunks (Megatron-LM's rules); GPipe is Alpa's, not Megatron's."""
+    layers to split into the chunks (Megatron-LM's rules); GPipe is Alpa's, not Megatron's.
+    DualPipeV (two equal chunks per stage, m >= 2 p: torch's ScheduleDualPipeV) is
+    TorchTitan's ("DualPipeV" among its pipeline_parallel_schedule names) and Tessel's
+    runtime's; Megatron-LM has no DualPipe schedule, so it is offered under those engines
+    only."""
     if p == 1:
         schedule = fixed.get("schedule", "1f1b")
-        return [] if schedule == "interleaved" else [(schedule, 1)]
+        return [] if schedule in ("interleaved", "dualpipev") else [(schedule, 1)]
     if m < p:
         # Fewer micro-batches than stages never fill the pipeline, and torch's schedules
         # (what the runtime runs) refuse them.
         return []
     chunks = [fixed["virtual_pipeline"]] if "virtual_pipeline" in fixed else VIRTUAL_STAGES
     options = [("interleaved", v) for v in chunks if m % p == 0 and (num_layers // p) % v == 0]
+    if fixed.get("engine") in ("torchtitan", "tessel") and 2 in chunks and m >= 2 * p \
+            and (num_layers // p) % 2 == 0:
+        options.append(("dualpipev", 2))
     if "virtual_pipeline" not in fixed:
         options = [("1f1b", 1), *options] + ([("gpipe", 1)] if space == "auto" else [])
     return [o for o in options if o[0] == fixed.get("schedule", o[0])]

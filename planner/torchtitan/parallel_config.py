@@ -42,7 +42,8 @@ P = "parallelism."
 TORCH_SCHEDULES = ("1F1B", "Interleaved1F1B", "GPipe", "LoopedBFS", "InterleavedZeroBubble",
                    "PipelineScheduleSingle", "PipelineScheduleMulti", "ZBVZeroBubble",
                    "DualPipeV")
-SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved1f1b": "interleaved"}
+SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved1f1b": "interleaved",
+             "dualpipev": "dualpipev"}
 CONVERTERS = ("quantize.linear.float8", "quantize.linear.mx", "quantize.grouped_mm.float8",
               "quantize.grouped_mm.mx")
 # Linear layers a float8 or MX converter may leave in bf16 that Tessel prices as given
@@ -282,10 +283,10 @@ def _pipeline(
         raise v.error(f'{key} = "{name}" is not a schedule of torch.distributed.pipelining '
                       f"({', '.join(TORCH_SCHEDULES)})")
     if name.lower() not in SCHEDULES:
-        raise v.error(f'{key} = "{known[name.lower()]}": Tessel prices 1F1B, Interleaved1F1B '
-                      "and GPipe, not this schedule yet; use one of those")
+        raise v.error(f'{key} = "{known[name.lower()]}": Tessel prices 1F1B, Interleaved1F1B, '
+                      "GPipe and DualPipeV, not this schedule yet; use one of those")
     schedule = SCHEDULES[name.lower()]
-    single = schedule != "interleaved"
+    single = schedule not in ("interleaved", "dualpipev")
     parts = _parts(v, num_layers, pp, single, notes)
     if len(parts) % pp:
         raise v.error(f"{P}module_fqns_per_model_part has {len(parts)} parts, not a multiple "
@@ -297,13 +298,20 @@ def _pipeline(
     if not single and virtual < 2:
         raise v.error(f'{key} "{name}" runs two or more model parts per rank, and the job has '
                       f"{len(parts)} on {pp} ranks; use 1F1B or more parts")
+    if schedule == "dualpipev" and virtual != 2:
+        raise v.error(f'{key} "{name}" runs exactly two model parts per rank (torch\'s '
+                      f"ScheduleDualPipeV), and the job has {len(parts)} on {pp} ranks; use "
+                      f"{2 * pp} parts")
     _check_micro_batches(v, schedule, pp, micro_batches)
     counts = _layer_counts(v, parts, num_layers)
     if len(set(counts)) == 1:
         return schedule, virtual, None, None
-    # Part c runs on rank c % pipeline (pipeline_module_split's "loop" style).
-    return schedule, virtual, [sum(counts[rank::pp]) for rank in range(pp)], \
-        counts if virtual > 1 else None
+    # Part c runs on rank c % pipeline (pipeline_module_split's "loop" style), or in V
+    # order under DualPipeV (its "v" style): rank r holds parts r and 2 pp - 1 - r.
+    owner = [2 * pp - 1 - c if schedule == "dualpipev" and c >= pp else c % pp
+             for c in range(len(counts))]
+    return schedule, virtual, [sum(n for n, at in zip(counts, owner) if at == rank)
+                               for rank in range(pp)], counts if virtual > 1 else None
 
 
 def _check_micro_batches(v: _Values, schedule: str, pp: int, micro_batches: int) -> None:
@@ -314,6 +322,9 @@ def _check_micro_batches(v: _Values, schedule: str, pp: int, micro_batches: int)
     if schedule == "1f1b" and micro_batches < pp:
         raise v.error(f"1F1B needs at least {pp} micro-batches, one per stage (torch's "
                       f"Schedule1F1B); {fix}")
+    if schedule == "dualpipev" and micro_batches < 2 * pp:
+        raise v.error(f"DualPipeV needs at least {2 * pp} micro-batches, one per stage "
+                      f"(torch's ScheduleDualPipeV); {fix}")
     rounds = max(1, micro_batches // pp)
     if schedule == "interleaved" and micro_batches % rounds:
         raise v.error(f"Interleaved1F1B cuts {micro_batches} micro-batches into {rounds} equal "

@@ -8,8 +8,9 @@ from dataclasses import replace
 import pytest
 
 from cost_models.kernel_time import kernel_seconds, pass_seconds
-from cost_models.pipeline_memory import StageLayout, fits_memory
-from cost_models.step_time import predict_stages, predict_step
+from cost_models.pipeline_memory import StageLayout, fits_memory, uniform_stages
+from cost_models.pipeline_schedule import dualpipev_bubble, dualpipev_chunk
+from cost_models.step_time import predict_stages, predict_step, stage_phases
 from cost_models.transformer_ops import (
     Matmul,
     Memory,
@@ -159,3 +160,34 @@ def test_torchtitans_selective_checkpointing_replays_every_other_matmul() -> Non
         megatron.hardware_tflops_per_gpu * megatron.step_time_s
     assert titan.model_tflops_per_gpu * titan.step_time_s == pytest.approx(
         megatron.model_tflops_per_gpu * megatron.step_time_s)
+
+
+def test_dualpipev_s_predicted_bubble_equals_the_report_s_formula() -> None:
+    # DeepSeek-V3 report Table 2 / DualPipe README: (PP/2 - 1)(F&B + B - 3W), PP = 2 p
+    # stages, over the slowest rank's two chunks (`pipeline_schedule.dualpipev_chunk`:
+    # half its forward and backward each, W half a chunk's backward kernels), plus the
+    # second chunk's transfers, which the bubble carries as the interleaved schedule's do.
+    model, cluster = get_preset("llama3-8b"), Cluster.load("dgx-h100").with_devices(32)
+    knobs = dict(tensor=2, pipeline=4, micro_batch_size=1, global_batch_size=64,
+                 engine="torchtitan")
+    dualpipev = ParallelConfig(**knobs, schedule="dualpipev", virtual_pipeline=2)
+    predicted = predict_step(model, cluster, dualpipev)
+    resolved = dualpipev.resolve(32)
+    phases = stage_phases(model, cluster, resolved, uniform_stages(model, resolved, None))
+    s = max(phases, key=lambda phase: phase.total)
+    f, b, w = dualpipev_chunk(s.forward + s.forward_communication,
+                              s.recompute + s.backward + s.backward_communication,
+                              s.backward, s.transfer)
+    m = resolved.num_micro_batches
+    assert predicted.bubble_s == pytest.approx(
+        (4 - 1) * ((f + b) + b - 3 * w) + m * s.transfer, rel=1e-12)
+    assert predicted.bubble_s == pytest.approx(dualpipev_bubble(4, f, b, w) + m * s.transfer,
+                                               rel=1e-12)
+    # The same work as 1F1B and interleaving, with the least wait of the three.
+    one_f_one_b = predict_step(model, cluster, ParallelConfig(**knobs))
+    interleaved = predict_step(model, cluster, ParallelConfig(
+        **knobs, schedule="interleaved", virtual_pipeline=2))
+    assert predicted.compute_s == pytest.approx(one_f_one_b.compute_s, rel=1e-12)
+    assert predicted.bubble_s < interleaved.bubble_s < one_f_one_b.bubble_s
+    # Every rank holds p + 1/2 micro-batches (PP + 1 chunks): more than 1F1B's first rank.
+    assert predicted.memory_gib_per_gpu > one_f_one_b.memory_gib_per_gpu

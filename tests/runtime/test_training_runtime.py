@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import (
     Schedule1F1B,
+    ScheduleDualPipeV,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
     ScheduleInterleavedZeroBubble,
@@ -84,6 +85,12 @@ def test_stage_split_and_interleaved_ownership() -> None:
     assert [zbv.stage_rank(c) for c in range(4)] == [0, 1, 1, 0]
     with pytest.raises(ValueError, match="exactly 2 chunks"):
         _spec(pp=2, virtual=1, schedule="zbv")
+    dualpipev = _spec(pp=2, virtual=2, schedule="dualpipev")  # DualPipeV: the same V
+    assert dualpipev.stage_indices(0) == [0, 3] and dualpipev.stage_indices(1) == [1, 2]
+    with pytest.raises(ValueError, match=r"at least as many micro-batches \(3\) as stages \(4\)"):
+        _spec(pp=2, virtual=2, schedule="dualpipev", micro_batches=3)
+    with pytest.raises(ValueError, match="exactly 2 chunks"):
+        _spec(pp=1, virtual=4, schedule="dualpipev")
     with pytest.raises(ValueError, match="1F1B needs at least"):
         _spec(pp=4, micro_batches=2, schedule="1f1b")
     with pytest.raises(ValueError, match="virtual stages need an interleaved"):
@@ -139,6 +146,7 @@ def test_schedule_names_map_to_torch_schedules() -> None:
     assert schedule_class("interleaved", 2) is ScheduleInterleaved1F1B
     assert schedule_class("interleaved_zb", 2) is ScheduleInterleavedZeroBubble
     assert schedule_class("zbv", 2) is ScheduleZBVZeroBubble
+    assert schedule_class("dualpipev", 2) is ScheduleDualPipeV
     with pytest.raises(ValueError, match="virtual"):
         schedule_class("interleaved", 1)
 
@@ -246,6 +254,27 @@ def test_pp2_dp2_zbv_zero_bubble_trains_as_one_process() -> None:
     # Zero-bubble weight gradients are written by hand: FSDP2 still reduces them (DDP would
     # not, trap 1). The tied embedding's two copies are both on pipeline rank 0 (V order).
     _train(GPT, _spec(pp=2, dp=2, virtual=2, schedule="zbv", zero_stage=1))
+
+
+def test_a_dualpipev_plan_of_the_zoo_llama_trains_as_one_process() -> None:
+    # DeepSeek's DualPipeV (torch's ScheduleDualPipeV) from a Plan: pipeline 2 x data 2,
+    # 4 chunks in V order (rank 0 holds the first and the last: the embedding and the
+    # head), 4 micro-batches (torch asks one per stage at least), FSDP2 reducing the
+    # hand-written weight gradients of its split backwards.
+    from planner.cluster import Cluster
+    from planner.parallel import ParallelConfig
+    from planner.training import training_plan
+
+    parallel = ParallelConfig(pipeline=2, data=2, micro_batch_size=1, global_batch_size=8,
+                              schedule="dualpipev", virtual_pipeline=2, zero_stage=1,
+                              precision="fp32", engine="tessel")
+    plan = training_plan("llama", LLAMA, Cluster.load("cpu").with_devices(4), parallel)
+    assert [s.chunks for s in plan.stages] == [[(0, 1), (3, 4)], [(1, 2), (2, 3)]]
+    spec = from_training_plan(plan)
+    assert (spec.schedule, spec.num_micro_batches, spec.degrees) == (
+        "dualpipev", 4, Degrees(pp=2, dp=2))
+    assert spec.stage_indices(0) == [0, 3] and spec.stage_indices(1) == [1, 2]
+    _train(LLAMA, spec)
 
 
 def test_dp4_zero3_adamw_trains_as_one_process_and_shards_every_parameter() -> None:

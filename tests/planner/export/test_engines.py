@@ -87,6 +87,12 @@ CASES = {
         "llama3-8b", "dgx-h100", 64, {**FULL, "tensor": 2, "pipeline": 4,
                                       "sequence_parallel": True, "global_batch_size": 256,
                                       "schedule": "interleaved", "virtual_pipeline": 2}),
+    "llama3-8b-32gpus-dualpipev": Case(
+        "llama3-8b", "dgx-h100", 32, {**FULL, "tensor": 2, "pipeline": 4, "zero_stage": 3,
+                                      "sequence_parallel": True, "global_batch_size": 64,
+                                      "schedule": "dualpipev", "virtual_pipeline": 2,
+                                      "engine": "torchtitan", "overlap_grad_reduce": True,
+                                      "overlap_param_gather": True}),
     "llama3-70b-256gpus-context-parallel": Case(
         "llama3-70b", "dgx-h100", 256, {**FULL, "tensor": 8, "pipeline": 2, "context": 2,
                                         "sequence_parallel": True, "global_batch_size": 256}),
@@ -176,6 +182,9 @@ RUNS = {
     "gpt3-2.7b-16gpus-tp2-sp-zero0": {"megatron", "pytorch", "slurm", "ray"},
     "llama3-8b-8gpus-zero3": {"torchtitan", "deepspeed", "pytorch", "slurm", "ray"},
     "llama3-8b-64gpus-interleaved": {"megatron", "torchtitan", "pytorch", "slurm", "ray"},
+    # DualPipeV: TorchTitan's; Megatron-LM has no such schedule, the PyTorch script lays
+    # chunks out in loop order only.
+    "llama3-8b-32gpus-dualpipev": {"torchtitan"},
     "llama3-70b-256gpus-context-parallel": {"megatron", "torchtitan", "slurm", "ray"},
     "mixtral-8x7b-64gpus-expert-parallel": {"megatron", "slurm", "ray"},
     "gpt3-175b-1024gpus-t8p8": {"megatron", "slurm", "ray"},
@@ -385,6 +394,28 @@ def test_torchtitan_config_passes_its_config_manager_and_parallel_dims(
         pp=p.pipeline_parallel_degree, ep=p.expert_parallel_degree,
         etp=p.expert_tensor_parallel_degree, world_size=plan.num_gpus)
     assert (dims.tp, dims.pp, dims.cp) == (q.tensor, q.pipeline, q.context)
+
+
+def test_a_dualpipev_plan_is_torchtitan_s_dualpipev_and_not_megatron_s() -> None:
+    """Checks: the TOML names TorchTitan's "DualPipeV", lists the parts in model order
+    (TorchTitan places them in V order itself), and reads back as the plan's schedule;
+    Megatron-LM, which has no DualPipe schedule, refuses it whatever else the plan holds."""
+    from planner.export.megatron import megatron_incompatibility
+    from planner.torchtitan import torchtitan_job
+
+    plan = plan_of("llama3-8b-32gpus-dualpipev")
+    toml = emitted("llama3-8b-32gpus-dualpipev", "torchtitan")["torchtitan.toml"]
+    config = tomllib.loads(toml)
+    assert config["parallelism"]["pipeline_parallel_schedule"] == "DualPipeV"
+    assert len(config["parallelism"]["module_fqns_per_model_part"]) == 8
+    run = torchtitan_job(config, plan.num_gpus, "torchtitan.toml")
+    assert (run.parallel.schedule, run.parallel.virtual_pipeline) == ("dualpipev", 2)
+    assert (run.parallel.pipeline, run.parallel.tensor) == (4, 2)
+    megatron_knobs = ParallelConfig(tensor=2, pipeline=4, global_batch_size=64,
+                                    schedule="dualpipev", virtual_pipeline=2).resolve(32)
+    assert "DualPipeV" in megatron_incompatibility(megatron_knobs, [8, 8, 8, 8])
+    one_f_one_b = ParallelConfig(tensor=2, pipeline=4, global_batch_size=64).resolve(32)
+    assert megatron_incompatibility(one_f_one_b, [8, 8, 8, 8]) is None
 
 
 # ---------------------------------------------------------------------------- DeepSpeed

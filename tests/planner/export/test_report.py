@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from headless_chromium import chromium, pixels_of, render
 
+from cost_models.pipeline_schedule import dualpipev_bubble, dualpipev_chunk
+from cost_models.step_time import StagePhases
 from planner.cli.main import main
 from planner.export.report import CHARTS
 from planner.plan import Plan
@@ -28,7 +30,13 @@ LLAMA_RUN = ["llama3-70b", "--cluster", "dgx-h100", "--gpus", "256", "--global-b
              "512", "--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "4",
              "--micro-batch-size", "1", "--use-distributed-optimizer",
              "--recompute-granularity", "full", "--train-tokens", "1T", "--top", "1"]
-CASES = {"gpt3-175b": (GPT3_175B, CHARTS[:-1]), "llama3-70b-1T": (LLAMA_RUN, CHARTS)}
+# DeepSeek's DualPipeV, as TorchTitan runs it: two chunks per stage in V order.
+DUALPIPEV = ["llama3-8b", "--cluster", "dgx-h100", "--gpus", "32", "--global-batch-size", "64",
+             "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "4",
+             "--micro-batch-size", "1", "--schedule", "dualpipev", "--engine", "torchtitan",
+             "--top", "1"]
+CASES = {"gpt3-175b": (GPT3_175B, CHARTS[:-1]), "llama3-70b-1T": (LLAMA_RUN, CHARTS),
+         "llama3-8b-dualpipev": (DUALPIPEV, CHARTS[:-1])}
 needs_chromium = pytest.mark.skipif(
     chromium() is None, reason="Debian's chromium is not installed (`make browser` installs "
     "it where apt-get can reach Debian's packages); the page is checked without rendering")
@@ -103,6 +111,36 @@ def test_the_whole_run_report_shows_time_cost_and_failures(reports) -> None:
     assert row["expected_days"] == pytest.approx(plan.training.expected_days)
     assert row["expected_cost_usd"] >= row["cost_usd"] > 0
     assert 0 < row["ettr"] < 1
+
+
+def test_a_dualpipev_report_draws_its_v_and_the_report_s_bubble(reports) -> None:
+    page, plan = reports["llama3-8b-dualpipev"]
+    assert plan.schedule == "dualpipev" and plan.parallel.virtual_pipeline == 2
+    # V order: stage r holds chunks r and 2p - 1 - r of the model's 2p.
+    assert [stage.chunks for stage in plan.stages] == [
+        [(0, 4), (28, 32)], [(4, 8), (24, 28)], [(8, 12), (20, 24)], [(12, 16), (16, 20)]]
+    t = page_data(page)["timeline"]
+    assert (t["schedule"], t["virtual"], t["stages"]) == ("dualpipev", 2, 4)
+    b = plan.predicted.breakdown
+    assert t["predicted_pipeline_s"] == pytest.approx(
+        b.compute_s + b.tensor_parallel_comm_s + b.pipeline_comm_s + b.bubble_s)
+    # The bubble the plan predicts is DeepSeek-V3's formula over the slowest stage's two
+    # chunks (with the second chunk's transfers, as interleaving counts them).
+    s = max((StagePhases(**stage.phases_s) for stage in plan.stages), key=lambda s: s.total)
+    f, bw, w = dualpipev_chunk(s.forward + s.forward_communication,
+                               s.recompute + s.backward + s.backward_communication,
+                               s.backward, s.transfer)
+    m = plan.num_micro_batches
+    assert b.bubble_s == pytest.approx(dualpipev_bubble(4, f, bw, w) + m * s.transfer)
+    # Laid out operation by operation the step lasts about that: the closed form is exact
+    # where a chunk's I lasts its F and the stages are equal, and these differ a little.
+    assert t["pipeline_s"] == pytest.approx(t["predicted_pipeline_s"], rel=5e-2)
+    kinds = {t["kinds"][bar[3]] for bar in t["bars"]}
+    assert {"forward", "backward", "communication", "bubble"} <= kinds
+    assert {bar[5] for bar in t["bars"] if bar[4] >= 0} == {0, 1}  # both chunks drawn
+    # The plan's row names its schedule, not "v2" (which reads as interleaving).
+    label = page_data(page)["plans"][0]["label"]
+    assert label.endswith(" dualpipev") and " v2" not in label
 
 
 class Marks(HTMLParser):

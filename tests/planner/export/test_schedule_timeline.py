@@ -10,6 +10,11 @@ import itertools
 import pytest
 
 from cost_models.pipeline_memory import StageLayout
+from cost_models.pipeline_schedule import (
+    dualpipev_bubble,
+    dualpipev_chunk,
+    dualpipev_pipeline_seconds,
+)
 from planner.cluster import Cluster
 from planner.export.schedule_timeline import Bar, StagePhases, Timeline, pipeline_timeline
 from planner.export.stage_times import plan_pipeline_seconds, stage_times
@@ -124,6 +129,44 @@ def test_interleaving_m_not_a_multiple_of_p_runs_one_round(p: int, m: int, v: in
         pipeline_timeline([STAGE] * 4, 9, "interleaved", 2)
 
 
+def test_dualpipev_s_timeline_waits_the_report_s_bubble() -> None:
+    # Chunks whose I lasts as long as their F (the kernel model's matmuls: backward twice
+    # the forward, W half of it; collectives alike both ways): every rank waits exactly
+    # (p - 1)(F&B + B - 3W) (DeepSeek-V3 report Table 2), and the whole lasts what the
+    # step-time model says: 2 m (F + B) plus that.
+    stage = StagePhases(forward=1.0, backward=2.0, forward_communication=0.25,
+                        backward_communication=0.25, transfer=0.2)
+    for p, m in ((2, 4), (4, 8), (4, 11), (3, 9)):
+        timeline = pipeline_timeline([stage] * p, m, "dualpipev", 2)
+        check_consistent(timeline)
+        f, b, w = dualpipev_chunk(1.25, 2.25, 2.0, 0.2)
+        assert b - w == pytest.approx(f)
+        bubble = dualpipev_bubble(p, f, b, w)
+        assert timeline.length == pytest.approx(
+            dualpipev_pipeline_seconds(p, m, 1.25, 2.25, 2.0, 0.2))
+        assert timeline.length == pytest.approx(2 * m * (f + b) + bubble)
+        for rank in range(p):
+            waits = sum(bar.end - bar.start for bar in work(timeline, rank, "bubble"))
+            assert waits == pytest.approx(bubble), (p, m, rank)
+            # Two chunks in V order: rank r holds stages r and 2p - 1 - r, each of which
+            # runs every micro-batch forward.
+            forwards = {(bar.chunk, bar.micro_batch) for bar in work(timeline, rank, "forward")}
+            assert forwards == set(itertools.product(range(2), range(m)))
+
+
+def test_dualpipev_draws_split_backwards_as_their_two_halves() -> None:
+    p, m = 2, 4
+    timeline = pipeline_timeline([STAGE] * p, m, "dualpipev", 2)
+    check_consistent(timeline)
+    # Rank 0 runs 0I2 0W2 0I3 0W3 last (ScheduleDualPipeV's step 8): four backward bars,
+    # an I's a quarter of the stage's backward (half the chunk's) less W, a W the other.
+    tail = sorted(work(timeline, 0, "backward"), key=lambda bar: bar.start)[-4:]
+    assert [bar.end - bar.start for bar in tail] == pytest.approx([0.5] * 4)
+    assert [(bar.chunk, bar.micro_batch) for bar in tail] == [(0, 2), (0, 2), (0, 3), (0, 3)]
+    for rank in range(p):
+        assert timeline.busy(rank) == pytest.approx(m * STAGE.total)
+
+
 def test_bad_inputs_are_refused() -> None:
     for schedule in ("zigzag", "zbv"):  # ZB-V splits a backward StagePhases keeps whole
         with pytest.raises(ValueError, match="cannot draw"):
@@ -159,6 +202,10 @@ def _plans():
     yield "gpipe, no sequence parallelism", model, a100.with_devices(256), ParallelConfig(
         tensor=4, pipeline=16, micro_batch_size=1, global_batch_size=256, recompute="full",
         schedule="gpipe")
+    yield "dualpipev, selective, torchtitan", model, a100.with_devices(512), ParallelConfig(
+        tensor=8, pipeline=8, micro_batch_size=1, global_batch_size=512,
+        recompute="selective", sequence_parallel=True, schedule="dualpipev",
+        virtual_pipeline=2, engine="torchtitan", zero_stage=1)
 
 
 @pytest.mark.parametrize("case", list(_plans()), ids=lambda case: case[0])
@@ -171,8 +218,9 @@ def test_the_plan_s_stage_phases_give_its_pipeline_time(case) -> None:
                                  parallel.virtual_pipeline)
     # The last stage (output layer and loss) is the slowest: 1F1B and GPipe give the
     # formula exactly. Interleaving is laid out approximately (a chunk as 1/v of its
-    # stage), and the formula charges its fill at the slowest stage's pace.
-    rel = 1e-2 if plan.schedule == "interleaved" else 1e-9
+    # stage), and the formula charges its fill at the slowest stage's pace; so does
+    # DualPipeV's, whose closed form is exact only where a chunk's I lasts its F.
+    rel = {"interleaved": 1e-2, "dualpipev": 2e-2}.get(plan.schedule, 1e-9)
     assert timeline.length == pytest.approx(times.pipeline_s, rel=rel)
 
 

@@ -208,6 +208,18 @@ def test_interleaved_parts_as_given_or_generated() -> None:
     assert "makes 9 stages" in error_of(text + "pipeline_parallel_layers_per_stage = 4\n", 16)
 
 
+def test_dualpipev_parts_run_in_v_order() -> None:
+    # TorchTitan's "DualPipeV" (torch's ScheduleDualPipeV): two parts per rank, placed in
+    # V order by pipeline_module_split's "v" style, rank r holding parts r and 2 pp - 1 - r.
+    text = (LLAMA8 + "[training]\nlocal_batch_size = 4\n[parallelism]\n"
+            'pipeline_parallel_degree = 2\npipeline_parallel_schedule = "DualPipeV"\n')
+    generated = job(text, 16)
+    q = generated.parallel
+    assert (q.schedule, q.virtual_pipeline, q.num_micro_batches) == ("dualpipev", 2, 4)
+    assert generated.chunk_layers == [8, 9, 8, 7]
+    assert generated.layers_per_stage == [8 + 7, 9 + 8]  # parts 0 and 3, 1 and 2
+
+
 @pytest.mark.parametrize("table, expected", [
     ('mode = "none"', ("none", 1)),
     ('mode = "full"', ("full", 1)),
@@ -298,7 +310,15 @@ BAD = {
         "TorchTitan refuses the two together"),
     "unpriced schedule": (LLAMA8 + "[parallelism]\npipeline_parallel_degree = 2\n"
                           'pipeline_parallel_schedule = "ZBVZeroBubble"\n',
-                          "Tessel prices 1F1B, Interleaved1F1B and GPipe"),
+                          "Tessel prices 1F1B, Interleaved1F1B, GPipe and DualPipeV"),
+    "dualpipev of three parts a rank": (
+        LLAMA8 + "[parallelism]\npipeline_parallel_degree = 2\n"
+        'pipeline_parallel_schedule = "DualPipeV"\npipeline_parallel_layers_per_stage = 6\n',
+        "runs exactly two model parts per rank"),
+    "dualpipev of too few micro-batches": (
+        LLAMA8 + "[training]\nlocal_batch_size = 3\n[parallelism]\n"
+        'pipeline_parallel_degree = 2\npipeline_parallel_schedule = "DualPipeV"\n',
+        "DualPipeV needs at least 4 micro-batches"),
     "unknown schedule": (LLAMA8 + "[parallelism]\npipeline_parallel_degree = 2\n"
                          'pipeline_parallel_schedule = "2F2B"\n',
                          "is not a schedule of torch.distributed.pipelining"),
