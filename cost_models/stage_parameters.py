@@ -5,7 +5,12 @@ The zoo transformer (`planner.models.transformer`) in Megatron-LM's tensor-paral
 as the runtime (`runtime/parallelize.py`) places it: q, k, v, fc1 (gate, up) and the LM
 head column-parallel (dim 0 split, biases too), o_proj and fc2 (down) row-parallel (dim 1
 split, bias replicated), the token embedding split over the vocabulary (dim 0), norms,
-router and learned positions replicated. Data parallelism with ZeRO 1-3 (FSDP2) then
+router and learned positions replicated. Multi-latent attention as Megatron-Core splits it:
+the down projections to the query and key/value latents (and the latents' norms)
+replicated, the up projections column-parallel by heads, the output projection row-
+parallel; attention sinks split by heads; a shared expert as a dense MLP. Multi-token-
+prediction layers sit on the last chunk (``mtp.K.``: norms replicated, eh_proj column-
+parallel, a block as above), each its own ZeRO unit. Data parallelism with ZeRO 1-3 (FSDP2) then
 shards dim 0 of each rank's tensor-parallel piece over the data-parallel ranks (and the
 context-parallel ones, which see other tokens), padding dim 0 to a multiple of them; a
 dim already split by tensor parallelism is split again, which DTensor writes as a strided
@@ -19,7 +24,7 @@ import math
 from dataclasses import dataclass
 
 from cost_models.memory import StateElementBytes
-from planner.models.config import TransformerConfig
+from planner.models.config import LayerKind, TransformerConfig
 
 
 @dataclass(frozen=True)
@@ -42,47 +47,91 @@ def chunk_parameters(
     model: TransformerConfig, layers: tuple[int, int], first: bool, last: bool
 ) -> list[ParameterLayout]:
     """The parameters of the chunk holding `layers`, with the embeddings if it is the
-    `first` chunk and the final norm and head if it is the `last` (a tied head's copy
-    under the embedding's name when the chunk is last but not first, as Megatron keeps)."""
+    `first` chunk and the final norm, head and multi-token-prediction layers if it is the
+    `last` (a copy of the token embedding when the chunk is last but not first and a tied
+    head or the MTP layers read it, as Megatron keeps)."""
     h, v = model.hidden_size, model.vocab_size
     out: list[ParameterLayout] = []
-    if first or (last and model.tie_embeddings):
+    if first or (last and (model.tie_embeddings or model.mtp_num_layers)):
         out.append(ParameterLayout("embed.weight", (v, h), 0, "root"))
     if first and model.position_embedding == "learned":
         out.append(ParameterLayout("pos_embed.weight", (model.max_position_embeddings, h),
                                    None, "root"))
+    kinds = model.layer_kinds()
     for index in range(*layers):
-        out += _layer(model, index)
+        out += _layer(model, f"layers.{index}", kinds[index])
     if last:
         out += _norm(model, "final_norm", "root")
         if not model.tie_embeddings:
             out.append(ParameterLayout("lm_head.weight", (v, h), 0, "root"))
+        for k in range(model.mtp_num_layers):
+            group = f"mtp.{k}"
+            out += _norm(model, group + ".enorm", group) + _norm(model, group + ".hnorm", group)
+            out.append(ParameterLayout(group + ".eh_proj.weight", (h, 2 * h), 0, group))
+            out += _layer(model, group + ".block", model.mtp_kind(), group)
+            out += _norm(model, group + ".final_norm", group)
     return out
 
 
-def _layer(model: TransformerConfig, index: int) -> list[ParameterLayout]:
-    h, kv = model.hidden_size, model.num_kv_heads * model.head_dim
-    group = f"layers.{index}"
-    prefix = f"{group}."
+def _layer(
+    model: TransformerConfig, prefix: str, kind: LayerKind, group: str | None = None,
+) -> list[ParameterLayout]:
+    group = prefix if group is None else group
+    prefix += "."
     out = _norm(model, prefix + "attn_norm", group)
-    for name, rows, dim in (("q_proj", h, 0), ("k_proj", kv, 0), ("v_proj", kv, 0),
-                            ("o_proj", h, 1)):
-        out += _linear(model, prefix + "attn." + name, rows, h, dim, group)
+    out += _attention(model, prefix + "attn.", group)
     out += _norm(model, prefix + "mlp_norm", group)
-    if model.is_moe:
-        out += _linear(model, prefix + "mlp.router", model.num_experts, h, None, group)
+    if kind.moe:
+        assert model.num_experts is not None
+        out += _linear(model, prefix + "mlp.router", model.num_experts, model.hidden_size,
+                       None, group)
         for e in range(model.num_experts):
             out += [
                 ParameterLayout(p.name, p.shape, p.tensor_dim, group, expert=e)
-                for p in _mlp(model, f"{prefix}mlp.experts.{e}.", group)
+                for p in _mlp(model, f"{prefix}mlp.experts.{e}.", group, model.expert_ffn_size)
             ]
+        shared = model.moe_shared_expert_intermediate_size
+        if shared:
+            out += _mlp(model, prefix + "mlp.shared_experts.", group, shared)
     else:
-        out += _mlp(model, prefix + "mlp.", group)
+        out += _mlp(model, prefix + "mlp.", group, model.ffn_size)
     return out
 
 
-def _mlp(model: TransformerConfig, prefix: str, group: str) -> list[ParameterLayout]:
-    h, f = model.hidden_size, model.ffn_size
+def _attention(model: TransformerConfig, prefix: str, group: str) -> list[ParameterLayout]:
+    h, heads = model.hidden_size, model.num_attention_heads
+    out: list[ParameterLayout] = []
+    if model.multi_latent_attention:
+        q_width = heads * (model.qk_head_dim + model.qk_pos_emb_head_dim)
+        kv_rows = heads * (model.qk_head_dim + model.v_head_dim)
+        latent = model.kv_lora_rank
+        if model.q_lora_rank is None:
+            out.append(ParameterLayout(prefix + "q_proj.weight", (q_width, h), 0, group))
+        else:
+            q_rank = model.q_lora_rank
+            out.append(ParameterLayout(prefix + "q_down_proj.weight", (q_rank, h), None, group))
+            out += _norm(model, prefix + "q_norm", group, q_rank)
+            out.append(ParameterLayout(prefix + "q_up_proj.weight", (q_width, q_rank), 0, group))
+        out.append(ParameterLayout(prefix + "kv_down_proj.weight",
+                                   (latent + model.qk_pos_emb_head_dim, h), None, group))
+        out += _norm(model, prefix + "kv_norm", group, latent)
+        out.append(ParameterLayout(prefix + "kv_up_proj.weight", (kv_rows, latent), 0, group))
+        out.append(ParameterLayout(prefix + "o_proj.weight", (h, model.value_width), 1, group))
+        return out
+    kv = model.num_kv_heads * model.head_dim
+    for name, rows, cols, dim in (("q_proj", model.query_width, h, 0), ("k_proj", kv, h, 0),
+                                  ("v_proj", kv, h, 0), ("o_proj", h, model.value_width, 1)):
+        out += _linear(model, prefix + name, rows, cols, dim, group)
+    if model.qk_layernorm:
+        out += _norm(model, prefix + "q_norm", group, model.head_dim)
+        out += _norm(model, prefix + "k_norm", group, model.head_dim)
+    if model.softmax_type == "learnable":
+        out.append(ParameterLayout(prefix + "sinks", (heads,), 0, group))
+    return out
+
+
+def _mlp(model: TransformerConfig, prefix: str, group: str, f: int) -> list[ParameterLayout]:
+    h = model.hidden_size
     if model.activation == "swiglu":
         names = (("gate_proj", f, h, 0), ("up_proj", f, h, 0), ("down_proj", h, f, 1))
     else:
@@ -104,10 +153,13 @@ def _linear(
     return out
 
 
-def _norm(model: TransformerConfig, name: str, group: str) -> list[ParameterLayout]:
-    out = [ParameterLayout(name + ".weight", (model.hidden_size,), None, group)]
+def _norm(
+    model: TransformerConfig, name: str, group: str, width: int | None = None,
+) -> list[ParameterLayout]:
+    width = model.hidden_size if width is None else width
+    out = [ParameterLayout(name + ".weight", (width,), None, group)]
     if model.norm != "rmsnorm":
-        out.append(ParameterLayout(name + ".bias", (model.hidden_size,), None, group))
+        out.append(ParameterLayout(name + ".bias", (width,), None, group))
     return out
 
 

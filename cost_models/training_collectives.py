@@ -106,14 +106,17 @@ def rank_collectives(
     mine = [c for c, r in enumerate(layout.chunk_ranks) if r == pp_rank]
     last = len(layout.chunks) - 1
     m = layout.num_micro_batches
-    per_layer = layer_collectives(model, layout)
+    kinds = model.layer_kinds()
     for c in mine:
         first_chunk, last_chunk = c == 0, c == last
         layers = layout.chunks[c]
         params = chunk_parameters(model, layers, first_chunk, last_chunk)
         num_layers = layers[1] - layers[0]
-        out += _scaled(per_layer, num_layers * m)
+        for index in range(*layers):  # dense and MoE layers apart
+            out += _scaled(layer_collectives(model.for_layer(kinds[index]), layout), m)
         out += _scaled(end_collectives(model, layout, first_chunk, last_chunk), m)
+        if last_chunk:
+            out += _scaled(_mtp_collectives(model, layout), m)
         if layout.tensor > 1 and layout.sequence_parallel:
             out += _norm_gradients(model, layout, num_layers, last_chunk)
         out += _expert_gradients(model, layout, params)
@@ -187,21 +190,31 @@ def _layer_tensor_parallel(model: TransformerConfig, layout: RankLayout) -> list
     hidden = _hidden_bytes(model, layout)
     sp, full = layout.sequence_parallel, layout.recompute == "full"
     # The attention, and a dense MLP the same: its input gathered (or its gradient
-    # reduced) once, its output reduced.
+    # reduced) once, its output reduced. Multi-latent attention reduces its latents'
+    # gradients instead of its input's (runtime.stages.StageMLAttention).
     dense = 1 if model.is_moe else 2
+    reduced_inputs = dense - model.multi_latent_attention
     if sp:
         out = [Collective("all_gather", "tp", "forward", dense, hidden),
                Collective("reduce_scatter", "tp", "forward", dense, hidden),
-               Collective("reduce_scatter", "tp", "backward", dense, hidden),
+               Collective("reduce_scatter", "tp", "backward", reduced_inputs, hidden),
                Collective("all_gather", "tp", "backward", dense, hidden)]
         if full:  # rerun: the block inputs' gathers and the attention output's scatter
             out += [Collective("all_gather", "tp", "recompute", dense, hidden),
                     Collective("reduce_scatter", "tp", "recompute", 1, hidden)]
     else:
         out = [Collective("all_reduce", "tp", "forward", dense, hidden),
-               Collective("all_reduce", "tp", "backward", dense, hidden)]
+               Collective("all_reduce", "tp", "backward", reduced_inputs, hidden)]
         if full:  # rerun up to the attention output's reduction
             out.append(Collective("all_reduce", "tp", "recompute", 1, hidden))
+    if model.multi_latent_attention:
+        # The query latent's (or, without one, the input's through q_proj), the key/value
+        # latent's and the shared rotary key's gradients, summed over the heads' ranks.
+        per_token = layout.micro_batch_size * model.seq_length // layout.context \
+            * layout.element_bytes
+        q_latent = model.q_lora_rank or model.hidden_size
+        out += [Collective("all_reduce", "tp", "backward", 1, per_token * width)
+                for width in (q_latent, model.kv_lora_rank, model.qk_pos_emb_head_dim)]
     if model.is_moe:
         # Every expert (this rank's, under expert parallelism) reduces its output, and each
         # of its column-parallel inputs' gradients, on its own. Under expert parallelism
@@ -210,17 +223,43 @@ def _layer_tensor_parallel(model: TransformerConfig, layout: RankLayout) -> list
         experts = model.num_experts // layout.expert
         inputs = 2 if model.activation == "swiglu" else 1
         gathered = layout.expert == 1 or layout.expert_dispatcher == "allgather"
-        rows = hidden * layout.expert if gathered else hidden * model.moe_top_k
+        # Dispatched all-to-all, an expert runs on the pairs routed to it: ep k / E of
+        # a rank's tokens under even routing (exact under forced balance).
+        rows = hidden * layout.expert if gathered else \
+            hidden * model.moe_top_k * layout.expert // model.num_experts
         out += [Collective("all_reduce", "tp", "forward", experts, rows),
                 Collective("all_reduce", "tp", "backward", experts * inputs, rows)]
+        shared = 1 if model.moe_shared_expert_intermediate_size else 0
+        # The shared expert the same way, on the rank's own tokens.
+        out += [Collective("all_reduce", "tp", "forward", shared, hidden),
+                Collective("all_reduce", "tp", "backward", shared * inputs, hidden)]
         if sp:  # the MLP input gathered; its output cut to sequence shards (backward: gather)
             out += [Collective("all_gather", "tp", "forward", 1, hidden),
                     Collective("all_gather", "tp", "backward", 1, hidden)]
         if full:
-            out.append(Collective("all_reduce", "tp", "recompute", experts, rows))
+            out += [Collective("all_reduce", "tp", "recompute", experts, rows),
+                    Collective("all_reduce", "tp", "recompute", shared, hidden)]
             if sp:
                 out.append(Collective("all_gather", "tp", "recompute", 1, hidden))
     return out
+
+
+def _mtp_collectives(model: TransformerConfig, layout: RankLayout) -> list[Collective]:
+    """The multi-token-prediction layers' collectives for one micro-batch, on the last
+    chunk: per layer, tensor parallelism's embedding of the next tokens (vocabulary-
+    parallel), eh_proj (column-parallel, output gathered: its input's gradient reduced)
+    and the head, and its block's (never recomputed: it is not checkpointed)."""
+    if not model.mtp_num_layers:
+        return []
+    block = [c for c in layer_collectives(model.for_layer(model.mtp_kind()), layout)
+             if c.phase != "recompute"]
+    out = list(block)
+    if layout.tensor > 1:
+        hidden = _hidden_bytes(model, layout)
+        out += [*end_collectives(model, layout, True, True),
+                Collective("all_gather", "tp", "forward", 1, hidden),
+                Collective("all_reduce", "tp", "backward", 1, 2 * hidden)]
+    return _scaled(out, model.mtp_num_layers)
 
 
 def _norm_gradients(
@@ -364,7 +403,8 @@ def _tied_embedding(
     model: TransformerConfig, layout: RankLayout, pp_rank: int
 ) -> list[Collective]:
     ranks = layout.chunk_ranks
-    if not model.tie_embeddings or ranks[0] == ranks[-1] or pp_rank not in (ranks[0], ranks[-1]):
+    shared = model.tie_embeddings or model.mtp_num_layers > 0  # MTP embeds on the last
+    if not shared or ranks[0] == ranks[-1] or pp_rank not in (ranks[0], ranks[-1]):
         return []
     embed = ParameterLayout("embed.weight", (model.vocab_size, model.hidden_size), 0, "root")
     shards = layout.data * layout.context

@@ -223,6 +223,9 @@ class RunSettings(_Model):
     fp8_recipe: str = Field(default="delayed", description="fp8 scaling recipe.")
     moe_token_dispatcher: str = Field(default="allgather", description="How tokens reach "
                                       "their experts: allgather, alltoall or flex.")
+    moe_router_force_load_balancing: bool = Field(
+        default=False, description="Routers assign tokens to experts evenly by a fixed rule "
+        "(--moe-router-force-load-balancing): dispatch bytes known in advance.")
     cuda_graphs: bool = Field(default=False, description="Layers captured in CUDA graphs.")
     engine: Literal["megatron", "torchtitan", "tessel"] = Field(
         default="megatron", description="The engine that runs the plan, whose memory "

@@ -41,9 +41,12 @@ DISPATCHERS = ("allgather", "alltoall")
 
 
 class ExpertParallelMoE(nn.Module):
-    """This rank's experts of one MoE MLP, with the replicated router."""
+    """This rank's experts of one MoE MLP, with the replicated router and the shared
+    expert (which runs on the rank's own tokens, as a dense MLP does)."""
 
     routing_weights = MoEMLP.routing_weights
+    route = MoEMLP.route
+    _group_limited_topk = MoEMLP._group_limited_topk
 
     def __init__(
         self, moe: MoEMLP, ep_group: dist.ProcessGroup, ep_rank: int, ep: int,
@@ -57,7 +60,10 @@ class ExpertParallelMoE(nn.Module):
             raise ValueError(f"expert parallelism {ep} must divide the {num_experts} experts")
         per_rank = num_experts // ep
         self.top_k = moe.top_k
+        self.score_function, self.force_balance = moe.score_function, moe.force_balance
+        self.num_groups, self.group_topk = moe.num_groups, moe.group_topk
         self.router = moe.router
+        self.shared_experts = moe.shared_experts
         self.experts = nn.ModuleDict({
             str(e): moe.experts[e] for e in range(ep_rank * per_rank, (ep_rank + 1) * per_rank)
         })
@@ -67,6 +73,12 @@ class ExpertParallelMoE(nn.Module):
         self.dispatcher = dispatcher
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self._routed(x)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return out
+
+    def _routed(self, x: torch.Tensor) -> torch.Tensor:
         if self.dispatcher == "alltoall":
             return self._forward_alltoall(x)
         weights = self.routing_weights(x)
@@ -82,9 +94,8 @@ class ExpertParallelMoE(nn.Module):
         b, s, h = x.shape
         flat = x.reshape(-1, h)
         # The routing of MoEMLP.routing_weights, kept sparse: top-k experts and weights.
-        probs = torch.softmax(self.router(flat).float(), dim=-1)
-        top, index = probs.topk(self.top_k, dim=-1)
-        top = (top / top.sum(dim=-1, keepdim=True)).to(x.dtype)
+        top, index = self.route(x)
+        top, index = top.reshape(-1, self.top_k), index.reshape(-1, self.top_k)
         experts = index.reshape(-1)
         order = torch.argsort(experts, stable=True)
         token_of_pair = torch.arange(flat.shape[0]).repeat_interleave(self.top_k)[order]
@@ -122,10 +133,12 @@ def expert_mesh(world_mesh: DeviceMesh, ep: int) -> DeviceMesh:
 def apply_expert_parallel(
     stage: nn.Module, mesh: DeviceMesh, dispatcher: str = "allgather",
 ) -> None:
-    """Replace each block's MoE MLP by this rank's experts of it (on the meta device)."""
+    """Replace each block's MoE MLP (multi-token-prediction blocks' too) by this rank's
+    experts of it (on the meta device)."""
     ep = mesh["ep"].size()
     ep_rank = mesh["ep"].get_local_rank()
-    for block in stage.layers.values():
+    blocks = stage.blocks() if hasattr(stage, "blocks") else stage.layers.values()
+    for block in blocks:
         if isinstance(block.mlp, MoEMLP):
             block.mlp = ExpertParallelMoE(
                 block.mlp, mesh["ep"].get_group(), ep_rank, ep, dispatcher

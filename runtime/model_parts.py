@@ -30,6 +30,16 @@ class ZooParts:
 
     def check(self, spec: RunSpec) -> None:
         """Raise ValueError if `spec` asks for what this model cannot run."""
+        c, problems = self.config, []
+        if c.qk_layernorm and spec.degrees.tp > 1:
+            problems.append("QK layer norm under tensor parallelism (its weight's gradient "
+                            "sums over the ranks' heads) is not run yet")
+        if c.mtp_num_layers and spec.sequence_parallel:
+            problems.append("multi-token prediction with sequence parallelism is not run yet")
+        if c.mtp_num_layers and c.position_embedding == "learned":
+            problems.append("multi-token prediction with learned positions is not run yet")
+        if problems:
+            raise ValueError("; ".join(problems) + ".")
 
     def build_stage(self, layers: tuple[int, int], first: bool, last: bool) -> nn.Module:
         """Layers [first, last) on the meta device, embeddings / head on the end stages."""
@@ -47,12 +57,16 @@ class ZooParts:
         """Give the meta stage this rank's shards of the initial values."""
         materialize(stage, seed)
 
-    def reference(self, seed: int) -> nn.Module:
+    def reference(self, seed: int, force_balance: bool = False) -> nn.Module:
         """The whole model in one process with the same initial values."""
-        return build_reference(self.config, seed)
+        return build_reference(self.config, seed, force_balance)
 
-    def logits(self, reference: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-        """The reference's logits on `tokens`."""
+    def logits(self, reference: nn.Module, tokens: torch.Tensor,
+               targets: torch.Tensor | None = None):
+        """The reference's logits on `tokens` (with MTP layers and `targets`: logits and
+        the MTP loss, what `runtime.training.lm_loss` takes)."""
+        if self.config.mtp_num_layers and targets is not None:
+            return reference(tokens, mtp_targets=targets)
         return reference(tokens)
 
 
@@ -96,10 +110,11 @@ class HFParts(ZooParts):
     def materialize(self, stage: nn.Module, seed: int) -> None:
         self.hf.materialize_hf_stage(stage, seed)
 
-    def reference(self, seed: int) -> nn.Module:
+    def reference(self, seed: int, force_balance: bool = False) -> nn.Module:
         return self.hf.build_hf_reference(self.hf_config, seed)
 
-    def logits(self, reference: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    def logits(self, reference: nn.Module, tokens: torch.Tensor,
+               targets: torch.Tensor | None = None) -> torch.Tensor:
         return self.hf.hf_logits(reference, tokens)
 
 

@@ -40,7 +40,7 @@ from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -50,7 +50,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from runtime.stages import StageAttention, StageModule
+from runtime.stages import StageMLAttention, StageModule
 
 
 def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
@@ -58,7 +58,6 @@ def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_para
     tp = tp_mesh.size()
     if tp == 1:
         return
-    moe = stage.config.is_moe
     seq = Shard(1) if sequence_parallel else Replicate()
     if stage.embed is not None:
         parallelize_module(stage, tp_mesh, {
@@ -66,54 +65,8 @@ def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_para
         })
         if sequence_parallel and stage.first_stage:
             stage.scatter_sequence = SequenceScatter(tp_mesh)
-    for block in stage.layers.values():
-        attn: StageAttention = block.attn
-        attn.local_heads(tp)
-        plan = {
-            "attn.q_proj": ColwiseParallel(),
-            "attn.k_proj": ColwiseParallel(),
-            "attn.v_proj": ColwiseParallel(),
-            "attn.o_proj": RowwiseParallel(output_layouts=seq),
-        }
-        swiglu = stage.config.activation == "swiglu"
-        mlp_in, mlp_out = (("gate_proj", "up_proj"), "down_proj") if swiglu else (
-            ("fc1",), "fc2")
-        if moe:
-            # Every expert split as a dense MLP is; the router replicated. Each expert's
-            # output is all-reduced (Replicate) before its routing weight scales it, and the
-            # weighted sum is cut to sequence shards under sequence parallelism.
-            # (MoEMLP's experts, or this rank's under expert parallelism, by global index.)
-            for e, _ in block.mlp.experts.named_children():
-                prefix = f"mlp.experts.{e}."
-                plan.update({prefix + name: ColwiseParallel() for name in mlp_in})
-                plan[prefix + mlp_out] = RowwiseParallel(output_layouts=Replicate())
-        else:
-            plan.update({f"mlp.{name}": ColwiseParallel() for name in mlp_in})
-            plan[f"mlp.{mlp_out}"] = RowwiseParallel(output_layouts=seq)
-        # Each block's attention and MLP input becomes one replicated DTensor that q, k and
-        # v (gate and up) all read: their input gradients add up as partial sums and are
-        # reduced once (one all-reduce, or one reduce-scatter under sequence parallelism),
-        # as Megatron's fused QKV and FC1 do, instead of once per projection.
-        # Block calls attn(x, rotary); rotary is None (StageAttention makes it).
-        plan["attn"] = PrepareModuleInput(
-            input_layouts=(seq, None), desired_input_layouts=(Replicate(), None)
-        )
-        if not moe:
-            plan["mlp"] = PrepareModuleInput(
-                input_layouts=(seq,), desired_input_layouts=(Replicate(),)
-            )
-        if sequence_parallel:
-            plan.update({
-                "attn_norm": SequenceParallel(),
-                "mlp_norm": SequenceParallel(),
-            })
-            if moe:
-                plan["mlp"] = PrepareModuleInputOutput(
-                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
-                    use_local_input=True, output_layouts=(Replicate(),),
-                    desired_output_layouts=(Shard(1),), use_local_output=True,
-                )
-        parallelize_module(block, tp_mesh, plan)
+    for block in stage.blocks():
+        _block_tensor_parallel(stage.config, block, tp_mesh, sequence_parallel)
     if stage.last_stage:
         plan = {}
         if stage.lm_head is not None:
@@ -122,7 +75,86 @@ def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_para
             stage.head_input_layout = seq
         if sequence_parallel:
             plan["final_norm"] = SequenceParallel()
+        for k in range(len(stage.mtp or ())):
+            # Megatron-Core's MTP eh_proj: column-parallel, its output gathered for the
+            # block; the norms replicated.
+            plan[f"mtp.{k}.eh_proj"] = ColwiseParallel(output_layouts=Replicate())
         parallelize_module(stage, tp_mesh, plan)
+
+
+def _block_tensor_parallel(
+    config, block: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool,
+) -> None:
+    """One block's Megatron layout: attention heads split, its MLP (or each expert, and
+    the shared expert) column- then row-parallel."""
+    seq = Shard(1) if sequence_parallel else Replicate()
+    attn = block.attn
+    attn.local_heads(tp_mesh.size())
+    if isinstance(attn, StageMLAttention):
+        # Down projections to the latents (and the latents' norms) replicated, the up
+        # projections column-parallel, the output row-parallel (Megatron-Core's MLA). The
+        # block input reaches attention as a plain tensor: the up projections' Colwise
+        # reduces the latents' gradients, so the input's own gradient is complete.
+        q_in = "attn.q_proj" if hasattr(attn, "q_proj") else "attn.q_up_proj"
+        plan = {q_in: ColwiseParallel(), "attn.kv_up_proj": ColwiseParallel(),
+                "attn.o_proj": RowwiseParallel(output_layouts=seq),
+                "attn": PrepareModuleInput(input_layouts=(seq, None),
+                                           desired_input_layouts=(Replicate(), None),
+                                           use_local_output=True)}
+        attn.k_pos_gradient_mesh = tp_mesh
+    else:
+        plan = {
+            "attn.q_proj": ColwiseParallel(),
+            "attn.k_proj": ColwiseParallel(),
+            "attn.v_proj": ColwiseParallel(),
+            "attn.o_proj": RowwiseParallel(output_layouts=seq),
+        }
+        # Each block's attention input becomes one replicated DTensor that q, k and v
+        # all read: their input gradients add up as partial sums and are reduced once
+        # (one all-reduce, or one reduce-scatter under sequence parallelism), as
+        # Megatron's fused QKV does, instead of once per projection.
+        # Block calls attn(x, rotary); rotary is None (StageAttention makes it).
+        plan["attn"] = PrepareModuleInput(
+            input_layouts=(seq, None), desired_input_layouts=(Replicate(), None)
+        )
+    swiglu = config.activation == "swiglu"
+    mlp_in, mlp_out = (("gate_proj", "up_proj"), "down_proj") if swiglu else (
+        ("fc1",), "fc2")
+    moe = hasattr(block.mlp, "experts")
+    if moe:
+        # Every expert split as a dense MLP is; the router replicated. Each expert's
+        # output is all-reduced (Replicate) before its routing weight scales it, and the
+        # weighted sum is cut to sequence shards under sequence parallelism.
+        # (MoEMLP's experts, or this rank's under expert parallelism, by global index.)
+        # The shared expert likewise, on the rank's own tokens.
+        prefixes = [f"mlp.experts.{e}." for e, _ in block.mlp.experts.named_children()]
+        if getattr(block.mlp, "shared_experts", None) is not None:
+            prefixes.append("mlp.shared_experts.")
+        for prefix in prefixes:
+            plan.update({prefix + name: ColwiseParallel() for name in mlp_in})
+            plan[prefix + mlp_out] = RowwiseParallel(output_layouts=Replicate())
+    else:
+        plan.update({f"mlp.{name}": ColwiseParallel() for name in mlp_in})
+        plan[f"mlp.{mlp_out}"] = RowwiseParallel(output_layouts=seq)
+        # The MLP input likewise: gate and up (fc1) read one replicated DTensor.
+        plan["mlp"] = PrepareModuleInput(
+            input_layouts=(seq,), desired_input_layouts=(Replicate(),)
+        )
+    if sequence_parallel:
+        plan.update({
+            "attn_norm": SequenceParallel(),
+            "mlp_norm": SequenceParallel(),
+        })
+        if moe:
+            plan["mlp"] = PrepareModuleInputOutput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                use_local_input=True, output_layouts=(Replicate(),),
+                desired_output_layouts=(Shard(1),), use_local_output=True,
+            )
+    parallelize_module(block, tp_mesh, plan)
+    if getattr(attn, "sinks", None) is not None:
+        # GPT-OSS's attention sinks, one per head: split with the heads.
+        attn.sinks = nn.Parameter(distribute_tensor(attn.sinks, tp_mesh, [Shard(0)]))
 
 
 def keep_gradients_sharded(module: nn.Module) -> None:
@@ -186,7 +218,8 @@ def apply_recompute(stage: StageModule, recompute: str) -> None:
         for name, block in list(stage.layers.items()):
             stage.layers[name] = checkpoint_wrapper(block)
     elif recompute == "selective":
-        for block in stage.layers.values():
+        blocks = stage.blocks() if hasattr(stage, "blocks") else stage.layers.values()
+        for block in blocks:
             block.attn.recompute_core = True
 
 
@@ -200,12 +233,14 @@ def apply_data_parallel(
     if dp_mesh.size() == 1:
         return
     ignored = ignored or None
+    # One unit per block and per multi-token-prediction layer, then the stage's rest.
+    units = list(stage.layers.values()) + list(getattr(stage, "mtp", None) or ())
     if zero_stage == 0:
-        for block in stage.layers.values():
+        for block in units:
             replicate(block, mesh=dp_mesh, ignored_params=ignored)
         replicate(stage, mesh=dp_mesh, ignored_params=ignored)
         return
     reshard = zero_stage == 3
-    for block in stage.layers.values():
+    for block in units:
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, ignored_params=ignored)
     fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard, ignored_params=ignored)

@@ -44,6 +44,9 @@ class RunSpec:
     expert_dispatcher: str = "allgather"
     """Token dispatch of expert parallelism: allgather or alltoall (Megatron's
     --moe-token-dispatcher-type)."""
+    force_balance: bool = False
+    """Forced load balancing of the routers (--moe-router-force-load-balancing): every
+    expert gets the same tokens (`planner.models.transformer.forced_experts`)."""
 
     def __post_init__(self) -> None:
         d = self.degrees
@@ -90,6 +93,10 @@ class RunSpec:
             problems.append("expert_dispatcher must be allgather or alltoall")
         if d.cp > 1 and self.expert > 1:
             problems.append("expert parallelism with context parallelism is not run yet")
+        if d.cp > 1 and self.force_balance:
+            problems.append("forced load balancing routes by sequence position, which a "
+                            "context shard does not see whole; not run with context "
+                            "parallelism")
         if problems:
             raise ValueError("; ".join(problems) + ".")
 
@@ -181,6 +188,8 @@ def from_training_plan(plan) -> RunSpec:
         expert=p.expert,
         # DeepEP's flex dispatcher moves what all-to-all does; torch runs the all-to-all.
         expert_dispatcher=_dispatcher(getattr(plan, "run", None)),
+        force_balance=bool(getattr(getattr(plan, "run", None),
+                                   "moe_router_force_load_balancing", False)),
     )
     planned = getattr(plan, "global_batch_size", None)
     if planned is not None and planned != spec.global_batch_size:

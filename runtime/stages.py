@@ -23,7 +23,8 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Replicate
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.utils.checkpoint import checkpoint
 
@@ -31,9 +32,15 @@ from planner.models.config import TransformerConfig
 from planner.models.transformer import (
     Attention,
     Block,
+    MLAttention,
+    MTPLayer,
     RMSNorm,
     Transformer,
     apply_rotary,
+    attention_core,
+    attention_mask,
+    mtp_cross_entropy,
+    mtp_depth_inputs,
     rotary_tables,
 )
 
@@ -71,8 +78,8 @@ class StageAttention(Attention):
     recomputation).
     """
 
-    def __init__(self, config: TransformerConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: TransformerConfig, window: int | None = None) -> None:
+        super().__init__(config, window)
         self.rope = config.position_embedding == "rope"
         self.rotary_base = config.rotary_base
         self.recompute_core = False
@@ -92,22 +99,82 @@ class StageAttention(Attention):
         q = self._split_heads(self.q_proj(x), self.num_heads)
         k = self._split_heads(self.k_proj(x), self.num_kv_heads)
         v = self._split_heads(self.v_proj(x), self.num_kv_heads)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         context = self.context
         first = context.offset(s) if context is not None else 0
         if self.rope:
             rotary = rotary_tables(first + s, self.head_dim, self.rotary_base, q)
             rotary = (rotary[0][first:], rotary[1][first:])
             q, k = apply_rotary(q, rotary), apply_rotary(k, rotary)
-        mask = None
         if context is not None:
             # Context parallelism: every rank's keys and values gathered over the context
             # group (backward: reduce-scattered), queries stay local; the causal mask is
             # offset by the rank's first position.
             k = funcol.all_gather_tensor_autograd(k, 2, context.group)
             v = funcol.all_gather_tensor_autograd(v, 2, context.group)
-            positions = torch.arange(first, first + s, device=q.device)
-            mask = torch.arange(k.shape[2], device=q.device)[None, :] <= positions[:, None]
         k, v = self._repeat_kv(k), self._repeat_kv(v)
+        y = self._core(q, k, v, first, context is not None)
+        return self.o_proj(y.transpose(1, 2).reshape(b, s, -1))
+
+    def _core(self, q, k, v, first: int, offset: bool) -> torch.Tensor:
+        """The attention core, with an explicit mask where a context shard, a window or
+        sinks need one; recomputed in backward under selective recomputation."""
+        mask = None
+        sinks = getattr(self, "sinks", None)
+        if offset or self.window is not None or sinks is not None:
+            positions = torch.arange(first, first + q.shape[2], device=q.device)
+            mask = attention_mask(positions, k.shape[2], self.window)
+        if isinstance(sinks, DTensor):  # tensor parallelism: this rank's heads' sinks
+            sinks = sinks.to_local()
+        extra = () if sinks is None else (sinks,)
+        if self.recompute_core:
+            return checkpoint(_attention_core, q, k, v, mask, *extra, use_reentrant=False)
+        return _attention_core(q, k, v, mask, *extra)
+
+
+class StageMLAttention(MLAttention):
+    """The zoo's multi-latent attention, runnable on a tensor-parallel shard of its heads
+    (Megatron-Core's layout: the down projections to the latents replicated, the up
+    projections column-parallel by heads, the output projection row-parallel), with the
+    rotary tables, context shards and selective recomputation of `StageAttention`.
+
+    Under tensor parallelism the rotary key part, which every head reads, is held whole on
+    every rank; its gradient sums over the ranks' heads (`sum_gradient_over`: one all-reduce
+    in backward). The latents' gradients are reduced by the up projections'
+    ColwiseParallel, so the block input's gradient is complete on every rank and needs no
+    reduction of its own."""
+
+    def __init__(self, config: TransformerConfig, window: int | None = None) -> None:
+        super().__init__(config, window)
+        self.rotary_base = config.rotary_base
+        self.recompute_core = False
+        self.context: ContextShard | None = None
+        self.k_pos_gradient_mesh: DeviceMesh | None = None
+        """Set by tensor parallelism: the tensor mesh the rotary key's gradient sums over."""
+
+    def local_heads(self, tensor_parallel: int) -> None:
+        if self.num_heads % tensor_parallel:
+            raise ValueError(
+                f"tensor parallelism {tensor_parallel} must divide the {self.num_heads} heads")
+        self.num_heads //= tensor_parallel
+
+    def forward(self, x: torch.Tensor, rotary=None) -> torch.Tensor:
+        b, s, _ = x.shape
+        mesh = self.k_pos_gradient_mesh
+        hook = None if mesh is None else sum_gradient_over(mesh)
+        q_nope, q_pos, k_nope, k_pos, v = self.project(x, hook)
+        context = self.context
+        first = context.offset(s) if context is not None else 0
+        rotary = rotary_tables(first + s, self.pos_dim, self.rotary_base, q_nope)
+        q, k = self.join(q_nope, q_pos, k_nope, k_pos, (rotary[0][first:], rotary[1][first:]))
+        if context is not None:
+            k = funcol.all_gather_tensor_autograd(k, 2, context.group)
+            v = funcol.all_gather_tensor_autograd(v, 2, context.group)
+        mask = None
+        if context is not None or self.window is not None:
+            positions = torch.arange(first, first + s, device=q.device)
+            mask = attention_mask(positions, k.shape[2], self.window)
         if self.recompute_core:
             y = checkpoint(_attention_core, q, k, v, mask, use_reentrant=False)
         else:
@@ -115,12 +182,31 @@ class StageAttention(Attention):
         return self.o_proj(y.transpose(1, 2).reshape(b, s, -1))
 
 
+def sum_gradient_over(mesh: DeviceMesh):
+    """Identity forward; backward, the gradient summed over `mesh` (one all-reduce): for a
+    tensor every rank holds whole whose consumers are split over the ranks."""
+
+    def hook(t: torch.Tensor) -> torch.Tensor:
+        whole = DTensor.from_local(t, mesh, [Replicate()], run_check=False)
+        return whole.to_local(grad_placements=[Partial()])
+
+    return hook
+
+
 def _attention_core(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return attention_core(q, k, v, mask, sinks)
+
+
+def stage_block(config: TransformerConfig, kind) -> Block:
+    """A zoo block of `kind` whose attention is the stage's (`StageAttention` or
+    `StageMLAttention`)."""
+    block = Block(config, kind)
+    cls = StageMLAttention if config.multi_latent_attention else StageAttention
+    block.attn = cls(config, kind.window)
+    return block
 
 
 @dataclass(frozen=True)
@@ -163,17 +249,29 @@ class StageModule(nn.Module):
         self.layer_range = layers
         self.first_stage, self.last_stage = first_stage, last_stage
         h = config.hidden_size
+        # The last stage holds the token embedding too for a tied head, and for the
+        # multi-token-prediction layers, which embed the next tokens (Megatron-LM keeps
+        # it there for both and keeps the copies' gradients equal).
+        mtp = last_stage and config.mtp_num_layers > 0
         tied_head = last_stage and config.tie_embeddings
-        self.embed = nn.Embedding(config.vocab_size, h) if first_stage or tied_head else None
+        self.embed = (nn.Embedding(config.vocab_size, h)
+                      if first_stage or tied_head or mtp else None)
         self.pos_embed = None
         if first_stage and config.position_embedding == "learned":
             self.pos_embed = nn.Embedding(config.max_position_embeddings, h)
         self.layers = nn.ModuleDict()
+        kinds = config.layer_kinds()
         for index in range(*layers):
-            block = Block(config)
-            block.attn = StageAttention(config)
-            self.layers[str(index)] = block
+            self.layers[str(index)] = stage_block(config, kinds[index])
         self.final_norm = _norm_like(config) if last_stage else None
+        # Multi-token prediction on the last stage, as Megatron-LM places it.
+        self.mtp = None
+        if mtp:
+            self.mtp = nn.ModuleList()
+            for _ in range(config.mtp_num_layers):
+                layer = MTPLayer(config)
+                layer.block = stage_block(config, config.mtp_kind())
+                self.mtp.append(layer)
         # An nn.Linear (not the zoo's LMHead) so ColwiseParallel can shard it; same weight
         # name and value (LMHead of an untied model is F.linear without bias).
         self.lm_head = None
@@ -191,10 +289,14 @@ class StageModule(nn.Module):
         """Run on this rank's slice of the sequence: positions offset, attention over
         every rank's keys and values."""
         self.context = context
-        for block in self.layers.values():
+        for block in self.blocks():
             block.attn.context = context
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def blocks(self) -> list[nn.Module]:
+        """Every transformer block of the stage: its layers', then its MTP layers'."""
+        return list(self.layers.values()) + [layer.block for layer in self.mtp or ()]
+
+    def forward(self, x: torch.Tensor, mtp_targets: torch.Tensor | None = None):
         if self.first_stage:
             ids = x
             x = self.embed(ids)
@@ -208,10 +310,31 @@ class StageModule(nn.Module):
             x = layer(x)
         if self.last_stage:
             x = self.final_norm(x)
-            if self.lm_head is None:  # tied: the head is the token embedding
-                return tied_head(x, self.embed.weight, self.head_input_layout)
-            x = self.lm_head(x)
+            logits = self._head(x)
+            if self.mtp is None or mtp_targets is None:
+                return logits
+            # The MTP layers' mean loss rides with the logits to the loss function
+            # (planner.models.transformer.lm_loss), as in the zoo's Transformer.
+            losses = []
+            for depth, layer in enumerate(self.mtp, start=1):
+                ids, labels = mtp_depth_inputs(mtp_targets, depth)
+                x = layer(x, self.embed(ids))
+                losses.append(mtp_cross_entropy(self._head(x), labels, depth))
+            return logits, torch.stack(losses).mean()
         return x
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        if self.lm_head is None:  # tied: the head is the token embedding
+            return tied_head(x, self.embed.weight, self.head_input_layout)
+        return self.lm_head(x)
+
+
+def force_load_balancing(stage: nn.Module) -> None:
+    """Route every MoE MLP of the stage by forced load balancing
+    (`planner.models.transformer.forced_experts`)."""
+    for module in stage.modules():
+        if hasattr(module, "force_balance"):
+            module.force_balance = True
 
 
 def tied_head(x: torch.Tensor, weight: torch.Tensor, input_layout=None) -> torch.Tensor:
@@ -265,10 +388,14 @@ def materialize(module: nn.Module, seed: int, device: str | torch.device = "cpu"
             del full
 
 
-def build_reference(config: TransformerConfig, seed: int) -> Transformer:
+def build_reference(
+    config: TransformerConfig, seed: int, force_balance: bool = False,
+) -> Transformer:
     """The whole model in one process with the values the stages get."""
     with torch.device("meta"):
         model = Transformer(config)
+    if force_balance:
+        force_load_balancing(model)
     model.to_empty(device="cpu")
     with torch.no_grad():
         for name, param in model.named_parameters():

@@ -20,12 +20,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from planner.models.config import TransformerConfig
+from planner.models.transformer import lm_loss as zoo_lm_loss
 from runtime import checkpoint
 from runtime.activation_counter import ActivationCounter
 from runtime.comm_counter import CommCounter
@@ -48,7 +48,7 @@ from runtime.parallelize import (
 from runtime.resilience import Resilience, restart_count
 from runtime.schedule import build_schedule, stage_shapes
 from runtime.spec import RunSpec
-from runtime.stages import ContextShard, clean_name
+from runtime.stages import ContextShard, clean_name, force_load_balancing
 
 OPTIMIZERS = {
     "sgd": (torch.optim.SGD, {"lr": 0.1}),
@@ -58,9 +58,11 @@ OPTIMIZERS = {
 }
 
 
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy over every position of the batch."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+def lm_loss(output, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over every position of the batch, plus the scaled
+    multi-token-prediction loss when the last stage returns one with its logits
+    (`planner.models.transformer.lm_loss`, the zoo's own training loss)."""
+    return zoo_lm_loss(output, targets)
 
 
 def _optimizer(params: list[nn.Parameter], name: str) -> torch.optim.Optimizer:
@@ -85,7 +87,7 @@ class PipelineTrainer(checkpoint.Checkpointing):
         mesh: DeviceMesh | None = None, hf_config: dict[str, Any] | None = None,
         count_activations: bool = False,
     ) -> None:
-        self.config, self.spec = config, spec
+        self.config, self.spec, self.hf_config = config, spec, hf_config
         parts = model_parts(config, hf_config)
         parts.check(spec)
         self.mesh = mesh if mesh is not None else build_mesh(spec.degrees)
@@ -113,6 +115,8 @@ class PipelineTrainer(checkpoint.Checkpointing):
             )
             if self.context is not None:
                 stage.set_context(self.context)
+            if spec.force_balance:
+                force_load_balancing(stage)
             if self.expert_mesh is not None:
                 apply_expert_parallel(stage, self.expert_mesh, spec.expert_dispatcher)
             parts.tensor_parallel(stage, self.mesh["tp"], spec.sequence_parallel)
@@ -137,6 +141,12 @@ class PipelineTrainer(checkpoint.Checkpointing):
             )
             for index in self.modules
         }
+        last = spec.num_stages - 1
+        if last in shapes and hf_config is None and config.mtp_num_layers:
+            # The last stage returns (logits, MTP loss): one output each.
+            inputs, logits = shapes[last]
+            shapes[last] = (inputs, (logits, torch.empty((), device="meta",
+                                                         requires_grad=True)))
         self.activations = ActivationCounter() if count_activations else None
         loss_fn = lm_loss
         if self.activations is not None:
@@ -158,6 +168,13 @@ class PipelineTrainer(checkpoint.Checkpointing):
         bound_timeouts([g for m in meshes for g in m.get_all_groups()]
                        + [self.embedding_group])
 
+    @property
+    def _shared_embedding(self) -> bool:
+        """Whether the last stage holds a copy of the token embedding: for a tied head, or
+        for multi-token-prediction layers (zoo models only)."""
+        mtp = self.hf_config is None and self.config.mtp_num_layers > 0
+        return self.config.tie_embeddings or mtp
+
     def _embedding_group(self) -> dist.ProcessGroup | None:
         """Megatron's embedding group: the pipeline ranks of the first and the last stage,
         which both hold the tied token embedding, one group per pipeline. Every rank
@@ -165,7 +182,7 @@ class PipelineTrainer(checkpoint.Checkpointing):
         one rank runs both stages (no pipeline, or ZBV's V order)."""
         spec = self.spec
         first, last = spec.stage_rank(0), spec.stage_rank(spec.num_stages - 1)
-        if not self.config.tie_embeddings or first == last:
+        if not self._shared_embedding or first == last:
             return None
         ranks = self.mesh.mesh.reshape(spec.degrees.pp, -1)
         mine = None
@@ -180,7 +197,7 @@ class PipelineTrainer(checkpoint.Checkpointing):
         """Both copies of a tied embedding get the sum of their gradients, so both take the
         same step: added locally when one rank holds both, else one all-reduce over the
         embedding group per shard."""
-        if not self.config.tie_embeddings or self.spec.num_stages == 1:
+        if not self._shared_embedding or self.spec.num_stages == 1:
             return
         grads = []
         for module in self.modules.values():
@@ -212,9 +229,14 @@ class PipelineTrainer(checkpoint.Checkpointing):
         kwargs: dict[str, Any] = {}
         if self.is_last:
             kwargs = {"target": self._local_batch(targets), "losses": losses}
+        if self.hf_config is None and self.config.mtp_num_layers:
+            # Every stage's forward takes them (torch hands step's keyword arguments to
+            # all stages, split into micro-batches); the last stage's MTP layers read them.
+            kwargs["mtp_targets"] = self._local_batch(targets)
         if self.activations is not None:
             self.activations.start_step()
-        self.schedule.step(*args, **kwargs)
+        # The last stage's outputs are not merged: an MTP model's are (logits, loss).
+        self.schedule.step(*args, return_outputs=False, **kwargs)
         if self.activations is not None:
             self.saved_activations = self.activations.per_micro_batch()
         self._sum_tied_embedding_gradients()
@@ -382,11 +404,11 @@ def train_reference(
     transformers' own causal LM), whole batch. Returns the losses and the final
     parameters."""
     parts = model_parts(config, hf_config)
-    model = parts.reference(seed)
+    model = parts.reference(seed, spec.force_balance)
     opt = _optimizer(list(model.parameters()), optimizer)
     losses = []
     for tokens, targets in batches(config, spec, steps, seed):
-        loss = lm_loss(parts.logits(model, tokens), targets)
+        loss = lm_loss(parts.logits(model, tokens, targets), targets)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

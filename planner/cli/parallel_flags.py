@@ -135,6 +135,12 @@ def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
         default=None, help="how tokens reach their experts (default: searched)",
     )
     add(
+        "--moe-router-force-load-balancing", dest="moe_router_force_load_balancing",
+        action="store_true", default=None,
+        help="route tokens to experts evenly by a fixed rule, whatever the router scores "
+        "(all-to-all bytes then known in advance; plan check compares them exactly)",
+    )
+    add(
         "--cuda-graph-impl", dest="cuda_graph_impl",
         choices=("none", "local", "transformer_engine"), default=None,
         help="capture each layer in CUDA graphs (local or transformer_engine), so small "
@@ -183,7 +189,7 @@ def fixed_knobs(args: argparse.Namespace, num_layers: int) -> dict[str, Any]:
     knobs["precision"] = args.precision
     for name in ("overlap_param_gather", "tp_comm_overlap", "attention_backend",
                  "recompute_method", "recompute_num_layers", "fp8_recipe",
-                 "moe_token_dispatcher", "engine"):
+                 "moe_token_dispatcher", "moe_router_force_load_balancing", "engine"):
         knobs[name] = getattr(args, name)
     if args.cuda_graph_impl is not None:
         knobs["cuda_graphs"] = args.cuda_graph_impl != "none"

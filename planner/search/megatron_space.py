@@ -189,6 +189,7 @@ def run_settings(fixed: dict[str, Any], cluster: Cluster, tensor: int,
         compile=compiled,
         fp8_param_gather=fixed.get("fp8_param_gather", False) and (
             not titan or (zero_stage == 3 and data > 1)),
+        moe_router_force_load_balancing=fixed.get("moe_router_force_load_balancing", False),
     )
 
 

@@ -1,0 +1,88 @@
+"""A tiny DeepSeek-V3-shaped zoo model (multi-latent attention, a dense first layer, a
+shared expert, 8 fine-grained routed experts with top-2 sigmoid routing limited to 2 of 4
+groups, one multi-token-prediction layer) planned and trained as `plan check` does, on 8
+real gloo ranks, with forced load balancing and the all-to-all dispatcher: ep2 x tp2 x pp2
+and ep4 x dp2 (expert-data 2 inside data 8) with ZeRO-1. Each plan trains as one process
+does (losses and parameters within 1e-4), every rank issues exactly the collectives the
+Plan predicts, kind by kind in count and bytes, all-to-all included, and holds the model
+state (parameters, gradients, optimizer state; expert and non-expert) the Plan predicts,
+within 1%. Both plans share one launch of the 8 ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.cluster import Cluster
+from planner.models.config import TransformerConfig
+from planner.parallel import ParallelConfig
+from planner.training import training_plan
+from planner.training_check import MEMORY_TOLERANCE, compare
+from runtime.elastic import launch
+from runtime.spec import from_training_plan
+from runtime.training import merge_results, relative_errors, train_reference
+
+DEEPSEEK_V3_TINY = TransformerConfig(
+    num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=128, seq_length=16,
+    norm="rmsnorm", activation="swiglu", position_embedding="rope", tie_embeddings=False,
+    bias=False, ffn_hidden_size=96, multi_latent_attention=True, q_lora_rank=24,
+    kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=8, v_head_dim=8, num_experts=8,
+    moe_top_k=2, moe_ffn_hidden_size=16, moe_shared_expert_intermediate_size=16,
+    moe_layer_freq=[0, 1], moe_router_score_function="sigmoid", moe_router_num_groups=4,
+    moe_router_group_topk=2, mtp_num_layers=1,
+)
+# Every parameter's dim 0 divides by 8, so ZeRO's shards are even on every rank (the
+# rotary width 8 makes kv_down_proj's 16 + 8 rows).
+GPUS, STEPS = 8, 2
+# name -> the plan's fixed knobs
+LAYOUTS = {
+    "ep2-tp2-pp2": dict(tensor=2, pipeline=2, expert=2, global_batch_size=4, zero_stage=0),
+    "ep4-dp2-zero1": dict(tensor=1, pipeline=1, expert=4, global_batch_size=8, zero_stage=1),
+}
+
+
+def _plan(knobs: dict):
+    parallel = ParallelConfig(
+        **knobs, micro_batch_size=1, precision="fp32", engine="tessel",
+        moe_token_dispatcher="alltoall", moe_router_force_load_balancing=True,
+    )
+    return training_plan("deepseek-v3-tiny", DEEPSEEK_V3_TINY,
+                         Cluster.load("cpu").with_devices(GPUS), parallel)
+
+
+def _train_each(rank: int, world: int, runs: list) -> list[dict]:
+    from runtime.training import train_on_rank
+
+    return [train_on_rank(rank, world, config, spec, STEPS, 0, "adamw")
+            for config, spec in runs]
+
+
+@pytest.mark.timeout(300)
+def test_tiny_deepseek_v3_plans_train_as_one_process_and_as_predicted() -> None:
+    plans = {name: _plan(knobs) for name, knobs in LAYOUTS.items()}
+    specs = {name: from_training_plan(plan) for name, plan in plans.items()}
+    assert all(spec.force_balance and spec.expert_dispatcher == "alltoall"
+               for spec in specs.values())
+    results = launch(_train_each, GPUS, [(DEEPSEEK_V3_TINY, s) for s in specs.values()])
+    for index, (name, plan) in enumerate(plans.items()):
+        ranks = [r[index] for r in results]
+        losses, params = merge_results(ranks)
+        ref_losses, ref_params = train_reference(DEEPSEEK_V3_TINY, specs[name], STEPS, 0,
+                                                 "adamw")
+        loss_err, param_err = relative_errors(losses, params, ref_losses, ref_params)
+        assert loss_err < 1e-4 and param_err < 1e-4, (name, losses, ref_losses)
+        assert any(n.startswith("mtp.0.block.mlp.experts.") for n in params)
+        comparison = compare(plan, [r["coords"] for r in ranks],
+                             [r["collectives"] for r in ranks],
+                             [r["local_bytes"] for r in ranks], STEPS)
+        assert comparison.passed, (name, comparison.mismatches)
+        # Every rank's collectives equal the Plan's, the all-to-all dispatch included (on
+        # the last pipeline stage, which holds the MoE layer and the MTP layer's).
+        assert comparison.measured == comparison.predicted
+        last = plan.parallel.pipeline - 1
+        assert all(kinds["all_to_all"]["count"] > 0
+                   for kinds, r in zip(comparison.measured, ranks) if r["coords"]["pp"] == last)
+        # Model state per rank, expert and non-expert together, within 1% (ZeRO-1's
+        # gradients are held sharded by FSDP2 and marked, not compared).
+        compared = [row for row in comparison.memory if not row.note]
+        assert len(compared) == GPUS * (2 if plan.parallel.zero_stage == 1 else 3)
+        assert all(row.relative_error <= MEMORY_TOLERANCE for row in compared)
