@@ -26,6 +26,17 @@ VALUE_FLAGS: dict[str, tuple[str, int]] = {
     "--rotary-base": ("rotary_base", 1 << 31),
     "--num-experts": ("num_experts", 1 << 14),
     "--moe-router-topk": ("moe_top_k", 1 << 10),
+    "--kv-channels": ("kv_channels", 1 << 20),
+    "--q-lora-rank": ("q_lora_rank", 1 << 20),
+    "--kv-lora-rank": ("kv_lora_rank", 1 << 20),
+    "--qk-head-dim": ("qk_head_dim", 1 << 20),
+    "--qk-pos-emb-head-dim": ("qk_pos_emb_head_dim", 1 << 20),
+    "--v-head-dim": ("v_head_dim", 1 << 20),
+    "--moe-ffn-hidden-size": ("moe_ffn_hidden_size", 1 << 22),
+    "--moe-shared-expert-intermediate-size": ("moe_shared_expert_intermediate_size", 1 << 22),
+    "--moe-router-num-groups": ("moe_router_num_groups", 1 << 14),
+    "--moe-router-group-topk": ("moe_router_group_topk", 1 << 14),
+    "--mtp-num-layers": ("mtp_num_layers", 1 << 10),
 }
 # Megatron-LM's spellings of the choice fields -> ours.
 NORMALIZATION = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}
@@ -35,6 +46,8 @@ SWITCHES: dict[str, tuple[str, Any]] = {
     "--swiglu": ("activation", "swiglu"),
     "--untie-embeddings-and-output-weights": ("tie_embeddings", False),
     "--disable-bias-linear": ("bias", False),
+    "--multi-latent-attention": ("multi_latent_attention", True),
+    "--qk-layernorm": ("qk_layernorm", True),
 }
 # TransformerConfig field -> the flag that sets it, for messages that name the flag.
 _FLAG_OF = {

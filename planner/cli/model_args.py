@@ -9,6 +9,7 @@ from typing import Any
 from planner.cli.errors import UsageError
 from planner.cli.parsing import gibibytes, seconds, whole
 from planner.cluster import Cluster
+from planner.megatron.arguments import layer_pattern
 from planner.model_flags import NORMALIZATION, POSITION_EMBEDDING, SWITCHES, VALUE_FLAGS
 from planner.model_spec import ACCEPTED_FORMS, LoadedModel
 from planner.models.config import TransformerConfig
@@ -75,11 +76,16 @@ def add_model_shape_flags(parser: argparse.ArgumentParser) -> None:
     for flag, (field, _) in SWITCHES.items():
         dest = flag.removeprefix("--").replace("-", "_")
         group.add_argument(flag, dest=dest, action="store_true", help=_help(field))
+    # Megatron-LM's moe_freq_type: N, or a 0/1 list expression such as "([0]*3+[1]*58)",
+    # read without eval (planner.megatron.arguments.layer_pattern).
+    group.add_argument("--moe-layer-freq", dest="moe_layer_freq", type=layer_pattern,
+                       default=None, metavar="N|PATTERN", help=_help("moe_layer_freq"))
 
 
 def shape_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The TransformerConfig fields the command line gave, and only those."""
     shape = {field: getattr(args, field) for field, _ in VALUE_FLAGS.values()}
+    shape["moe_layer_freq"] = getattr(args, "moe_layer_freq", None)
     if args.normalization:
         shape["norm"] = NORMALIZATION[args.normalization]
     if args.position_embedding_type:

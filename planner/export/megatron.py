@@ -31,6 +31,14 @@ def megatron_incompatibility(
         return "sequence parallelism without tensor parallelism"
     if parallel.expert > 1 and parallel.tensor > 1 and not parallel.sequence_parallel:
         return "expert with tensor parallelism but no sequence parallelism"
+    if parallel.overlap_moe_expert_parallel_comm and (
+            parallel.expert == 1 or parallel.moe_token_dispatcher == "allgather"
+            or parallel.recompute == "full" or "moe" in parallel.recompute_modules
+            or parallel.precision == "fp32" or (p > 1 and parallel.virtual_pipeline == 1)):
+        # Megatron-Core's TransformerConfig.__post_init__ rules for the A2A overlap.
+        return ("the expert all-to-all overlap without expert parallelism, the alltoall or "
+                "flex dispatcher, bf16, virtual stages under a pipeline, or with full or MoE "
+                "recomputation")
     if chunk_layers is not None:
         return None  # the account-for flags or the layout string say any chunk sizes
     middle = layers_per_stage[1:-1]
@@ -59,6 +67,71 @@ def _accounted_ends(chunk_layers: list[int]) -> tuple[bool, bool] | None:
     expected[0] -= embedding
     expected[-1] -= loss
     return (embedding, loss) if expected == chunk_layers else None
+
+
+def _attention_flags(model: TransformerConfig) -> list[str]:
+    """Head widths apart from hidden / heads, multi-latent attention, QK norm, attention
+    sinks and sliding windows (Megatron-LM's flags for them; the window as its
+    `tuple_type` (left, right), the layers as its `moe_freq_type`)."""
+    flags = []
+    if model.multi_latent_attention:
+        flags.append("--multi-latent-attention")
+        if model.q_lora_rank is not None:
+            flags.append(f"--q-lora-rank {model.q_lora_rank}")
+        flags += [f"--kv-lora-rank {model.kv_lora_rank}", f"--qk-head-dim {model.qk_head_dim}",
+                  f"--qk-pos-emb-head-dim {model.qk_pos_emb_head_dim}",
+                  f"--v-head-dim {model.v_head_dim}"]
+    elif model.kv_channels is not None:
+        flags.append(f"--kv-channels {model.kv_channels}")
+    if model.qk_layernorm:
+        flags.append("--qk-layernorm")
+    if model.softmax_type != "vanilla":
+        flags.append(f"--softmax-type {model.softmax_type}")
+    if model.window_size is not None:
+        flags.append(f"--window-size {model.window_size},0")
+        skip = model.window_attn_skip_freq
+        if skip is not None:
+            flags.append(f"--window-attn-skip-freq {layer_pattern_text(skip)}")
+    return flags
+
+
+def _expert_flags(model: TransformerConfig, parallel: ParallelConfig) -> list[str]:
+    """The experts' shape and routing, and how they run (Megatron-LM's MoE flags)."""
+    flags = []
+    if model.moe_ffn_hidden_size is not None:
+        flags.append(f"--moe-ffn-hidden-size {model.moe_ffn_hidden_size}")
+    if model.moe_shared_expert_intermediate_size is not None:
+        flags.append("--moe-shared-expert-intermediate-size "
+                     f"{model.moe_shared_expert_intermediate_size}")
+    if model.moe_layer_freq != 1:
+        flags.append(f"--moe-layer-freq {layer_pattern_text(model.moe_layer_freq)}")
+    if model.moe_router_score_function != "softmax":
+        flags.append(f"--moe-router-score-function {model.moe_router_score_function}")
+    if model.moe_router_num_groups is not None:
+        flags.append(f"--moe-router-num-groups {model.moe_router_num_groups}")
+    if model.moe_router_group_topk is not None:
+        flags.append(f"--moe-router-group-topk {model.moe_router_group_topk}")
+    if parallel.moe_router_force_load_balancing:
+        flags.append("--moe-router-force-load-balancing")
+    if parallel.moe_expert_capacity_factor is not None:
+        flags.append(f"--moe-expert-capacity-factor {parallel.moe_expert_capacity_factor:g}")
+    if parallel.overlap_moe_expert_parallel_comm:
+        flags.append("--overlap-moe-expert-parallel-comm")
+    return flags
+
+
+def layer_pattern_text(pattern: int | list[int]) -> str:
+    """A per-layer 0/1 pattern as Megatron-LM's `moe_freq_type` reads it, runs folded and
+    quoted for the shell: [0, 0, 0, 1, 1] -> '([0]*3+[1]*2)'; a number as itself."""
+    if isinstance(pattern, int):
+        return str(pattern)
+    runs: list[list[int]] = []
+    for value in pattern:
+        if runs and runs[-1][0] == value:
+            runs[-1][1] += 1
+        else:
+            runs.append([value, 1])
+    return "'(" + "+".join(f"[{value}]*{count}" for value, count in runs) + ")'"
 
 
 def megatron_flags(
@@ -92,9 +165,13 @@ def megatron_flags(
         flags.append(f"--hidden-dropout {model.hidden_dropout:g}")
     if model.attention_dropout != 0.1:
         flags.append(f"--attention-dropout {model.attention_dropout:g}")
+    flags += _attention_flags(model)
     if model.num_experts is not None:
         flags += [f"--num-experts {model.num_experts}", f"--moe-router-topk {model.moe_top_k}",
                   f"--moe-token-dispatcher-type {parallel.moe_token_dispatcher}"]
+        flags += _expert_flags(model, parallel)
+    if model.mtp_num_layers:
+        flags.append(f"--mtp-num-layers {model.mtp_num_layers}")
     flags += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": [],
               "fp8": ["--bf16", "--fp8-format hybrid",
                       f"--fp8-recipe {parallel.fp8_recipe}"]}[parallel.precision]
@@ -116,6 +193,8 @@ def megatron_flags(
     ]
     if parallel.expert > 1:
         flags.append(f"--expert-model-parallel-size {parallel.expert}")
+    if model.num_experts is not None and parallel.expert_tensor is not None:
+        flags.append(f"--expert-tensor-parallel-size {parallel.expert_tensor}")
     if parallel.sequence_parallel:
         flags.append("--sequence-parallel")
     if parallel.recompute == "full":
@@ -147,7 +226,8 @@ def megatron_flags(
             flags.append(f"--num-virtual-stages-per-pipeline-rank {parallel.virtual_pipeline}")
         return flags
     if chunk_layers is not None:
-        return [*flags, f"--pipeline-model-parallel-layout '{layout_string(chunk_layers)}'"]
+        layout = layout_string(chunk_layers, model.mtp_num_layers)
+        return [*flags, f"--pipeline-model-parallel-layout '{layout}'"]
     if parallel.pipeline > 1 and len(set(layers_per_stage)) > 1:
         flags += [f"--decoder-first-pipeline-num-layers {layers_per_stage[0]}",
                   f"--decoder-last-pipeline-num-layers {layers_per_stage[-1]}"]

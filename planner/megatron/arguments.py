@@ -11,6 +11,7 @@ the line spelt the flags it gives.
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
 import functools
 import json
@@ -37,7 +38,9 @@ _LARGEST = {
        for flag, (_, largest) in VALUE_FLAGS.items()},
     "padded_vocab_size": VALUE_FLAGS["--vocab-size"][1],
     "moe_ffn_hidden_size": VALUE_FLAGS["--ffn-hidden-size"][1],
-    "kv_channels": VALUE_FLAGS["--hidden-size"][1],
+    "moe_shared_expert_intermediate_size": VALUE_FLAGS["--ffn-hidden-size"][1],
+    **dict.fromkeys(("kv_channels", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
+                     "qk_pos_emb_head_dim", "v_head_dim"), VALUE_FLAGS["--hidden-size"][1]),
     "micro_batch_size": MAX_BATCH, "global_batch_size": MAX_BATCH,
 }
 
@@ -172,9 +175,74 @@ def _enum(text: str) -> str:
     return text.rpartition(".")[2]
 
 
-# The reference's value types -> converters; others (Megatron's own parsers of lists and
+def layer_pattern(text: str) -> int | list[int]:
+    """A layer-frequency value as Megatron-LM's `moe_freq_type` reads it (--moe-layer-freq,
+    --window-attn-skip-freq): a whole number N, or a Python list expression of 0/1 such as
+    "([0]*3+[1]*58)" (megatron/training/arguments.py `_eval_pattern`). Megatron-LM `eval`s
+    the expression after checking its characters; here it is walked as a syntax tree of
+    list literals, +, * and whole numbers, and nothing else is run."""
+    text = text.strip()
+    if "[" not in text and text.lstrip("-").isdigit():
+        return int(text)
+    if re.search(r"[^,\d\[\]()+*\s]", text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a whole number nor a list pattern such as ([0]*3+[1]*58)")
+    try:
+        value = _pattern_value(ast.parse(text, mode="eval").body)
+    except (SyntaxError, ValueError, RecursionError):
+        value = None
+    if not isinstance(value, list):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a list pattern such as ([0]*3+[1]*58)")
+    return value
+
+
+def _pattern_value(node: ast.AST) -> int | list[int]:
+    """The value of one node of a layer pattern: whole numbers, lists of them, + and *."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.List):
+        items = [_pattern_value(item) for item in node.elts]
+        if all(isinstance(item, int) for item in items):
+            return items  # type: ignore[return-value]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+        left, right = _pattern_value(node.left), _pattern_value(node.right)
+        if isinstance(node.op, ast.Add) and type(left) is type(right):
+            return _bounded(left + right)  # type: ignore[operator]
+        if isinstance(node.op, ast.Mult) and isinstance(left, list) != isinstance(right, list):
+            items, count = (left, right) if isinstance(left, list) else (right, left)
+            if not 0 <= count <= _MOST_LAYERS or len(items) * count > _MOST_LAYERS:
+                raise ValueError("longer than any model's layers")
+            return items * count
+        if isinstance(node.op, ast.Mult) and isinstance(left, int):
+            return _bounded(left * right)  # type: ignore[operator]
+    raise ValueError("not a layer pattern")
+
+
+# The longest pattern read: the most layers `plan` takes (--num-layers' bound).
+_MOST_LAYERS = VALUE_FLAGS["--num-layers"][1]
+
+
+def _bounded(value: int | list[int]) -> int | list[int]:
+    if isinstance(value, list) and len(value) > _MOST_LAYERS or (
+            isinstance(value, int) and value > _MOST_LAYERS):
+        raise ValueError("longer than any model's layers")
+    return value
+
+
+def _int_tuple(text: str) -> tuple[int, ...]:
+    """Megatron-LM's `tuple_type` (--window-size): "128,0" or "(128,0)" -> (128, 0)."""
+    try:
+        return tuple(int(item) for item in text.strip().strip("()").split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not whole numbers separated by commas, such as 128,0") from None
+
+
+# The reference's value types -> converters; others (Megatron's own parsers of other
 # patterns) are kept as text: Tessel reads none of those flags' values.
-_CONVERTERS = {"int": _integer, "float": _number, "str": _text, "enum_type_handler": _enum}
+_CONVERTERS = {"int": _integer, "float": _number, "str": _text, "enum_type_handler": _enum,
+               "moe_freq_type": layer_pattern, "tuple_type": _int_tuple}
 
 
 def _choice(choice: Any, convert: Any) -> Any:

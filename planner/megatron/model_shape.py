@@ -36,13 +36,6 @@ def model_config(args: MegatronArgs, notes: list[str]) -> TransformerConfig:
         )
     h, heads = args.count("hidden_size"), args.count("num_attention_heads")
     assert h is not None and heads is not None
-    kv_channels = args.count("kv_channels")
-    if kv_channels is not None and kv_channels * heads != h:
-        raise LaunchLineError(
-            f"{args.flag('kv_channels')} {kv_channels} with {heads} heads is not "
-            f"--hidden-size {h}: Tessel prices heads of hidden size / heads; drop it or make "
-            "them agree"
-        )
     ffn = args.count("ffn_hidden_size")
     if ffn is None:
         # Megatron-LM's default: 4h, or for swiglu 2/3 of it rounded down to 64.
@@ -51,28 +44,99 @@ def model_config(args: MegatronArgs, notes: list[str]) -> TransformerConfig:
     fields: dict[str, Any] = {
         "num_layers": args.count("num_layers"), "hidden_size": h,
         "num_attention_heads": heads, "seq_length": args.count("seq_length"),
-        "ffn_hidden_size": (args.count("moe_ffn_hidden_size") or ffn) if experts else ffn,
+        "ffn_hidden_size": ffn,
         "vocab_size": _vocabulary(args, notes),
         "max_position_embeddings": args.count("max_position_embeddings"),
         "norm": {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}[v.normalization],
-        "activation": "swiglu" if v.swiglu else "gelu",
+        "activation": "swiglu" if v.swiglu or v.quick_geglu else "gelu",
         "position_embedding": _positions(args),
         "rotary_base": v.rotary_base,
         "tie_embeddings": not v.untie_embeddings_and_output_weights,
         "bias": v.add_bias_linear,
         "hidden_dropout": v.hidden_dropout, "attention_dropout": v.attention_dropout,
+        # Under MLA, --qk-layernorm norms the query and key/value latents, which the zoo's
+        # MLA always has (megatron/core/transformer/multi_latent_attention.py).
+        "qk_layernorm": v.qk_layernorm and not v.multi_latent_attention,
+        # off-by-one adds a constant 1 to the denominator: no parameter, vanilla's cost.
+        "softmax_type": "learnable" if v.softmax_type == "learnable" else "vanilla",
+        **_heads(args, h, heads), **_window(args),
     }
     # Megatron-LM reads --num-query-groups only under --group-query-attention.
     if v.group_query_attention:
         fields["num_query_groups"] = args.count("num_query_groups")
     if experts:
-        fields["num_experts"] = args.count("num_experts")
-        fields["moe_top_k"] = args.count("moe_router_topk")
+        fields.update(_experts(args))
+        if not args.given("ffn_hidden_size") and fields["moe_layer_freq"] in (1, [1] * (
+                fields["num_layers"] or 0)) and fields["moe_ffn_hidden_size"]:
+            # Every layer is MoE: no dense MLP reads the default width; state the experts'.
+            fields["ffn_hidden_size"] = fields["moe_ffn_hidden_size"]
+        if fields["moe_ffn_hidden_size"] == fields["ffn_hidden_size"]:
+            fields["moe_ffn_hidden_size"] = None  # the zoo's "as wide as the dense MLP"
+    if v.mtp_num_layers:
+        fields["mtp_num_layers"] = v.mtp_num_layers
     _check_positions(args, fields, notes)
     try:
         return TransformerConfig(**fields)
     except ValidationError as error:
-        raise LaunchLineError(_shape_message(args, error, experts is not None)) from None
+        raise LaunchLineError(_shape_message(args, error)) from None
+
+
+def _heads(args: MegatronArgs, h: int, heads: int) -> dict[str, Any]:
+    """Attention head widths: --kv-channels apart from hidden / heads (Megatron-LM sets
+    it to hidden / heads when absent), or multi-latent attention's ranks and widths."""
+    v = args.values
+    if v.multi_latent_attention:
+        # Megatron-Core's MLATransformerConfig: the head widths are its own, --kv-channels
+        # and --num-query-groups are not read.
+        return {"multi_latent_attention": True, "q_lora_rank": args.count("q_lora_rank"),
+                **{dest: args.count(dest) for dest in (
+                    "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")}}
+    kv_channels = args.count("kv_channels")
+    if kv_channels is None or (h % heads == 0 and kv_channels == h // heads):
+        return {}
+    return {"kv_channels": kv_channels}
+
+
+def _window(args: MegatronArgs) -> dict[str, Any]:
+    """--window-size (left, right) and --window-attn-skip-freq: a causal model's window
+    looks left only; a left size of -1 is Transformer Engine's "no window"."""
+    v = args.values
+    if v.window_size is None:
+        return {}
+    flag = args.flag("window_size")
+    if len(v.window_size) != 2:
+        raise LaunchLineError(f"{flag} {','.join(map(str, v.window_size))} must give two "
+                              "sizes, left and right, such as 128,0")
+    left, right = v.window_size
+    if right != 0:
+        raise LaunchLineError(
+            f"{flag} {left},{right} lets each token see {right} later tokens, which a "
+            "causal language model does not; give the right size 0")
+    if left < 0:
+        return {}
+    if left == 0:
+        raise LaunchLineError(f"{flag} {left},{right}: a window of 0 tokens sees nothing; "
+                              "give its left size (e.g. 128,0)")
+    return {"window_size": left, "window_attn_skip_freq": v.window_attn_skip_freq}
+
+
+def _experts(args: MegatronArgs) -> dict[str, Any]:
+    """The mixture of experts: routed experts and their width (--moe-ffn-hidden-size;
+    Megatron-LM defaults it to --ffn-hidden-size), shared experts, the dense/MoE layer
+    pattern and group-limited routing."""
+    v = args.values
+    return {
+        "num_experts": args.count("num_experts"), "moe_top_k": args.count("moe_router_topk"),
+        "moe_ffn_hidden_size": args.count("moe_ffn_hidden_size"),
+        "moe_shared_expert_intermediate_size": args.count(
+            "moe_shared_expert_intermediate_size"),
+        "moe_layer_freq": v.moe_layer_freq,
+        # sqrtsoftplus scores like sigmoid (an elementwise score and top-k): priced alike.
+        "moe_router_score_function": "softmax" if v.moe_router_score_function == "softmax"
+        else "sigmoid",
+        "moe_router_num_groups": args.count("moe_router_num_groups"),
+        "moe_router_group_topk": args.count("moe_router_group_topk"),
+    }
 
 
 def _vocabulary(args: MegatronArgs, notes: list[str]) -> int:
@@ -136,16 +200,18 @@ def _check_positions(args: MegatronArgs, fields: dict[str, Any], notes: list[str
         )
 
 
-def _shape_message(args: MegatronArgs, error: ValidationError, moe: bool) -> str:
+# TransformerConfig field -> the dest of the flag that sets it, where the names differ.
+_DEST_OF = {"moe_top_k": "moe_router_topk", "norm": "normalization",
+            "position_embedding": "position_embedding_type"}
+
+
+def _shape_message(args: MegatronArgs, error: ValidationError) -> str:
     """The shape's validation error with its fields named as the line's flags."""
     message = validation_message(error)
-    by_field = {"num_layers": "num_layers", "hidden_size": "hidden_size",
-                "num_attention_heads": "num_attention_heads", "seq_length": "seq_length",
-                "vocab_size": "vocab_size", "max_position_embeddings": "max_position_embeddings",
-                "num_query_groups": "num_query_groups", "num_experts": "num_experts",
-                "moe_top_k": "moe_router_topk", "rotary_base": "rotary_base",
-                "ffn_hidden_size": "moe_ffn_hidden_size" if moe and args.given(
-                    "moe_ffn_hidden_size") else "ffn_hidden_size"}
-    for name, dest in by_field.items():
-        message = re.sub(rf"\b{name}\b", args.flag(dest), message)
+    for name in sorted(TransformerConfig.model_fields, key=len, reverse=True):
+        dest = _DEST_OF.get(name, name)
+        if name == "ffn_hidden_size" and args.given("moe_ffn_hidden_size") \
+                and not args.given("ffn_hidden_size"):
+            dest = "moe_ffn_hidden_size"
+        message = re.sub(rf"(?<![\w-]){name}\b", args.flag(dest), message)
     return message

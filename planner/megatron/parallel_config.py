@@ -35,13 +35,14 @@ def parallel_config(
             f"{args.flag('micro_batch_size')} {micro} x data-parallel size {data} = "
             f"{micro * data} ({world} GPUs / (tensor {t} x pipeline {p} x context {c})); "
             "change the batch or a degree")
-    layers, chunks, virtual = _pipeline_split(args, model.num_layers, p,
-                                              batch // (micro * data))
+    layers, chunks, virtual = _pipeline_split(args, model, p, batch // (micro * data))
     _check_overlaps(args, t, e)
+    dispatcher = _dispatcher(args, model, e, p, virtual)
     recompute, method, recompute_layers = _recomputation(args, layers or [model.num_layers // p])
     grads, moments = _optimizer_state(args)
     config = ParallelConfig(
         tensor=t, pipeline=p, data=data, context=c, expert=e,
+        expert_tensor=_expert_tensor(args, model, t),
         sequence_parallel=v.sequence_parallel, micro_batch_size=micro, global_batch_size=batch,
         recompute=recompute, recompute_method=method, recompute_num_layers=recompute_layers,
         zero_stage=1 if v.use_distributed_optimizer else 0,
@@ -50,7 +51,10 @@ def parallel_config(
         tp_comm_overlap=v.tp_comm_overlap, precision=_precision(args, notes),
         fp8_recipe=v.fp8_recipe if v.fp8 is not None else "delayed",
         attention_backend=_attention(args),
-        moe_token_dispatcher=v.moe_token_dispatcher_type, cuda_graphs=_cuda_graphs(args),
+        moe_token_dispatcher=dispatcher, cuda_graphs=_cuda_graphs(args),
+        moe_router_force_load_balancing=v.moe_router_force_load_balancing,
+        moe_expert_capacity_factor=_capacity(args),
+        overlap_moe_expert_parallel_comm=v.overlap_moe_expert_parallel_comm,
         recompute_modules=tuple(v.recompute_modules or ("core_attn",)),
         main_grads_dtype=grads, exp_avg_dtype=moments,
         fp8_param_gather=bool(v.fp8_param_gather) and v.fp8 is not None,
@@ -60,6 +64,70 @@ def parallel_config(
     except ValueError as error:
         raise LaunchLineError(f"the launch line's configuration on {world} GPUs: {error}") \
             from None
+
+
+def _expert_tensor(args: MegatronArgs, model: TransformerConfig, t: int) -> int | None:
+    """--expert-tensor-parallel-size (Megatron-LM: the tensor size when absent); only a
+    model with experts has one."""
+    etp = args.count("expert_tensor_parallel_size")
+    if etp is None:
+        return None
+    if not model.num_experts:
+        raise LaunchLineError(
+            f"{args.flag('expert_tensor_parallel_size')} {etp} splits experts, and the model "
+            "has none; add --num-experts or drop it")
+    return None if etp == t else etp
+
+
+def _capacity(args: MegatronArgs) -> float | None:
+    """--moe-expert-capacity-factor: a negative factor is Megatron-Core's "no cap"
+    (TransformerConfig.__post_init__ sets it to None)."""
+    factor = args.values.moe_expert_capacity_factor
+    if factor is None or factor < 0 or not args.values.num_experts:
+        return None
+    if factor == 0:
+        raise LaunchLineError(f"{args.flag('moe_expert_capacity_factor')} 0 drops every "
+                              "token; give a positive factor (or none: dropless)")
+    return factor
+
+
+def _dispatcher(args: MegatronArgs, model: TransformerConfig, e: int, p: int,
+                virtual: int) -> str:
+    """--moe-token-dispatcher-type, with the legacy --moe-enable-deepep (flex through
+    DeepEP) and Megatron-Core's rules for the flex backends and for
+    --overlap-moe-expert-parallel-comm (megatron/core/transformer/transformer_config.py,
+    __post_init__)."""
+    v = args.values
+    dispatcher = v.moe_token_dispatcher_type
+    if v.moe_enable_deepep and model.num_experts:
+        if dispatcher != "flex":
+            raise LaunchLineError(
+                f"{args.flag('moe_enable_deepep')} runs DeepEP, which Megatron-Core reaches "
+                "only through --moe-token-dispatcher-type flex; add it")
+        if v.moe_flex_dispatcher_backend == "hybridep" and args.given(
+                "moe_flex_dispatcher_backend"):
+            raise LaunchLineError(
+                f"{args.flag('moe_enable_deepep')} and {args.flag('moe_flex_dispatcher_backend')}"
+                " hybridep name two backends; keep --moe-flex-dispatcher-backend")
+    if not v.overlap_moe_expert_parallel_comm or not model.num_experts:
+        return dispatcher
+    flag = args.flag("overlap_moe_expert_parallel_comm")
+    problems = [why for broken, why in (
+        (e == 1, "expert parallelism (--expert-model-parallel-size above 1)"),
+        (dispatcher not in ("alltoall", "flex"), "the alltoall or flex token dispatcher"),
+        (v.recompute_granularity == "full", "no full recomputation"),
+        ("moe" in (v.recompute_modules or ()), "no moe among --recompute-modules"),
+        (not (v.bf16 or v.fp16), "--bf16 or --fp16"),
+        (p > 1 and virtual == 1 and not args.given("num_layers_per_virtual_pipeline_stage")
+         and not args.given("num_virtual_stages_per_pipeline_rank")
+         and not args.given("pipeline_model_parallel_layout"),
+         "virtual pipeline stages when the pipeline is split"),
+        (model.mtp_num_layers > 1, "at most one --mtp-num-layers"),
+    ) if broken]
+    if problems:
+        raise LaunchLineError(f"{flag} needs {'; '.join(problems)}, as Megatron-Core requires; "
+                              "change the line or drop it")
+    return dispatcher
 
 
 _DEGREES = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
@@ -140,13 +208,14 @@ def _stage_layers(args: MegatronArgs, num_layers: int, p: int) -> list[int] | No
 
 
 def _pipeline_split(
-    args: MegatronArgs, num_layers: int, p: int, micro_batches: int
+    args: MegatronArgs, model: TransformerConfig, p: int, micro_batches: int
 ) -> tuple[list[int] | None, list[int] | None, int]:
     """(layers per stage, layers per model chunk, virtual stages): from the layout string,
     the embedding and loss counted as layers, or the end stages' sizes; None for
     Megatron-LM's even split (and chunks of equal size)."""
+    num_layers = model.num_layers
     if args.given("pipeline_model_parallel_layout"):
-        chunks = _layout_chunks(args, num_layers, p)
+        chunks = _layout_chunks(args, model, p)
         virtual = len(chunks) // p
         if virtual > 1:
             _check_interleaving(args, "pipeline_model_parallel_layout", p, micro_batches)
@@ -160,9 +229,11 @@ def _pipeline_split(
     return [sum(chunks[rank::p]) for rank in range(p)], chunks, virtual
 
 
-def _layout_chunks(args: MegatronArgs, num_layers: int, p: int) -> list[int]:
+def _layout_chunks(args: MegatronArgs, model: TransformerConfig, p: int) -> list[int]:
     """Each model chunk's layers as --pipeline-model-parallel-layout gives them, checked
-    as Megatron-LM checks them."""
+    as Megatron-LM checks them (the MTP layers, `m`, as many as --mtp-num-layers, in the
+    last chunk)."""
+    num_layers = model.num_layers
     flag = args.flag("pipeline_model_parallel_layout")
     layout = args.values.pipeline_model_parallel_layout
     others = [args.flag(dest) for dest in (
@@ -173,7 +244,7 @@ def _layout_chunks(args: MegatronArgs, num_layers: int, p: int) -> list[int]:
         raise LaunchLineError(f"{flag} places every layer, so {' and '.join(others)} cannot "
                               "split them too, as Megatron-LM requires; keep the layout")
     try:
-        chunks = chunk_layers(layout)
+        chunks = chunk_layers(layout, model.mtp_num_layers)
     except ValueError as error:
         raise LaunchLineError(f"{flag} {layout!r} {error}; fix the layout") from None
     pipeline = args.flag("pipeline_model_parallel_size")

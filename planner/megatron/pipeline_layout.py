@@ -17,9 +17,12 @@ _REPEATS = (re.compile(r"\(([^)]+)\)\*(\d+)"), re.compile(r"(.)\*(\d+)"))
 LETTERS = "EtLm"
 
 
-def chunk_layers(layout: str) -> list[int]:
-    """Transformer layers of each model chunk, in model order. ValueError (one sentence)
-    for a letter Megatron-LM does not know, or an embedding or loss not at the ends."""
+def chunk_layers(layout: str, mtp_layers: int = 0) -> list[int]:
+    """Transformer layers of each model chunk, in model order (the `mtp_layers`
+    multi-token-prediction layers, `m`, are not counted: they sit in the last chunk, before
+    the loss). ValueError (one sentence) for a letter Megatron-LM does not know, an
+    embedding or loss not at the ends, or MTP layers other than `mtp_layers` in the last
+    chunk."""
     text = layout.replace(",", "")
     for pattern in _REPEATS:
         text = pattern.sub(lambda match: match.group(1) * int(match.group(2)), text)
@@ -32,19 +35,28 @@ def chunk_layers(layout: str) -> list[int]:
             or letters.count("L") != 1:
         raise ValueError("must begin with the embedding E and end with the loss L, once each, "
                          "as Megatron-LM requires")
-    if "m" in letters:
-        raise ValueError("places multi-token-prediction layers (m), which Tessel does not "
-                         "price yet")
-    return [chunk.count("t") for chunk in text.split("|")]
+    chunks = text.split("|")
+    # Megatron-Core (PipelineParallelLayerLayout.validate_layer_layout) needs as many m as
+    # --mtp-num-layers, after every decoder layer; it also lets them stand alone in another
+    # rank's last virtual stage, which Tessel does not price: they go with the loss.
+    found = letters.count("m")
+    if found != mtp_layers:
+        raise ValueError(f"places {found} multi-token-prediction layers (m), and "
+                         f"--mtp-num-layers is {mtp_layers}; place as many as it says")
+    if chunks[-1].count("m") != found or "t" in chunks[-1].partition("m")[2]:
+        raise ValueError("places multi-token-prediction layers (m) outside the last stage "
+                         "or before a transformer layer, which Tessel does not price; put "
+                         "them just before L")
+    return [chunk.count("t") for chunk in chunks]
 
 
-def layout_string(chunks: list[int]) -> str:
+def layout_string(chunks: list[int], mtp_layers: int = 0) -> str:
     """The layout string of chunks of `chunks` transformer layers (model order), the
-    embedding in the first and the loss in the last, runs of equal chunks folded (only
-    middle chunks repeat: the first holds E, the last L)."""
+    embedding in the first and the `mtp_layers` MTP layers and the loss in the last, runs
+    of equal chunks folded (only middle chunks repeat: the first holds E, the last L)."""
     groups = [f"t*{n}" if n > 1 else "t" * n for n in chunks]
     groups[0] = "E" + groups[0]
-    groups[-1] = groups[-1] + "L"
+    groups[-1] = groups[-1] + "m" * mtp_layers + "L"
     folded: list[str] = []
     index = 0
     while index < len(groups):

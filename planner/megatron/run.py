@@ -43,7 +43,13 @@ _READ = frozenset({
     "account_for_loss_in_pipeline_split", "overlap_p2p_comm", "bf16", "fp16", "fp8",
     "fp8_recipe", "attention_backend", "use_flash_attn", "transformer_impl",
     "moe_token_dispatcher_type", "enable_cuda_graph", "external_cuda_graph",
-    "cuda_graph_impl",
+    "cuda_graph_impl", "quick_geglu", "qk_layernorm", "softmax_type",
+    "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
+    "qk_pos_emb_head_dim", "v_head_dim", "window_size", "window_attn_skip_freq",
+    "moe_shared_expert_intermediate_size", "moe_layer_freq", "moe_router_score_function",
+    "moe_router_num_groups", "moe_router_group_topk", "mtp_num_layers",
+    "moe_router_force_load_balancing", "moe_expert_capacity_factor",
+    "overlap_moe_expert_parallel_comm", "moe_enable_deepep",
 })
 
 

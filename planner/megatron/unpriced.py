@@ -33,7 +33,6 @@ UNPRICED: dict[str, tuple[str, tuple[Any, ...]]] = {
     "use_torch_fsdp2": ("torch FSDP2 (parameters and gradients sharded)", ()),
     "overlap_param_gather_with_optimizer_step": (
         "the parameter all-gather overlapped with the optimizer step", ()),
-    "overlap_moe_expert_parallel_comm": ("expert all-to-alls overlapped with compute", ()),
     "delay_wgrad_compute": ("delayed weight-gradient computation", ()),
     "mlp_chunks_for_training": ("the MLP computed in chunks", (1,)),
     # Precision and optimizer state other than mixed-precision Adam with fp32 main grads.
@@ -56,9 +55,7 @@ UNPRICED: dict[str, tuple[str, tuple[Any, ...]]] = {
     "distribute_saved_activations": ("recomputed activations split over tensor ranks", ()),
     "moe_layer_recompute": ("recomputation of MoE layers", ()),
     # Architectures the zoo's decoder does not describe.
-    "multi_latent_attention": ("multi-latent attention", ()),
     "experimental_attention_variant": ("an experimental attention variant", ()),
-    "window_size": ("sliding-window attention", ()),
     "attention_output_gate": ("a gated attention output", ()),
     "linear_attention_freq": ("linear-attention layers", ()),
     "no_rope_freq": ("layers without rotary embeddings", ()),
@@ -69,13 +66,8 @@ UNPRICED: dict[str, tuple[str, tuple[Any, ...]]] = {
     "heterogeneous_layers_config_encoded_json": ("layers that differ in shape", ()),
     "spec": ("a custom layer spec", ()),
     "yaml_cfg": ("a YAML config that replaces the flags", ()),
-    "mtp_num_layers": ("multi-token prediction layers", (0,)),
     "enable_mhc_connections": ("multi-stream residual connections", ()),
-    "quick_geglu": ("a gated GeLU MLP (three matrices, not swiglu's shape)", ()),
     "fp32_residual_connection": ("fp32 residual activations", ()),
-    "moe_shared_expert_intermediate_size": ("shared experts", ()),
-    "moe_layer_freq": ("dense layers between the MoE layers", (1,)),
-    "moe_expert_capacity_factor": ("expert capacity (dropped tokens)", ()),
     "moe_pad_expert_input_to_capacity": ("expert inputs padded to capacity", ()),
     "moe_latent_size": ("MoE latent projections", ()),
     "encoder_num_layers": ("an encoder; give --num-layers for a decoder-only model", ()),
@@ -89,10 +81,20 @@ UNPRICED: dict[str, tuple[str, tuple[Any, ...]]] = {
 # ignores them, and so does Tessel.
 _FP8_ONLY = ("first_last_layers_bf16", "fp8_wgrad", "fp8_output_proj")
 # Not in UNPRICED, on purpose: kernel choices that do the same work (fusions, TE's
-# communication-overlap variants, --deterministic-mode, grouped GEMMs, bucket sizes),
-# which calibrated efficiencies absorb; and shape details a few parameters wide
-# (--qk-layernorm, --add-qkv-bias, --rotary-percent, --squared-relu and --openai-gelu,
-# which keep GeLU's two matrices, dropout rates).
+# communication-overlap variants, --deterministic-mode, grouped GEMMs, bucket sizes,
+# --moe-grouped-gemm, --moe-permute-fusion, --moe-router-fusion, --moe-router-dtype, the
+# flex dispatcher's backend), which calibrated efficiencies absorb; training-signal
+# settings that move no bytes and no FLOPs (--moe-aux-loss-coeff, --moe-router-load-
+# balancing-type, --moe-router-enable-expert-bias and its update rate, --moe-router-topk-
+# scaling-factor, --moe-router-pre-softmax, --mtp-loss-scaling-factor, the YaRN scaling
+# flags --rotary-scaling-factor, --mscale, --mscale-all-dim); --moe-shared-expert-overlap
+# (a stream choice); and shape details a few parameters wide (--qk-layernorm,
+# --add-qkv-bias, --rotary-percent, --squared-relu and --openai-gelu, which keep GeLU's
+# two matrices, dropout rates). Read, not refused (`model_shape`, `parallel_config`):
+# multi-latent attention, --kv-channels, sliding windows, --quick-geglu (swiglu's three
+# matrices: megatron/training/argument_utils.py sets gated_linear_unit), shared experts,
+# --moe-layer-freq, MTP layers, --expert-tensor-parallel-size, expert capacity, forced
+# balance and the expert all-to-all overlap, which cost_models prices.
 
 # Flags Megatron-LM itself refuses, with the one to use instead.
 _RETIRED = {
@@ -115,7 +117,8 @@ def refuse_unpriced(args: MegatronArgs) -> None:
             )
     for dest, (what, neutral) in UNPRICED.items():
         inert = (dest in _FP8_ONLY and v.fp8 is None) or (
-            dest.startswith("moe_") and not v.num_experts)
+            dest.startswith("moe_") and not v.num_experts) or (
+            dest == "cp_comm_type" and (v.context_parallel_size or 1) == 1)
         if args.given(dest) and not inert:
             value = getattr(v, dest)
             if value != args.defaults.get(dest) and value not in neutral:
@@ -130,9 +133,6 @@ def refuse_unpriced(args: MegatronArgs) -> None:
         ("recompute_modules", bool(set(v.recompute_modules or ()) - set(RECOMPUTE_MODULES)),
          "selective recomputation of modules other than "
          + ", ".join(RECOMPUTE_MODULES)),
-        ("expert_tensor_parallel_size",
-         v.expert_tensor_parallel_size not in (None, v.tensor_model_parallel_size),
-         "an expert tensor-parallel size other than --tensor-model-parallel-size"),
     )
     for dest, refused, what in special:
         if refused:

@@ -309,3 +309,88 @@ def test_a_bad_launch_line_is_one_line_and_exit_2(case: str, capsys, monkeypatch
     assert len(output.strip().splitlines()) == 1, output
     for fragment in fragments:
         assert fragment in output
+
+
+# Mixtures of experts (issue 30): a bad MoE launch line is one line naming the flag.
+MOE = ("--num-layers 4 --hidden-size 7168 --num-attention-heads 128 --seq-length 4096 "
+       "--max-position-embeddings 4096 --vocab-size 129280 --micro-batch-size 1 --bf16 "
+       "--swiglu --normalization RMSNorm --position-embedding-type rope "
+       "--num-experts 64 --moe-router-topk 8 --moe-ffn-hidden-size 2048")
+BAD_MOE = {
+    "mla-rank-above-the-hidden-size": (
+        f"{MOE} --multi-latent-attention --kv-lora-rank 8192",
+        ["--kv-lora-rank (8192) must be smaller than --hidden-size (7168)"]),
+    "top-k-above-the-experts": (MOE.replace("--moe-router-topk 8", "--moe-router-topk 65"),
+                                ["--moe-router-topk (65) cannot exceed --num-experts (64)"]),
+    "layer-pattern-of-another-length": (f"{MOE} --moe-layer-freq ([0]*1+[1]*5)",
+                                        ["--moe-layer-freq as a list needs one 0 or 1 per "
+                                         "layer, 4 in all; it has 6"]),
+    "layer-pattern-as-code": (f"{MOE} --moe-layer-freq [__import__('os')]",
+                              ["--moe-layer-freq", "nor a list pattern"]),
+    "unknown-dispatcher": (f"{MOE} --moe-token-dispatcher-type foo",
+                           ["--moe-token-dispatcher-type 'foo' is not one of allgather, "
+                            "alltoall, flex"]),
+    "expert-tensor-on-a-dense-model": (
+        GPT + " --micro-batch-size 1 --expert-tensor-parallel-size 2",
+        ["--expert-tensor-parallel-size 2 splits experts, and the model has none"]),
+    "expert-degree-dividing-the-experts-not": (f"{MOE} --expert-model-parallel-size 3",
+                                               ["--expert-model-parallel-size 3 must divide "
+                                                "--num-experts 64"]),
+    "expert-degree-dividing-the-gpus-not": (
+        f"{MOE} --expert-model-parallel-size 16",
+        ["expert (16) x expert_tensor (1) must divide the 8 ranks"]),
+    "a2a-overlap-without-expert-parallelism": (
+        f"{MOE} --moe-token-dispatcher-type alltoall --overlap-moe-expert-parallel-comm",
+        ["--overlap-moe-expert-parallel-comm needs expert parallelism"]),
+    "window-looking-ahead": (f"{MOE} --window-size 128,64", ["--window-size 128,64",
+                                                             "right size 0"]),
+    "mtp-outside-the-last-stage": (
+        f"{MOE} --mtp-num-layers 1 --pipeline-model-parallel-size 2 "
+        "--pipeline-model-parallel-layout Et*2m|t*2L",
+        ["--pipeline-model-parallel-layout", "outside the last stage"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_MOE))
+def test_a_bad_moe_launch_line_is_one_line_and_exit_2(case: str, capsys, monkeypatch,
+                                                      tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli.console, "_width", 80)
+    line, fragments = BAD_MOE[case]
+    code = cli.main(["predict", *CLUSTER, "--gpus", "8", "--", *line.split()])
+    captured = capsys.readouterr()
+    output = captured.out + captured.err
+    assert code == 2, output
+    assert "Traceback" not in output and output.startswith("error: ")
+    assert len(output.strip().splitlines()) == 1, output
+    text = " ".join(output.split())
+    for fragment in fragments:
+        assert fragment in text, text
+
+
+def test_a_moe_launch_line_reads_every_moe_flag(tmp_path: Path, capsys) -> None:
+    """MLA, shared experts, the dense/MoE pattern, group-limited routing, MTP and the MoE
+    run flags reach the plan; flags that change nothing priced are listed as ignored."""
+    from planner.megatron import megatron_run, parse_megatron_flags
+
+    line = (f"{MOE} --multi-latent-attention --q-lora-rank 1536 --kv-lora-rank 512 "
+            "--qk-head-dim 128 --qk-pos-emb-head-dim 64 --v-head-dim 128 "
+            "--moe-shared-expert-intermediate-size 2048 --moe-layer-freq ([0]*1+[1]*3) "
+            "--moe-router-score-function sigmoid --moe-router-num-groups 8 "
+            "--moe-router-group-topk 4 --mtp-num-layers 1 --expert-model-parallel-size 8 "
+            "--expert-tensor-parallel-size 1 --moe-router-force-load-balancing "
+            "--moe-expert-capacity-factor 1.25 --moe-token-dispatcher-type flex "
+            "--moe-enable-deepep --moe-grouped-gemm --moe-permute-fusion "
+            "--moe-router-dtype fp32 --moe-aux-loss-coeff 1e-4 --mscale 1.0")
+    run = megatron_run(parse_megatron_flags(line.split()), 8)
+    m, q = run.model, run.parallel
+    assert (m.multi_latent_attention, m.q_lora_rank, m.kv_lora_rank, m.v_head_dim) == (
+        True, 1536, 512, 128)
+    assert (m.moe_layer_freq, m.moe_shared_expert_intermediate_size, m.ffn_hidden_size,
+            m.moe_ffn_hidden_size) == ([0, 1, 1, 1], 2048, 4 * 7168 * 2 // 3 // 64 * 64, 2048)
+    assert (m.moe_router_score_function, m.moe_router_num_groups, m.moe_router_group_topk,
+            m.mtp_num_layers) == ("sigmoid", 8, 4, 1)
+    assert (q.expert, q.expert_tensor_degree, q.moe_router_force_load_balancing,
+            q.moe_expert_capacity_factor, q.moe_token_dispatcher) == (8, 1, True, 1.25, "flex")
+    assert {"--moe-grouped-gemm", "--moe-permute-fusion", "--moe-router-dtype",
+            "--moe-aux-loss-coeff", "--mscale"} <= set(run.ignored)

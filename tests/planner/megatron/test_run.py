@@ -119,10 +119,11 @@ def test_flags_without_time_or_memory_are_ignored_and_listed() -> None:
     ("--cpu-offloading-num-layers 2", ["--cpu-offloading-num-layers changes time or memory",
                                        "drop it"]),
     ("--num-distributed-optimizer-instances 2", ["--num-distributed-optimizer-instances"]),
-    ("--mtp-num-layers 1", ["--mtp-num-layers"]),
-    ("--multi-latent-attention", ["multi-latent attention"]),
+    ("--delay-wgrad-compute", ["--delay-wgrad-compute", "weight-gradient"]),
+    ("--num-experts 8 --moe-pad-expert-input-to-capacity",
+     ["--moe-pad-expert-input-to-capacity"]),
     ("--position-embedding-type none", ["--position-embedding-type"]),
-    ("--kv-channels 128", ["--kv-channels 128", "--hidden-size 1024"]),
+    ("--hybrid-layer-pattern M*8", ["--hybrid-layer-pattern", "Mamba"]),
 ])
 def test_a_flag_tessel_cannot_price_is_refused_by_name(extra: str, fragments: list[str]) -> None:
     message = error_of(f"{SHAPE} {extra}")
@@ -196,7 +197,7 @@ def test_optimizer_state_flags_set_the_dtypes_they_name() -> None:
         "bf16", "bf16", ("core_attn", "mlp"))
     assert "--use-precision-aware-optimizer" in error_of(SHAPE + " --exp-avg-dtype bf16")
     assert "--recompute-modules" in error_of(
-        SHAPE + " --recompute-granularity selective --recompute-modules moe")
+        SHAPE + " --recompute-granularity selective --recompute-modules mamba")
 
 
 def test_a_pipeline_layout_string_places_the_layers_of_each_chunk() -> None:
