@@ -28,25 +28,55 @@ def run_models(args: argparse.Namespace) -> int:
     """`plan models`: the built-in model presets with their parameter counts."""
     from planner.models.presets import PRESETS
 
-    table = Table(title="model presets")
+    table = Table(title="model presets", caption="parameters without multi-token-prediction "
+                  "layers, as model cards count them; MoE: total (active: those one token "
+                  "passes through, its top-k routed experts)")
     for column in ("name", "parameters", "layers", "hidden", "heads", "kv heads", "experts"):
         table.add_column(column, justify="left" if column == "name" else "right")
     for name, config in PRESETS.items():
         table.add_row(
             name,
-            f"{config.num_parameters() / 1e9:,.2f} B",
+            parameter_count(config),
             str(config.num_layers),
             str(config.hidden_size),
             str(config.num_attention_heads),
-            str(config.num_kv_heads),
-            str(config.num_experts or "-"),
+            "MLA" if config.multi_latent_attention else str(config.num_kv_heads),
+            _experts(config),
         )
     console.print(table)
     _write_json(args.json, {
-        name: {**config.model_dump(), "num_parameters": config.num_parameters()}
+        name: {**config.model_dump(), "num_parameters": config.num_parameters(),
+               "num_parameters_without_mtp": _without_mtp(config),
+               "num_active_parameters": int(config.num_active_parameters())}
         for name, config in PRESETS.items()
     })
     return 0
+
+
+def _billions(count: float) -> str:
+    """671.03e9 -> '671.03 B'."""
+    return f"{count / 1e9:,.2f} B"
+
+
+def parameter_count(config: Any) -> str:
+    """'174.62 B', or for a mixture of experts '671.03 B (37.55 B active)'; without MTP layers, as
+    model cards count them (DeepSeek-V3's 671B, arXiv 2412.19437)."""
+    total = _billions(_without_mtp(config))
+    if not config.is_moe:
+        return total
+    return f"{total} ({_billions(config.num_active_parameters())} active)"
+
+
+def _without_mtp(config: Any) -> int:
+    return config.model_copy(update={"mtp_num_layers": 0}).num_parameters()
+
+
+def _experts(config: Any) -> str:
+    """'8 top-2', '256 +shared top-8' or '-'."""
+    if not config.is_moe:
+        return "-"
+    shared = " +shared" if config.moe_shared_expert_intermediate_size else ""
+    return f"{config.num_experts}{shared} top-{config.moe_top_k}"
 
 
 def _band(device: Any) -> str:
