@@ -30,8 +30,8 @@ They follow the runtime (`runtime/`), which composes torch's pieces the Megatron
 - Expert parallelism: ``allgather`` dispatch all-gathers tokens and routing weights over the
   expert group and reduce-scatters the outputs (backward: the mirror); ``alltoall`` sends
   counts, tokens and outputs with all-to-alls whose sizes depend on the routing (their
-  bytes are the even-routing expectation). Expert gradients are all-reduced over the
-  expert-data-parallel ranks, one collective per parameter.
+  bytes are the even-routing expectation, exact under forced balance). Expert gradients
+  are all-reduced over the expert-data-parallel ranks, one bucket per MoE block.
 
 Bytes follow `runtime.comm_counter`: the larger of a collective's local input and output.
 """
@@ -322,16 +322,17 @@ def _expert_gradients(
     model: TransformerConfig, layout: RankLayout, params: list[ParameterLayout]
 ) -> list[Collective]:
     """Expert gradients summed over the expert-data-parallel ranks: one all-reduce per
-    parameter of the rank's experts."""
+    MoE block, of all the rank's experts' gradients in it (a bucket)."""
     ep = layout.expert
     if not model.is_moe or ep == 1 or layout.data // ep == 1:
         return []
     mine = model.num_experts // ep
-    return [
-        Collective("all_reduce", "edp", "gradient_sync", 1,
-                   math.prod(local_shape(p, layout.tensor, 1, 0)) * layout.gradient_bytes)
-        for p in params if p.expert is not None and p.expert < mine  # equal shapes
-    ]
+    buckets: dict[str, int] = defaultdict(int)
+    for p in params:
+        if p.expert is not None and p.expert < mine:  # equal shapes on every rank
+            buckets[p.group] += math.prod(local_shape(p, layout.tensor, 1, 0))
+    return [Collective("all_reduce", "edp", "gradient_sync", 1, n * layout.gradient_bytes)
+            for n in buckets.values()]
 
 
 def _pipeline(

@@ -20,8 +20,8 @@ into their tokens weighted by the routing weights, in expert order (the dense su
 without its zero terms).
 
 Expert gradients: an expert's gradient after backward sums the losses of its expert
-group's tokens; `reduce_expert_gradients` sums it over the ``edp`` axis too and divides
-by the data-parallel degree, the mean every dense parameter gets from FSDP2. Expert
+group's tokens; `reduce_expert_gradients` sums it over the ``edp`` axis too (one bucket
+per MoE block) and divides by the data-parallel degree, the mean every dense parameter gets from FSDP2. Expert
 parameters are therefore kept out of FSDP2 (``ignored_params``) and are not ZeRO-sharded.
 """
 
@@ -91,33 +91,50 @@ class ExpertParallelMoE(nn.Module):
         return funcol.reduce_scatter_tensor_autograd(out, "sum", 0, self.ep_group)
 
     def _forward_alltoall(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, h = x.shape
-        flat = x.reshape(-1, h)
         # The routing of MoEMLP.routing_weights, kept sparse: top-k experts and weights.
         top, index = self.route(x)
-        top, index = top.reshape(-1, self.top_k), index.reshape(-1, self.top_k)
-        experts = index.reshape(-1)
-        order = torch.argsort(experts, stable=True)
-        token_of_pair = torch.arange(flat.shape[0]).repeat_interleave(self.top_k)[order]
-        gate = top.reshape(-1)[order]
-        per_expert = torch.bincount(experts, minlength=self.num_experts)
-        # How many pairs each rank sends me for each of my experts: [ep, per_rank].
-        received_counts = funcol.all_to_all_single(
-            per_expert, None, None, self.ep_group
-        ).reshape(self.ep, self.per_rank)
-        send = per_expert.reshape(self.ep, self.per_rank).sum(1).tolist()
-        recv = received_counts.sum(1).tolist()
-        rows = funcol.all_to_all_single_autograd(flat[token_of_pair], recv, send, self.ep_group)
-        local_expert = torch.arange(self.per_rank).repeat(self.ep).repeat_interleave(
-            received_counts.reshape(-1)
-        )
-        out = torch.zeros_like(rows)
-        for name, expert in self.experts.items():
-            where = (local_expert == int(name) - self.first).nonzero().squeeze(1)
-            out = out.index_copy(0, where, expert(rows[where]))
-        back = funcol.all_to_all_single_autograd(out, send, recv, self.ep_group)
-        combined = torch.zeros_like(flat).index_add(0, token_of_pair, back * gate[:, None])
-        return combined.reshape(b, s, h)
+        experts = self.experts
+
+        def run(local: int, rows: torch.Tensor) -> torch.Tensor:
+            return experts[str(self.first + local)](rows)
+
+        return alltoall_dispatch(x, top, index, self.num_experts, self.ep, self.ep_group, run)
+
+
+def alltoall_dispatch(
+    x: torch.Tensor, top: torch.Tensor, index: torch.Tensor, num_experts: int, ep: int,
+    group: dist.ProcessGroup, run_expert,
+) -> torch.Tensor:
+    """Megatron's all-to-all token dispatch of `x` ``[b, s, h]`` routed to experts `index`
+    with weights `top` (both ``[b, s, k]``): (token, expert) pairs sorted by expert, their
+    counts exchanged, the tokens sent to the ranks that hold their experts,
+    ``run_expert(local_expert, rows)`` run on each of this rank's experts' rows, the
+    outputs sent back and added into their tokens weighted, in expert order."""
+    b, s, h = x.shape
+    flat = x.reshape(-1, h)
+    top_k, per_rank = index.shape[-1], num_experts // ep
+    experts = index.reshape(-1)
+    order = torch.argsort(experts, stable=True)
+    token_of_pair = torch.arange(flat.shape[0]).repeat_interleave(top_k)[order]
+    gate = top.reshape(-1)[order]
+    per_expert = torch.bincount(experts, minlength=num_experts)
+    # How many pairs each rank sends me for each of my experts: [ep, per_rank].
+    received_counts = funcol.all_to_all_single(
+        per_expert, None, None, group
+    ).reshape(ep, per_rank)
+    send = per_expert.reshape(ep, per_rank).sum(1).tolist()
+    recv = received_counts.sum(1).tolist()
+    rows = funcol.all_to_all_single_autograd(flat[token_of_pair], recv, send, group)
+    local_expert = torch.arange(per_rank).repeat(ep).repeat_interleave(
+        received_counts.reshape(-1)
+    )
+    out = torch.zeros_like(rows)
+    for local in range(per_rank):
+        where = (local_expert == local).nonzero().squeeze(1)
+        out = out.index_copy(0, where, run_expert(local, rows[where]))
+    back = funcol.all_to_all_single_autograd(out, send, recv, group)
+    combined = torch.zeros_like(flat).index_add(0, token_of_pair, back * gate[:, None])
+    return combined.reshape(b, s, h)
 
 
 def expert_mesh(world_mesh: DeviceMesh, ep: int) -> DeviceMesh:
@@ -153,13 +170,25 @@ def expert_parameters(module: nn.Module) -> list[nn.Parameter]:
 
 def reduce_expert_gradients(module: nn.Module, mesh: DeviceMesh, dp: int) -> None:
     """Expert gradients summed over the expert-data-parallel axis and divided by the
-    data-parallel degree: the data-parallel mean dense parameters get."""
+    data-parallel degree: the data-parallel mean dense parameters get. One all-reduce per
+    MoE block, of all its experts' gradients on this rank flattened together (a bucket, as
+    Megatron-LM's gradient buffer reduces them), so a block's count is the same whether its
+    experts are separate modules (the zoo's) or fused 3-D tensors (transformers')."""
     edp = mesh["edp"]
-    for param in expert_parameters(module):
-        if param.grad is None:
+    buckets: dict[str, list[torch.Tensor]] = {}
+    for name, param in module.named_parameters():
+        if EXPERT_MARK not in f".{name}" or param.grad is None:
             continue
-        # Tensor-parallel experts: each rank reduces its own shard.
+        # Tensor-parallel (or expert-sharded) experts: each rank reduces its own shard.
         grad = param.grad.to_local() if isinstance(param.grad, DTensor) else param.grad
+        buckets.setdefault(f".{name}".split(EXPERT_MARK)[0], []).append(grad)
+    for grads in buckets.values():
         if edp.size() > 1:
-            dist.all_reduce(grad, group=edp.get_group())
-        grad.div_(dp)
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, group=edp.get_group())
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
+        for g in grads:
+            g.div_(dp)

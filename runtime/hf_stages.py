@@ -26,12 +26,14 @@ does.
 from __future__ import annotations
 
 import importlib
+import types
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -44,6 +46,8 @@ from transformers import CONFIG_MAPPING, AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from planner.models.hf_shape import without_code_fields
+from planner.models.transformer import forced_experts
+from runtime.experts import alltoall_dispatch
 from runtime.parallelize import SequenceScatter, apply_recompute
 from runtime.stages import init_parameter, materialize, tied_head
 
@@ -51,8 +55,10 @@ ATTENTION = "tessel_sdpa"
 """The attention implementation stages run: transformers' SDPA, optionally recomputed."""
 
 # Decoder families whose modules are Llama's (names, layout, forward) and that were run
-# here against the single-process model.
-SUPPORTED = ("llama",)
+# here against the single-process model: Llama, and Qwen3-MoE (Llama's layout with QK
+# norms and transformers' fused-expert MoE blocks; tensor parallelism not run yet).
+SUPPORTED = ("llama", "qwen3_moe")
+MOE_FAMILIES = ("qwen3_moe",)
 
 _DROPOUTS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop")
 
@@ -297,3 +303,76 @@ def build_hf_reference(config: Any, seed: int) -> nn.Module:
 def hf_logits(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     """The logits of a transformers causal LM on `tokens` (no cache, no mask: causal)."""
     return model(tokens, use_cache=False).logits
+
+
+def _routers(module: nn.Module) -> list[nn.Module]:
+    """transformers' top-k routers of fused-expert MoE blocks (``mlp.gate``)."""
+    return [m for m in module.modules() if type(m).__name__.endswith("TopKRouter")]
+
+
+def force_hf_routing(module: nn.Module, seq_length: int) -> None:
+    """Forced load balancing of every router in `module` (the zoo's rule,
+    `planner.models.transformer.forced_experts`, over positions of `seq_length`-token
+    sequences): the experts fixed, weighted by the router's softmax probabilities of them,
+    renormalized where the config says (``norm_topk_prob``)."""
+    for router in _routers(module):
+        router.forward = types.MethodType(_forced_forward, router)
+        router.seq_length = seq_length
+
+
+def _forced_forward(self, hidden_states: torch.Tensor):
+    hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+    logits = F.linear(hidden_states, self.weight)
+    probs = torch.softmax(logits, dtype=torch.float, dim=-1)
+    tokens = hidden_states.shape[0]
+    index = forced_experts(tokens // self.seq_length, self.seq_length, self.top_k,
+                           self.num_experts, logits.device).reshape(tokens, self.top_k)
+    top = probs.gather(-1, index)
+    if self.norm_topk_prob:
+        top = top / top.sum(dim=-1, keepdim=True)
+    return logits, top.to(logits.dtype), index
+
+
+class HFExpertParallelMoE(nn.Module):
+    """This rank's experts of a transformers fused-expert MoE block (``mlp.experts.
+    gate_up_proj`` ``[E, 2f, h]``, ``down_proj`` ``[E, h, f]``, each a DTensor split over
+    the expert-parallel ranks on dim 0, under their full names) with its replicated
+    router (``mlp.gate``), dispatched all-to-all (`runtime.experts.alltoall_dispatch`)."""
+
+    def __init__(self, moe: nn.Module, ep_mesh: DeviceMesh) -> None:
+        super().__init__()
+        self.gate, self.experts = moe.gate, moe.experts
+        self.num_experts = moe.experts.num_experts
+        self.ep, self.ep_group = ep_mesh.size(), ep_mesh.get_group()
+        if self.num_experts % self.ep:
+            raise ValueError(f"expert parallelism {self.ep} must divide the "
+                             f"{self.num_experts} experts")
+        for name in ("gate_up_proj", "down_proj"):
+            param = getattr(self.experts, name)
+            setattr(self.experts, name,
+                    nn.Parameter(distribute_tensor(param, ep_mesh, [Shard(0)])))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        _, top, index = self.gate(x.reshape(-1, h))
+        gate_up = self.experts.gate_up_proj.to_local()
+        down = self.experts.down_proj.to_local()
+        act = self.experts.act_fn
+
+        def run(local: int, rows: torch.Tensor) -> torch.Tensor:
+            gate, up = F.linear(rows, gate_up[local]).chunk(2, dim=-1)
+            return F.linear(act(gate) * up, down[local])
+
+        return alltoall_dispatch(x, top.reshape(b, s, -1), index.reshape(b, s, -1),
+                                 self.num_experts, self.ep, self.ep_group, run)
+
+
+def apply_hf_expert_parallel(stage: HFStageModule, mesh: DeviceMesh, dispatcher: str) -> None:
+    """Each MoE block's experts split over the ``ep`` axis of `mesh`
+    (`runtime.experts.expert_mesh`), tokens dispatched all-to-all."""
+    if dispatcher != "alltoall":
+        raise ValueError("a Hugging Face MoE model runs the alltoall token dispatcher "
+                         "(--moe-token-dispatcher-type alltoall)")
+    for block in stage.layers.values():
+        if hasattr(block.mlp, "experts"):
+            block.mlp = HFExpertParallelMoE(block.mlp, mesh["ep"])

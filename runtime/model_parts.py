@@ -19,7 +19,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from planner.models.config import TransformerConfig
 from runtime.parallelize import apply_recompute, apply_tensor_parallel
 from runtime.spec import RunSpec
-from runtime.stages import build_reference, build_stage, materialize
+from runtime.experts import apply_expert_parallel
+from runtime.stages import build_reference, build_stage, force_load_balancing, materialize
 
 
 class ZooParts:
@@ -57,6 +58,14 @@ class ZooParts:
         """Give the meta stage this rank's shards of the initial values."""
         materialize(stage, seed)
 
+    def expert_parallel(self, stage: nn.Module, mesh: DeviceMesh, dispatcher: str) -> None:
+        """This rank's experts of each MoE block, on `mesh`'s ``ep`` axis."""
+        apply_expert_parallel(stage, mesh, dispatcher)
+
+    def force_balance(self, stage: nn.Module) -> None:
+        """Forced load balancing of the stage's routers."""
+        force_load_balancing(stage)
+
     def reference(self, seed: int, force_balance: bool = False) -> nn.Module:
         """The whole model in one process with the same initial values."""
         return build_reference(self.config, seed, force_balance)
@@ -92,11 +101,21 @@ class HFParts(ZooParts):
             raise ValueError(f"the model shape differs from the Hugging Face config's: {wrong}")
 
     def check(self, spec: RunSpec) -> None:
-        if spec.degrees.cp > 1 or spec.expert > 1:
+        moe = self.hf_config.model_type in self.hf.MOE_FAMILIES
+        if spec.degrees.cp > 1 or (spec.expert > 1 and not moe):
             raise ValueError(
-                "context and expert parallelism run on zoo models only, not on a Hugging "
-                "Face model yet"
+                "context parallelism, and expert parallelism of other than Qwen3-MoE, run "
+                "on zoo models only, not on a Hugging Face model yet"
             )
+        if moe and spec.degrees.tp > 1:
+            raise ValueError("tensor parallelism of a Hugging Face MoE model (its QK norms "
+                             "and fused experts) is not run yet")
+
+    def expert_parallel(self, stage: nn.Module, mesh: DeviceMesh, dispatcher: str) -> None:
+        self.hf.apply_hf_expert_parallel(stage, mesh, dispatcher)
+
+    def force_balance(self, stage: nn.Module) -> None:
+        self.hf.force_hf_routing(stage, self.config.seq_length)
 
     def build_stage(self, layers: tuple[int, int], first: bool, last: bool) -> nn.Module:
         return self.hf.build_hf_stage(self.hf_config, layers, first, last)
@@ -111,7 +130,10 @@ class HFParts(ZooParts):
         self.hf.materialize_hf_stage(stage, seed)
 
     def reference(self, seed: int, force_balance: bool = False) -> nn.Module:
-        return self.hf.build_hf_reference(self.hf_config, seed)
+        model = self.hf.build_hf_reference(self.hf_config, seed)
+        if force_balance:
+            self.hf.force_hf_routing(model, self.config.seq_length)
+        return model
 
     def logits(self, reference: nn.Module, tokens: torch.Tensor,
                targets: torch.Tensor | None = None) -> torch.Tensor:

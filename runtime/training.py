@@ -32,7 +32,6 @@ from runtime.comm_counter import CommCounter
 from runtime.elastic import launch
 from runtime.experts import (
     EXPERT_MARK,
-    apply_expert_parallel,
     expert_mesh,
     expert_parameters,
     reduce_expert_gradients,
@@ -48,7 +47,7 @@ from runtime.parallelize import (
 from runtime.resilience import Resilience, restart_count
 from runtime.schedule import build_schedule, stage_shapes
 from runtime.spec import RunSpec
-from runtime.stages import ContextShard, clean_name, force_load_balancing
+from runtime.stages import ContextShard, clean_name
 
 OPTIMIZERS = {
     "sgd": (torch.optim.SGD, {"lr": 0.1}),
@@ -116,9 +115,9 @@ class PipelineTrainer(checkpoint.Checkpointing):
             if self.context is not None:
                 stage.set_context(self.context)
             if spec.force_balance:
-                force_load_balancing(stage)
+                parts.force_balance(stage)
             if self.expert_mesh is not None:
-                apply_expert_parallel(stage, self.expert_mesh, spec.expert_dispatcher)
+                parts.expert_parallel(stage, self.expert_mesh, spec.expert_dispatcher)
             parts.tensor_parallel(stage, self.mesh["tp"], spec.sequence_parallel)
             if not spec.sequence_parallel:
                 slice_stage_boundaries(stage, self.mesh["tp"], first=index == 0,

@@ -6,9 +6,12 @@ and ep4 x dp2 (expert-data 2 inside data 8) with ZeRO-1. Each plan trains as one
 does (losses and parameters within 1e-4), every rank issues exactly the collectives the
 Plan predicts, kind by kind in count and bytes, all-to-all included, and holds the model
 state (parameters, gradients, optimizer state; expert and non-expert) the Plan predicts,
-within 1%. Both plans share one launch of the 8 ranks."""
+within 1%. Both plans share one launch of the 8 ranks. Then `plan check` itself of a tiny
+Qwen3-MoE from an hf: config, run through transformers' own modules."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -86,3 +89,44 @@ def test_tiny_deepseek_v3_plans_train_as_one_process_and_as_predicted() -> None:
         compared = [row for row in comparison.memory if not row.note]
         assert len(compared) == GPUS * (2 if plan.parallel.zero_stage == 1 else 3)
         assert all(row.relative_error <= MEMORY_TOLERANCE for row in compared)
+
+
+HF_QWEN3_MOE = {  # transformers' Qwen3MoeForCausalLM: QK norms, fused experts, top-2 of 8
+    "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64,
+    "intermediate_size": 96, "moe_intermediate_size": 16, "num_experts": 8,
+    "num_experts_per_tok": 2, "num_hidden_layers": 4, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128,
+    "max_position_embeddings": 64, "norm_topk_prob": True, "tie_word_embeddings": False,
+    "rms_norm_eps": 1e-6,
+}
+
+
+@pytest.mark.timeout(300)
+def test_plan_check_of_a_hugging_face_qwen3_moe_with_forced_balance(tmp_path, capsys) -> None:
+    """`plan check hf:config.json` of a tiny Qwen3-MoE through transformers' own modules
+    (its fused experts split over the expert-parallel ranks on dim 0), ep2 x pp2 x
+    expert-data 2 on 8 ranks, all-to-all dispatch with forced balance: as one process,
+    every collective and held byte as the Plan predicts."""
+    from planner import cli
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(HF_QWEN3_MOE))
+    report = tmp_path / "check.json"
+    code = cli.main([
+        "check", f"hf:{config}", "--seq-length", "16", "--gpus", "8",
+        "--global-batch-size", "8", "--pipeline-model-parallel-size", "2",
+        "--tensor-model-parallel-size", "1", "--expert-model-parallel-size", "2",
+        "--moe-token-dispatcher-type", "alltoall", "--moe-router-force-load-balancing",
+        "--steps", "2", "--json", str(report)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    data = json.loads(report.read_text())
+    plan, check, comparison = data["plan"], data["check"], data["comparison"]
+    assert plan["run"]["moe_router_force_load_balancing"]
+    assert (plan["parallel"]["expert"], plan["parallel"]["pipeline"],
+            plan["parallel"]["data"]) == (2, 2, 4)
+    assert check["loss_max_rel_error"] < 1e-4 and check["parameter_rel_error"] < 1e-4
+    assert comparison["passed"] and comparison["measured"] == comparison["predicted"]
+    assert all(kinds["all_to_all"]["count"] > 0 for kinds in comparison["measured"])
+    rows = comparison["memory"]
+    assert len(rows) == 3 * 8 and all(r["measured"] == r["predicted"] for r in rows)
