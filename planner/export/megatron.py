@@ -8,6 +8,8 @@ size is not a flag: it comes from the launcher.
 
 from __future__ import annotations
 
+import math
+
 from planner.megatron.pipeline_layout import layout_string
 from planner.models.config import TransformerConfig
 from planner.parallel import ParallelConfig
@@ -67,6 +69,15 @@ def _accounted_ends(chunk_layers: list[int]) -> tuple[bool, bool] | None:
     expected[0] -= embedding
     expected[-1] -= loss
     return (embedding, loss) if expected == chunk_layers else None
+
+
+def _vocabulary_padding(vocab: int, tensor: int) -> list[str]:
+    """--make-vocab-size-divisible-by where Megatron-LM's default (128, times the tensor
+    size: megatron/training/tokenizer `_vocab_size_with_padding`) would pad the model's
+    vocabulary (Qwen3's 151936 over 2 ranks): the largest divisor that keeps it."""
+    if vocab % tensor or vocab % (128 * tensor) == 0:
+        return []
+    return [f"--make-vocab-size-divisible-by {math.gcd(vocab // tensor, 128)}"]
 
 
 def _attention_flags(model: TransformerConfig) -> list[str]:
@@ -148,6 +159,7 @@ def megatron_flags(
         f"--max-position-embeddings {model.max_position_embeddings}",
         f"--vocab-size {model.vocab_size}",
     ]
+    flags += _vocabulary_padding(model.vocab_size, parallel.tensor)
     if model.num_query_groups is not None and model.num_query_groups != model.num_attention_heads:
         flags += ["--group-query-attention", f"--num-query-groups {model.num_query_groups}"]
     if model.norm == "rmsnorm":
