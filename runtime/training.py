@@ -247,12 +247,21 @@ class PipelineTrainer(checkpoint.Checkpointing):
             "parameters_gathered": _gathered_bytes(self.parameters, self.dp_mesh),
             "gradients": _bytes([p.grad for p in self.parameters if p.grad is not None]),
         }
+        experts = {id(p) for m in self.modules.values() for p in expert_parameters(m)}
+        self.held["expert_parameters"] = _bytes([p for p in self.parameters
+                                                 if id(p) in experts])
+        self.held["expert_gradients"] = _bytes([p.grad for p in self.parameters
+                                                if id(p) in experts and p.grad is not None])
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps_done += 1
         self.held["optimizer"] = _bytes([
             v for state in self.optimizer.state.values() for v in state.values()
             if isinstance(v, torch.Tensor) and v.dim() > 0
+        ])
+        self.held["expert_optimizer"] = _bytes([
+            v for p, state in self.optimizer.state.items() if id(p) in experts
+            for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0
         ])
         if not self.is_last:
             return None
@@ -273,7 +282,8 @@ class PipelineTrainer(checkpoint.Checkpointing):
         optimizer state (after the last step), counted over its local shards.
 
         Parameters are counted at rest (``parameters``) and gathered over the data-parallel
-        axis (``parameters_gathered``). FSDP2 keeps them sharded at rest for every ZeRO
+        axis (``parameters_gathered``); ``expert_parameters``, ``expert_gradients`` and
+        ``expert_optimizer`` are the experts' part (never ZeRO-sharded here). FSDP2 keeps them sharded at rest for every ZeRO
         stage it runs (1, 2 and 3); ZeRO-1/2 hold the gathered ones from the forward to the
         last backward of a step (what a ZeRO-1/2 plan predicts), ZeRO-3 one layer's at a
         time. A tied embedding's copy on the last pipeline stage is counted there (as

@@ -52,6 +52,22 @@ def _plan(knobs: dict):
                          Cluster.load("cpu").with_devices(GPUS), parallel)
 
 
+def _expert_state(plan, pp_rank: int) -> tuple[int, int, int]:
+    """The Plan's (parameters, gradients, optimizer) bytes of a rank's experts on pipeline
+    rank `pp_rank` (`cost_models.stage_parameters`, the experts only)."""
+    from cost_models.memory import state_element_bytes
+    from cost_models.stage_parameters import chunk_parameters, rank_state_bytes
+
+    stage, chunks = plan.stages[pp_rank], [tuple(c) for s in plan.stages for c in s.chunks]
+    last = len(chunks) - 1
+    params = [p for c in stage.chunks for p in chunk_parameters(
+        DEEPSEEK_V3_TINY, tuple(c), chunks.index(tuple(c)) == 0,
+        chunks.index(tuple(c)) == last) if p.expert is not None]
+    p = plan.parallel
+    return rank_state_bytes(params, p.tensor, p.data, p.zero_stage, p.expert,
+                            DEEPSEEK_V3_TINY.num_experts, state_element_bytes("fp32"))
+
+
 def _train_each(rank: int, world: int, runs: list) -> list[dict]:
     from runtime.training import train_on_rank
 
@@ -89,6 +105,16 @@ def test_tiny_deepseek_v3_plans_train_as_one_process_and_as_predicted() -> None:
         compared = [row for row in comparison.memory if not row.note]
         assert len(compared) == GPUS * (2 if plan.parallel.zero_stage == 1 else 3)
         assert all(row.relative_error <= MEMORY_TOLERANCE for row in compared)
+        # The experts' part on its own: each rank holds its expert group's share, whole
+        # (none on a first stage of only the dense layer).
+        held = []
+        for r in ranks:
+            want = _expert_state(plan, r["coords"]["pp"])
+            got = [r["local_bytes"][k] for k in ("expert_parameters", "expert_gradients",
+                                                 "expert_optimizer")]
+            assert got == list(want), (name, r["coords"], got, want)
+            held.append(got[0])
+        assert held[-1] > 0
 
 
 HF_QWEN3_MOE = {  # transformers' Qwen3MoeForCausalLM: QK norms, fused experts, top-2 of 8

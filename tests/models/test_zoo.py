@@ -322,3 +322,16 @@ def test_mtp_loss_is_added_scaled_as_megatron_does() -> None:
     embedded, labels = mtp_depth_inputs(targets, 2)
     assert torch.equal(embedded[:, :14], targets[:, 1:15])
     assert torch.equal(labels[:, :14], targets[:, 2:])
+
+
+@pytest.mark.parametrize("name", [*TINY_MOE, "mixtral", "gpt"])
+def test_the_plans_parameter_listing_is_the_zoo_models(name: str) -> None:
+    """`cost_models.stage_parameters.chunk_parameters` (what a Plan's placements and held
+    bytes come from) names every parameter the zoo builds, with its shape."""
+    from cost_models.stage_parameters import chunk_parameters
+
+    config = {**TINY_MOE, **TINY_FAMILIES}[name]
+    listed = {p.name: p.shape for p in chunk_parameters(config, (0, config.num_layers),
+                                                         True, True)}
+    built = {n: tuple(p.shape) for n, p in build_model(config).named_parameters()}
+    assert listed == built

@@ -32,6 +32,15 @@ LLAMA = TransformerConfig(
     tie_embeddings=False,
 )
 MIXTRAL = LLAMA.model_copy(update={"num_experts": 4, "moe_top_k": 2})
+# DeepSeek-V3's shape, tiny: MLA (its down projections replicated, up column- and output
+# row-parallel), a dense first layer, shared and routed experts, an MTP layer (with the
+# embedding's copy on the last stage).
+DEEPSEEK_V3 = LLAMA.model_copy(update=dict(
+    num_layers=2, ffn_hidden_size=96, multi_latent_attention=True, q_lora_rank=24,
+    kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=8, v_head_dim=8, num_experts=8,
+    moe_top_k=2, moe_ffn_hidden_size=16, moe_shared_expert_intermediate_size=16,
+    moe_layer_freq=[0, 1], moe_router_score_function="sigmoid", moe_router_num_groups=4,
+    moe_router_group_topk=2, mtp_num_layers=1))
 
 CASES = {
     "gpt-pp2-tp2-dp2-zero3-sp": (GPT, dict(pipeline=2, tensor=2, zero_stage=3,
@@ -42,6 +51,8 @@ CASES = {
     "gpt-dp8-zero0": (GPT, dict(zero_stage=0)),
     "gpt-tp4-dp2-zero2": (GPT, dict(tensor=4, zero_stage=2)),
     "mixtral-dp4-ep2-zero3": (MIXTRAL, dict(expert=2, zero_stage=3)),
+    "deepseek-v3-pp2-tp2-dp2-ep2-zero1": (DEEPSEEK_V3, dict(pipeline=2, tensor=2, expert=2,
+                                                            zero_stage=1)),
 }
 
 
