@@ -55,10 +55,12 @@ ATTENTION = "tessel_sdpa"
 """The attention implementation stages run: transformers' SDPA, optionally recomputed."""
 
 # Decoder families whose modules are Llama's (names, layout, forward) and that were run
-# here against the single-process model: Llama, and Qwen3-MoE (Llama's layout with QK
-# norms and transformers' fused-expert MoE blocks; tensor parallelism not run yet).
-SUPPORTED = ("llama", "qwen3_moe")
-MOE_FAMILIES = ("qwen3_moe",)
+# here against the single-process model: Llama; Qwen3-MoE (Llama's layout with QK norms
+# and transformers' fused-expert MoE blocks) and DeepSeek-V3 (multi-latent attention,
+# dense layers first, shared and routed experts; no MTP in transformers), whose tensor
+# parallelism is not run yet.
+SUPPORTED = ("llama", "qwen3_moe", "deepseek_v3")
+MOE_FAMILIES = ("qwen3_moe", "deepseek_v3")
 
 _DROPOUTS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop")
 
@@ -175,11 +177,12 @@ class HFStageModule(nn.Module):
 
     def reset_buffers(self) -> None:
         """Recompute the rotary tables (non-persistent buffers, which `to_empty` leaves
-        uninitialized) from the config."""
+        uninitialized) from the config, and zero DeepSeek-V3's router biases."""
         fresh = type(self.model.rotary_emb)(config=self.hf_config)
         with torch.no_grad():
             for name, buffer in self.model.rotary_emb.named_buffers():
                 buffer.copy_(fresh.get_buffer(name))
+        zero_router_biases(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.first_stage:
@@ -200,6 +203,16 @@ class HFStageModule(nn.Module):
         if self.tie_embeddings:
             return tied_head(x, self.model.embed_tokens.weight, self.head_input_layout)
         return self.lm_head(x)
+
+
+def zero_router_biases(module: nn.Module) -> None:
+    """DeepSeek-V3's routers keep a score-correction bias buffer (the aux-loss-free
+    balancing's, zero at the start; transformers' _init_weights zeroes it), which
+    `to_empty` leaves uninitialized."""
+    with torch.no_grad():
+        for name, buffer in module.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.zero_()
 
 
 def build_hf_stage(
@@ -296,6 +309,7 @@ def build_hf_reference(config: Any, seed: int) -> nn.Module:
         fresh = type(model.model.rotary_emb)(config=config)
         for name, buffer in model.model.rotary_emb.named_buffers():
             buffer.copy_(fresh.get_buffer(name))
+    zero_router_biases(model)
     model.train()
     return model
 
@@ -307,7 +321,7 @@ def hf_logits(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
 
 def _routers(module: nn.Module) -> list[nn.Module]:
     """transformers' top-k routers of fused-expert MoE blocks (``mlp.gate``)."""
-    return [m for m in module.modules() if type(m).__name__.endswith("TopKRouter")]
+    return [m for m in module.modules() if type(m).__name__.lower().endswith("topkrouter")]
 
 
 def force_hf_routing(module: nn.Module, seq_length: int) -> None:
@@ -321,13 +335,24 @@ def force_hf_routing(module: nn.Module, seq_length: int) -> None:
 
 
 def _forced_forward(self, hidden_states: torch.Tensor):
+    """The router's scores (softmax; DeepSeek-V3's sigmoid, normalized and scaled as its
+    router does) of the forced experts."""
     hidden_states = hidden_states.reshape(-1, self.hidden_dim)
-    logits = F.linear(hidden_states, self.weight)
-    probs = torch.softmax(logits, dtype=torch.float, dim=-1)
+    sigmoid = hasattr(self, "routed_scaling_factor")  # DeepseekV3TopkRouter
+    if sigmoid:
+        logits = F.linear(hidden_states.float(), self.weight.float())
+        probs = logits.sigmoid()
+    else:
+        logits = F.linear(hidden_states, self.weight)
+        probs = torch.softmax(logits, dtype=torch.float, dim=-1)
     tokens = hidden_states.shape[0]
     index = forced_experts(tokens // self.seq_length, self.seq_length, self.top_k,
                            self.num_experts, logits.device).reshape(tokens, self.top_k)
     top = probs.gather(-1, index)
+    if sigmoid:
+        if self.norm_topk_prob:
+            top = top / (top.sum(dim=-1, keepdim=True) + 1e-20)
+        return logits, top * self.routed_scaling_factor, index
     if self.norm_topk_prob:
         top = top / top.sum(dim=-1, keepdim=True)
     return logits, top.to(logits.dtype), index
@@ -342,6 +367,7 @@ class HFExpertParallelMoE(nn.Module):
     def __init__(self, moe: nn.Module, ep_mesh: DeviceMesh) -> None:
         super().__init__()
         self.gate, self.experts = moe.gate, moe.experts
+        self.shared_experts = getattr(moe, "shared_experts", None)  # DeepSeek-V3's
         self.num_experts = moe.experts.num_experts
         self.ep, self.ep_group = ep_mesh.size(), ep_mesh.get_group()
         if self.num_experts % self.ep:
@@ -363,8 +389,11 @@ class HFExpertParallelMoE(nn.Module):
             gate, up = F.linear(rows, gate_up[local]).chunk(2, dim=-1)
             return F.linear(act(gate) * up, down[local])
 
-        return alltoall_dispatch(x, top.reshape(b, s, -1), index.reshape(b, s, -1),
-                                 self.num_experts, self.ep, self.ep_group, run)
+        out = alltoall_dispatch(x, top.reshape(b, s, -1), index.reshape(b, s, -1),
+                                self.num_experts, self.ep, self.ep_group, run)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return out
 
 
 def apply_hf_expert_parallel(stage: HFStageModule, mesh: DeviceMesh, dispatcher: str) -> None:

@@ -7,7 +7,8 @@ does (losses and parameters within 1e-4), every rank issues exactly the collecti
 Plan predicts, kind by kind in count and bytes, all-to-all included, and holds the model
 state (parameters, gradients, optimizer state; expert and non-expert) the Plan predicts,
 within 1%. Both plans share one launch of the 8 ranks. Then `plan check` itself of a tiny
-Qwen3-MoE from an hf: config, run through transformers' own modules."""
+Qwen3-MoE and of a tiny DeepSeek-V3 from hf: configs, run through transformers' own
+modules."""
 
 from __future__ import annotations
 
@@ -125,18 +126,32 @@ HF_QWEN3_MOE = {  # transformers' Qwen3MoeForCausalLM: QK norms, fused experts, 
     "max_position_embeddings": 64, "norm_topk_prob": True, "tie_word_embeddings": False,
     "rms_norm_eps": 1e-6,
 }
+HF_DEEPSEEK_V3 = {  # DeepseekV3ForCausalLM: MLA, a dense first layer, shared expert,
+    # sigmoid routing limited to 2 of 4 groups (transformers builds no MTP layer)
+    "model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"],
+    "vocab_size": 128, "hidden_size": 64, "intermediate_size": 96,
+    "moe_intermediate_size": 16, "num_hidden_layers": 4, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "n_shared_experts": 1, "n_routed_experts": 8,
+    "routed_scaling_factor": 1.0, "kv_lora_rank": 16, "q_lora_rank": 24,
+    "qk_rope_head_dim": 8, "v_head_dim": 8, "qk_nope_head_dim": 8, "n_group": 4,
+    "topk_group": 2, "num_experts_per_tok": 2, "first_k_dense_replace": 1,
+    "norm_topk_prob": True, "max_position_embeddings": 64, "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False, "rope_interleave": True, "num_nextn_predict_layers": 0,
+}
 
 
 @pytest.mark.timeout(300)
-def test_plan_check_of_a_hugging_face_qwen3_moe_with_forced_balance(tmp_path, capsys) -> None:
-    """`plan check hf:config.json` of a tiny Qwen3-MoE through transformers' own modules
-    (its fused experts split over the expert-parallel ranks on dim 0), ep2 x pp2 x
-    expert-data 2 on 8 ranks, all-to-all dispatch with forced balance: as one process,
-    every collective and held byte as the Plan predicts."""
+@pytest.mark.parametrize("model", ["qwen3_moe", "deepseek_v3"])
+def test_plan_check_of_a_hugging_face_moe_with_forced_balance(model, tmp_path, capsys) -> None:
+    """`plan check hf:config.json` of a tiny Qwen3-MoE and a tiny DeepSeek-V3 through
+    transformers' own modules (fused experts split over the expert-parallel ranks on dim
+    0), ep2 x pp2 x expert-data 2 on 8 ranks, all-to-all dispatch with forced balance: as
+    one process, every collective and held byte as the Plan predicts."""
     from planner import cli
 
     config = tmp_path / "config.json"
-    config.write_text(json.dumps(HF_QWEN3_MOE))
+    config.write_text(json.dumps({"qwen3_moe": HF_QWEN3_MOE,
+                                  "deepseek_v3": HF_DEEPSEEK_V3}[model]))
     report = tmp_path / "check.json"
     code = cli.main([
         "check", f"hf:{config}", "--seq-length", "16", "--gpus", "8",
