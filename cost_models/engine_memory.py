@@ -28,6 +28,9 @@ freed blocks for reuse and splits large ones; the blocks it cannot hand out agai
 
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import lru_cache
+
 from cost_models import memory
 from cost_models.saved_activations import activation_element_bytes, layer_shape
 from planner.models.config import TransformerConfig
@@ -51,12 +54,45 @@ def _moment_bytes(parallel: ParallelConfig) -> int:
 
 
 def model_state(
-    params: float, block_params: float, end_params: float, parallel: ParallelConfig
+    params: float, block_params: float, end_params: float, parallel: ParallelConfig,
+    expert_params: float = 0.0,
 ) -> tuple[memory.ModelStateBytes, float]:
     """(state, gathered): the weights, gradients and optimizer state one GPU holds for
-    `params` parameters (its tensor shard of a stage), and the bytes of gathered weights
-    and unsharded gradients it holds at the peak beyond them. `block_params`: one layer's
-    parameters on this GPU; `end_params`: the embedding's and head's on this stage."""
+    `params` parameters (its tensor shard of a stage) and `expert_params` of routed
+    experts (its expert shard), and the bytes of gathered weights and unsharded gradients
+    it holds at the peak beyond them. `block_params`: one layer's parameters on this GPU;
+    `end_params`: the embedding's and head's on this stage. Expert state is sharded over
+    the expert-data-parallel ranks, as Megatron-Core's distributed optimizer (and FSDP2
+    over TorchTitan's expert mesh) shard it; the rest over the data x context ranks."""
+    dense, gathered = _model_state(params, block_params, end_params, parallel)
+    if not expert_params:
+        return dense, gathered
+    # Each kind of expert state the engine shards over data x context ranks is sharded
+    # over the expert-data ranks instead: whole on one rank, divided by them.
+    sharded, _ = _model_state(expert_params, 0.0, 0.0, parallel)
+    whole, _ = _model_state(expert_params, 0.0, 0.0, _unsharded(parallel))
+    # Tessel's runtime keeps experts out of ZeRO (`runtime/experts.py`): whole per rank.
+    edp = 1 if parallel.engine == "tessel" else max(parallel.expert_data, 1)
+    kinds = {kind: getattr(whole, kind) / edp
+             if getattr(sharded, kind) < getattr(whole, kind) else getattr(whole, kind)
+             for kind in ("weights", "gradients", "optimizer")}
+    return memory.ModelStateBytes(
+        weights=dense.weights + kinds["weights"],
+        gradients=dense.gradients + kinds["gradients"],
+        optimizer=dense.optimizer + kinds["optimizer"],
+        experts=(kinds["weights"], kinds["gradients"], kinds["optimizer"])), gathered
+
+
+@lru_cache(maxsize=4096)
+def _unsharded(parallel: ParallelConfig) -> ParallelConfig:
+    """`parallel` on one data and context rank: the state nothing shards."""
+    return replace(parallel, data=1, context=1)
+
+
+def _model_state(
+    params: float, block_params: float, end_params: float, parallel: ParallelConfig
+) -> tuple[memory.ModelStateBytes, float]:
+    """`model_state` of parameters sharded over the data x context ranks."""
     shards = parallel.data * parallel.context
     if parallel.engine == "torchtitan" and parallel.zero_stage >= 1:
         weight = 1 if parallel.fp8_param_gather else activation_element_bytes(

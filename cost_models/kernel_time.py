@@ -93,3 +93,11 @@ class Pass:
     @property
     def total(self) -> float:
         return self.forward + self.backward + self.recompute
+
+    def __add__(self, other: Pass) -> Pass:
+        return Pass(self.forward + other.forward, self.backward + other.backward,
+                    self.recompute + other.recompute)
+
+    def scaled(self, factor: float) -> Pass:
+        """Every phase times `factor`."""
+        return Pass(self.forward * factor, self.backward * factor, self.recompute * factor)

@@ -9,8 +9,6 @@ read one uniform layer as before.
 
 from __future__ import annotations
 
-from collections import Counter
-
 from planner.models.config import TransformerConfig
 
 _VARIANTS: dict[int, tuple[TransformerConfig, list[tuple[TransformerConfig, float]]]] = {}
@@ -26,12 +24,12 @@ def layer_variants(model: TransformerConfig) -> list[tuple[TransformerConfig, fl
     found = _VARIANTS.get(id(model))
     if found is not None and found[0] is model:
         return found[1]
-    counts = Counter(model.layer_kinds())
+    counts = model.kind_counts()
     if len(counts) == 1:
         variants = [(model, 1.0)]
     else:
         variants = [(model.for_layer(kind), count / model.num_layers)
-                    for kind, count in counts.items()]
+                    for kind, count in counts]
     if len(_VARIANTS) > MAX_MEMO:
         _VARIANTS.clear()
     _VARIANTS[id(model)] = (model, variants)

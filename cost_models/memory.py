@@ -46,6 +46,8 @@ class ModelStateBytes:
     """Gradients of those parameters (or Megatron's fp32 main grads)."""
     optimizer: float
     """fp32 master weights plus Adam's two moments (K = 12 bytes per parameter)."""
+    experts: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """Of the weights, gradients and optimizer state, the routed experts' bytes."""
     total: float = field(init=False)
     """weights + gradients + optimizer."""
 
@@ -201,6 +203,8 @@ class MemoryBreakdown:
     activation_kinds: tuple[tuple[str, float], ...] = ()
     """`activations` by kind (norm inputs, attention, mlp, ...), where the engine's rules
     counted them."""
+    expert_state: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """Of the weights, gradients and optimizer state, the routed experts' bytes."""
     total: float = field(init=False)
     """Everything that must fit: the allocated peak and the memory outside the allocator."""
 
@@ -227,3 +231,20 @@ class MemoryBreakdown:
         """Whether what the allocator reserves fits too; a run that fits allocated but not
         reserved may run out of memory through fragmentation."""
         return self.reserved + self.reserve <= capacity_bytes
+
+
+def breakdown_gib(peak: MemoryBreakdown, by_kind: bool = True) -> dict[str, float]:
+    """`peak` by kind in GiB, activations split by the kinds counted (`by_kind`) or whole,
+    the routed experts' weights, gradients and optimizer state apart from the rest's."""
+    experts = dict(zip(("weights", "gradients", "optimizer"), peak.expert_state))
+    parts = {kind: total - experts[kind] for kind, total in (
+        ("weights", peak.weights), ("gradients", peak.gradients),
+        ("optimizer", peak.optimizer))}
+    if any(peak.expert_state):
+        parts |= {f"experts' {kind}": bytes_ for kind, bytes_ in experts.items()}
+    if peak.activation_kinds and by_kind:
+        parts |= {f"activations: {kind}": bytes_ for kind, bytes_ in peak.activation_kinds}
+    else:
+        parts["activations"] = peak.activations
+    parts |= {"working buffers": peak.transient, "outside the allocator": peak.reserve}
+    return {kind: bytes_ / 2**30 for kind, bytes_ in parts.items()}

@@ -12,17 +12,20 @@ each the price of one mechanism (`cost_models.efficiency`):
   token counts (eager runs only);
 - `alltoall_bandwidth`: the bandwidth dispatch all-to-alls reach against ring collectives.
 
-What a row does not give is set as Megatron-Bridge's recipes run it: the distributed
-optimizer with gradient reduction and weight gathering overlapped, Transformer Engine's
-fused attention, sequence parallelism where tensors are split, the interleaved schedule
-where a row has virtual stages, expert tensor parallelism 1, the alltoall dispatcher unless
-the notes name DeepEP. A row's step time is its batch's tokens over its throughput.
+What a row does not give is set as Megatron-Bridge's performance recipes run it (the
+launch lines of tests/planner/megatron/test_published_moe_runs.py cite each): the
+distributed optimizer with gradient reduction and weight gathering overlapped, Transformer
+Engine's fused attention, sequence parallelism where tensors are split, the interleaved
+schedule where a row has virtual stages, expert tensor parallelism 1, forced load
+balancing (every performance recipe benchmarks with it), the alltoall dispatcher unless
+the notes name DeepEP; `RECIPE_EXTRAS` adds what a recipe sets beyond its row's notes.
+A row's step time is its batch's tokens over its throughput.
 """
 
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +46,16 @@ MODELS = {"DeepSeek-V3": "deepseek-v3", "Qwen3-235B-A22B": "qwen3-235b-a22b",
 SYSTEMS = {"B200": "dgx-b200", "H100": "dgx-h100", "GB200": "gb200-nvl72"}
 PRECISIONS = {"bf16": ("bf16", "delayed"), "FP8-CS": ("fp8", "tensorwise"),
               "MXFP8": ("fp8", "mxfp8")}
+RECIPE_EXTRAS: dict[tuple[str, str], dict[str, object]] = {
+    # GPT_OSS_120B_PRETRAIN_CONFIG_GB200 (Megatron-Bridge @c270efc50): HybridEP (flex)
+    # and the all-to-all overlap (moe_a2a_overlap=True), which the row's notes omit; its
+    # full-iteration CUDA graph pads each rank's expert input to a capacity of 1.5
+    # (set_full_iter_cg_configs: moe_expert_rank_capacity_factor = 1.5).
+    ("GPT-OSS-120B", "GB200"): {"moe_token_dispatcher": "flex",
+                                "overlap_moe_expert_parallel_comm": True,
+                                "moe_expert_capacity_factor": 1.5,
+                                "moe_pad_expert_input_to_capacity": True},
+}
 # The shape columns each row states, checked against the preset it is priced on.
 SHAPE = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
          "vocab": "vocab_size", "experts": "num_experts", "topk": "moe_top_k"}
@@ -97,11 +110,12 @@ def _run(row: dict[str, str], line: int) -> MoeRun:
         attention_backend="fused", precision=precision, fp8_recipe=recipe,
         moe_token_dispatcher="flex" if "DeepEP" in notes else "alltoall",
         overlap_moe_expert_parallel_comm="A2A overlap" in notes,
-        moe_router_force_load_balancing="forced balance" in notes,
+        moe_router_force_load_balancing=True,
         cuda_graphs="full-iteration CUDA graph" in notes,
         cuda_graph_scope=("attn", "moe_router", "moe_preprocess")
         if "cuda-graph attn/router/preproc" in notes else (),
     )
+    parallel = replace(parallel, **RECIPE_EXTRAS.get((row["model"], row["gpu"]), {}))
     gpus, throughput = int(row["num_gpus"]), float(row["value"])
     seconds = parallel.global_batch_size * model.seq_length / (throughput * gpus)
     step = MeasuredStep(model=model, parallel=parallel, num_gpus=gpus, seconds=seconds,

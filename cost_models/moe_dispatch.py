@@ -29,10 +29,12 @@ other's compute (Megatron-Core's combined 1F1B schedule), exposed only where lon
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cost_models.comm import group_collective_time
 from cost_models.kernel_time import Pass
+from cost_models.saved_activations import activation_element_bytes
+from cost_models.transformer_ops import ExpertSplit
 from planner.cluster import Cluster
 from planner.models.config import TransformerConfig
 from planner.parallel import ParallelConfig
@@ -53,13 +55,16 @@ class DispatchShape:
 
 
 def expected_load(rows_per_rank: float, expert: int, parallel: ParallelConfig) -> float:
-    """Rows of the busiest expert-parallel rank over its even share: 1 under forced
-    balance, else Raab & Steger's m/n + sqrt(2 m ln n / n) over m/n for m rows on n = ep
-    ranks, at most the capacity factor."""
+    """Rows of the busiest expert-parallel rank over its even share: the capacity factor
+    where inputs are padded to it; 1 under forced balance; else Raab & Steger's
+    m/n + sqrt(2 m ln n / n) over m/n for m rows on n = ep ranks, at most the capacity
+    factor."""
+    cap = parallel.moe_expert_capacity_factor
+    if parallel.moe_pad_expert_input_to_capacity and cap is not None:
+        return cap  # every rank computes and sends its padded capacity
     if parallel.moe_router_force_load_balancing or expert == 1 or rows_per_rank <= 0:
         return 1.0
     load = 1.0 + math.sqrt(2.0 * math.log(expert) / rows_per_rank)
-    cap = parallel.moe_expert_capacity_factor
     return min(load, cap) if cap is not None else load
 
 
@@ -142,3 +147,42 @@ def dispatch_pass(model: TransformerConfig, parallel: ParallelConfig, cluster: C
     both = one_way * 2 + rerun
     exposed = max(both - window, 0.0) + slowdown * min(both, window)
     return Pass(exposed / 2, exposed / 2, 0.0)
+
+
+def expert_split(model: TransformerConfig, parallel: ParallelConfig) -> ExpertSplit:
+    """How a rank of `parallel` runs `model`'s MoE layers, the busiest rank's load
+    included (`expected_load`)."""
+    shards = parallel.tensor if parallel.sequence_parallel else 1
+    etp = parallel.expert_tensor_degree if shards > 1 else parallel.tensor
+    split = ExpertSplit(expert_tensor=etp, sequence_shards=shards, expert=parallel.expert)
+    tokens = parallel.micro_batch_size * model.seq_length / parallel.context
+    rows = tokens * model.moe_top_k * split.routed_share
+    return replace(split, load=expected_load(rows, parallel.expert, parallel))
+
+
+def moe_layer_comm(model: TransformerConfig, parallel: ParallelConfig, cluster: Cluster,
+                   split: ExpertSplit, compute: Pass) -> Pass:
+    """Exposed dispatch and combine of one MoE layer of `split` for one micro-batch
+    beside `compute` (`dispatch_pass`)."""
+    tokens = parallel.micro_batch_size * model.seq_length / parallel.context
+    shape = DispatchShape(tokens=tokens / split.sequence_shards, expert=parallel.expert,
+                          expert_tensor=split.expert_tensor,
+                          element_bytes=activation_element_bytes(parallel.precision))
+    return dispatch_pass(model, parallel, cluster, shape, split.load, compute)
+
+
+def host_sync(model: TransformerConfig, parallel: ParallelConfig, cluster: Cluster) -> Pass:
+    """Host time an MoE layer leaves exposed (forward, and its replay where the MoE is
+    recomputed): the dispatcher copies the tokens per expert to the host once per
+    forward, and the GPU waits while the host launches the experts' GEMMs, one per local
+    expert (Transformer Engine's GroupedLinear). Not under CUDA graphs, nor where the MoE
+    preprocessing is graphed (Megatron-Core's --cuda-graph-scope moe_preprocess runs
+    without the copy), nor for the all-gather dispatcher (no counts to copy)."""
+    if parallel.moe_token_dispatcher == "allgather" or parallel.cuda_graphs \
+            or "moe_preprocess" in parallel.cuda_graph_scope:
+        return Pass(0.0, 0.0)
+    sync = cluster.device.efficiency.moe_sync_us * 1e-6 * (model.num_experts or 0) \
+        / parallel.expert
+    replays = parallel.recompute == "full" or (
+        parallel.recompute == "selective" and "moe" in parallel.recompute_modules)
+    return Pass(sync, 0.0, sync if replays else 0.0)

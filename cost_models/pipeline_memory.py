@@ -68,31 +68,60 @@ def attention_backend(parallel: ParallelConfig, flash: bool) -> str:
     return "flash" if flash else "local"
 
 
-def layer_parameters(model: TransformerConfig, expert: int) -> float:
-    """Parameters of one layer a tensor-parallel group holds: all but the experts, and of
-    those its expert-parallel share."""
+def layer_parameters(model: TransformerConfig, parallel: ParallelConfig,
+                     tensor: int | None = None) -> tuple[float, float]:
+    """(other, expert): parameters of one (mean) layer on one GPU of a stage `tensor`
+    wide (default `parallel.tensor`): all but the routed experts split over the tensor
+    ranks; the experts over the expert ranks and each over the expert-tensor ranks
+    (Megatron-Core's parallel folding; the expert-tensor degree defaults to the stage's
+    tensor degree)."""
+    t = tensor or parallel.tensor
     experts = model.expert_parameters_per_layer()
-    return model.parameters_per_layer() - experts + experts / expert
+    etp = parallel.expert_tensor if parallel.expert_tensor is not None else t
+    return (model.parameters_per_layer() - experts) / t, experts / (parallel.expert * etp)
 
 
-def stage_parameters(
-    model: TransformerConfig, stages: list[StageLayout], expert: int = 1
-) -> list[float]:
-    """Parameters one GPU of each stage holds (its tensor-parallel shard)."""
-    per_layer = layer_parameters(model, expert)
+def stage_parameter_split(
+    model: TransformerConfig, stages: list[StageLayout], parallel: ParallelConfig
+) -> list[tuple[float, float]]:
+    """(other, expert) parameters one GPU of each stage holds."""
     embedding = model.vocab_size * model.hidden_size
     positions = model.hidden_size * (model.max_position_embeddings or 0) * (
         model.position_embedding == "learned"
     )
-    params = []
+    mtp = _mtp_parameters(model)
+    out = []
     for index, stage in enumerate(stages):
-        total = stage.layers * per_layer
+        other, expert = layer_parameters(model, parallel, stage.tensor)
+        other, expert = stage.layers * other, stage.layers * expert
+        ends = 0.0
         if index == 0:
-            total += embedding + positions
-        if index == len(stages) - 1 and (not model.tie_embeddings or len(stages) > 1):
-            total += embedding  # untied head, or the tied copy Megatron keeps last
-        params.append(total / stage.tensor)
-    return params
+            ends += embedding + positions
+        if index == len(stages) - 1:
+            if not model.tie_embeddings or len(stages) > 1:
+                ends += embedding  # untied head, or the tied copy Megatron keeps last
+            # Multi-token-prediction layers sit on the last stage beside the head.
+            ends += mtp[0]
+            expert += mtp[1] / (parallel.expert * (parallel.expert_tensor or stage.tensor))
+        out.append((other + ends / stage.tensor, expert))
+    return out
+
+
+def _mtp_parameters(model: TransformerConfig) -> tuple[float, float]:
+    """(other, expert) parameters of the model's multi-token-prediction layers."""
+    if not model.mtp_num_layers:
+        return 0.0, 0.0
+    kind = model.mtp_kind()
+    expert = model.layer_expert_parameters(kind)
+    other = model.layer_parameters(kind) - expert + model.mtp_extra_parameters()
+    return model.mtp_num_layers * other, model.mtp_num_layers * expert
+
+
+def stage_parameters(
+    model: TransformerConfig, stages: list[StageLayout], parallel: ParallelConfig
+) -> list[float]:
+    """Parameters one GPU of each stage holds (its tensor and expert shards)."""
+    return [other + expert for other, expert in stage_parameter_split(model, stages, parallel)]
 
 
 def fits_memory(
@@ -129,7 +158,7 @@ def stages_peak_memory(
     """The memory of the stage that needs the most per GPU. Micro-batches in flight fall
     with the stage index (`in_flight_micro_batches`), so of stages alike in all else the
     first holds the most; the last adds the output layer's activations."""
-    params = stage_parameters(model, stages, parallel.expert)
+    params = stage_parameters(model, stages, parallel)
     firsts: dict[tuple, int] = {}
     for i in range(len(stages) - 1):
         firsts.setdefault((params[i], stages[i].tensor, stages[i].data, stages[i].layers), i)
@@ -153,7 +182,7 @@ def stage_memories(
     p = len(stages)
     sequences = parallel.micro_batch_size * parallel.data
     m = parallel.global_batch_size // sequences
-    params = stage_parameters(model, stages, parallel.expert)
+    split = stage_parameter_split(model, stages, parallel)
     score_free = attention_backend(parallel, flash_attention) in SCORE_FREE_ATTENTION
     meshes: dict[tuple[int, int], ParallelConfig] = {}
     for stage in stages:
@@ -161,8 +190,8 @@ def stage_memories(
             meshes[stage.tensor, stage.data] = replace(
                 parallel, tensor=stage.tensor, data=stage.data,
                 micro_batch_size=sequences // stage.data)
-    return [stage_memory(model, meshes[stages[i].tensor, stages[i].data], params[i],
-                         stages[i].layers, i, p, m, score_free)
+    return [stage_memory(model, meshes[stages[i].tensor, stages[i].data], split[i][0],
+                         stages[i].layers, i, p, m, score_free, split[i][1])
             for i in (range(p) if indices is None else indices)]
 
 
@@ -175,13 +204,15 @@ def stage_memory(
     num_stages: int,
     num_micro_batches: int,
     flash: bool,
+    expert_params: float = 0.0,
 ) -> memory.MemoryBreakdown:
     """Memory of one GPU of pipeline stage `index` (`parallel` as the stage runs it),
-    holding `params` parameters and `layers` layers' activations, by the rules of the
-    engine that runs it (`cost_models.engine_memory`, `cost_models.saved_activations`)."""
-    block = layer_parameters(model, parallel.expert) / parallel.tensor
-    state, gathered = engine_memory.model_state(params, block, max(params - layers * block, 0),
-                                                parallel)
+    holding `params` parameters besides `expert_params` of routed experts and `layers`
+    layers' activations, by the rules of the engine that runs it
+    (`cost_models.engine_memory`, `cost_models.saved_activations`)."""
+    other, expert = layer_parameters(model, parallel)
+    state, gathered = engine_memory.model_state(
+        params, other + expert, max(params - layers * other, 0), parallel, expert_params)
     kinds, working = stage_activations(model, parallel, layers, index, num_stages,
                                        num_micro_batches, flash)
     activations = sum(kinds.values())
@@ -193,6 +224,7 @@ def stage_memory(
         transient=transient,
         fragmentation=engine_memory.reserved_bytes(allocated, parallel) - allocated,
         activation_kinds=tuple(kinds.items()),
+        expert_state=state.experts,
     )
 
 

@@ -43,7 +43,26 @@ class ParameterLayout:
     """The expert index, for an expert's parameter."""
 
 
+_CHUNKS: dict[tuple, tuple[TransformerConfig, list[ParameterLayout]]] = {}
+"""`chunk_parameters` by (model id, layers, ends), the model held so its id stays its own:
+a search's top plans list the same chunks (DeepSeek-V3's hold 45,000 parameters)."""
+
+
 def chunk_parameters(
+    model: TransformerConfig, layers: tuple[int, int], first: bool, last: bool
+) -> list[ParameterLayout]:
+    """`_chunk_parameters`, listed once per chunk of a model."""
+    key = (id(model), tuple(layers), first, last)
+    found = _CHUNKS.get(key)
+    if found is None or found[0] is not model:
+        if len(_CHUNKS) > 1024:
+            _CHUNKS.clear()
+        found = (model, _chunk_parameters(model, layers, first, last))
+        _CHUNKS[key] = found
+    return list(found[1])
+
+
+def _chunk_parameters(
     model: TransformerConfig, layers: tuple[int, int], first: bool, last: bool
 ) -> list[ParameterLayout]:
     """The parameters of the chunk holding `layers`, with the embeddings if it is the

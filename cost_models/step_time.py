@@ -37,7 +37,9 @@ from cost_models.data_parallel import data_parallel_comm, hidden
 from cost_models.efficiency import Efficiency
 from cost_models.kernel_time import Pass, pass_seconds
 from cost_models.layer_mix import layer_variants
-from cost_models.moe_dispatch import DispatchShape, dispatch_pass, expected_load
+from cost_models.model_flops import step_flops
+from cost_models.moe_dispatch import expert_split, host_sync, moe_layer_comm
+from cost_models.saved_activations import activation_element_bytes as activation_bytes
 from cost_models.saved_activations import checkpoint_bytes, saved_per_layer
 from cost_models.pipeline_memory import (
     StageLayout,
@@ -48,27 +50,17 @@ from cost_models.pipeline_memory import (
     stages_peak_memory,
     uniform_stages,
 )
-from cost_models.training_collectives import (
-    Collective,
-    RankLayout,
-    boundary_collectives,
-    end_collectives,
-    layer_collectives,
-)
+from cost_models.training_collectives import Collective, RankLayout, layer_collectives
+from cost_models.training_collectives import boundary_collectives, end_collectives
 from cost_models.transformer_ops import (
-    ACTIVATION_BYTES,
     SCORE_FREE_ATTENTION,
-    ExpertSplit,
     Matmul,
-    attention_kernels,
-    every_other_matmul_replayed,
-    forward_flops,
     fp8_casts,
     head_ops,
     layer_ops,
     mtp_ops,
     projections,
-    recomputed_kernels,
+    selective_kernels,
 )
 from planner.cluster import Cluster, DeviceSpec
 
@@ -128,10 +120,30 @@ class StepPrediction:
         return asdict(self)
 
 
+_HEAD_PASSES: dict[tuple, tuple[Pass, TransformerConfig, DeviceSpec]] = {}
+"""`_head_pass` by (model, device, knobs, tensor), bounded like `_LAYER_PASSES`."""
+
+
 def _head_pass(
     model: TransformerConfig, parallel: ParallelConfig, device: DeviceSpec, tensor: int
 ) -> Pass:
-    """Forward and backward of the final norm, output layer and loss for one micro-batch."""
+    """Forward and backward of the final norm, output layer and loss for one micro-batch
+    (and the multi-token-prediction layers')."""
+    key = (id(model), id(device), parallel, tensor)
+    found = _HEAD_PASSES.get(key)
+    if found is not None and found[1] is model and found[2] is device:
+        return found[0]
+    if len(_HEAD_PASSES) > MAX_MEMO:
+        _HEAD_PASSES.clear()
+    priced = _price_head(model, parallel, device, tensor)
+    _HEAD_PASSES[key] = (priced, model, device)
+    return priced
+
+
+def _price_head(
+    model: TransformerConfig, parallel: ParallelConfig, device: DeviceSpec, tensor: int
+) -> Pass:
+    """`_head_pass`, computed."""
     seq = model.seq_length / parallel.context
     head = head_ops(model, parallel.micro_batch_size, seq, tensor)
     if model.mtp_num_layers:
@@ -210,48 +222,12 @@ def _layer_pass(
         # layers are priced at the model's mean block.
         priced = [(_layer_pass(variant, parallel, cluster, flash, collectives), share)
                   for variant, share in variants]
-        kernels = _mean_pass([(k, share) for (k, _), share in priced])
-        comm = _mean_pass([(c, share) for (_, c), share in priced])
+        kernels = sum((k.scaled(share) for (k, _), share in priced), Pass(0.0, 0.0))
+        comm = sum((c.scaled(share) for (_, c), share in priced), Pass(0.0, 0.0))
     if len(_LAYER_PASSES) > MAX_MEMO:
         _LAYER_PASSES.clear()
     _LAYER_PASSES[key] = (kernels, comm, model, cluster, collectives)
     return kernels, comm
-
-
-def _selective_kernels(model: TransformerConfig, ops: list, parallel: ParallelConfig) -> list:
-    """What selective recomputation replays of a layer's `ops`: TorchTitan's op-level
-    checkpointing every other matmul and the memory-bound kernels; Megatron-LM the
-    --recompute-modules; Tessel's runtime the attention core."""
-    if parallel.engine == "torchtitan":
-        return every_other_matmul_replayed(model, ops)
-    if parallel.engine == "tessel":
-        return attention_kernels(ops)
-    return recomputed_kernels(ops, parallel.recompute_modules)
-
-
-def _mean_pass(passes: list[tuple[Pass, float]]) -> Pass:
-    """The share-weighted mean of `passes`."""
-    return Pass(sum(p.forward * w for p, w in passes), sum(p.backward * w for p, w in passes),
-                sum(p.recompute * w for p, w in passes))
-
-
-def expert_split(model: TransformerConfig, parallel: ParallelConfig) -> ExpertSplit:
-    """How a rank of `parallel` runs `model`'s MoE layers, the busiest rank's load
-    included (`cost_models.moe_dispatch.expected_load`)."""
-    shards = parallel.tensor if parallel.sequence_parallel else 1
-    etp = parallel.expert_tensor_degree if shards > 1 else parallel.tensor
-    split = ExpertSplit(expert_tensor=etp, sequence_shards=shards, expert=parallel.expert)
-    tokens = parallel.micro_batch_size * model.seq_length / parallel.context
-    rows = tokens * model.moe_top_k * split.routed_share
-    return replace(split, load=expected_load(rows, parallel.expert, parallel))
-
-
-def _dispatch_shape(model: TransformerConfig, parallel: ParallelConfig,
-                    split: ExpertSplit) -> DispatchShape:
-    tokens = parallel.micro_batch_size * model.seq_length / parallel.context
-    return DispatchShape(tokens=tokens / split.sequence_shards, expert=parallel.expert,
-                         expert_tensor=split.expert_tensor,
-                         element_bytes=activation_bytes(parallel.precision))
 
 
 def _price_layer(
@@ -275,36 +251,20 @@ def _price_layer(
     # Selective recomputation replays the attention core in Megatron-LM (and Tessel's
     # runtime); TorchTitan's op-level checkpointing replays every other matmul and the
     # memory-bound kernels instead.
-    selective = _selective_kernels(model, ops, parallel)
+    selective = selective_kernels(model, ops, parallel.engine, parallel.recompute_modules)
     replayed = pass_seconds(selective, device, eff, precision, graphed=graphed)
     recompute = {"none": 0.0, "selective": replayed, "full": forward}[parallel.recompute]
     tensor, others = _tensor_parallel_comm(model, parallel, cluster, collectives)
     if parallel.tp_comm_overlap:
         tensor = _overlapped(tensor, projections(ops), parallel, device, eff)
-    if split is not None and parallel.moe_token_dispatcher != "allgather" and not graphed \
-            and "moe_preprocess" not in parallel.cuda_graph_scope:
-        # The dispatcher copies the tokens per expert to the host once per forward; the
-        # GPU then waits while the host launches the experts' GEMMs, one per local expert
-        # (Transformer Engine's GroupedLinear). CUDA graphs of the MoE preprocessing run
-        # without the copy (Megatron-Core's --cuda-graph-scope moe_preprocess).
-        sync = eff.moe_sync_us * 1e-6 * model.num_experts / parallel.expert
-        forward += sync
-        replays_moe = parallel.recompute == "full" or (
-            parallel.recompute == "selective" and "moe" in parallel.recompute_modules)
-        recompute += sync if replays_moe else 0.0
+    compute = Pass(forward, backward, recompute)
+    if split is not None:
+        compute = compute + host_sync(model, parallel, cluster)
     if split is not None and parallel.engine != "tessel":
         # Megatron-Core's and TorchTitan's dispatchers, by their mechanism; Tessel's
         # runtime is priced by the collectives it issues (`_tensor_parallel_comm`).
-        others = _add(others, dispatch_pass(model, parallel, cluster,
-                                            _dispatch_shape(model, parallel, split),
-                                            split.load, Pass(forward, backward)))
-    return Pass(forward, backward, recompute), Pass(
-        tensor.forward + others.forward, tensor.backward + others.backward,
-        tensor.recompute + others.recompute)
-
-
-def _add(a: Pass, b: Pass) -> Pass:
-    return Pass(a.forward + b.forward, a.backward + b.backward, a.recompute + b.recompute)
+        others = others + moe_layer_comm(model, parallel, cluster, split, compute)
+    return compute, tensor + others
 
 
 def _overlapped(tensor: Pass, gemms: list[Matmul], parallel: ParallelConfig,
@@ -375,11 +335,6 @@ def rank_layout(
         else "alltoall",
         gradient_bytes=MAIN_GRAD_BYTES,
     )
-
-
-def activation_bytes(precision: str) -> int:
-    """Bytes of an activation element: fp32 training moves fp32, mixed precision 16-bit."""
-    return 4 if precision == "fp32" else ACTIVATION_BYTES
 
 
 def price(collectives: list[Collective], parallel: ParallelConfig, cluster: Cluster) -> Pass:
@@ -453,7 +408,7 @@ def predict_stages(
     else:
         pipeline_s = sum(stage_times) + (m - 1) * stage_times[slowest]
 
-    params = stage_parameters(model, stages, parallel.expert)
+    params = stage_parameters(model, stages, parallel)
     reductions = {(params[i], id(local[i][0]), stages[i].layers): i for i in range(p)}
     data_s = max(
         data_parallel_comm(params[i], local[i][0], cluster, local[i][1], stages[i].layers,
@@ -467,7 +422,7 @@ def predict_stages(
     step = pipeline_s + data_s + optimizer_s
 
     replays = sum(recomputed_layers(parallel, stage.layers) for stage in stages)
-    model_flops, hardware_flops = _step_flops(model, parallel, replays)
+    model_flops, hardware_flops = step_flops(model, parallel, replays)
     peak = device.peak_tflops.get(parallel.precision, device.peak_tflops["fp32"])
     worst_memory = stages_peak_memory(model, cluster, parallel, stages, flash_attention)
     return StepPrediction(
@@ -486,20 +441,8 @@ def predict_stages(
         fits=worst_memory.fits(cluster.usable_memory_bytes),
         reserved_gib_per_gpu=(worst_memory.reserved + worst_memory.reserve) / 2**30,
         reserved_fits=worst_memory.reserved_fits(cluster.usable_memory_bytes),
-        memory_breakdown_gib=breakdown_gib(worst_memory),
+        memory_breakdown_gib=memory.breakdown_gib(worst_memory),
     )
-
-
-def breakdown_gib(peak: memory.MemoryBreakdown, by_kind: bool = True) -> dict[str, float]:
-    """`peak` by kind in GiB, activations split by the kinds counted (`by_kind`) or whole."""
-    parts = {"weights": peak.weights, "gradients": peak.gradients,
-             "optimizer": peak.optimizer}
-    if peak.activation_kinds and by_kind:
-        parts |= {f"activations: {kind}": bytes_ for kind, bytes_ in peak.activation_kinds}
-    else:
-        parts["activations"] = peak.activations
-    parts |= {"working buffers": peak.transient, "outside the allocator": peak.reserve}
-    return {kind: bytes_ / 2**30 for kind, bytes_ in parts.items()}
 
 
 def stage_phases(
@@ -590,27 +533,6 @@ def _pipeline_p2p(
     return 2 * group_collective_time("send_recv", nbytes, len(stages), stride, cluster)
 
 
-def _step_flops(model: TransformerConfig, parallel: ParallelConfig,
-                replays: int) -> tuple[float, float]:
-    """(model FLOPs, executed FLOPs) of one step on the whole cluster, `replays` layers of
-    each model replica replaying their forward (or attention core) in backward."""
-    sequences = parallel.global_batch_size
-    layer = selective = 0.0
-    for variant, share in layer_variants(model):
-        ops = layer_ops(variant, 1, model.seq_length, 1, False)
-        layer += share * forward_flops(ops)
-        selective += share * forward_flops(_selective_kernels(variant, ops, parallel))
-    head = forward_flops(head_ops(model, 1, model.seq_length, 1))
-    forward = sequences * (model.num_layers * layer + head + _mtp_flops(model))
-    replay = {"none": 0.0, "selective": selective, "full": layer}[parallel.recompute]
-    return 3 * forward, 3 * forward + sequences * replays * replay
-
-
-def _mtp_flops(model: TransformerConfig) -> float:
-    """Forward FLOPs of one sequence through the multi-token-prediction layers."""
-    return model.mtp_num_layers * forward_flops(mtp_ops(model, 1, model.seq_length, 1))
-
-
 @dataclass(frozen=True)
 class StageCosts:
     """Per-micro-batch time and memory of a stage on one (data x tensor) mesh, as linear
@@ -630,6 +552,13 @@ class StageCosts:
     """Activations one layer keeps per micro-batch in flight."""
     head_activation_bytes: float
     """Activations of the output layer and loss on the last stage."""
+
+
+def _layer_state_args(model: TransformerConfig, parallel: ParallelConfig
+                      ) -> tuple[float, float, float, ParallelConfig, float]:
+    """`engine_memory.model_state`'s arguments for one mean layer on one GPU."""
+    other, expert = layer_parameters(model, parallel)
+    return other, 0.0, 0.0, parallel, expert
 
 
 def stage_costs(
@@ -659,7 +588,8 @@ def stage_costs(
         layer_s=kernels.total + comm.total,
         head_s=_head_pass(model, here, cluster.device, tensor).total,
         p2p_s=_pipeline_p2p(model, here, [stage, stage], cluster),
-        state_bytes_per_layer=layer_parameters(model, parallel.expert) / tensor * per_param,
+        state_bytes_per_layer=engine_memory.model_state(
+            *_layer_state_args(model, here))[0].total,
         state_bytes_embedding=model.vocab_size * model.hidden_size / tensor * per_param,
         activation_bytes_per_layer=activations,
         head_activation_bytes=loss_saved + loss_working,

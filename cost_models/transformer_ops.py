@@ -288,6 +288,18 @@ def recomputed_kernels(ops: list[Op], modules: tuple[str, ...]) -> list[Op]:
     return kept + [op for op in ops if op.name in names]
 
 
+def selective_kernels(config: TransformerConfig, ops: list[Op], engine: str,
+                      modules: tuple[str, ...]) -> list[Op]:
+    """What selective recomputation replays of a layer's `ops` under `engine`:
+    TorchTitan's op-level checkpointing every other matmul and the memory-bound kernels;
+    Megatron-LM the --recompute-modules `modules`; Tessel's runtime the attention core."""
+    if engine == "torchtitan":
+        return every_other_matmul_replayed(config, ops)
+    if engine == "tessel":
+        return attention_kernels(ops)
+    return recomputed_kernels(ops, modules)
+
+
 def attention_kernels(ops: list[Op]) -> list[Op]:
     """The kernels of `ops` that selective recomputation replays: fused attention, or the
     unfused scores, softmax and context of `layer_ops`."""

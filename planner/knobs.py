@@ -25,6 +25,10 @@ FLAG = {
     "pipeline": "--pipeline-model-parallel-size",
     "context": "--context-parallel-size",
     "expert": "--expert-model-parallel-size",
+    "expert_tensor": "--expert-tensor-parallel-size",
+    "overlap_moe_expert_parallel_comm": "--overlap-moe-expert-parallel-comm",
+    "moe_expert_capacity_factor": "--moe-expert-capacity-factor",
+    "cuda_graph_scope": "--cuda-graph-scope",
     "micro_batch_size": "--micro-batch-size",
     "zero_stage": "--zero-stage",
     "recompute": "--recompute-granularity",
@@ -103,6 +107,11 @@ def _degree_problems(
             f"tensor ({t}) x context ({c}) x pipeline ({p}) must divide the {n} GPUs"
         )
     e = knobs.get("expert", 1)
+    etp = knobs.get("expert_tensor")
+    if e > 1 and etp and model.num_experts and n % (e * etp * p):
+        problems.append(
+            f"{FLAG['expert']} {e} x {FLAG['expert_tensor']} {etp} x {FLAG['pipeline']} {p} "
+            f"must divide the {n} GPUs")
     if e > 1 and not model.num_experts:
         problems.append(
             f"{FLAG['expert']} {e} needs a mixture-of-experts model, and this one is dense "
@@ -159,9 +168,18 @@ def _run_problems(knobs: dict[str, Any], model: TransformerConfig, cluster: Clus
         problems.append(f"{FLAG['recompute_method']} and {FLAG['recompute_num_layers']} "
                         f"choose which layers full recomputation replays; they need "
                         f"{FLAG['recompute']} full")
-    if knobs.get("moe_token_dispatcher") and not model.num_experts:
-        problems.append(f"{FLAG['moe_token_dispatcher']} routes tokens to experts, and this "
-                        "model is dense (no --num-experts)")
+    moe_only = [FLAG[k] for k in ("moe_token_dispatcher", "expert_tensor",
+                                  "overlap_moe_expert_parallel_comm",
+                                  "moe_expert_capacity_factor") if knobs.get(k)]
+    if moe_only and not model.num_experts:
+        problems.append(f"{', '.join(moe_only)} set how tokens reach experts, and this model "
+                        "is dense (no --num-experts); drop them")
+    if knobs.get("overlap_moe_expert_parallel_comm") and (
+            knobs.get("expert", 2) == 1 or knobs.get("moe_token_dispatcher") == "allgather"
+            or knobs.get("recompute") == "full"):
+        problems.append(f"{FLAG['overlap_moe_expert_parallel_comm']} overlaps expert "
+                        f"all-to-alls: it needs {FLAG['expert']} above 1, the alltoall or flex "
+                        f"dispatcher and no full recomputation (Megatron-LM's rule)")
     return problems
 
 

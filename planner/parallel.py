@@ -8,21 +8,37 @@ so a user sees the whole picture in one message.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import Literal, get_args
 
-RECOMPUTE = ("none", "selective", "full")
-PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "dualpipev")
-ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
-RECOMPUTE_METHODS = ("uniform", "block")
-FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
-MOE_DISPATCHERS = ("allgather", "alltoall", "flex")
-ENGINES = ("megatron", "torchtitan", "tessel")
-RESHARD_POLICIES = ("default", "always", "never")
-RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm", "moe_act", "mla_up_proj", "moe",
-                     "shared_experts")
-STATE_DTYPES = ("fp32", "bf16")
-CUDA_GRAPH_SCOPES = ("full", "attn", "mlp", "moe", "moe_router", "moe_preprocess",
-                     "full_iteration")
+# Each enumerated knob as a type (the Plan's fields refuse any other value on load) and
+# as the tuple of its values (CLI choices, validation messages).
+Recompute = Literal["none", "selective", "full"]
+Precision = Literal["bf16", "fp16", "fp8", "fp32"]
+Schedule = Literal["gpipe", "1f1b", "interleaved", "dualpipev"]
+AttentionBackend = Literal["auto", "flash", "fused", "unfused", "local"]
+RecomputeMethod = Literal["uniform", "block"]
+Fp8Recipe = Literal["delayed", "tensorwise", "mxfp8", "blockwise"]
+MoeDispatcher = Literal["allgather", "alltoall", "flex"]
+Engine = Literal["megatron", "torchtitan", "tessel"]
+ReshardPolicy = Literal["default", "always", "never"]
+RecomputeModule = Literal["core_attn", "mlp", "layernorm", "moe_act", "mla_up_proj", "moe",
+                          "shared_experts"]
+StateDtype = Literal["fp32", "bf16"]
+CudaGraphScope = Literal["full", "attn", "mlp", "moe", "moe_router", "moe_preprocess",
+                         "full_iteration"]
+
+RECOMPUTE: tuple[str, ...] = get_args(Recompute)
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+SCHEDULES: tuple[str, ...] = get_args(Schedule)
+ATTENTION_BACKENDS: tuple[str, ...] = get_args(AttentionBackend)
+RECOMPUTE_METHODS: tuple[str, ...] = get_args(RecomputeMethod)
+FP8_RECIPES: tuple[str, ...] = get_args(Fp8Recipe)
+MOE_DISPATCHERS: tuple[str, ...] = get_args(MoeDispatcher)
+ENGINES: tuple[str, ...] = get_args(Engine)
+RESHARD_POLICIES: tuple[str, ...] = get_args(ReshardPolicy)
+RECOMPUTE_MODULES: tuple[str, ...] = get_args(RecomputeModule)
+STATE_DTYPES: tuple[str, ...] = get_args(StateDtype)
+CUDA_GRAPH_SCOPES: tuple[str, ...] = get_args(CudaGraphScope)
 
 
 @dataclass(frozen=True)
@@ -51,13 +67,13 @@ class ParallelConfig:
     """Sequences per micro-batch on one data-parallel rank (--micro-batch-size)."""
     global_batch_size: int = 1
     """Sequences per optimizer step over all data-parallel ranks (--global-batch-size)."""
-    recompute: str = "none"
+    recompute: Recompute = "none"
     """Activation recomputation: none, selective (attention core) or full
     (--recompute-granularity)."""
     zero_stage: int = 0
     """ZeRO stage 0-3; 1 is Megatron-LM's distributed optimizer
     (--use-distributed-optimizer)."""
-    schedule: str = "1f1b"
+    schedule: Schedule = "1f1b"
     """Pipeline schedule: gpipe, 1f1b, interleaved (interleaved 1F1B with virtual
     stages) or dualpipev (DeepSeek's DualPipeV, torch's ScheduleDualPipeV: two chunks per
     rank in V order, the first going down the ranks and the second coming back, each
@@ -70,11 +86,11 @@ class ParallelConfig:
     overlap_grad_reduce: bool = False
     """Reduce gradients in buckets during the backward pass (--overlap-grad-reduce);
     off, the reduction runs after the last micro-batch's backward."""
-    precision: str = "bf16"
+    precision: Precision = "bf16"
     """Matmul precision: bf16 (--bf16), fp16 (--fp16), fp8 (Transformer Engine's
     --fp8-format hybrid, with bf16 elsewhere; on devices with fp8 tensor cores) or fp32
     (Megatron-LM's default without either flag; what CPUs run)."""
-    attention_backend: str = "auto"
+    attention_backend: AttentionBackend = "auto"
     """Attention kernels (--attention-backend): flash (FlashAttention) or fused (cuDNN's
     fused attention) keep no score matrix; local (Megatron-LM's own: batched matmuls and
     its fused scale-mask-softmax kernel) and unfused (Transformer Engine's: scale, mask and
@@ -87,18 +103,18 @@ class ParallelConfig:
     tp_comm_overlap: bool = False
     """Overlap tensor-parallel all-gathers and reduce-scatters with the matmuls they feed
     (--tp-comm-overlap: Transformer Engine's userbuffers). Needs sequence parallelism."""
-    recompute_method: str = "uniform"
+    recompute_method: RecomputeMethod = "uniform"
     """With full recomputation (--recompute-method): uniform checkpoints the input of every
     group of recompute_num_layers layers and replays them all; block replays only the first
     recompute_num_layers layers of each stage and keeps the others' activations."""
     recompute_num_layers: int = 1
     """Layers per checkpointed group (uniform) or recomputed layers per stage (block)
     (--recompute-num-layers)."""
-    fp8_recipe: str = "delayed"
+    fp8_recipe: Fp8Recipe = "delayed"
     """How fp8 scales are found (--fp8-recipe): delayed (from an amax history), tensorwise
     (current scaling: one extra pass over each tensor), mxfp8 or blockwise (a scale per
     block, computed in the cast; mxfp8 needs Blackwell tensor cores)."""
-    moe_token_dispatcher: str = "allgather"
+    moe_token_dispatcher: MoeDispatcher = "allgather"
     """How tokens reach their experts (--moe-token-dispatcher-type): allgather (every rank
     gathers all tokens of its expert group), alltoall (each token sent to its experts'
     ranks) or flex (all-to-all through DeepEP's fused kernels)."""
@@ -109,32 +125,36 @@ class ParallelConfig:
     moe_expert_capacity_factor: float | None = None
     """Tokens an expert takes, as a multiple of an even share (--moe-expert-capacity-factor);
     the rest are dropped. None: no cap (dropless)."""
+    moe_pad_expert_input_to_capacity: bool = False
+    """Pad each expert's (or rank's) tokens to the capacity (--moe-pad-expert-input-to-
+    capacity; Megatron-Bridge's full-iteration CUDA graphs pad to a rank capacity of 1.5):
+    static shapes, and the padding computed and sent as if it were tokens."""
     overlap_moe_expert_parallel_comm: bool = False
     """Overlap one micro-batch's dispatch and combine all-to-alls with another's compute
     (--overlap-moe-expert-parallel-comm, Megatron-Core's 1F1B A2A overlap)."""
     cuda_graphs: bool = False
     """Capture each layer's kernels in CUDA graphs (--cuda-graph-impl local): the host
     launches a graph, not each kernel, so small kernels are no longer bound by it."""
-    cuda_graph_scope: tuple[str, ...] = ()
+    cuda_graph_scope: tuple[CudaGraphScope, ...] = ()
     """Parts of each layer captured in CUDA graphs when not the whole layer
     (Megatron-LM's --cuda-graph-scope: attn, moe_router, moe_preprocess, ...);
     moe_preprocess runs the dispatcher without its device-to-host copy."""
-    engine: str = "megatron"
+    engine: Engine = "megatron"
     """The engine that runs the plan, whose choices its memory follows: megatron
     (Megatron-LM / Megatron-Core with Transformer Engine), torchtitan (FSDP2, DTensor
     tensor parallelism, torch.distributed.pipelining) or tessel (Tessel's own runtime)."""
-    recompute_modules: tuple[str, ...] = ("core_attn",)
+    recompute_modules: tuple[RecomputeModule, ...] = ("core_attn",)
     """Under selective recomputation, the parts of each layer replayed in backward
     (Megatron-LM's --recompute-modules: core_attn, mlp, layernorm, moe_act (the experts'
     activation function), mla_up_proj (MLA's up projections and rotary), moe (the whole
     MoE MLP), shared_experts)."""
-    main_grads_dtype: str = "fp32"
+    main_grads_dtype: StateDtype = "fp32"
     """Gradient buffer the optimizer reads (Megatron-LM's --main-grads-dtype; bf16 with
     --grad-reduce-in-bf16 or the precision-aware optimizer)."""
-    exp_avg_dtype: str = "fp32"
+    exp_avg_dtype: StateDtype = "fp32"
     """Adam's two moments (Megatron-LM's --exp-avg-dtype / --exp-avg-sq-dtype; bf16 with
     --use-precision-aware-optimizer)."""
-    fsdp_reshard_after_forward: str = "default"
+    fsdp_reshard_after_forward: ReshardPolicy = "default"
     """TorchTitan's FSDP2 policy (parallelism.fsdp_reshard_after_forward): always frees
     gathered weights after each block's forward, never keeps them to backward, default
     reshards except under pipeline parallelism."""
@@ -209,6 +229,14 @@ class ParallelConfig:
             problems.append("overlap_param_gather needs zero_stage >= 1 and overlap_grad_reduce")
         if self.tp_comm_overlap and not self.sequence_parallel:
             problems.append("tp_comm_overlap needs sequence_parallel")
+        if self.overlap_moe_expert_parallel_comm and (
+                self.expert == 1 or self.moe_token_dispatcher == "allgather"
+                or self.recompute == "full"
+                or (self.pipeline > 1 and self.virtual_pipeline == 1)):
+            # Megatron-LM's validate_args for the MoE all-to-all overlap.
+            problems.append("overlap_moe_expert_parallel_comm needs expert > 1, the alltoall "
+                            "or flex dispatcher, no full recomputation, and with pipeline "
+                            "stages the interleaved schedule")
         if problems:
             raise ValueError("; ".join(problems) + ".")
         data = self.data if self.data != -1 else num_gpus // self.model_parallel

@@ -28,7 +28,21 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from cost_models.comm import COLLECTIVE_KINDS
 from cost_models.economics import TrainingTotals
 from passes.placement_text import placement_pieces
-from planner.mesh_axes import logical_axes, stage_mesh, training_mesh
+from planner.plan_migration import migrate_v1
+from planner.parallel import (
+    AttentionBackend,
+    CudaGraphScope,
+    Engine,
+    Fp8Recipe,
+    MoeDispatcher,
+    Precision,
+    Recompute,
+    RecomputeMethod,
+    RecomputeModule,
+    ReshardPolicy,
+    Schedule,
+    StateDtype,
+)
 
 SCHEMA_VERSION = 2
 PHASES = ("forward", "backward", "gradient_sync")
@@ -199,6 +213,10 @@ class ParallelDegrees(_Model):
     pipeline: int = Field(ge=1, description="Pipeline-parallel degree.")
     context: int = Field(ge=1, description="Context-parallel degree.")
     expert: int = Field(ge=1, description="Expert-parallel degree.")
+    expert_tensor: int | None = Field(
+        default=None, ge=1, description="Tensor-parallel degree inside each expert (MoE "
+        "plans; with the expert degree, folded over a stage's tensor x context x data "
+        "ranks).")
     sequence_parallel: bool = Field(description="Sequence parallelism over the tensor group.")
     zero_stage: int = Field(ge=0, le=3, description="ZeRO stage; 1 = distributed optimizer.")
     virtual_pipeline: int = Field(ge=1, description="Model chunks per pipeline rank.")
@@ -208,36 +226,47 @@ class RunSettings(_Model):
     """How the kernels and collectives of a training plan run, beyond its degrees (each a
     Megatron-LM flag: `planner.parallel.ParallelConfig` says what each one does)."""
 
-    attention_backend: str = Field(default="auto", description="Attention kernels: auto, "
-                                   "flash, fused, unfused or local.")
+    attention_backend: AttentionBackend = Field(
+        default="auto", description="Attention kernels: auto, flash, fused, unfused or local.")
     overlap_grad_reduce: bool = Field(default=False, description="Gradients reduced in "
                                       "buckets during the backward pass.")
     overlap_param_gather: bool = Field(default=False, description="The distributed "
                                        "optimizer's weights gathered during the forward.")
     tp_comm_overlap: bool = Field(default=False, description="Tensor-parallel collectives "
                                   "overlapped with matmuls.")
-    recompute_method: str = Field(default="uniform", description="Full recomputation: "
-                                  "uniform or block.")
+    recompute_method: RecomputeMethod = Field(default="uniform", description="Full "
+                                              "recomputation: uniform or block.")
     recompute_num_layers: int = Field(default=1, ge=1, description="Layers per checkpointed "
                                       "group (uniform) or recomputed per stage (block).")
-    fp8_recipe: str = Field(default="delayed", description="fp8 scaling recipe.")
-    moe_token_dispatcher: str = Field(default="allgather", description="How tokens reach "
-                                      "their experts: allgather, alltoall or flex.")
+    fp8_recipe: Fp8Recipe = Field(default="delayed", description="fp8 scaling recipe.")
+    moe_token_dispatcher: MoeDispatcher = Field(
+        default="allgather", description="How tokens reach their experts: allgather, "
+        "alltoall or flex (DeepEP).")
     moe_router_force_load_balancing: bool = Field(
         default=False, description="Routers assign tokens to experts evenly by a fixed rule "
         "(--moe-router-force-load-balancing): dispatch bytes known in advance.")
+    moe_expert_capacity_factor: float | None = Field(
+        default=None, gt=0, description="Tokens an expert takes over an even share; None: "
+        "no cap.")
+    moe_pad_expert_input_to_capacity: bool = Field(
+        default=False, description="Expert inputs padded to the capacity factor.")
+    overlap_moe_expert_parallel_comm: bool = Field(
+        default=False, description="Expert all-to-alls overlapped with another "
+        "micro-batch's compute.")
     cuda_graphs: bool = Field(default=False, description="Layers captured in CUDA graphs.")
-    engine: Literal["megatron", "torchtitan", "tessel"] = Field(
+    cuda_graph_scope: tuple[CudaGraphScope, ...] = Field(
+        default=(), description="Parts of each layer in CUDA graphs, when not whole layers.")
+    engine: Engine = Field(
         default="megatron", description="The engine that runs the plan, whose memory "
         "rules its prediction follows.")
-    recompute_modules: tuple[str, ...] = Field(
+    recompute_modules: tuple[RecomputeModule, ...] = Field(
         default=("core_attn",), description="Selective recomputation: the parts of each "
-        "layer replayed (core_attn, mlp, layernorm).")
-    main_grads_dtype: Literal["fp32", "bf16"] = Field(default="fp32", description="The "
-                                                      "optimizer's gradient buffer.")
-    exp_avg_dtype: Literal["fp32", "bf16"] = Field(default="fp32", description="Adam's "
-                                                   "moments.")
-    fsdp_reshard_after_forward: Literal["default", "always", "never"] = Field(
+        "layer replayed (core_attn, mlp, layernorm, moe_act, mla_up_proj, moe, "
+        "shared_experts).")
+    main_grads_dtype: StateDtype = Field(default="fp32", description="The optimizer's "
+                                         "gradient buffer.")
+    exp_avg_dtype: StateDtype = Field(default="fp32", description="Adam's moments.")
+    fsdp_reshard_after_forward: ReshardPolicy = Field(
         default="default", description="TorchTitan's FSDP2 resharding after forward.")
     recompute_every: int = Field(default=1, ge=1, description="Full recomputation: one "
                                  "block in every this many checkpointed.")
@@ -376,11 +405,11 @@ class Plan(_Model):
                                          "micro-batch on one data-parallel replica.")
     num_micro_batches: int = Field(default=1, ge=1,
                                    description="Micro-batches per step per pipeline.")
-    recompute: str = Field(default="none",
-                           description="Activation recomputation: none, selective, full.")
-    schedule: str | None = Field(default=None, description="Pipeline schedule: gpipe, 1f1b, "
-                                 "interleaved; None for one stage.")
-    precision: str = Field(default="fp32", description="Matmul precision: fp32, bf16, fp16, "
+    recompute: Recompute = Field(default="none",
+                                 description="Activation recomputation: none, selective, full.")
+    schedule: Schedule | None = Field(default=None, description="Pipeline schedule: gpipe, "
+                                      "1f1b, interleaved, dualpipev; None for one stage.")
+    precision: Precision = Field(default="fp32", description="Matmul precision: fp32, bf16, fp16, "
                            "fp8.")
     stages: list[Stage] = Field(min_length=1, description="Pipeline stages in order.")
     layer_cuts: list[int] | None = Field(
@@ -489,7 +518,7 @@ class Plan(_Model):
             raise ValueError(f"{where} is not a Tessel plan (a JSON object).")
         version = data.get("version", 1)
         if version == 1:
-            data = migrate_v1(data)
+            data = migrate_v1(data, SCHEMA_VERSION)
         elif version != SCHEMA_VERSION:
             raise ValueError(
                 f"{where} is a version-{version} plan; this Tessel reads versions 1 and "
@@ -536,57 +565,3 @@ def _check_stage(index: int, stage: Stage) -> None:
                 f"{where}: {name}: placement {text!r} has {len(parsed)} entries, the mesh "
                 f"{stage.mesh_shape} has {len(stage.mesh_shape)} axes"
             )
-
-
-def migrate_v1(data: dict[str, Any]) -> dict[str, Any]:
-    """A version-1 plan (an operator-level `Plan` or a `TrainingPlan`) as version 2."""
-    data = dict(data)
-    data.pop("version", None)
-    if "mesh_shape" in data and "nodes" in data:  # operator-level
-        mesh = list(data.pop("mesh_shape"))
-        predicted = dict(data.pop("predicted"))
-        memory = predicted.pop("memory_bytes_per_device", 0.0)
-        operators = {key: data.pop(key) for key in (
-            "graph_fingerprint", "inputs", "nodes", "gradient_buckets",
-            "communication_by_phase", "fallback_ops", "solver") if key in data}
-        stage = {"layers": (0, 1), "num_devices": math.prod(mesh),
-                 "mesh_axes": logical_axes(len(mesh)), "mesh_shape": mesh,
-                 "parameters": data.pop("parameters"), "operators": operators}
-        return {
-            **data, "version": SCHEMA_VERSION, "num_gpus": math.prod(mesh),
-            "mesh_axes": logical_axes(len(mesh)), "mesh_shape": mesh, "stages": [stage],
-            "predicted": {**predicted, "memory_gib_per_gpu": memory / 2**30},
-            "provenance": {"model_spec": data["model"], "cluster": data["cluster"],
-                           "cost_source": data.pop("cost_source", "analytical"),
-                           "tessel_version": "0.1.0"},
-        }
-    # A v1 training plan: every stage on a [data, tensor] mesh, context ranks aside.
-    parallel = data["parallel"]
-    stages, first = [], 0
-    for stage in data.pop("stages"):
-        axes, shape = stage_mesh(stage["mesh_shape"][0], parallel["context"],
-                                 stage["mesh_shape"][1])
-        stages.append({**stage, "first_device": first, "mesh_axes": axes, "mesh_shape": shape,
-                       "virtual_chunks": parallel["virtual_pipeline"]})
-        first += stage["num_devices"]
-    predicted = dict(data.pop("predicted"))
-    breakdown = predicted.get("breakdown") or {}
-    axes, shape = training_mesh(parallel["data"], parallel["context"], parallel["tensor"],
-                                [s["mesh_shape"] for s in stages])
-    per_node = _preset_devices_per_node(data["cluster"])
-    return {
-        **data, "version": SCHEMA_VERSION, "stages": stages, "mesh_axes": axes,
-        "mesh_shape": shape, "devices_per_node": min(per_node or 1, data["num_gpus"]),
-        "predicted": {**predicted, "compute_s": breakdown.get("compute_s", 0.0),
-                      "communication_s": sum(v for k, v in breakdown.items()
-                                             if k.endswith("comm_s"))},
-        "provenance": {"model_spec": data["model"], "cluster": data["cluster"],
-                       "tessel_version": "0.1.0"},
-    }
-
-
-def _preset_devices_per_node(cluster: str) -> int | None:
-    """Devices per node of a cluster preset (a version-1 plan did not record them)."""
-    from planner.cluster import Cluster
-
-    return Cluster.load(cluster).devices_per_node if cluster in Cluster.presets() else None

@@ -12,14 +12,13 @@ from dataclasses import asdict, replace
 from typing import Callable
 
 from cost_models.layer_collectives import LayerCollectives
-from cost_models.memory import state_element_bytes
+from cost_models.memory import breakdown_gib, state_element_bytes
 from cost_models.stage_parameters import chunk_parameters, placement, rank_state_bytes
 from cost_models.pipeline_memory import StageLayout, even_split, stage_memories
 from cost_models.pipeline_schedule import stage_rank
 from cost_models.saved_activations import tessel_counted, tessel_stage_bytes
 from cost_models.step_time import (
     StepPrediction,
-    breakdown_gib,
     predict_stages,
     rank_layout,
     stage_phases,
@@ -137,6 +136,7 @@ def _plan(
         parallel=ParallelDegrees(
             data=parallel.data, tensor=parallel.tensor, pipeline=parallel.pipeline,
             context=parallel.context, expert=parallel.expert,
+            expert_tensor=parallel.expert_tensor_degree if model.is_moe else None,
             sequence_parallel=parallel.sequence_parallel, zero_stage=parallel.zero_stage,
             virtual_pipeline=parallel.virtual_pipeline,
         ),

@@ -12,10 +12,12 @@ from typing import Any
 
 from planner.cli.errors import UsageError
 from planner.cli.parsing import whole
+from planner.cli.run_flags import positive
 from planner.cluster import MAX_DEVICES
 from planner.knobs import FLAG
 from planner.parallel import (
     ATTENTION_BACKENDS,
+    CUDA_GRAPH_SCOPES,
     ENGINES,
     FP8_RECIPES,
     MOE_DISPATCHERS,
@@ -141,6 +143,29 @@ def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
         "(all-to-all bytes then known in advance; plan check compares them exactly)",
     )
     add(
+        "--expert-tensor-parallel-size", dest="expert_tensor", type=whole(1, MAX_DEVICES),
+        default=None, help="tensor-parallel degree inside each expert (default: searched; "
+        "the tensor degree, or 1 with experts folded over the stage's ranks)",
+    )
+    add(
+        "--overlap-moe-expert-parallel-comm", dest="overlap_moe_expert_parallel_comm",
+        action="store_true", default=None,
+        help="overlap each micro-batch's expert all-to-alls with another's compute "
+        "(needs --expert-model-parallel-size above 1, the alltoall or flex dispatcher and, "
+        "with pipeline stages, the interleaved schedule)",
+    )
+    add(
+        "--moe-expert-capacity-factor", dest="moe_expert_capacity_factor",
+        type=positive, default=None,
+        help="tokens an expert takes, as a multiple of an even share; the rest are dropped "
+        "(default: no cap)",
+    )
+    add(
+        "--cuda-graph-scope", dest="cuda_graph_scope", nargs="+", choices=CUDA_GRAPH_SCOPES,
+        default=None, help="parts of each layer in CUDA graphs (Megatron-LM's; "
+        "moe_preprocess runs the dispatcher without its host copy)",
+    )
+    add(
         "--cuda-graph-impl", dest="cuda_graph_impl",
         choices=("none", "local", "transformer_engine"), default=None,
         help="capture each layer in CUDA graphs (local or transformer_engine), so small "
@@ -189,8 +214,12 @@ def fixed_knobs(args: argparse.Namespace, num_layers: int) -> dict[str, Any]:
     knobs["precision"] = args.precision
     for name in ("overlap_param_gather", "tp_comm_overlap", "attention_backend",
                  "recompute_method", "recompute_num_layers", "fp8_recipe",
-                 "moe_token_dispatcher", "moe_router_force_load_balancing", "engine"):
+                 "moe_token_dispatcher", "moe_router_force_load_balancing", "engine",
+                 "expert_tensor", "overlap_moe_expert_parallel_comm",
+                 "moe_expert_capacity_factor"):
         knobs[name] = getattr(args, name)
+    if args.cuda_graph_scope is not None:
+        knobs["cuda_graph_scope"] = tuple(args.cuda_graph_scope)
     if args.cuda_graph_impl is not None:
         knobs["cuda_graphs"] = args.cuda_graph_impl != "none"
     if args.distributed_optimizer:

@@ -126,6 +126,8 @@ def _expert_flags(model: TransformerConfig, parallel: ParallelConfig) -> list[st
         flags.append("--moe-router-force-load-balancing")
     if parallel.moe_expert_capacity_factor is not None:
         flags.append(f"--moe-expert-capacity-factor {parallel.moe_expert_capacity_factor:g}")
+        if parallel.moe_pad_expert_input_to_capacity:
+            flags.append("--moe-pad-expert-input-to-capacity")
     if parallel.overlap_moe_expert_parallel_comm:
         flags.append("--overlap-moe-expert-parallel-comm")
     return flags
@@ -205,8 +207,9 @@ def megatron_flags(
     ]
     if parallel.expert > 1:
         flags.append(f"--expert-model-parallel-size {parallel.expert}")
-    if model.num_experts is not None and parallel.expert_tensor is not None:
-        flags.append(f"--expert-tensor-parallel-size {parallel.expert_tensor}")
+    # Megatron-LM splits experts over the tensor ranks unless told: written where not.
+    if model.num_experts is not None and parallel.expert_tensor_degree != parallel.tensor:
+        flags.append(f"--expert-tensor-parallel-size {parallel.expert_tensor_degree}")
     if parallel.sequence_parallel:
         flags.append("--sequence-parallel")
     if parallel.recompute == "full":
@@ -227,6 +230,9 @@ def megatron_flags(
         flags.append("--tp-comm-overlap")
     if parallel.cuda_graphs:
         flags.append("--cuda-graph-impl local")
+    elif parallel.cuda_graph_scope:
+        flags.append("--cuda-graph-impl transformer_engine --cuda-graph-scope "
+                     + " ".join(parallel.cuda_graph_scope))
     # Any uneven split, also where the pipeline divides the layers: without these flags
     # Megatron-LM splits evenly, not as planned.
     accounted = _accounted_ends(chunk_layers) if chunk_layers is not None else None

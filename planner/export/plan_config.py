@@ -17,7 +17,7 @@ def parallel_config(plan: Plan) -> ParallelConfig:
     q, run = plan.parallel, plan.run or RunSettings()
     return ParallelConfig(
         tensor=q.tensor, pipeline=len(plan.stages), data=q.data, context=q.context,
-        expert=q.expert, sequence_parallel=q.sequence_parallel,
+        expert=q.expert, expert_tensor=q.expert_tensor, sequence_parallel=q.sequence_parallel,
         micro_batch_size=plan.micro_batch_size, global_batch_size=plan.global_batch_size,
         recompute=plan.recompute, zero_stage=q.zero_stage, schedule=plan.schedule or "1f1b",
         virtual_pipeline=q.virtual_pipeline, precision=plan.precision,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from planner.megatron.errors import LaunchLineError
 from planner.megatron.pipeline_layout import chunk_layers
-from planner.parallel import ParallelConfig
+from planner.parallel import CUDA_GRAPH_SCOPES, ParallelConfig
 
 if TYPE_CHECKING:
     from planner.megatron.arguments import MegatronArgs
@@ -54,6 +54,9 @@ def parallel_config(
         moe_token_dispatcher=dispatcher, cuda_graphs=_cuda_graphs(args),
         moe_router_force_load_balancing=v.moe_router_force_load_balancing,
         moe_expert_capacity_factor=_capacity(args),
+        moe_pad_expert_input_to_capacity=bool(v.moe_pad_expert_input_to_capacity)
+        and _capacity(args) is not None,
+        cuda_graph_scope=_graph_scope(args),
         overlap_moe_expert_parallel_comm=v.overlap_moe_expert_parallel_comm,
         recompute_modules=tuple(v.recompute_modules or ("core_attn",)),
         main_grads_dtype=grads, exp_avg_dtype=moments,
@@ -445,4 +448,18 @@ def _cuda_graphs(args: MegatronArgs) -> bool:
         raise LaunchLineError(
             f"{' and '.join(others)} each choose CUDA graphs, which Megatron-LM refuses "
             "together; keep one")
-    return bool(legacy) or v.cuda_graph_impl != "none"
+    return (bool(legacy) or v.cuda_graph_impl != "none") and not _graph_scope(args)
+
+
+def _graph_scope(args: MegatronArgs) -> tuple[str, ...]:
+    """--cuda-graph-scope's parts of a layer, where they are not whole layers ("full" or
+    "full_iteration", or no scope, graph whole layers)."""
+    scope = tuple(args.values.cuda_graph_scope_deprecated or ())
+    if not scope or {"full", "full_iteration"} & set(scope):
+        return ()
+    unknown = [part for part in scope if part not in CUDA_GRAPH_SCOPES]
+    if unknown:
+        raise LaunchLineError(
+            f"{args.flag('cuda_graph_scope_deprecated')} {' '.join(unknown)} is not a part "
+            f"Tessel prices; use {', '.join(CUDA_GRAPH_SCOPES)}")
+    return scope

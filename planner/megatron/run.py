@@ -50,6 +50,7 @@ _READ = frozenset({
     "moe_router_num_groups", "moe_router_group_topk", "mtp_num_layers",
     "moe_router_force_load_balancing", "moe_expert_capacity_factor",
     "overlap_moe_expert_parallel_comm", "moe_enable_deepep",
+    "moe_pad_expert_input_to_capacity", "cuda_graph_scope_deprecated",
 })
 
 

@@ -68,7 +68,6 @@ UNPRICED: dict[str, tuple[str, tuple[Any, ...]]] = {
     "yaml_cfg": ("a YAML config that replaces the flags", ()),
     "enable_mhc_connections": ("multi-stream residual connections", ()),
     "fp32_residual_connection": ("fp32 residual activations", ()),
-    "moe_pad_expert_input_to_capacity": ("expert inputs padded to capacity", ()),
     "moe_latent_size": ("MoE latent projections", ()),
     "encoder_num_layers": ("an encoder; give --num-layers for a decoder-only model", ()),
     "decoder_num_layers": ("an encoder-decoder split; give --num-layers", ()),

@@ -9,6 +9,7 @@ launch line. One config describes the three families the zoo builds (GPT, Llama,
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Literal
 
@@ -334,7 +335,14 @@ class TransformerConfig(BaseModel):
     def mtp_kind(self) -> LayerKind:
         """The block of each multi-token-prediction layer: the last layer's kind, as
         Megatron-LM's MTP spec reuses the decoder's last layer spec."""
-        return self.layer_kinds()[-1]
+        last = self.num_layers - 1
+        moe, freq = self.num_experts is not None, self.moe_layer_freq
+        moe = moe and (bool(freq[last]) if isinstance(freq, list) else last % freq == 0)
+        window, skip = self.window_size, self.window_attn_skip_freq
+        if window is not None and skip is not None:
+            full = not skip[last] if isinstance(skip, list) else (last + 1) % skip == 0
+            window = None if full else window
+        return LayerKind(moe, window)
 
     def for_layer(self, kind: LayerKind) -> TransformerConfig:
         """This model with every layer of `kind`: what a cost per layer reads."""
@@ -370,7 +378,7 @@ class TransformerConfig(BaseModel):
     def num_active_parameters(self) -> int:
         """Parameters one token passes through: of each MoE layer's routed experts only its
         top-k (DeepSeek-V3: 37B of 671B, as its report counts, MTP excluded)."""
-        return self._count(active=True, mtp=False)
+        return round(self._count(active=True, mtp=False))
 
     def _count(self, active: bool, mtp: bool = True) -> int:
         h, v = self.hidden_size, self.vocab_size
@@ -384,25 +392,51 @@ class TransformerConfig(BaseModel):
             if active and kind.moe:
                 total -= self.layer_expert_parameters(kind) * (
                     1 - self.moe_top_k / (self.num_experts or 1))
-        # Each MTP layer adds two input norms, its 2h -> h projection and its final norm.
         if mtp:
-            total += self.mtp_num_layers * (3 * self._norm_parameters() + 2 * h * h)
+            total += self.mtp_num_layers * self.mtp_extra_parameters()
         total += self._norm_parameters()  # final norm
         if not self.tie_embeddings:
             total += v * h  # LM head; it never has a bias
         return total
 
+    def kind_counts(self) -> list[tuple[LayerKind, int]]:
+        """Each kind of block and how many of the `num_layers` are of it, in order of first
+        appearance (computed once per config: searches ask it for every layout)."""
+        found = _KIND_COUNTS.get(id(self))
+        if found is None or found[0] is not self:
+            if len(_KIND_COUNTS) > 10_000:
+                _KIND_COUNTS.clear()
+            found = (self, list(Counter(self.layer_kinds()).items()))
+            _KIND_COUNTS[id(self)] = found
+        return found[1]
+
+    def mtp_extra_parameters(self) -> int:
+        """Parameters of one multi-token-prediction layer beyond its block: two input
+        norms, the 2h -> h projection and its final norm (Megatron-Core's
+        MultiTokenPredictionLayer; embedding and head are the model's own)."""
+        return 3 * self._norm_parameters() + 2 * self.hidden_size * self.hidden_size
+
     def parameters_per_layer(self) -> float:
         """Parameters of one transformer block, all experts included; the mean over the
         layers where they differ (dense and MoE layers mixed)."""
-        kinds = self.layer_kinds()
-        return sum(self.layer_parameters(kind) for kind in kinds) / len(kinds)
+        return self._per_layer()[0]
 
     def expert_parameters_per_layer(self) -> float:
         """Parameters of one block's routed experts (0 for a dense MLP), the mean over the
         layers: the part expert parallelism shards."""
-        kinds = self.layer_kinds()
-        return sum(self.layer_expert_parameters(kind) for kind in kinds) / len(kinds)
+        return self._per_layer()[1]
+
+    def _per_layer(self) -> tuple[float, float]:
+        found = _PER_LAYER.get(id(self))
+        if found is None or found[0] is not self:
+            if len(_PER_LAYER) > 10_000:
+                _PER_LAYER.clear()
+            counts = self.kind_counts()
+            found = (self, (
+                sum(self.layer_parameters(k) * n for k, n in counts) / self.num_layers,
+                sum(self.layer_expert_parameters(k) * n for k, n in counts) / self.num_layers))
+            _PER_LAYER[id(self)] = found
+        return found[1]
 
     def layer_parameters(self, kind: LayerKind) -> int:
         """Parameters of one block of `kind` (all its experts included)."""
@@ -472,6 +506,13 @@ class LayerKind:
     def short(self) -> str:
         """E.g. ``moe``, ``dense/w128``."""
         return ("moe" if self.moe else "dense") + (f"/w{self.window}" if self.window else "")
+
+
+_KIND_COUNTS: dict[int, tuple[TransformerConfig, list[tuple[LayerKind, int]]]] = {}
+"""`kind_counts` by config id (the config held, so its id stays its own); configs are
+copied when they change (`model_copy`), never changed in place."""
+_PER_LAYER: dict[int, tuple[TransformerConfig, tuple[float, float]]] = {}
+"""`_per_layer` by config id, likewise."""
 
 
 def _linear(in_features: int, out_features: int, bias: bool) -> int:

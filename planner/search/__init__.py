@@ -35,18 +35,21 @@ def search(
     collectives: LayerCollectives | None = None,
 ) -> SearchResult:
     """The best configurations in `space` ("megatron" or "auto"; the Megatron space under
-    the torchtitan engine), best first; the knobs in `fixed` are kept by every one. With
-    `collectives`, layers are charged the tensor-parallel collectives the intra-op ILP
-    chose for them (`stage_ilp`) instead of Megatron-LM's. Unless `fixed` names a
-    precision, plans use the device's default (bf16, fp16 on a device without it, fp32 on
-    a CPU), and attention is priced fused where the device runs fused attention, unless
-    `flash_attention` says."""
+    the torchtitan engine and for mixtures of experts), best first; the knobs in `fixed`
+    are kept by every one. With `collectives`, layers are charged the tensor-parallel
+    collectives the intra-op ILP chose for them (`stage_ilp`) instead of Megatron-LM's.
+    Unless `fixed` names a precision, plans use the device's default (bf16, fp16 on a
+    device without it, fp32 on a CPU), and attention is priced fused where the device
+    runs fused attention, unless `flash_attention` says."""
     fixed = {"precision": cluster.device.default_precision, **fixed}
     if flash_attention is None:  # as the device runs attention
         flash_attention = cluster.device.flash_attention
     # TorchTitan, like Megatron-LM, runs every stage on one mesh: Alpa's stages of meshes of
     # their own are not plans it can run.
-    if space == "megatron" or fixed.get("engine") == "torchtitan":
+    # Alpa's stage DP lays experts out over no expert-parallel group of their own (its
+    # stages share one fixed expert degree), so a mixture of experts is searched in the
+    # Megatron space, which folds expert degrees apart from attention's.
+    if space == "megatron" or fixed.get("engine") == "torchtitan" or model.is_moe:
         from planner.search.megatron_space import search_megatron
 
         return search_megatron(model, cluster, gbs, fixed, flash_attention, progress,

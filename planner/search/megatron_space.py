@@ -149,12 +149,16 @@ def _degree_layouts(
             if n % (t * c * p):
                 continue
             d = n // (t * c * p)
+            # Experts are laid out over a stage's tensor x context x data ranks, apart
+            # from attention's degrees (Megatron-Core's parallel folding): an expert degree
+            # may exceed the data degree when each expert is not split over the tensor ranks.
+            stage = t * c * d
             experts = [fixed["expert"]] if "expert" in fixed else (
-                [e for e in _divisors(d, model.num_experts) if model.num_experts % e == 0]
+                [e for e in _divisors(stage, model.num_experts) if model.num_experts % e == 0]
                 if model.num_experts else [1]
             )
             for e in experts:
-                if d % e == 0:
+                if stage % e == 0:
                     yield t, c, p, d, e
 
 
@@ -193,11 +197,39 @@ def run_settings(fixed: dict[str, Any], cluster: Cluster, tensor: int,
     )
 
 
-def _dispatchers(fixed: dict[str, Any]) -> list[str]:
-    """The token dispatcher: as fixed, else all-gather. An all-to-all moves what the
-    router decides at run time, so its bytes are an expectation a plan cannot promise
-    (`plan check` compares them exactly); the all-gather's are exact."""
-    return [fixed.get("moe_token_dispatcher", "allgather")]
+DISPATCH_KNOBS = ("moe_token_dispatcher", "overlap_moe_expert_parallel_comm")
+"""Knobs that change how a plan's tokens reach their experts, and not its memory."""
+
+
+def _dispatchers(fixed: dict[str, Any], expert: int, cluster: Cluster) -> list[str]:
+    """The token dispatchers tried: as fixed; without expert parallelism the all-gather
+    (nothing to send); under Tessel's runtime the all-gather too, unless routing is forced
+    even: an all-to-all moves what the router decides at run time, so its bytes are an
+    expectation a plan cannot promise (`plan check` compares them exactly). Megatron-LM and
+    TorchTitan: all-to-all, and DeepEP's flex dispatcher where it runs (Hopper and newer,
+    like Transformer Engine's userbuffers)."""
+    if "moe_token_dispatcher" in fixed:
+        return [fixed["moe_token_dispatcher"]]
+    if expert == 1:
+        return ["allgather"]
+    if fixed.get("engine") == "tessel":
+        return ["alltoall"] if fixed.get("moe_router_force_load_balancing") else ["allgather"]
+    # DeepEP differs from an all-to-all only where the expert group spans domains.
+    spans = cluster.spans_domains(1, expert)
+    return ["alltoall", "flex"] if cluster.device.tp_comm_overlap and spans else ["alltoall"]
+
+
+def _expert_tensor_degrees(fixed: dict[str, Any], t: int, c: int, d: int, e: int
+                           ) -> list[int | None]:
+    """Expert tensor degrees tried: as fixed; the attention's (None) and, where experts are
+    split and tensors too, 1: each expert whole on one rank (parallel folding), which
+    Megatron-Bridge's MoE recipes run."""
+    options: list[int | None] = [None]
+    if "expert_tensor" in fixed:
+        options = [fixed["expert_tensor"]]
+    elif e > 1 and t > 1:
+        options.append(1)
+    return [x for x in options if (t * c * d) % (e * (x or t)) == 0]
 
 
 def _knob_choices(
@@ -222,9 +254,10 @@ def _knob_choices(
         else [0, 1] if space == "megatron" else [0, 1, 2, 3]
     )
     overlap = [fixed.get("overlap_grad_reduce", True)]
-    dispatchers = _dispatchers(fixed)
-    for mb, sp, z, ov, dispatcher in itertools.product(micro, parallel_seq, zero, overlap,
-                                                       dispatchers):
+    dispatchers = _dispatchers(fixed, e, cluster)
+    for mb, sp, z, ov, dispatcher, etp in itertools.product(
+            micro, parallel_seq, zero, overlap, dispatchers,
+            _expert_tensor_degrees(fixed, t, c, d, e)):
         schedules = _schedules(model.num_layers, p, per_replica // mb, fixed, space)
         settings = run_settings(fixed, cluster, t, sp, z, ov, d)
         for schedule, v in schedules:
@@ -232,7 +265,21 @@ def _knob_choices(
                        global_batch_size=gbs, sequence_parallel=sp, zero_stage=z,
                        overlap_grad_reduce=ov, schedule=schedule, virtual_pipeline=v,
                        precision=fixed.get("precision", "bf16"),
-                       moe_token_dispatcher=dispatcher, **settings)
+                       moe_token_dispatcher=dispatcher, expert_tensor=etp,
+                       overlap_moe_expert_parallel_comm=fixed.get(
+                           "overlap_moe_expert_parallel_comm",
+                           a2a_overlap_allowed(e, dispatcher, p, v, fixed)),
+                       **settings)
+
+
+def a2a_overlap_allowed(expert: int, dispatcher: str, pipeline: int, virtual: int,
+                        fixed: dict[str, Any]) -> bool:
+    """Whether Megatron-LM runs --overlap-moe-expert-parallel-comm here (its
+    validate_args: expert parallelism, the alltoall or flex dispatcher, no full
+    recomputation, and with pipelining the interleaved schedule), under its engine."""
+    return (fixed.get("engine", "megatron") == "megatron" and expert > 1
+            and dispatcher in ("alltoall", "flex") and fixed.get("recompute") != "full"
+            and (pipeline == 1 or virtual > 1))
 
 
 def _schedules(
@@ -271,7 +318,15 @@ def enumerate_megatron(
         for knobs in _knob_choices(layout, model, gbs, fixed, "megatron", cluster):
             for split in _splits(model, knobs):
                 for recompute in recomputes:
-                    yield Candidate(ParallelConfig(**knobs, recompute=recompute), split)
+                    yield Candidate(configure(knobs, recompute), split)
+
+
+def configure(knobs: dict[str, Any], recompute: str) -> ParallelConfig:
+    """`knobs` with `recompute`; the MoE all-to-all overlap off under full recomputation,
+    which Megatron-LM does not run together."""
+    if recompute == "full":
+        knobs = {**knobs, "overlap_moe_expert_parallel_comm": False}
+    return ParallelConfig(**knobs, recompute=recompute)
 
 
 def _splits(model: TransformerConfig, knobs: dict[str, Any]) -> list[tuple[int, ...]]:
@@ -292,18 +347,37 @@ def search_megatron(
     ranked: list[tuple[Candidate, StepPrediction]] = []
     evaluated = 0
     layouts = list(_layouts(model, cluster, gbs, fixed))
+    # Memory does not depend on how tokens reach their experts: one check per layout of
+    # the other knobs serves every dispatcher.
+    fitted: dict[tuple, bool] = {}
+    # The smallest micro-batch that fitted under no recomputation, per layout of the other
+    # knobs: micro-batches come smallest first, and a larger one keeps at least as many
+    # activations (`micro_batch x min(micro-batches, stages)` in flight), so it cannot fit.
+    too_large: dict[tuple, int] = {}
     for index, layout in enumerate(layouts):
         for knobs in _knob_choices(layout, model, gbs, fixed, "megatron", cluster):
+            memory_knobs = tuple(v for k, v in knobs.items() if k not in DISPATCH_KNOBS)
+            others = tuple(v for k, v in knobs.items()
+                           if k not in DISPATCH_KNOBS and k != "micro_batch_size")
             for split in _splits(model, knobs):
+                if knobs["micro_batch_size"] >= too_large.get((others, split), gbs + 1):
+                    continue
+                fitting = False
                 for recompute in recomputes:
-                    candidate = Candidate(ParallelConfig(**knobs, recompute=recompute), split)
+                    candidate = Candidate(configure(knobs, recompute), split)
                     evaluated += 1
-                    if fits_memory(model, cluster, candidate.parallel, flash_attention,
-                                   list(split)):
+                    key = (memory_knobs, split, recompute)
+                    if key not in fitted:
+                        fitted[key] = fits_memory(model, cluster, candidate.parallel,
+                                                  flash_attention, list(split))
+                    fitting = fitted[key]
+                    if fitting:
                         ranked.append((candidate, predict_step(
                             model, cluster, candidate.parallel, flash_attention, list(split),
                             collectives)))
                         break  # more recomputation would only be slower
+                if not fitting:
+                    too_large[others, split] = knobs["micro_batch_size"]
         if progress:
             progress(index + 1, len(layouts))
     ranked.sort(key=lambda item: item[1].step_time_s)

@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from planner import cli
+from planner.plan_migration import migrate_v1
 from planner.plan import (
     SCHEMA_VERSION,
     CollectiveStats,
@@ -20,7 +21,6 @@ from planner.plan import (
     Provenance,
     SolverReport,
     Stage,
-    migrate_v1,
 )
 
 
@@ -324,3 +324,20 @@ def test_a_plan_for_the_cpu_cluster_runs_fp32(written) -> None:
     assert plan.precision == "fp32" and plan.cluster == "cpu" and plan.devices_per_node == 8
     assert written["gpt3-175b-a100"][0].precision == "bf16"
     assert "--bf16" not in " ".join(plan.megatron_flags or [])
+
+
+@pytest.mark.parametrize(("path", "value"), [
+    (("recompute",), "fulll"), (("schedule",), "zigzag"), (("precision",), "fp4"),
+    (("run", "moe_token_dispatcher"), "deepep"), (("run", "recompute_modules"), ["mlp", "ffn"]),
+])
+def test_a_plan_naming_a_value_no_knob_takes_is_refused_on_load(
+        written, path: tuple[str, ...], value: object) -> None:
+    """Enumerated fields are Literals: a hand-edited plan with a typo does not load."""
+    data = json.loads(json.dumps(written["gpt3-175b-a100"][1]))
+    target = data
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    with pytest.raises(ValueError) as error:
+        Plan.from_json(json.dumps(data))
+    assert path[-1] in str(error.value) and "\n" not in str(error.value)

@@ -126,7 +126,9 @@ CASES = {
             "--moe-token-dispatcher-type alltoall --micro-batch-size 1 --global-batch-size 256",
         f"mixtral {MIXTRAL} --ffn-hidden-size 14336 --precision bf16 "
         "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
-        "--expert-model-parallel-size 4 --sequence-parallel --use-distributed-optimizer "
+        # Megatron-LM's experts split over the tensor ranks unless told otherwise.
+        "--expert-model-parallel-size 4 --expert-tensor-parallel-size 2 "
+        "--sequence-parallel --use-distributed-optimizer "
         "--moe-token-dispatcher-type alltoall --micro-batch-size 1 --global-batch-size 256"),
 }
 

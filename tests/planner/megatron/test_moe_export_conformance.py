@@ -100,3 +100,55 @@ def test_exported_moe_flags_pass_megatron_lms_own_parser() -> None:
     for key, world, result in zip(LINES, worlds, json.loads(done.stdout)):
         assert result["ok"], (key, result["error"])
         assert result["world_size"] == world
+
+
+DEEPSEEK_PLANS = {"dgx-h100": 1024, "gb200-nvl72": 256}
+
+
+@pytest.fixture(scope="module")
+def deepseek_plans(tmp_path_factory) -> dict[str, dict]:
+    """`plan deepseek-v3` at 8192 x 4096 tokens on 1024 H100s and 256 GB200s."""
+    from planner import cli
+
+    plans = {}
+    for cluster, gpus in DEEPSEEK_PLANS.items():
+        path = tmp_path_factory.mktemp("plans") / f"{cluster}.json"
+        assert cli.main(["deepseek-v3", "--cluster", cluster, "--gpus", str(gpus),
+                         "--global-batch-size", "8192", "--seq-length", "4096",
+                         "--json", str(path)]) == 0
+        plans[cluster] = json.loads(path.read_text())
+    return plans
+
+
+@pytest.mark.parametrize("cluster", list(DEEPSEEK_PLANS))
+def test_deepseek_v3_is_planned_with_experts_across_nodes(deepseek_plans, cluster: str
+                                                          ) -> None:
+    """The best plan spreads experts over more GPUs than a host holds (a DGX node, a
+    4-GPU GB200 tray), sends tokens with an all-to-all dispatcher, and Megatron-LM can
+    run it."""
+    from planner.cluster import Cluster
+
+    plan = deepseek_plans[cluster]
+    per_host = Cluster.load(cluster).devices_per_host
+    expert_ranks = plan["parallel"]["expert"] * plan["parallel"]["expert_tensor"]
+    assert expert_ranks > per_host
+    assert plan["run"]["moe_token_dispatcher"] in ("alltoall", "flex")
+    assert plan["megatron_incompatibility"] is None and plan["megatron_flags"]
+    flags = shlex.split(" ".join(plan["megatron_flags"]))
+    assert "--multi-latent-attention" in flags and "--mtp-num-layers" in flags
+
+
+def test_deepseek_v3_plans_pass_megatron_lms_own_parser(deepseek_plans) -> None:
+    if importlib.util.find_spec("megatron") is None or \
+            importlib.util.find_spec("megatron.training") is None:
+        pytest.skip("megatron-core's training package is not installed: make conformance")
+    requests = [{"argv": ["pretrain_gpt.py", *shlex.split(" ".join(plan["megatron_flags"])),
+                          *_EXTRA],
+                 "env": {"WORLD_SIZE": str(plan["num_gpus"]), "RANK": "0", "LOCAL_RANK": "0"}}
+                for plan in deepseek_plans.values()]
+    done = subprocess.run([sys.executable, str(EXPORT_TESTS / "megatron_validate.py")],
+                          input=json.dumps(requests), capture_output=True, text=True,
+                          cwd=str(EXPORT_TESTS), timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for cluster, result in zip(deepseek_plans, json.loads(done.stdout)):
+        assert result["ok"], (cluster, result["error"])

@@ -120,8 +120,7 @@ def test_flags_without_time_or_memory_are_ignored_and_listed() -> None:
                                        "drop it"]),
     ("--num-distributed-optimizer-instances 2", ["--num-distributed-optimizer-instances"]),
     ("--delay-wgrad-compute", ["--delay-wgrad-compute", "weight-gradient"]),
-    ("--num-experts 8 --moe-pad-expert-input-to-capacity",
-     ["--moe-pad-expert-input-to-capacity"]),
+    ("--num-experts 8 --moe-latent-size 128", ["--moe-latent-size"]),
     ("--position-embedding-type none", ["--position-embedding-type"]),
     ("--hybrid-layer-pattern M*8", ["--hybrid-layer-pattern", "Mamba"]),
 ])

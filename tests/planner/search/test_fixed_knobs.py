@@ -52,7 +52,11 @@ KEPT = {
     "context": ({"context": 2}, DENSE, ("auto", "megatron"),
                 lambda c: c.parallel.context == 2),
     "expert": ({"expert": 4}, MOE, ("auto", "megatron"),
-               lambda c: c.parallel.expert == 4 and all(d % 4 == 0 for _, d in stage_meshes(c))),
+               # Experts fold over a stage's tensor x context x data ranks (Megatron-Core's
+               # parallel folding), each expert split over its expert-tensor ranks.
+               lambda c: c.parallel.expert == 4 and all(
+                   t * c.parallel.context * d % (4 * (c.parallel.expert_tensor or t)) == 0
+                   for t, d in stage_meshes(c))),
     "micro-batch": ({"micro_batch_size": 2}, DENSE, ("auto", "megatron"),
                     lambda c: per_replica_micro_batch(c) == [2] * num_stages(c)),
     "zero stage 3": ({"zero_stage": 3}, DENSE, ("auto",), lambda c: c.parallel.zero_stage == 3),

@@ -1,0 +1,39 @@
+"""The FLOPs of one training step: the model's (3x the forward, as Megatron-LM and MFU
+count them: Narayanan et al. 2021, Appendix) and those the GPUs execute, replayed forwards
+included. Each kind of block is counted as `transformer_ops` lists its kernels; the
+multi-token-prediction layers and the output layer's logits too."""
+
+from __future__ import annotations
+
+from cost_models.layer_mix import layer_variants
+from cost_models.transformer_ops import (
+    forward_flops,
+    head_ops,
+    layer_ops,
+    mtp_ops,
+    selective_kernels,
+)
+from planner.models.config import TransformerConfig
+from planner.parallel import ParallelConfig
+
+
+def step_flops(model: TransformerConfig, parallel: ParallelConfig,
+                replays: int) -> tuple[float, float]:
+    """(model FLOPs, executed FLOPs) of one step on the whole cluster, `replays` layers of
+    each model replica replaying their forward (or attention core) in backward."""
+    sequences = parallel.global_batch_size
+    layer = selective = 0.0
+    for variant, share in layer_variants(model):
+        ops = layer_ops(variant, 1, model.seq_length, 1, False)
+        layer += share * forward_flops(ops)
+        selective += share * forward_flops(selective_kernels(
+            variant, ops, parallel.engine, parallel.recompute_modules))
+    head = forward_flops(head_ops(model, 1, model.seq_length, 1))
+    forward = sequences * (model.num_layers * layer + head + mtp_flops(model))
+    replay = {"none": 0.0, "selective": selective, "full": layer}[parallel.recompute]
+    return 3 * forward, 3 * forward + sequences * replays * replay
+
+
+def mtp_flops(model: TransformerConfig) -> float:
+    """Forward FLOPs of one sequence through the multi-token-prediction layers."""
+    return model.mtp_num_layers * forward_flops(mtp_ops(model, 1, model.seq_length, 1))
