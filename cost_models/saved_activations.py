@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from cost_models.layer_mix import layer_variants
 from planner.models.config import TransformerConfig
 from planner.parallel import ParallelConfig
 
@@ -101,7 +102,15 @@ def saved_per_layer(
     the layer is not recomputed whole (`parallel.recompute` none or selective).
     `score_free`: the attention kernel never writes the s x s scores (flash, fused)."""
     if parallel.engine == "megatron":
-        return _megatron(model, parallel, score_free)
+        variants = layer_variants(model)
+        if len(variants) == 1:
+            return _megatron(model, parallel, score_free)
+        # Dense and MoE (or windowed and full) blocks mixed: the mean block, kind by kind.
+        mean: dict[str, float] = {}
+        for variant, share in variants:
+            for kind, bytes_ in _megatron(variant, parallel, score_free).items():
+                mean[kind] = mean.get(kind, 0.0) + share * bytes_
+        return mean
     if parallel.engine == "tessel" and tessel_counted(model):
         return tessel_layer(model, parallel)
     return _torch_eager(model, parallel, score_free)
@@ -135,6 +144,10 @@ def _megatron(
         "attention": e * n * (2 * x.query + 2 * x.key),
         "mlp": e * n * up + linear_input * n * x.ffn,
     }
+    if model.multi_latent_attention:
+        kinds["attention"] = _mla_saved(model, parallel, n, e, modules)
+    if model.is_moe:
+        kinds["mlp"] = _moe_saved(model, parallel, n, e, linear_input, modules)
     if score_free:
         kinds["attention"] += FP32 * x.heads * n  # the log-sum-exp of each row
     elif "core_attn" not in modules:
@@ -142,12 +155,61 @@ def _megatron(
         # et al.'s 5 a s^2 b / t; without dropout the mask is not made.
         mask = 1 if model.attention_dropout > 0 else 0
         kinds["scores"] = (2 * e + mask) * x.heads * n * (model.seq_length / parallel.context)
-    if "mlp" in modules:
-        # The MLP is replayed from its input, which fc1 saves anyway.
+    if "mlp" in modules and not model.is_moe:
+        # The dense MLP is replayed from its input, which fc1 saves anyway (an MoE layer's
+        # is the moe module's).
         kinds["mlp"] = 0.0
     if model.hidden_dropout > 0:
         kinds["dropout masks"] = 2 * n * x.hidden / sp
     return kinds
+
+
+def _mla_saved(model: TransformerConfig, parallel: ParallelConfig, n: float, e: int,
+               modules: tuple[str, ...]) -> float:
+    """What Megatron-Core's MLASelfAttention keeps per micro-batch on one rank: the
+    query and key/value latents its fused norm-and-up projections read (every tensor rank
+    computes them whole), the rotary key, and for attention q and k (qk + rotary width
+    per head) and v and the output (v_head_dim per head); `mla_up_proj` recomputation
+    frees q, k and v, replayed from the latents in backward (Megatron-Core's
+    --recompute-modules mla_up_proj)."""
+    t = parallel.tensor
+    latents = (model.q_lora_rank or 0) + model.kv_lora_rank + model.qk_pos_emb_head_dim
+    qk, v = model.query_width / t, model.value_width / t
+    kept = e * n * latents + e * n * v  # the latents and the core's output
+    if "mla_up_proj" not in modules:
+        kept += e * n * (2 * qk + v)
+    return kept
+
+
+def _moe_saved(model: TransformerConfig, parallel: ParallelConfig, n: float, e: int,
+               linear_input: int, modules: tuple[str, ...]) -> float:
+    """What Megatron-Core's MoE layer keeps per micro-batch on one rank: the router's fp32
+    scores of its sequence shard, and for each (token, expert) row it computes (its
+    shard's rows, gathered over the expert-tensor ranks, at the padded capacity where
+    inputs are padded) the grouped GEMMs' inputs and the activation's input; the shared
+    expert like a dense MLP. `moe_act` frees the activation's output (fc2's input),
+    `shared_experts` the shared expert's, `moe` all of it but the layer's input."""
+    if "moe" in modules:
+        return 0.0
+    sp = parallel.tensor if parallel.sequence_parallel else 1
+    etp = parallel.expert_tensor_degree if sp > 1 else parallel.tensor
+    gathered = etp if sp > 1 else 1
+    pad = parallel.moe_expert_capacity_factor \
+        if parallel.moe_pad_expert_input_to_capacity and parallel.moe_expert_capacity_factor \
+        else 1.0
+    rows = n / sp * model.moe_top_k * gathered * pad
+    f = model.expert_ffn_size / etp
+    up = 2 * f if model.activation == "swiglu" else f
+    kept = 2 * FP32 * n / sp * (model.num_experts or 0)  # router logits and probabilities
+    kept += rows * (linear_input * model.hidden_size + e * up)
+    if "moe_act" not in modules:
+        kept += linear_input * rows * f
+    shared = model.moe_shared_expert_intermediate_size
+    if shared and "shared_experts" not in modules:
+        width = shared / parallel.tensor
+        kept += e * n * (2 * width if model.activation == "swiglu" else width) \
+            + linear_input * n * width
+    return kept
 
 
 def _torch_eager(

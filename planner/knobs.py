@@ -168,9 +168,10 @@ def _run_problems(knobs: dict[str, Any], model: TransformerConfig, cluster: Clus
         problems.append(f"{FLAG['recompute_method']} and {FLAG['recompute_num_layers']} "
                         f"choose which layers full recomputation replays; they need "
                         f"{FLAG['recompute']} full")
-    moe_only = [FLAG[k] for k in ("moe_token_dispatcher", "expert_tensor",
-                                  "overlap_moe_expert_parallel_comm",
-                                  "moe_expert_capacity_factor") if knobs.get(k)]
+    moe_only = [FLAG[k] if knobs[k] is True else f"{FLAG[k]} {knobs[k]}"
+                for k in ("moe_token_dispatcher", "expert_tensor",
+                          "overlap_moe_expert_parallel_comm", "moe_expert_capacity_factor")
+                if knobs.get(k)]
     if moe_only and not model.num_experts:
         problems.append(f"{', '.join(moe_only)} set how tokens reach experts, and this model "
                         "is dense (no --num-experts); drop them")

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from cost_models.comm import COLLECTIVE_KINDS
 from cost_models.economics import TrainingTotals
 from passes.placement_text import placement_pieces
+from planner.models.config import TransformerConfig
 from planner.plan_migration import migrate_v1
 from planner.parallel import (
     AttentionBackend,
@@ -381,6 +382,10 @@ class Plan(_Model):
 
     version: Literal[2] = Field(default=SCHEMA_VERSION, description="Schema version.")
     model: str = Field(description="What was planned (a model spec or class name).")
+    architecture: TransformerConfig | None = Field(
+        default=None, description="The transformer's shape, for training plans of zoo and "
+        "hf: transformers: attention (heads, MLA ranks, windows), experts (routed, shared, "
+        "which layers), multi-token prediction, in Megatron-LM's vocabulary.")
     cluster: str = Field(description="Cluster preset or file the costs come from.")
     num_gpus: int = Field(ge=1, description="Devices the plan runs on.")
     devices_per_host: int | None = Field(default=None, ge=1, description="Devices of one "

@@ -129,7 +129,7 @@ def _plan(
     communication = (breakdown.tensor_parallel_comm_s + breakdown.pipeline_comm_s
                      + breakdown.data_parallel_comm_s)
     return Plan(
-        model=name, cluster=cluster.name, num_gpus=first_device,
+        model=name, architecture=model, cluster=cluster.name, num_gpus=first_device,
         devices_per_host=min(cluster.devices_per_host, first_device),
         devices_per_node=min(cluster.devices_per_node, first_device), mesh_axes=mesh_axes,
         mesh_shape=mesh_shape,

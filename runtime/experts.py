@@ -21,8 +21,9 @@ without its zero terms).
 
 Expert gradients: an expert's gradient after backward sums the losses of its expert
 group's tokens; `reduce_expert_gradients` sums it over the ``edp`` axis too (one bucket
-per MoE block) and divides by the data-parallel degree, the mean every dense parameter gets from FSDP2. Expert
-parameters are therefore kept out of FSDP2 (``ignored_params``) and are not ZeRO-sharded.
+per MoE block) and divides by the data-parallel degree, the mean every dense parameter
+gets from FSDP2. Expert parameters are therefore kept out of FSDP2 (``ignored_params``)
+and are not ZeRO-sharded.
 """
 
 from __future__ import annotations

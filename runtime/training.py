@@ -283,11 +283,11 @@ class PipelineTrainer(checkpoint.Checkpointing):
 
         Parameters are counted at rest (``parameters``) and gathered over the data-parallel
         axis (``parameters_gathered``); ``expert_parameters``, ``expert_gradients`` and
-        ``expert_optimizer`` are the experts' part (never ZeRO-sharded here). FSDP2 keeps them sharded at rest for every ZeRO
-        stage it runs (1, 2 and 3); ZeRO-1/2 hold the gathered ones from the forward to the
-        last backward of a step (what a ZeRO-1/2 plan predicts), ZeRO-3 one layer's at a
-        time. A tied embedding's copy on the last pipeline stage is counted there (as
-        Megatron holds it)."""
+        ``expert_optimizer`` are the experts' part (never ZeRO-sharded here). FSDP2 keeps
+        them sharded at rest for every ZeRO stage it runs (1, 2 and 3); ZeRO-1/2 hold the
+        gathered ones from the forward to the last backward of a step (what a ZeRO-1/2
+        plan predicts), ZeRO-3 one layer's at a time. A tied embedding's copy on the last
+        pipeline stage is counted there (as Megatron holds it)."""
         return dict(self.held)
 
     def full_parameters(self) -> dict[str, torch.Tensor]:

@@ -413,9 +413,19 @@ def test_a_bad_moe_input_gets_one_line_and_exit_2(case: str, capsys) -> None:
         assert fragment in text
 
 
-@pytest.mark.xfail(strict=False, reason="`plan` has no --expert-tensor-parallel-size flag yet "
-                   "(planner/cli/parallel_flags.py and planner/knobs.py: the search's knob "
-                   "and its check that a dense model has no expert degree to split)")
 def test_an_expert_tensor_degree_on_a_dense_model_gets_one_line(capsys) -> None:
     code, output = run([*SMALL, "--expert-tensor-parallel-size", "2"], capsys)
     assert code == 2 and "--expert-tensor-parallel-size 2" in output and "dense" in output
+    assert len(output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("extra", [
+    ["--expert-model-parallel-size", "1"], ["--moe-token-dispatcher-type", "allgather"],
+    ["--recompute-granularity", "full"]])
+def test_the_all_to_all_overlap_where_megatron_refuses_it_gets_one_line(
+        capsys, extra: list[str]) -> None:
+    code, output = run(["mixtral-8x7b", "--gpus", "64", "--cluster", "dgx-h100",
+                        "--global-batch-size", "256", "--overlap-moe-expert-parallel-comm",
+                        *extra], capsys)
+    assert code == 2 and "--overlap-moe-expert-parallel-comm" in output
+    assert len(output.strip().splitlines()) == 1, output

@@ -205,3 +205,29 @@ def test_plan_predict_prints_a_prediction_for_each_row(row: dict[str, str], caps
     predicted = json.loads(path.read_text())["launch_line"]["predicted"]
     per_gpu = predicted["tokens_per_s"] / int(row["num_gpus"])
     assert per_gpu == pytest.approx(float(row["value"]), rel=0.10)
+
+
+@needs_rows
+def test_plan_predict_json_of_deepseek_v3_shows_its_moe_in_the_plan(capsys,
+                                                                    tmp_path: Path) -> None:
+    """The Plan of DeepSeek-V3's launch line carries its multi-latent attention, shared
+    and routed experts (dense layers first), MTP layer, dispatcher and schedule."""
+    import json
+
+    from planner import cli
+
+    _, line = LINES[("DeepSeek-V3", "B200")]
+    path = tmp_path / "predicted.json"
+    assert cli.main(["predict", "--cluster", "dgx-b200", "--no-search", "--json", str(path),
+                     "--", *shlex.split(line.replace("\\\n", " "))]) == 0
+    plan = json.loads(path.read_text())["launch_line"]
+    shape = plan["architecture"]
+    assert shape["multi_latent_attention"] and shape["kv_lora_rank"] == 512
+    assert shape["num_experts"] == 256 and shape["moe_top_k"] == 8
+    assert shape["moe_shared_expert_intermediate_size"] == 2048
+    assert shape["moe_layer_freq"] == [0] * 3 + [1] * 58 and shape["mtp_num_layers"] == 1
+    assert plan["run"]["moe_token_dispatcher"] == "flex"
+    assert plan["run"]["overlap_moe_expert_parallel_comm"]
+    assert plan["schedule"] == "interleaved" and plan["parallel"]["expert"] == 32
+    breakdown = plan["predicted"]["memory_breakdown_gib"]
+    assert breakdown["experts' optimizer"] > 0 and breakdown["optimizer"] > 0
