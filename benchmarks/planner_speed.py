@@ -23,7 +23,10 @@ a user waits for count. Two groups of rows (`--rows`):
   profiling included). Each command gets at most
   `--timeout` seconds; the timings it prints (trace, ILPs, stage DP, search) are kept.
 
-    .venv/bin/python benchmarks/planner_speed.py [--quick] [--rows all|zoo|traced]
+- `moe` (issue 30): DeepSeek-V3 at 8192 sequences of 4096 tokens on 1024 H100s and 256
+  GB200s, each command under 5 s.
+
+    .venv/bin/python benchmarks/planner_speed.py [--quick] [--rows all|zoo|traced|moe]
         [--timeout S] [--json PATH]
 """
 
@@ -58,6 +61,8 @@ LLAMA3_8B_CONFIG = {
     "bos_token_id": 128000, "eos_token_id": 128001, "torch_dtype": "bfloat16"}
 HF_BEFORE_S = 5.7
 DEPTHS = (24, 48, 96, 192)
+# Issue 30: DeepSeek-V3 at 8192 x 4096 tokens, (cluster, GPUs, target s).
+MOE_ROWS = (("dgx-h100", 1024, 5.0), ("gb200-nvl72", 256, 5.0))
 
 
 class TracedRow(NamedTuple):
@@ -82,8 +87,9 @@ TIMING = re.compile(r"([a-z_]+) ([\d.]+) s\b")
 CONTINUED = re.compile(r"^\s*([\d.]+ s(, |$))?([a-z_]+ [\d.]+ s(, |$))*$")
 
 
-def plan_seconds(*model: str, gpus: int, batch: int = 3072) -> tuple[float, bool]:
-    command = [sys.executable, "-m", "planner", *model, "--cluster", "dgx-a100-80g",
+def plan_seconds(*model: str, gpus: int, batch: int = 3072,
+                 cluster: str = "dgx-a100-80g") -> tuple[float, bool]:
+    command = [sys.executable, "-m", "planner", *model, "--cluster", cluster,
                "--gpus", str(gpus), "--global-batch-size", str(batch)]
     start = time.perf_counter()
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
@@ -226,11 +232,30 @@ def zoo_rows(quick: bool) -> tuple[list[dict], bool]:
     return rows, ok and linear
 
 
+def moe_rows() -> tuple[list[dict], bool]:
+    """Issue 30's rows: `plan deepseek-v3 --global-batch-size 8192 --seq-length 4096` on
+    1024 H100s and 256 GB200s, each under 5 s (the median of three commands)."""
+    ok, rows = True, []
+    print(f"{'MoE':<12} {'cluster':<12} {'GPUs':>5} {'plan s':>7}  target")
+    for cluster, gpus, target in MOE_ROWS:
+        runs = [plan_seconds("deepseek-v3", "--seq-length", "4096", gpus=gpus, batch=8192,
+                             cluster=cluster) for _ in range(3)]
+        seconds, planned = sorted(runs)[1][0], all(done for _, done in runs)
+        met = planned and seconds < target
+        ok &= met
+        rows.append({"model": "deepseek-v3", "cluster": cluster, "gpus": gpus,
+                     "command_s": seconds, "runs_s": [r for r, _ in runs],
+                     "target_s": target, "met": met})
+        print(f"{'deepseek-v3':<12} {cluster:<12} {gpus:>5} {seconds:>7.2f}  "
+              f"< {target:g} s: {'ok' if met else 'MISSED'}", flush=True)
+    return rows, ok
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="zoo rows: only those with a target, and the sweep")
-    parser.add_argument("--rows", choices=("all", "zoo", "traced"), default="all")
+    parser.add_argument("--rows", choices=("all", "zoo", "traced", "moe"), default="all")
     parser.add_argument("--timeout", type=float, default=900.0,
                         help="seconds each traced row's command may run (default 900)")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
@@ -239,6 +264,11 @@ def main(argv: list[str]) -> int:
     ok = True
     if args.rows in ("all", "zoo"):
         rows["zoo"], ok = zoo_rows(args.quick)
+    if args.rows in ("all", "moe"):
+        if rows:
+            print()
+        rows["moe"], moe_ok = moe_rows()
+        ok &= moe_ok
     if args.rows in ("all", "traced"):
         if rows:
             print()

@@ -4,13 +4,15 @@ device it ran on, with what the row measured (TorchTitan logs the caching alloca
 reserved bytes, Megatron-LM its peak allocated bytes).
 
 What a row does not say is set as its engine's published configuration sets it (each
-setting below cites where). Rows whose architecture Tessel cannot describe yet
-(multi-latent attention, shared experts) are returned apart, with the reason.
+setting below cites where). Multi-latent attention and experts (shared, routed, dense
+layers first) are read from the rows' model and notes columns; a row naming only its
+model takes the description of an earlier row of the same model.
 """
 
 from __future__ import annotations
 
 import csv
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,13 +70,44 @@ def read_runs(path: Path = CSV) -> tuple[list[MemoryRun], list[tuple[int, str, s
     """The rows Tessel can describe, and (line, model, why) for the rest."""
     runs, skipped = [], []
     with path.open() as handle:
+        described: dict[str, str] = {}
         for line, row in enumerate(csv.DictReader(handle), start=2):
-            if "MLA" in row["kv_heads"]:
-                skipped.append((line, row["model"], "multi-latent attention and shared "
-                                "experts are not in the zoo yet (issue 30)"))
-                continue
-            runs.append(_run(line, row))
+            name = row["model"].split(" ")[0]
+            if "(" in row["model"]:
+                described.setdefault(name, row["model"])
+            runs.append(_run(line, {**row, "model": described.get(name, row["model"])}))
     return runs, skipped
+
+
+def _attention_and_experts(row: dict[str, str]) -> dict:
+    """The row's grouped-query or multi-latent attention and its experts, as its model and
+    notes columns state them: DeepSeek-V3-architecture rows (TorchTitan's 16B flavor,
+    Moonlight-16B) give the kv latent rank, the q latent rank (0: none), the dense layers
+    first and the shared experts (each of the routed experts' width), and take
+    DeepSeek-V2-Lite's head widths (128 + 64 rotary, values 128; both configs)."""
+    text = f"{row['model']} {row['notes']}"
+    out: dict = {}
+    if "MLA" in row["kv_heads"]:
+        q_lora = re.search(r"q_lora (\d+)", text)
+        out |= dict(multi_latent_attention=True,
+                    kv_lora_rank=int(re.search(r"kv_lora (\d+)", text).group(1)),
+                    q_lora_rank=int(q_lora.group(1)) or None if q_lora else None,
+                    qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128)
+    else:
+        out["num_query_groups"] = int(row["kv_heads"])
+    if row["experts"].strip():
+        layers = int(row["layers"])
+        dense = re.search(r"(\d+) dense", text)
+        shared = re.search(r"(\d+) shared experts", text)
+        moe_ffn = int(_number(row["moe_ffn"]))
+        out |= dict(num_experts=int(row["experts"]), moe_top_k=int(row["topk"]),
+                    moe_ffn_hidden_size=moe_ffn)
+        if dense:
+            first = int(dense.group(1))
+            out["moe_layer_freq"] = [0] * first + [1] * (layers - first)
+        if shared:
+            out["moe_shared_expert_intermediate_size"] = int(shared.group(1)) * moe_ffn
+    return out
 
 
 def _run(line: int, row: dict[str, str]) -> MemoryRun:
@@ -88,15 +121,19 @@ def _run(line: int, row: dict[str, str]) -> MemoryRun:
         form |= {"activation": "swiglu"}
     model = TransformerConfig(
         num_layers=int(row["layers"]), hidden_size=int(row["hidden"]),
-        num_attention_heads=int(row["heads"]), num_query_groups=int(row["kv_heads"]),
+        num_attention_heads=int(row["heads"]),
         ffn_hidden_size=int(_number(row["ffn"])), vocab_size=int(_number(row["vocab"])),
-        seq_length=int(_number(row["seq"])), **form,
+        seq_length=int(_number(row["seq"])), **form, **_attention_and_experts(row),
     )
     precision = row["precision"].lower()
     recompute = row["recompute"].lower()
     tensor = int(row["tp"])
+    expert = int(row["ep"]) if row["ep"].strip() else 1
     knobs: dict = dict(
-        tensor=tensor, pipeline=int(row["pp"]), data=int(row["dp"]),
+        tensor=tensor, pipeline=int(row["pp"]), data=int(row["dp"]), expert=expert,
+        # TorchTitan's and Megatron-Bridge's MoE rows keep experts whole on one rank (ETP1).
+        expert_tensor=1 if model.is_moe else None,
+        moe_token_dispatcher="alltoall" if expert > 1 else "allgather",
         context=int(row["cp"] or 1), micro_batch_size=int(_number(row["micro_batch"])),
         global_batch_size=int(_number(row["global_batch"])),
         engine="torchtitan" if torchtitan else "megatron",
@@ -120,6 +157,9 @@ def _run(line: int, row: dict[str, str]) -> MemoryRun:
             knobs |= dict(schedule="interleaved", virtual_pipeline=int(row["vp"]))
         if "CUDA graph" in row["compile"]:
             knobs["cuda_graphs"] = True
+        if "precision-aware" in row["zero_or_fsdp"]:
+            # --use-precision-aware-optimizer with bf16 gradients and Adam moments.
+            knobs |= dict(main_grads_dtype="bf16", exp_avg_dtype="bf16")
         if "Megatron-Bridge" in source:
             # Bridge's performance recipes reduce gradients in bf16
             # (ddp.grad_reduce_in_fp32 = False), and its fp8 current-scaling recipe
