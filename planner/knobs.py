@@ -158,7 +158,8 @@ def _run_problems(knobs: dict[str, Any], model: TransformerConfig, cluster: Clus
         problems.append(f"{FLAG['tp_comm_overlap']} overlaps the all-gathers and "
                         f"reduce-scatters of sequence parallelism; it needs "
                         f"{FLAG['sequence_parallel']} and {FLAG['tensor']} above 1")
-    if knobs.get("overlap_param_gather") and (knobs.get("zero_stage", 1) < 1
+    zero = knobs.get("zero_stage")  # None: searched, so no rule of it is broken yet
+    if knobs.get("overlap_param_gather") and ((zero is not None and zero < 1)
                                              or knobs.get("overlap_grad_reduce") is False):
         problems.append(f"{FLAG['overlap_param_gather']} gathers the distributed "
                         f"optimizer's weights: it needs --use-distributed-optimizer (or "
@@ -176,7 +177,7 @@ def _run_problems(knobs: dict[str, Any], model: TransformerConfig, cluster: Clus
         problems.append(f"{', '.join(moe_only)} set how tokens reach experts, and this model "
                         "is dense (no --num-experts); drop them")
     if knobs.get("overlap_moe_expert_parallel_comm") and (
-            knobs.get("expert", 2) == 1 or knobs.get("moe_token_dispatcher") == "allgather"
+            knobs.get("expert") == 1 or knobs.get("moe_token_dispatcher") == "allgather"
             or knobs.get("recompute") == "full"):
         problems.append(f"{FLAG['overlap_moe_expert_parallel_comm']} overlaps expert "
                         f"all-to-alls: it needs {FLAG['expert']} above 1, the alltoall or flex "
@@ -207,7 +208,8 @@ def _schedule_problems(knobs: dict[str, Any], model: TransformerConfig, space: s
             "interleaved); use --space auto"
         )
     # TorchTitan's FSDP2 is ZeRO-3 on the one mesh the Megatron space lays out.
-    if space == "megatron" and knobs.get("zero_stage", 0) > 1 \
+    zero = knobs.get("zero_stage")  # None: searched
+    if space == "megatron" and zero is not None and zero > 1 \
             and knobs.get("engine") != "torchtitan":
         problems.append(
             f"{FLAG['zero_stage']} {knobs['zero_stage']} is not in --space megatron "

@@ -28,15 +28,16 @@ def run_models(args: argparse.Namespace) -> int:
     """`plan models`: the built-in model presets with their parameter counts."""
     from planner.models.presets import PRESETS
 
-    table = Table(title="model presets", caption="parameters without multi-token-prediction "
-                  "layers, as model cards count them; MoE: total (active: those one token "
-                  "passes through, its top-k routed experts)")
-    for column in ("name", "parameters", "layers", "hidden", "heads", "kv heads", "experts"):
-        table.add_column(column, justify="left" if column == "name" else "right")
+    table = Table(title="model presets", box=box.SIMPLE_HEAD, pad_edge=False,
+                  collapse_padding=True)
+    for column in ("name", "params", "active", "layers", "hidden", "heads", "kv", "experts"):
+        table.add_column(column, justify="left" if column == "name" else "right",
+                         no_wrap=True)
     for name, config in PRESETS.items():
         table.add_row(
             name,
-            parameter_count(config),
+            f"{_without_mtp(config) / 1e9:,.2f}",
+            f"{config.num_active_parameters() / 1e9:,.2f}" if config.is_moe else "-",
             str(config.num_layers),
             str(config.hidden_size),
             str(config.num_attention_heads),
@@ -44,6 +45,9 @@ def run_models(args: argparse.Namespace) -> int:
             _experts(config),
         )
     console.print(table)
+    console.print("params: billions, without multi-token-prediction layers, as model cards "
+                  "count them; active: those one token passes through (its top-k routed "
+                  "experts); +sh: a shared expert")
     _write_json(args.json, {
         name: {**config.model_dump(), "num_parameters": config.num_parameters(),
                "num_parameters_without_mtp": _without_mtp(config),
@@ -53,29 +57,15 @@ def run_models(args: argparse.Namespace) -> int:
     return 0
 
 
-def _billions(count: float) -> str:
-    """671.03e9 -> '671.03 B'."""
-    return f"{count / 1e9:,.2f} B"
-
-
-def parameter_count(config: Any) -> str:
-    """'174.62 B', or for a mixture of experts '671.03 B (37.55 B active)'; without MTP layers, as
-    model cards count them (DeepSeek-V3's 671B, arXiv 2412.19437)."""
-    total = _billions(_without_mtp(config))
-    if not config.is_moe:
-        return total
-    return f"{total} ({_billions(config.num_active_parameters())} active)"
-
-
 def _without_mtp(config: Any) -> int:
     return config.model_copy(update={"mtp_num_layers": 0}).num_parameters()
 
 
 def _experts(config: Any) -> str:
-    """'8 top-2', '256 +shared top-8' or '-'."""
+    """'8 top-2', '256+sh top-8' or '-'."""
     if not config.is_moe:
         return "-"
-    shared = " +shared" if config.moe_shared_expert_intermediate_size else ""
+    shared = "+sh" if config.moe_shared_expert_intermediate_size else ""
     return f"{config.num_experts}{shared} top-{config.moe_top_k}"
 
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
 from cost_models.layer_mix import layer_variants
 from cost_models.moe_calibration import MOE_RUNS, predicted_throughput, read_moe_runs
 from cost_models.moe_dispatch import expected_load, remote_nodes_per_token
+from cost_models.published_memory import CALIBRATION
 from cost_models.step_time import predict_step
 from cost_models.transformer_ops import (
     Matmul,
@@ -26,7 +26,6 @@ from planner.models.config import LayerKind
 from planner.models.presets import PRESETS
 from planner.parallel import ParallelConfig
 
-CALIBRATION = Path(__file__).resolve().parents[3] / "shared" / "calibration"
 
 
 def test_forced_balance_is_exact_and_random_routing_follows_raab_steger() -> None:

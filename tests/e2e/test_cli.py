@@ -60,10 +60,15 @@ def test_plan_check_reports_agreement_as_json(tmp_path: Path) -> None:
 def test_plan_models_lists_presets_with_parameter_counts() -> None:
     result = run_plan("models")
     assert result.returncode == 0, result.stderr
-    rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if "│" in line}
-    assert "174.62 B" in rows["gpt3-175b"]
-    assert "70.55 B" in rows["llama3-70b"]
-    assert "46.70 B" in rows["mixtral-8x7b"]
+    rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()
+            if line.strip() and line.split()[0] in ("gpt3-175b", "llama3-70b", "mixtral-8x7b",
+                                                    "deepseek-v3")}
+    assert rows["gpt3-175b"][1:3] == ["174.62", "-"]
+    assert rows["llama3-70b"][1] == "70.55"
+    assert rows["mixtral-8x7b"][1:3] == ["46.70", "12.88"]
+    # DeepSeek-V3: 671B, 37B active (its report), 256 routed experts and a shared one.
+    assert rows["deepseek-v3"][1:3] == ["671.03", "37.55"]
+    assert rows["deepseek-v3"][-2:] == ["256+sh", "top-8"]
 
 
 def test_a_plan_cut_short_by_the_time_limit_says_so(monkeypatch, capsys) -> None:
