@@ -15,7 +15,8 @@ down row-parallel, one `PrepareModuleInput` at each block's attention and MLP in
 vocabulary-parallel embedding, column-parallel LM head with gathered logits and, under
 sequence parallelism, `SequenceParallel` norms. HF's attention reshapes with ``-1`` and
 its grouped-query ratio (``num_key_value_groups``) is the same on a head shard, so the
-modules run on local heads unchanged.
+modules run on local heads unchanged. DeepSeek-V3's multi-latent attention and experts get
+the zoo's layout of them (`_deepseek_v3_tensor_parallel`).
 
 Attention is torch's SDPA through transformers' own ``sdpa_attention_forward``,
 registered under `ATTENTION` so that selective recomputation can checkpoint just the
@@ -33,10 +34,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.placement_types import _StridedShard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -49,7 +52,7 @@ from planner.models.hf_shape import without_code_fields
 from planner.models.transformer import forced_experts
 from runtime.experts import alltoall_dispatch
 from runtime.parallelize import SequenceScatter, apply_recompute
-from runtime.stages import init_parameter, materialize, tied_head
+from runtime.stages import init_parameter, materialize, sum_gradient_over, tied_head
 
 ATTENTION = "tessel_sdpa"
 """The attention implementation stages run: transformers' SDPA, optionally recomputed."""
@@ -57,8 +60,8 @@ ATTENTION = "tessel_sdpa"
 # Decoder families whose modules are Llama's (names, layout, forward) and that were run
 # here against the single-process model: Llama; Qwen3-MoE (Llama's layout with QK norms
 # and transformers' fused-expert MoE blocks) and DeepSeek-V3 (multi-latent attention,
-# dense layers first, shared and routed experts; no MTP in transformers), whose tensor
-# parallelism is not run yet.
+# dense layers first, shared and routed experts; no MTP in transformers), tensor- and
+# sequence-parallel with expert parallelism (Qwen3-MoE's tensor parallelism is not run yet).
 SUPPORTED = ("llama", "qwen3_moe", "deepseek_v3")
 MOE_FAMILIES = ("qwen3_moe", "deepseek_v3")
 
@@ -239,6 +242,9 @@ def apply_hf_tensor_parallel(
     if tp == 1:
         return
     config = stage.hf_config
+    if config.model_type == "deepseek_v3":
+        _deepseek_v3_tensor_parallel(stage, tp_mesh, sequence_parallel)
+        return
     if config.num_attention_heads % tp or config.num_key_value_heads % tp:
         raise ValueError(
             f"tensor parallelism {tp} must divide the {config.num_attention_heads} heads "
@@ -275,6 +281,23 @@ def apply_hf_tensor_parallel(
             plan["input_layernorm"] = SequenceParallel()
             plan["post_attention_layernorm"] = SequenceParallel()
         parallelize_module(block, tp_mesh, plan)
+    _ends_tensor_parallel(stage, tp_mesh, sequence_parallel)
+
+
+def _ends_tensor_parallel(
+    stage: HFStageModule, tp_mesh: DeviceMesh, sequence_parallel: bool, embedding: bool = False,
+) -> None:
+    """The last stage's head (column-parallel, logits gathered) and final norm; with
+    `embedding`, the vocabulary-parallel token embedding too."""
+    seq = Shard(1) if sequence_parallel else Replicate()
+    if embedding and stage.embed is not None:
+        parallelize_module(stage.model, tp_mesh, {
+            "embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+        })
+        if sequence_parallel and stage.first_stage:
+            stage.scatter_sequence = SequenceScatter(tp_mesh)
+    if sequence_parallel:
+        stage.sequence_shards = tp_mesh.size()
     if stage.last_stage:
         if stage.tie_embeddings:
             stage.head_input_layout = seq
@@ -284,6 +307,88 @@ def apply_hf_tensor_parallel(
             })
         if sequence_parallel:
             parallelize_module(stage.model, tp_mesh, {"norm": SequenceParallel()})
+
+
+def _deepseek_v3_tensor_parallel(
+    stage: HFStageModule, tp_mesh: DeviceMesh, sequence_parallel: bool,
+) -> None:
+    """DeepSeek-V3's Megatron-Core layout, read off transformers' modules as the zoo's
+    `runtime.parallelize._block_tensor_parallel` lays out its MLA and MoE blocks:
+
+    - multi-latent attention: the down projections to the latents (``q_a_proj``,
+      ``kv_a_proj_with_mqa``) and the latents' norms replicated; the up projections
+      (``q_b_proj``, or ``q_proj`` without a query latent, and ``kv_b_proj``) column-
+      parallel by heads, their inputs' gradients reduced by ColwiseParallel; ``o_proj``
+      row-parallel. The shared rotary key, which every head reads, is held whole: its
+      gradient sums over the tensor ranks (one all-reduce in backward). transformers'
+      attention reshapes with ``-1`` heads, so it runs on the local heads unchanged.
+    - the dense MLP as Llama's (gate/up column-, down row-parallel, one input reduction);
+    - the MoE block: the shared expert column- then row-parallel with its output reduced,
+      every routed expert split over the tensor ranks the same way
+      (`HFExpertParallelMoE.tensor_parallel`), the router replicated.
+    """
+    tp = tp_mesh.size()
+    seq = Shard(1) if sequence_parallel else Replicate()
+    config = stage.hf_config
+    if config.num_attention_heads % tp:
+        raise ValueError(f"tensor parallelism {tp} must divide the "
+                         f"{config.num_attention_heads} heads")
+    for block in stage.layers.values():
+        attn = block.self_attn
+        q_up = "self_attn.q_proj" if attn.q_proj is not None else "self_attn.q_b_proj"
+        plan = {q_up: ColwiseParallel(), "self_attn.kv_b_proj": ColwiseParallel(),
+                "self_attn.o_proj": RowwiseParallel(output_layouts=seq)}
+        mlp = block.mlp
+        if isinstance(mlp, HFExpertParallelMoE):
+            mlp.tensor_parallel()
+            plan.update(_mlp_plan("mlp.shared_experts.", Replicate(), reduce_input=False))
+        elif hasattr(mlp, "experts"):
+            raise ValueError("tensor parallelism of a Hugging Face MoE model runs with "
+                             "expert parallelism (--expert-model-parallel-size > 1)")
+        else:
+            plan.update(_mlp_plan("mlp.", seq, reduce_input=True))
+        if sequence_parallel:
+            # The sequence shards gathered for attention (its input's gradient is whole:
+            # the latents' are reduced, so backward only slices it) and for the MoE block
+            # (its output cut back to shards: backward all-gathers), as the zoo's MLA and
+            # MoE blocks under sequence parallelism.
+            plan["self_attn"] = PrepareModuleInput(
+                input_kwarg_layouts={"hidden_states": seq},
+                desired_input_kwarg_layouts={"hidden_states": Replicate()},
+                use_local_output=True)
+            plan["input_layernorm"] = SequenceParallel()
+            plan["post_attention_layernorm"] = SequenceParallel()
+            if isinstance(mlp, HFExpertParallelMoE):
+                plan["mlp"] = PrepareModuleInputOutput(
+                    input_layouts=(seq,), desired_input_layouts=(Replicate(),),
+                    use_local_input=True, output_layouts=(Replicate(),),
+                    desired_output_layouts=(seq,), use_local_output=True)
+        parallelize_module(block, tp_mesh, plan)
+        rope = config.qk_rope_head_dim
+        attn.kv_a_proj_with_mqa.register_forward_hook(
+            lambda module, args, out, rope=rope: _rotary_key_gradient_summed(out, rope, tp_mesh))
+    _ends_tensor_parallel(stage, tp_mesh, sequence_parallel, embedding=True)
+
+
+def _mlp_plan(prefix: str, seq, reduce_input: bool) -> dict[str, Any]:
+    """A gated MLP's layout: gate/up column-, down row-parallel with its output reduced
+    (to sequence shards `seq`); with `reduce_input`, gate and up read one replicated input
+    gathered from `seq` (one gradient reduction, as Megatron's fused FC1), else each
+    reduces its own (the zoo's experts)."""
+    plan: dict[str, Any] = {prefix + "gate_proj": ColwiseParallel(),
+                            prefix + "up_proj": ColwiseParallel(),
+                            prefix + "down_proj": RowwiseParallel(output_layouts=seq)}
+    if reduce_input:
+        plan[prefix.rstrip(".")] = PrepareModuleInput(input_layouts=(seq,),
+                                                      desired_input_layouts=(Replicate(),))
+    return plan
+
+
+def _rotary_key_gradient_summed(out: torch.Tensor, rope: int, tp_mesh: DeviceMesh):
+    """``kv_a_proj_with_mqa``'s output (latent, rotary key) with the rotary key's gradient
+    summed over `tp_mesh` (the latent's is reduced by ``kv_b_proj``'s ColwiseParallel)."""
+    latent, key = out.split([out.shape[-1] - rope, rope], dim=-1)
+    return torch.cat([latent, sum_gradient_over(tp_mesh)(key)], dim=-1)
 
 
 def apply_hf_recompute(stage: HFStageModule, recompute: str) -> None:
@@ -362,13 +467,23 @@ class HFExpertParallelMoE(nn.Module):
     """This rank's experts of a transformers fused-expert MoE block (``mlp.experts.
     gate_up_proj`` ``[E, 2f, h]``, ``down_proj`` ``[E, h, f]``, each a DTensor split over
     the expert-parallel ranks on dim 0, under their full names) with its replicated
-    router (``mlp.gate``), dispatched all-to-all (`runtime.experts.alltoall_dispatch`)."""
+    router (``mlp.gate``), dispatched all-to-all (`runtime.experts.alltoall_dispatch`).
 
-    def __init__(self, moe: nn.Module, ep_mesh: DeviceMesh) -> None:
+    Under tensor parallelism (`tensor_parallel`: Megatron's default expert tensor degree,
+    the tensor degree) every expert is split as a dense MLP is: ``gate_up_proj`` on its
+    output dim with the gate and up halves split alike (each rank holds the same rows of
+    both: `_StridedShard` with split factor 2), ``down_proj`` on its input dim. An expert
+    reduces its output over the tensor ranks, and its gate's and its up's input gradients
+    each on their own, as the zoo's experts (separate gate and up projections) do."""
+
+    def __init__(self, moe: nn.Module, mesh: DeviceMesh) -> None:
         super().__init__()
         self.gate, self.experts = moe.gate, moe.experts
         self.shared_experts = getattr(moe, "shared_experts", None)  # DeepSeek-V3's
         self.num_experts = moe.experts.num_experts
+        ep_mesh = mesh["ep"]
+        self.mesh = mesh
+        self.tp_mesh: DeviceMesh | None = None
         self.ep, self.ep_group = ep_mesh.size(), ep_mesh.get_group()
         if self.num_experts % self.ep:
             raise ValueError(f"expert parallelism {self.ep} must divide the "
@@ -378,16 +493,41 @@ class HFExpertParallelMoE(nn.Module):
             setattr(self.experts, name,
                     nn.Parameter(distribute_tensor(param, ep_mesh, [Shard(0)])))
 
+    def tensor_parallel(self) -> None:
+        """Split every expert over the tensor ranks (before `materialize`: on meta)."""
+        mesh = self.mesh["ep", "tp"]
+        tp = mesh.size(1)
+        f = self.experts.gate_up_proj.shape[1] // 2
+        if f % tp:
+            raise ValueError(f"tensor parallelism {tp} must divide the experts' "
+                             f"intermediate size {f}")
+        layouts = {"gate_up_proj": [Shard(0), _StridedShard(1, split_factor=2)],
+                   "down_proj": [Shard(0), Shard(2)]}
+        for name, placements in layouts.items():
+            whole = torch.empty(getattr(self.experts, name).shape, device="meta")
+            setattr(self.experts, name, nn.Parameter(distribute_tensor(
+                whole, mesh, placements, src_data_rank=None)))
+        self.tp_mesh = self.mesh["tp"]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
         _, top, index = self.gate(x.reshape(-1, h))
         gate_up = self.experts.gate_up_proj.to_local()
         down = self.experts.down_proj.to_local()
         act = self.experts.act_fn
+        tp_mesh = self.tp_mesh
 
         def run(local: int, rows: torch.Tensor) -> torch.Tensor:
-            gate, up = F.linear(rows, gate_up[local]).chunk(2, dim=-1)
-            return F.linear(act(gate) * up, down[local])
+            if tp_mesh is None:
+                gate, up = F.linear(rows, gate_up[local]).chunk(2, dim=-1)
+                return F.linear(act(gate) * up, down[local])
+            gate_w, up_w = gate_up[local].chunk(2, dim=0)
+            reduced = sum_gradient_over(tp_mesh)
+            gate = F.linear(reduced(rows), gate_w)
+            up = F.linear(reduced(rows), up_w)
+            partial = F.linear(act(gate) * up, down[local])
+            return DTensor.from_local(partial, tp_mesh, [Partial()], run_check=False
+                                      ).redistribute(tp_mesh, [Replicate()]).to_local()
 
         out = alltoall_dispatch(x, top.reshape(b, s, -1), index.reshape(b, s, -1),
                                 self.num_experts, self.ep, self.ep_group, run)
@@ -404,4 +544,4 @@ def apply_hf_expert_parallel(stage: HFStageModule, mesh: DeviceMesh, dispatcher:
                          "(--moe-token-dispatcher-type alltoall)")
     for block in stage.layers.values():
         if hasattr(block.mlp, "experts"):
-            block.mlp = HFExpertParallelMoE(block.mlp, mesh["ep"])
+            block.mlp = HFExpertParallelMoE(block.mlp, mesh)

@@ -107,9 +107,16 @@ class HFParts(ZooParts):
                 "context parallelism, and expert parallelism of other than Qwen3-MoE, run "
                 "on zoo models only, not on a Hugging Face model yet"
             )
-        if moe and spec.degrees.tp > 1:
-            raise ValueError("tensor parallelism of a Hugging Face MoE model (its QK norms "
-                             "and fused experts) is not run yet")
+        tp = spec.degrees.tp > 1
+        if tp and self.hf_config.model_type == "qwen3_moe":
+            raise ValueError("tensor parallelism of a Hugging Face Qwen3-MoE (its QK norms' "
+                             "gradients sum over the ranks' heads) is not run yet")
+        if tp and moe and spec.expert == 1:
+            raise ValueError("tensor parallelism of a Hugging Face DeepSeek-V3 runs with "
+                             "expert parallelism (its experts split over the tensor ranks, "
+                             "dispatched all-to-all); expert parallelism 1 is not run yet")
+        if tp and moe and spec.expert_dispatcher != "alltoall":
+            raise ValueError("a Hugging Face MoE model runs the alltoall token dispatcher")
 
     def expert_parallel(self, stage: nn.Module, mesh: DeviceMesh, dispatcher: str) -> None:
         self.hf.apply_hf_expert_parallel(stage, mesh, dispatcher)

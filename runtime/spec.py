@@ -175,6 +175,12 @@ def from_training_plan(plan) -> RunSpec:
                 "interleaved stages must hold equal layer counts; got "
                 + ", ".join(f"{last - first}" for first, last in stages)
             )
+    expert_tensor = getattr(p, "expert_tensor", None)
+    if p.expert > 1 and p.tensor > 1 and expert_tensor not in (None, p.tensor):
+        raise ValueError(
+            f"expert tensor parallelism {expert_tensor} apart from tensor {p.tensor}: the "
+            "runtime splits each expert over the tensor ranks (Megatron's default) only"
+        )
     spec = RunSpec(
         degrees=degrees,
         chunks=chunks,

@@ -24,8 +24,9 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Replicate
+from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+from torch.distributed.tensor.placement_types import _StridedShard
 from torch.utils.checkpoint import checkpoint
 
 from planner.models.config import TransformerConfig
@@ -376,7 +377,12 @@ def materialize(module: nn.Module, seed: int, device: str | torch.device = "cpu"
     with torch.no_grad():
         for name, param in module.named_parameters():
             full = init_parameter(name, param.shape, seed)
-            if isinstance(param, DTensor):
+            if isinstance(param, DTensor) and any(
+                    isinstance(p, _StridedShard) for p in param.placements):
+                # Strided (a fused gate/up split alike): no one offset, so split locally.
+                param.to_local().copy_(distribute_tensor(
+                    full, param.device_mesh, param.placements, src_data_rank=None).to_local())
+            elif isinstance(param, DTensor):
                 local = param.to_local()
                 shape, offset = compute_local_shape_and_global_offset(
                     param.shape, param.device_mesh, param.placements

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.placement_types import _StridedShard
 
 from planner.models.config import TransformerConfig
 from planner.models.transformer import lm_loss as zoo_lm_loss
@@ -312,7 +313,8 @@ def _gathered_bytes(params, dp_mesh: DeviceMesh) -> int:
             continue
         mesh, numel = p.device_mesh, p.numel()
         for dim, placement in enumerate(p.placements):
-            if placement.is_shard() and mesh.mesh_dim_names[dim] not in dp_names:
+            split = placement.is_shard() or isinstance(placement, _StridedShard)
+            if split and mesh.mesh_dim_names[dim] not in dp_names:
                 numel //= mesh.size(dim)  # a tensor-parallel split stays
         total += numel * p.element_size()
     return total

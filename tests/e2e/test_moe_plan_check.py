@@ -6,9 +6,12 @@ and ep4 x dp2 (expert-data 2 inside data 8) with ZeRO-1. Each plan trains as one
 does (losses and parameters within 1e-4), every rank issues exactly the collectives the
 Plan predicts, kind by kind in count and bytes, all-to-all included, and holds the model
 state (parameters, gradients, optimizer state; expert and non-expert) the Plan predicts,
-within 1%. Both plans share one launch of the 8 ranks. Then `plan check` itself of a tiny
-Qwen3-MoE and of a tiny DeepSeek-V3 from hf: configs, run through transformers' own
-modules."""
+within 1%. The same launch of the 8 ranks trains a tiny DeepSeek-V3 from an hf: config
+through transformers' own modules under ep2 x tp2 x pp2 (with sequence parallelism; and
+without it and without a query latent), planned and checked the same way. Then `plan
+check` itself of a tiny Qwen3-MoE and of a tiny DeepSeek-V3 from hf: configs (ep2 x pp2 x
+expert-data 2), and of the hf: DeepSeek-V3 under ep2 x tp2 x pp2 with sequence
+parallelism."""
 
 from __future__ import annotations
 
@@ -37,87 +40,6 @@ DEEPSEEK_V3_TINY = TransformerConfig(
 # Every parameter's dim 0 divides by 8, so ZeRO's shards are even on every rank (the
 # rotary width 8 makes kv_down_proj's 16 + 8 rows).
 GPUS, STEPS = 8, 2
-# name -> the plan's fixed knobs
-LAYOUTS = {
-    "ep2-tp2-pp2": dict(tensor=2, pipeline=2, expert=2, global_batch_size=4, zero_stage=0),
-    "ep4-dp2-zero1": dict(tensor=1, pipeline=1, expert=4, global_batch_size=8, zero_stage=1),
-}
-
-
-def _plan(knobs: dict):
-    parallel = ParallelConfig(
-        **knobs, micro_batch_size=1, precision="fp32", engine="tessel",
-        moe_token_dispatcher="alltoall", moe_router_force_load_balancing=True,
-    )
-    return training_plan("deepseek-v3-tiny", DEEPSEEK_V3_TINY,
-                         Cluster.load("cpu").with_devices(GPUS), parallel)
-
-
-def _expert_state(plan, pp_rank: int) -> tuple[int, int, int]:
-    """The Plan's (parameters, gradients, optimizer) bytes of a rank's experts on pipeline
-    rank `pp_rank` (`cost_models.stage_parameters`, the experts only)."""
-    from cost_models.memory import state_element_bytes
-    from cost_models.stage_parameters import chunk_parameters, rank_state_bytes
-
-    stage, chunks = plan.stages[pp_rank], [tuple(c) for s in plan.stages for c in s.chunks]
-    last = len(chunks) - 1
-    params = [p for c in stage.chunks for p in chunk_parameters(
-        DEEPSEEK_V3_TINY, tuple(c), chunks.index(tuple(c)) == 0,
-        chunks.index(tuple(c)) == last) if p.expert is not None]
-    p = plan.parallel
-    return rank_state_bytes(params, p.tensor, p.data, p.zero_stage, p.expert,
-                            DEEPSEEK_V3_TINY.num_experts, state_element_bytes("fp32"))
-
-
-def _train_each(rank: int, world: int, runs: list) -> list[dict]:
-    from runtime.training import train_on_rank
-
-    return [train_on_rank(rank, world, config, spec, STEPS, 0, "adamw")
-            for config, spec in runs]
-
-
-@pytest.mark.timeout(300)
-def test_tiny_deepseek_v3_plans_train_as_one_process_and_as_predicted() -> None:
-    plans = {name: _plan(knobs) for name, knobs in LAYOUTS.items()}
-    specs = {name: from_training_plan(plan) for name, plan in plans.items()}
-    assert all(spec.force_balance and spec.expert_dispatcher == "alltoall"
-               for spec in specs.values())
-    results = launch(_train_each, GPUS, [(DEEPSEEK_V3_TINY, s) for s in specs.values()])
-    for index, (name, plan) in enumerate(plans.items()):
-        ranks = [r[index] for r in results]
-        losses, params = merge_results(ranks)
-        ref_losses, ref_params = train_reference(DEEPSEEK_V3_TINY, specs[name], STEPS, 0,
-                                                 "adamw")
-        loss_err, param_err = relative_errors(losses, params, ref_losses, ref_params)
-        assert loss_err < 1e-4 and param_err < 1e-4, (name, losses, ref_losses)
-        assert any(n.startswith("mtp.0.block.mlp.experts.") for n in params)
-        comparison = compare(plan, [r["coords"] for r in ranks],
-                             [r["collectives"] for r in ranks],
-                             [r["local_bytes"] for r in ranks], STEPS)
-        assert comparison.passed, (name, comparison.mismatches)
-        # Every rank's collectives equal the Plan's, the all-to-all dispatch included (on
-        # the last pipeline stage, which holds the MoE layer and the MTP layer's).
-        assert comparison.measured == comparison.predicted
-        last = plan.parallel.pipeline - 1
-        assert all(kinds["all_to_all"]["count"] > 0
-                   for kinds, r in zip(comparison.measured, ranks) if r["coords"]["pp"] == last)
-        # Model state per rank, expert and non-expert together, within 1% (ZeRO-1's
-        # gradients are held sharded by FSDP2 and marked, not compared).
-        compared = [row for row in comparison.memory if not row.note]
-        assert len(compared) == GPUS * (2 if plan.parallel.zero_stage == 1 else 3)
-        assert all(row.relative_error <= MEMORY_TOLERANCE for row in compared)
-        # The experts' part on its own: each rank holds its expert group's share, whole
-        # (none on a first stage of only the dense layer).
-        held = []
-        for r in ranks:
-            want = _expert_state(plan, r["coords"]["pp"])
-            got = [r["local_bytes"][k] for k in ("expert_parameters", "expert_gradients",
-                                                 "expert_optimizer")]
-            assert got == list(want), (name, r["coords"], got, want)
-            held.append(got[0])
-        assert held[-1] > 0
-
-
 HF_QWEN3_MOE = {  # transformers' Qwen3MoeForCausalLM: QK norms, fused experts, top-2 of 8
     "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64,
     "intermediate_size": 96, "moe_intermediate_size": 16, "num_experts": 8,
@@ -140,23 +62,147 @@ HF_DEEPSEEK_V3 = {  # DeepseekV3ForCausalLM: MLA, a dense first layer, shared ex
 }
 
 
+# name -> the plan's fixed knobs
+LAYOUTS = {
+    "ep2-tp2-pp2": dict(tensor=2, pipeline=2, expert=2, global_batch_size=4, zero_stage=0),
+    "ep4-dp2-zero1": dict(tensor=1, pipeline=1, expert=4, global_batch_size=8, zero_stage=1),
+}
+# The hf: DeepSeek-V3 under ep2 x tp2 x pp2 in the same launch, through transformers' own
+# modules: with sequence parallelism (what Megatron-LM requires with experts and tensor
+# parallelism), and without it with MLA's queries straight from the hidden states (no
+# query latent). name -> (hf config, sequence parallelism)
+HF_LAYOUTS = {
+    "hf-ep2-tp2-pp2-sp": (HF_DEEPSEEK_V3, True),
+    "hf-ep2-tp2-pp2-no-q-latent": ({**HF_DEEPSEEK_V3, "q_lora_rank": None}, False),
+}
+
+
+def _hf_shape(fields: dict) -> TransformerConfig:
+    from transformers import CONFIG_MAPPING
+
+    from planner.models.hf_shape import to_transformer_config
+
+    return to_transformer_config(CONFIG_MAPPING[fields["model_type"]].from_dict(fields), 16)
+
+
+def _plan(knobs: dict, config: TransformerConfig = DEEPSEEK_V3_TINY):
+    parallel = ParallelConfig(
+        **knobs, micro_batch_size=1, precision="fp32", engine="tessel",
+        moe_token_dispatcher="alltoall", moe_router_force_load_balancing=True,
+    )
+    return training_plan("deepseek-v3-tiny", config,
+                         Cluster.load("cpu").with_devices(GPUS), parallel)
+
+
+def _expert_state(plan, config: TransformerConfig, pp_rank: int) -> tuple[int, int, int]:
+    """The Plan's (parameters, gradients, optimizer) bytes of a rank's experts on pipeline
+    rank `pp_rank` (`cost_models.stage_parameters`, the experts only)."""
+    from cost_models.memory import state_element_bytes
+    from cost_models.stage_parameters import chunk_parameters, rank_state_bytes
+
+    stage, chunks = plan.stages[pp_rank], [tuple(c) for s in plan.stages for c in s.chunks]
+    last = len(chunks) - 1
+    params = [p for c in stage.chunks for p in chunk_parameters(
+        config, tuple(c), chunks.index(tuple(c)) == 0,
+        chunks.index(tuple(c)) == last) if p.expert is not None]
+    p = plan.parallel
+    return rank_state_bytes(params, p.tensor, p.data, p.zero_stage, p.expert,
+                            config.num_experts, state_element_bytes("fp32"))
+
+
+def _train_each(rank: int, world: int, runs: list) -> list[dict]:
+    from runtime.training import train_on_rank
+
+    return [train_on_rank(rank, world, config, spec, STEPS, 0, "adamw", hf_config=hf)
+            for config, spec, hf in runs]
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("model", ["qwen3_moe", "deepseek_v3"])
-def test_plan_check_of_a_hugging_face_moe_with_forced_balance(model, tmp_path, capsys) -> None:
+def test_tiny_deepseek_v3_plans_train_as_one_process_and_as_predicted() -> None:
+    """The zoo's plans, and hf: DeepSeek-V3's ep2 x tp2 x pp2 (experts split over the
+    tensor ranks too, Megatron's default expert tensor degree), in one launch of the 8
+    ranks."""
+    runs = {name: (DEEPSEEK_V3_TINY, _plan(knobs), None) for name, knobs in LAYOUTS.items()}
+    for name, (fields, sequence) in HF_LAYOUTS.items():
+        config = _hf_shape(fields)
+        runs[name] = (config, _plan({**LAYOUTS["ep2-tp2-pp2"], "sequence_parallel": sequence},
+                                    config), fields)
+    specs = {name: from_training_plan(plan) for name, (_, plan, _) in runs.items()}
+    assert all(spec.force_balance and spec.expert_dispatcher == "alltoall"
+               for spec in specs.values())
+    results = launch(_train_each, GPUS, [(config, specs[name], hf)
+                                         for name, (config, _, hf) in runs.items()])
+    for index, (name, (config, plan, hf)) in enumerate(runs.items()):
+        ranks = [r[index] for r in results]
+        losses, params = merge_results(ranks)
+        ref_losses, ref_params = train_reference(config, specs[name], STEPS, 0, "adamw",
+                                                 hf_config=hf)
+        loss_err, param_err = relative_errors(losses, params, ref_losses, ref_params)
+        assert loss_err < 1e-4 and param_err < 1e-4, (name, losses, ref_losses)
+        if hf is None:
+            assert any(n.startswith("mtp.0.block.mlp.experts.") for n in params)
+        else:  # the fused experts, gathered whole from their ep x tp shards
+            assert params["model.layers.3.mlp.experts.gate_up_proj"].shape == (8, 32, 64)
+        comparison = compare(plan, [r["coords"] for r in ranks],
+                             [r["collectives"] for r in ranks],
+                             [r["local_bytes"] for r in ranks], STEPS)
+        assert comparison.passed, (name, comparison.mismatches)
+        # Every rank's collectives equal the Plan's, the all-to-all dispatch included (on
+        # the last pipeline stage, which holds the MoE layer and the MTP layer's).
+        assert comparison.measured == comparison.predicted
+        last = plan.parallel.pipeline - 1
+        assert all(kinds["all_to_all"]["count"] > 0
+                   for kinds, r in zip(comparison.measured, ranks) if r["coords"]["pp"] == last)
+        # Model state per rank, expert and non-expert together, within 1% (ZeRO-1's
+        # gradients are held sharded by FSDP2 and marked, not compared).
+        compared = [row for row in comparison.memory if not row.note]
+        assert len(compared) == GPUS * (2 if plan.parallel.zero_stage == 1 else 3)
+        assert all(row.relative_error <= MEMORY_TOLERANCE for row in compared)
+        if hf is not None:  # transformers' modules hold exactly the Plan's bytes
+            assert all(row.measured == row.predicted for row in compared), name
+        # The experts' part on its own: each rank holds its expert group's share, whole
+        # (none on a first stage of only the dense layer).
+        held = []
+        for r in ranks:
+            want = _expert_state(plan, config, r["coords"]["pp"])
+            got = [r["local_bytes"][k] for k in ("expert_parameters", "expert_gradients",
+                                                 "expert_optimizer")]
+            assert got == list(want), (name, r["coords"], got, want)
+            held.append(got[0])
+        assert held[-1] > 0
+
+
+# model -> the flags beyond the shared ones, and the plan's (expert, pipeline, tensor, data)
+HF_CHECKS = {
+    "qwen3_moe": (["--tensor-model-parallel-size", "1"], (2, 2, 1, 4)),
+    "deepseek_v3": (["--tensor-model-parallel-size", "1"], (2, 2, 1, 4)),
+    # Megatron-LM's sequence parallelism with experts and tensor parallelism (the
+    # plan's default there); each expert split over the tensor ranks.
+    "deepseek_v3_tp2": (["--tensor-model-parallel-size", "2", "--sequence-parallel"],
+                        (2, 2, 2, 2)),
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", list(HF_CHECKS))
+def test_plan_check_of_a_hugging_face_moe_with_forced_balance(case, tmp_path, capsys) -> None:
     """`plan check hf:config.json` of a tiny Qwen3-MoE and a tiny DeepSeek-V3 through
     transformers' own modules (fused experts split over the expert-parallel ranks on dim
-    0), ep2 x pp2 x expert-data 2 on 8 ranks, all-to-all dispatch with forced balance: as
-    one process, every collective and held byte as the Plan predicts."""
+    0), ep2 x pp2 x expert-data 2 on 8 ranks, and of the DeepSeek-V3 under ep2 x tp2 x pp2
+    with sequence parallelism, all-to-all dispatch with forced balance: as one process,
+    every collective and held byte as the Plan predicts."""
     from planner import cli
 
+    flags, degrees = HF_CHECKS[case]
+    model = case.removesuffix("_tp2")
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"qwen3_moe": HF_QWEN3_MOE,
                                   "deepseek_v3": HF_DEEPSEEK_V3}[model]))
     report = tmp_path / "check.json"
     code = cli.main([
         "check", f"hf:{config}", "--seq-length", "16", "--gpus", "8",
-        "--global-batch-size", "8", "--pipeline-model-parallel-size", "2",
-        "--tensor-model-parallel-size", "1", "--expert-model-parallel-size", "2",
+        "--global-batch-size", "8", "--pipeline-model-parallel-size", "2", *flags,
+        "--expert-model-parallel-size", "2",
         "--moe-token-dispatcher-type", "alltoall", "--moe-router-force-load-balancing",
         "--steps", "2", "--json", str(report)])
     out = capsys.readouterr().out
@@ -164,10 +210,14 @@ def test_plan_check_of_a_hugging_face_moe_with_forced_balance(model, tmp_path, c
     data = json.loads(report.read_text())
     plan, check, comparison = data["plan"], data["check"], data["comparison"]
     assert plan["run"]["moe_router_force_load_balancing"]
-    assert (plan["parallel"]["expert"], plan["parallel"]["pipeline"],
-            plan["parallel"]["data"]) == (2, 2, 4)
+    parallel = plan["parallel"]
+    assert (parallel["expert"], parallel["pipeline"], parallel["tensor"],
+            parallel["data"]) == degrees
+    assert parallel["sequence_parallel"] == (parallel["tensor"] > 1)
     assert check["loss_max_rel_error"] < 1e-4 and check["parameter_rel_error"] < 1e-4
     assert comparison["passed"] and comparison["measured"] == comparison["predicted"]
     assert all(kinds["all_to_all"]["count"] > 0 for kinds in comparison["measured"])
-    rows = comparison["memory"]
-    assert len(rows) == 3 * 8 and all(r["measured"] == r["predicted"] for r in rows)
+    # Every held byte as predicted (but ZeRO-1's gradients, which the runtime holds
+    # sharded, should the plan choose ZeRO-1).
+    rows = [r for r in comparison["memory"] if not r["note"]]
+    assert len(rows) >= 2 * 8 and all(r["measured"] == r["predicted"] for r in rows)

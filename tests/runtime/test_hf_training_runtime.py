@@ -126,3 +126,62 @@ def test_hf_llama_pp2_tp2_dp2_1f1b_trains_as_one_process_with_the_zoo_collective
     check = _train_and_compare(_spec(pp=2, dp=2, tp=2, schedule="1f1b", zero_stage=1))
     for kinds in check.collectives:
         assert {"send", "recv", "all_gather", "reduce_scatter", "all_reduce"} <= set(kinds)
+
+
+HF_DEEPSEEK_V3 = {  # tiny DeepseekV3ForCausalLM: MLA, a dense first layer, 8 fused experts
+    "model_type": "deepseek_v3", "vocab_size": 128, "hidden_size": 64,
+    "intermediate_size": 96, "moe_intermediate_size": 16, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "n_shared_experts": 1,
+    "n_routed_experts": 8, "kv_lora_rank": 16, "q_lora_rank": 24, "qk_rope_head_dim": 8,
+    "v_head_dim": 8, "qk_nope_head_dim": 8, "n_group": 4, "topk_group": 2,
+    "num_experts_per_tok": 2, "first_k_dense_replace": 1, "max_position_embeddings": 64,
+    "tie_word_embeddings": False,
+}
+
+
+def test_hf_deepseek_v3_experts_split_over_expert_and_tensor_ranks(fake_world) -> None:
+    """Rank 5 of pp2.dp2.tp2 with ep2 (expert rank 0, tensor rank 1) holds experts 0-3,
+    each split as a dense MLP is: the same rows of gate and up (the fused gate_up_proj
+    split alike), down_proj's columns; MLA's up projections split by heads, its down
+    projections whole."""
+    from runtime.experts import expert_mesh
+
+    fake_world(5, 8)
+    mesh = build_mesh(Degrees(pp=2, dp=2, tp=2))
+    shape = to_transformer_config(
+        transformers.DeepseekV3Config.from_dict(HF_DEEPSEEK_V3), seq_length=16)
+    parts = model_parts(shape, HF_DEEPSEEK_V3)
+    parts.check(RunSpec(degrees=Degrees(pp=2, dp=2, tp=2), chunks=even_chunks(4, 2),
+                        micro_batch_size=1, num_micro_batches=2, expert=2,
+                        expert_dispatcher="alltoall"))
+    stage = parts.build_stage((2, 4), False, True)
+    parts.expert_parallel(stage, expert_mesh(mesh, 2), "alltoall")
+    parts.tensor_parallel(stage, mesh["tp"], True)
+    parts.materialize(stage, seed=0)
+    full = dict(parts.reference(seed=0).named_parameters())
+    experts = stage.layers["3"].mlp.experts
+    gate_up = full["model.layers.3.mlp.experts.gate_up_proj"][:4]
+    want = torch.cat([gate_up[:, 8:16], gate_up[:, 24:32]], dim=1)
+    assert torch.equal(experts.gate_up_proj.to_local(), want)
+    down = full["model.layers.3.mlp.experts.down_proj"][:4, :, 8:16]
+    assert torch.equal(experts.down_proj.to_local(), down)
+    attn = stage.layers["3"].self_attn
+    assert isinstance(attn.kv_b_proj.weight, DTensor)
+    assert not isinstance(attn.kv_a_proj_with_mqa.weight, DTensor)
+
+
+def test_hf_moe_tensor_parallelism_not_run_is_refused() -> None:
+    qwen = {"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 4,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+            "vocab_size": 128, "num_experts": 8, "moe_intermediate_size": 16,
+            "tie_word_embeddings": False}
+    spec = RunSpec(degrees=Degrees(pp=1, dp=2, tp=2), chunks=even_chunks(4, 1),
+                   micro_batch_size=1, num_micro_batches=1, expert=2,
+                   expert_dispatcher="alltoall")
+    shape = to_transformer_config(transformers.Qwen3MoeConfig.from_dict(qwen), 16)
+    with pytest.raises(ValueError, match="Qwen3-MoE"):
+        model_parts(shape, qwen).check(spec)
+    shape = to_transformer_config(
+        transformers.DeepseekV3Config.from_dict(HF_DEEPSEEK_V3), seq_length=16)
+    with pytest.raises(ValueError, match="expert parallelism 1 is not run"):
+        model_parts(shape, HF_DEEPSEEK_V3).check(RunSpec(**{**spec.__dict__, "expert": 1}))
