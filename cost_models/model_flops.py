@@ -18,20 +18,40 @@ from planner.parallel import ParallelConfig
 
 
 def step_flops(model: TransformerConfig, parallel: ParallelConfig,
-                replays: int) -> tuple[float, float]:
+               replays: int) -> tuple[float, float]:
     """(model FLOPs, executed FLOPs) of one step on the whole cluster, `replays` layers of
     each model replica replaying their forward (or attention core) in backward."""
     sequences = parallel.global_batch_size
+    layer, selective, forward = _sequence_flops(model, parallel.engine,
+                                                parallel.recompute_modules)
+    replay = {"none": 0.0, "selective": selective, "full": layer}[parallel.recompute]
+    return 3 * sequences * forward, 3 * sequences * forward + sequences * replays * replay
+
+
+_FLOPS: dict[tuple, tuple[TransformerConfig, tuple[float, float, float]]] = {}
+"""`_sequence_flops` by (model id, engine, modules), the model held so its id stays its
+own: every layout a search prices asks it again."""
+
+
+def _sequence_flops(model: TransformerConfig, engine: str, modules: tuple[str, ...]
+                    ) -> tuple[float, float, float]:
+    """(one mean layer's forward, what selective recomputation replays of it, the whole
+    forward) FLOPs of one sequence."""
+    key = (id(model), engine, modules)
+    found = _FLOPS.get(key)
+    if found is not None and found[0] is model:
+        return found[1]
     layer = selective = 0.0
     for variant, share in layer_variants(model):
         ops = layer_ops(variant, 1, model.seq_length, 1, False)
         layer += share * forward_flops(ops)
-        selective += share * forward_flops(selective_kernels(
-            variant, ops, parallel.engine, parallel.recompute_modules))
+        selective += share * forward_flops(selective_kernels(variant, ops, engine, modules))
     head = forward_flops(head_ops(model, 1, model.seq_length, 1))
-    forward = sequences * (model.num_layers * layer + head + mtp_flops(model))
-    replay = {"none": 0.0, "selective": selective, "full": layer}[parallel.recompute]
-    return 3 * forward, 3 * forward + sequences * replays * replay
+    flops = (layer, selective, model.num_layers * layer + head + mtp_flops(model))
+    if len(_FLOPS) > 10_000:
+        _FLOPS.clear()
+    _FLOPS[key] = (model, flops)
+    return flops
 
 
 def mtp_flops(model: TransformerConfig) -> float:

@@ -9,6 +9,7 @@ layouts it tries do not fit, and their time is never needed.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from cost_models import engine_memory, memory
 from cost_models.saved_activations import (
@@ -105,6 +106,12 @@ def stage_parameter_split(
             expert += mtp[1] / (parallel.expert * (parallel.expert_tensor or stage.tensor))
         out.append((other + ends / stage.tensor, expert))
     return out
+
+
+@lru_cache(maxsize=4096)
+def _unrecomputed(parallel: ParallelConfig) -> ParallelConfig:
+    """`parallel` without recomputation: what a replayed layer holds while it runs."""
+    return replace(parallel, recompute="none")
 
 
 def _mtp_parameters(model: TransformerConfig) -> tuple[float, float]:
@@ -242,7 +249,7 @@ def stage_activations(
     if parallel.recompute == "full":
         # Checkpointed layers keep their input; the others all they made. Backward rebuilds
         # one checkpointed group at a time: its working set, held once.
-        none = saved_per_layer(model, replace(parallel, recompute="none"), flash)
+        none = saved_per_layer(model, _unrecomputed(parallel), flash)
         whole_none = sum(none.values())
         replayed = recomputed_layers(parallel, layers)
         group = parallel.recompute_num_layers if parallel.recompute_method == "uniform" else 1
@@ -253,7 +260,7 @@ def stage_activations(
         working += min(group, layers) * whole_none
     elif parallel.recompute == "selective" and layers:
         # The replayed part of one layer lives again during its backward.
-        none = saved_per_layer(model, replace(parallel, recompute="none"), flash)
+        none = saved_per_layer(model, _unrecomputed(parallel), flash)
         working += max(sum(none.values()) - whole, 0.0)
     in_flight = memory.in_flight_micro_batches(
         parallel.schedule, num_stages, index, num_micro_batches, parallel.virtual_pipeline,

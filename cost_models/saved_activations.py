@@ -95,12 +95,31 @@ def activation_element_bytes(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
 
+_SAVED: dict[tuple, tuple[TransformerConfig, dict[str, float]]] = {}
+"""`saved_per_layer` by (model id, knobs, score_free), the model held so its id stays its
+own: a search asks it of every layout's stages."""
+
+
 def saved_per_layer(
     model: TransformerConfig, parallel: ParallelConfig, score_free: bool
 ) -> dict[str, float]:
     """Bytes one layer saves for backward for one micro-batch on one GPU, by kind, when
     the layer is not recomputed whole (`parallel.recompute` none or selective).
     `score_free`: the attention kernel never writes the s x s scores (flash, fused)."""
+    key = (id(model), parallel, score_free)
+    found = _SAVED.get(key)
+    if found is None or found[0] is not model:
+        if len(_SAVED) > 100_000:
+            _SAVED.clear()
+        found = (model, _saved_per_layer(model, parallel, score_free))
+        _SAVED[key] = found
+    return dict(found[1])
+
+
+def _saved_per_layer(
+    model: TransformerConfig, parallel: ParallelConfig, score_free: bool
+) -> dict[str, float]:
+    """`saved_per_layer`, computed."""
     if parallel.engine == "megatron":
         variants = layer_variants(model)
         if len(variants) == 1:
