@@ -62,7 +62,7 @@ from torch.distributed.tensor.parallel import (  # noqa: E402
 
 from planner.models.config import TransformerConfig  # noqa: E402
 from runtime.elastic import launch  # noqa: E402
-from runtime.mesh import Degrees  # noqa: E402
+from planner.parallel_dims import ParallelDims  # noqa: E402
 from runtime.spec import RunSpec, even_chunks  # noqa: E402
 from runtime.stages import build_stage, materialize  # noqa: E402
 from runtime.training import OPTIMIZERS, PipelineTrainer, batches, lm_loss  # noqa: E402
@@ -74,14 +74,14 @@ LLAMA = TransformerConfig(
 )
 MICRO_BATCH_SIZE, MICRO_BATCHES = 2, 4
 CASES = {  # name -> (degrees, ZeRO stage)
-    "tp2.dp2": (Degrees(dp=2, tp=2), 2),
-    "pp2.dp2": (Degrees(pp=2, dp=2), 2),
-    "dp4.zero3": (Degrees(dp=4), 3),
+    "tp2.dp2": (ParallelDims(data=2, tensor=2), 2),
+    "pp2.dp2": (ParallelDims(pipeline=2, data=2), 2),
+    "dp4.zero3": (ParallelDims(data=4), 3),
 }
 TARGET = 1.15
 
 
-def run_spec(degrees: Degrees, zero_stage: int) -> RunSpec:
+def run_spec(degrees: ParallelDims, zero_stage: int) -> RunSpec:
     return RunSpec(
         degrees=degrees, chunks=even_chunks(LLAMA.num_layers, degrees.pp),
         micro_batch_size=MICRO_BATCH_SIZE, num_micro_batches=MICRO_BATCHES,
@@ -94,7 +94,7 @@ class HandWritten:
     model without a runtime."""
 
     def __init__(
-        self, config: TransformerConfig, degrees: Degrees, zero_stage: int, seed: int,
+        self, config: TransformerConfig, degrees: ParallelDims, zero_stage: int, seed: int,
         optimizer: str,
     ) -> None:
         pp, dp, tp = degrees.pp, degrees.dp, degrees.tp

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Literal, get_args
 
+from planner.parallel_dims import ParallelDims
+
 # Each enumerated knob as a type (the Plan's fields refuse any other value on load) and
 # as the tuple of its values (CLI choices, validation messages).
 Recompute = Literal["none", "selective", "full"]
@@ -169,21 +171,26 @@ class ParallelConfig:
     TorchTitan's enable_fsdp_float8_all_gather)."""
 
     @property
+    def dims(self) -> ParallelDims:
+        """The degrees alone: the one place their rules live (`ParallelDims`)."""
+        return ParallelDims(pipeline=self.pipeline, data=self.data, context=self.context,
+                            tensor=self.tensor, expert=self.expert,
+                            expert_tensor=self.expert_tensor)
+
+    @property
     def model_parallel(self) -> int:
         """GPUs one model replica spans: tensor x pipeline x context."""
-        return self.tensor * self.pipeline * self.context
+        return self.dims.model_parallel
 
     @property
     def expert_tensor_degree(self) -> int:
         """Tensor-parallel degree inside each expert: `expert_tensor`, else `tensor`."""
-        return self.expert_tensor if self.expert_tensor is not None else self.tensor
+        return self.dims.expert_tensor_degree
 
     @property
     def expert_data(self) -> int:
-        """Expert-data-parallel degree: the ranks of a stage (tensor x context x data) over
-        those one expert set spans (expert x expert_tensor). Resolved configs only."""
-        return self.tensor * self.context * self.data // (
-            self.expert * self.expert_tensor_degree)
+        """Expert-data-parallel degree (`ParallelDims.expert_data`). Resolved configs only."""
+        return self.dims.expert_data
 
     @property
     def num_micro_batches(self) -> int:
@@ -194,9 +201,11 @@ class ParallelConfig:
         """This config with `data = -1` filled in for `num_gpus`; ValueError naming every
         degree when they do not fit."""
         problems = []
+        degrees = {f.name for f in fields(ParallelDims)}
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, int) and not isinstance(value, bool) and f.name != "data":
+            if isinstance(value, int) and not isinstance(value, bool) \
+                    and f.name not in degrees:
                 if value < (0 if f.name == "zero_stage" else 1):
                     problems.append(f"{f.name} must be positive, got {value}")
         if self.recompute not in RECOMPUTE:
@@ -239,23 +248,8 @@ class ParallelConfig:
                             "stages the interleaved schedule")
         if problems:
             raise ValueError("; ".join(problems) + ".")
-        data = self.data if self.data != -1 else num_gpus // self.model_parallel
+        data = self.dims.resolve(num_gpus).data  # every degree's rule, in one message
         resolved = replace(self, data=data)
-        degrees = (
-            f"tensor ({self.tensor}) x pipeline ({self.pipeline}) x context "
-            f"({self.context}) x data ({self.data if self.data != -1 else 'rest'})"
-        )
-        if data < 1 or self.model_parallel * data != num_gpus:
-            raise ValueError(f"{degrees} must multiply to the {num_gpus} GPUs; change a degree.")
-        stage_ranks = self.tensor * self.context * data
-        expert_ranks = self.expert * resolved.expert_tensor_degree
-        if stage_ranks % expert_ranks:
-            raise ValueError(
-                f"expert ({self.expert}) x expert_tensor ({resolved.expert_tensor_degree}) "
-                f"must divide the {stage_ranks} ranks of a pipeline stage (tensor x context "
-                f"x data) on {num_gpus} GPUs with {degrees}; choose degrees that divide "
-                f"{stage_ranks}."
-            )
         if self.global_batch_size % (self.micro_batch_size * data):
             raise ValueError(
                 f"global batch ({self.global_batch_size}) must be a multiple of micro batch "

@@ -29,6 +29,7 @@ from cost_models.comm import COLLECTIVE_KINDS
 from cost_models.economics import TrainingTotals
 from passes.placement_text import placement_pieces
 from planner.models.config import TransformerConfig
+from planner.parallel_dims import ParallelDims
 from planner.plan_migration import migrate_v1
 from planner.parallel import (
     AttentionBackend,
@@ -209,6 +210,9 @@ class Stage(_Model):
 
 
 class ParallelDegrees(_Model):
+    """The plan's degrees (`planner.parallel_dims.ParallelDims`, `dims`) with the knobs
+    that shape its stages: sequence parallelism, ZeRO and the chunks per rank."""
+
     data: int = Field(ge=1, description="Data-parallel degree.")
     tensor: int = Field(ge=1, description="Tensor-parallel degree.")
     pipeline: int = Field(ge=1, description="Pipeline-parallel degree.")
@@ -221,6 +225,23 @@ class ParallelDegrees(_Model):
     sequence_parallel: bool = Field(description="Sequence parallelism over the tensor group.")
     zero_stage: int = Field(ge=0, le=3, description="ZeRO stage; 1 = distributed optimizer.")
     virtual_pipeline: int = Field(ge=1, description="Model chunks per pipeline rank.")
+
+    @property
+    def dims(self) -> ParallelDims:
+        """The degrees as the one degrees type has them."""
+        return ParallelDims(pipeline=self.pipeline, data=self.data, context=self.context,
+                            tensor=self.tensor, expert=self.expert,
+                            expert_tensor=self.expert_tensor)
+
+    @classmethod
+    def of(cls, dims: ParallelDims, sequence_parallel: bool, zero_stage: int,
+           virtual_pipeline: int, moe: bool) -> ParallelDegrees:
+        """The plan's record of `dims` (the expert tensor degree written out for MoE)."""
+        return cls(data=dims.data, tensor=dims.tensor, pipeline=dims.pipeline,
+                   context=dims.context, expert=dims.expert,
+                   expert_tensor=dims.expert_tensor_degree if moe else None,
+                   sequence_parallel=sequence_parallel, zero_stage=zero_stage,
+                   virtual_pipeline=virtual_pipeline)
 
 
 class RunSettings(_Model):

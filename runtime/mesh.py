@@ -13,59 +13,17 @@ name.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-AXES = ("pp", "dp", "cp", "tp")
-"""Mesh axes, slowest first: pipeline, data, context, tensor."""
+from planner.mesh_axes import MESH_AXES
+from planner.parallel_dims import ParallelDims
+
+AXES = MESH_AXES
+"""Mesh axes, slowest first: pipeline, data, context, tensor (`planner.mesh_axes`)."""
 
 
-@dataclass(frozen=True)
-class Degrees:
-    """Degree of each mesh axis."""
-
-    pp: int = 1
-    dp: int = 1
-    cp: int = 1
-    tp: int = 1
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(getattr(self, axis) for axis in AXES)
-
-    @property
-    def world_size(self) -> int:
-        size = 1
-        for degree in self.shape:
-            size *= degree
-        return size
-
-    def coordinates(self, rank: int) -> dict[str, int]:
-        """The rank's index on each axis (tensor fastest)."""
-        if not 0 <= rank < self.world_size:
-            raise ValueError(f"rank {rank} is outside a mesh of {self.world_size} ranks")
-        coords = {}
-        for axis in reversed(AXES):
-            degree = getattr(self, axis)
-            coords[axis] = rank % degree
-            rank //= degree
-        return {axis: coords[axis] for axis in AXES}
-
-    def group(self, rank: int, axis: str) -> list[int]:
-        """The ranks that share every coordinate of `rank` but `axis`, in axis order."""
-        coords = self.coordinates(rank)
-        ranks = []
-        for index in range(getattr(self, axis)):
-            moved = dict(coords, **{axis: index})
-            flat = 0
-            for name in AXES:
-                flat = flat * getattr(self, name) + moved[name]
-            ranks.append(flat)
-        return ranks
-
-
-def build_mesh(degrees: Degrees, device_type: str = "cpu") -> DeviceMesh:
-    """The world's DeviceMesh with axes `AXES` (needs an initialized process group of
-    `degrees.world_size` ranks); take submeshes by name: ``mesh["tp"]``, ``mesh["dp"]``."""
-    return init_device_mesh(device_type, degrees.shape, mesh_dim_names=AXES)
+def build_mesh(dims: ParallelDims, device_type: str = "cpu") -> DeviceMesh:
+    """The world's DeviceMesh with axes `AXES`, laid out from the plan's degrees (needs an
+    initialized process group of `dims.world_size` ranks); take submeshes by name:
+    ``mesh["tp"]``, ``mesh["dp"]``."""
+    return init_device_mesh(device_type, dims.shape, mesh_dim_names=AXES)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from runtime.mesh import Degrees
+from planner.parallel_dims import ParallelDims
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "interleaved_zb", "zbv", "dualpipev")
 """The plan's four, and torch's two zero-bubble schedules (Qi et al. 2024): interleaved
@@ -26,7 +26,9 @@ RECOMPUTE = ("none", "selective", "full")
 class RunSpec:
     """How one step of a training plan runs."""
 
-    degrees: Degrees
+    degrees: ParallelDims
+    """The plan's degrees: the mesh (pp x dp x cp x tp) and the expert degree, carved out
+    of the data-parallel ranks here (see `runtime.experts`)."""
     chunks: tuple[tuple[int, int], ...]
     """Transformer layers [first, last) of every pipeline chunk, in model order; pp x
     virtual chunks. Chunk c runs on pipeline rank c % pp (Megatron's interleaved order), or
@@ -38,9 +40,6 @@ class RunSpec:
     sequence_parallel: bool = False
     zero_stage: int = 0
     recompute: str = "none"
-    expert: int = 1
-    """Expert-parallel degree, carved out of the data-parallel ranks (Megatron's
-    --expert-model-parallel-size); see `runtime.experts`."""
     expert_dispatcher: str = "allgather"
     """Token dispatch of expert parallelism: allgather or alltoall (Megatron's
     --moe-token-dispatcher-type)."""
@@ -101,6 +100,11 @@ class RunSpec:
             raise ValueError("; ".join(problems) + ".")
 
     @property
+    def expert(self) -> int:
+        """Expert-parallel degree (Megatron's --expert-model-parallel-size)."""
+        return self.degrees.expert
+
+    @property
     def global_batch_size(self) -> int:
         return self.micro_batch_size * self.num_micro_batches * self.degrees.dp
 
@@ -149,7 +153,8 @@ def from_training_plan(plan) -> RunSpec:
             "this plan has no parallel degrees (an operator-level --mesh plan); "
             "runtime.trainer.ShardedTrainer runs it"
         )
-    degrees = Degrees(pp=p.pipeline, dp=p.data, cp=p.context, tp=p.tensor)
+    degrees = ParallelDims(pipeline=p.pipeline, data=p.data, context=p.context,
+                           tensor=p.tensor, expert=p.expert)
     # Every stage on the same data x (context x) tensor mesh: what this runtime runs.
     shapes = [list(getattr(stage, "mesh_shape", None) or []) for stage in plan.stages]
     sizes = {p.data * p.tensor, p.data * p.tensor * p.context}
@@ -191,7 +196,6 @@ def from_training_plan(plan) -> RunSpec:
         sequence_parallel=p.sequence_parallel,
         zero_stage=p.zero_stage,
         recompute=plan.recompute,
-        expert=p.expert,
         # DeepEP's flex dispatcher moves what all-to-all does; torch runs the all-to-all.
         expert_dispatcher=_dispatcher(getattr(plan, "run", None)),
         force_balance=bool(getattr(getattr(plan, "run", None),

@@ -19,7 +19,7 @@ from runtime.checkpoint import MARKER, latest_checkpoint, step_directory
 from runtime.elastic import launch
 from runtime.faults import FaultWatch, PeerLost
 from runtime.launch import RankError, run_on_ranks
-from runtime.mesh import Degrees
+from planner.parallel_dims import ParallelDims
 from runtime.resilience import Resilience
 from runtime.spec import RunSpec, even_chunks
 from runtime.training import PipelineTrainer, batches, check_training, merge_results
@@ -31,7 +31,7 @@ STEPS, SAVED_AT = 8, 4
 
 
 def _spec(pp=1, dp=1, tp=1, micro_batches=4, **knobs) -> RunSpec:
-    return RunSpec(degrees=Degrees(pp=pp, dp=dp, tp=tp), chunks=even_chunks(4, pp),
+    return RunSpec(degrees=ParallelDims(pipeline=pp, data=dp, tensor=tp), chunks=even_chunks(4, pp),
                    micro_batch_size=1, num_micro_batches=micro_batches, **knobs)
 
 
@@ -39,8 +39,9 @@ PP2_TP2_DP2 = _spec(pp=2, dp=2, tp=2, schedule="1f1b", zero_stage=1)  # global b
 DP8_ZERO3 = _spec(dp=8, micro_batches=1, schedule="gpipe", zero_stage=3)
 DP4_ZERO3 = _spec(dp=4, micro_batches=2, schedule="gpipe", zero_stage=3)
 # ZBV's V order puts both copies of the tied embedding on pipeline rank 0.
-PP2_DP2_ZBV = RunSpec(degrees=Degrees(pp=2, dp=2), chunks=even_chunks(4, 4), micro_batch_size=1,
-                      num_micro_batches=4, virtual_pipeline=2, schedule="zbv", zero_stage=1)
+PP2_DP2_ZBV = RunSpec(degrees=ParallelDims(pipeline=2, data=2), chunks=even_chunks(4, 4),
+                      micro_batch_size=1, num_micro_batches=4, virtual_pipeline=2,
+                      schedule="zbv", zero_stage=1)
 
 
 def _local_shards(trainer: PipelineTrainer) -> list[torch.Tensor]:

@@ -5,6 +5,8 @@ Llama of the same shape under the same plan."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch.distributed.tensor import DTensor
@@ -12,7 +14,8 @@ from torch.distributed.tensor import DTensor
 transformers = pytest.importorskip("transformers")
 
 from planner.models.hf_shape import to_transformer_config  # noqa: E402
-from runtime.mesh import Degrees, build_mesh  # noqa: E402
+from planner.parallel_dims import ParallelDims  # noqa: E402
+from runtime.mesh import build_mesh  # noqa: E402
 from runtime.model_parts import model_parts  # noqa: E402
 from runtime.parallelize import apply_data_parallel  # noqa: E402
 from runtime.spec import RunSpec, even_chunks  # noqa: E402
@@ -27,9 +30,10 @@ SHAPE = to_transformer_config(transformers.LlamaConfig.from_dict(HF_LLAMA), seq_
 TOLERANCE = 1e-4
 
 
-def _spec(pp=1, dp=1, tp=1, virtual=1, micro_batches=4, **knobs) -> RunSpec:
+def _spec(pp=1, dp=1, tp=1, virtual=1, micro_batches=4, expert=1, **knobs) -> RunSpec:
     return RunSpec(
-        degrees=Degrees(pp=pp, dp=dp, tp=tp), chunks=even_chunks(4, pp * virtual),
+        degrees=ParallelDims(pipeline=pp, data=dp, tensor=tp, expert=expert),
+        chunks=even_chunks(4, pp * virtual),
         micro_batch_size=1, num_micro_batches=micro_batches, virtual_pipeline=virtual,
         **knobs,
     )
@@ -65,7 +69,7 @@ def test_hf_stages_hold_hf_names_and_compute_what_the_whole_model_does() -> None
 def test_a_rank_materializes_only_its_shards_of_the_hf_model(fake_world) -> None:
     # Rank 5 of pp2.dp2.tp2: pipeline rank 1, data rank 0, tensor rank 1.
     fake_world(5, 8)
-    mesh = build_mesh(Degrees(pp=2, dp=2, tp=2))
+    mesh = build_mesh(ParallelDims(pipeline=2, data=2, tensor=2))
     parts = model_parts(SHAPE, HF_LLAMA)
     stage = parts.build_stage((2, 4), False, True)
     parts.tensor_parallel(stage, mesh["tp"], True)
@@ -147,12 +151,12 @@ def test_hf_deepseek_v3_experts_split_over_expert_and_tensor_ranks(fake_world) -
     from runtime.experts import expert_mesh
 
     fake_world(5, 8)
-    mesh = build_mesh(Degrees(pp=2, dp=2, tp=2))
+    mesh = build_mesh(ParallelDims(pipeline=2, data=2, tensor=2))
     shape = to_transformer_config(
         transformers.DeepseekV3Config.from_dict(HF_DEEPSEEK_V3), seq_length=16)
     parts = model_parts(shape, HF_DEEPSEEK_V3)
-    parts.check(RunSpec(degrees=Degrees(pp=2, dp=2, tp=2), chunks=even_chunks(4, 2),
-                        micro_batch_size=1, num_micro_batches=2, expert=2,
+    parts.check(RunSpec(degrees=ParallelDims(pipeline=2, data=2, tensor=2, expert=2),
+                        chunks=even_chunks(4, 2), micro_batch_size=1, num_micro_batches=2,
                         expert_dispatcher="alltoall"))
     stage = parts.build_stage((2, 4), False, True)
     parts.expert_parallel(stage, expert_mesh(mesh, 2), "alltoall")
@@ -175,8 +179,8 @@ def test_hf_moe_tensor_parallelism_not_run_is_refused() -> None:
             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
             "vocab_size": 128, "num_experts": 8, "moe_intermediate_size": 16,
             "tie_word_embeddings": False}
-    spec = RunSpec(degrees=Degrees(pp=1, dp=2, tp=2), chunks=even_chunks(4, 1),
-                   micro_batch_size=1, num_micro_batches=1, expert=2,
+    spec = RunSpec(degrees=ParallelDims(pipeline=1, data=2, tensor=2, expert=2),
+                   chunks=even_chunks(4, 1), micro_batch_size=1, num_micro_batches=1,
                    expert_dispatcher="alltoall")
     shape = to_transformer_config(transformers.Qwen3MoeConfig.from_dict(qwen), 16)
     with pytest.raises(ValueError, match="Qwen3-MoE"):
@@ -184,4 +188,5 @@ def test_hf_moe_tensor_parallelism_not_run_is_refused() -> None:
     shape = to_transformer_config(
         transformers.DeepseekV3Config.from_dict(HF_DEEPSEEK_V3), seq_length=16)
     with pytest.raises(ValueError, match="expert parallelism 1 is not run"):
-        model_parts(shape, HF_DEEPSEEK_V3).check(RunSpec(**{**spec.__dict__, "expert": 1}))
+        model_parts(shape, HF_DEEPSEEK_V3).check(
+            replace(spec, degrees=replace(spec.degrees, expert=1)))

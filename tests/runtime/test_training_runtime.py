@@ -20,7 +20,8 @@ from torch.distributed.pipelining import (
 from torch.distributed.tensor import DTensor
 
 from planner.models.config import TransformerConfig
-from runtime.mesh import AXES, Degrees, build_mesh
+from planner.parallel_dims import ParallelDims
+from runtime.mesh import AXES, build_mesh
 from runtime.parallelize import apply_data_parallel, apply_recompute, apply_tensor_parallel
 from runtime.schedule import schedule_class
 from runtime.spec import RunSpec, even_chunks, from_training_plan
@@ -40,9 +41,10 @@ MIXTRAL = LLAMA.model_copy(update={"num_experts": 4, "moe_top_k": 2})
 TOLERANCE = 1e-4
 
 
-def _spec(pp=1, dp=1, tp=1, cp=1, virtual=1, micro_batches=4, **knobs) -> RunSpec:
+def _spec(pp=1, dp=1, tp=1, cp=1, virtual=1, micro_batches=4, expert=1, **knobs) -> RunSpec:
     return RunSpec(
-        degrees=Degrees(pp=pp, dp=dp, cp=cp, tp=tp), chunks=even_chunks(4, pp * virtual),
+        degrees=ParallelDims(pipeline=pp, data=dp, context=cp, tensor=tp, expert=expert),
+        chunks=even_chunks(4, pp * virtual),
         micro_batch_size=1, num_micro_batches=micro_batches, virtual_pipeline=virtual,
         **knobs,
     )
@@ -53,7 +55,7 @@ def _spec(pp=1, dp=1, tp=1, cp=1, virtual=1, micro_batches=4, **knobs) -> RunSpe
 
 def test_mesh_axes_put_tensor_fastest_and_pipeline_slowest() -> None:
     assert AXES == ("pp", "dp", "cp", "tp")
-    d = Degrees(pp=2, dp=2, tp=2)
+    d = ParallelDims(pipeline=2, data=2, tensor=2)
     assert d.shape == (2, 2, 1, 2) and d.world_size == 8
     assert d.coordinates(5) == {"pp": 1, "dp": 0, "cp": 0, "tp": 1}
     assert d.group(5, "tp") == [4, 5]
@@ -65,7 +67,7 @@ def test_mesh_axes_put_tensor_fastest_and_pipeline_slowest() -> None:
 
 def test_device_mesh_groups_match_megatron_rank_order(fake_world) -> None:
     fake_world(5, 8)
-    d = Degrees(pp=2, dp=2, tp=2)
+    d = ParallelDims(pipeline=2, data=2, tensor=2)
     mesh = build_mesh(d)
     assert mesh.mesh_dim_names == AXES
     for axis in ("pp", "dp", "tp"):
@@ -94,7 +96,7 @@ def test_stage_split_and_interleaved_ownership() -> None:
     with pytest.raises(ValueError, match="1F1B needs at least"):
         _spec(pp=4, micro_batches=2, schedule="1f1b")
     with pytest.raises(ValueError, match="virtual stages need an interleaved"):
-        RunSpec(degrees=Degrees(pp=2), chunks=even_chunks(4, 4), micro_batch_size=1,
+        RunSpec(degrees=ParallelDims(pipeline=2), chunks=even_chunks(4, 4), micro_batch_size=1,
                 num_micro_batches=2, virtual_pipeline=2)
 
 
@@ -109,7 +111,7 @@ def test_run_spec_from_a_training_plan() -> None:
         global_batch_size=8,
     )
     spec = from_training_plan(plan)
-    assert spec.degrees == Degrees(pp=2, dp=2, tp=2)
+    assert spec.degrees == ParallelDims(pipeline=2, data=2, tensor=2)
     assert spec.chunks == ((0, 2), (2, 4), (4, 6), (6, 8))
     assert (spec.zero_stage, spec.recompute, spec.sequence_parallel) == (1, "selective", True)
     plan.global_batch_size = 16
@@ -184,7 +186,7 @@ def test_init_depends_on_name_and_seed_only() -> None:
 def test_a_rank_materializes_only_its_tensor_and_data_parallel_shards(fake_world) -> None:
     # Rank 5 of pp2.dp2.tp2: pipeline rank 1, data rank 0, tensor rank 1.
     fake_world(5, 8)
-    mesh = build_mesh(Degrees(pp=2, dp=2, tp=2))
+    mesh = build_mesh(ParallelDims(pipeline=2, data=2, tensor=2))
     stage = build_stage(GPT, (2, 4), first_stage=False, last_stage=True)
     apply_tensor_parallel(stage, mesh["tp"], sequence_parallel=True)
     apply_data_parallel(stage, mesh["dp"], zero_stage=3)
@@ -272,7 +274,7 @@ def test_a_dualpipev_plan_of_the_zoo_llama_trains_as_one_process() -> None:
     assert [s.chunks for s in plan.stages] == [[(0, 1), (3, 4)], [(1, 2), (2, 3)]]
     spec = from_training_plan(plan)
     assert (spec.schedule, spec.num_micro_batches, spec.degrees) == (
-        "dualpipev", 4, Degrees(pp=2, dp=2))
+        "dualpipev", 4, ParallelDims(pipeline=2, data=2))
     assert spec.stage_indices(0) == [0, 3] and spec.stage_indices(1) == [1, 2]
     _train(LLAMA, spec)
 
@@ -363,7 +365,7 @@ def test_expert_parallel_ranks_hold_only_their_experts_under_full_names(fake_wor
     from runtime.experts import apply_expert_parallel, expert_mesh
 
     fake_world(3, 4)  # dp4, ep2: data rank 3 is expert rank 1 of expert-data group 1
-    mesh = expert_mesh(build_mesh(Degrees(dp=4)), ep=2)
+    mesh = expert_mesh(build_mesh(ParallelDims(data=4)), ep=2)
     assert dist.get_process_group_ranks(mesh["ep"].get_group()) == [2, 3]
     assert dist.get_process_group_ranks(mesh["edp"].get_group()) == [1, 3]
     stage = build_stage(MIXTRAL, (0, 4), first_stage=True, last_stage=True)
