@@ -324,8 +324,7 @@ def rank_layout(
     run by `chunk_ranks` (by default one chunk: what per-layer pricing needs; pipeline
     transfers are priced by `_pipeline_p2p`)."""
     return RankLayout(
-        chunks=chunks, chunk_ranks=chunk_ranks, tensor=parallel.tensor, data=parallel.data,
-        context=parallel.context, expert=parallel.expert,
+        chunks=chunks, chunk_ranks=chunk_ranks, dims=parallel.dims,
         micro_batch_size=parallel.micro_batch_size,
         num_micro_batches=parallel.num_micro_batches,
         sequence_parallel=parallel.sequence_parallel, zero_stage=parallel.zero_stage,

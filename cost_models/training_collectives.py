@@ -50,6 +50,7 @@ from cost_models.stage_parameters import (
     sharded_by_zero,
 )
 from planner.models.config import TransformerConfig
+from planner.parallel_dims import ParallelDims
 
 SHAPE_AGREEMENT_BYTES = 4
 """The int32 torch's pipeline stages exchange once per boundary and direction to agree on
@@ -81,10 +82,8 @@ class RankLayout:
     """Layers [first, last) of every pipeline chunk, in model order."""
     chunk_ranks: tuple[int, ...]
     """The pipeline rank that runs each chunk."""
-    tensor: int
-    data: int
-    context: int
-    expert: int
+    dims: ParallelDims
+    """The plan's degrees (the stage's tensor and data ones)."""
     micro_batch_size: int
     num_micro_batches: int
     sequence_parallel: bool
@@ -96,6 +95,22 @@ class RankLayout:
     gradient_bytes: int = 4
     """Bytes of a gradient element as it is reduced (fp32 main gradients under mixed
     precision, as Megatron-LM reduces them)."""
+
+    @property
+    def tensor(self) -> int:
+        return self.dims.tensor
+
+    @property
+    def data(self) -> int:
+        return self.dims.data
+
+    @property
+    def context(self) -> int:
+        return self.dims.context
+
+    @property
+    def expert(self) -> int:
+        return self.dims.expert
 
 
 def rank_collectives(
