@@ -12,6 +12,8 @@ replica needs whole micro-batches.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from typing import Any
 
 from planner.cluster import Cluster
@@ -50,7 +52,7 @@ FLAG = {
 
 
 def check_knobs(
-    knobs: dict[str, Any], model: TransformerConfig, cluster: Cluster,
+    knobs: Mapping[str, Any], model: TransformerConfig, cluster: Cluster,
     global_batch_size: int, space: str,
 ) -> None:
     """ValueError naming every fixed knob that no plan of `space` can honour on `cluster`
@@ -77,7 +79,7 @@ def default_precision(cluster: Cluster) -> str:
 
 
 def _degree_problems(
-    knobs: dict[str, Any], model: TransformerConfig, cluster: Cluster
+    knobs: Mapping[str, Any], model: TransformerConfig, cluster: Cluster
 ) -> list[str]:
     n, per_node = cluster.num_devices, min(cluster.devices_per_node, cluster.num_devices)
     heads, groups = model.num_attention_heads, model.num_kv_heads
@@ -135,7 +137,7 @@ def _degree_problems(
     return problems
 
 
-def _run_problems(knobs: dict[str, Any], model: TransformerConfig, cluster: Cluster,
+def _run_problems(knobs: Mapping[str, Any], model: TransformerConfig, cluster: Cluster,
                   precision: str) -> list[str]:
     """Settings that need something of the device, the model or another knob."""
     problems = []
@@ -185,7 +187,7 @@ def _run_problems(knobs: dict[str, Any], model: TransformerConfig, cluster: Clus
     return problems
 
 
-def _schedule_problems(knobs: dict[str, Any], model: TransformerConfig, space: str) -> list[str]:
+def _schedule_problems(knobs: Mapping[str, Any], model: TransformerConfig, space: str) -> list[str]:
     problems = []
     schedule, p = knobs.get("schedule"), knobs.get("pipeline")
     if schedule == "interleaved" and p == 1:
@@ -219,7 +221,7 @@ def _schedule_problems(knobs: dict[str, Any], model: TransformerConfig, space: s
 
 
 def _batch_problems(
-    knobs: dict[str, Any], model: TransformerConfig, cluster: Cluster, gbs: int
+    knobs: Mapping[str, Any], model: TransformerConfig, cluster: Cluster, gbs: int
 ) -> list[str]:
     mb = knobs.get("micro_batch_size", 1)
     if gbs % mb:

@@ -8,7 +8,8 @@ so a user sees the whole picture in one message.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Literal, get_args
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal, get_args
 
 from planner.parallel_dims import ParallelDims
 
@@ -276,3 +277,40 @@ class ParallelConfig:
                 f"the interleaved schedule needs the {m} micro-batches per step to be a "
                 f"multiple of pipeline ({self.pipeline}); change the batch or the pipeline.")
         return resolved
+
+
+class FixedKnobs(Mapping[str, Any]):
+    """The knobs a user fixed, by `ParallelConfig` field name; a knob not given (or given
+    as None) is searched. A name that is no knob is refused, so a misspelt knob never
+    silently becomes "search it". Read like a mapping: ``"tensor" in fixed``,
+    ``fixed.get("zero_stage")`` (None: searched)."""
+
+    __slots__ = ("_given",)
+
+    def __init__(self, knobs: Mapping[str, Any] | None = None, **more: Any) -> None:
+        given = {**(knobs or {}), **more}
+        unknown = sorted(set(given) - KNOB_NAMES)
+        if unknown:
+            raise ValueError(f"{', '.join(unknown)} is no parallel knob; the knobs are "
+                             f"{', '.join(sorted(KNOB_NAMES))}.")
+        self._given = {name: value for name, value in given.items() if value is not None}
+
+    def __getitem__(self, name: str) -> Any:
+        return self._given[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._given)
+
+    def __len__(self) -> int:
+        return len(self._given)
+
+    def __repr__(self) -> str:
+        return f"FixedKnobs({self._given!r})"
+
+    def but(self, **changes: Any) -> FixedKnobs:
+        """These knobs with `changes` (None: searched again)."""
+        return FixedKnobs({**self._given, **changes})
+
+
+KNOB_NAMES = frozenset(f.name for f in fields(ParallelConfig))
+"""Every knob a plan can fix: ParallelConfig's fields."""

@@ -19,6 +19,7 @@ from planner.parallel import (
     ATTENTION_BACKENDS,
     CUDA_GRAPH_SCOPES,
     ENGINES,
+    FixedKnobs,
     FP8_RECIPES,
     MOE_DISPATCHERS,
     PRECISIONS,
@@ -203,8 +204,8 @@ def training_flags_given(args: argparse.Namespace) -> list[str]:
             if getattr(args, dest) != default]
 
 
-def fixed_knobs(args: argparse.Namespace, num_layers: int) -> dict[str, Any]:
-    """The ParallelConfig fields the command line fixed."""
+def fixed_knobs(args: argparse.Namespace, num_layers: int) -> FixedKnobs:
+    """The ParallelConfig fields the command line fixed (the others searched)."""
     knobs = {name: getattr(args, name) for name in _NUMBER_FLAGS.values()}
     knobs["zero_stage"] = args.zero_stage
     knobs["recompute"] = args.recompute
@@ -252,4 +253,4 @@ def fixed_knobs(args: argparse.Namespace, num_layers: int) -> dict[str, Any]:
         knobs["schedule"] = "interleaved"
     if args.schedule == "dualpipev":  # two chunks per stage, in V order
         knobs["virtual_pipeline"] = 2
-    return {k: v for k, v in knobs.items() if v is not None}
+    return FixedKnobs(knobs)

@@ -18,6 +18,7 @@ keys that change. --json writes both plans and the comparison.
 
 from __future__ import annotations
 
+
 import argparse
 import json
 from pathlib import Path

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from rich.console import Console
 from rich.table import Table
@@ -25,6 +25,7 @@ from planner.cli.run_flags import objective_key, wants_totals
 from planner.cli.whole_run import fewer_gpu_plans, print_totals, with_totals
 from planner.cluster import Cluster
 from planner.knobs import FLAG, check_knobs, default_precision
+from planner.parallel import FixedKnobs
 from planner.models.config import TransformerConfig
 from planner.plan import Plan
 from planner.training import training_plan
@@ -86,7 +87,8 @@ def plan_training(
     model = transformer_config(loaded)
     knobs = fixed_knobs(args, model.num_layers)
     check_knobs(knobs, model, cluster, args.global_batch_size, args.space)
-    knobs.setdefault("precision", default_precision(cluster))
+    if "precision" not in knobs:
+        knobs = knobs.but(precision=default_precision(cluster))
     names = _parameter_names(loaded)
     # Knobs not given are searched, also when the degrees and micro-batch are all given
     # (`plan predict` is where a launch line's literal defaults are priced).
@@ -155,7 +157,7 @@ def _parameter_names(loaded: LoadedModel) -> Callable[[str], str] | None:
 
 def _search_with_progress(
     args: argparse.Namespace, model: TransformerConfig, cluster: Cluster,
-    knobs: dict[str, Any], console: Console,
+    knobs: FixedKnobs, console: Console,
 ) -> SearchResult:
     from rich.progress import Progress
 
@@ -177,7 +179,7 @@ _RELAXABLE = ("micro_batch_size", "recompute", "zero_stage", "sequence_parallel"
 
 
 def _cheapest_relaxation(
-    args: argparse.Namespace, model: TransformerConfig, cluster: Cluster, knobs: dict[str, Any]
+    args: argparse.Namespace, model: TransformerConfig, cluster: Cluster, knobs: FixedKnobs
 ) -> str:
     """'; ...' naming the fixed knob whose release makes the fastest plan fit, and the
     value the search then takes for it; '' where none does (or none was fixed)."""
@@ -187,7 +189,7 @@ def _cheapest_relaxation(
     for name in _RELAXABLE:
         if name not in knobs:
             continue
-        relaxed = {k: v for k, v in knobs.items() if k != name}
+        relaxed = knobs.but(**{name: None})
         if name == "virtual_pipeline":
             relaxed.pop("schedule", None)
         result = search(model, cluster, args.global_batch_size, relaxed, args.space)
@@ -206,7 +208,7 @@ def _cheapest_relaxation(
 
 
 def _no_fit(
-    args: argparse.Namespace, model: TransformerConfig, cluster: Cluster, knobs: dict[str, Any]
+    args: argparse.Namespace, model: TransformerConfig, cluster: Cluster, knobs: FixedKnobs
 ) -> str:
     from planner.search.megatron_space import MAX_GPUS, devices_needed
 

@@ -18,7 +18,11 @@ alpa_space -> megatron_space, stage_ilp -> intra_op -> solver, buckets.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from typing import TYPE_CHECKING, Any
+
+from planner.parallel import FixedKnobs
 
 if TYPE_CHECKING:
     from cost_models.layer_collectives import LayerCollectives
@@ -30,7 +34,7 @@ __all__ = ["search"]
 
 
 def search(
-    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: dict[str, Any],
+    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: Mapping[str, Any],
     space: str = "auto", progress: Progress | None = None, flash_attention: bool | None = None,
     collectives: LayerCollectives | None = None,
 ) -> SearchResult:
@@ -41,7 +45,7 @@ def search(
     Unless `fixed` names a precision, plans use the device's default (bf16, fp16 on a
     device without it, fp32 on a CPU), and attention is priced fused where the device
     runs fused attention, unless `flash_attention` says."""
-    fixed = {"precision": cluster.device.default_precision, **fixed}
+    fixed = FixedKnobs({"precision": cluster.device.default_precision, **fixed})
     if flash_attention is None:  # as the device runs attention
         flash_attention = cluster.device.flash_attention
     # TorchTitan, like Megatron-LM, runs every stage on one mesh: Alpa's stages of meshes of

@@ -13,6 +13,8 @@ DP stays small for 100-layer models. The plans Megatron-LM can run are searched 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import itertools
 import time
 from dataclasses import replace
@@ -60,7 +62,7 @@ def layer_group_size(num_layers: int) -> int:
 
 
 def search_auto(
-    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: dict[str, Any],
+    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: Mapping[str, Any],
     flash_attention: bool = True, progress: Progress | None = None,
     collectives: LayerCollectives | None = None,
 ) -> SearchResult:
@@ -88,7 +90,7 @@ def search_auto(
 
 
 def _megatron_and_stages(
-    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: dict[str, Any],
+    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: Mapping[str, Any],
     flash_attention: bool, collectives: LayerCollectives | None,
     groups: list[list[ParallelConfig]], queue: BothEnds,
 ) -> tuple[SearchResult, float, tuple[list, int, float]]:
@@ -102,7 +104,7 @@ def _megatron_and_stages(
 
 def _stages_per_group(
     model: TransformerConfig, cluster: Cluster, groups: list[list[ParallelConfig]],
-    take: Callable[[], int | None], fixed: dict[str, Any], flash_attention: bool,
+    take: Callable[[], int | None], fixed: Mapping[str, Any], flash_attention: bool,
     collectives: LayerCollectives | None, progress: Progress | None = None,
     done: Callable[[], int] | None = None,
 ) -> tuple[list, int, float]:
@@ -152,7 +154,7 @@ def _candidate(stages: list[StageLayout], shared: ParallelConfig) -> Candidate:
 
 
 def _shared_knobs(
-    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: dict[str, Any]
+    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: Mapping[str, Any]
 ) -> list[list[ParallelConfig]]:
     """Per micro-batch size, the settings all stages share, least memory relief first.
     `micro_batch_size` here is the whole micro-batch (data = 1): each stage splits it over
@@ -189,7 +191,7 @@ def _shared_knobs(
 
 
 def _best_stages(
-    model: TransformerConfig, cluster: Cluster, shared: ParallelConfig, fixed: dict[str, Any],
+    model: TransformerConfig, cluster: Cluster, shared: ParallelConfig, fixed: Mapping[str, Any],
     flash: bool, collectives: LayerCollectives | None = None,
 ) -> list[StageLayout] | None:
     """The stage DP's best stages (layers and mesh each) under `shared`'s knobs and the
@@ -247,7 +249,7 @@ def _best_stages(
 
 
 def _meshes(
-    degrees: list[int], shared: ParallelConfig, devices: int, fixed: dict[str, Any]
+    degrees: list[int], shared: ParallelConfig, devices: int, fixed: Mapping[str, Any]
 ) -> list[tuple[int, int]]:
     """(tensor, data) meshes of `devices` GPUs (with `shared.context` context ranks),
     tensor one of `degrees`, whose data replicas split the micro-batch, into whole

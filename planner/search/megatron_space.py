@@ -16,6 +16,8 @@ Knobs fixed on the command line are never varied.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -115,7 +117,7 @@ def megatron_stage_splits(num_layers: int, stages: int) -> list[tuple[int, ...]]
 
 
 def _layouts(
-    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: dict[str, Any]
+    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: Mapping[str, Any]
 ) -> Iterator[tuple[int, int, int, int, int]]:
     """(tensor, context, pipeline, data, expert) degrees that multiply to the GPUs and
     whose data-parallel replicas split the global batch."""
@@ -124,13 +126,13 @@ def _layouts(
             yield layout
 
 
-def data_degrees(model: TransformerConfig, cluster: Cluster, fixed: dict[str, Any]) -> list[int]:
+def data_degrees(model: TransformerConfig, cluster: Cluster, fixed: Mapping[str, Any]) -> list[int]:
     """The data-parallel degrees of every layout the fixed knobs allow, batch aside."""
     return sorted({layout[3] for layout in _degree_layouts(model, cluster, fixed)})
 
 
 def _degree_layouts(
-    model: TransformerConfig, cluster: Cluster, fixed: dict[str, Any]
+    model: TransformerConfig, cluster: Cluster, fixed: Mapping[str, Any]
 ) -> Iterator[tuple[int, int, int, int, int]]:
     n = cluster.num_devices
     tensors = [fixed["tensor"]] if "tensor" in fixed else [
@@ -162,7 +164,7 @@ def _degree_layouts(
                     yield t, c, p, d, e
 
 
-def run_settings(fixed: dict[str, Any], cluster: Cluster, tensor: int,
+def run_settings(fixed: Mapping[str, Any], cluster: Cluster, tensor: int,
                  sequence_parallel: bool, zero_stage: int,
                  overlap_grad_reduce: bool, data: int = 2) -> dict[str, Any]:
     """The knobs that only make a run faster or leaner where they apply, each as fixed or
@@ -201,7 +203,7 @@ DISPATCH_KNOBS = ("moe_token_dispatcher", "overlap_moe_expert_parallel_comm")
 """Knobs that change how a plan's tokens reach their experts, and not its memory."""
 
 
-def _dispatchers(fixed: dict[str, Any], expert: int, cluster: Cluster) -> list[str]:
+def _dispatchers(fixed: Mapping[str, Any], expert: int, cluster: Cluster) -> list[str]:
     """The token dispatchers tried: as fixed; without expert parallelism the all-gather
     (nothing to send); under Tessel's runtime the all-gather too, unless routing is forced
     even: an all-to-all moves what the router decides at run time, so its bytes are an
@@ -219,7 +221,7 @@ def _dispatchers(fixed: dict[str, Any], expert: int, cluster: Cluster) -> list[s
     return ["alltoall", "flex"] if cluster.device.tp_comm_overlap and spans else ["alltoall"]
 
 
-def _expert_tensor_degrees(fixed: dict[str, Any], t: int, c: int, d: int, e: int
+def _expert_tensor_degrees(fixed: Mapping[str, Any], t: int, c: int, d: int, e: int
                            ) -> list[int | None]:
     """Expert tensor degrees tried: as fixed; the attention's (None) and, where experts are
     split and tensors too, 1: each expert whole on one rank (parallel folding), which
@@ -234,7 +236,7 @@ def _expert_tensor_degrees(fixed: dict[str, Any], t: int, c: int, d: int, e: int
 
 def _knob_choices(
     layout: tuple[int, int, int, int, int], model: TransformerConfig, gbs: int,
-    fixed: dict[str, Any], space: str, cluster: Cluster,
+    fixed: Mapping[str, Any], space: str, cluster: Cluster,
 ) -> Iterator[dict[str, Any]]:
     """Every setting of the knobs other than degrees and recomputation, for one layout."""
     t, c, p, d, e = layout
@@ -273,7 +275,7 @@ def _knob_choices(
 
 
 def a2a_overlap_allowed(expert: int, dispatcher: str, pipeline: int, virtual: int,
-                        fixed: dict[str, Any]) -> bool:
+                        fixed: Mapping[str, Any]) -> bool:
     """Whether Megatron-LM runs --overlap-moe-expert-parallel-comm here (its
     validate_args: expert parallelism, the alltoall or flex dispatcher, no full
     recomputation, and with pipelining the interleaved schedule), under its engine."""
@@ -283,7 +285,7 @@ def a2a_overlap_allowed(expert: int, dispatcher: str, pipeline: int, virtual: in
 
 
 def _schedules(
-    num_layers: int, p: int, m: int, fixed: dict[str, Any], space: str
+    num_layers: int, p: int, m: int, fixed: Mapping[str, Any], space: str
 ) -> list[tuple[str, int]]:
     """(schedule, virtual stages) for `p` stages and `m` micro-batches, fixed ones kept.
     Interleaving needs the micro-batches to be a multiple of the stages and the stage's
@@ -310,7 +312,7 @@ def _schedules(
 
 
 def enumerate_megatron(
-    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: dict[str, Any]
+    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: Mapping[str, Any]
 ) -> Iterator[Candidate]:
     """Every configuration of the Megatron space, recomputation modes included."""
     recomputes = [fixed["recompute"]] if "recompute" in fixed else list(RECOMPUTE)
@@ -321,7 +323,7 @@ def enumerate_megatron(
                     yield Candidate(configure(knobs, recompute), split)
 
 
-def configure(knobs: dict[str, Any], recompute: str) -> ParallelConfig:
+def configure(knobs: Mapping[str, Any], recompute: str) -> ParallelConfig:
     """`knobs` with `recompute`; the MoE all-to-all overlap off under full recomputation,
     which Megatron-LM does not run together."""
     if recompute == "full":
@@ -329,7 +331,7 @@ def configure(knobs: dict[str, Any], recompute: str) -> ParallelConfig:
     return ParallelConfig(**knobs, recompute=recompute)
 
 
-def _splits(model: TransformerConfig, knobs: dict[str, Any]) -> list[tuple[int, ...]]:
+def _splits(model: TransformerConfig, knobs: Mapping[str, Any]) -> list[tuple[int, ...]]:
     splits = megatron_stage_splits(model.num_layers, knobs["pipeline"])
     if knobs["virtual_pipeline"] > 1:
         splits = [s for s in splits if len(set(s)) == 1]
@@ -337,7 +339,7 @@ def _splits(model: TransformerConfig, knobs: dict[str, Any]) -> list[tuple[int, 
 
 
 def search_megatron(
-    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: dict[str, Any],
+    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: Mapping[str, Any],
     flash_attention: bool = True, progress: Progress | None = None,
     collectives: LayerCollectives | None = None,
 ) -> SearchResult:
@@ -385,7 +387,7 @@ def search_megatron(
 
 
 def best_exhaustive(
-    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: dict[str, Any],
+    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: Mapping[str, Any],
     flash_attention: bool = True,
 ) -> tuple[Candidate, StepPrediction] | None:
     """The fastest fitting configuration of the whole Megatron space, by brute force."""
@@ -399,7 +401,7 @@ def best_exhaustive(
 
 
 def devices_needed(
-    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: dict[str, Any],
+    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: Mapping[str, Any],
     limit: int = MAX_GPUS,
 ) -> int | None:
     """The fewest GPUs of this kind (doubling from the cluster's count) on which some

@@ -1,11 +1,11 @@
-"""planner.parallel: the dualpipev schedule's rules, torch 2.13's ScheduleDualPipeV's
-(two stages per rank, at least as many micro-batches as stages)."""
+"""planner.parallel: fixed knobs, and the dualpipev schedule's rules (torch 2.13's
+ScheduleDualPipeV's: two stages per rank, at least as many micro-batches as stages)."""
 
 from __future__ import annotations
 
 import pytest
 
-from planner.parallel import SCHEDULES, ParallelConfig
+from planner.parallel import SCHEDULES, FixedKnobs, ParallelConfig
 
 
 def dualpipev(**knobs) -> ParallelConfig:
@@ -38,3 +38,12 @@ def test_virtual_stages_still_need_interleaving_or_dualpipev() -> None:
     with pytest.raises(ValueError, match="needs the interleaved schedule"):
         ParallelConfig(pipeline=2, virtual_pipeline=2, schedule="1f1b",
                        global_batch_size=8).resolve(2)
+
+
+def test_fixed_knobs_name_only_knobs_and_none_is_searched() -> None:
+    fixed = FixedKnobs(tensor=2, zero_stage=None)
+    assert "tensor" in fixed and "zero_stage" not in fixed and fixed.get("zero_stage") is None
+    assert fixed.but(tensor=None) == {} and dict(fixed.but(pipeline=4)) == {
+        "tensor": 2, "pipeline": 4}
+    with pytest.raises(ValueError, match="tensr is no parallel knob"):
+        FixedKnobs(tensr=2)

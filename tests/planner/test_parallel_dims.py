@@ -47,3 +47,4 @@ def test_a_training_configuration_validates_its_degrees_through_them() -> None:
                                                     expert=32, expert_tensor=1)
     with pytest.raises(ValueError, match=r"expert \(32\) x expert_tensor \(2\)"):
         ParallelConfig(tensor=2, pipeline=8, expert=32, global_batch_size=8192).resolve(256)
+
