@@ -225,11 +225,13 @@ def _expert_tensor_degrees(fixed: Mapping[str, Any], t: int, c: int, d: int, e: 
                            ) -> list[int | None]:
     """Expert tensor degrees tried: as fixed; the attention's (None) and, where experts are
     split and tensors too, 1: each expert whole on one rank (parallel folding), which
-    Megatron-Bridge's MoE recipes run."""
+    Megatron-Bridge's MoE recipes run (not under Tessel's runtime, which does not)."""
     options: list[int | None] = [None]
     if "expert_tensor" in fixed:
         options = [fixed["expert_tensor"]]
-    elif e > 1 and t > 1:
+    elif e > 1 and t > 1 and fixed.get("engine") != "tessel":
+        # Tessel's runtime splits each expert over the tensor ranks only (`runtime/spec.py`):
+        # a plan it is to run keeps that.
         options.append(1)
     return [x for x in options if (t * c * d) % (e * (x or t)) == 0]
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from planner.parallel_dims import ParallelDims
 from planner.parallel import RESHARD_POLICIES, ParallelConfig
 from planner.torchtitan.errors import JobConfigError
 from planner.torchtitan.keys import shown
@@ -52,15 +53,13 @@ FILTERS = ([], ["output"])
 
 
 class _Degrees(NamedTuple):
-    tensor: int
-    context: int
-    pipeline: int
+    """What TorchTitan's parallelism section says beyond the degrees themselves."""
+
+    dims: ParallelDims
+    """The degrees (data: replicate x shard)."""
     shard: int
     """data_parallel_shard_degree, -1 resolved."""
-    data: int
-    """Replicate x shard: the data-parallel degree."""
     zero_stage: int
-    world: int
 
 
 class _Values:
@@ -119,8 +118,8 @@ def parallel_config(
     defaults worth knowing are added to `notes`."""
     v = _Values(keys, source)
     d = _degrees(v, model, gpus, notes)
-    tp, cp, pp, zero = d.tensor, d.context, d.pipeline, d.zero_stage
-    micro, batch, micro_batches = _batches(v, d.data, pp, notes)
+    tp, cp, pp, zero = d.dims.tensor, d.dims.context, d.dims.pipeline, d.zero_stage
+    micro, batch, micro_batches = _batches(v, d.dims.data, pp, notes)
     schedule, virtual, layers, chunks = _pipeline(v, model.num_layers, pp, micro_batches,
                                                   notes)
     recompute, every = _recompute(v, notes)
@@ -144,7 +143,7 @@ def parallel_config(
         notes.append('fsdp_reshard_after_forward "default": under pipeline parallelism '
                      "TorchTitan keeps each block's gathered weights from forward to backward")
     config = ParallelConfig(
-        tensor=tp, pipeline=pp, data=d.data, context=cp,
+        tensor=tp, pipeline=pp, data=d.dims.data, context=cp,
         # TorchTitan's tensor parallelism always shards norms over the sequence.
         sequence_parallel=tp > 1, micro_batch_size=micro, global_batch_size=batch,
         recompute=recompute, recompute_every=every, zero_stage=zero, schedule=schedule,
@@ -157,9 +156,9 @@ def parallel_config(
         fp8_param_gather=fp8_gather,
     )
     try:
-        return config.resolve(d.world), layers, chunks
+        return config.resolve(d.dims.world_size), layers, chunks
     except ValueError as error:
-        raise v.error(f"the configuration on {d.world} GPUs: {error}") from None
+        raise v.error(f"the configuration on {d.dims.world_size} GPUs: {error}") from None
 
 
 def _degrees(
@@ -217,7 +216,8 @@ def _degrees(
                       "pipeline parallelism: TorchTitan's DDP does not compose with them "
                       '("DDP has not supported > 1D parallelism"); use '
                       "data_parallel_shard_degree (FSDP) instead")
-    return _Degrees(tp, cp, pp, shard, replicate * shard, 3 if fsdp else 0, world)
+    dims = ParallelDims(pipeline=pp, data=replicate * shard, context=cp, tensor=tp)
+    return _Degrees(dims, shard, 3 if fsdp else 0)
 
 
 def _product(named: dict[str, int]) -> str:
