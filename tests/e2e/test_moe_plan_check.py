@@ -67,13 +67,15 @@ LAYOUTS = {
     "ep2-tp2-pp2": dict(tensor=2, pipeline=2, expert=2, global_batch_size=4, zero_stage=0),
     "ep4-dp2-zero1": dict(tensor=1, pipeline=1, expert=4, global_batch_size=8, zero_stage=1),
 }
-# The hf: DeepSeek-V3 under ep2 x tp2 x pp2 in the same launch, through transformers' own
-# modules: with sequence parallelism (what Megatron-LM requires with experts and tensor
+# The hf: DeepSeek-V3 in the same launch, through transformers' own modules: ep2 x tp2 x
+# pp2 with sequence parallelism (what Megatron-LM requires with experts and tensor
 # parallelism), and without it with MLA's queries straight from the hidden states (no
-# query latent). name -> (hf config, sequence parallelism)
+# query latent); and ep4 x dp2 with ZeRO-1. name -> (hf config, layout, sequence parallelism)
 HF_LAYOUTS = {
-    "hf-ep2-tp2-pp2-sp": (HF_DEEPSEEK_V3, True),
-    "hf-ep2-tp2-pp2-no-q-latent": ({**HF_DEEPSEEK_V3, "q_lora_rank": None}, False),
+    "hf-ep2-tp2-pp2-sp": (HF_DEEPSEEK_V3, "ep2-tp2-pp2", True),
+    "hf-ep2-tp2-pp2-no-q-latent": ({**HF_DEEPSEEK_V3, "q_lora_rank": None}, "ep2-tp2-pp2",
+                                   False),
+    "hf-ep4-dp2-zero1": (HF_DEEPSEEK_V3, "ep4-dp2-zero1", False),
 }
 
 
@@ -120,12 +122,12 @@ def _train_each(rank: int, world: int, runs: list) -> list[dict]:
 @pytest.mark.timeout(300)
 def test_tiny_deepseek_v3_plans_train_as_one_process_and_as_predicted() -> None:
     """The zoo's plans, and hf: DeepSeek-V3's ep2 x tp2 x pp2 (experts split over the
-    tensor ranks too, Megatron's default expert tensor degree), in one launch of the 8
-    ranks."""
+    tensor ranks too, Megatron's default expert tensor degree) and ep4 x dp2 with ZeRO-1,
+    in one launch of the 8 ranks."""
     runs = {name: (DEEPSEEK_V3_TINY, _plan(knobs), None) for name, knobs in LAYOUTS.items()}
-    for name, (fields, sequence) in HF_LAYOUTS.items():
+    for name, (fields, layout, sequence) in HF_LAYOUTS.items():
         config = _hf_shape(fields)
-        runs[name] = (config, _plan({**LAYOUTS["ep2-tp2-pp2"], "sequence_parallel": sequence},
+        runs[name] = (config, _plan({**LAYOUTS[layout], "sequence_parallel": sequence},
                                     config), fields)
     specs = {name: from_training_plan(plan) for name, (_, plan, _) in runs.items()}
     assert all(spec.force_balance and spec.expert_dispatcher == "alltoall"
