@@ -8,6 +8,7 @@ so a user sees the whole picture in one message.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from functools import cached_property
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal, get_args
 
@@ -171,9 +172,10 @@ class ParallelConfig:
     """Gather fp8 weights rather than bf16 ones (Megatron-LM's --fp8-param-gather,
     TorchTitan's enable_fsdp_float8_all_gather)."""
 
-    @property
+    @cached_property
     def dims(self) -> ParallelDims:
-        """The degrees alone: the one place their rules live (`ParallelDims`)."""
+        """The degrees alone: the one place their rules live (`ParallelDims`). Kept once
+        made: a search asks a configuration's degrees many times."""
         return ParallelDims(pipeline=self.pipeline, data=self.data, context=self.context,
                             tensor=self.tensor, expert=self.expert,
                             expert_tensor=self.expert_tensor)
@@ -303,6 +305,14 @@ class FixedKnobs(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len(self._given)
+
+    # The search reads knobs in its innermost loops: the dict's own lookups, not
+    # Mapping's generic ones (which go through __getitem__ and KeyError).
+    def __contains__(self, name: object) -> bool:
+        return name in self._given
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self._given.get(name, default)
 
     def __repr__(self) -> str:
         return f"FixedKnobs({self._given!r})"
