@@ -30,7 +30,10 @@ FLAG = "--emit"
 def engine_list(text: str) -> list[str]:
     """'megatron,slurm' -> ['megatron', 'slurm']; 'all' is every engine. ValueError naming
     an unknown engine."""
-    names = [name.strip().lower() for name in text.split(",") if name.strip()]
+    names = [name.strip().lower() for name in text.split(",")]
+    if "" in names:
+        raise ValueError(f"{text!r} has an empty engine name between its commas; give a "
+                         f"comma-separated list of {', '.join(ENGINES)} (or all)")
     if names == ["all"]:
         return list(ENGINES)
     unknown = [name for name in names if name not in ENGINES]

@@ -52,7 +52,7 @@ def mesh_for(args: argparse.Namespace, cluster: Cluster) -> tuple[int, ...]:
             "plans: add --gpus N "
             "--global-batch-size B (a --mesh plan chooses every operator's sharding itself)"
         )
-    mesh = parse_mesh(args.mesh or "4")
+    mesh = parse_mesh(args.mesh if args.mesh is not None else "4")
     if math.prod(mesh) > cluster.num_devices:
         raise UsageError(
             f"--mesh {'x'.join(map(str, mesh))} needs {math.prod(mesh):,} devices but "

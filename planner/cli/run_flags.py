@@ -42,6 +42,16 @@ def positive(text: str) -> float:
     return value
 
 
+def power_usage_effectiveness(text: str) -> float:
+    """A data centre's PUE: its total power over its IT equipment's, 1 or more by definition
+    (The Green Grid, "PUE: a comprehensive examination of the metric", 2012)."""
+    value = positive(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is below 1; a PUE is total power over IT power (1.1-1.6 is typical)")
+    return value
+
+
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
     """--train-tokens / --train-iters and the assumptions of the run's totals."""
     group = parser.add_argument_group(
@@ -71,7 +81,7 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     add("--restart-minutes", type=positive, metavar="MIN",
                        default=RESTART_MINUTES,
                        help=f"time from a failure to training again (default {RESTART_MINUTES:g})")
-    add("--pue", type=positive, default=DEFAULT_PUE,
+    add("--pue", type=power_usage_effectiveness, default=DEFAULT_PUE,
                        help=f"data-centre power usage effectiveness (default {DEFAULT_PUE:g})")
     add("--objective", choices=("time", "cost"), default=None,
                        help="rank plans by the expected whole-run time or cost with failures "

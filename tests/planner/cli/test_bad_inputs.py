@@ -219,6 +219,13 @@ GARBAGE = {
     "mesh-on-a-training-plan": ([*SMALL, "--mesh", "2x2"], ["--mesh is for an operator-level "
                                                             "plan"]),
     "extra-positional": (["demo:mlp", "extra"], ["unexpected argument 'extra'"]),
+    # Issue 31's catalogue: an empty mesh is not the default one; a PUE below 1 is not a
+    # data centre's; an empty engine name between commas is a typo, not nothing.
+    "mesh-empty": (["demo:mlp", "--mesh", ""], ["--mesh '' is not a mesh shape"]),
+    "pue-below-one": ([*SMALL, "--train-tokens", "1B", "--pue", "0.5"],
+                      ["--pue '0.5' is below 1"]),
+    "emit-empty-engine": ([*SMALL, "--emit", "megatron,,deepspeed", "emitted"],
+                          ["empty engine name"]),
 }
 
 MISSPELT = {
