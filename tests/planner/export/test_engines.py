@@ -597,7 +597,7 @@ def test_cli_emit_writes_every_engine_or_says_why(tmp_path: Path, capsys) -> Non
 
 @pytest.mark.parametrize(("engines", "fragment"), [
     ("megatron,sglang", "unknown engine 'sglang'"),
-    (",", "unknown engine"),
+    (",", "empty engine name"),
 ])
 def test_cli_emit_refuses_an_unknown_engine_in_one_line(
         engines: str, fragment: str, tmp_path: Path, capsys) -> None:
