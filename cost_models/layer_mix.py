@@ -35,7 +35,3 @@ def layer_variants(model: TransformerConfig) -> list[tuple[TransformerConfig, fl
     _VARIANTS[id(model)] = (model, variants)
     return variants
 
-
-def mtp_variant(model: TransformerConfig) -> TransformerConfig:
-    """A model whose blocks are all of the multi-token-prediction layer's kind."""
-    return model.for_layer(model.mtp_kind())

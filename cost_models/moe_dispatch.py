@@ -32,6 +32,7 @@ import math
 from dataclasses import dataclass, replace
 
 from cost_models.comm import group_collective_time
+from cost_models.data_parallel import hidden
 from cost_models.kernel_time import Pass
 from cost_models.saved_activations import activation_element_bytes
 from cost_models.transformer_ops import ExpertSplit
@@ -142,10 +143,8 @@ def dispatch_pass(model: TransformerConfig, parallel: ParallelConfig, cluster: C
     rerun = one_way if parallel.recompute == "full" else 0.0
     if not parallel.overlap_moe_expert_parallel_comm:
         return Pass(one_way, one_way, rerun)
-    slowdown = cluster.device.efficiency.overlap_slowdown
-    window = compute.forward + compute.backward
-    both = one_way * 2 + rerun
-    exposed = max(both - window, 0.0) + slowdown * min(both, window)
+    exposed = hidden(one_way * 2 + rerun, compute.forward + compute.backward, 0.0,
+                     cluster.device.efficiency.overlap_slowdown)
     return Pass(exposed / 2, exposed / 2, 0.0)
 
 

@@ -204,11 +204,10 @@ class ParallelConfig:
         """This config with `data = -1` filled in for `num_gpus`; ValueError naming every
         degree when they do not fit."""
         problems = []
-        degrees = {f.name for f in fields(ParallelDims)}
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, int) and not isinstance(value, bool) \
-                    and f.name not in degrees:
+                    and f.name not in DEGREE_NAMES:
                 if value < (0 if f.name == "zero_stage" else 1):
                     problems.append(f"{f.name} must be positive, got {value}")
         if self.recompute not in RECOMPUTE:
@@ -324,3 +323,5 @@ class FixedKnobs(Mapping[str, Any]):
 
 KNOB_NAMES = frozenset(f.name for f in fields(ParallelConfig))
 """Every knob a plan can fix: ParallelConfig's fields."""
+DEGREE_NAMES = frozenset(f.name for f in fields(ParallelDims))
+"""The knobs `ParallelDims` validates (`ParallelConfig.resolve` leaves them to it)."""
