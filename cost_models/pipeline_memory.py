@@ -245,7 +245,7 @@ def stage_activations(
     layer = saved_per_layer(model, parallel, flash)
     whole = sum(layer.values())
     kinds = dict(layer)
-    working = 0.0
+    replay = 0.0  # what backward rebuilds of the layers it replays, held once
     if parallel.recompute == "full":
         # Checkpointed layers keep their input; the others all they made. Backward rebuilds
         # one checkpointed group at a time: its working set, held once.
@@ -257,11 +257,11 @@ def stage_activations(
         kinds = {kind: bytes_ * share for kind, bytes_ in none.items()}
         kinds["checkpointed inputs"] = replayed * checkpoint_bytes(model, parallel) / group \
             / max(layers, 1)
-        working += min(group, layers) * whole_none
+        replay = min(group, layers) * whole_none
     elif parallel.recompute == "selective" and layers:
         # The replayed part of one layer lives again during its backward.
         none = saved_per_layer(model, _unrecomputed(parallel), flash)
-        working += max(sum(none.values()) - whole, 0.0)
+        replay = max(sum(none.values()) - whole, 0.0)
     in_flight = memory.in_flight_micro_batches(
         parallel.schedule, num_stages, index, num_micro_batches, parallel.virtual_pipeline,
     )
@@ -272,12 +272,13 @@ def stage_activations(
         # and the end stages' embedding, head and loss, each kept per micro-batch in flight.
         kept = {kind: bytes_ * in_flight for kind, bytes_ in tessel_stage(
             model, parallel, layers, index == 0, index == num_stages - 1).items()}
-    layer_working = engine_memory.layer_working_bytes(model, parallel)
-    if index == num_stages - 1:
-        saved, loss_working = engine_memory.loss_bytes(model, parallel)
-        if not tessel:
-            kept["loss"] = saved
-        working += max(loss_working, layer_working)
-    else:
-        working += layer_working
-    return kept, working
+    layer_working = replay + engine_memory.layer_working_bytes(model, parallel)
+    if index != num_stages - 1:
+        return kept, layer_working
+    saved, loss_working = engine_memory.loss_bytes(model, parallel)
+    if tessel:
+        return kept, max(loss_working, layer_working)
+    kept["loss"] = saved
+    # The loss's buffers live before backward starts; a layer's replay and gradients
+    # during it, after the loss's backward has freed what it saved. The peak is the larger.
+    return kept, max(loss_working, layer_working - saved)

@@ -120,19 +120,18 @@ def _saved_per_layer(
     model: TransformerConfig, parallel: ParallelConfig, score_free: bool
 ) -> dict[str, float]:
     """`saved_per_layer`, computed."""
-    if parallel.engine == "megatron":
-        variants = layer_variants(model)
-        if len(variants) == 1:
-            return _megatron(model, parallel, score_free)
-        # Dense and MoE (or windowed and full) blocks mixed: the mean block, kind by kind.
-        mean: dict[str, float] = {}
-        for variant, share in variants:
-            for kind, bytes_ in _megatron(variant, parallel, score_free).items():
-                mean[kind] = mean.get(kind, 0.0) + share * bytes_
-        return mean
     if parallel.engine == "tessel" and tessel_counted(model):
         return tessel_layer(model, parallel)
-    return _torch_eager(model, parallel, score_free)
+    block = _megatron if parallel.engine == "megatron" else _torch_eager
+    variants = layer_variants(model)
+    if len(variants) == 1:
+        return block(model, parallel, score_free)
+    # Dense and MoE (or windowed and full) blocks mixed: the mean block, kind by kind.
+    mean: dict[str, float] = {}
+    for variant, share in variants:
+        for kind, bytes_ in block(variant, parallel, score_free).items():
+            mean[kind] = mean.get(kind, 0.0) + share * bytes_
+    return mean
 
 
 def checkpoint_bytes(model: TransformerConfig, parallel: ParallelConfig) -> float:
@@ -234,41 +233,108 @@ def _moe_saved(model: TransformerConfig, parallel: ParallelConfig, n: float, e: 
 def _torch_eager(
     model: TransformerConfig, parallel: ParallelConfig, score_free: bool
 ) -> dict[str, float]:
-    """A Llama-form block as TorchTitan's (and Tessel's) eager modules run it."""
+    """A block as TorchTitan's (and Tessel's) eager modules run it: Llama's, DeepSeek-V3's
+    multi-latent attention, an MoE layer of routed and shared experts."""
+    if parallel.recompute == "selective":
+        return _op_selective(model, parallel, score_free)
     x = layer_shape(model, parallel)
     e = activation_element_bytes(parallel.precision)
-    n, t = x.tokens, x.tensor
+    n = x.tokens
     # Column-parallel matmuls under DTensor save the all-gathered (whole-sequence) input.
     gathered = n * x.hidden
     lse = FP32 * x.heads * n if score_free else 0.0
-    if parallel.recompute == "selective":
-        # Op-level selective checkpointing: the block's input, SDPA's outputs and the 1st,
-        # 3rd, 5th and 7th matmul outputs (wq, wv, w1, w2; w2's is a whole-sequence partial
-        # sum under tensor parallelism, and its reduce-scatter output is kept too).
-        w2 = e * n * x.hidden + (e * n * x.hidden / t if t > 1 else 0)
-        kept = {
-            "block inputs": e * n * x.hidden / x.sequence_shards,
-            "attention": e * n * (x.query + x.key + x.query) + lse,
-            "mlp": e * n * x.ffn + w2,
-        }
-        return kept
     norm_saves = 1 if parallel.compile else 2  # eager RMSNorm: input and normalised input
     swiglu = 2 if parallel.compile else 4  # eager: w1 out, silu out, w3 out, their product
     up = swiglu if model.activation == "swiglu" else (1 if parallel.compile else 2)
-    # repeat_kv expands keys and values to every query head before SDPA: a copy, unless the
-    # rank holds one key head (the reshape is a view) or as many as query heads.
-    repeated = x.key if x.key in (x.query / x.heads, x.query) else x.query
+    # The MLP's second matmul reads the activation's output: the dense width, or an MoE
+    # layer's shared experts (the routed experts' are counted below).
+    down = (model.moe_shared_expert_intermediate_size or 0) / x.tensor if model.is_moe \
+        else x.ffn
+    if model.multi_latent_attention:
+        # q, k and v (whole heads: the rotary key broadcast to each), the output, and the
+        # key/value (and query) latents with their norm's input and output.
+        latents = model.kv_lora_rank + model.qk_pos_emb_head_dim + (model.q_lora_rank or 0)
+        attention = e * n * (2 * model.query_width + 2 * model.value_width) / x.tensor \
+            + norm_saves * e * n * latents + lse
+    else:
+        # repeat_kv expands keys and values to every query head before SDPA: a copy,
+        # unless the rank holds one key head (the reshape is a view) or as many as query
+        # heads. wo reads SDPA's output: flash attention lays it out [b, s, heads, d], so
+        # the transpose and .contiguous() before wo copy nothing (counted here).
+        repeated = x.key if x.key in (x.query / x.heads, x.query) else x.query
+        attention = e * n * (2 * x.query + 2 * repeated) + lse
     kinds = {
-        # wo reads SDPA's output: flash attention lays it out [b, s, heads, d], so the
-        # transpose and .contiguous() before wo copy nothing (counted under attention).
         "norm inputs": 2 * norm_saves * e * n * x.hidden / x.sequence_shards,
-        "linear inputs": 2 * e * gathered + e * n * x.ffn,
-        "attention": e * n * (2 * x.query + 2 * repeated) + lse,
-        "mlp": e * n * x.ffn * (up - 1),
+        "linear inputs": 2 * e * gathered + e * n * down,
+        "attention": attention,
+        "mlp": e * n * down * (up - 1),
     }
+    if model.is_moe:
+        # TorchTitan's MoE (torchtitan/models/moe/moe.py): each (token, expert) row's input
+        # (gathered by index, received by all-to-all under expert parallelism), which the
+        # grouped GEMMs keep; the activation's inputs and outputs as for a dense MLP (the
+        # last is w2's input); and the routed output the router's scores multiply.
+        rows = n / x.sequence_shards * model.moe_top_k
+        f = model.expert_ffn_size
+        kinds["mlp"] += e * rows * (2 * x.hidden + up * f)
     if not score_free:
         kinds["scores"] = 2 * e * x.heads * n * model.seq_length / parallel.context
     return kinds
+
+
+def _op_selective(
+    model: TransformerConfig, parallel: ParallelConfig, score_free: bool
+) -> dict[str, float]:
+    """What TorchTitan's op-level selective checkpointing keeps of one block
+    (`selective_ac_option = "op"`; the policy in torchtitan/distributed/
+    activation_checkpoint.py, the save list `_op_sac_save_list` in each model's
+    infra/parallelize.py): the block's input, SDPA's outputs, every reduce-scatter and
+    (expert parallelism: DeepSeek-V3's list) all-to-all output, and the output of every
+    other `aten.mm` the block runs, the 1st, 3rd, 5th, ...; the rest is replayed in
+    backward. The routed experts' grouped GEMMs are not on the list: replayed."""
+    x = layer_shape(model, parallel)
+    e = activation_element_bytes(parallel.precision)
+    n, t = x.tokens, x.tensor
+    # Output width per token of each mm, in the order the block runs them. Row-parallel
+    # outputs (wo, w2) are whole-sequence partial sums of the full width under tensor
+    # parallelism, reduce-scattered after.
+    if model.multi_latent_attention:
+        # wq (or wq_a, wq_b), wkv_a, wkv_b (keys without rotary and values per head), wo.
+        queries = [model.q_lora_rank, model.query_width / t] if model.q_lora_rank \
+            else [model.query_width / t]
+        attention = queries + [
+            model.kv_lora_rank + model.qk_pos_emb_head_dim,
+            model.num_attention_heads * (model.qk_head_dim + model.v_head_dim) / t,
+            x.hidden]
+        attention_output = model.value_width / t
+    else:
+        attention = [x.query, x.key, x.key, x.hidden]  # wq, wk, wv, wo
+        attention_output = x.query
+    if model.is_moe:
+        mlp: list[float] = [model.num_experts or 0]  # the router's gate
+        shared = model.moe_shared_expert_intermediate_size
+        if shared:
+            mlp += [shared / t, shared / t, x.hidden]  # the shared experts' w1, w3, w2
+    else:
+        mlp = [x.ffn, x.ffn, x.hidden]  # w1, w3, w2
+    widths = [("attention", w) for w in attention] + [("mlp", w) for w in mlp]
+    kept = {
+        "block inputs": e * n * x.hidden / x.sequence_shards,
+        "attention": e * n * attention_output + (FP32 * x.heads * n if score_free else 0.0),
+        "mlp": 0.0,
+    }
+    for index, (kind, width) in enumerate(widths):
+        if index % 2 == 0:
+            kept[kind] += e * n * width
+    if t > 1:
+        # wo's and w2's reduce-scatter outputs.
+        kept["attention"] += e * n * x.hidden / t
+        kept["mlp"] += e * n * x.hidden / t
+    if model.is_moe and parallel.expert > 1:
+        # The dispatch's and the combine's all-to-all outputs: every (token, expert) row
+        # this rank receives and gets back (torchtitan/distributed/expert_parallel.py).
+        kept["mlp"] += 2 * e * n / x.sequence_shards * model.moe_top_k * x.hidden
+    return kept
 
 
 def tessel_counted(model: TransformerConfig) -> bool:

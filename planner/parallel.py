@@ -168,6 +168,10 @@ class ParallelConfig:
     compile: bool = False
     """torch.compile of each block (TorchTitan's [compile] enable): elementwise chains are
     fused, so their intermediates are neither written nor kept."""
+    compile_loss: bool = False
+    """torch.compile of the loss (TorchTitan's "loss" in compile.components): the fp32
+    cast, log-softmax and gather are fused, so the loss keeps the bf16 logits rather than
+    an fp32 log-softmax of them."""
     fp8_param_gather: bool = False
     """Gather fp8 weights rather than bf16 ones (Megatron-LM's --fp8-param-gather,
     TorchTitan's enable_fsdp_float8_all_gather)."""

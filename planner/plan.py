@@ -293,6 +293,8 @@ class RunSettings(_Model):
     recompute_every: int = Field(default=1, ge=1, description="Full recomputation: one "
                                  "block in every this many checkpointed.")
     compile: bool = Field(default=False, description="Blocks compiled by torch.compile.")
+    compile_loss: bool = Field(default=False, description="The loss compiled by "
+                               "torch.compile.")
     fp8_param_gather: bool = Field(default=False, description="fp8 weights gathered.")
 
 

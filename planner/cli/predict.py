@@ -52,7 +52,8 @@ if TYPE_CHECKING:
 KEPT = ("precision", "fp8_recipe", "attention_backend", "cuda_graphs")
 # What the best plan keeps from a job config: the precision and recipe, TorchTitan as the
 # engine, and compile and fp8 all-gathers (software choices the search does not make).
-TORCHTITAN_KEPT = ("precision", "fp8_recipe", "engine", "compile", "fp8_param_gather")
+TORCHTITAN_KEPT = ("precision", "fp8_recipe", "engine", "compile", "compile_loss",
+                   "fp8_param_gather")
 # Largest --args-file read: a launch script is a few KiB; this bounds the work.
 MAX_ARGS_FILE_BYTES = 1 << 20
 

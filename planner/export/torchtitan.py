@@ -195,9 +195,11 @@ def job_config(plan: Plan, model: TransformerConfig) -> dict[str, dict[str, Any]
         "activation_checkpoint": activation,
     }
     async_tp = run is not None and run.tp_comm_overlap and q.tensor > 1
-    if async_tp or (run is not None and run.compile):
-        # Each block compiled; async tensor parallelism is a compile pass.
-        tables["compile"] = {"enable": True, "components": ["model", "loss"]}
+    # Each block compiled (async tensor parallelism is a compile pass), the loss compiled.
+    components = (["model"] if async_tp or (run is not None and run.compile) else []) \
+        + (["loss"] if run is not None and run.compile_loss else [])
+    if components:
+        tables["compile"] = {"enable": True, "components": components}
     if plan.precision == "fp8":
         assert run is not None
         tables["model"]["converters"] = [FP8_RECIPES[run.fp8_recipe][0]]

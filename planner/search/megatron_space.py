@@ -193,6 +193,7 @@ def run_settings(fixed: Mapping[str, Any], cluster: Cluster, tensor: int,
         fsdp_reshard_after_forward=fixed.get("fsdp_reshard_after_forward", "default"),
         recompute_every=fixed.get("recompute_every", 1),
         compile=compiled,
+        compile_loss=fixed.get("compile_loss", False),
         fp8_param_gather=fixed.get("fp8_param_gather", False) and (
             not titan or (zero_stage == 3 and data > 1)),
         moe_router_force_load_balancing=fixed.get("moe_router_force_load_balancing", False),

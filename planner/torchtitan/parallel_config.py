@@ -124,7 +124,7 @@ def parallel_config(
                                                   notes)
     recompute, every = _recompute(v, notes)
     precision, recipe, fp8_gather = _precision(v, d.shard, notes)
-    compiled = _compile(v)
+    compiled, compiled_loss = _compile(v)
     policy = v.text(P + "fsdp_reshard_after_forward", RESHARD_POLICIES)
     async_tp = v.flag(P + "enable_async_tensor_parallel") and tp > 1
     if async_tp and not compiled:
@@ -153,7 +153,7 @@ def parallel_config(
         overlap_grad_reduce=True, overlap_param_gather=zero >= 1,
         tp_comm_overlap=async_tp, precision=precision, fp8_recipe=recipe,
         engine="torchtitan", fsdp_reshard_after_forward=policy, compile=compiled,
-        fp8_param_gather=fp8_gather,
+        compile_loss=compiled_loss, fp8_param_gather=fp8_gather,
     )
     try:
         return config.resolve(d.dims.world_size), layers, chunks
@@ -509,15 +509,13 @@ def _filtered(v: _Values, key: str, notes: list[str]) -> None:
                      "prices it in fp8 like the blocks' linears")
 
 
-def _compile(v: _Values) -> bool:
-    """Whether TorchTitan compiles each block (`model_compile_enabled`)."""
+def _compile(v: _Values) -> tuple[bool, bool]:
+    """(blocks, loss): whether TorchTitan compiles each block (`model_compile_enabled`)
+    and the loss (`loss_compile_enabled`)."""
     enabled = v.flag("compile.enable")
     components = v.names("compile.components")
     unknown = [c for c in components if c not in ("model", "loss")]
     if enabled and unknown:
         raise v.error(f"compile.components {shown(components)}: TorchTitan compiles "
                       '"model" and "loss"; remove the others')
-    if enabled and "model" not in components:
-        raise v.error(f"compile.components {shown(components)} compiles the loss alone, "
-                      "which Tessel cannot price; add \"model\" or turn compile off")
-    return enabled
+    return enabled and "model" in components, enabled and "loss" in components

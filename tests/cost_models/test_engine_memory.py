@@ -3,9 +3,11 @@ runs predicted like with like."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from cost_models.engine_memory import model_state
+from cost_models.engine_memory import loss_bytes, model_state
 from cost_models.published_memory import predict, read_runs
 from cost_models.step_time import predict_step
 from planner.cluster import Cluster
@@ -68,12 +70,12 @@ def test_a_run_that_fits_allocated_but_not_reserved_is_flagged_not_refused() -> 
 # Rows Tessel still gets wrong, and why; the test fails when one comes right, so that the
 # list only shrinks.
 KNOWN_GAPS = {
-    # TorchTitan's DeepSeek-V3-16B without expert parallelism at local batch 8 ran at about
-    # 76 GiB reserved; its MoE layers are counted as a dense MLP of the dense width under
-    # op-level checkpointing (what TorchTitan's grouped GEMMs, token permutations and
-    # all-to-all buffers keep is not counted yet), which lands the EP8 rows within 1% and
-    # this one at +53%.
-    7: "TorchTitan's MoE activations",
+    # Megatron-Bridge's Llama 3 70B SFT ran out of memory through fragmentation in 30-60%
+    # of its runs at 58.8 GiB allocated: reserved near the 79.1 GiB device. Predicted at
+    # +7.8% allocated, but its reserved estimate (Megatron's fitted 1.093 over allocated)
+    # stays under the device: what Transformer Engine's CUDA-graph memory pools hold
+    # beyond the caching allocator's own splitting is not counted.
+    12: "the fragmentation of CUDA-graph memory pools",
 }
 
 
@@ -82,6 +84,16 @@ def test_published_peak_memory_is_predicted_within_ten_percent() -> None:
     assert len(runs) + len(skipped) == 12 and not skipped
     for run in runs:
         result = predict(run)
-        right = (result.error is None or abs(result.error) <= 0.10) \
-            and (run.oom or result.fits)
+        right = (result.error is None or abs(result.error) <= 0.10) and result.verdict_ok
         assert right != (run.line in KNOWN_GAPS), (run.line, run.name, result.error)
+
+
+def test_a_compiled_loss_keeps_the_bf16_logits() -> None:
+    model = get_preset("llama3-8b")
+    eager = ParallelConfig(engine="torchtitan", micro_batch_size=2)
+    logits = model.seq_length * 2 * model.vocab_size
+    head_input = 2 * model.seq_length * 2 * model.hidden_size
+    # Eager: the fp32 log-softmax kept; the bf16 logits and their fp32 copy at the peak.
+    assert loss_bytes(model, eager) == (4 * logits + head_input, 6 * logits)
+    compiled = replace(eager, compile_loss=True)
+    assert loss_bytes(model, compiled) == (2 * logits + head_input, 2 * logits)

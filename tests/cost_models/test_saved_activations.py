@@ -88,6 +88,37 @@ def test_torchtitans_op_level_checkpointing_keeps_every_other_matmul() -> None:
     }
 
 
+# TorchTitan's DeepSeek-V3 16B block (torchtitan/models/deepseek_v3): multi-latent
+# attention without a query latent, 64 routed experts of 1408 (top 6) and two shared ones.
+TITAN_MOE = TransformerConfig(
+    num_layers=2, hidden_size=2048, num_attention_heads=16, vocab_size=1024,
+    seq_length=4096, ffn_hidden_size=10944, multi_latent_attention=True, kv_lora_rank=512,
+    qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128, num_experts=64, moe_top_k=6,
+    moe_ffn_hidden_size=1408, moe_shared_expert_intermediate_size=2816,
+    **FAMILIES["llama"])
+
+
+def test_torchtitans_op_level_checkpointing_of_an_moe_block() -> None:
+    n = 4096 * B
+    titan = dict(micro_batch_size=B, engine="torchtitan", recompute="selective")
+    saved = saved_per_layer(TITAN_MOE, ParallelConfig(**titan), score_free=True)
+    # The matmuls in order: wq (16 x 192), wkv_a (512 + 64), wkv_b (16 x (128 + 128)), wo,
+    # the gate (64), the shared experts' w1, w3 (2816) and w2: the 1st, 3rd, 5th and 7th
+    # kept. SDPA's output (16 x 128) and log-sum-exp. The routed experts' grouped GEMMs
+    # are replayed.
+    assert saved == {
+        "block inputs": 2 * n * 2048,
+        "attention": 2 * n * (3072 + 4096 + 2048) + 4 * 16 * n,
+        "mlp": 2 * n * (64 + 2816),
+    }
+    # Under expert parallelism the dispatch's and the combine's all-to-all outputs are on
+    # DeepSeek-V3's save list: each token's 6 rows, received and returned.
+    ep8 = saved_per_layer(TITAN_MOE, ParallelConfig(**titan, data=8, expert=8,
+                                                    moe_token_dispatcher="alltoall"),
+                          score_free=True)
+    assert ep8["mlp"] - saved["mlp"] == 2 * 2 * n * 6 * 2048
+
+
 def test_torch_compile_fuses_what_eager_keeps() -> None:
     model = get_preset("llama3-8b")
     eager = saved_per_layer(model, ParallelConfig(engine="torchtitan"), score_free=True)

@@ -77,7 +77,7 @@ CASES: dict[str, tuple[str, int | None, ParallelConfig, list[int] | None, list[i
         'local_batch_size = 2\nseq_len = 8192\n[activation_checkpoint]\nmode = "selective"\n'
         'selective_ac_option = "op"\n[compile]\nenable = true\n' + FP8, 8,
         titan(data=8, micro_batch_size=2, global_batch_size=16, recompute="selective",
-              precision="fp8", compile=True, fp8_param_gather=True), None, None),
+              precision="fp8", compile=True, compile_loss=True, fp8_param_gather=True), None, None),
     "8b-context-parallel-every-2nd-block": (
         '[model]\nflavor = "8B"\n[training]\nlocal_batch_size = 1\nglobal_batch_size = 32\n'
         'seq_len = 32768\n[parallelism]\ncontext_parallel_degree = 4\n'
@@ -113,7 +113,7 @@ CASES: dict[str, tuple[str, int | None, ParallelConfig, list[int] | None, list[i
         'enable_async_tensor_parallel = true\n[activation_checkpoint]\nmode = "full"\n'
         "[compile]\nenable = true\n" + FP8, 512,
         titan(tensor=8, pipeline=8, data=8, micro_batch_size=1, global_batch_size=128,
-              recompute="full", precision="fp8", compile=True, fp8_param_gather=True,
+              recompute="full", precision="fp8", compile=True, compile_loss=True, fp8_param_gather=True,
               tp_comm_overlap=True), [15, 16, 16, 16, 16, 16, 16, 15], None),
     # Interleaved1F1B with the parts given, context parallelism and parameters kept
     # gathered.
@@ -255,10 +255,14 @@ PLANNED = {
         "llama3-70b", 64, titan(tensor=8, pipeline=2, data=4, micro_batch_size=1,
                                 global_batch_size=32, recompute="selective",
                                 schedule="gpipe")),
+    "70b-loss-compiled": (
+        "llama3-70b", 64, titan(tensor=8, pipeline=1, data=8, micro_batch_size=1,
+                                global_batch_size=32, recompute="selective",
+                                compile_loss=True)),
     "405b-float8-compile-async-tp": (
         "llama3-405b", 512, titan(tensor=8, pipeline=8, data=8, micro_batch_size=1,
                                   global_batch_size=128, recompute="full", precision="fp8",
-                                  compile=True, fp8_param_gather=True,
+                                  compile=True, compile_loss=True, fp8_param_gather=True,
                                   tp_comm_overlap=True)),
 }
 

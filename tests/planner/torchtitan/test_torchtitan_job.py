@@ -255,7 +255,11 @@ def test_compile_and_async_tensor_parallelism() -> None:
             "enable_async_tensor_parallel = true\n")
     q = job(text + "[compile]\nenable = true\n", gpus=8).parallel
     assert q.compile and q.tp_comm_overlap and q.sequence_parallel
+    assert q.compile_loss  # components default to ["model", "loss"]
     assert "needs compile.enable = true" in error_of(text, gpus=8)
+    # The loss alone (DeepSeek-V3 16B's config): its blocks run eagerly.
+    loss = job(LLAMA8 + '[compile]\nenable = true\ncomponents = ["loss"]\n', gpus=8).parallel
+    assert (loss.compile, loss.compile_loss) == (False, True)
 
 
 def test_pipelined_gradient_accumulation_is_refused() -> None:
