@@ -76,8 +76,15 @@ def _band(device: Any) -> str:
 
 
 def _figure(value: float | None) -> str:
-    """989.5 -> '989.5', 2000.0 -> '2000', None -> '-': datasheet numbers, compactly."""
-    return "-" if value is None else f"{value:g}"
+    """A datasheet number for people: at most one decimal (15.78125 -> '15.8', 989.5 ->
+    '989.5', 2000.0 -> '2000'), two significant figures below 1 (0.390625 -> '0.39');
+    None -> '-'. A preset's file holds numbers as computed (16 GB in GiB, 3.125 Gbit/s in
+    GB/s), which read as noise in a table; --json keeps them exact."""
+    if value is None:
+        return "-"
+    if abs(value) < 1:
+        return f"{value:.2g}"
+    return f"{value:.1f}".removesuffix(".0")
 
 
 def run_clusters(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@
     plan calibrate CSV [--cluster C]
     plan models [--json PATH]
     plan clusters [--json PATH]
+    plan --help, plan COMMAND --help   every command (COMMANDS), each one's flags
 
 MODEL is a preset (`plan models`), `gpt`/`llama`/`mixtral` with Megatron-LM shape flags
 (`--num-layers 96 --hidden-size 12288 ...`), `hf:path/to/config.json`, `demo:NAME`,
@@ -29,7 +30,7 @@ import importlib
 import os
 import sys
 import threading
-from typing import Callable, NoReturn, Sequence
+from typing import Callable, NamedTuple, NoReturn, Sequence
 
 from planner.cli.calibrate import add_calibrate_arguments
 from planner.cli.catalog import add_catalog_arguments
@@ -65,51 +66,107 @@ def _emit_code(parser: Parser) -> None:
     )
 
 
-# Command -> (its parser, the module and function that run it, imported when it runs);
-# "" is plain `plan MODEL`.
-COMMANDS: dict[str, tuple[Callable[[], Parser], str, str]] = {
-    "": (lambda: _parser(
-        "plan", "Plan how to train a model: with --gpus and --global-batch-size, the best "
-        "parallel configuration for a cluster (every knob not given is searched); with --mesh, "
-        "the sharding of every operator on one device mesh.",
-        add_model_arguments, add_mesh_arguments, _emit_code, add_parallel_flags,
-        add_run_flags, add_report_flags, add_emit_flags,
-    ), "planner.cli.plan", "run_plan"),
-    "check": (lambda: _parser(
-        "plan check", "Plan, train on gloo ranks and on one process, and compare: an "
-        "operator-level plan (--mesh) or a training plan (--gpus N --global-batch-size B and "
-        "knobs; zoo transformers).",
-        add_model_arguments, add_mesh_arguments, _steps, add_parallel_flags, add_fault_flags,
-    ), "planner.cli.check", "run_check"),
-    "inspect": (lambda: _parser(
-        "plan inspect", "Trace a model (on the meta device for zoo and hf: models) and list "
-        "its layers, templates, parameters, FLOPs and activation bytes per token.",
-        add_model_arguments,
-    ), "planner.cli.inspect", "run_inspect"),
-    "predict": (lambda: predict_parser(
-        "plan predict", "Predict exactly the run a Megatron-LM launch line (its "
-        "pretrain_gpt.py flags after --, or --args-file) or a TorchTitan job config "
-        "(--torchtitan JOB.toml) starts: step time, tokens/s, TFLOP/s, MFU and memory per "
-        "GPU; then the best plan the search finds for the same model, cluster and batch, its "
-        "speed-up and the flags or keys that change.",
-    ), "planner.cli.predict", "run_predict"),
-    "profile": (lambda: _parser(
-        "plan profile", "Time matmuls, an elementwise op and collectives on this machine (CPU "
-        "and gloo, or GPUs and NCCL) and write them to a database for `plan --profile`.",
-        add_profile_arguments,
-    ), "planner.cli.profile", "run_profile"),
-    "calibrate": (lambda: _parser(
-        "plan calibrate", "Fit a cluster preset's efficiency parameters to measured step "
-        "times.", add_calibrate_arguments,
-    ), "planner.cli.calibrate", "run_calibrate"),
-    "models": (lambda: _parser(
-        "plan models", "List the built-in model presets.",
-        add_catalog_arguments,
-    ), "planner.cli.catalog", "run_models"),
-    "clusters": (lambda: _parser(
-        "plan clusters", "List the built-in cluster presets.",
-        add_catalog_arguments,
-    ), "planner.cli.catalog", "run_clusters"),
+class Command(NamedTuple):
+    """One `plan` command: its line in `plan --help`, its parser, and the module and
+    function that run it (imported only when it runs, so `--help` stays instant)."""
+
+    summary: str
+    make_parser: Callable[[], Parser]
+    module: str
+    function: str
+
+
+def _plan_parser() -> Parser:
+    """Plain `plan MODEL`, whose help also lists every other command near its top (as
+    pip's does): a newcomer's first `plan --help` must show that `plan check` exists."""
+    parser = Parser(
+        prog="plan",
+        usage="plan MODEL [flags]     a plan of MODEL (the flags below)\n"
+              "       plan COMMAND [flags]   one of the commands below",
+        description="Plan how to train a model: with --gpus and --global-batch-size, the best "
+        "parallel configuration for a cluster (every knob not given is searched); with "
+        "--mesh, the sharding of every operator on one device mesh." + _commands_list(),
+        formatter_class=_HelpWithCommands,
+    )
+    for add_arguments in (add_model_arguments, add_mesh_arguments, _emit_code,
+                          add_parallel_flags, add_run_flags, add_report_flags, add_emit_flags):
+        add_arguments(parser)
+    return parser
+
+
+_COMMANDS_HEADING = "\n\ncommands (plan COMMAND --help for each one's flags):\n"
+
+
+class _HelpWithCommands(argparse.HelpFormatter):
+    """argparse's formatter, except that the command list after the description keeps its
+    lines (RawDescriptionHelpFormatter would stop the prose re-wrapping too)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        prose, heading, commands = text.partition(_COMMANDS_HEADING)
+        return super()._fill_text(prose, width, indent) + heading + commands
+
+
+def _commands_list() -> str:
+    rows = [(name, command.summary) for name, command in COMMANDS.items() if name]
+    width = max(len(name) for name, _ in rows)
+    return _COMMANDS_HEADING + "\n".join(
+        f"  {name.ljust(width)}  {summary}" for name, summary in rows
+    ) + "\n\nEvery command and flag: docs/cli.md."
+
+
+# Command -> what runs it; "" is plain `plan MODEL`. Each summary is its line in
+# `plan --help`.
+COMMANDS: dict[str, Command] = {
+    "": Command("plan a model", _plan_parser, "planner.cli.plan", "run_plan"),
+    "check": Command(
+        "train a plan on gloo ranks and on one process; exit 1 on a mismatch",
+        lambda: _parser(
+            "plan check", "Plan, train on gloo ranks and on one process, and compare: an "
+            "operator-level plan (--mesh) or a training plan (--gpus N --global-batch-size B "
+            "and knobs; zoo transformers).",
+            add_model_arguments, add_mesh_arguments, _steps, add_parallel_flags,
+            add_fault_flags,
+        ), "planner.cli.check", "run_check"),
+    "predict": Command(
+        "predict a Megatron-LM launch line or a TorchTitan TOML job config",
+        lambda: predict_parser(
+            "plan predict", "Predict exactly the run a Megatron-LM launch line (its "
+            "pretrain_gpt.py flags after --, or --args-file) or a TorchTitan job config "
+            "(--torchtitan JOB.toml) starts: step time, tokens/s, TFLOP/s, MFU and memory per "
+            "GPU; then the best plan the search finds for the same model, cluster and batch, "
+            "its speed-up and the flags or keys that change.",
+        ), "planner.cli.predict", "run_predict"),
+    "inspect": Command(
+        "a model's layers, templates, parameters, FLOPs and activations",
+        lambda: _parser(
+            "plan inspect", "Trace a model (on the meta device for zoo and hf: models) and "
+            "list its layers, templates, parameters, FLOPs and activation bytes per token.",
+            add_model_arguments,
+        ), "planner.cli.inspect", "run_inspect"),
+    "models": Command(
+        "list the built-in model presets",
+        lambda: _parser("plan models", "List the built-in model presets.",
+                        add_catalog_arguments),
+        "planner.cli.catalog", "run_models"),
+    "clusters": Command(
+        "list the built-in cluster presets and their calibration",
+        lambda: _parser("plan clusters", "List the built-in cluster presets.",
+                        add_catalog_arguments),
+        "planner.cli.catalog", "run_clusters"),
+    "profile": Command(
+        "time matmuls and collectives on this machine, for plan --profile",
+        lambda: _parser(
+            "plan profile", "Time matmuls, an elementwise op and collectives on this machine "
+            "(CPU and gloo, or GPUs and NCCL) and write them to a database for "
+            "`plan --profile`.",
+            add_profile_arguments,
+        ), "planner.cli.profile", "run_profile"),
+    "calibrate": Command(
+        "fit a cluster preset's efficiency to measured step times",
+        lambda: _parser(
+            "plan calibrate", "Fit a cluster preset's efficiency parameters to measured step "
+            "times.", add_calibrate_arguments,
+        ), "planner.cli.calibrate", "run_calibrate"),
 }
 # Flags that name where output goes: checked before any work, so none is thrown away.
 _OUTPUT_FILES = {"json": "--json", "output": "--output"}
@@ -118,7 +175,7 @@ _OUTPUT_FOLDERS = {"emit_code": "--emit-code"}
 
 def build_parsers() -> dict[str, argparse.ArgumentParser]:
     """The parser of each subcommand; "" is plain `plan MODEL`."""
-    return {command: make() for command, (make, _, _) in COMMANDS.items()}
+    return {name: command.make_parser() for name, command in COMMANDS.items()}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -126,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[0] if argv and argv[0] in COMMANDS and argv[0] else ""
     words = argv[1:] if command else argv
-    make_parser, module, function = COMMANDS[command]
+    _, make_parser, module, function = COMMANDS[command]
     redirected = False
     try:
         args = make_parser().parse_args(words)

@@ -28,3 +28,23 @@ def test_plan_models_lists_total_and_active_parameters(capsys, monkeypatch,
     presets = json.loads(path.read_text())
     assert presets["deepseek-v3"]["num_parameters_without_mtp"] == 671_026_404_352
     assert presets["deepseek-v3"]["num_active_parameters"] == 37_552_282_624
+
+
+def test_plan_clusters_rounds_its_table_and_keeps_the_json_exact(
+        capsys, monkeypatch, tmp_path: Path) -> None:
+    # V100's 16 GB is 15.78125 GiB and p3's 25 Gbit/s network 3.125 GB/s over 8 GPUs,
+    # 0.390625 each: a table shows them for reading, the JSON as they are.
+    monkeypatch.setattr(cli.console, "_width", 160)
+    path = tmp_path / "clusters.json"
+    assert cli.main(["clusters", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    row = next(line.split() for line in out.splitlines()
+               if line.strip().startswith("aws-p3.16xlarge"))
+    assert row[2] == "15.8" and row[-1] == "0.39"
+    assert "15.78" not in out and "0.3906" not in out
+    dgx_h100 = next(line.split() for line in out.splitlines()
+                    if line.strip().startswith("dgx-h100"))
+    assert dgx_h100[2:5] == ["79.6", "3350", "989.5"]  # one decimal kept, whole numbers whole
+    presets = json.loads(path.read_text())
+    assert presets["aws-p3.16xlarge"]["device"]["memory_gib"] == 15.78125
+    assert presets["aws-p3.16xlarge"]["inter_node"]["bandwidth_gbs"] == 0.390625
