@@ -100,6 +100,9 @@ def _layer(
     out = _norm(model, prefix + "attn_norm", group)
     out += _attention(model, prefix + "attn.", group)
     out += _norm(model, prefix + "mlp_norm", group)
+    if model.sandwich_norms:  # Gemma 2's norms of the attention's and MLP's outputs
+        out += _norm(model, prefix + "post_attn_norm", group)
+        out += _norm(model, prefix + "post_mlp_norm", group)
     if kind.moe:
         assert model.num_experts is not None
         out += _linear(model, prefix + "mlp.router", model.num_experts, model.hidden_size,
@@ -138,9 +141,11 @@ def _attention(model: TransformerConfig, prefix: str, group: str) -> list[Parame
         out.append(ParameterLayout(prefix + "o_proj.weight", (h, model.value_width), 1, group))
         return out
     kv = model.num_kv_heads * model.head_dim
+    qkv_bias = model.bias or model.qkv_bias  # Qwen2's q/k/v biases without others
     for name, rows, cols, dim in (("q_proj", model.query_width, h, 0), ("k_proj", kv, h, 0),
                                   ("v_proj", kv, h, 0), ("o_proj", h, model.value_width, 1)):
-        out += _linear(model, prefix + name, rows, cols, dim, group)
+        out += _linear(model, prefix + name, rows, cols, dim, group,
+                       qkv_bias if name != "o_proj" else model.bias)
     if model.qk_layernorm:
         out += _norm(model, prefix + "q_norm", group, model.head_dim)
         out += _norm(model, prefix + "k_norm", group, model.head_dim)
@@ -162,12 +167,13 @@ def _mlp(model: TransformerConfig, prefix: str, group: str, f: int) -> list[Para
 
 
 def _linear(
-    model: TransformerConfig, name: str, rows: int, cols: int, dim: int | None, group: str
+    model: TransformerConfig, name: str, rows: int, cols: int, dim: int | None, group: str,
+    bias: bool | None = None,
 ) -> list[ParameterLayout]:
-    """nn.Linear(cols, rows): weight [rows, cols]; a bias split like the output rows
-    (column-parallel), else replicated."""
+    """nn.Linear(cols, rows): weight [rows, cols]; a bias (where `bias`, by default the
+    model's) split like the output rows (column-parallel), else replicated."""
     out = [ParameterLayout(name + ".weight", (rows, cols), dim, group)]
-    if model.bias:
+    if model.bias if bias is None else bias:
         out.append(ParameterLayout(name + ".bias", (rows,), 0 if dim == 0 else None, group))
     return out
 

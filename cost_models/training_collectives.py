@@ -284,7 +284,7 @@ def _norm_gradients(
     one all-reduce per parameter, each micro-batch, or once per step where ZeRO's hooks
     accumulate the gradients before they are reduced."""
     per_norm = 1 if model.norm == "rmsnorm" else 2
-    norms = 2 * num_layers + (1 if last else 0)
+    norms = (4 if model.sandwich_norms else 2) * num_layers + (1 if last else 0)
     times = 1 if layout.data * layout.context > 1 else layout.num_micro_batches
     nbytes = model.hidden_size * layout.gradient_bytes
     return [Collective("all_reduce", "tp", "backward", norms * per_norm * times, nbytes)]

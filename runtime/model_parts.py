@@ -1,10 +1,10 @@
 """The model-specific steps of training a plan, chosen once per run: build a stage,
 tensor-parallelize it, set its recomputation, give it values, and build the single-process
 reference. Everything else (pipeline schedule, FSDP2 data parallelism per block, optimizer,
-counting) is the same for every model and lives in `runtime.training`.
+counting) is the same for every model and lives in `runtime.pipeline_trainer`.
 
 `ZooParts` runs the zoo transformer (`runtime.stages`); `HFParts` runs a Hugging Face
-decoder's own transformers modules (`runtime.hf_stages`, imported only then, as importing
+decoder's own transformers modules (`runtime.hf`, imported only then, as importing
 transformers takes seconds). `model_parts` picks one.
 """
 
@@ -39,6 +39,10 @@ class ZooParts:
             problems.append("multi-token prediction with sequence parallelism is not run yet")
         if c.mtp_num_layers and c.position_embedding == "learned":
             problems.append("multi-token prediction with learned positions is not run yet")
+        if c.beyond_zoo():
+            problems.append(f"{', '.join(c.beyond_zoo())} describe a Hugging Face "
+                            "architecture the zoo transformer does not build; train it from "
+                            "its hf: config")
         if problems:
             raise ValueError("; ".join(problems) + ".")
 
@@ -73,23 +77,23 @@ class ZooParts:
     def logits(self, reference: nn.Module, tokens: torch.Tensor,
                targets: torch.Tensor | None = None):
         """The reference's logits on `tokens` (with MTP layers and `targets`: logits and
-        the MTP loss, what `runtime.training.lm_loss` takes)."""
+        the MTP loss, what `runtime.pipeline_trainer.lm_loss` takes)."""
         if self.config.mtp_num_layers and targets is not None:
             return reference(tokens, mtp_targets=targets)
         return reference(tokens)
 
 
 class HFParts(ZooParts):
-    """A Hugging Face decoder (Llama family) from its config's ``to_dict()``, rebuilt on
-    every rank; `config` is its zoo shape (`to_transformer_config`), which sizes the
-    pipeline's activations."""
+    """A Hugging Face decoder (`runtime.hf.stages.SUPPORTED`) from its config's
+    ``to_dict()``, rebuilt on every rank; `config` is its zoo shape
+    (`to_transformer_config`), which sizes the pipeline's activations."""
 
     def __init__(self, config: TransformerConfig, hf_config: dict[str, Any]) -> None:
-        from runtime import hf_stages
+        from runtime.hf import experts, stages, tensor_parallel
 
         super().__init__(config)
-        self.hf = hf_stages
-        self.hf_config = hf_stages.hf_config_from_dict(hf_config)
+        self.stages, self.experts, self.tp = stages, experts, tensor_parallel
+        self.hf_config = stages.hf_config_from_dict(hf_config)
         shape = {
             "num_layers": self.hf_config.num_hidden_layers,
             "hidden_size": self.hf_config.hidden_size,
@@ -101,16 +105,17 @@ class HFParts(ZooParts):
             raise ValueError(f"the model shape differs from the Hugging Face config's: {wrong}")
 
     def check(self, spec: RunSpec) -> None:
-        moe = self.hf_config.model_type in self.hf.MOE_FAMILIES
+        model_type = self.hf_config.model_type
+        moe = model_type in self.stages.MOE_FAMILIES
         if spec.degrees.cp > 1 or (spec.expert > 1 and not moe):
             raise ValueError(
-                "context parallelism, and expert parallelism of other than Qwen3-MoE, run "
-                "on zoo models only, not on a Hugging Face model yet"
+                "context parallelism, and expert parallelism of other than Qwen3-MoE and "
+                "DeepSeek-V3, run on zoo models only, not on a Hugging Face model yet"
             )
         tp = spec.degrees.tp > 1
-        if tp and self.hf_config.model_type == "qwen3_moe":
-            raise ValueError("tensor parallelism of a Hugging Face Qwen3-MoE (its QK norms' "
-                             "gradients sum over the ranks' heads) is not run yet")
+        if tp and model_type in ("qwen3", "qwen3_moe"):
+            raise ValueError(f"tensor parallelism of a Hugging Face {model_type} (its QK "
+                             "norms' gradients sum over the ranks' heads) is not run yet")
         if tp and moe and spec.expert == 1:
             raise ValueError("tensor parallelism of a Hugging Face DeepSeek-V3 runs with "
                              "expert parallelism (its experts split over the tensor ranks, "
@@ -119,32 +124,32 @@ class HFParts(ZooParts):
             raise ValueError("a Hugging Face MoE model runs the alltoall token dispatcher")
 
     def expert_parallel(self, stage: nn.Module, mesh: DeviceMesh, dispatcher: str) -> None:
-        self.hf.apply_hf_expert_parallel(stage, mesh, dispatcher)
+        self.experts.apply_hf_expert_parallel(stage, mesh, dispatcher)
 
     def force_balance(self, stage: nn.Module) -> None:
-        self.hf.force_hf_routing(stage, self.config.seq_length)
+        self.experts.force_hf_routing(stage, self.config.seq_length)
 
     def build_stage(self, layers: tuple[int, int], first: bool, last: bool) -> nn.Module:
-        return self.hf.build_hf_stage(self.hf_config, layers, first, last)
+        return self.stages.build_hf_stage(self.hf_config, layers, first, last)
 
     def tensor_parallel(self, stage: nn.Module, tp_mesh: DeviceMesh, sequence: bool) -> None:
-        self.hf.apply_hf_tensor_parallel(stage, tp_mesh, sequence)
+        self.tp.apply_hf_tensor_parallel(stage, tp_mesh, sequence)
 
     def recompute(self, stage: nn.Module, mode: str) -> None:
-        self.hf.apply_hf_recompute(stage, mode)
+        self.stages.apply_hf_recompute(stage, mode)
 
     def materialize(self, stage: nn.Module, seed: int) -> None:
-        self.hf.materialize_hf_stage(stage, seed)
+        self.stages.materialize_hf_stage(stage, seed)
 
     def reference(self, seed: int, force_balance: bool = False) -> nn.Module:
-        model = self.hf.build_hf_reference(self.hf_config, seed)
+        model = self.stages.build_hf_reference(self.hf_config, seed)
         if force_balance:
-            self.hf.force_hf_routing(model, self.config.seq_length)
+            self.experts.force_hf_routing(model, self.config.seq_length)
         return model
 
     def logits(self, reference: nn.Module, tokens: torch.Tensor,
                targets: torch.Tensor | None = None) -> torch.Tensor:
-        return self.hf.hf_logits(reference, tokens)
+        return self.stages.hf_logits(reference, tokens)
 
 
 def model_parts(config: TransformerConfig, hf_config: dict[str, Any] | None = None) -> ZooParts:

@@ -190,9 +190,52 @@ class TransformerConfig(BaseModel):
         description="Multi-token prediction layers after the last block (--mtp-num-layers): "
         "each predicts one more token ahead through its own block and the shared head.",
     )
+    qkv_bias: bool = Field(
+        default=False,
+        description="Give the query, key and value projections a bias even where `bias` is "
+        "off (--add-qkv-bias; Qwen2). Output projection and MLP follow `bias`.",
+    )
+    parallel_residual: bool = Field(
+        default=False,
+        description="Attention and MLP both read the block's input and their outputs are "
+        "added to it together (GPT-J, GPT-NeoX's use_parallel_residual), instead of the MLP "
+        "reading the attention's residual sum. Same parameters and collectives.",
+    )
+    rotary_percent: float = Field(
+        default=1.0, gt=0, le=1,
+        description="Fraction of each head's query/key width that rotary embeddings rotate "
+        "(--rotary-percent; GPT-NeoX's partial_rotary_factor); the rest passes unrotated.",
+    )
+    apply_layernorm_1p: bool = Field(
+        default=False,
+        description="Norms scale by (1 + weight), their weights zero-centred "
+        "(--apply-layernorm-1p; Gemma's RMSNorm). Same parameters.",
+    )
+    sandwich_norms: bool = Field(
+        default=False,
+        description="Each block also normalizes its attention's and its MLP's output before "
+        "adding it to the residual (Gemma 2's post_attention_layernorm and "
+        "post_feedforward_layernorm): two more norms per block.",
+    )
+    attention_softcap: float | None = Field(
+        default=None, gt=0,
+        description="Attention scores soft-capped to (-cap, cap) as cap x tanh(score / cap) "
+        "before the softmax (Gemma 2's attn_logit_softcapping); None: not capped.",
+    )
+    final_logit_softcap: float | None = Field(
+        default=None, gt=0,
+        description="The output logits soft-capped likewise (Gemma 2's "
+        "final_logit_softcapping); None: not capped.",
+    )
+    scale_embeddings: bool = Field(
+        default=False,
+        description="Token embeddings multiplied by sqrt(hidden_size) before the first block "
+        "(Gemma's scaled embedding). No parameter.",
+    )
 
     @model_validator(mode="after")
     def _check_shapes(self) -> TransformerConfig:
+        """Fill Megatron's defaults, then refuse an inconsistent shape (`_shape_problems`)."""
         # Megatron fills these two defaults in its argument validation; doing it here means
         # every consumer (model builder, cost model, flag export) reads a concrete number.
         if self.ffn_hidden_size is None:
@@ -280,6 +323,12 @@ class TransformerConfig(BaseModel):
             problems.append(f"moe_router_group_topk ({topk}) needs moe_router_num_groups of "
                             f"at least {topk}.")
         return problems
+
+    def beyond_zoo(self) -> list[str]:
+        """The fields set away from their defaults that the zoo transformer does not build
+        (Hugging Face models that have them run them through their own modules)."""
+        return [name for name in _BEYOND_ZOO
+                if getattr(self, name) != type(self).model_fields[name].default]
 
     @property
     def head_dim(self) -> int:
@@ -447,7 +496,8 @@ class TransformerConfig(BaseModel):
             mlp = self.layer_expert_parameters(kind) + _linear(h, self.num_experts, self.bias)
             if self.moe_shared_expert_intermediate_size:
                 mlp += self._mlp_parameters(self.moe_shared_expert_intermediate_size)
-        return 2 * self._norm_parameters() + self._attention_parameters() + mlp
+        norms = 4 if self.sandwich_norms else 2
+        return norms * self._norm_parameters() + self._attention_parameters() + mlp
 
     def layer_expert_parameters(self, kind: LayerKind) -> int:
         """Parameters of the routed experts of one block of `kind` (0 if dense)."""
@@ -474,6 +524,8 @@ class TransformerConfig(BaseModel):
         # q and o are h x (heads x d); k and v shrink to kv under grouped-query attention.
         total = _linear(h, self.query_width, bias) + _linear(self.value_width, h, bias) \
             + _linear(h, kv, bias) * 2
+        if self.qkv_bias and not bias:
+            total += self.query_width + 2 * kv
         if self.qk_layernorm:
             total += 2 * self._rms_or_layer(self.head_dim)
         if self.softmax_type == "learnable":
@@ -508,6 +560,10 @@ class LayerKind:
         return ("moe" if self.moe else "dense") + (f"/w{self.window}" if self.window else "")
 
 
+_BEYOND_ZOO = ("qkv_bias", "parallel_residual", "rotary_percent", "apply_layernorm_1p",
+               "sandwich_norms", "attention_softcap", "final_logit_softcap",
+               "scale_embeddings")
+"""Fields describing Hugging Face architectures the zoo transformer does not build."""
 _KIND_COUNTS: dict[int, tuple[TransformerConfig, list[tuple[LayerKind, int]]]] = {}
 """`kind_counts` by config id (the config held, so its id stays its own); configs are
 copied when they change (`model_copy`), never changed in place."""

@@ -178,10 +178,7 @@ def to_transformer_config(config: Any, seq_length: int | None = None) -> Any:
     """The zoo shape of a Hugging Face decoder, for training plans (which price layers
     by their shape, not their traced graph). HFConfigError, in one line naming the field,
     for a config whose shape the zoo cannot state."""
-    from pydantic import ValidationError
-
     from planner.models.config import TransformerConfig
-    from planner.models.presets import validation_message
 
     seq = seq_length or default_seq_length(config)
     if config.model_type == "gpt2":
@@ -192,14 +189,27 @@ def to_transformer_config(config: Any, seq_length: int | None = None) -> Any:
             max_position_embeddings=config.n_positions,
             tie_embeddings=config.tie_word_embeddings,
         )
-    known = _LLAMA_LIKE | _MOE_ERA
+    if config.model_type == "gpt_neox":
+        return _validated(config, _gpt_neox_fields(config, seq))
+    known = _LLAMA_LIKE | _MOE_ERA | {"gemma2", "phi3"}
     if config.model_type not in known:
         raise HFConfigError(
-            f"training plans know the shapes of {', '.join(sorted(known | {'gpt2'}))} "
+            f"training plans know the shapes of "
+            f"{', '.join(sorted(known | {'gpt2', 'gpt_neox'}))} "
             f"configs, not model_type {config.model_type!r}; describe it with a zoo family "
             "(gpt/llama/mixtral) and its shape flags."
         )
     fields = {**_llama_fields(config, seq), **_FAMILY_FIELDS[config.model_type](config)}
+    return _validated(config, fields)
+
+
+def _validated(config: Any, fields: dict[str, Any]) -> Any:
+    """The TransformerConfig of `fields`; HFConfigError, in one line, where it is not one."""
+    from pydantic import ValidationError
+
+    from planner.models.config import TransformerConfig
+    from planner.models.presets import validation_message
+
     try:
         return TransformerConfig(**fields)
     except ValidationError as error:
@@ -238,8 +248,65 @@ def _mistral(config: Any) -> dict[str, Any]:
 
 
 def _qwen2(config: Any) -> dict[str, Any]:
-    """Qwen2: a sliding window on the layers `layer_types` names (Qwen2Attention)."""
-    return _windows(config)
+    """Qwen2: biases on q, k and v only (Qwen2Attention), and a sliding window on the
+    layers `layer_types` names."""
+    return dict(qkv_bias=True, **_windows(config))
+
+
+def _phi3(config: Any) -> dict[str, Any]:
+    """Phi-3: the Llama shape with q/k/v fused in qkv_proj and gate/up in gate_up_proj
+    (the same parameters), partial rotary embeddings where the config says so, and
+    `sliding_window` on every layer (Phi3Attention)."""
+    _no_attention_bias(config)
+    return dict(rotary_percent=_rotary_fraction(config), attention_dropout=_dropout(config),
+                hidden_dropout=0.0, window_size=getattr(config, "sliding_window", None) or None)
+
+
+def _gemma2(config: Any) -> dict[str, Any]:
+    """Gemma 2: RMSNorm scaling by (1 + weight) with a norm before and after each of
+    attention and MLP (Gemma2DecoderLayer's four), its attention scores and final logits
+    soft-capped, the embedding scaled by sqrt(hidden_size) (Gemma2TextScaledWordEmbedding),
+    a gated GELU MLP (gate, up, down: the zoo's swiglu matrices), head_dim apart from the
+    hidden size, and a sliding window on the layers `layer_types` names (alternating)."""
+    _no_attention_bias(config)
+    return dict(apply_layernorm_1p=True, sandwich_norms=True, scale_embeddings=True,
+                attention_softcap=getattr(config, "attn_logit_softcapping", None) or None,
+                final_logit_softcap=getattr(config, "final_logit_softcapping", None) or None,
+                attention_dropout=_dropout(config), hidden_dropout=0.0, **_windows(config))
+
+
+def _gpt_neox_fields(config: Any, seq: int) -> dict[str, Any]:
+    """GPT-NeoX (transformers' GPTNeoXForCausalLM): LayerNorm with bias, a GELU MLP of
+    two biased matrices (dense_h_to_4h, dense_4h_to_h), q/k/v fused per head in
+    query_key_value, rotary embeddings on `partial_rotary_factor` of each head, attention
+    and MLP in parallel on the block input (use_parallel_residual), multi-head attention,
+    an untied head unless tie_word_embeddings. Its MLP always has biases, so attention
+    without them (attention_bias false) is a mix the zoo's one `bias` cannot state."""
+    if not getattr(config, "attention_bias", True):
+        raise HFConfigError(
+            "gpt_neox config: field 'attention_bias' is false, but GPT-NeoX's MLP keeps its "
+            "biases, and the zoo gives biases to every linear layer or none; Tessel cannot "
+            "price that mix: set it to true.")
+    return dict(
+        num_layers=config.num_hidden_layers, hidden_size=config.hidden_size,
+        num_attention_heads=config.num_attention_heads,
+        ffn_hidden_size=config.intermediate_size, vocab_size=config.vocab_size,
+        seq_length=seq, max_position_embeddings=config.max_position_embeddings,
+        norm="layernorm", activation="gelu", position_embedding="rope",
+        rotary_base=_rope_theta(config), rotary_percent=_rotary_fraction(config),
+        parallel_residual=bool(config.use_parallel_residual),
+        tie_embeddings=bool(config.tie_word_embeddings), bias=True,
+        attention_dropout=_dropout(config), hidden_dropout=0.0,
+    )
+
+
+def _rotary_fraction(config: Any) -> float:
+    """The fraction of each head rotary embeddings rotate: `partial_rotary_factor`, in
+    `rope_parameters` (transformers 5) or on the config (4); 1 where it states none."""
+    parameters = getattr(config, "rope_parameters", None) or {}
+    value = parameters.get("partial_rotary_factor") if isinstance(parameters, dict) else None
+    value = value if value is not None else getattr(config, "partial_rotary_factor", None)
+    return float(value) if isinstance(value, (int, float)) and value else 1.0
 
 
 def _qwen3(config: Any) -> dict[str, Any]:
@@ -326,7 +393,7 @@ def _deepseek_v3(config: Any) -> dict[str, Any]:
 _FAMILY_FIELDS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "llama": _mistral, "mistral": _mistral, "mixtral": _mistral, "qwen2": _qwen2,
     "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "gpt_oss": _gpt_oss,
-    "deepseek_v3": _deepseek_v3,
+    "deepseek_v3": _deepseek_v3, "phi3": _phi3, "gemma2": _gemma2,
 }
 
 
