@@ -5,7 +5,7 @@ Each case trains the zoo's 4-layer Llama (hidden 64, 4 heads / 2 key-value group
 vocabulary 256, untied) on 4 local gloo ranks started by `runtime.elastic.launch`. Every
 rank builds two copies of the same model from the same initial values:
 
-- runtime: `runtime.training.PipelineTrainer` fed a `RunSpec`; its `step` is timed
+- runtime: `runtime.pipeline_trainer.PipelineTrainer` fed a `RunSpec`; its `step` is timed
   directly (its wrappers and hooks, the pipeline schedule it always runs, its
   byte bookkeeping ``held``; `train_on_rank`'s collective counting is not included);
 - hand-written: `runtime.stages.build_stage` as the model definition only, parallelized
@@ -65,7 +65,8 @@ from runtime.elastic import launch  # noqa: E402
 from planner.parallel_dims import ParallelDims  # noqa: E402
 from runtime.spec import RunSpec, even_chunks  # noqa: E402
 from runtime.stages import build_stage, materialize  # noqa: E402
-from runtime.training import OPTIMIZERS, PipelineTrainer, batches, lm_loss  # noqa: E402
+from runtime.pipeline_trainer import OPTIMIZERS, PipelineTrainer, lm_loss  # noqa: E402
+from runtime.training import batches  # noqa: E402
 
 LLAMA = TransformerConfig(
     num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=2, vocab_size=256,

@@ -50,6 +50,9 @@ class CheckReport:
     predicted_communication: dict[str, dict[str, int]]
     communication_matches: bool
     mismatches: list[str] = field(default_factory=list)
+    rank_communication: list[dict[str, dict[str, dict[str, int]]]] = field(
+        default_factory=list)
+    """Per rank: ``measured`` and ``predicted`` count and bytes per kind over all steps."""
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -174,6 +177,8 @@ def check_plan(
         predicted_communication=predicted,
         communication_matches=not mismatches,
         mismatches=mismatches,
+        rank_communication=[_over_steps(rank_comms, predicted)
+                            for _, rank_comms, _ in results],
     )
 
 
@@ -235,7 +240,25 @@ def check_graph_plan(
         reference_losses=reference_losses, measured_communication=results[0][1][0],
         predicted_communication=predicted_rank_communication(plan, 0),
         communication_matches=not mismatches, mismatches=mismatches,
+        rank_communication=[_over_steps(comms, predicted_rank_communication(plan, rank))
+                            for rank, (_, comms, _) in enumerate(results)],
     )
+
+
+def _over_steps(per_step: list[dict[str, dict[str, int]]],
+                predicted: dict[str, dict[str, int]]) -> dict[str, dict[str, dict[str, int]]]:
+    """One rank's measured collectives summed over its steps, beside the prediction for as
+    many steps."""
+    measured: dict[str, dict[str, int]] = {}
+    for step in per_step:
+        for kind, c in step.items():
+            entry = measured.setdefault(kind, {"count": 0, "bytes": 0})
+            entry["count"] += c["count"]
+            entry["bytes"] += c["bytes"]
+    steps = len(per_step)
+    return {"measured": dict(sorted(measured.items())),
+            "predicted": {k: {"count": v["count"] * steps, "bytes": v["bytes"] * steps}
+                          for k, v in sorted(predicted.items())}}
 
 
 def grown(example: Any, batch: int) -> Any:

@@ -99,6 +99,9 @@ class Resumed:
     notes: dict[str, Any] = field(default_factory=dict)
     """This rank's notes from the save (empty when the world size changed)."""
     same_world: bool = True
+    saved_by: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """Every saving rank's notes, by its rank, when the world size changed (empty
+    otherwise): what the job knew, for a rank of another plan to take up."""
 
 
 def step_directory(root: str | Path, step: int) -> Path:
@@ -246,17 +249,23 @@ def load(trainer: TrainerState, path: str | Path) -> Resumed:
     if LOSS_SCALE_ENTRY in state and not _holds(folder, LOSS_SCALE_ENTRY):
         del state[LOSS_SCALE_ENTRY]  # saved by a plan without loss scaling
     entry = f"rank{dist.get_rank()}"
-    if same_world:
-        state[entry] = ""
+    # This rank's own entry; on another world size, every saving rank's notes.
+    entries = [entry] if same_world else [f"rank{r}" for r in range(int(marker["world_size"]))]
+    for name in entries:
+        state[name] = ""
     dcp.load(state, checkpoint_id=str(folder))
     trainer.load_state_dict(state)
     notes: dict[str, Any] = {}
+    saved_by: dict[int, dict[str, Any]] = {}
     if same_world:
         mine = json.loads(state[entry])
         rng = base64.b64decode(mine["rng"])
         torch.set_rng_state(torch.frombuffer(bytearray(rng), dtype=torch.uint8))
         notes = mine["notes"]
-    return Resumed(folder, int(state["step"]), notes, same_world)
+    else:
+        saved_by = {int(name.removeprefix("rank")): json.loads(state[name])["notes"]
+                    for name in entries}
+    return Resumed(folder, int(state["step"]), notes, same_world, saved_by)
 
 
 def _holds(folder: Path, entry: str) -> bool:

@@ -26,8 +26,10 @@ peer addresses (trap 2 of the gloo notes). A real multi-node job uses torchrun's
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
+import signal
 import tempfile
 import time
 import traceback
@@ -45,6 +47,8 @@ from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRen
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from runtime.faults import LAUNCHER_REPORTS_ENV
+from runtime.flight_recorder import FLIGHT_DIR_ENV
 from runtime.launch import RankError, _tree_map_tensors, forget_parent_meshes, loopback_interface
 
 __all__ = ["launch"]
@@ -95,8 +99,22 @@ def launch(
     )
     if start_method == "fork":
         forget_parent_meshes()
-    previous = os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
+    previous = {name: os.environ.get(name) for name in
+                ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", FLIGHT_DIR_ENV, LAUNCHER_REPORTS_ENV)}
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    os.environ[LAUNCHER_REPORTS_ENV] = "1"  # the ranks' own fault lines: see _root_cause
+    # Each rank's record of the collectives it entered (`runtime.flight_recorder`).
+    os.environ[FLIGHT_DIR_ENV] = str(tmp / "flight")
+    # torch.multiprocessing gives each worker a `pytorch-errorfile-*.pickle` in the
+    # temporary folder and never removes it after a failure: keep them in ours, removed
+    # below, with whatever else the agent and the workers make there.
+    system_tmp, tempfile.tempdir = tempfile.tempdir, str(tmp)
+    # The agent logs each failed worker's whole traceback and each worker it stops;
+    # `_root_cause` says in one line what failed (its traceback kept aside).
+    agent_log = logging.getLogger("torch.distributed.elastic")
+    agent_level, agent_log.level = agent_log.level, logging.CRITICAL
+    spawn_log = logging.getLogger("torch.multiprocessing.spawn")
+    spawn_level, spawn_log.level = spawn_log.level, logging.ERROR
     try:
         results = elastic_launch(config, _worker)(
             fn, str(tmp / "store"), collective_timeout_s, args
@@ -104,10 +122,14 @@ def launch(
     except ChildFailedError as error:
         raise _root_cause(error, tmp, checkpoint_root) from None
     finally:
-        if previous is None:
-            os.environ.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
-        else:
-            os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = previous
+        tempfile.tempdir = system_tmp
+        agent_log.setLevel(agent_level)
+        spawn_log.setLevel(spawn_level)
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         shutil.rmtree(tmp, ignore_errors=True)
     return [
         _tree_map_tensors(results[r], torch.from_numpy, numpy_leaves=True)
@@ -132,6 +154,15 @@ def _root_cause(
                if (r := _read_report(p)) is not None]
     last = max((r["attempt"] for r in reports), default=0)
     current = [r for r in reports if r["attempt"] == last]
+    hung = [r for r in current if r.get("hung")]
+    if hung:
+        # Peers timed out waiting for ranks that never entered the collective (named from
+        # the flight records); those ranks were then stopped by the agent.
+        report = min(hung, key=lambda r: r["time_ns"])
+        rank = report["hung"][0]
+        # "rank 0 timed out within 5 s: rank 2 never entered ...": from "rank 2" on.
+        said = report["summary"].removeprefix("PeerLost: ").split(": ", 1)[-1]
+        return RankError(said, rank)
     first_hand = [r for r in current if not any(m in r["summary"] for m in _SECOND_HAND)]
     reported = {r["rank"] for r in current}
     silent = {rank: f for rank, f in error.failures.items() if rank not in reported}
@@ -178,7 +209,8 @@ def _report(folder: Path, rank: int, attempt: int, error: BaseException) -> None
         error).__name__
     report = {"rank": rank, "attempt": attempt, "summary": summary,
               "traceback": traceback.format_exc(), "time_ns": time.time_ns(),
-              "lost": list(getattr(error, "lost", []))}  # runtime.faults.PeerLost's
+              # runtime.faults.PeerLost's
+              "lost": list(getattr(error, "lost", [])), "hung": list(getattr(error, "hung", []))}
     # Written whole and renamed: the agent may stop this rank (SIGTERM) mid-write, after a
     # peer failed, and must never read half a report.
     final = folder / f"rank{rank}.attempt{attempt}.json"
@@ -202,6 +234,10 @@ def _worker(fn, store_path: str, collective_timeout_s: float, args) -> Any:
         result = fn(rank, world_size, *args)
     except BaseException as error:
         _report(Path(store_path + ".errors"), rank, int(attempt), error)
+        # The agent stops the others once one fails (SIGTERM); its handler would raise in
+        # the middle of torch formatting this rank's traceback, printing a second one.
+        # This rank has reported: let SIGTERM end it quietly.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         raise
     dist.barrier()  # no rank tears the group down while a peer still works (trap 8)
     dist.destroy_process_group()

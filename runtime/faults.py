@@ -41,11 +41,13 @@ _COMMUNICATION_WORDS = (*_TIMEOUT_WORDS, "connection", "broken pipe", "peer", "g
 
 
 class PeerLost(RuntimeError):
-    """A step failed because a peer died or stopped answering; the message is one line."""
+    """A step failed because a peer died or stopped answering; the message is one line.
+    `lost`: the peers seen gone; `hung`: those alive that never entered the collective
+    this rank waited in (`runtime.flight_recorder`)."""
 
-    def __init__(self, message: str, lost: list[int]) -> None:
+    def __init__(self, message: str, lost: list[int], hung: list[int] | None = None) -> None:
         super().__init__(message)
-        self.lost = lost
+        self.lost, self.hung = lost, hung or []
 
 
 def collective_timeout() -> timedelta | None:
@@ -128,9 +130,11 @@ class FaultWatch:
 
     def explain(self, error: BaseException, step: int) -> BaseException:
         """`PeerLost` when `error` came from a lost or silent peer, else `error` itself."""
-        text = str(error).lower()
+        # torch's pipeline stages wrap a collective's error ("failed to run forward"):
+        # read the causes too.
+        text = " ".join(str(e) for e in _chain(error)).lower()
         # Only an error that may be a peer's is worth waiting for the peer to be seen gone.
-        suspect = isinstance(error, dist.DistError) or any(
+        suspect = any(isinstance(e, dist.DistError) for e in _chain(error)) or any(
             word in f"{type(error).__name__.lower()} {text}" for word in _COMMUNICATION_WORDS)
         lost, all_seen = self.lost_peers(self.look_s if suspect else 0.0)
         where = f"in step {step}; last good checkpoint: {self.last_checkpoint()}"
@@ -141,6 +145,13 @@ class FaultWatch:
         elif any(word in text for word in _TIMEOUT_WORDS):
             timeout = collective_timeout()
             within = f" within {timeout.total_seconds():g} s" if timeout else ""
+            named = _hung_peers() if all_seen else None
+            if named is not None:
+                line, hung = named
+                message = (f"rank {self.rank} timed out{within}: {line}; last good "
+                           f"checkpoint: {self.last_checkpoint()}")
+                _say(message)
+                return PeerLost(message, [], hung)
             who = ("every peer's process is alive: one hangs" if all_seen
                    else "a peer on another host hangs or is lost")
             message = f"rank {self.rank}: a peer did not answer{within} ({who}) {where}"
@@ -150,7 +161,7 @@ class FaultWatch:
                        f"seen from here; {said}) {where}")
         else:
             return error
-        print(message, file=sys.stderr, flush=True)  # torchrun's log shows every rank's
+        _say(message)
         return PeerLost(message, lost)
 
     @contextmanager
@@ -163,3 +174,38 @@ class FaultWatch:
             if explained is error:
                 raise
             raise explained from error
+
+
+def _hung_peers() -> tuple[str, list[int]] | None:
+    """What the ranks' flight records (`runtime.flight_recorder`, in the launcher's
+    folder) say of a hang: one line and the ranks that never entered the collective the
+    others wait in; None without records. Read a moment after the timeout, so that the
+    waiting peers' entries are all written."""
+    from runtime.flight_recorder import FLIGHT_DIR_ENV, diagnose, read_records
+
+    folder = os.environ.get(FLIGHT_DIR_ENV)
+    if not folder:
+        return None
+    return diagnose(read_records(folder, os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """`error` and the exceptions it was raised from, outermost first."""
+    chain, seen = [], set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain
+
+
+LAUNCHER_REPORTS_ENV = "TESSEL_LAUNCHER_REPORTS"
+"""Set by `runtime.elastic.launch`, which reports the root cause of a failed run itself."""
+
+
+def _say(message: str) -> None:
+    """A rank's own line on a fault: torchrun's log shows every rank's; under Tessel's
+    launcher, which names the root cause in one line, the ranks keep quiet."""
+    if not os.environ.get(LAUNCHER_REPORTS_ENV):
+        print(message, file=sys.stderr, flush=True)

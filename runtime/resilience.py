@@ -1,6 +1,7 @@
 """A training loop's checkpoints and restarts: resume from the newest complete checkpoint
 when there is one, save every K steps in the background, and, to exercise all of it,
-kill one rank at one step of the job's first attempt.
+kill one rank at one step of the job's first attempt, stall or slow one, or make a step's
+loss NaN; and what to do with a step that diverges.
 
 Under torch's elastic agent (torchrun, `runtime.elastic.launch`) with restarts, a rank that
 dies takes its attempt down; the agent starts every rank again (``TORCHELASTIC_RESTART_
@@ -18,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from runtime.checkpoint import Resumed, latest_checkpoint
+from runtime.divergence import DivergencePolicy
+from runtime.flight_recorder import Stall
+from runtime.stragglers import Slow
 
 
 def restart_count() -> int:
@@ -37,12 +41,24 @@ class Resilience:
     """The rank `kill_rank` SIGKILLs itself as step `kill_at_step` (0-based) begins, in the
     first attempt only."""
     asynchronous: bool = True
+    stall: Stall | None = None
+    """A rank that hangs in a collective (`runtime.flight_recorder`)."""
+    slow: Slow | None = None
+    """A rank that works slower than its peers (`runtime.stragglers`)."""
+    nan_at_step: int | None = None
+    """The step whose loss is made NaN, once (first attempt)."""
+    divergence: DivergencePolicy | None = None
+    """How a diverging step is met (`runtime.divergence`); None: trained on."""
 
     def __post_init__(self) -> None:
         if self.every < 0:
             raise ValueError(f"checkpoint every {self.every} steps: give 0 (never) or more")
         if (self.kill_rank is None) != (self.kill_at_step is None):
             raise ValueError("a kill needs both the rank and the step")
+
+    def poisons(self, step: int) -> bool:
+        """Whether `step`'s loss is made NaN (the injected `--nan-at-step`)."""
+        return step == self.nan_at_step and restart_count() == 0
 
     def last_checkpoint(self) -> str:
         """The newest complete checkpoint, as a fault's message names it."""

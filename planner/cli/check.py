@@ -18,6 +18,7 @@ from planner.cli.errors import UsageError
 from planner.cli.fault_flags import check_fault_flags, faults_given, refuse_faults
 from planner.cli.model_args import load, load_cluster
 from planner.check import RELATIVE_TOLERANCE
+from planner.check_report import operator_report, training_report
 from planner.cli.plan import mesh_for, plan_on_mesh, print_plan
 from planner.cluster import Cluster
 from planner.model_spec import with_weights
@@ -59,8 +60,7 @@ def run_check(args: argparse.Namespace) -> int:
         )
     print_check(report)
     if args.json:
-        Path(args.json).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
-        console.print(f"report written to {args.json}")
+        _write_report(args.json, operator_report("mesh", planned.plan, report))
     return 0 if report.passed else 1
 
 
@@ -133,7 +133,6 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
     plans, model, loaded = plan_training(args, cluster, console, top=1, loaded=loaded)
     print_training_plans(plans, console)
     from runtime.launch import RankError
-    from runtime.resilience import Resilience
     from runtime.spec import from_training_plan
     from runtime.training import check_training
 
@@ -144,23 +143,30 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
         from planner.models.huggingface import load_hf_config
 
         hf_config = load_hf_config(loaded.hf_path).to_dict()
+    # Each stage's predicted seconds per step, which the straggler monitor divides by.
+    stage_seconds = tuple(sum(stage.phases_s.values()) for stage in plan.stages) \
+        if all(stage.phases_s for stage in plan.stages) else None
     with _checkpoint_folder(args) as folder:
-        resilience = None
-        if faults_given(args):
-            resilience = Resilience(folder, args.checkpoint_every or 0, args.kill_rank,
-                                    args.kill_at_step)
+        resilience = _resilience(args, folder) if faults_given(args) else None
         try:
             with console.status(f"training {args.steps} steps on {plan.num_gpus} gloo ranks"):
                 # AdamW: the optimizer the Plan's memory (two moments per parameter) assumes.
                 report = check_training(model, spec, args.steps, optimizer="adamw",
                                         hf_config=hf_config, resilience=resilience,
-                                        max_restarts=args.max_restarts)
+                                        max_restarts=args.max_restarts,
+                                        stage_seconds=stage_seconds,
+                                        collective_timeout_s=args.collective_timeout)
         except RankError as error:
-            if args.kill_rank is None:
+            if resilience is None:
                 raise
-            # The injected fault ended the job (no restart left): the check ran and failed.
-            console.print(f"[red]FAILED[/red]: {escape(str(error))}", highlight=False)
-            return 1
+            if args.elastic is None or args.elastic[0] >= plan.num_gpus:
+                # An injected fault (or a divergence stopped on) ended the job, with no
+                # restart left: the check ran and failed; the line says where and why.
+                console.print(f"[red]FAILED[/red]: {escape(str(error))}", highlight=False,
+                              soft_wrap=True)
+                return 1
+            plan, spec, report = _go_on_elastic(args, cluster, loaded, model, plan, error,
+                                                folder, hf_config)
     # A restarted job's collectives are counted over the steps its last attempt ran.
     # A Hugging Face model runs transformers' own modules, which save other tensors than
     # the zoo's decoder the Plan counts (its rotary tables once per stage, for one).
@@ -168,14 +174,78 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
     comparison = compare(plan, report.coordinates, report.collectives, report.local_bytes,
                          report.steps_run, report.saved_activations, note)
     print_training_check(report, comparison, plan, args.steps)
-    if resilience is not None:
+    if resilience is not None or report.stragglers:
         print_restarts(report, args)
+    passed = report.passed(RELATIVE_TOLERANCE) and comparison.passed
     if args.json:
-        Path(args.json).write_text(json.dumps(
-            {"plan": json.loads(plan.to_json()), "check": report.to_dict(),
-             "comparison": comparison.to_dict()}, indent=2) + "\n")
-        console.print(f"report written to {args.json}")
-    return 0 if report.passed(RELATIVE_TOLERANCE) and comparison.passed else 1
+        _write_report(args.json, training_report(plan, report, comparison, passed))
+    return 0 if passed else 1
+
+
+def _go_on_elastic(args: argparse.Namespace, cluster: Cluster, loaded, model, lost_plan,
+                   error, folder: str, hf_config):
+    """--elastic: rank `error.rank` is lost for good. Re-plan for the most ranks left
+    (down to MIN) that a plan fits, and train it from the newest checkpoint, which
+    `runtime.checkpoint` reshards onto the new plan: (plan, spec, report)."""
+    from planner.cli.train import layout, plan_training
+    from runtime.spec import from_training_plan
+    from runtime.training import check_training
+
+    low = args.elastic[0]
+    console.print(f"{escape(str(error))}: rank {error.rank} is lost; re-planning for the "
+                  f"{lost_plan.num_gpus - 1} ranks left (--elastic {low}:{args.elastic[1]})",
+                  highlight=False, soft_wrap=True)
+    for world in range(lost_plan.num_gpus - 1, low - 1, -1):
+        try:
+            plans, _, _ = plan_training(argparse.Namespace(**{**vars(args), "gpus": world}),
+                                        cluster, console, top=8, loaded=loaded)
+        except UsageError:
+            continue
+        runnable = []
+        for candidate in plans:  # the best plan the runtime runs (stages of one shape)
+            try:
+                runnable.append((candidate, from_training_plan(candidate)))
+            except ValueError:
+                continue
+        if not runnable:
+            continue
+        plan, spec = runnable[0]
+        console.print(f"re-planned on {world} ranks: {layout(plan)} (was "
+                      f"{layout(lost_plan)} on {lost_plan.num_gpus})", highlight=False)
+        stage_seconds = tuple(sum(stage.phases_s.values()) for stage in plan.stages) \
+            if all(stage.phases_s for stage in plan.stages) else None
+        # The faults were injected into the lost run; the rest goes on without them.
+        resumed = _resilience(argparse.Namespace(**{
+            **vars(args), "kill_rank": None, "kill_at_step": None, "stall_rank": None,
+            "stall_at_step": None, "slow_rank": None, "slow_factor": None,
+            "nan_at_step": None}), folder)
+        with console.status(f"going on with {world} gloo ranks"):
+            report = check_training(model, spec, args.steps, optimizer="adamw",
+                                    hf_config=hf_config, resilience=resumed,
+                                    stage_seconds=stage_seconds,
+                                    collective_timeout_s=args.collective_timeout)
+        return plan, spec, report
+    raise UsageError(f"--elastic {low}:{args.elastic[1]}: no plan fits on {low} to "
+                     f"{lost_plan.num_gpus - 1} ranks with the knobs given; widen MIN:MAX or "
+                     "give fewer knobs")
+
+
+def _resilience(args: argparse.Namespace, folder: str):
+    """The checkpoints, injected faults and divergence policy the flags ask for."""
+    from runtime.divergence import DivergencePolicy
+    from runtime.flight_recorder import Stall
+    from runtime.resilience import Resilience
+    from runtime.stragglers import Slow
+
+    divergence = None
+    if args.on_divergence is not None:
+        divergence = DivergencePolicy(args.on_divergence, args.spike_factor or 10.0)
+    return Resilience(
+        folder, args.checkpoint_every or 0, args.kill_rank, args.kill_at_step,
+        stall=Stall(args.stall_rank, args.stall_at_step)
+        if args.stall_rank is not None else None,
+        slow=Slow(args.slow_rank, args.slow_factor) if args.slow_rank is not None else None,
+        nan_at_step=args.nan_at_step, divergence=divergence)
 
 
 @contextmanager
@@ -190,7 +260,15 @@ def _checkpoint_folder(args: argparse.Namespace) -> Iterator[str]:
 
 
 def print_restarts(report, args: argparse.Namespace) -> None:
-    """What the faults flags did: the kill, the restarts, where the job resumed."""
+    """What the faults flags did: the kill, the restarts, where the job resumed, the
+    stragglers named and the batches skipped on divergence."""
+    for rank, times in sorted(report.stragglers.items()):
+        console.print(f"straggler: rank {rank} worked {times:.1f}x as long as its peers "
+                      "(per predicted stage time)", highlight=False)
+    if report.skipped:
+        console.print(f"diverged: batch{'es' * (len(report.skipped) > 1)} "
+                      f"{', '.join(map(str, report.skipped))} skipped (--on-divergence "
+                      f"{args.on_divergence}); the reference skipped the same", highlight=False)
     every = f"every {args.checkpoint_every} steps" if args.checkpoint_every else "never"
     line = f"checkpoints: {every}"
     if args.kill_rank is not None:
@@ -283,7 +361,8 @@ def _losses(title: str, label: str, losses: list[float], reference: list[float])
     for column in ("step", label, "loss (one process)"):
         table.add_column(column, justify="right")
     for step, (got, want) in enumerate(zip(losses, reference)):
-        table.add_row(str(step), f"{got:.8f}", f"{want:.8f}")
+        table.add_row(str(step), "skipped" if got is None else f"{got:.8f}",
+                      "skipped" if want is None else f"{want:.8f}")
     return table
 
 
@@ -301,7 +380,11 @@ def run_graph_check(args: argparse.Namespace, loaded, cluster: Cluster, console)
                                   args.steps)
     print_check(report)
     if args.json:
-        Path(args.json).write_text(json.dumps(
-            {"plan": json.loads(plan.to_json()), "check": report.to_dict()}, indent=2) + "\n")
-        console.print(f"report written to {args.json}")
+        _write_report(args.json, operator_report("graph", plan, report))
     return 0 if report.passed else 1
+
+
+def _write_report(path: str, report: dict) -> None:
+    """The check's JSON report (`planner.check_report`: one layout for every kind)."""
+    Path(path).write_text(json.dumps(report, indent=2) + "\n")
+    console.print(f"report written to {path}")

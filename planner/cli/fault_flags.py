@@ -1,10 +1,13 @@
 """`plan check`'s flags that exercise checkpoints and faults of the training-plan runtime:
 checkpoint every K steps, SIGKILL one rank at one step, let torch's elastic agent restart
-the job, which then resumes from its last checkpoint by itself."""
+the job, which then resumes from its last checkpoint by itself; stall or slow a rank
+(named by the flight recorder and the straggler monitor), make a step's loss NaN and say
+what a diverging step does (skip, roll back, stop)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from planner.cli.errors import UsageError
@@ -16,7 +19,14 @@ MAX_RESTARTS = 10
 # Highest rank --kill-rank names: plan check runs at most this many ranks.
 MAX_RANK = 15
 FLAGS = ("--checkpoint-every", "--checkpoint-dir", "--kill-rank", "--kill-at-step",
-         "--max-restarts")
+         "--max-restarts", "--stall-rank", "--stall-at-step", "--slow-rank", "--slow-factor",
+         "--nan-at-step", "--on-divergence", "--spike-factor", "--elastic")
+# The attributes the flags above set (--max-restarts is given when above 0).
+_GIVEN = ("checkpoint_every", "checkpoint_dir", "kill_rank", "kill_at_step", "stall_rank",
+          "stall_at_step", "slow_rank", "slow_factor", "nan_at_step", "on_divergence",
+          "spike_factor", "elastic")
+MAX_SLOW_FACTOR = 100.0
+MAX_TIMEOUT_S = 3600.0
 
 
 def add_fault_flags(parser: argparse.ArgumentParser) -> None:
@@ -38,12 +48,73 @@ def add_fault_flags(parser: argparse.ArgumentParser) -> None:
         "--max-restarts", type=whole(0, MAX_RESTARTS), default=0, metavar="N",
         help="times torch's elastic agent restarts every rank after one fails; the job "
         "resumes from its last complete checkpoint (default 0)")
+    parser.add_argument(
+        "--stall-rank", type=whole(0, MAX_RANK), metavar="R",
+        help="rank R sleeps as it enters its first collective of step --stall-at-step: "
+        "its peers time out (--collective-timeout) and the check names it")
+    parser.add_argument(
+        "--stall-at-step", type=whole(0, MAX_STEPS - 1), metavar="S",
+        help="the step (0-based) at which --stall-rank stalls")
+    parser.add_argument(
+        "--slow-rank", type=whole(0, MAX_RANK), metavar="R",
+        help="rank R works --slow-factor times as long each step; the straggler monitor "
+        "names it and the job completes")
+    parser.add_argument(
+        "--slow-factor", type=_factor(1.0, MAX_SLOW_FACTOR), metavar="F",
+        help="how many times as long --slow-rank works (1-100)")
+    parser.add_argument(
+        "--nan-at-step", type=whole(0, MAX_STEPS - 1), metavar="S",
+        help="make step S's loss NaN, once (its gradients follow)")
+    parser.add_argument(
+        "--on-divergence", choices=("skip", "rollback", "stop"),
+        help="a step whose loss or gradients are not finite, or whose loss is above "
+        "--spike-factor times the recent mean: skip its update, roll back to the last "
+        "checkpoint and skip its batch (needs --checkpoint-every), or stop (default: "
+        "train on, unchecked)")
+    parser.add_argument(
+        "--spike-factor", type=_factor(1.0, 1e6), metavar="X",
+        help="with --on-divergence: a loss above X times the mean of the last 8 diverges "
+        "(default 10)")
+    parser.add_argument(
+        "--elastic", type=_rank_range, metavar="MIN:MAX",
+        help="training plans: when ranks are lost for good (no restart left), re-plan for "
+        "the ranks left (at least MIN), reshard the last checkpoint onto the new plan and "
+        "go on (needs --checkpoint-every)")
+    parser.add_argument(
+        "--collective-timeout", type=_factor(1.0, MAX_TIMEOUT_S), default=120.0,
+        metavar="SECONDS",
+        help="how long a rank waits in a collective before the check names the rank that "
+        "hangs (default 120; torch's is 30 minutes)")
+
+
+def _rank_range(text: str) -> tuple[int, int]:
+    """argparse type of --elastic: MIN:MAX ranks, 1 <= MIN <= MAX."""
+    low, sep, high = text.partition(":")
+    if not sep or not low.strip().isdigit() or not high.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not MIN:MAX (e.g. 2:4)")
+    pair = int(low), int(high)
+    if not 1 <= pair[0] <= pair[1] <= MAX_RANK + 1:
+        raise argparse.ArgumentTypeError(
+            f"{text} needs 1 <= MIN <= MAX <= {MAX_RANK + 1}")
+    return pair
+
+
+def _factor(low: float, high: float):
+    """argparse type: a number in [low, high] (argparse names the flag and the value)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text} is not between {low:g} and {high:g}")
+        return value
+    return parse
 
 
 def faults_given(args: argparse.Namespace) -> bool:
     """Whether any of these flags was given (--max-restarts above 0)."""
-    return any(getattr(args, name, None) is not None for name in
-               ("checkpoint_every", "checkpoint_dir", "kill_rank", "kill_at_step")) or \
+    return any(getattr(args, name, None) is not None for name in _GIVEN) or \
         bool(getattr(args, "max_restarts", 0))
 
 
@@ -62,9 +133,40 @@ def check_fault_flags(args: argparse.Namespace, gpus: int) -> None:
     if args.kill_at_step is not None and args.kill_at_step >= args.steps:
         raise UsageError(f"--kill-at-step {args.kill_at_step}: the check trains steps "
                          f"0-{args.steps - 1} (--steps {args.steps})")
+    for rank_flag, step_flag in (("stall_rank", "stall_at_step"),
+                                 ("slow_rank", "slow_factor")):
+        rank, other = getattr(args, rank_flag), getattr(args, step_flag)
+        a, b = ("--" + rank_flag.replace("_", "-"), "--" + step_flag.replace("_", "-"))
+        if (rank is None) != (other is None):
+            raise UsageError(f"{a} and {b} go together: give both")
+        if rank is not None and rank >= gpus:
+            raise UsageError(f"{a} {rank}: the plan runs ranks 0-{gpus - 1}")
+    for flag in ("stall_at_step", "nan_at_step"):
+        step = getattr(args, flag)
+        if step is not None and step >= args.steps:
+            raise UsageError(f"--{flag.replace('_', '-')} {step}: the check trains steps "
+                             f"0-{args.steps - 1} (--steps {args.steps})")
+    if args.elastic is not None:
+        low, high = args.elastic
+        if not low <= gpus <= high:
+            raise UsageError(f"--elastic {low}:{high}: --gpus {gpus} is not within it")
+        if not args.checkpoint_every:
+            raise UsageError("--elastic goes on from the last checkpoint on the ranks left: "
+                             "give --checkpoint-every K as well")
+    if args.on_divergence == "rollback" and not args.checkpoint_every:
+        raise UsageError("--on-divergence rollback goes back to the last checkpoint: give "
+                         "--checkpoint-every K as well")
+    if args.spike_factor is not None and args.on_divergence is None:
+        raise UsageError("--spike-factor says what --on-divergence meets: give "
+                         "--on-divergence skip, rollback or stop")
     folder = args.checkpoint_dir
     if folder is not None:
         path = Path(folder).expanduser()
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
             raise UsageError(f"--checkpoint-dir {folder!r} is not an empty folder; a check "
                              "starts from no checkpoint: give a new or empty one")
+        # The nearest folder that exists must take a new one: found before any rank starts.
+        existing = next(p for p in (path, *path.parents) if p.exists())
+        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            raise UsageError(f"--checkpoint-dir {folder!r} cannot be written ({existing} is "
+                             "not a folder this user can write to); give another")

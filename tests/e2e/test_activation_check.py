@@ -46,7 +46,8 @@ def _plan(model: str, recompute: str, schedule: str, sequence_parallel: bool):
 def _train_each(rank: int, world: int, runs: list) -> list[dict]:
     """One step of each plan on this rank: what it saved, issued and holds."""
     from runtime.comm_counter import CommCounter
-    from runtime.training import PipelineTrainer, batches
+    from runtime.pipeline_trainer import PipelineTrainer
+    from runtime.training import batches
 
     out = []
     for config, spec in runs:
@@ -100,6 +101,6 @@ def test_plan_check_prints_and_compares_saved_activations(tmp_path, capsys) -> N
     assert data["plan"]["run"]["engine"] == "tessel"  # priced as Tessel's runtime runs it
     stages = data["plan"]["stages"]
     assert [len(stage["saved_activation_bytes"]) for stage in stages] == [2, 2]
-    rows = data["comparison"]["activations"]
-    assert len(rows) == 4 * 2 * 4 and data["comparison"]["passed"]
+    rows = data["details"]["comparison"]["activations"]
+    assert len(rows) == 4 * 2 * 4 and data["details"]["comparison"]["passed"]
     assert all(row["measured"] == row["predicted"] for row in rows)

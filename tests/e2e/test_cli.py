@@ -50,10 +50,12 @@ def test_plan_check_reports_agreement_as_json(tmp_path: Path) -> None:
     assert "PASSED" in result.stdout
     report = json.loads(report_path.read_text())
     assert report["passed"] is True
-    assert report["max_rel_error"] < 1e-4
-    assert report["max_abs_error"] < 1e-4
-    assert report["measured_communication"] == report["predicted_communication"]
-    assert report["predicted_communication"] == {"all_reduce": {"count": 1, "bytes": 32768}}
+    assert report["errors"]["max_rel"] < 1e-4
+    assert report["errors"]["max_abs"] < 1e-4
+    # Every rank: one all-reduce of fc1's gradient a step, over the 2 steps.
+    assert [rank["collectives"] for rank in report["ranks"]] == 4 * [
+        {"measured": {"all_reduce": {"count": 2, "bytes": 65536}},
+         "predicted": {"all_reduce": {"count": 2, "bytes": 65536}}}]
     assert len(report["losses"]) == 2
 
 
@@ -107,7 +109,7 @@ def test_plan_check_gpus_plans_and_trains_a_model_of_ones_own(tmp_path: Path) ->
     plan = Plan.model_validate(report["plan"])
     assert plan.layer_cuts and plan.num_gpus == 4
     assert sum(stage.num_devices for stage in plan.stages) == 4
-    assert report["check"]["communication_matches"]
+    assert report["details"]["communication_matches"]
 
 
 def test_a_graph_plan_prices_the_whole_run(tmp_path: Path) -> None:

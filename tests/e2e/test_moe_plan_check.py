@@ -210,7 +210,7 @@ def test_plan_check_of_a_hugging_face_moe_with_forced_balance(case, tmp_path, ca
     out = capsys.readouterr().out
     assert code == 0, out
     data = json.loads(report.read_text())
-    plan, check, comparison = data["plan"], data["check"], data["comparison"]
+    plan, check, comparison = data["plan"], data["details"]["check"], data["details"]["comparison"]
     assert plan["run"]["moe_router_force_load_balancing"]
     parallel = plan["parallel"]
     assert (parallel["expert"], parallel["pipeline"], parallel["tensor"],

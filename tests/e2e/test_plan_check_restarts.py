@@ -26,7 +26,7 @@ def test_a_killed_rank_restarts_the_job_from_its_last_checkpoint(tmp_path, capsy
     ])
     out = capsys.readouterr().out
     assert code == 0, out
-    check = json.loads(report.read_text())["check"]
+    check = json.loads(report.read_text())["details"]["check"]
     # The step-2 checkpoint was complete before step 4 began (step 4's save, started after
     # step 3, waited for it); step 4's may have been cut short by the kill.
     assert check["attempt"] == 1 and check["resumed_from"] in (2, 4), check

@@ -71,7 +71,7 @@ def test_a_training_plan_runs_as_predicted(model: str, layout: str, tmp_path, ca
         spec = [model, *SHAPE]
     data = _check([*spec, "--gpus", str(gpus), "--global-batch-size", "16", *knobs],
                   tmp_path, capsys)
-    plan, check, comparison = data["plan"], data["check"], data["comparison"]
+    plan, check, comparison = data["plan"], data["details"]["check"], data["details"]["comparison"]
     p = plan["parallel"]
     assert plan["cluster"] == "cpu" and plan["precision"] == "fp32"  # plan check's defaults
     tensor, pipeline, dp, zero, schedule, recompute = expected
@@ -102,7 +102,7 @@ def test_a_mixtral_plan_with_expert_parallelism_runs_as_predicted(tmp_path, caps
                    "--global-batch-size", "8", "--expert-model-parallel-size", "2",
                    *_degrees(1, 1)], tmp_path, capsys)
     assert data["plan"]["parallel"]["expert"] == 2
-    comparison = data["comparison"]
+    comparison = data["details"]["comparison"]
     assert comparison["passed"] and comparison["measured"] == comparison["predicted"]
     # Tokens travel over the expert group: all-gathered and reduce-scattered.
     assert {"all_gather", "reduce_scatter"} <= set(comparison["measured"][0])

@@ -24,9 +24,9 @@ def test_end_stages_one_layer_short_run_as_predicted(tmp_path, capsys) -> None:
     data = json.loads(report.read_text())
     stages = [stage["layers"] for stage in data["plan"]["stages"]]
     assert stages == [[0, 1], [1, 3], [3, 5], [5, 6]]
-    assert data["comparison"]["passed"] and not data["comparison"]["mismatches"]
+    assert data["passed"] and not data["mismatches"]
     assert "--decoder-first-pipeline-num-layers 1" in " ".join(data["plan"]["megatron_flags"])
     # Each rank's sends and receives are its stage's, as predicted: the end stages talk to
     # one neighbour, the middle ones to two.
-    sends = [rank["send"]["count"] for rank in data["comparison"]["measured"]]
+    sends = [rank["send"]["count"] for rank in data["details"]["comparison"]["measured"]]
     assert sends[0] == sends[3] and sends[1] == sends[2] == 2 * sends[0]

@@ -31,8 +31,8 @@ def test_a_zoo_transformer_under_intra_op_ilp_is_planned_as_any_model(tmp_path) 
     assert len(plan.stages) > 1 and all(s.layer_operators for s in plan.stages)
     held = {fqn for stage in plan.stages for fqn in stage.parameters}
     assert {f"layers.{i}.mlp.fc1.weight" for i in range(6)} <= held
-    assert report["check"]["passed"] and report["check"]["communication_matches"]
-    assert report["check"]["max_rel_error"] < 1e-4
+    assert report["details"]["passed"] and report["details"]["communication_matches"]
+    assert report["details"]["max_rel_error"] < 1e-4
 
 
 def test_a_hugging_face_config_under_intra_op_ilp_is_planned_as_any_model(tmp_path) -> None:
@@ -60,5 +60,5 @@ def test_a_hugging_face_config_under_intra_op_ilp_is_planned_as_any_model(tmp_pa
     plan = Plan.model_validate(report["plan"])
     assert plan.layer_cuts is not None and len(plan.layer_cuts) == 9  # 6 layers and ends
     assert len(plan.stages) > 1
-    assert report["check"]["passed"] and report["check"]["communication_matches"]
-    assert report["check"]["max_rel_error"] < 1e-4
+    assert report["details"]["passed"] and report["details"]["communication_matches"]
+    assert report["details"]["max_rel_error"] < 1e-4

@@ -18,7 +18,8 @@ from planner.models.presets import FAMILIES
 from planner.parallel import ParallelConfig
 from planner.training import training_plan
 from runtime.spec import from_training_plan
-from runtime.training import PipelineTrainer, batches
+from runtime.pipeline_trainer import PipelineTrainer
+from runtime.training import batches
 
 SHAPE = dict(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=256, seq_length=16)
 SPLITS = {"t1": dict(tensor=1), "t2": dict(tensor=2),

@@ -22,7 +22,8 @@ from runtime.launch import RankError, run_on_ranks
 from planner.parallel_dims import ParallelDims
 from runtime.resilience import Resilience
 from runtime.spec import RunSpec, even_chunks
-from runtime.training import PipelineTrainer, batches, check_training, merge_results
+from runtime.pipeline_trainer import PipelineTrainer
+from runtime.training import batches, check_training, merge_results
 
 GPT = TransformerConfig(
     num_layers=4, hidden_size=64, num_attention_heads=4, vocab_size=256, seq_length=16,

@@ -21,7 +21,7 @@ from planner.models.config import TransformerConfig
 from planner.parallel import ParallelConfig
 from planner.training import training_plan
 from runtime.spec import from_training_plan
-from runtime.training import PipelineTrainer
+from runtime.pipeline_trainer import PipelineTrainer
 
 GPT = TransformerConfig(
     num_layers=4, hidden_size=64, num_attention_heads=4, vocab_size=256, seq_length=16,
@@ -102,7 +102,7 @@ def _fresh_process() -> multiprocessing.pool.Pool:
     """One worker forked from a fork server, which imports the runtime once and never runs
     a model itself: no DTensor cache, process group or OpenMP thread team to inherit."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["runtime.training"])
+    context.set_forkserver_preload(["runtime.pipeline_trainer"])
     return context.Pool(1)
 
 

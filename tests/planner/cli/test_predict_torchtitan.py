@@ -113,8 +113,8 @@ CASES: dict[str, tuple[str, int | None, ParallelConfig, list[int] | None, list[i
         'enable_async_tensor_parallel = true\n[activation_checkpoint]\nmode = "full"\n'
         "[compile]\nenable = true\n" + FP8, 512,
         titan(tensor=8, pipeline=8, data=8, micro_batch_size=1, global_batch_size=128,
-              recompute="full", precision="fp8", compile=True, compile_loss=True, fp8_param_gather=True,
-              tp_comm_overlap=True), [15, 16, 16, 16, 16, 16, 16, 15], None),
+              recompute="full", precision="fp8", compile=True, compile_loss=True,
+              fp8_param_gather=True, tp_comm_overlap=True), [15, 16, 16, 16, 16, 16, 16, 15], None),
     # Interleaved1F1B with the parts given, context parallelism and parameters kept
     # gathered.
     "405b-interleaved-context-parallel": (
