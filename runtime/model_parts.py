@@ -122,6 +122,17 @@ class HFParts(ZooParts):
                              "dispatched all-to-all); expert parallelism 1 is not run yet")
         if tp and moe and spec.expert_dispatcher != "alltoall":
             raise ValueError("a Hugging Face MoE model runs the alltoall token dispatcher")
+        if tp and not moe and spec.zero_stage >= 1:
+            from runtime.hf.layout import per_head_fusions
+
+            fused = per_head_fusions(self.hf_config)
+            if fused:
+                # FSDP2 would cut a rank's [q_t; k_t; v_t] into row chunks that straddle
+                # q, k and v, which no DTensor placement states.
+                raise ValueError(
+                    f"a Hugging Face {model_type}'s fused {', '.join(fused)}, split per head "
+                    "under tensor parallelism, is not also ZeRO-sharded yet; run it with "
+                    "--zero-stage 0 or --tensor-model-parallel-size 1")
 
     def expert_parallel(self, stage: nn.Module, mesh: DeviceMesh, dispatcher: str) -> None:
         self.experts.apply_hf_expert_parallel(stage, mesh, dispatcher)

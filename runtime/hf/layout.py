@@ -293,3 +293,12 @@ def _divide_heads(target: Any, tp: int) -> None:
                 raise ValueError(f"tensor parallelism {tp} must divide the {value} heads "
                                  f"({name})")
             setattr(target, name, value // tp)
+
+
+def per_head_fusions(config: Any) -> list[str]:
+    """The fused linears of `config`'s decoder layer that tensor parallelism splits per
+    head or per half (`_StridedShard`), from a one-layer stage on the meta device."""
+    stage = hf_stages.build_hf_stage(config, (0, 1), True, False)
+    layout = block_layout(stage.layers["0"], config, stage.rotary)
+    return [name for sublayer in layout.sublayers
+            for name, parts in sublayer.column.items() if parts > 1]
