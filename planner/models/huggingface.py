@@ -71,7 +71,7 @@ def load_hf_config(path: str | Path) -> Any:
     file, fields = read_config_fields(path)
     model_type = fields.pop("model_type")
     try:
-        return AutoConfig.for_model(model_type, **fields)
+        config = AutoConfig.for_model(model_type, **fields)
     except ValueError as error:
         if model_type not in _known_model_types():
             raise HFConfigError(
@@ -83,6 +83,31 @@ def load_hf_config(path: str | Path) -> Any:
     except Exception as error:  # noqa: BLE001 - transformers and huggingface_hub validate
         # in many ways (strict-dataclass errors in transformers 5 are no ValueError).
         raise _field_error(file, error) from None
+    _refuse_unstated_size(file, model_type, fields, config)
+    return config
+
+
+# The fields that size a model: left out, transformers' defaults (a model of its own
+# choosing) would be planned without a word.
+_SIZE_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
+
+
+def _refuse_unstated_size(file: Path, model_type: str, fields: dict[str, Any],
+                          config: Any) -> None:
+    """HFConfigError, in one line naming them, where `fields` leave a size field of the
+    config to transformers' default (under its own name or the one the family's
+    attribute_map gives it: GPT-2's n_layer). Configs made of sub-configs (a text_config
+    and a vision_config) state their sizes there and are left to transformers."""
+    if getattr(config, "sub_configs", None):
+        return
+    aliases = getattr(type(config), "attribute_map", {}) or {}
+    missing = [name for name in _SIZE_FIELDS if hasattr(config, name)
+               and name not in fields and aliases.get(name) not in fields]
+    if missing:
+        raise HFConfigError(
+            f"{file} states no {', '.join(missing)} (model_type {model_type!r}), so "
+            "transformers would plan a model of its own default size; state them in the "
+            "file.")
 
 
 def _known_model_types() -> set[str]:

@@ -130,3 +130,21 @@ def test_plan_check_refuses_a_model_type_it_cannot_train(tmp_path, capsys, monke
     assert code == 2 and not started
     lines = [line for line in out.splitlines() if line.strip()]
     assert len(lines) == 1 and "'falcon'" in lines[0], out
+
+
+def test_a_config_stating_only_its_model_type_is_refused(tmp_path, capsys) -> None:
+    """transformers would plan a model of its default size: one line naming the size
+    fields the file leaves out, exit 2 (GPT-2's own names count: n_layer is stated)."""
+    from planner import cli
+
+    config = tmp_path / "config.json"
+    for fields, missing in (({"model_type": "qwen2"}, "num_hidden_layers, hidden_size, "
+                             "num_attention_heads, vocab_size"),
+                            ({"model_type": "gpt2", "n_layer": 2, "n_embd": 64,
+                              "n_head": 4}, "states no vocab_size")):
+        config.write_text(json.dumps(fields))
+        code = cli.main(["check", f"hf:{config}", "--seq-length", "16", "--gpus", "2",
+                         "--global-batch-size", "2", "--steps", "1"])
+        out = capsys.readouterr().out
+        lines = [line for line in out.splitlines() if line.strip()]
+        assert code == 2 and len(lines) == 1 and missing in lines[0], out
