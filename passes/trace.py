@@ -260,7 +260,8 @@ def _quiet_torch_logs() -> Iterator[None]:
     ]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
-        logger.setLevel(logging.ERROR)
+        # CRITICAL: fake tensors log a failed op's whole traceback at ERROR.
+        logger.setLevel(logging.CRITICAL)
     try:
         yield
     finally:
@@ -291,11 +292,11 @@ def describe_trace_failure(error: Exception, model: nn.Module | None = None) -> 
             f" in {module}" if module else ""
         ) + f" at {frame.f_code.co_filename}:{frame.f_lineno}" + (f" ({code})" if code else "")
     reason, advice = _explain(error)
-    return f"could not trace the model{where}: {reason}. {advice}"
+    return f"could not trace the model{where}: {reason.rstrip('.')}. {advice}"
 
 
-# Frames of these files are the tracer's, not the model's.
-_TRACER_FILES = (f"{os.sep}torch{os.sep}", __file__)
+# Frames of these files are the tracer's (and the code torch generates), not the model's.
+_TRACER_FILES = (f"{os.sep}torch{os.sep}", __file__, "<string>", "<eval_with_key>")
 
 
 def _failing_frame(error: Exception) -> Any:
@@ -334,6 +335,11 @@ def _explain(error: Exception) -> tuple[str, str]:
             "Compute both branches and pick with torch.where, or move the decision out of "
             "forward.",
         )
+    shapes = ("must have same", "size mismatch", "shape", "Expected size", "dimension")
+    if isinstance(error, (RuntimeError, ValueError, IndexError)) and any(
+            word in first for word in shapes):
+        return (first[:200], "The example inputs do not fit the model: give inputs of the "
+                "shapes its forward takes.")
     return (
         first[:200],
         "Try calling the model with use_cache=False, returning plain tensors, and "

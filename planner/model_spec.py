@@ -150,6 +150,12 @@ def _call_factory(factory: Callable[[], Any], spec: str) -> Any:
     the user's code that raised it (the deepest frame in the factory's own file)."""
     try:
         return factory()
+    except SystemExit as exit_:
+        # A factory that exits (a script's main guard run by mistake, say) must not end
+        # Tessel with its code, or with 0 as if all went well.
+        raise ModelSpecError(
+            f"{spec!r} called sys.exit({exit_.code!r}) instead of returning (model, "
+            "example_inputs); make the function return them.") from None
     except Exception as error:
         frames = traceback.extract_tb(error.__traceback__)
         home = inspect.getsourcefile(factory)

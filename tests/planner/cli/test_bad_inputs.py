@@ -273,8 +273,37 @@ GRAPH_PLANS = {
     "graph-zero-1": ([*GRAPH, "--zero-stage", "1"],
                      ["--zero-stage 1: a graph plan shards a parameter, its gradient"]),
 }
+TINY = ["check", "gpt", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads",
+        "4", "--vocab-size", "64", "--seq-length", "8", "--gpus", "2", "--global-batch-size",
+        "4"]
+# Caught before any work (no rank starts).
+FACTORIES_AND_CHECK_FLAGS = {
+    "factory-exits-0": ([f"{RAISING}:exits_cleanly", "--mesh", "2"],
+                        ["called sys.exit(0) instead of returning (model, example_inputs)"]),
+    "factory-exits-3": ([f"{RAISING}:exits_with_3", "--mesh", "2"],
+                        ["called sys.exit(3)"]),
+    "inputs-of-the-wrong-shape": ([f"{RAISING}:wrong_shape", "--mesh", "2"],
+                                  ["[4, 5] X [8, 8]", "The example inputs do not fit the "
+                                   "model"]),
+    "checkpoint-dir-unwritable": ([*TINY, "--checkpoint-every", "1", "--checkpoint-dir",
+                                   "plain-file/checkpoints"],
+                                  ["--checkpoint-dir 'plain-file/checkpoints' cannot be "
+                                   "written"]),
+    "stall-rank-beyond-the-ranks": ([*TINY, "--stall-rank", "5", "--stall-at-step", "0"],
+                                    ["--stall-rank 5: the plan runs ranks 0-1"]),
+    "slow-rank-without-a-factor": ([*TINY, "--slow-rank", "1"],
+                                   ["--slow-rank and --slow-factor go together"]),
+    "nan-beyond-the-steps": ([*TINY, "--nan-at-step", "3"],
+                             ["--nan-at-step 3: the check trains steps 0-2"]),
+    "rollback-without-checkpoints": ([*TINY, "--on-divergence", "rollback"],
+                                     ["--on-divergence rollback goes back to the last "
+                                      "checkpoint: give --checkpoint-every"]),
+    "elastic-without-the-ranks": ([*TINY, "--checkpoint-every", "1", "--elastic", "3:4"],
+                                  ["--elastic 3:4: --gpus 2 is not within it"]),
+    "elastic-not-a-range": ([*TINY, "--elastic", "4"], ["'4' is not MIN:MAX"]),
+}
 FAMILIES = {**KNOB_VALUES, **ESCAPED_TRACEBACKS, **HANGS_AND_UNBOUNDED_WORK, **GARBAGE,
-            **MISSPELT, **GRAPH_PLANS}
+            **MISSPELT, **GRAPH_PLANS, **FACTORIES_AND_CHECK_FLAGS}
 
 
 @pytest.fixture(autouse=True)
