@@ -8,7 +8,6 @@ failure names the instance that broke and reruns identically.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -336,14 +335,9 @@ def test_t_max_tolerance_stays_within_its_factor(tolerance: float) -> None:
     assert exact.total_latency <= rough.total_latency <= exact.total_latency * (1 + tolerance)
 
 
-def test_gpt3_depth_on_128_devices_is_fast() -> None:
+def test_gpt3_depth_on_128_devices_is_planned() -> None:
     """L = 96, 8 submeshes (1-8 devices, 2-16 nodes of 8), 128 devices, 16 positions,
-    B = 64: seconds, not Algorithm 1's sweep over every distinct stage latency."""
+    B = 64: a valid plan (its time is measured in benchmarks/stage_dp_speed.py)."""
     instance = synthetic_instance()
-    start = time.perf_counter()
     plan = stage_dp(**instance)
-    elapsed = time.perf_counter() - start
-    print(f"\nstage_dp L=96 S=8 D=128 K=16 B=64: {elapsed:.2f} s, {len(plan.stages)} stages, "
-          f"total {plan.total_latency:.3f}, t_max {plan.t_max:.4f}")
     assert_valid(plan, instance)
-    assert elapsed < 60
