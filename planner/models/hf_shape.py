@@ -450,18 +450,28 @@ def window_frequency(windowed: list[int]) -> int | list[int] | None:
     return windowed
 
 
-# The zoo's parameter names -> a Llama-family Hugging Face model's (transformers' own
-# module names), so an hf: plan lists the parameters the runtime builds.
+# The zoo's parameter names -> a Hugging Face model's (transformers' own module names),
+# for the families whose parameters correspond one to one, so an hf: plan lists the
+# parameters the runtime builds. (Phi-3 and GPT-NeoX fuse q/k/v, so their plans keep the
+# zoo's names.)
 _LLAMA_ROOT_NAMES = {"embed.": "model.embed_tokens.", "final_norm.": "model.norm."}
 _LLAMA_LAYER_NAMES = {".attn_norm.": ".input_layernorm.",
                       ".mlp_norm.": ".post_attention_layernorm.", ".attn.": ".self_attn."}
+# Gemma 2's four norms: before and after attention, before and after the MLP.
+_GEMMA2_LAYER_NAMES = {".attn_norm.": ".input_layernorm.",
+                       ".post_attn_norm.": ".post_attention_layernorm.",
+                       ".mlp_norm.": ".pre_feedforward_layernorm.",
+                       ".post_mlp_norm.": ".post_feedforward_layernorm.", ".attn.": ".self_attn."}
+_LAYER_NAMES = {**{family: _LLAMA_LAYER_NAMES for family in (*_LLAMA_LIKE, "qwen3")},
+                "gemma2": _GEMMA2_LAYER_NAMES}
 
 
 def parameter_namer(config: Any) -> Callable[[str], str] | None:
-    """Maps the zoo's parameter names to the Hugging Face model's for the Llama family,
-    whose modules correspond one to one (``layers.3.attn.q_proj.weight`` ->
+    """Maps the zoo's parameter names to the Hugging Face model's for the families whose
+    modules correspond one to one (``layers.3.attn.q_proj.weight`` ->
     ``model.layers.3.self_attn.q_proj.weight``); None for other model types."""
-    if getattr(config, "model_type", None) not in _LLAMA_LIKE:
+    layer_names = _LAYER_NAMES.get(getattr(config, "model_type", None))
+    if layer_names is None:
         return None
 
     def hf_name(name: str) -> str:
@@ -470,8 +480,9 @@ def parameter_namer(config: Any) -> Callable[[str], str] | None:
                 return hf + name.removeprefix(zoo)
         if not name.startswith("layers."):
             return name  # lm_head.weight
-        for zoo, hf in _LLAMA_LAYER_NAMES.items():
-            name = name.replace(zoo, hf, 1)
+        for zoo, hf in layer_names.items():
+            if zoo in name:
+                return "model." + name.replace(zoo, hf, 1)
         return "model." + name
 
     return hf_name

@@ -8,8 +8,9 @@ configs (4 layers, hidden 64, 4 heads, sequence 16; windows of 8, so they mask),
 pp2 x tp2 x dp2 with 1F1B and under dp8 with ZeRO-3. Every plan trains as one process
 does (losses and parameters within 1e-4), every rank issues exactly the collectives the
 Plan predicts (count and bytes per kind) and holds exactly the parameters, gradients and
-optimizer state it predicts. The 8 ranks start once for all ten plans (importing torch
-and transformers in 8 processes costs more than the plans' steps). Then `plan check` of
+optimizer state it predicts. Gemma 2 also runs tp2 x dp4 with sequence parallelism, and
+Qwen3 dp8 with ZeRO-3. The 8 ranks start once for all twelve plans (importing torch and
+transformers in 8 processes costs more than the plans' steps). Then `plan check` of
 a model type the runtime cannot train: one line, exit 2, no rank started."""
 
 from __future__ import annotations
@@ -50,11 +51,22 @@ FAMILIES = {  # every width divides by 8: ZeRO's shards are even, so bytes are e
              "num_key_value_heads": 4, "tie_word_embeddings": False, "rope_theta": 1e4,
              "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 1},
 }
+QWEN3 = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], **_SHAPE,
+         "num_key_value_heads": 2, "head_dim": 16, "tie_word_embeddings": False,
+         "rope_theta": 1e4}
 # name -> the plan's fixed knobs
 LAYOUTS = {
     "pp2-tp2-dp2-1f1b": dict(pipeline=2, tensor=2, global_batch_size=8, zero_stage=0,
                              schedule="1f1b"),
     "dp8-zero3": dict(pipeline=1, tensor=1, global_batch_size=8, zero_stage=3),
+}
+# Beyond every family under every layout: Gemma 2's four norms per layer on sequence
+# shards (each norm's gradient reduced over the tensor ranks), and Qwen3 (QK norms; not
+# tensor-parallel yet) under ZeRO-3. name -> (hf config, the plan's fixed knobs)
+MORE_RUNS = {
+    "gemma2/tp2-dp4-sequence-parallel": (FAMILIES["gemma2"], dict(
+        pipeline=1, tensor=2, global_batch_size=8, zero_stage=0, sequence_parallel=True)),
+    "qwen3/dp8-zero3": (QWEN3, LAYOUTS["dp8-zero3"]),
 }
 
 
@@ -81,10 +93,11 @@ def _train_each(rank: int, world: int, runs: list) -> list[dict]:
 @pytest.mark.timeout(600)
 def test_hf_families_train_as_one_process_and_as_planned() -> None:
     runs = {}
-    for family, fields in FAMILIES.items():
+    cases = {f"{family}/{layout}": (fields, knobs) for family, fields in FAMILIES.items()
+             for layout, knobs in LAYOUTS.items()}
+    for name, (fields, knobs) in {**cases, **MORE_RUNS}.items():
         config = _shape(fields)
-        for layout, knobs in LAYOUTS.items():
-            runs[f"{family}/{layout}"] = (config, _plan(family, config, knobs), fields)
+        runs[name] = (config, _plan(fields["model_type"], config, knobs), fields)
     specs = {name: from_training_plan(plan) for name, (_, plan, _) in runs.items()}
     results = launch(_train_each, GPUS, [(config, specs[name], fields)
                                          for name, (config, _, fields) in runs.items()])
@@ -103,7 +116,7 @@ def test_hf_families_train_as_one_process_and_as_planned() -> None:
                              [r["local_bytes"] for r in ranks], STEPS)
         assert comparison.passed, (name, comparison.mismatches)
         assert comparison.measured == comparison.predicted, name
-        if plan.parallel.tensor > 1:
+        if plan.parallel.pipeline > 1:
             assert all({"send", "recv", "all_reduce"} <= set(kinds)
                        for kinds in comparison.measured), name
         # Parameters, gradients and optimizer state of every rank exactly as predicted.

@@ -66,6 +66,56 @@ def test_hf_stages_hold_hf_names_and_compute_what_the_whole_model_does() -> None
         )
 
 
+_TINY = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+         "vocab_size": 128, "max_position_embeddings": 64, "intermediate_size": 96,
+         "tie_word_embeddings": False, "rope_theta": 10000.0}
+FAMILIES = {
+    "qwen2": {"model_type": "qwen2", **_TINY, "num_key_value_heads": 2},
+    "mistral": {"model_type": "mistral", **_TINY, "num_key_value_heads": 2,
+                "sliding_window": 8},
+    "qwen3": {"model_type": "qwen3", **_TINY, "num_key_value_heads": 2, "head_dim": 16},
+    "gemma2": {"model_type": "gemma2", **_TINY, "num_key_value_heads": 2, "head_dim": 16,
+               "tie_word_embeddings": True, "sliding_window": 8},
+    "phi3": {"model_type": "phi3", **_TINY, "num_key_value_heads": 4, "pad_token_id": 0,
+             "bos_token_id": 1, "eos_token_id": 1},
+    "gpt_neox": {"model_type": "gpt_neox", **_TINY},
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_each_family_s_stages_are_its_causal_lm_and_its_plan_counts_them(family) -> None:
+    """Two stages hold the causal LM's parameters under its names and compute its logits
+    (masks, soft-caps and scaled embeddings included); the zoo shape counts exactly those
+    parameters, and where names correspond one to one the Plan lists them by them."""
+    from cost_models.stage_parameters import chunk_parameters
+    from planner.models.hf_shape import parameter_namer
+
+    fields = FAMILIES[family]
+    hf = transformers.CONFIG_MAPPING[fields["model_type"]].from_dict(fields)
+    shape = to_transformer_config(hf, seq_length=16)
+    parts = model_parts(shape, fields)
+    reference = parts.reference(seed=1)
+    want = dict(reference.named_parameters())
+    assert shape.num_parameters() == sum(p.numel() for p in want.values())
+    first, last = parts.build_stage((0, 1), True, False), parts.build_stage((1, 2), False, True)
+    for stage in (first, last):
+        parts.materialize(stage, seed=1)
+    got = {**dict(first.named_parameters()), **dict(last.named_parameters())}
+    if shape.tie_embeddings:  # the last stage's copy of the embedding, under its name
+        assert torch.equal(first.embed.weight, last.embed.weight)
+    assert set(got) == set(want)
+    tokens = torch.randint(0, 128, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(last(first(tokens)), parts.logits(reference, tokens),
+                                   rtol=0, atol=0)
+    namer = parameter_namer(hf)
+    if family in ("phi3", "gpt_neox"):  # fused q/k/v: the zoo's names stay
+        assert namer is None
+    else:
+        listed = {namer(p.name) for p in chunk_parameters(shape, (0, 2), True, True)}
+        assert listed == set(want)
+
+
 def test_a_rank_materializes_only_its_shards_of_the_hf_model(fake_world) -> None:
     # Rank 5 of pp2.dp2.tp2: pipeline rank 1, data rank 0, tensor rank 1.
     fake_world(5, 8)
