@@ -1,6 +1,6 @@
 """Profiled costs: op and collective times measured on the machine at hand.
 
-A `ProfileDatabase` (a JSON file, written by `cost_models/measure.py`'s
+A `ProfileDatabase` (a JSON file, written by `runtime/measure.py`'s
 `measure_profile`, i.e. `plan profile`) holds matmul, elementwise and collective times. A
 plan made with it (`plan --profile PATH`) charges each op `ProfileDatabase.op_time`, and
 each collective `ProfileDatabase.collective_time` where the database has that kind on that

@@ -158,7 +158,7 @@ def run_profile(args: argparse.Namespace) -> int:
         def report(what: str, done: int, total: int) -> None:
             progress.update(task, description=what, completed=done, total=total)
 
-        from cost_models.measure import measure_profile  # torch: only to measure
+        from runtime.measure import measure_profile  # torch: only to measure
 
         database = measure_profile(settings, report)
     database.save(args.output)

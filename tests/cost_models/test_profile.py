@@ -11,7 +11,7 @@ import pytest
 
 from cost_models.comm import COLLECTIVE_KINDS
 from cost_models.compute import dtype_key, tensor_bytes
-from cost_models.measure import byte_sizes, matmul_shapes, measure_profile
+from runtime.measure import byte_sizes, matmul_shapes, measure_profile
 from cost_models.profile import MatmulSample, ProfileDatabase, ProfileSettings
 from passes.dtensor_rules import Collective, fake_mesh, parse_placements
 from passes.strategies import node_flops, shard_factor, tensor_inputs
@@ -367,9 +367,9 @@ def test_plan_profile_bounds_exit_2_in_one_line(
     flags: list[str], message: str, capsys, piped_width, tmp_path, monkeypatch
 ) -> None:
     # Refused before anything is measured: the run would otherwise take seconds at least.
-    import cost_models.measure
+    import runtime.measure
 
-    monkeypatch.setattr(cost_models.measure, "measure_profile",
+    monkeypatch.setattr(runtime.measure, "measure_profile",
                         lambda *a: pytest.fail("measured"))
     code = cli.main(["profile", "--output", str(tmp_path / "p.json"), *flags])
     captured = capsys.readouterr()

@@ -383,10 +383,10 @@ def test_debug_keeps_the_exit_code_and_adds_the_traceback(capsys) -> None:
 @pytest.mark.timeout(60)
 def test_no_work_is_done_before_an_output_path_is_refused(capsys, monkeypatch) -> None:
     """`plan profile --output` and `plan check --json` used to measure or train first."""
-    import cost_models.measure
+    import runtime.measure
     import planner.check
 
-    monkeypatch.setattr(cost_models.measure, "measure_profile",
+    monkeypatch.setattr(runtime.measure, "measure_profile",
                         lambda *a: pytest.fail("measured before checking --output"))
     monkeypatch.setattr(planner.check, "check_plan",
                         lambda *a, **k: pytest.fail("trained before checking --json"))
