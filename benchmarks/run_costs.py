@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cost_models.economics import RunSettings  # noqa: E402
+from cost_models.economics import RunAssumptions  # noqa: E402
 from planner.cluster import Cluster  # noqa: E402
 from planner.models.presets import get_preset  # noqa: E402
 from planner.search import search  # noqa: E402
@@ -48,7 +48,7 @@ def tessel_run(cluster_name: str, gpus: int, price: float, precision: str) -> di
                          list(candidate.layers_per_stage), candidate.stages,
                          prediction=prediction)
     assert cluster.run_costs is not None
-    settings = RunSettings(gpu_hour_usd=price,
+    settings = RunAssumptions(gpu_hour_usd=price,
                            failure_rate_per_gpu_hour=cluster.run_costs.failure_rate_per_gpu_hour,
                            checkpoint_write_gbps=5.0, restart_minutes=10.0)
     totals = plan_totals(plan, model.num_parameters(), cluster,

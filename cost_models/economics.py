@@ -65,7 +65,7 @@ class RunCosts(BaseModel):
 
 
 @dataclass(frozen=True)
-class RunSettings:
+class RunAssumptions:
     """The assumptions a run's totals rest on, each overridable from the command line."""
 
     gpu_hour_usd: float
@@ -125,7 +125,7 @@ def ettr(interval_s: float, delta_s: float, restart_s: float, mttf_s: float) -> 
 def training_totals(
     steps: int, step_time_s: float, compute_fraction: float, gpus: int,
     checkpoint_bytes: float, rank_checkpoint_bytes: float, devices_per_host: int,
-    costs: RunCosts, settings: RunSettings,
+    costs: RunCosts, settings: RunAssumptions,
 ) -> TrainingTotals:
     """Totals of `steps` steps of `step_time_s` on `gpus` GPUs busy computing
     `compute_fraction` of the time, whose ranks each checkpoint `rank_checkpoint_bytes`

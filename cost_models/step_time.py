@@ -560,7 +560,7 @@ def _layer_state_args(model: TransformerConfig, parallel: ParallelConfig
     return other, 0.0, 0.0, parallel, expert
 
 
-def stage_costs(
+def stage_mesh_costs(
     model: TransformerConfig, cluster: Cluster, parallel: ParallelConfig, tensor: int,
     data: int, flash_attention: bool | None = None, collectives: LayerCollectives | None = None,
 ) -> StageCosts:

@@ -3,14 +3,15 @@
 `plan_model` plans a model's training step over a device mesh, `plan_graph` over a cluster
 (pipeline stages, each sharded on its own submesh); `parallelize` plans it and returns a
 trainer for the ranks of an initialized process group; `GraphKnobs` fixes a graph plan's
-recomputation, schedule or ZeRO-3.
+recomputation, schedule or ZeRO-3. `plan_training` plans a transformer given by its shape
+(`planner.models.config.TransformerConfig`) on a cluster, as `plan MODEL --gpus N` does.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["GraphKnobs", "parallelize", "plan_graph", "plan_model"]
+__all__ = ["GraphKnobs", "parallelize", "plan_graph", "plan_model", "plan_training"]
 
 
 def __getattr__(name: str) -> Any:
@@ -19,6 +20,10 @@ def __getattr__(name: str) -> Any:
         from planner.search.graph_knobs import GraphKnobs
 
         return GraphKnobs
+    if name == "plan_training":
+        from planner.training import plan_training
+
+        return plan_training
     if name in __all__:
         from planner import api
 

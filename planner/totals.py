@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from cost_models.economics import RunSettings, TrainingTotals, training_totals
+from cost_models.economics import RunAssumptions, TrainingTotals, training_totals
 from cost_models.memory import state_element_bytes
 from planner.cluster import Cluster
 from planner.models.config import TransformerConfig
@@ -35,7 +35,7 @@ def checkpoint_bytes(plan: Plan, num_parameters: float) -> tuple[float, float]:
 
 
 def plan_totals(plan: Plan, num_parameters: float, cluster: Cluster, steps: int,
-                settings: RunSettings) -> TrainingTotals:
+                settings: RunAssumptions) -> TrainingTotals:
     """The totals of `steps` steps of `plan` of a model of `num_parameters` on `cluster`
     (whose `run_costs` give power)."""
     assert cluster.run_costs is not None

@@ -1,6 +1,8 @@
-"""The Plan of one training configuration: its stages, predicted numbers and launch flags.
+"""Training plans of a transformer: the best configurations a search finds, as Plans.
 
-`training_plan` predicts a configuration (or takes the search's prediction of it) and
+`plan_training` searches a model's configurations on a cluster (the knobs given fixed)
+and returns the best as Plans; `ranked_plans` turns a search's ranking into Plans;
+`training_plan` predicts one configuration (or takes the search's prediction of it) and
 packages it as the one `Plan` schema (`planner/plan.py`): every stage's layers, ranks and
 logical mesh, the degrees as the first stage sees them, and Megatron-LM's flags where
 Megatron-LM can run it.
@@ -8,8 +10,9 @@ Megatron-LM can run it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, replace
-from typing import Callable
+from typing import Any, Callable
 
 from cost_models.layer_collectives import LayerCollectives
 from cost_models.memory import breakdown_gib, state_element_bytes
@@ -41,7 +44,37 @@ from planner.plan import (
     StageMemory,
     tessel_version,
 )
-from planner.search.megatron_space import megatron_stage_splits
+from planner.search import search
+from planner.search.megatron_space import Progress, SearchResult, megatron_stage_splits
+
+
+def plan_training(
+    name: str, model: TransformerConfig, cluster: Cluster, global_batch_size: int,
+    fixed: Mapping[str, Any] | None = None, space: str = "auto", top: int = 1,
+    parameter_names: Callable[[str], str] | None = None, progress: Progress | None = None,
+) -> tuple[list[Plan], SearchResult]:
+    """The `top` best training plans of `model` (named `name`) on `cluster` at
+    `global_batch_size` sequences a step, best first, keeping the knobs in `fixed`
+    (`planner.parallel.FixedKnobs`' names) and searching the rest in `space`; and the
+    search itself (what it evaluated, how long it took). No plan: nothing fits."""
+    result = search(model, cluster, global_batch_size, fixed or {}, space, progress)
+    plans = ranked_plans(name, model, cluster, result, top, parameter_names=parameter_names)
+    return plans, result
+
+
+def ranked_plans(
+    name: str, model: TransformerConfig, cluster: Cluster, result: SearchResult, top: int,
+    collectives: LayerCollectives | None = None,
+    parameter_names: Callable[[str], str] | None = None,
+) -> list[Plan]:
+    """The `top` best configurations of a search `result` as Plans, best first, with the
+    search's predictions (not predicted again)."""
+    return [
+        training_plan(name, model, cluster, candidate.parallel,
+                      list(candidate.layers_per_stage), candidate.stages, collectives,
+                      prediction, parameter_names)
+        for candidate, prediction in result.ranked[:top]
+    ]
 
 
 def training_plan(

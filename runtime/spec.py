@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from planner.parallel_dims import ParallelDims
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "interleaved_zb", "zbv", "dualpipev")
+RUNTIME_SCHEDULES = ("gpipe", "1f1b", "interleaved", "interleaved_zb", "zbv", "dualpipev")
 """The plan's four, and torch's two zero-bubble schedules (Qi et al. 2024): interleaved
 zero bubble (loop order) and ZBV (two chunks per rank in V order, as DualPipeV's)."""
 MULTI_CHUNK = ("interleaved", "interleaved_zb", "zbv", "dualpipev")
@@ -50,8 +50,8 @@ class RunSpec:
     def __post_init__(self) -> None:
         d = self.degrees
         problems = []
-        if self.schedule not in SCHEDULES:
-            problems.append(f"schedule must be one of {', '.join(SCHEDULES)}")
+        if self.schedule not in RUNTIME_SCHEDULES:
+            problems.append(f"schedule must be one of {', '.join(RUNTIME_SCHEDULES)}")
         if self.recompute not in RECOMPUTE:
             problems.append(f"recompute must be one of {', '.join(RECOMPUTE)}")
         if not 0 <= self.zero_stage <= 3:

@@ -91,7 +91,7 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
     runs it (engine tessel), train the best plan on N local gloo ranks and the same steps
     in one process, and compare the losses and parameters with one process and the
     collectives, held bytes and bytes saved for backward with the Plan's."""
-    from planner.cli.train import plan_training, print_training_plans
+    from planner.cli.train import plan_from_flags, print_training_plans
 
     if args.mesh is not None:
         raise UsageError("--mesh checks an operator-level plan and --gpus a training plan; "
@@ -130,7 +130,7 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
     # Priced as the runtime below runs it: its activations, not Megatron-LM's. (A graph
     # plan above is Tessel's runtime's by construction: it takes no engine.)
     args.engine = "tessel"
-    plans, model, loaded = plan_training(args, cluster, console, top=1, loaded=loaded)
+    plans, model, loaded = plan_from_flags(args, cluster, console, top=1, loaded=loaded)
     print_training_plans(plans, console)
     from runtime.launch import RankError
     from runtime.spec import from_training_plan
@@ -187,7 +187,7 @@ def _go_on_elastic(args: argparse.Namespace, cluster: Cluster, loaded, model, lo
     """--elastic: rank `error.rank` is lost for good. Re-plan for the most ranks left
     (down to MIN) that a plan fits, and train it from the newest checkpoint, which
     `runtime.checkpoint` reshards onto the new plan: (plan, spec, report)."""
-    from planner.cli.train import layout, plan_training
+    from planner.cli.train import layout, plan_from_flags
     from runtime.spec import from_training_plan
     from runtime.training import check_training
 
@@ -197,7 +197,7 @@ def _go_on_elastic(args: argparse.Namespace, cluster: Cluster, loaded, model, lo
                   highlight=False, soft_wrap=True)
     for world in range(lost_plan.num_gpus - 1, low - 1, -1):
         try:
-            plans, _, _ = plan_training(argparse.Namespace(**{**vars(args), "gpus": world}),
+            plans, _, _ = plan_from_flags(argparse.Namespace(**{**vars(args), "gpus": world}),
                                         cluster, console, top=8, loaded=loaded)
         except UsageError:
             continue

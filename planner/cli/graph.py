@@ -16,7 +16,7 @@ from planner.cli.errors import UsageError
 from planner.cli.model_args import shape_overrides
 from planner.cli.emit_flags import emit_if_asked
 from planner.cli.output import write_json
-from planner.cli.run_flags import objective_key, run_settings, wants_totals
+from planner.cli.run_flags import objective_key, run_assumptions, wants_totals
 from planner.cli.whole_run import print_totals
 from planner.cli.parallel_flags import training_flags_given
 from planner.cluster import Cluster
@@ -193,7 +193,7 @@ def _wants_graph_totals(args: argparse.Namespace, cluster: Cluster) -> bool:
                          "of one's own has no tokens per sample); give --train-iters N")
     if not wants_totals(args):
         return False
-    run_settings(args, cluster)  # a cluster without run costs is refused now
+    run_assumptions(args, cluster)  # a cluster without run costs is refused now
     return True
 
 
@@ -201,7 +201,7 @@ def _with_totals(plans: list[Plan], loaded: LoadedModel, cluster: Cluster,
                  args: argparse.Namespace) -> list[Plan]:
     """The plans with their whole run's totals (`planner.totals`), ranked by --objective
     (fitting plans first) where given."""
-    settings = run_settings(args, cluster)
+    settings = run_assumptions(args, cluster)
     parameters = sum(p.numel() for p in loaded.model.parameters())
     out = [plan.model_copy(update={"training": plan_totals(
         plan, parameters, cluster.with_devices(plan.num_gpus), args.train_iters, settings)})

@@ -382,7 +382,7 @@ def _best_plans(
     sets them (`kept`: `KEPT` or `TORCHTITAN_KEPT`)."""
     from rich.progress import Progress
 
-    from planner.cli.train import ranked_plans
+    from planner.training import ranked_plans
     from planner.search import search
 
     with Progress(console=console, transient=True) as progress:

@@ -7,7 +7,7 @@ import argparse
 import re
 from typing import Any
 
-from cost_models.economics import DEFAULT_PUE, RunSettings
+from cost_models.economics import DEFAULT_PUE, RunAssumptions
 from planner.cli.errors import UsageError
 from planner.cli.parsing import whole
 from planner.cluster import Cluster
@@ -105,14 +105,14 @@ def wants_totals(args: argparse.Namespace) -> bool:
     return given
 
 
-def run_settings(args: argparse.Namespace, cluster: Cluster) -> RunSettings:
+def run_assumptions(args: argparse.Namespace, cluster: Cluster) -> RunAssumptions:
     """The totals' assumptions: flags as given, the preset's values for the rest."""
     costs = cluster.run_costs
     if costs is None:
         raise UsageError(f"--cluster {cluster.name} has no run_costs (price per GPU-hour, "
                          "failure rate, power) for --train-tokens; use a preset that has "
                          "them or add run_costs to the cluster file")
-    return RunSettings(
+    return RunAssumptions(
         gpu_hour_usd=args.gpu_hour_price or costs.default_price,
         failure_rate_per_gpu_hour=args.failure_rate or costs.failure_rate_per_gpu_hour,
         checkpoint_write_gbps=args.checkpoint_write_gbps,

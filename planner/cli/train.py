@@ -28,12 +28,11 @@ from planner.knobs import FLAG, check_knobs, default_precision
 from planner.parallel import FixedKnobs
 from planner.models.config import TransformerConfig
 from planner.plan import Plan
-from planner.training import training_plan
+from planner.training import plan_training
 
 if TYPE_CHECKING:
     from planner.model_spec import LoadedModel
     from planner.search.megatron_space import SearchResult
-    from cost_models.layer_collectives import LayerCollectives
 
 
 def run_training(args: argparse.Namespace, cluster: Cluster, console: Console) -> int:
@@ -47,14 +46,14 @@ def run_training(args: argparse.Namespace, cluster: Cluster, console: Console) -
         from planner.cli.graph import run_graph_training
 
         return run_graph_training(args, loaded, cluster, console)
-    plans, model, _ = plan_training(args, cluster, console, loaded=loaded)
+    plans, model, _ = plan_from_flags(args, cluster, console, loaded=loaded)
     totals = wants_totals(args)
     if totals:
         plans = with_totals(plans, model, cluster, args)
 
         def search(gpus: int) -> tuple[list[Plan], TransformerConfig]:
             fewer = argparse.Namespace(**{**vars(args), "gpus": gpus})
-            found, shape, _ = plan_training(fewer, cluster, console, loaded=loaded)
+            found, shape, _ = plan_from_flags(fewer, cluster, console, loaded=loaded)
             return found, shape
 
         plans += fewer_gpu_plans(args, cluster, search)
@@ -71,7 +70,7 @@ def run_training(args: argparse.Namespace, cluster: Cluster, console: Console) -
     return 0
 
 
-def plan_training(
+def plan_from_flags(
     args: argparse.Namespace, cluster: Cluster, console: Console, top: int | None = None,
     loaded: LoadedModel | None = None,
 ) -> tuple[list[Plan], TransformerConfig, LoadedModel]:
@@ -89,35 +88,18 @@ def plan_training(
     check_knobs(knobs, model, cluster, args.global_batch_size, args.space)
     if "precision" not in knobs:
         knobs = knobs.but(precision=default_precision(cluster))
-    names = _parameter_names(loaded)
     # Knobs not given are searched, also when the degrees and micro-batch are all given
     # (`plan predict` is where a launch line's literal defaults are priced).
-    result = _search_with_progress(args, model, cluster, knobs, console)
-    if not result.ranked:
+    plans, result = _plan_with_progress(args, model, cluster, knobs, top or args.top,
+                                        _parameter_names(loaded), console)
+    if not plans:
         raise UsageError(_no_fit(args, model, cluster, knobs)
                          + _cheapest_relaxation(args, model, cluster, knobs))
-    plans = ranked_plans(args.model, model, cluster, result, top or args.top,
-                         parameter_names=names)
     console.print(f"searched {result.evaluated:,} configurations in "
                   + ", ".join(f"{k.removesuffix('_s')} {v:.2f} s"
                               for k, v in result.timings.items()),
                   highlight=False)
     return plans, model, loaded
-
-
-def ranked_plans(
-    name: str, model: TransformerConfig, cluster: Cluster, result: SearchResult, top: int,
-    collectives: LayerCollectives | None = None,
-    parameter_names: Callable[[str], str] | None = None,
-) -> list[Plan]:
-    """The `top` best configurations of a search `result` as Plans, best first, with the
-    search's predictions (not predicted again)."""
-    return [
-        training_plan(name, model, cluster, candidate.parallel,
-                      list(candidate.layers_per_stage), candidate.stages, collectives,
-                      prediction, parameter_names)
-        for candidate, prediction in result.ranked[:top]
-    ]
 
 
 def _refuse_what_does_not_fit(plan: Plan, cluster: Cluster) -> None:
@@ -155,13 +137,12 @@ def _parameter_names(loaded: LoadedModel) -> Callable[[str], str] | None:
     return parameter_namer(loaded.config)
 
 
-def _search_with_progress(
+def _plan_with_progress(
     args: argparse.Namespace, model: TransformerConfig, cluster: Cluster,
-    knobs: FixedKnobs, console: Console,
-) -> SearchResult:
+    knobs: FixedKnobs, top: int, names: Callable[[str], str] | None, console: Console,
+) -> tuple[list[Plan], SearchResult]:
+    """`planner.training.plan_training`, with a progress bar."""
     from rich.progress import Progress
-
-    from planner.search import search
 
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task(f"searching {args.space} space", total=None)
@@ -169,7 +150,8 @@ def _search_with_progress(
         def advance(done: int, total: int) -> None:
             progress.update(task, completed=done, total=total)
 
-        return search(model, cluster, args.global_batch_size, knobs, args.space, advance)
+        return plan_training(args.model, model, cluster, args.global_batch_size, knobs,
+                             args.space, top, names, advance)
 
 
 # Fixed knobs a refusal may suggest giving up, each named by its flag (planner.knobs.FLAG).

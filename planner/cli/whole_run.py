@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.cli.errors import UsageError
-from planner.cli.run_flags import objective_key, run_settings
+from planner.cli.run_flags import objective_key, run_assumptions
 from planner.cluster import Cluster
 from planner.models.config import TransformerConfig
 from planner.plan import Plan
@@ -27,7 +27,7 @@ Search = Callable[[int], tuple[list[Plan], TransformerConfig]]
 def with_totals(plans: list[Plan], model: TransformerConfig, cluster: Cluster,
                 args: argparse.Namespace) -> list[Plan]:
     """`plans` with their whole-run totals, ranked by --objective (as given otherwise)."""
-    settings = run_settings(args, cluster)
+    settings = run_assumptions(args, cluster)
     out = []
     for plan in plans:
         steps = run_steps(model, plan.global_batch_size or 1, args.train_tokens,

@@ -32,7 +32,7 @@ from planner.models.config import TransformerConfig
 from planner.plan import Plan
 
 FILE = "pytorch_train.py"
-SCHEDULES = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe",
+TORCH_SCHEDULE_CLASSES = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe",
              "interleaved": "ScheduleInterleaved1F1B"}
 DEFAULT_STEPS = 1000
 
@@ -56,8 +56,9 @@ def pytorch_incompatibility(plan: Plan, model: TransformerConfig | None) -> str 
                 "torch.distributed.pipelining does not keep equal: use --emit megatron")
     if plan.precision in ("fp16", "fp8"):
         return f"{plan.precision} training needs more than torch (loss scaling or torchao)"
-    if plan.schedule not in (None, *SCHEDULES):
-        return (f"the script lays chunks out in loop order for {', '.join(SCHEDULES)}; "
+    if plan.schedule not in (None, *TORCH_SCHEDULE_CLASSES):
+        looped = ", ".join(TORCH_SCHEDULE_CLASSES)
+        return (f"the script lays chunks out in loop order for {looped}; "
                 f"{plan.schedule} runs them in V order: use --emit torchtitan")
     return None
 
@@ -94,7 +95,7 @@ def pytorch_files(plan: Plan, model: TransformerConfig | None) -> dict[str, str]
                   f"{plan.model} on {plan.num_gpus} GPUs ({plan.cluster})")
     zero = {3: "ZeRO-3", 2: "ZeRO-2"}.get(q.zero_stage, f"the plan's ZeRO-{q.zero_stage} as "
                                                          "ZeRO-2: less memory, same traffic")
-    runs = (f"torch.distributed.pipelining ({SCHEDULES[plan.schedule or '1f1b']})"
+    runs = (f"torch.distributed.pipelining ({TORCH_SCHEDULE_CLASSES[plan.schedule or '1f1b']})"
             if q.pipeline > 1 else
             f"gradient accumulation over {plan.num_micro_batches} micro-batches")
     values = {
@@ -112,7 +113,7 @@ def pytorch_files(plan: Plan, model: TransformerConfig | None) -> dict[str, str]
         "MICRO": str(plan.micro_batch_size),
         "MICRO_BATCHES": str(plan.num_micro_batches),
         "GLOBAL": str(plan.global_batch_size),
-        "SCHEDULE": SCHEDULES[plan.schedule or "1f1b"],
+        "SCHEDULE": TORCH_SCHEDULE_CLASSES[plan.schedule or "1f1b"],
         "STEPS": str(plan.training.steps if plan.training else DEFAULT_STEPS),
     }
     return {FILE: Template(_SCRIPT).substitute(values)}

@@ -32,7 +32,7 @@ from cost_models.pipeline_schedule import (
 )
 from cost_models.step_time import StagePhases
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "dualpipev")
+DRAWN_SCHEDULES = ("gpipe", "1f1b", "interleaved", "dualpipev")
 """The schedules drawn: the planner's (ZB-V, which no plan names, is not)."""
 BAR_KINDS = ("forward", "backward", "recompute", "communication", "bubble")
 """What a bar shows: a stage's forward or backward kernels, the forward it replays in
@@ -77,8 +77,9 @@ def pipeline_timeline(
     p, m, v = len(stages), num_micro_batches, virtual
     if p < 1 or m < 1 or v < 1:
         raise ValueError(f"need stages, micro-batches and chunks >= 1, got {p}, {m} and {v}")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"cannot draw schedule {schedule!r}; it draws {', '.join(SCHEDULES)}")
+    if schedule not in DRAWN_SCHEDULES:
+        raise ValueError(f"cannot draw schedule {schedule!r}; it draws "
+                         f"{', '.join(DRAWN_SCHEDULES)}")
     # Stage s of the p v (virtual) stages runs on pipeline stage s % p (or in V order,
     # `stage_rank`), as its chunk s // p.
     def phases(action: Action) -> StagePhases:

@@ -53,7 +53,7 @@ LLAMA3_FLAVORS = {  # (layers, hidden, heads, kv heads, ffn) -> flavor
     (80, 8192, 64, 8, 28672): "70B",
     (126, 16384, 128, 8, 53248): "405B",
 }
-SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B",
+TORCHTITAN_SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B",
              "dualpipev": "DualPipeV"}
 FP8_RECIPES = {  # the plan's recipe -> (TorchTitan's converter, its recipe name)
     "delayed": ("quantize.linear.float8", "tensorwise"),
@@ -171,7 +171,7 @@ def job_config(plan: Plan, model: TransformerConfig) -> dict[str, dict[str, Any]
     if q.pipeline > 1:
         local_batch = plan.micro_batch_size * plan.num_micro_batches
         parallelism |= {
-            "pipeline_parallel_schedule": SCHEDULES[plan.schedule or "1f1b"],
+            "pipeline_parallel_schedule": TORCHTITAN_SCHEDULES[plan.schedule or "1f1b"],
             "pipeline_parallel_microbatch_size": plan.micro_batch_size,
             "module_fqns_per_model_part": model_parts(plan),
         }

@@ -24,7 +24,7 @@ import numpy as np
 
 from cost_models.memory import FRAMEWORK_RESERVE_BYTES
 from cost_models.pipeline_memory import StageLayout
-from cost_models.step_time import predict_stages, predict_step, stage_costs
+from cost_models.step_time import predict_stages, predict_step, stage_mesh_costs
 from planner.cluster import Cluster
 from planner.search.forked_call import BothEnds, start_forked
 from planner.search.inter_op import stage_dp
@@ -223,7 +223,7 @@ def _best_stages(
         meshes.append(options)
         best = np.full((groups, groups + 1, most), np.inf)
         for option, (tensor, data) in enumerate(options):
-            c = stage_costs(model, cluster, shared, tensor, data, flash, collectives)
+            c = stage_mesh_costs(model, cluster, shared, tensor, data, flash, collectives)
             latency = layers * c.layer_s + (last == groups) * c.head_s + c.p2p_s
             state = (layers * c.state_bytes_per_layer
                      + ((first == 0) + (last == groups)) * c.state_bytes_embedding)

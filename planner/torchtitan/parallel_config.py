@@ -43,7 +43,7 @@ P = "parallelism."
 TORCH_SCHEDULES = ("1F1B", "Interleaved1F1B", "GPipe", "LoopedBFS", "InterleavedZeroBubble",
                    "PipelineScheduleSingle", "PipelineScheduleMulti", "ZBVZeroBubble",
                    "DualPipeV")
-SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved1f1b": "interleaved",
+SCHEDULE_OF_TORCHTITAN = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved1f1b": "interleaved",
              "dualpipev": "dualpipev"}
 CONVERTERS = ("quantize.linear.float8", "quantize.linear.mx", "quantize.grouped_mm.float8",
               "quantize.grouped_mm.mx")
@@ -282,10 +282,10 @@ def _pipeline(
     if name.lower() not in known:
         raise v.error(f'{key} = "{name}" is not a schedule of torch.distributed.pipelining '
                       f"({', '.join(TORCH_SCHEDULES)})")
-    if name.lower() not in SCHEDULES:
+    if name.lower() not in SCHEDULE_OF_TORCHTITAN:
         raise v.error(f'{key} = "{known[name.lower()]}": Tessel prices 1F1B, Interleaved1F1B, '
                       "GPipe and DualPipeV, not this schedule yet; use one of those")
-    schedule = SCHEDULES[name.lower()]
+    schedule = SCHEDULE_OF_TORCHTITAN[name.lower()]
     single = schedule not in ("interleaved", "dualpipev")
     parts = _parts(v, num_layers, pp, single, notes)
     if len(parts) % pp:

@@ -6,10 +6,14 @@ each of its sublayers (the children that hold linears: attention and MLP):
 
 - a linear that reads the sublayer's input (the block's normalized hidden states) is
   column-parallel: q/k/v, gate/up, fc1 and their fused forms;
-- a linear whose output is the sublayer's output (what is added back into the residual)
-  is row-parallel: o_proj, dense, down_proj, fc2;
+- the sublayer's last linear, whose output is the sublayer's (through parameter-free
+  steps such as dropout: what is added back into the residual), is row-parallel:
+  o_proj, dense, down_proj, c_proj;
 - any other linear (an inner projection, as multi-latent attention has) is not split by
   this rule, and the layer is refused.
+
+GPT-2's ``Conv1D`` (a linear with its weight transposed) counts as a linear; its split
+dims are the transposed ones (`ColumnParallel`, `RowParallel`).
 
 A fused column-parallel linear is split so that each rank holds its own heads' rows
 (its own rows of each part): `fused_qkv_layout` finds, by running the attention with the
@@ -26,11 +30,19 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import Placement, Replicate, Shard, distribute_tensor
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import (
+    Placement,
+    Replicate,
+    Shard,
+    distribute_module,
+    distribute_tensor,
+)
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -38,11 +50,14 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
 )
 from torch.distributed.tensor.placement_types import _StridedShard
+from transformers.pytorch_utils import Conv1D
 
 from runtime.hf import stages as hf_stages
 
-_HEAD_COUNTS = ("num_heads", "num_attention_heads", "num_key_value_heads", "num_kv_heads")
-"""Attributes attention modules (and their configs) count heads in."""
+_HEAD_COUNTS = ("num_heads", "num_attention_heads", "num_key_value_heads", "num_kv_heads",
+                "split_size")
+"""Attributes attention modules (and their configs) count heads in, or (GPT-2's
+split_size) the width of all heads' queries."""
 
 
 @dataclass
@@ -71,15 +86,29 @@ class BlockLayout:
     """The layer's own norms (outside its sublayers): sequence-parallel under SP."""
 
 
-def block_layout(block: nn.Module, config: Any, rotary: nn.Module) -> BlockLayout:
+def is_linear(module: nn.Module) -> bool:
+    """An ``nn.Linear`` or transformers' ``Conv1D`` (GPT-2's transposed linear)."""
+    return isinstance(module, (nn.Linear, Conv1D))
+
+
+def out_features(module: nn.Module) -> int:
+    return module.nf if isinstance(module, Conv1D) else module.out_features
+
+
+def in_features(module: nn.Module) -> int:
+    return module.nx if isinstance(module, Conv1D) else module.in_features
+
+
+def block_layout(block: nn.Module, config: Any, rotary: nn.Module | None) -> BlockLayout:
     """The layout of `block` (a decoder layer on the meta device) by the module rule;
-    ValueError for a layer the rule does not split."""
+    ValueError for a layer the rule does not split. `rotary`: the stage's rotary table,
+    None for a family with learned positions."""
     hidden = config.hidden_size
     seen: dict[str, dict[str, Any]] = {}
     handles = []
     children = dict(block.named_children())
     for name, child in children.items():
-        if not any(isinstance(m, nn.Linear) for m in child.modules()):
+        if not any(is_linear(m) for m in child.modules()):
             continue
 
         def pre(module, args, kwargs, name=name):
@@ -92,15 +121,16 @@ def block_layout(block: nn.Module, config: Any, rotary: nn.Module) -> BlockLayou
 
         handles.append(child.register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(child.register_forward_hook(post, with_kwargs=True))
-    linears: dict[str, tuple[Any, Any]] = {}
+    linears: dict[str, Any] = {}  # name -> its input, in call order
     for name, module in block.named_modules():
-        if isinstance(module, nn.Linear):
+        if is_linear(module):
             handles.append(module.register_forward_hook(
-                lambda m, args, out, name=name: linears.__setitem__(name, (args[0], out))))
+                lambda m, args, out, name=name: linears.__setitem__(name, args[0])))
     x = torch.empty(1, 4, hidden, device="meta")
     positions = torch.arange(4, device="meta").unsqueeze(0)
+    extra = {} if rotary is None else {"position_embeddings": rotary(x, positions)}
     try:
-        block(x, attention_mask=None, position_embeddings=rotary(x, positions))
+        block(x, attention_mask=None, **extra)
     finally:
         for handle in handles:
             handle.remove()
@@ -109,11 +139,11 @@ def block_layout(block: nn.Module, config: Any, rotary: nn.Module) -> BlockLayou
     sublayers = []
     for name, record in seen.items():
         layout = SublayerLayout(name, record["keyword"])
-        inside = {n: io for n, io in linears.items() if n.startswith(name + ".")}
-        for linear, (read, wrote) in inside.items():
-            if read is record["input"] and wrote is not record["output"]:
+        inside = [(n, read) for n, read in linears.items() if n.startswith(name + ".")]
+        for index, (linear, read) in enumerate(inside):
+            if read is record["input"]:
                 layout.column[linear] = 1
-            elif wrote is record["output"] and read is not record["input"]:
+            elif index == len(inside) - 1:
                 layout.row.append(linear)
             else:
                 raise ValueError(
@@ -139,13 +169,13 @@ def _fused_parts(block: nn.Module, layout: SublayerLayout, config: Any) -> None:
         return
     (name,) = layout.column
     linear = block.get_submodule(name)
-    inner = block.get_submodule(layout.row[0]).in_features
+    inner = in_features(block.get_submodule(layout.row[0]))
     if layout.attention is not None:
-        if linear.out_features != inner:  # q/k/v in one linear
+        if out_features(linear) != inner:  # q/k/v in one linear
             layout.column[name] = fused_qkv_layout(
                 block.get_submodule(layout.attention), name.removeprefix(layout.attention + "."),
                 config)
-    elif linear.out_features == 2 * inner:
+    elif out_features(linear) == 2 * inner:
         layout.column[name] = 2
 
 
@@ -158,7 +188,7 @@ def fused_qkv_layout(attention: nn.Module, name: str, config: Any) -> int:
     heads, kv_heads = config.num_attention_heads, getattr(
         config, "num_key_value_heads", None) or config.num_attention_heads
     linear = getattr(attention, name)
-    rows = linear.out_features
+    rows = out_features(linear)
     numbered = torch.arange(1, rows + 1, dtype=torch.float32).reshape(1, 1, rows)
     captured: list[tuple[torch.Tensor, ...]] = []
 
@@ -219,19 +249,23 @@ def _parts_splitting_by_heads(
         "tensor parallelism yet; run it with --tensor-model-parallel-size 1")
 
 
-class FusedColwiseParallel(ColwiseParallel):
-    """ColwiseParallel of a linear fusing `parts` projections, each split alike over the
-    ranks (`_StridedShard(0, parts)`: a rank holds its rows of every part, in order). The
-    rank's output columns are its own [q_r; k_r; v_r] (or [gate_r; up_r]), what the
-    module's reshape on local heads reads: used as they are, never redistributed."""
+class ColumnParallel(ColwiseParallel):
+    """ColwiseParallel of an ``nn.Linear`` or a ``Conv1D`` (its weight transposed: split
+    on dim 1) whose output fuses `parts` projections, each split alike over the ranks
+    (`_StridedShard(dim, parts)`: a rank holds its rows of every part, in order; one part:
+    a plain `Shard`). The rank's output columns are its own [q_r; k_r; v_r] (or
+    [gate_r; up_r]), what the module's reshape on local heads reads: used as they are,
+    never redistributed."""
 
-    def __init__(self, parts: int) -> None:
+    def __init__(self, parts: int = 1) -> None:
         super().__init__()
         self.parts = parts
 
     def _partition_linear_fn(self, name, module, device_mesh):
         for param_name, param in module.named_parameters():
-            placement: Placement = _StridedShard(0, split_factor=self.parts)
+            dim = 1 if isinstance(module, Conv1D) and param_name == "weight" else 0
+            placement: Placement = Shard(dim) if self.parts == 1 else _StridedShard(
+                dim, split_factor=self.parts)
             module.register_parameter(param_name, nn.Parameter(
                 distribute_tensor(param, device_mesh, [placement], src_data_rank=None),
                 requires_grad=param.requires_grad))
@@ -240,15 +274,40 @@ class FusedColwiseParallel(ColwiseParallel):
     def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
         return outputs.to_local()
 
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        return distribute_module(
+            module, device_mesh, self._partition_linear_fn,
+            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
+            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
+
+
+class RowParallel(RowwiseParallel):
+    """RowwiseParallel of an ``nn.Linear`` or a ``Conv1D`` (its weight transposed: split
+    on dim 0), the bias replicated."""
+
+    def _partition_linear_fn(self, name, module, device_mesh):
+        dim = 0 if isinstance(module, Conv1D) else 1
+        module.register_parameter("weight", nn.Parameter(distribute_tensor(
+            module.weight, device_mesh, [Shard(dim)], src_data_rank=None)))
+        if getattr(module, "bias", None) is not None:
+            module.register_parameter("bias", nn.Parameter(distribute_tensor(
+                module.bias, device_mesh, [Replicate()], src_data_rank=None)))
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        self.desired_input_layouts = (Shard(-1),)
+        return distribute_module(
+            module, device_mesh, self._partition_linear_fn,
+            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
+            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
+
 
 def sublayer_plan(layout: SublayerLayout, seq: Placement) -> dict[str, Any]:
     """The torch styles of one sublayer: its input gathered to one replicated DTensor that
     every column-parallel linear reads (their input gradients reduced once, as Megatron's
     fused QKV and FC1), column- then row-parallel linears, the output reduced to `seq`."""
-    plan: dict[str, Any] = {
-        name: ColwiseParallel() if parts == 1 else FusedColwiseParallel(parts)
-        for name, parts in layout.column.items()}
-    plan[layout.row[0]] = RowwiseParallel(output_layouts=seq)
+    plan: dict[str, Any] = {name: ColumnParallel(parts)
+                            for name, parts in layout.column.items()}
+    plan[layout.row[0]] = RowParallel(output_layouts=seq)
     if layout.input_keyword is None:
         plan[layout.name] = PrepareModuleInput(input_layouts=(seq,),
                                                desired_input_layouts=(Replicate(),))
@@ -296,9 +355,12 @@ def _divide_heads(target: Any, tp: int) -> None:
 
 
 def per_head_fusions(config: Any) -> list[str]:
-    """The fused linears of `config`'s decoder layer that tensor parallelism splits per
-    head or per half (`_StridedShard`), from a one-layer stage on the meta device."""
+    """The fused ``nn.Linear`` layers of `config`'s decoder layer that tensor parallelism
+    splits per head or per half on dim 0 (`_StridedShard`), the dim ZeRO splits too;
+    from a one-layer stage on the meta device. (A ``Conv1D`` splits on dim 1.)"""
     stage = hf_stages.build_hf_stage(config, (0, 1), True, False)
-    layout = block_layout(stage.layers["0"], config, stage.rotary)
+    block = stage.layers["0"]
+    layout = block_layout(block, config, stage.rotary)
     return [name for sublayer in layout.sublayers
-            for name, parts in sublayer.column.items() if parts > 1]
+            for name, parts in sublayer.column.items()
+            if parts > 1 and isinstance(block.get_submodule(name), nn.Linear)]

@@ -56,10 +56,11 @@ transformers would check the model class against: Gemma 2 declares no SDPA suppo
 # the Llama layout (Llama, Mistral's sliding window, Qwen2's q/k/v biases, Qwen3's QK
 # norms), Phi-3 (fused qkv_proj and gate_up_proj), Gemma 2 (sandwich norms, soft-capping,
 # alternating windows, scaled embedding, tied head), GPT-NeoX (fused per-head
-# query_key_value, parallel residual, partial rotary, LayerNorm with bias, GELU), and the
+# query_key_value, parallel residual, partial rotary, LayerNorm with bias, GELU), GPT-2
+# (Conv1D layers, learned positions, tied head), and the
 # mixtures of experts Qwen3-MoE and DeepSeek-V3 (multi-latent attention, dense layers
 # first, shared and routed experts; no MTP in transformers).
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gpt_neox",
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gpt_neox", "gpt2",
              "qwen3_moe", "deepseek_v3")
 MOE_FAMILIES = ("qwen3_moe", "deepseek_v3")
 
@@ -158,22 +159,26 @@ class Anatomy:
     layers: str
     """The decoder layers' ModuleList in the trunk (``layers``)."""
     final_norm: str
-    """The final norm's name in the trunk (``norm``, ``final_layer_norm``)."""
-    rotary: str
-    """The rotary table's name in the trunk (``rotary_emb``)."""
+    """The final norm's name in the trunk (``norm``, ``final_layer_norm``, ``ln_f``)."""
+    rotary: str | None
+    """The rotary table's name in the trunk (``rotary_emb``), or None."""
+    positions: str | None
+    """The learned position table's name in the trunk (GPT-2's ``wpe``), or None."""
     head: str
     """The LM head's name in the causal LM (``lm_head``)."""
     layer_class: type
     templates: dict[str, nn.Module]
-    """embedding, final_norm, rotary, head: meta modules built with the config."""
+    """embedding, final_norm, head, and rotary or positions: meta modules built with the
+    config."""
 
 
 def anatomy(config: Any) -> Anatomy:
     """The causal LM's parts, read off a one-layer build of it on the meta device: the
     trunk is its base model, the embedding and head what it reports as its input and
-    output embeddings, the layers its one ModuleList, the rotary table its one child with
-    an ``inv_freq``, the final norm the one other child with parameters. ValueError where
-    the trunk holds parameters elsewhere too (e.g. learned positions)."""
+    output embeddings, the layers its one ModuleList, the rotary table its child with an
+    ``inv_freq``, a learned position table its other embedding, the final norm the one
+    other child with parameters. ValueError where positions are neither one rotary table
+    nor one learned table, or the trunk holds parameters elsewhere too."""
     shallow = copy.deepcopy(config)
     shallow.num_hidden_layers = 1
     if getattr(shallow, "layer_types", None):
@@ -186,19 +191,24 @@ def anatomy(config: Any) -> Anatomy:
     embedding = next(n for n, m in children.items() if m is full.get_input_embeddings())
     layers = next(n for n, m in children.items() if isinstance(m, nn.ModuleList))
     rotary = [n for n, m in children.items() if hasattr(m, "inv_freq")]
-    rest = [n for n, m in children.items() if n not in (embedding, layers, *rotary)
+    positions = [n for n, m in children.items()
+                 if isinstance(m, nn.Embedding) and n != embedding]
+    rest = [n for n, m in children.items() if n not in (embedding, layers, *rotary, *positions)
             and any(True for _ in m.parameters())]
     head = next(n for n, m in full.named_children() if m is full.get_output_embeddings())
-    if len(rotary) != 1 or len(rest) != 1:
+    if len(rotary) + len(positions) != 1 or len(rest) != 1:
         raise ValueError(
-            f"a Hugging Face {config.model_type} model keeps {', '.join(rest) or 'nothing'} "
-            "beside its embedding and layers (a stage runs models with rotary positions and "
-            "one final norm)")
+            f"a Hugging Face {config.model_type} model keeps "
+            f"{', '.join(rest + rotary + positions) or 'nothing'} beside its embedding and "
+            "layers (a stage runs models with one rotary or learned position table and one "
+            "final norm)")
+    position = (rotary or positions)[0]
     return Anatomy(
         trunk=trunk_name, embedding=embedding, layers=layers, final_norm=rest[0],
-        rotary=rotary[0], head=head, layer_class=type(getattr(trunk, layers)[0]),
+        rotary=rotary[0] if rotary else None, positions=positions[0] if positions else None,
+        head=head, layer_class=type(getattr(trunk, layers)[0]),
         templates={"embedding": children[embedding], "final_norm": children[rest[0]],
-                   "rotary": children[rotary[0]], "head": getattr(full, head)})
+                   "positions": children[position], "head": getattr(full, head)})
 
 
 def layer_types(config: Any) -> list[str]:
@@ -252,7 +262,10 @@ class HFStageModule(nn.Module):
             setattr(trunk, parts.final_norm, copy.deepcopy(parts.templates["final_norm"]))
             if not self.tie_embeddings:
                 setattr(self, parts.head, copy.deepcopy(parts.templates["head"]))
-        setattr(trunk, parts.rotary, copy.deepcopy(parts.templates["rotary"]))
+        if parts.rotary is not None:  # every stage computes the rotary tables
+            setattr(trunk, parts.rotary, copy.deepcopy(parts.templates["positions"]))
+        elif first_stage:  # a learned table is added to the token embedding
+            setattr(trunk, parts.positions, copy.deepcopy(parts.templates["positions"]))
         # Set by tensor parallelism with sequence parallelism: the hidden states between
         # blocks are 1/tp of the sequence, and the embeddings are scattered to that.
         self.sequence_shards = 1
@@ -286,28 +299,30 @@ class HFStageModule(nn.Module):
         return getattr(self, self.anatomy.head, None)
 
     @property
-    def rotary(self) -> nn.Module:
-        return getattr(self.trunk, self.anatomy.rotary)
+    def rotary(self) -> nn.Module | None:
+        """The rotary table, for a family with rotary positions."""
+        return getattr(self.trunk, self.anatomy.rotary) if self.anatomy.rotary else None
 
     def reset_buffers(self) -> None:
         """Non-persistent buffers, which `to_empty` leaves uninitialized: `reset_buffers`."""
         reset_buffers(self, self.hf_config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        length = x.shape[1] * (1 if self.first_stage else self.sequence_shards)
+        positions = torch.arange(length, device=x.device).unsqueeze(0)
         if self.first_stage:
-            length = x.shape[1]
             x = self.embed(x)
+            if self.anatomy.positions is not None:
+                x = x + getattr(self.trunk, self.anatomy.positions)(positions)
             if self.scatter_sequence is not None:
                 x = self.scatter_sequence(x)
-        else:
-            length = x.shape[1] * self.sequence_shards
-        positions = torch.arange(length, device=x.device).unsqueeze(0)
         # Attention runs on the whole sequence (gathered under sequence parallelism).
-        position_embeddings = self.rotary(x, positions)
+        extra = {}
+        if self.rotary is not None:
+            extra["position_embeddings"] = self.rotary(x, positions)
         masks = self._masks(x, length)
         for index, layer in self.layers.items():
-            x = layer(x, attention_mask=masks[self.layer_types[int(index)]],
-                      position_embeddings=position_embeddings)
+            x = layer(x, attention_mask=masks[self.layer_types[int(index)]], **extra)
         if not self.last_stage:
             return x
         x = self.final_norm(x)

@@ -11,7 +11,7 @@ from cost_models.economics import (
     HOST_COPY_GBS,
     IDLE_POWER_FRACTION,
     RunCosts,
-    RunSettings,
+    RunAssumptions,
     checkpoint_interval,
     ettr,
     mttf_hours,
@@ -21,7 +21,7 @@ from cost_models.economics import (
 COSTS = RunCosts(gpu_hour_usd=(2.0, 4.0), price_source="test", failure_rate_per_gpu_hour=2e-5,
                  failure_source="test", gpu_power_w=700, system_power_w=10200,
                  devices_per_system=8, power_source="test")
-SETTINGS = RunSettings(gpu_hour_usd=3.0, failure_rate_per_gpu_hour=2e-5,
+SETTINGS = RunAssumptions(gpu_hour_usd=3.0, failure_rate_per_gpu_hour=2e-5,
                        checkpoint_write_gbps=5.0, restart_minutes=10.0)
 
 
@@ -55,7 +55,7 @@ def test_ettr_is_useful_time_over_dalys_expected_segment_time() -> None:
 def test_totals_of_two_plans_by_hand(asynchronous: bool) -> None:
     """1,024 GPUs for 100,000 steps of 12 s, busy computing 80% of the time; 1 TB of
     checkpoint, 8 GB per rank."""
-    settings = RunSettings(3.0, 2e-5, 5.0, 10.0, asynchronous_checkpoints=asynchronous)
+    settings = RunAssumptions(3.0, 2e-5, 5.0, 10.0, asynchronous_checkpoints=asynchronous)
     t = training_totals(steps=100_000, step_time_s=12.0, compute_fraction=0.8, gpus=1024,
                         checkpoint_bytes=1e12, rank_checkpoint_bytes=8e9, devices_per_host=8,
                         costs=COSTS, settings=settings)
@@ -81,12 +81,12 @@ def test_a_slower_checkpoint_write_means_a_longer_interval_and_a_lower_ettr() ->
     common = dict(steps=10_000, step_time_s=10.0, compute_fraction=0.9, gpus=4096,
                   checkpoint_bytes=1e12, rank_checkpoint_bytes=4e9, devices_per_host=8,
                   costs=COSTS)
-    fast = training_totals(**common, settings=RunSettings(3.0, 2e-5, 20.0, 10.0, False))
-    slow = training_totals(**common, settings=RunSettings(3.0, 2e-5, 2.0, 10.0, False))
+    fast = training_totals(**common, settings=RunAssumptions(3.0, 2e-5, 20.0, 10.0, False))
+    slow = training_totals(**common, settings=RunAssumptions(3.0, 2e-5, 2.0, 10.0, False))
     assert slow.checkpoint_blocking_s == pytest.approx(10 * fast.checkpoint_blocking_s)
     assert slow.checkpoint_interval_s > fast.checkpoint_interval_s
     assert slow.ettr < fast.ettr
     assert slow.expected_cost_usd > fast.expected_cost_usd
     # Asynchronous saves block only for the copy to host memory.
-    quick = training_totals(**common, settings=RunSettings(3.0, 2e-5, 2.0, 10.0, True))
+    quick = training_totals(**common, settings=RunAssumptions(3.0, 2e-5, 2.0, 10.0, True))
     assert quick.ettr > slow.ettr

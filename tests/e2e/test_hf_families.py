@@ -50,6 +50,10 @@ FAMILIES = {  # every width divides by 8: ZeRO's shards are even, so bytes are e
     "phi3": {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], **_SHAPE,
              "num_key_value_heads": 4, "tie_word_embeddings": False, "rope_theta": 1e4,
              "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 1},
+    "gpt2": {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 4,
+             "n_embd": 64, "n_head": 4, "n_inner": 128, "vocab_size": 256,
+             "n_positions": 64, "tie_word_embeddings": True, "bos_token_id": 0,
+             "eos_token_id": 0},
 }
 QWEN3 = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], **_SHAPE,
          "num_key_value_heads": 2, "head_dim": 16, "tie_word_embeddings": False,

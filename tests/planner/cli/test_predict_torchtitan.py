@@ -277,7 +277,7 @@ def test_a_planned_configuration_round_trips(case: str, tmp_path: Path, capsys) 
 def test_the_searchs_best_plans_round_trip(tmp_path: Path, capsys) -> None:
     """The first plans of the search under TorchTitan, with and without compile and fp8
     all-gathers, each read back to the same prediction."""
-    from planner.cli.train import ranked_plans
+    from planner.training import ranked_plans
 
     model = get_preset("llama3-70b")
     cluster = cluster_of(64)
