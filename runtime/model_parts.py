@@ -128,7 +128,8 @@ class HFParts(ZooParts):
             fused = per_head_fusions(self.hf_config)
             if fused:
                 # FSDP2 would cut a rank's [q_t; k_t; v_t] into row chunks that straddle
-                # q, k and v, which no DTensor placement states.
+                # q, k and v, which no DTensor placement states (and GPT-2's Conv1D,
+                # split on its other dim, gathers back out of order).
                 raise ValueError(
                     f"a Hugging Face {model_type}'s fused {', '.join(fused)}, split per head "
                     "under tensor parallelism, is not also ZeRO-sharded yet; run it with "

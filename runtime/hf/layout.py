@@ -355,12 +355,9 @@ def _divide_heads(target: Any, tp: int) -> None:
 
 
 def per_head_fusions(config: Any) -> list[str]:
-    """The fused ``nn.Linear`` layers of `config`'s decoder layer that tensor parallelism
-    splits per head or per half on dim 0 (`_StridedShard`), the dim ZeRO splits too;
-    from a one-layer stage on the meta device. (A ``Conv1D`` splits on dim 1.)"""
+    """The fused linears of `config`'s decoder layer that tensor parallelism splits per
+    head or per half (`_StridedShard`), from a one-layer stage on the meta device."""
     stage = hf_stages.build_hf_stage(config, (0, 1), True, False)
-    block = stage.layers["0"]
-    layout = block_layout(block, config, stage.rotary)
+    layout = block_layout(stage.layers["0"], config, stage.rotary)
     return [name for sublayer in layout.sublayers
-            for name, parts in sublayer.column.items()
-            if parts > 1 and isinstance(block.get_submodule(name), nn.Linear)]
+            for name, parts in sublayer.column.items() if parts > 1]

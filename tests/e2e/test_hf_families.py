@@ -3,15 +3,17 @@ real gloo ranks, each as its training Plan says: Qwen2 (q/k/v biases, sliding wi
 some layers), Mistral (a sliding window on every layer), GPT-NeoX (fused per-head
 query_key_value, parallel residual, partial rotary, LayerNorm with bias, GELU), Gemma 2
 (sandwich norms, attention and final-logit soft-capping, alternating windows, scaled
-embedding, (1 + w) RMSNorm, tied head) and Phi-3 (fused qkv_proj and gate_up_proj), tiny
-configs (4 layers, hidden 64, 4 heads, sequence 16; windows of 8, so they mask), under
+embedding, (1 + w) RMSNorm, tied head), Phi-3 (fused qkv_proj and gate_up_proj) and GPT-2
+(Conv1D layers with a fused c_attn, learned positions, tied head), tiny configs (4 layers,
+hidden 64, 4 heads, sequence 16; windows of 8, so they mask), under
 pp2 x tp2 x dp2 with 1F1B and under dp8 with ZeRO-3. Every plan trains as one process
 does (losses and parameters within 1e-4), every rank issues exactly the collectives the
 Plan predicts (count and bytes per kind) and holds exactly the parameters, gradients and
-optimizer state it predicts. Gemma 2 also runs tp2 x dp4 with sequence parallelism, and
-Qwen3 dp8 with ZeRO-3. The 8 ranks start once for all twelve plans (importing torch and
-transformers in 8 processes costs more than the plans' steps). Then `plan check` of
-a model type the runtime cannot train: one line, exit 2, no rank started."""
+optimizer state it predicts. Gemma 2 and GPT-2 also run tp2 x dp4 with sequence
+parallelism, and Qwen3 dp8 with ZeRO-3. The 8 ranks start once for all fifteen plans
+(importing torch and transformers in 8 processes costs more than the plans' steps). Then
+`plan check` of a model type the runtime cannot train: one line, exit 2, no rank started;
+and of a config that leaves its size to transformers' defaults: one line, exit 2."""
 
 from __future__ import annotations
 
@@ -19,13 +21,13 @@ import json
 
 import pytest
 
-from planner.cluster import Cluster
-from planner.parallel import ParallelConfig
-from planner.training import training_plan
-from planner.training_check import compare
+from planner.vocabulary.cluster import Cluster
+from planner.vocabulary.parallel import ParallelConfig
+from planner.plans.training import training_plan
+from planner.checks.training import compare
 from runtime.elastic import launch
 from runtime.spec import from_training_plan
-from runtime.training import merge_results, relative_errors, train_reference
+from planner.checks.training import merge_results, relative_errors, train_reference
 
 GPUS, STEPS = 8, 2
 _SHAPE = {"num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
@@ -65,12 +67,17 @@ LAYOUTS = {
     "dp8-zero3": dict(pipeline=1, tensor=1, global_batch_size=8, zero_stage=3),
 }
 # Beyond every family under every layout: Gemma 2's four norms per layer on sequence
-# shards (each norm's gradient reduced over the tensor ranks), and Qwen3 (QK norms; not
-# tensor-parallel yet) under ZeRO-3. name -> (hf config, the plan's fixed knobs)
+# shards (each norm's gradient reduced over the tensor ranks), Qwen3 (QK norms; not
+# tensor-parallel yet) under ZeRO-3, GPT-2 with sequence parallelism. name -> (hf config,
+# the plan's fixed knobs)
 MORE_RUNS = {
     "gemma2/tp2-dp4-sequence-parallel": (FAMILIES["gemma2"], dict(
         pipeline=1, tensor=2, global_batch_size=8, zero_stage=0, sequence_parallel=True)),
     "qwen3/dp8-zero3": (QWEN3, LAYOUTS["dp8-zero3"]),
+    # GPT-2's learned positions added before the scatter to sequence shards, its Conv1D
+    # layers split on their transposed dims.
+    "gpt2/tp2-dp4-sequence-parallel": (FAMILIES["gpt2"], dict(
+        pipeline=1, tensor=2, global_batch_size=8, zero_stage=0, sequence_parallel=True)),
 }
 
 
@@ -132,11 +139,13 @@ def test_hf_families_train_as_one_process_and_as_planned() -> None:
 def test_plan_check_refuses_a_model_type_it_cannot_train(tmp_path, capsys, monkeypatch) -> None:
     """A decoder transformers knows and Tessel's training plans do not (Falcon): one line
     naming it, exit 2, before any rank starts."""
-    from planner import cli
-    from runtime import training
+    import multiprocessing.process
 
-    started = []
-    monkeypatch.setattr(training, "launch", lambda *a, **k: started.append(a))
+    from planner import cli
+
+    started = []  # a rank is a process (torch's elastic agent starts them with multiprocessing)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start",
+                        lambda process: started.append(process))
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"model_type": "falcon", "architectures": ["FalconForCausalLM"],
                                   "hidden_size": 64, "num_hidden_layers": 2,

@@ -14,7 +14,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 
 pytest.importorskip("transformers")
 
-from planner.parallel_dims import ParallelDims  # noqa: E402
+from planner.vocabulary.parallel_dims import ParallelDims  # noqa: E402
 from runtime.hf.layout import block_layout  # noqa: E402
 from runtime.mesh import build_mesh  # noqa: E402
 
@@ -25,6 +25,8 @@ PHI3 = {"model_type": "phi3", **_SHAPE, "num_key_value_heads": 4, "pad_token_id"
         "bos_token_id": 1, "eos_token_id": 1}
 GPT_NEOX = {"model_type": "gpt_neox", **_SHAPE, "use_parallel_residual": True}
 GEMMA2 = {"model_type": "gemma2", **_SHAPE, "num_key_value_heads": 2, "head_dim": 16}
+GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "n_inner": 96,
+        "vocab_size": 128, "n_positions": 64, "bos_token_id": 0, "eos_token_id": 0}
 
 
 def _stage(fields: dict):
@@ -44,7 +46,9 @@ def _stage(fields: dict):
      ["self_attn.o_proj", "mlp.down_proj"],
      ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
       "post_feedforward_layernorm"]),
-], ids=["phi3", "gpt_neox", "gemma2"])
+    (GPT2, {"attn.c_attn": 3, "mlp.c_fc": 1}, ["attn.c_proj", "mlp.c_proj"],
+     ["ln_1", "ln_2"]),
+], ids=["phi3", "gpt_neox", "gemma2", "gpt2"])
 def test_the_rule_finds_each_family_s_column_and_row_parallel_linears(
         fields, column, row, norms) -> None:
     config, stage = _stage(fields)
@@ -97,6 +101,21 @@ def test_a_fused_qkv_and_gate_up_shard_by_heads_and_rows(fake_world) -> None:
     down = params["model.layers.0.mlp.down_proj.weight"]  # row-parallel: input columns
     want = full["model.layers.0.mlp.down_proj.weight"][:, 48 * tensor: 48 * (tensor + 1)]
     assert torch.equal(down.to_local(), want)
+
+
+def test_gpt2_s_conv1d_c_attn_splits_its_transposed_weight_by_heads(fake_world) -> None:
+    """GPT-2's c_attn is a Conv1D, weight [in, q | k | v]: tensor rank 1 holds the
+    columns of its heads of each part, [q_1 | k_1 | v_1], and the bias likewise; c_proj
+    its rows (the input dim of a transposed weight)."""
+    params, full = _rank_shards(GPT2, 1, fake_world, zero_stage=0)
+    c_attn = params["transformer.h.0.attn.c_attn.weight"]
+    assert _StridedShard(1, split_factor=3) in c_attn.placements
+    for name, dim in (("weight", 1), ("bias", 0)):
+        whole = full[f"transformer.h.0.attn.c_attn.{name}"]
+        mine = torch.cat([part.narrow(dim, 32, 32) for part in whole.split(64, dim)], dim)
+        assert torch.equal(params[f"transformer.h.0.attn.c_attn.{name}"].to_local(), mine)
+    c_proj = params["transformer.h.0.attn.c_proj.weight"]
+    assert torch.equal(c_proj.to_local(), full["transformer.h.0.attn.c_proj.weight"][32:])
 
 
 def test_a_per_head_split_fused_projection_is_not_zero_sharded_under_tensor_parallelism(

@@ -14,12 +14,12 @@ from torch.distributed.tensor import DTensor
 transformers = pytest.importorskip("transformers")
 
 from planner.models.hf_shape import to_transformer_config  # noqa: E402
-from planner.parallel_dims import ParallelDims  # noqa: E402
+from planner.vocabulary.parallel_dims import ParallelDims  # noqa: E402
 from runtime.mesh import build_mesh  # noqa: E402
 from runtime.model_parts import model_parts  # noqa: E402
 from runtime.parallelize import apply_data_parallel  # noqa: E402
 from runtime.spec import RunSpec, even_chunks  # noqa: E402
-from runtime.training import TrainingCheck, check_training  # noqa: E402
+from planner.checks.training import TrainingCheck, check_training  # noqa: E402
 
 HF_LLAMA = transformers.LlamaConfig(
     num_hidden_layers=4, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
@@ -79,6 +79,8 @@ FAMILIES = {
     "phi3": {"model_type": "phi3", **_TINY, "num_key_value_heads": 4, "pad_token_id": 0,
              "bos_token_id": 1, "eos_token_id": 1},
     "gpt_neox": {"model_type": "gpt_neox", **_TINY},
+    "gpt2": {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "n_inner": 96,
+             "vocab_size": 128, "n_positions": 64, "bos_token_id": 0, "eos_token_id": 0},
 }
 
 
@@ -109,7 +111,7 @@ def test_each_family_s_stages_are_its_causal_lm_and_its_plan_counts_them(family)
         torch.testing.assert_close(last(first(tokens)), parts.logits(reference, tokens),
                                    rtol=0, atol=0)
     namer = parameter_namer(hf)
-    if family in ("phi3", "gpt_neox"):  # fused q/k/v: the zoo's names stay
+    if family in ("phi3", "gpt_neox", "gpt2"):  # fused q/k/v: the zoo's names stay
         assert namer is None
     else:
         listed = {namer(p.name) for p in chunk_parameters(shape, (0, 2), True, True)}
