@@ -72,14 +72,14 @@ from cost_models.pipeline_memory import StageLayout  # noqa: E402
 from cost_models.step_time import predict_stages  # noqa: E402
 from planner.cli.graph import describe  # noqa: E402
 from planner.cli.train import layout  # noqa: E402
-from planner.cluster import Cluster  # noqa: E402
-from planner.knobs import check_knobs, default_precision  # noqa: E402
+from planner.vocabulary.cluster import Cluster  # noqa: E402
+from planner.search.knobs import check_knobs, default_precision  # noqa: E402
 from planner.models.config import TransformerConfig  # noqa: E402
 from planner.models.presets import FAMILIES  # noqa: E402
-from planner.parallel import ParallelConfig  # noqa: E402
-from planner.plan import Plan  # noqa: E402
+from planner.vocabulary.parallel import ParallelConfig  # noqa: E402
+from planner.vocabulary.plan import Plan  # noqa: E402
 from planner.search import search  # noqa: E402
-from planner.training import training_plan  # noqa: E402
+from planner.plans.training import training_plan  # noqa: E402
 
 CLUSTER = "aws-p3.16xlarge"
 SEQ = 1024

@@ -56,7 +56,7 @@ from cost_models.moe_calibration import (  # noqa: E402
     predicted_throughput,
     read_moe_runs,
 )
-from planner.cluster import Cluster  # noqa: E402
+from planner.vocabulary.cluster import Cluster  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "calibration"
 SINGLE, MULTI = DATA / "vtrain_a100_single_node.csv", DATA / "vtrain_a100_multi_node.csv"

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from cost_models.calibrate import predict_all, read_measurements, vtrain_cluster  # noqa: E402
-from planner.cluster import Cluster  # noqa: E402
+from planner.vocabulary.cluster import Cluster  # noqa: E402
 from planner.models.presets import PRESETS  # noqa: E402
 from planner.search import search  # noqa: E402
 

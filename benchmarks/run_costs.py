@@ -25,11 +25,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from cost_models.economics import RunAssumptions  # noqa: E402
-from planner.cluster import Cluster  # noqa: E402
+from planner.vocabulary.cluster import Cluster  # noqa: E402
 from planner.models.presets import get_preset  # noqa: E402
 from planner.search import search  # noqa: E402
-from planner.totals import plan_totals, run_steps  # noqa: E402
-from planner.training import training_plan  # noqa: E402
+from planner.plans.totals import plan_totals, run_steps  # noqa: E402
+from planner.plans.training import training_plan  # noqa: E402
 
 TOKENS = 1e12
 GLOBAL_BATCH = 512

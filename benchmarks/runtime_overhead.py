@@ -62,7 +62,7 @@ from torch.distributed.tensor.parallel import (  # noqa: E402
 
 from planner.models.config import TransformerConfig  # noqa: E402
 from runtime.elastic import launch  # noqa: E402
-from planner.parallel_dims import ParallelDims  # noqa: E402
+from planner.vocabulary.parallel_dims import ParallelDims  # noqa: E402
 from runtime.spec import RunSpec, even_chunks  # noqa: E402
 from runtime.stages import build_stage, materialize  # noqa: E402
 from runtime.pipeline_trainer import OPTIMIZERS, PipelineTrainer, lm_loss  # noqa: E402

@@ -25,7 +25,7 @@ TARGETED = {"gpt3-175b", "gpt-1t"}
 _CHILD = """
 import json, resource, sys, time
 sys.path.insert(0, {root!r})
-from planner.model_spec import load_model
+from planner.models.sources import load_model
 from passes.model_graph import trace_model
 loaded = load_model({name!r})
 start = time.perf_counter()

@@ -21,9 +21,9 @@ import numpy as np
 
 from cost_models.efficiency import Efficiency
 from cost_models.step_time import predict_step
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
-from planner.parallel import ParallelConfig
+from planner.vocabulary.parallel import ParallelConfig
 
 # The runs' scale-out network, from the configurations published with the data: 800 Gb/s
 # (100 GB/s) per 8-GPU node over InfiniBand, half a DGX A100's eight HDR links. Their

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import weakref
 
-from planner.cluster import Cluster, LinkSpec
+from planner.vocabulary.cluster import Cluster, LinkSpec
 
 COLLECTIVE_KINDS: tuple[str, ...] = (
     "all_reduce",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from planner.cluster import DeviceSpec
+from planner.vocabulary.cluster import DeviceSpec
 
 # torch dtype -> key of DeviceSpec.peak_tflops. Only dtypes datasheets quote a peak for.
 _DTYPE_KEYS: dict[torch.dtype, str] = {

@@ -8,8 +8,8 @@ from __future__ import annotations
 from cost_models import memory
 from cost_models.comm import group_collective_time
 from cost_models.kernel_time import Pass
-from planner.cluster import Cluster
-from planner.parallel import ParallelConfig
+from planner.vocabulary.cluster import Cluster
+from planner.vocabulary.parallel import ParallelConfig
 
 # Megatron-LM's gradient buckets: max(40M, 1M x data-parallel size) parameters
 # (megatron/core/distributed/distributed_data_parallel.py, bucket_size's default).

@@ -34,7 +34,7 @@ from functools import lru_cache
 from cost_models import memory
 from cost_models.saved_activations import activation_element_bytes, layer_shape
 from planner.models.config import TransformerConfig
-from planner.parallel import ParallelConfig
+from planner.vocabulary.parallel import ParallelConfig
 
 # Reserved over allocated at the peak, less one, by engine. megatron: Megatron-Bridge's
 # Moonlight-16B run logged 36.6 GiB allocated and about 40 reserved (1.093); torchtitan:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from cost_models.efficiency import Efficiency
 from cost_models.transformer_ops import ACTIVATION_BYTES, Attention, Matmul, Memory, Op
-from planner.cluster import DeviceSpec
+from planner.vocabulary.cluster import DeviceSpec
 
 # FlashAttention-2's backward does 2.5x the forward's matmul FLOPs (Dao 2023, Sec. 3.1).
 ATTENTION_BACKWARD_FACTOR = 2.5

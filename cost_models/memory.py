@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cost_models import pipeline_schedule
-from planner.parallel import SCHEDULES
+from planner.vocabulary.parallel import SCHEDULES
 
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 

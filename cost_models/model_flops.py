@@ -14,7 +14,7 @@ from cost_models.transformer_ops import (
     selective_kernels,
 )
 from planner.models.config import TransformerConfig
-from planner.parallel import ParallelConfig
+from planner.vocabulary.parallel import ParallelConfig
 
 
 def step_flops(model: TransformerConfig, parallel: ParallelConfig,

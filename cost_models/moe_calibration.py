@@ -33,9 +33,9 @@ import numpy as np
 from cost_models.calibrate import MeasuredStep, from_unbounded, nelder_mead, to_unbounded
 from cost_models.efficiency import Efficiency
 from cost_models.step_time import predict_step
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.models.presets import PRESETS
-from planner.parallel import ParallelConfig
+from planner.vocabulary.parallel import ParallelConfig
 
 MOE_RUNS = "published_moe_runs.csv"
 FIELDS = ("expert_matmul", "moe_sync_us", "alltoall_bandwidth")

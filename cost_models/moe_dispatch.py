@@ -36,9 +36,9 @@ from cost_models.data_parallel import hidden
 from cost_models.kernel_time import Pass
 from cost_models.saved_activations import activation_element_bytes
 from cost_models.transformer_ops import ExpertSplit
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
-from planner.parallel import ParallelConfig
+from planner.vocabulary.parallel import ParallelConfig
 
 
 @dataclass(frozen=True)

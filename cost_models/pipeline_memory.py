@@ -19,9 +19,9 @@ from cost_models.saved_activations import (
     tessel_stage,
 )
 from cost_models.transformer_ops import SCORE_FREE_ATTENTION
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
-from planner.parallel import ParallelConfig
+from planner.vocabulary.parallel import ParallelConfig
 
 
 @dataclass(frozen=True)

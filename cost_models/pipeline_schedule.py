@@ -37,7 +37,7 @@ import re
 from dataclasses import dataclass
 from collections.abc import Callable, Mapping
 
-from planner.parallel import SCHEDULES
+from planner.vocabulary.parallel import SCHEDULES
 
 SCHEDULE_NAMES: tuple[str, ...] = (*SCHEDULES, "zbv")
 """The schedules this module lays out: the planner's, and ZB-V."""

@@ -27,7 +27,7 @@ import numpy as np
 from cost_models.calibrate import fit_efficiency, predict_all
 from cost_models.efficiency import Efficiency
 from cost_models.published_runs import PublishedRun, SkippedRow, read_megatron_core, read_nemo
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 
 MEGATRON_CORE = "megatron_core_h100_weak_scaling.csv"
 NEMO = "nemo_llama3_pretrain.csv"

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cost_models.step_time import predict_step
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
 from planner.models.presets import FAMILIES
-from planner.parallel import ParallelConfig
+from planner.vocabulary.parallel import ParallelConfig
 
 # The shared calibration folder beside the checkout (a clone elsewhere finds the
 # workplace's copy, as the calibration tests do).

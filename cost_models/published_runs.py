@@ -20,9 +20,9 @@ from pathlib import Path
 
 from cost_models.calibrate import MeasuredStep
 from cost_models.step_time import predict_step
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
-from planner.parallel import RECOMPUTE, ParallelConfig
+from planner.vocabulary.parallel import RECOMPUTE, ParallelConfig
 
 # Llama 3's block (Dubey et al. 2024): what the NeMo table's columns do not say.
 LLAMA = dict(norm="rmsnorm", activation="swiglu", position_embedding="rope",

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 from cost_models.layer_mix import layer_variants
 from planner.models.config import TransformerConfig
-from planner.parallel import ParallelConfig
+from planner.vocabulary.parallel import ParallelConfig
 
 FP32 = 4
 INT64 = 8

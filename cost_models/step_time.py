@@ -62,12 +62,12 @@ from cost_models.transformer_ops import (
     projections,
     selective_kernels,
 )
-from planner.cluster import Cluster, DeviceSpec
+from planner.vocabulary.cluster import Cluster, DeviceSpec
 
 if TYPE_CHECKING:
     from cost_models.layer_collectives import LayerCollectives
 from planner.models.config import TransformerConfig
-from planner.parallel import ParallelConfig
+from planner.vocabulary.parallel import ParallelConfig
 
 # Bytes the Adam update reads and writes per parameter: fp32 weight, two moments and the
 # fp32 gradient read, the weight and moments written, the bf16 copy written.

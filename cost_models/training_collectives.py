@@ -50,7 +50,7 @@ from cost_models.stage_parameters import (
     sharded_by_zero,
 )
 from planner.models.config import TransformerConfig
-from planner.parallel_dims import ParallelDims
+from planner.vocabulary.parallel_dims import ParallelDims
 
 SHAPE_AGREEMENT_BYTES = 4
 """The int32 torch's pipeline stages exchange once per boundary and direction to agree on

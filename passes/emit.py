@@ -25,7 +25,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from passes.dtensor_rules import parse_placements
 from passes.lower import RankProgram
 from passes.program import TracedProgram
-from planner.plan import Plan
+from planner.vocabulary.plan import Plan
 
 
 def trace_rank_program(program: TracedProgram, plan: Plan, rank: int) -> torch.fx.GraphModule:

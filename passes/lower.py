@@ -25,7 +25,7 @@ from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from passes.dtensor_rules import parse_placements, placement_str, redistribute
 from passes.strategies import SHAPE_ONLY_OPS, is_skipped
 from passes.program import TracedProgram
-from planner.plan import GradientBucket, Plan
+from planner.vocabulary.plan import GradientBucket, Plan
 
 
 _VIEW = torch.ops.aten.view.default

@@ -2,7 +2,7 @@
 
 Most models are traced whole: each layer is a run of the traced forward's ops. A model of
 many identical blocks that can be rebuilt at another depth (a zoo or Hugging Face
-transformer, `planner.model_spec.LoadedModel.build`) is traced with `REDUCED_BLOCKS`
+transformer, `planner.models.sources.LoadedModel.build`) is traced with `REDUCED_BLOCKS`
 blocks instead and described at full depth: what comes before the blocks (the embedding)
 as a layer of its own, the first block, the middle block once per middle block, each
 under its own parameters' names (`layers.2.` -> `layers.K.`), the last block, and what

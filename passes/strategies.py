@@ -27,7 +27,7 @@ from cost_models.memory import state_element_bytes
 from passes.deadline import Deadline
 from passes.dtensor_rules import Placements, TensorMeta, has_rule, op_choices, tensor_meta
 from passes.program import TracedProgram
-from planner.cluster import DeviceSpec
+from planner.vocabulary.cluster import DeviceSpec
 
 if TYPE_CHECKING:
     from cost_models.profile import ProfileDatabase

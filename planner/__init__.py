@@ -15,13 +15,13 @@ __all__ = ["GraphKnobs", "parallelize", "plan_graph", "plan_model", "plan_traini
 
 
 def __getattr__(name: str) -> Any:
-    # Imported on first use: `planner.cluster` and the CLI's error paths stay light.
+    # Imported on first use: `planner.vocabulary.cluster` and the CLI's error paths stay light.
     if name == "GraphKnobs":
         from planner.search.graph_knobs import GraphKnobs
 
         return GraphKnobs
     if name == "plan_training":
-        from planner.training import plan_training
+        from planner.plans.training import plan_training
 
         return plan_training
     if name in __all__:

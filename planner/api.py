@@ -20,14 +20,14 @@ from passes.lower import RankProgram
 from passes.strategies import enumerate_strategies
 from passes.program import TracedProgram
 from passes.trace import trace
-from planner.cluster import Cluster, calibration_of, step_time_band
-from planner.graph_plan import graph_plan
+from planner.vocabulary.cluster import Cluster, calibration_of, step_time_band
+from planner.plans.graph import graph_plan
 from planner.search.graph_knobs import GraphKnobs
 from planner.search.graph_space import search_graph
 from planner.search.intra_op import IntraOpSolution, plan_intra_op
 from planner.search.shardings import operator_shardings, stats
-from planner.mesh_axes import logical_axes
-from planner.plan import (
+from planner.vocabulary.mesh_axes import logical_axes
+from planner.vocabulary.plan import (
     Plan,
     Predicted,
     Provenance,

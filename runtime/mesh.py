@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from planner.mesh_axes import MESH_AXES
-from planner.parallel_dims import ParallelDims
+from planner.vocabulary.mesh_axes import MESH_AXES
+from planner.vocabulary.parallel_dims import ParallelDims
 
 AXES = MESH_AXES
-"""Mesh axes, slowest first: pipeline, data, context, tensor (`planner.mesh_axes`)."""
+"""Mesh axes, slowest first: pipeline, data, context, tensor (`planner.vocabulary.mesh_axes`)."""
 
 
 def build_mesh(dims: ParallelDims, device_type: str = "cpu") -> DeviceMesh:

@@ -109,13 +109,18 @@ class HFParts(ZooParts):
         moe = model_type in self.stages.MOE_FAMILIES
         if spec.degrees.cp > 1 or (spec.expert > 1 and not moe):
             raise ValueError(
-                "context parallelism, and expert parallelism of other than Qwen3-MoE and "
-                "DeepSeek-V3, run on zoo models only, not on a Hugging Face model yet"
+                "context parallelism, and expert parallelism of other than Mixtral, "
+                "Qwen3-MoE and DeepSeek-V3, run on zoo models only, not on a Hugging Face "
+                "model yet"
             )
         tp = spec.degrees.tp > 1
         if tp and model_type in ("qwen3", "qwen3_moe"):
             raise ValueError(f"tensor parallelism of a Hugging Face {model_type} (its QK "
                              "norms' gradients sum over the ranks' heads) is not run yet")
+        if tp and model_type == "mixtral":
+            raise ValueError("tensor parallelism of a Hugging Face mixtral (its fused experts "
+                             "split over the tensor ranks) is not run yet; run it with "
+                             "--tensor-model-parallel-size 1")
         if tp and moe and spec.expert == 1:
             raise ValueError("tensor parallelism of a Hugging Face DeepSeek-V3 runs with "
                              "expert parallelism (its experts split over the tensor ranks, "

@@ -1,9 +1,9 @@
 """What the runtime needs to know of a training plan, as one small frozen value.
 
 `RunSpec` holds the degrees, the layers of every pipeline chunk, the micro-batching, the
-schedule, ZeRO and recomputation: the fields of a training `planner.plan.Plan` the runtime
-reads. `from_training_plan` is the one place that reads a Plan, so the runtime does not
-follow that schema's changes field by field.
+schedule, ZeRO and recomputation: the fields of a training Plan
+(`planner.vocabulary.plan.Plan`) the runtime reads. `from_training_plan` is the one place
+that reads a Plan, so the runtime does not follow that schema's changes field by field.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from planner.parallel_dims import ParallelDims
+from planner.vocabulary.parallel_dims import ParallelDims
 
 RUNTIME_SCHEDULES = ("gpipe", "1f1b", "interleaved", "interleaved_zb", "zbv", "dualpipev")
 """The plan's four, and torch's two zero-bubble schedules (Qi et al. 2024): interleaved
@@ -139,7 +139,7 @@ def even_chunks(num_layers: int, num_chunks: int) -> tuple[tuple[int, int], ...]
 
 
 def from_training_plan(plan) -> RunSpec:
-    """The RunSpec of a training `planner.plan.Plan`.
+    """The RunSpec of a training `planner.vocabulary.plan.Plan`.
 
     A plan's stages are its physical pipeline stages, and each lists the layer ranges of
     the model chunks it holds (`Stage.chunks`; with `virtual_pipeline` v > 1, Megatron's

@@ -58,7 +58,7 @@ from passes.stage_graph import (
     syncs_each_micro_batch,
 )
 from passes.program import TracedProgram
-from planner.plan import Plan, tied_parameters
+from planner.vocabulary.plan import Plan, tied_parameters
 from runtime.checkpoint import Checkpointing, ShardsState
 from runtime.faults import bound_timeouts
 from runtime.loss_scale import LossScale

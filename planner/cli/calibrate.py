@@ -25,7 +25,7 @@ from cost_models.calibrate import (
 from planner.cli.console import console
 from planner.cli.errors import UsageError
 from planner.cli.parsing import whole
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 
 
 def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:

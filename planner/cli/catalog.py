@@ -11,7 +11,7 @@ from rich.table import Table
 
 from planner.cli.console import console
 from planner.cli.output import write_json
-from planner.cluster import UNCALIBRATED_STEP_TIME_RATIO, step_time_band
+from planner.vocabulary.cluster import UNCALIBRATED_STEP_TIME_RATIO, step_time_band
 
 
 def add_catalog_arguments(parser: argparse.ArgumentParser) -> None:
@@ -89,7 +89,7 @@ def _figure(value: float | None) -> str:
 
 def run_clusters(args: argparse.Namespace) -> int:
     """`plan clusters`: the built-in cluster presets with their datasheet numbers."""
-    from planner.cluster import Cluster, calibration_of
+    from planner.vocabulary.cluster import Cluster, calibration_of
 
     table = Table(
         title="cluster presets", box=box.SIMPLE_HEAD, pad_edge=False,

@@ -17,19 +17,19 @@ from planner.cli.console import console
 from planner.cli.errors import UsageError
 from planner.cli.fault_flags import check_fault_flags, faults_given, refuse_faults
 from planner.cli.model_args import load, load_cluster
-from planner.check import RELATIVE_TOLERANCE
-from planner.check_report import operator_report, training_report
+from planner.checks.operator import RELATIVE_TOLERANCE
+from planner.checks.report import operator_report, training_report
 from planner.cli.plan import mesh_for, plan_on_mesh, print_plan
-from planner.cluster import Cluster
-from planner.model_spec import with_weights
-from planner.training_check import ActivationRow, PlanComparison, compare
+from planner.vocabulary.cluster import Cluster
+from planner.models.sources import with_weights
+from planner.checks.training import ActivationRow, PlanComparison, compare
 
 # Most ranks a check starts: each is a process on this machine.
 MAX_LOCAL_RANKS = 16
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from planner.check import check_plan
+    from planner.checks.operator import check_plan
 
     cluster = load_cluster(args)
     if args.gpus is not None:
@@ -134,7 +134,7 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
     print_training_plans(plans, console)
     from runtime.launch import RankError
     from runtime.spec import from_training_plan
-    from runtime.training import check_training
+    from planner.checks.training import check_training
 
     plan = plans[0]
     spec = from_training_plan(plan)
@@ -189,7 +189,7 @@ def _go_on_elastic(args: argparse.Namespace, cluster: Cluster, loaded, model, lo
     `runtime.checkpoint` reshards onto the new plan: (plan, spec, report)."""
     from planner.cli.train import layout, plan_from_flags
     from runtime.spec import from_training_plan
-    from runtime.training import check_training
+    from planner.checks.training import check_training
 
     low = args.elastic[0]
     console.print(f"{escape(str(error))}: rank {error.rank} is lost; re-planning for the "
@@ -370,7 +370,7 @@ def run_graph_check(args: argparse.Namespace, loaded, cluster: Cluster, console)
     """`plan check MODEL --gpus N ...` for a model of one's own: plan its graph, train the
     best plan on --gpus gloo ranks and in one process, compare losses, parameters and
     every rank's collectives with its stage's prediction."""
-    from planner.check import check_graph_plan
+    from planner.checks.operator import check_graph_plan
     from planner.cli.graph import plan_graph, print_graph_plans
 
     plan = plan_graph(args, loaded, cluster, console, checking=True)[0]
@@ -385,6 +385,6 @@ def run_graph_check(args: argparse.Namespace, loaded, cluster: Cluster, console)
 
 
 def _write_report(path: str, report: dict) -> None:
-    """The check's JSON report (`planner.check_report`: one layout for every kind)."""
+    """The check's JSON report (`planner.checks.report`: one layout for every kind)."""
     Path(path).write_text(json.dumps(report, indent=2) + "\n")
     console.print(f"report written to {path}")

@@ -22,7 +22,7 @@ from planner.export.engines import ENGINES
 
 if TYPE_CHECKING:
     from planner.models.config import TransformerConfig
-    from planner.plan import Plan
+    from planner.vocabulary.plan import Plan
 
 FLAG = "--emit"
 

@@ -19,10 +19,10 @@ from planner.cli.output import write_json
 from planner.cli.run_flags import objective_key, run_assumptions, wants_totals
 from planner.cli.whole_run import print_totals
 from planner.cli.parallel_flags import training_flags_given
-from planner.cluster import Cluster
-from planner.model_spec import LoadedModel
-from planner.plan import Plan
-from planner.totals import plan_totals
+from planner.vocabulary.cluster import Cluster
+from planner.models.sources import LoadedModel
+from planner.vocabulary.plan import Plan
+from planner.plans.totals import plan_totals
 from planner.search.graph_knobs import GRAPH_PRECISIONS, GRAPH_SCHEDULES, GraphKnobs
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
                console: Console, checking: bool = False) -> list[Plan]:
     """The best graph plans for the command line (best first, at most --top); `checking`:
     for `plan check`, which trains in the model's own precision unless told."""
-    from planner.graph_plan import graph_plan
+    from planner.plans.graph import graph_plan
     from planner.search.graph_space import search_graph
 
     if args.global_batch_size is None:
@@ -199,7 +199,7 @@ def _wants_graph_totals(args: argparse.Namespace, cluster: Cluster) -> bool:
 
 def _with_totals(plans: list[Plan], loaded: LoadedModel, cluster: Cluster,
                  args: argparse.Namespace) -> list[Plan]:
-    """The plans with their whole run's totals (`planner.totals`), ranked by --objective
+    """The plans with their whole run's totals (`planner.plans.totals`), ranked by --objective
     (fitting plans first) where given."""
     settings = run_assumptions(args, cluster)
     parameters = sum(p.numel() for p in loaded.model.parameters())

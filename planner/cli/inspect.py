@@ -15,7 +15,7 @@ from planner.cli.model_args import load
 def run_inspect(args: argparse.Namespace) -> int:
     """`plan inspect`: layers and templates of a model, traced once per template."""
     from passes.model_graph import trace_model
-    from planner.layer_report import inspect_report
+    from planner.cli.layer_report import inspect_report
 
     loaded = load(args)
     with console.status(f"tracing {args.model}"):

@@ -8,10 +8,10 @@ from typing import Any
 
 from planner.cli.errors import UsageError
 from planner.cli.parsing import gibibytes, seconds, whole
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.megatron.arguments import layer_pattern
-from planner.model_flags import NORMALIZATION, POSITION_EMBEDDING, SWITCHES, VALUE_FLAGS
-from planner.model_spec import ACCEPTED_FORMS, LoadedModel
+from planner.models.flags import NORMALIZATION, POSITION_EMBEDDING, SWITCHES, VALUE_FLAGS
+from planner.models.sources import ACCEPTED_FORMS, LoadedModel
 from planner.models.config import TransformerConfig
 
 # Longest --time-limit: a day. Planning that needs more is not planning in seconds.
@@ -98,7 +98,7 @@ def shape_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def load(args: argparse.Namespace) -> LoadedModel:
     """The model the MODEL argument and the shape flags name."""
-    from planner.model_spec import load_model
+    from planner.models.sources import load_model
 
     return load_model(args.model, shape_overrides(args))
 

@@ -13,9 +13,9 @@ from typing import Any
 from planner.cli.errors import UsageError
 from planner.cli.parsing import whole
 from planner.cli.run_flags import positive
-from planner.cluster import MAX_DEVICES
-from planner.knobs import FLAG
-from planner.parallel import (
+from planner.vocabulary.cluster import MAX_DEVICES
+from planner.search.knobs import FLAG
+from planner.vocabulary.parallel import (
     ATTENTION_BACKENDS,
     CUDA_GRAPH_SCOPES,
     ENGINES,

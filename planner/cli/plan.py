@@ -15,8 +15,8 @@ from planner.cli.errors import UsageError
 from planner.cli.output import write_json
 from planner.cli.model_args import load, load_cluster
 from planner.cli.parallel_flags import training_flags_given
-from planner.cluster import Cluster
-from planner.model_spec import LoadedModel
+from planner.vocabulary.cluster import Cluster
+from planner.models.sources import LoadedModel
 
 # Strategies per op grow exponentially with mesh axes (each axis multiplies the
 # placements of every input); past three the ILP would not be built in any time limit.

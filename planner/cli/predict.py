@@ -39,11 +39,11 @@ from planner.cli.whole_run import print_totals, with_totals
 from planner.search.megatron_space import MAX_GPUS
 
 if TYPE_CHECKING:
-    from planner.cluster import Cluster
+    from planner.vocabulary.cluster import Cluster
     from planner.megatron import LaunchLine, MegatronArgs, MegatronRun
     from planner.models.config import TransformerConfig
-    from planner.parallel import ParallelConfig
-    from planner.plan import Plan
+    from planner.vocabulary.parallel import ParallelConfig
+    from planner.vocabulary.plan import Plan
     from planner.torchtitan import TorchTitanJob
 
 # Knobs the best plan keeps from the launch line: the precision and fp8 recipe change the
@@ -136,7 +136,7 @@ def run_predict(args: argparse.Namespace) -> int:
     batch, print both and the difference, and write them as JSON."""
     from planner.cli.console import console
     from planner.megatron import megatron_run, parse_megatron_flags
-    from planner.training import training_plan
+    from planner.plans.training import training_plan
 
     if args.torchtitan is not None:
         return _predict_torchtitan(args, console)
@@ -176,7 +176,7 @@ def _predict_torchtitan(args: argparse.Namespace, console: Console) -> int:
     other work, the run predicted as TorchTitan runs it, the search priced under the same
     engine, and the TOML keys that change listed."""
     from planner.torchtitan import load_job_config, torchtitan_job
-    from planner.training import training_plan
+    from planner.plans.training import training_plan
 
     source = args.torchtitan
     if args.flags or args.args_file is not None:
@@ -306,7 +306,7 @@ def _cluster(args: argparse.Namespace, gpus: int, source: str) -> Cluster:
 def _check_on_cluster(parsed: MegatronArgs, run: MegatronRun, cluster: Cluster) -> None:
     """The rules the cluster sets (tensor cores of the precision, tensor parallelism within
     a node, ...), named as the launch line's flags."""
-    from planner.knobs import check_knobs
+    from planner.search.knobs import check_knobs
 
     q, device = run.parallel, cluster.device
     if q.precision not in device.peak_tflops:
@@ -382,7 +382,7 @@ def _best_plans(
     sets them (`kept`: `KEPT` or `TORCHTITAN_KEPT`)."""
     from rich.progress import Progress
 
-    from planner.training import ranked_plans
+    from planner.plans.training import ranked_plans
     from planner.search import search
 
     with Progress(console=console, transient=True) as progress:

@@ -9,9 +9,9 @@ from typing import Callable
 from rich.console import Console
 
 from planner.cli.errors import UsageError, check_output_file
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
-from planner.plan import Plan
+from planner.vocabulary.plan import Plan
 
 FLAG = "--report"
 

@@ -10,7 +10,7 @@ from typing import Any
 from cost_models.economics import DEFAULT_PUE, RunAssumptions
 from planner.cli.errors import UsageError
 from planner.cli.parsing import whole
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 
 CHECKPOINT_WRITE_GBPS = 5.0
 """Storage write bandwidth per host, GB/s: a host's share of a parallel file system

@@ -3,7 +3,7 @@
 With tensor, pipeline and micro-batch size given, the configuration is predicted as is
 (a what-if); otherwise the search chooses the knobs not given. Either way the output is a
 table of plans with their predicted numbers, the best plan's Megatron-LM launch flags, and
-with --json the `Plan` of the best (`planner/plan.py`).
+with --json the `Plan` of the best (`planner/vocabulary/plan.py`).
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ from planner.cli.parallel_flags import fixed_knobs
 from planner.cli.report_flags import write_report_if_asked
 from planner.cli.run_flags import objective_key, wants_totals
 from planner.cli.whole_run import fewer_gpu_plans, print_totals, with_totals
-from planner.cluster import Cluster
-from planner.knobs import FLAG, check_knobs, default_precision
-from planner.parallel import FixedKnobs
+from planner.vocabulary.cluster import Cluster
+from planner.search.knobs import FLAG, check_knobs, default_precision
+from planner.vocabulary.parallel import FixedKnobs
 from planner.models.config import TransformerConfig
-from planner.plan import Plan
-from planner.training import plan_training
+from planner.vocabulary.plan import Plan
+from planner.plans.training import plan_training
 
 if TYPE_CHECKING:
-    from planner.model_spec import LoadedModel
+    from planner.models.sources import LoadedModel
     from planner.search.megatron_space import SearchResult
 
 
@@ -141,7 +141,7 @@ def _plan_with_progress(
     args: argparse.Namespace, model: TransformerConfig, cluster: Cluster,
     knobs: FixedKnobs, top: int, names: Callable[[str], str] | None, console: Console,
 ) -> tuple[list[Plan], SearchResult]:
-    """`planner.training.plan_training`, with a progress bar."""
+    """`planner.plans.training.plan_training`, with a progress bar."""
     from rich.progress import Progress
 
     with Progress(console=console, transient=True) as progress:
@@ -154,7 +154,7 @@ def _plan_with_progress(
                              args.space, top, names, advance)
 
 
-# Fixed knobs a refusal may suggest giving up, each named by its flag (planner.knobs.FLAG).
+# Fixed knobs a refusal may suggest giving up, each named by its flag (planner.search.knobs.FLAG).
 _RELAXABLE = ("micro_batch_size", "recompute", "zero_stage", "sequence_parallel",
               "pipeline", "tensor", "context", "schedule", "virtual_pipeline",
               "recompute_method", "recompute_num_layers")

@@ -1,5 +1,5 @@
 """A whole training run in `plan`'s output: each plan's days, GPU-hours, cost, energy and
-failure-adjusted totals (`planner.totals`), plans ranked by `--objective`, and with
+failure-adjusted totals (`planner.plans.totals`), plans ranked by `--objective`, and with
 `--objective cost` the same search on fewer GPUs (a cheaper run may take longer)."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from rich.table import Table
 
 from planner.cli.errors import UsageError
 from planner.cli.run_flags import objective_key, run_assumptions
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
-from planner.plan import Plan
-from planner.totals import plan_totals, run_steps
+from planner.vocabulary.plan import Plan
+from planner.plans.totals import plan_totals, run_steps
 
 FEWER_GPU_HALVINGS = 3
 """With --objective cost, --gpus is a ceiling: the search also runs on 1/2, 1/4 and 1/8

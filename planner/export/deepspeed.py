@@ -20,7 +20,7 @@ import json
 import shlex
 from typing import Any
 
-from planner.plan import Plan
+from planner.vocabulary.plan import Plan
 
 CONFIG_FILE = "ds_config.json"
 LAUNCH_FILE = "deepspeed.sh"

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:  # the exporters are imported when used: `plan` starts without them
     from planner.models.config import TransformerConfig
-    from planner.plan import Plan
+    from planner.vocabulary.plan import Plan
 
 ENGINES = ("megatron", "torchtitan", "deepspeed", "pytorch", "slurm", "ray")
 

@@ -1,6 +1,6 @@
 """A graph plan's launch files (`plan MODEL --gpus N --emit pytorch DIR` for a model of
 one's own, or a zoo or hf: model under `--intra-op ilp`): the plan itself and
-`train_graph.py`, which every rank runs under torchrun (`planner.graph_job`: Tessel's
+`train_graph.py`, which every rank runs under torchrun (`runtime.graph_job`: Tessel's
 staged runtime, the only engine that runs a plan whose stages have meshes of their own and
 per-operator shardings). Slurm and Ray start the same script (`planner.export.engines`)."""
 
@@ -11,7 +11,7 @@ import shlex
 from pathlib import Path
 
 from planner.export.launch import torchrun_args
-from planner.plan import Plan
+from planner.vocabulary.plan import Plan
 
 FILE = "train_graph.py"
 PLAN_FILE = "plan.json"
@@ -27,7 +27,7 @@ Emitted by `plan`; `python {file} --help` lists the options (--steps, --checkpoi
 import sys
 from pathlib import Path
 
-from planner.graph_job import main
+from runtime.graph_job import main
 
 if __name__ == "__main__":
     plan = Path(__file__).with_name({plan_file!r})

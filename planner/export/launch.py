@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from planner.plan import Plan
+from planner.vocabulary.plan import Plan
 
 # The rendezvous endpoint is the first host's address; a job script sets MASTER_ADDR.
 RDZV_PORT = 29500

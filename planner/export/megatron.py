@@ -12,7 +12,7 @@ import math
 
 from planner.megatron.pipeline_layout import layout_string
 from planner.models.config import TransformerConfig
-from planner.parallel import ParallelConfig
+from planner.vocabulary.parallel import ParallelConfig
 
 
 def megatron_incompatibility(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import shlex
 
 from planner.export.launch import torchrun_command
-from planner.plan import Plan
+from planner.vocabulary.plan import Plan
 
 FILE = "megatron.sh"
 DEFAULT_ITERS = 1000

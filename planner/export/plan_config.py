@@ -4,8 +4,8 @@ stage layouts it was predicted with, read back from the plan (no search)."""
 from __future__ import annotations
 
 from cost_models.pipeline_memory import StageLayout
-from planner.parallel import ParallelConfig
-from planner.plan import Plan, RunSettings
+from planner.vocabulary.parallel import ParallelConfig
+from planner.vocabulary.plan import Plan, RunSettings
 
 
 def parallel_config(plan: Plan) -> ParallelConfig:

@@ -29,7 +29,7 @@ from string import Template
 
 from passes.placement_text import placement_pieces
 from planner.models.config import TransformerConfig
-from planner.plan import Plan
+from planner.vocabulary.plan import Plan
 
 FILE = "pytorch_train.py"
 TORCH_SCHEDULE_CLASSES = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe",

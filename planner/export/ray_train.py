@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from planner.plan import Plan
+from planner.vocabulary.plan import Plan
 
 FILE = "ray_train.py"
 

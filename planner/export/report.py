@@ -18,10 +18,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.export.report_data import Label, report_data
 from planner.models.config import TransformerConfig
-from planner.plan import Plan
+from planner.vocabulary.plan import Plan
 
 CHARTS = ("timeline", "memory", "breakdown", "plans", "totals")
 """Each chart's figure id, in page order ("totals" only with whole-run totals)."""

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.export.schedule_timeline import BAR_KINDS, pipeline_timeline
 from planner.export.stage_memory import stage_peaks
 from planner.export.stage_times import stage_times
 from planner.models.config import TransformerConfig
-from planner.plan import Plan
+from planner.vocabulary.plan import Plan
 
 GIB = 2**30
 TAIL_KINDS = ("data-parallel communication", "optimizer")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from planner.plan import Plan
+from planner.vocabulary.plan import Plan
 
 FILE = "slurm.sh"
 RDZV_PORT = 29500

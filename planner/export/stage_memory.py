@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.plan import Plan
+from planner.vocabulary.plan import Plan
 
 GIB = 2**30
 

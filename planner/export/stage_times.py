@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cost_models.step_time import StagePhases
-from planner.plan import Plan
+from planner.vocabulary.plan import Plan
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ import shlex
 from typing import Any
 
 from planner.models.config import TransformerConfig
-from planner.plan import Plan
+from planner.vocabulary.plan import Plan
 from planner.torchtitan.rules import DDP, FSDP, zero_stages
 
 CONFIG_FILE = "torchtitan.toml"

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
 from planner.megatron.errors import LaunchLineError
-from planner.model_flags import VALUE_FLAGS
+from planner.models.flags import VALUE_FLAGS
 
 ARGUMENTS_ENV = "TESSEL_MEGATRON_ARGUMENTS"
 # Where the reference sits next to a checkout: <repo>/../shared/reference/.

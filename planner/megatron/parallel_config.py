@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from planner.megatron.errors import LaunchLineError
 from planner.megatron.pipeline_layout import chunk_layers
-from planner.parallel import CUDA_GRAPH_SCOPES, ParallelConfig
+from planner.vocabulary.parallel import CUDA_GRAPH_SCOPES, ParallelConfig
 
 if TYPE_CHECKING:
     from planner.megatron.arguments import MegatronArgs

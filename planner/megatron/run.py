@@ -17,7 +17,7 @@ from planner.megatron.unpriced import refuse_unpriced
 if TYPE_CHECKING:
     from planner.megatron.arguments import MegatronArgs
     from planner.models.config import TransformerConfig
-    from planner.parallel import ParallelConfig
+    from planner.vocabulary.parallel import ParallelConfig
 
 # Flags `model_shape` and `parallel_config` read (the rest are accepted and ignored:
 # `MegatronRun.ignored`).

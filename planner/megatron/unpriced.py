@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from planner.megatron.errors import LaunchLineError
-from planner.parallel import FP8_RECIPES, RECOMPUTE_MODULES
+from planner.vocabulary.parallel import FP8_RECIPES, RECOMPUTE_MODULES
 
 if TYPE_CHECKING:
     from planner.megatron.arguments import MegatronArgs

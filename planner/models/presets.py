@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from planner.model_flags import flag_names
+from planner.models.flags import flag_names
 from planner.models.config import TransformerConfig
 
 __all__ = ["FAMILIES", "PRESETS", "describe_presets", "get_preset", "zoo_config"]

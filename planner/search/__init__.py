@@ -22,11 +22,11 @@ from collections.abc import Mapping
 
 from typing import TYPE_CHECKING, Any
 
-from planner.parallel import FixedKnobs
+from planner.vocabulary.parallel import FixedKnobs
 
 if TYPE_CHECKING:
     from cost_models.layer_collectives import LayerCollectives
-    from planner.cluster import Cluster
+    from planner.vocabulary.cluster import Cluster
     from planner.models.config import TransformerConfig
     from planner.search.megatron_space import Progress, SearchResult
 

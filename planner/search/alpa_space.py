@@ -25,11 +25,11 @@ import numpy as np
 from cost_models.memory import FRAMEWORK_RESERVE_BYTES
 from cost_models.pipeline_memory import StageLayout
 from cost_models.step_time import predict_stages, predict_step, stage_mesh_costs
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.search.forked_call import BothEnds, start_forked
 from planner.search.inter_op import stage_dp
 from planner.models.config import TransformerConfig
-from planner.parallel import RECOMPUTE, ParallelConfig
+from planner.vocabulary.parallel import RECOMPUTE, ParallelConfig
 from planner.search.megatron_space import (
     Candidate,
     Progress,

@@ -17,7 +17,7 @@ from cost_models.memory import FRAMEWORK_RESERVE_BYTES
 from passes.model_layers import ModelLayers
 from passes.stage_graph import OVERFLOW_FLAG_BYTES, stage_graph, stage_program
 from passes.strategies import training_state_bytes
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.search.graph_knobs import in_flight
 from planner.search.layer_table import LayerTable
 from planner.search.layered_stage import layered

@@ -53,7 +53,7 @@ from passes.stage_graph import (
     micro_batch_inputs,
     on_meta_device,
 )
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.search.alpa_space import submeshes
 from planner.search.inter_op import stage_dp
 from planner.search.graph_knobs import GraphKnobs

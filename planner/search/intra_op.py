@@ -31,7 +31,7 @@ from passes.dtensor_rules import (
 from passes.strategies import NodeStrategies, Source, Strategy, output_value, source_of
 from passes.program import TracedProgram
 from planner.search.buckets import Bucket, bucket_transfers
-from planner.cluster import Cluster, LinkSpec
+from planner.vocabulary.cluster import Cluster, LinkSpec
 from planner.search.elimination import ilp_variables, lower_bound, solve_by_elimination
 from planner.search.solver import (
     Assignment,

@@ -14,7 +14,7 @@ from passes.dtensor_rules import fake_mesh
 from passes.model_layers import ModelLayers, op_signature
 from passes.stage_graph import BOUNDARY, ForwardGraph, stage_graph, stage_program
 from passes.strategies import enumerate_strategies
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.search.layered_stage import renamed
 from planner.search.stage_solve import StageCost, StageResult, bound_stage, solve_stage
 from planner.search.workers import can_fork, forked_pool

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from cost_models.pipeline_memory import StageLayout, fits_memory
 from cost_models.step_time import StepPrediction, predict_step
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
-from planner.parallel import RECOMPUTE, ParallelConfig
+from planner.vocabulary.parallel import RECOMPUTE, ParallelConfig
 from planner.torchtitan.rules import zero_stages
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ def tensor_degrees(model: TransformerConfig, cluster: Cluster) -> list[int]:
     (consecutive ranks) inside one domain: a layout's degrees divide the GPUs too, so they
     divide a part-filled last domain's share as well (256 GB200s: 3 x 72 + 40), while a
     power of two a domain holds no whole number of (16 of a 72-GPU rack) would straddle
-    racks, as `planner.knobs` refuses for a fixed degree."""
+    racks, as `planner.search.knobs` refuses for a fixed degree."""
     per_node, n = cluster.devices_per_node, cluster.num_devices
     limit = min(per_node, n, model.num_kv_heads)
     return [t for t in _powers_of_two_dividing(model.num_kv_heads, limit)

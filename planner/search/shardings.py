@@ -7,7 +7,7 @@ from passes.dtensor_rules import placement_str
 from passes.lower import graph_fingerprint
 from passes.strategies import NodeStrategies, fallback_nodes
 from passes.program import TracedProgram
-from planner.plan import (
+from planner.vocabulary.plan import (
     PHASES,
     CollectiveStats,
     FallbackOp,

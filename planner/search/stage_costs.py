@@ -9,7 +9,7 @@ import numpy as np
 
 from cost_models.comm import collective_time
 from passes.stage_graph import routes
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.search.graph_knobs import GraphKnobs, in_flight
 from planner.search.layer_table import logical_meshes
 from planner.search.stage_solve import StageCost

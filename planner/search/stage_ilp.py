@@ -22,7 +22,7 @@ from cost_models.transformer_ops import ACTIVATION_BYTES
 from passes.dtensor_rules import fake_mesh
 from passes.model_graph import ModelGraph
 from passes.strategies import enumerate_strategies
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.search.intra_op import plan_intra_op
 from planner.search.workers import can_fork, forked_pool
 

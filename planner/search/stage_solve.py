@@ -36,8 +36,8 @@ from passes.stage_graph import (
 )
 from passes.strategies import NodeStrategies, enumerate_strategies, output_value, source_of
 from passes.program import TracedProgram
-from planner.cluster import Cluster
-from planner.plan import GradientBucket, OperatorShardings
+from planner.vocabulary.cluster import Cluster
+from planner.vocabulary.plan import GradientBucket, OperatorShardings
 from planner.search.intra_op import (
     CommModel,
     IntraOpSolution,

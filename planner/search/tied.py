@@ -28,8 +28,8 @@ from passes.dtensor_rules import (
     tensor_meta,
 )
 from passes.stage_graph import BOUNDARY
-from planner.cluster import Cluster
-from planner.plan import tied_parameters
+from planner.vocabulary.cluster import Cluster
+from planner.vocabulary.plan import tied_parameters
 from planner.search.intra_op import CommModel
 
 

@@ -18,7 +18,7 @@ from planner.torchtitan.parallel_config import parallel_config
 
 if TYPE_CHECKING:
     from planner.models.config import TransformerConfig
-    from planner.parallel import ParallelConfig
+    from planner.vocabulary.parallel import ParallelConfig
 
 # TorchTitan 0.2's Llama 3 flavors Tessel predicts -> the zoo's presets of the same shape
 # (torchtitan/models/llama3/__init__.py: llama3_args; tests check the shapes agree).

@@ -28,8 +28,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from planner.parallel_dims import ParallelDims
-from planner.parallel import RESHARD_POLICIES, ParallelConfig
+from planner.vocabulary.parallel_dims import ParallelDims
+from planner.vocabulary.parallel import RESHARD_POLICIES, ParallelConfig
 from planner.torchtitan.errors import JobConfigError
 from planner.torchtitan.keys import shown
 

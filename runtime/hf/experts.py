@@ -69,7 +69,7 @@ def _forced_forward(self, hidden_states: torch.Tensor):
         if self.norm_topk_prob:
             top = top / (top.sum(dim=-1, keepdim=True) + 1e-20)
         return logits, top * self.routed_scaling_factor, index
-    if self.norm_topk_prob:
+    if getattr(self, "norm_topk_prob", True):  # Mixtral's router always renormalizes
         top = top / top.sum(dim=-1, keepdim=True)
     return logits, top.to(logits.dtype), index
 

@@ -58,16 +58,17 @@ transformers would check the model class against: Gemma 2 declares no SDPA suppo
 # alternating windows, scaled embedding, tied head), GPT-NeoX (fused per-head
 # query_key_value, parallel residual, partial rotary, LayerNorm with bias, GELU), GPT-2
 # (Conv1D layers, learned positions, tied head), and the
-# mixtures of experts Qwen3-MoE and DeepSeek-V3 (multi-latent attention, dense layers
-# first, shared and routed experts; no MTP in transformers).
+# mixtures of experts Mixtral and Qwen3-MoE (fused experts behind a top-k router) and
+# DeepSeek-V3 (multi-latent attention, dense layers first, shared and routed experts; no
+# MTP in transformers).
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gpt_neox", "gpt2",
-             "qwen3_moe", "deepseek_v3")
-MOE_FAMILIES = ("qwen3_moe", "deepseek_v3")
+             "mixtral", "qwen3_moe", "deepseek_v3")
+MOE_FAMILIES = ("mixtral", "qwen3_moe", "deepseek_v3")
 
-# Every dropout field these families' configs have: every rank must compute what one
-# process does.
+# Every dropout field these families' configs have, and Mixtral's router jitter (noise
+# on the router's input in training): every rank must compute what one process does.
 _DROPOUTS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop",
-             "attn_pdrop")
+             "attn_pdrop", "router_jitter_noise")
 
 
 class Probed(Exception):

@@ -21,7 +21,7 @@ from cost_models.calibrate import (
     vtrain_cluster,
 )
 from cost_models.efficiency import Efficiency
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
 SINGLE = next(

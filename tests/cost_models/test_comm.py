@@ -8,7 +8,7 @@ from cost_models.comm import (
     tree_all_reduce_time,
 )
 from cost_models.efficiency import Efficiency
-from planner.cluster import Cluster, LinkSpec
+from planner.vocabulary.cluster import Cluster, LinkSpec
 
 GB = 1e9
 GIB = 2**30

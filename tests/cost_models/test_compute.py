@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from cost_models.compute import dtype_key, op_time
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ import pytest
 from cost_models.engine_memory import loss_bytes, model_state
 from cost_models.published_memory import predict, read_runs
 from cost_models.step_time import predict_step
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.models.presets import get_preset
-from planner.parallel import ParallelConfig
+from planner.vocabulary.parallel import ParallelConfig
 
 PARAMS, BLOCK, ENDS = 1e9, 5e7, 1e8
 

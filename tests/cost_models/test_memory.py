@@ -2,9 +2,9 @@ import pytest
 
 from cost_models.memory import MemoryBreakdown, in_flight_micro_batches, model_state_bytes
 from cost_models.pipeline_memory import stage_memories, uniform_stages
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.models.presets import get_preset
-from planner.parallel import ParallelConfig
+from planner.vocabulary.parallel import ParallelConfig
 
 GB = 1e9
 GIB = 2**30

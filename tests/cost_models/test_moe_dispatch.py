@@ -21,10 +21,10 @@ from cost_models.transformer_ops import (
     projections,
     recomputed_kernels,
 )
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.models.config import LayerKind
 from planner.models.presets import PRESETS
-from planner.parallel import ParallelConfig
+from planner.vocabulary.parallel import ParallelConfig
 
 
 

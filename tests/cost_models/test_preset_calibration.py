@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from cost_models.preset_calibration import predicted_seconds, published_runs, step_time_ratio
-from planner.cluster import UNCALIBRATED_STEP_TIME_RATIO, Cluster, step_time_band
+from planner.vocabulary.cluster import UNCALIBRATED_STEP_TIME_RATIO, Cluster, step_time_band
 from planner.models.presets import get_preset
-from planner.parallel import ParallelConfig
-from planner.training import training_plan
+from planner.vocabulary.parallel import ParallelConfig
+from planner.plans.training import training_plan
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = next((p / "calibration" for p in (REPO.parent / "shared", Path("/work/shared"))

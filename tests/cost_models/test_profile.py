@@ -17,10 +17,10 @@ from passes.dtensor_rules import Collective, fake_mesh, parse_placements
 from passes.strategies import node_flops, shard_factor, tensor_inputs
 from passes.trace import trace
 from planner import cli
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.search.intra_op import CommModel
-from planner.model_spec import load_model
-from planner.plan import Plan
+from planner.models.sources import load_model
+from planner.vocabulary.plan import Plan
 
 # Square matmuls of 2 n^3 FLOPs: 2e6 FLOPs in 1e-5 s (200 GFLOP/s), 2e9 in 1e-2 s.
 MATMUL = [(100, 1e-5), (1000, 1e-2)]

@@ -12,10 +12,10 @@ import pytest
 from cost_models.comm import group_collective_time
 from cost_models.data_parallel import DDP_BUCKET_PARAMETERS
 from cost_models.step_time import predict_step
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
 from planner.models.presets import get_preset
-from planner.parallel import ParallelConfig
+from planner.vocabulary.parallel import ParallelConfig
 
 LLAMA_8K = TransformerConfig(num_layers=32, hidden_size=4096, num_attention_heads=32,
                              seq_length=8192, vocab_size=128256)

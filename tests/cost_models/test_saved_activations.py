@@ -12,7 +12,7 @@ from cost_models.saved_activations import (
 )
 from planner.models.config import TransformerConfig
 from planner.models.presets import FAMILIES, get_preset
-from planner.parallel import ParallelConfig
+from planner.vocabulary.parallel import ParallelConfig
 
 S, B, H, A = 2048, 2, 4096, 32
 GPT = TransformerConfig(num_layers=2, hidden_size=H, num_attention_heads=A, vocab_size=1024,

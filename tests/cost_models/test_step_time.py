@@ -18,9 +18,9 @@ from cost_models.transformer_ops import (
     forward_flops,
     layer_ops,
 )
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.models.presets import get_preset
-from planner.parallel import ParallelConfig
+from planner.vocabulary.parallel import ParallelConfig
 from planner.search.megatron_space import enumerate_megatron
 
 GPT3_175B = get_preset("gpt3-175b")

@@ -11,12 +11,12 @@ import json
 import pytest
 
 from planner import cli
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
 from planner.models.presets import FAMILIES
-from planner.parallel import ParallelConfig
-from planner.training import training_plan
-from planner.training_check import ACTIVATION_TOLERANCE, compare
+from planner.vocabulary.parallel import ParallelConfig
+from planner.plans.training import training_plan
+from planner.checks.training import ACTIVATION_TOLERANCE, compare
 from runtime.elastic import launch
 from runtime.spec import from_training_plan
 

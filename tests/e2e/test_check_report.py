@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from planner import cli
-from planner.check_report import REPORT_KEYS
+from planner.checks.report import REPORT_KEYS
 
 REPO = Path(__file__).resolve().parents[2]
 GPT = ["gpt", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.plan import Plan
+from planner.vocabulary.plan import Plan
 
 REPO = Path(__file__).parents[2]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.check import grown, synthetic_batches, train_single_process
+from planner.checks.operator import grown, synthetic_batches, train_single_process
 
 REPO = Path(__file__).parents[2]
 sys.path.insert(0, str(Path(__file__).parent))
@@ -60,7 +60,7 @@ def test_a_zoo_transformers_script_builds_it_at_the_plans_shape(tmp_path: Path) 
     """`plan gpt --num-layers 6 ... --intra-op ilp --emit pytorch DIR`: the plan holds the
     shape flags, and the script builds the transformer at that shape (weights of its own
     initialisation) and trains it on 4 ranks as one process does."""
-    from planner.model_spec import load_model, with_weights
+    from planner.models.sources import load_model, with_weights
 
     shape = {"num_layers": 6, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32,
              "vocab_size": 128}

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.export.engines import engine_files
 from planner.models.presets import zoo_config
-from planner.parallel import ParallelConfig
-from planner.training import training_plan
+from planner.vocabulary.parallel import ParallelConfig
+from planner.plans.training import training_plan
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 3

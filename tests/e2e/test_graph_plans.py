@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from planner.check import check_graph_plan
-from planner.cluster import Cluster
-from planner.graph_plan import graph_plan
+from planner.checks.operator import check_graph_plan
+from planner.vocabulary.cluster import Cluster
+from planner.plans.graph import graph_plan
 from planner.search.graph_space import search_graph
 from planner.search.inter_op import stage_brute_force, stage_dp
 
@@ -195,7 +195,7 @@ def test_a_weight_tied_across_stages_trains_as_one_process() -> None:
 def _train_save_resume_tied(rank: int, world: int, plan_json: str, batches, directory: str):
     from graph_models import TiedMLP, tied_mlp
 
-    from planner.plan import Plan
+    from planner.vocabulary.plan import Plan
     from runtime.staged import StagedTrainer
 
     plan = Plan.from_json(plan_json)
@@ -213,7 +213,7 @@ def _train_save_resume_tied(rank: int, world: int, plan_json: str, batches, dire
 def test_a_plan_with_a_tied_weight_saves_once_and_resumes_on_every_stage(tmp_path) -> None:
     from runtime.launch import run_on_ranks
 
-    from planner.check import train_single_process
+    from planner.checks.operator import train_single_process
 
     model, _, _, plan = _tied_plan()
     generator = torch.Generator().manual_seed(3)
@@ -259,7 +259,7 @@ def test_a_half_precision_plan_trains_as_one_process_does(precision) -> None:
     # wire), fp32 master weights, gradient accumulators and moments (18 bytes per
     # parameter); fp16 scales its loss, and every rank agrees once per step whether a
     # gradient overflowed (one all-reduce, predicted like the rest).
-    from planner.check import RELATIVE_TOLERANCE_BF16
+    from planner.checks.operator import RELATIVE_TOLERANCE_BF16
     from planner.search.graph_knobs import GraphKnobs
 
     model, inputs, loss_fn = residual_cnn()

@@ -19,14 +19,14 @@ import json
 
 import pytest
 
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
-from planner.parallel import ParallelConfig
-from planner.training import training_plan
-from planner.training_check import MEMORY_TOLERANCE, compare
+from planner.vocabulary.parallel import ParallelConfig
+from planner.plans.training import training_plan
+from planner.checks.training import MEMORY_TOLERANCE, compare
 from runtime.elastic import launch
 from runtime.spec import from_training_plan
-from runtime.training import merge_results, relative_errors, train_reference
+from planner.checks.training import merge_results, relative_errors, train_reference
 
 DEEPSEEK_V3_TINY = TransformerConfig(
     num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=128, seq_length=16,

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from planner.check import train_single_process
+from planner.checks.operator import train_single_process
 from planner.models import demo
 from runtime.launch import run_on_ranks
 
@@ -168,8 +168,8 @@ def test_parallelize_a_graph_plan_with_fixed_knobs(tmp_path) -> None:
     # The knobs reach the plan rank 0 makes and the trainers every rank runs: GPipe, every
     # stage but the last recomputing, bf16 with fp32 master weights, ZeRO-3 (which rules
     # out the replicated data parallelism that would win on 4 devices: a pipeline wins).
-    from planner.check import RELATIVE_TOLERANCE_BF16
-    from planner.plan import Plan
+    from planner.checks.operator import RELATIVE_TOLERANCE_BF16
+    from planner.vocabulary.plan import Plan
 
     generator = torch.Generator().manual_seed(5)
     batches = [(torch.randn(16, 32, generator=generator),) for _ in range(2)]

@@ -1,7 +1,7 @@
 """Plans trained for real on gloo ranks, against one process.
 
 Every test here plans a model, then trains it on forked gloo ranks and on one process
-(`planner.check.check_plan`): losses and final parameters must agree in fp32, and each
+(`planner.checks.operator.check_plan`): losses and final parameters must agree in fp32, and each
 rank must issue exactly the collectives the plan predicted, kind by kind, in count and
 bytes.
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from planner.api import PlannedModel, plan_model
-from planner.check import CheckReport, check_plan
-from planner.cluster import Cluster
+from planner.checks.operator import CheckReport, check_plan
+from planner.vocabulary.cluster import Cluster
 from planner.models import demo
 
 HERE = Path(__file__).parent

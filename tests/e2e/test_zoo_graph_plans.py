@@ -14,7 +14,7 @@ def test_a_zoo_transformer_under_intra_op_ilp_is_planned_as_any_model(tmp_path) 
     their layers' programs (the runtime traces all six blocks), and 4 gloo ranks train it
     as one process does, every rank's collectives as predicted."""
     from planner import cli
-    from planner.plan import Plan
+    from planner.vocabulary.plan import Plan
 
     out = tmp_path / "report.json"
     assert cli.main([
@@ -43,7 +43,7 @@ def test_a_hugging_face_config_under_intra_op_ilp_is_planned_as_any_model(tmp_pa
     import json
 
     from planner import cli
-    from planner.plan import Plan
+    from planner.vocabulary.plan import Plan
 
     config = tmp_path / "tinyllama" / "config.json"
     config.parent.mkdir()

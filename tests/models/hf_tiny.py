@@ -1,7 +1,7 @@
 """Tiny random-weight Hugging Face models for tests (helper module, not a test file).
 
 Each factory builds its config in code (no downloads), seeds the RNG, and returns
-``(model, example_inputs, loss_fn)`` in the shape ``planner.model_spec`` accepts, so a test
+``(model, example_inputs, loss_fn)`` in the shape ``planner.models.sources`` accepts, so a test
 can use ``tests/models/hf_tiny.py:gpt2`` as a model spec.
 
 Config choices that tracing needs (torch 2.13, transformers 5.x), checked with

@@ -21,7 +21,7 @@ pytest.importorskip("transformers")
 
 from passes.layers import Layer  # noqa: E402
 from passes.model_graph import TRACED_BLOCKS, ModelGraph, trace_model  # noqa: E402
-from planner.model_spec import LoadedModel, ModelSpecError, load_model  # noqa: E402
+from planner.models.sources import LoadedModel, ModelSpecError, load_model  # noqa: E402
 from planner.models.hf_shape import to_transformer_config  # noqa: E402
 
 BLOCKS = 4

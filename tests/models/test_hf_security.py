@@ -29,7 +29,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from planner.model_spec import ModelSpecError, load_model  # noqa: E402
+from planner.models.sources import ModelSpecError, load_model  # noqa: E402
 from planner.models.huggingface import (  # noqa: E402
     HFConfigError,
     build_hf_model,

@@ -14,7 +14,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from planner.model_spec import load_model  # noqa: E402
+from planner.models.sources import load_model  # noqa: E402
 
 HF_TINY = Path(__file__).with_name("hf_tiny.py")
 

@@ -8,7 +8,7 @@ from torch import nn
 
 from passes.model_graph import TRACED_BLOCKS, trace_model
 from passes.trace import trace
-from planner.model_spec import load_model
+from planner.models.sources import load_model
 
 H, HEADS, SEQ, VOCAB = 512, 8, 64, 128
 GPT = dict(num_layers=6, hidden_size=H, num_attention_heads=HEADS, seq_length=SEQ, vocab_size=VOCAB)

@@ -9,7 +9,7 @@ from torch import nn
 
 from passes.model_layers import REDUCED_BLOCKS, ModelLayers
 from passes.stage_graph import block_cuts, forward_graph, micro_batch_inputs, on_meta_device
-from planner.model_spec import load_model
+from planner.models.sources import load_model
 
 SHAPE = {"num_layers": 7, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32,
          "vocab_size": 128}

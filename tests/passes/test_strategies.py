@@ -24,7 +24,7 @@ from passes.strategies import (
 )
 from passes.program import TracedProgram
 from passes.trace import trace
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.models import demo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))

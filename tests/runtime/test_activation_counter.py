@@ -12,11 +12,11 @@ import torch
 import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
 from planner.models.presets import FAMILIES
-from planner.parallel import ParallelConfig
-from planner.training import training_plan
+from planner.vocabulary.parallel import ParallelConfig
+from planner.plans.training import training_plan
 from runtime.spec import from_training_plan
 from runtime.pipeline_trainer import PipelineTrainer
 from runtime.training import batches

@@ -19,11 +19,12 @@ from runtime.checkpoint import MARKER, latest_checkpoint, step_directory
 from runtime.elastic import launch
 from runtime.faults import FaultWatch, PeerLost
 from runtime.launch import RankError, run_on_ranks
-from planner.parallel_dims import ParallelDims
+from planner.vocabulary.parallel_dims import ParallelDims
 from runtime.resilience import Resilience
 from runtime.spec import RunSpec, even_chunks
 from runtime.pipeline_trainer import PipelineTrainer
-from runtime.training import batches, check_training, merge_results
+from planner.checks.training import check_training, merge_results
+from runtime.training import batches
 
 GPT = TransformerConfig(
     num_layers=4, hidden_size=64, num_attention_heads=4, vocab_size=256, seq_length=16,

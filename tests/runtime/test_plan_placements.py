@@ -16,10 +16,10 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from cost_models.memory import state_element_bytes
 from passes.dtensor_rules import placement_str
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
-from planner.parallel import ParallelConfig
-from planner.training import training_plan
+from planner.vocabulary.parallel import ParallelConfig
+from planner.plans.training import training_plan
 from runtime.spec import from_training_plan
 from runtime.pipeline_trainer import PipelineTrainer
 

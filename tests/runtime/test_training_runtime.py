@@ -20,13 +20,13 @@ from torch.distributed.pipelining import (
 from torch.distributed.tensor import DTensor
 
 from planner.models.config import TransformerConfig
-from planner.parallel_dims import ParallelDims
+from planner.vocabulary.parallel_dims import ParallelDims
 from runtime.mesh import AXES, build_mesh
 from runtime.parallelize import apply_data_parallel, apply_recompute, apply_tensor_parallel
 from runtime.schedule import schedule_class
 from runtime.spec import RunSpec, even_chunks, from_training_plan
 from runtime.stages import build_reference, build_stage, init_parameter, materialize
-from runtime.training import TrainingCheck, check_training
+from planner.checks.training import TrainingCheck, check_training
 
 GPT = TransformerConfig(  # tied embeddings, as GPT and Megatron default to
     num_layers=4, hidden_size=64, num_attention_heads=4, vocab_size=256, seq_length=16,
@@ -128,9 +128,9 @@ def test_run_spec_from_a_training_plan() -> None:
 def test_run_spec_from_a_real_interleaved_plan() -> None:
     """The Plan lists each stage's chunks in Megatron's interleaved order, and the runtime
     runs exactly those: 8 layers, 2 stages x 2 chunks of 2 layers, chunk c on stage c % 2."""
-    from planner.cluster import Cluster
-    from planner.parallel import ParallelConfig
-    from planner.training import training_plan
+    from planner.vocabulary.cluster import Cluster
+    from planner.vocabulary.parallel import ParallelConfig
+    from planner.plans.training import training_plan
 
     model = GPT.model_copy(update={"num_layers": 8})
     parallel = ParallelConfig(tensor=2, pipeline=2, micro_batch_size=1, global_batch_size=8,
@@ -263,9 +263,9 @@ def test_a_dualpipev_plan_of_the_zoo_llama_trains_as_one_process() -> None:
     # 4 chunks in V order (rank 0 holds the first and the last: the embedding and the
     # head), 4 micro-batches (torch asks one per stage at least), FSDP2 reducing the
     # hand-written weight gradients of its split backwards.
-    from planner.cluster import Cluster
-    from planner.parallel import ParallelConfig
-    from planner.training import training_plan
+    from planner.vocabulary.cluster import Cluster
+    from planner.vocabulary.parallel import ParallelConfig
+    from planner.plans.training import training_plan
 
     parallel = ParallelConfig(pipeline=2, data=2, micro_batch_size=1, global_batch_size=8,
                               schedule="dualpipev", virtual_pipeline=2, zero_stage=1,

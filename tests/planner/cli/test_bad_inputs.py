@@ -384,11 +384,11 @@ def test_debug_keeps_the_exit_code_and_adds_the_traceback(capsys) -> None:
 def test_no_work_is_done_before_an_output_path_is_refused(capsys, monkeypatch) -> None:
     """`plan profile --output` and `plan check --json` used to measure or train first."""
     import runtime.measure
-    import planner.check
+    import planner.checks.operator
 
     monkeypatch.setattr(runtime.measure, "measure_profile",
                         lambda *a: pytest.fail("measured before checking --output"))
-    monkeypatch.setattr(planner.check, "check_plan",
+    monkeypatch.setattr(planner.checks.operator, "check_plan",
                         lambda *a, **k: pytest.fail("trained before checking --json"))
     assert run(["profile", "--output", "/proc/self/p.json"], capsys)[0] == 2
     assert run(["check", "demo:mlp", "--mesh", "2", "--json", "/proc/self/c.json"], capsys)[0] == 2

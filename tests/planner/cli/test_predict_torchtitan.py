@@ -26,13 +26,13 @@ from typing import Any
 import pytest
 
 from planner import cli
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.export.engines import Refusal, engine_files
 from planner.models.presets import get_preset
-from planner.parallel import ParallelConfig
-from planner.plan import Plan
+from planner.vocabulary.parallel import ParallelConfig
+from planner.vocabulary.plan import Plan
 from planner.search.megatron_space import search_megatron
-from planner.training import training_plan
+from planner.plans.training import training_plan
 
 CLUSTER = "dgx-h100"
 
@@ -277,7 +277,7 @@ def test_a_planned_configuration_round_trips(case: str, tmp_path: Path, capsys) 
 def test_the_searchs_best_plans_round_trip(tmp_path: Path, capsys) -> None:
     """The first plans of the search under TorchTitan, with and without compile and fp8
     all-gathers, each read back to the same prediction."""
-    from planner.training import ranked_plans
+    from planner.plans.training import ranked_plans
 
     model = get_preset("llama3-70b")
     cluster = cluster_of(64)

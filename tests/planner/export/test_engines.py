@@ -44,12 +44,12 @@ import pytest
 from torch.distributed.run import get_args_parser
 
 from planner import cli
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.export.engines import ENGINES, Refusal, engine_files
 from planner.models.presets import get_preset, zoo_config
-from planner.parallel import ParallelConfig
-from planner.plan import Plan
-from planner.training import training_plan
+from planner.vocabulary.parallel import ParallelConfig
+from planner.vocabulary.plan import Plan
+from planner.plans.training import training_plan
 
 HERE = Path(__file__).resolve().parent
 

@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 
 from planner import cli
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.models.presets import get_preset, zoo_config
-from planner.parallel import ParallelConfig
+from planner.vocabulary.parallel import ParallelConfig
 from planner.search import search
-from planner.training import training_plan
-from planner.plan import Plan
+from planner.plans.training import training_plan
+from planner.vocabulary.plan import Plan
 
 REPO = Path(__file__).resolve().parents[3]
 # The read-only shared inputs sit beside the checkout (../shared); TESSEL_SHARED names

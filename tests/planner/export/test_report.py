@@ -21,7 +21,7 @@ from cost_models.pipeline_schedule import dualpipev_bubble, dualpipev_chunk
 from cost_models.step_time import StagePhases
 from planner.cli.main import main
 from planner.export.report import CHARTS
-from planner.plan import Plan
+from planner.vocabulary.plan import Plan
 
 GPT3_175B = ["gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "1024",
              "--global-batch-size", "1536"]

@@ -15,12 +15,12 @@ from cost_models.pipeline_schedule import (
     dualpipev_chunk,
     dualpipev_pipeline_seconds,
 )
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.export.schedule_timeline import Bar, StagePhases, Timeline, pipeline_timeline
 from planner.export.stage_times import plan_pipeline_seconds, stage_times
 from planner.models.presets import get_preset
-from planner.parallel import ParallelConfig
-from planner.training import training_plan
+from planner.vocabulary.parallel import ParallelConfig
+from planner.plans.training import training_plan
 
 STAGE = StagePhases(forward=1.0, backward=2.0, recompute=0.5, forward_communication=0.25,
                     backward_communication=0.25)

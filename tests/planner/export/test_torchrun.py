@@ -7,11 +7,11 @@ import shlex
 import pytest
 from torch.distributed.run import get_args_parser
 
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.export.launch import torchrun_command
 from planner.models.presets import get_preset
-from planner.parallel import ParallelConfig
-from planner.training import training_plan
+from planner.vocabulary.parallel import ParallelConfig
+from planner.plans.training import training_plan
 
 
 def parsed(command: str):

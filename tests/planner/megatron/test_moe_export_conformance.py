@@ -126,7 +126,7 @@ def test_deepseek_v3_is_planned_with_experts_across_nodes(deepseek_plans, cluste
     """The best plan spreads experts over more GPUs than a host holds (a DGX node, a
     4-GPU GB200 tray), sends tokens with an all-to-all dispatcher, and Megatron-LM can
     run it."""
-    from planner.cluster import Cluster
+    from planner.vocabulary.cluster import Cluster
 
     plan = deepseek_plans[cluster]
     per_host = Cluster.load(cluster).devices_per_host

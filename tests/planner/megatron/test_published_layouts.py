@@ -8,7 +8,7 @@ import pytest
 
 from cost_models.pipeline_memory import StageLayout
 from cost_models.step_time import predict_stages
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.export.megatron import megatron_flags
 from planner.megatron.arguments import parse_megatron_flags
 from planner.megatron.run import megatron_run

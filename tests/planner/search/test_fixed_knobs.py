@@ -8,7 +8,7 @@ import re
 import pytest
 
 from planner import cli
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
 from planner.models.presets import get_preset
 from planner.search import search

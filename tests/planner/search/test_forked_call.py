@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.models.presets import get_preset
 from planner.search import forked_call, search
 from planner.search.forked_call import BothEnds, start_forked

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.search import layer_table
 from passes.model_layers import ModelLayers
 from passes.stage_graph import forward_graph, micro_batch_inputs, on_meta_device

@@ -13,9 +13,9 @@ import pytest
 from passes.dtensor_rules import fake_mesh
 from passes.model_graph import trace_model
 from passes.strategies import enumerate_strategies
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.search.intra_op import plan_intra_op
-from planner.model_spec import load_model
+from planner.models.sources import load_model
 from planner.search import search
 from planner.search.stage_ilp import layer_collectives
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.models.presets import get_preset, zoo_config
 from planner.search import search
 from planner.search.megatron_space import best_exhaustive, enumerate_megatron, megatron_stage_splits

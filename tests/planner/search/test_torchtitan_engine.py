@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from planner.cluster import Cluster
-from planner.knobs import check_knobs
+from planner.vocabulary.cluster import Cluster
+from planner.search.knobs import check_knobs
 from planner.models.presets import get_preset
 from planner.search.megatron_space import enumerate_megatron, search_megatron
 from planner.torchtitan.rules import zero_stages

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.models.presets import get_preset
 from planner.search.megatron_space import search_megatron
 

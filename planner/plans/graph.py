@@ -15,9 +15,9 @@ from passes.stage_graph import (
     routes,
 )
 from cost_models.memory import state_element_bytes
-from planner.cluster import Cluster, calibration_of, step_time_band
-from planner.mesh_axes import logical_axes
-from planner.plan import (
+from planner.vocabulary.cluster import Cluster, calibration_of, step_time_band
+from planner.vocabulary.mesh_axes import logical_axes
+from planner.vocabulary.plan import (
     CollectiveStats,
     Plan,
     Predicted,

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 
 from typing import Any
 
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
-from planner.parallel import PRECISIONS
+from planner.vocabulary.parallel import PRECISIONS
 from planner.search.megatron_space import data_degrees
 
 # ParallelConfig field -> the flag that fixes it, for messages that name the flag as typed.

@@ -29,9 +29,9 @@ from cost_models.comm import COLLECTIVE_KINDS
 from cost_models.economics import TrainingTotals
 from passes.placement_text import placement_pieces
 from planner.models.config import TransformerConfig
-from planner.parallel_dims import ParallelDims
-from planner.plan_migration import migrate_v1
-from planner.parallel import (
+from planner.vocabulary.parallel_dims import ParallelDims
+from planner.vocabulary.plan_migration import migrate_v1
+from planner.vocabulary.parallel import (
     AttentionBackend,
     CudaGraphScope,
     Engine,
@@ -210,7 +210,7 @@ class Stage(_Model):
 
 
 class ParallelDegrees(_Model):
-    """The plan's degrees (`planner.parallel_dims.ParallelDims`, `dims`) with the knobs
+    """The plan's degrees (`planner.vocabulary.parallel_dims.ParallelDims`, `dims`) with the knobs
     that shape its stages: sequence parallelism, ZeRO and the chunks per rank."""
 
     data: int = Field(ge=1, description="Data-parallel degree.")
@@ -246,7 +246,7 @@ class ParallelDegrees(_Model):
 
 class RunSettings(_Model):
     """How the kernels and collectives of a training plan run, beyond its degrees (each a
-    Megatron-LM flag: `planner.parallel.ParallelConfig` says what each one does)."""
+    Megatron-LM flag: `planner.vocabulary.parallel.ParallelConfig` says what each one does)."""
 
     attention_backend: AttentionBackend = Field(
         default="auto", description="Attention kernels: auto, flash, fused, unfused or local.")

@@ -6,7 +6,7 @@ import yaml
 
 from cost_models.efficiency import Efficiency
 from planner import cli
-from planner.cluster import MAX_DEVICES, Cluster, LinkSpec
+from planner.vocabulary.cluster import MAX_DEVICES, Cluster, LinkSpec
 
 PRESETS = (
     "cpu", "dgx-a100-40g", "dgx-a100-80g", "dgx-h100", "dgx-h200", "dgx-b200",

@@ -12,7 +12,7 @@ from functools import cached_property
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal, get_args
 
-from planner.parallel_dims import ParallelDims
+from planner.vocabulary.parallel_dims import ParallelDims
 
 # Each enumerated knob as a type (the Plan's fields refuse any other value on load) and
 # as the tuple of its values (CLI choices, validation messages).

@@ -14,7 +14,7 @@ them alike; what only one kind measures goes under ``details``.
   its ``held_bytes`` measured and predicted per kind (training plans; empty otherwise);
 - ``mismatches``: one line per measurement that differs from its prediction;
 - ``details``: the kind's own report (training: the run's `TrainingCheck` and the
-  comparison's rows; mesh and graph: `planner.check.CheckReport`).
+  comparison's rows; mesh and graph: `planner.checks.operator.CheckReport`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from planner.check import CheckReport
-from planner.plan import Plan
-from planner.training_check import PlanComparison
+from planner.checks.operator import CheckReport
+from planner.vocabulary.plan import Plan
+from planner.checks.training import PlanComparison
 
 REPORT_KEYS = ("kind", "plan", "passed", "steps", "losses", "reference_losses", "errors",
                "ranks", "mismatches", "details")
@@ -47,7 +47,7 @@ def operator_report(kind: str, plan: Plan, report: CheckReport) -> dict[str, Any
 
 def training_report(plan: Plan, check: Any, comparison: PlanComparison,
                     passed: bool) -> dict[str, Any]:
-    """The report of a training plan's check (`check`: `runtime.training.TrainingCheck`)."""
+    """The report of a training plan's check (`check`: `planner.checks.training.TrainingCheck`)."""
     ranks = []
     for rank, coordinates in enumerate(check.coordinates):
         rows = [row for row in comparison.memory if row.rank == rank]

@@ -1,5 +1,5 @@
-"""planner.plan: one schema for training and operator-level plans; its JSON round trip, the
-mistakes its validation catches, the migration of version-1 files, and every plan the CLI
+"""planner.vocabulary.plan: one schema for training and operator-level plans; its JSON round
+trip, the mistakes its validation catches, the migration of version-1 files, and every plan the CLI
 writes validating as that one schema."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from planner import cli
-from planner.plan_migration import migrate_v1
-from planner.plan import (
+from planner.vocabulary.plan_migration import migrate_v1
+from planner.vocabulary.plan import (
     SCHEMA_VERSION,
     CollectiveStats,
     NodeSharding,

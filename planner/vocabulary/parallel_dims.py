@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from planner.mesh_axes import MESH_AXES
+from planner.vocabulary.mesh_axes import MESH_AXES
 
 
 @dataclass(frozen=True)

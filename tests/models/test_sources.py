@@ -1,4 +1,4 @@
-"""planner.model_spec: every accepted MODEL form and every error a user can hit."""
+"""planner.models.sources: every accepted MODEL form and every error a user can hit."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from planner.model_spec import LoadedModel, ModelSpecError, load_model
+from planner.models.sources import LoadedModel, ModelSpecError, load_model
 
 FACTORIES = """
 import torch

@@ -1,11 +1,11 @@
-"""planner.parallel_dims: the one value of a plan's degrees, its rules and its mesh."""
+"""planner.vocabulary.parallel_dims: the one value of a plan's degrees, its rules and its mesh."""
 
 from __future__ import annotations
 
 import pytest
 
-from planner.parallel import ParallelConfig
-from planner.parallel_dims import ParallelDims
+from planner.vocabulary.parallel import ParallelConfig
+from planner.vocabulary.parallel_dims import ParallelDims
 
 
 def test_the_rest_is_resolved_once_and_the_enabled_axes_follow() -> None:

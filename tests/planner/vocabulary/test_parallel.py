@@ -1,11 +1,11 @@
-"""planner.parallel: fixed knobs, and the dualpipev schedule's rules (torch 2.13's
+"""planner.vocabulary.parallel: fixed knobs, and the dualpipev schedule's rules (torch 2.13's
 ScheduleDualPipeV's: two stages per rank, at least as many micro-batches as stages)."""
 
 from __future__ import annotations
 
 import pytest
 
-from planner.parallel import SCHEDULES, FixedKnobs, ParallelConfig
+from planner.vocabulary.parallel import SCHEDULES, FixedKnobs, ParallelConfig
 
 
 def dualpipev(**knobs) -> ParallelConfig:

@@ -20,12 +20,12 @@ from passes.lower import RankProgram
 from passes.program import TracedProgram
 from passes.stage_graph import PRECISION_DTYPES, floating_in
 from passes.trace import TrainingObjective
-from planner.plan import Plan
+from planner.vocabulary.plan import Plan
 from runtime.comm_counter import CommCounter
 from runtime.launch import run_on_ranks
 from runtime.loss_scale import LossScale
 from runtime.trainer import DEFAULT_OPTIMIZER, ShardedTrainer, training_state
-from runtime.training import relative_errors
+from planner.checks.training import relative_errors
 
 # fp32 training on both sides: only summation order differs.
 RELATIVE_TOLERANCE = 1e-4

@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from planner.mesh_axes import logical_axes, stage_mesh, training_mesh
+from planner.vocabulary.mesh_axes import logical_axes, stage_mesh, training_mesh
 
 
 def migrate_v1(data: dict[str, Any], version: int = 2) -> dict[str, Any]:
     """A version-1 plan (an operator-level `Plan` or a `TrainingPlan`) in the fields of
-    `version` 2 (`planner.plan.SCHEMA_VERSION`, which imports this module)."""
+    `version` 2 (`planner.vocabulary.plan.SCHEMA_VERSION`, which imports this module)."""
     data = dict(data)
     data.pop("version", None)
     if "mesh_shape" in data and "nodes" in data:  # operator-level
@@ -58,6 +58,6 @@ def migrate_v1(data: dict[str, Any], version: int = 2) -> dict[str, Any]:
 
 def _preset_devices_per_node(cluster: str) -> int | None:
     """Devices per node of a cluster preset (a version-1 plan did not record them)."""
-    from planner.cluster import Cluster
+    from planner.vocabulary.cluster import Cluster
 
     return Cluster.load(cluster).devices_per_node if cluster in Cluster.presets() else None

@@ -3,11 +3,11 @@ its stage's prediction within 2%, and names what differs."""
 
 from __future__ import annotations
 
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
-from planner.parallel import ParallelConfig
-from planner.training import training_plan
-from planner.training_check import compare, predicted_collectives
+from planner.vocabulary.parallel import ParallelConfig
+from planner.plans.training import training_plan
+from planner.checks.training import compare, predicted_collectives
 
 GPT = TransformerConfig(num_layers=4, hidden_size=64, num_attention_heads=4, vocab_size=256,
                         seq_length=16)

@@ -7,9 +7,9 @@ import math
 
 from cost_models.economics import RunAssumptions, TrainingTotals, training_totals
 from cost_models.memory import state_element_bytes
-from planner.cluster import Cluster
+from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
-from planner.plan import Plan
+from planner.vocabulary.plan import Plan
 
 
 def run_steps(model: TransformerConfig, global_batch_size: int, train_tokens: float | None,

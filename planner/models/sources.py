@@ -32,7 +32,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
-from planner.model_flags import flag_names
+from planner.models.flags import flag_names
 
 if TYPE_CHECKING:  # torch is imported only where a model is built: zoo plans need none
     import torch

@@ -21,13 +21,13 @@ from cost_models.comm import (
     tree_all_reduce_time,
 )
 from planner import cli
-from planner.cluster import Cluster, _fewest_members_per_domain
+from planner.vocabulary.cluster import Cluster, _fewest_members_per_domain
 from planner.export.launch import devices_per_host, torchrun_command
-from planner.knobs import check_knobs
+from planner.search.knobs import check_knobs
 from planner.models.presets import get_preset
-from planner.parallel import ParallelConfig
+from planner.vocabulary.parallel import ParallelConfig
 from planner.search.megatron_space import tensor_degrees
-from planner.training import training_plan
+from planner.plans.training import training_plan
 
 MB = 2**20
 

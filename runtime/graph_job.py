@@ -20,9 +20,9 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from planner.check import grown, synthetic_batches
-from planner.model_spec import load_model, with_weights
-from planner.plan import Plan
+from planner.checks.operator import grown, synthetic_batches
+from planner.models.sources import load_model, with_weights
+from planner.vocabulary.plan import Plan
 from runtime.checkpoint import latest_checkpoint
 from runtime.staged import StagedTrainer
 

@@ -3,7 +3,7 @@
 `plan_training` searches a model's configurations on a cluster (the knobs given fixed)
 and returns the best as Plans; `ranked_plans` turns a search's ranking into Plans;
 `training_plan` predicts one configuration (or takes the search's prediction of it) and
-packages it as the one `Plan` schema (`planner/plan.py`): every stage's layers, ranks and
+packages it as the one `Plan` schema (`planner/vocabulary/plan.py`): every stage's layers, ranks and
 logical mesh, the degrees as the first stage sees them, and Megatron-LM's flags where
 Megatron-LM can run it.
 """
@@ -27,12 +27,12 @@ from cost_models.step_time import (
     stage_phases,
 )
 from cost_models.training_collectives import by_kind, rank_collectives
-from planner.cluster import Cluster, calibration_of, step_time_band
+from planner.vocabulary.cluster import Cluster, calibration_of, step_time_band
 from planner.export.megatron import megatron_flags, megatron_incompatibility
 from planner.models.config import TransformerConfig
-from planner.parallel import ParallelConfig
-from planner.mesh_axes import stage_mesh, training_mesh
-from planner.plan import (
+from planner.vocabulary.parallel import ParallelConfig
+from planner.vocabulary.mesh_axes import stage_mesh, training_mesh
+from planner.vocabulary.plan import (
     Breakdown,
     CollectiveStats,
     ParallelDegrees,
@@ -55,7 +55,7 @@ def plan_training(
 ) -> tuple[list[Plan], SearchResult]:
     """The `top` best training plans of `model` (named `name`) on `cluster` at
     `global_batch_size` sequences a step, best first, keeping the knobs in `fixed`
-    (`planner.parallel.FixedKnobs`' names) and searching the rest in `space`; and the
+    (`planner.vocabulary.parallel.FixedKnobs`' names) and searching the rest in `space`; and the
     search itself (what it evaluated, how long it took). No plan: nothing fits."""
     result = search(model, cluster, global_batch_size, fixed or {}, space, progress)
     plans = ranked_plans(name, model, cluster, result, top, parameter_names=parameter_names)

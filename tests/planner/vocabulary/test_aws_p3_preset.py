@@ -8,11 +8,11 @@ import pytest
 from cost_models.kernel_time import kernel_seconds
 from cost_models.step_time import predict_step
 from cost_models.transformer_ops import Attention, Matmul
-from planner.cluster import Cluster
-from planner.knobs import check_knobs, default_precision
+from planner.vocabulary.cluster import Cluster
+from planner.search.knobs import check_knobs, default_precision
 from planner.models.presets import PRESETS
-from planner.parallel import ParallelConfig
-from planner.training import training_plan
+from planner.vocabulary.parallel import ParallelConfig
+from planner.plans.training import training_plan
 
 NAME = "aws-p3.16xlarge"
 
@@ -92,7 +92,7 @@ def test_plans_on_a_v100_price_attention_unfused(p3: Cluster) -> None:
     # Volta runs no FlashAttention: the search and the plan price the score matrix.
     from planner.models.presets import get_preset
     from planner.search import search
-    from planner.training import training_plan
+    from planner.plans.training import training_plan
 
     assert not p3.device.flash_attention and Cluster.load("dgx-a100-80g").device.flash_attention
     cluster = p3.with_devices(8)
