@@ -452,8 +452,8 @@ def window_frequency(windowed: list[int]) -> int | list[int] | None:
 
 # The zoo's parameter names -> a Hugging Face model's (transformers' own module names),
 # for the families whose parameters correspond one to one, so an hf: plan lists the
-# parameters the runtime builds. (Phi-3 and GPT-NeoX fuse q/k/v, so their plans keep the
-# zoo's names.)
+# parameters the runtime builds. (Phi-3, GPT-NeoX and GPT-2 fuse q/k/v, so their plans
+# keep the zoo's names.)
 _LLAMA_ROOT_NAMES = {"embed.": "model.embed_tokens.", "final_norm.": "model.norm."}
 _LLAMA_LAYER_NAMES = {".attn_norm.": ".input_layernorm.",
                       ".mlp_norm.": ".post_attention_layernorm.", ".attn.": ".self_attn."}
@@ -462,7 +462,9 @@ _GEMMA2_LAYER_NAMES = {".attn_norm.": ".input_layernorm.",
                        ".post_attn_norm.": ".post_attention_layernorm.",
                        ".mlp_norm.": ".pre_feedforward_layernorm.",
                        ".post_mlp_norm.": ".post_feedforward_layernorm.", ".attn.": ".self_attn."}
-_LAYER_NAMES = {**{family: _LLAMA_LAYER_NAMES for family in (*_LLAMA_LIKE, "qwen3")},
+# (Mixtral's experts are fused in transformers, one gate_up_proj for all: not one to one.)
+_LAYER_NAMES = {**{family: _LLAMA_LAYER_NAMES for family in ("llama", "mistral", "qwen2",
+                                                             "qwen3")},
                 "gemma2": _GEMMA2_LAYER_NAMES}
 
 

@@ -10,7 +10,8 @@ pp2 x tp2 x dp2 with 1F1B and under dp8 with ZeRO-3. Every plan trains as one pr
 does (losses and parameters within 1e-4), every rank issues exactly the collectives the
 Plan predicts (count and bytes per kind) and holds exactly the parameters, gradients and
 optimizer state it predicts. Gemma 2 and GPT-2 also run tp2 x dp4 with sequence
-parallelism, and Qwen3 dp8 with ZeRO-3. The 8 ranks start once for all fifteen plans
+parallelism, Qwen3 dp8 with ZeRO-3, and Mixtral ep2 x pp2 and ep4 in dp8 with ZeRO-3
+(all-to-all dispatch, forced balance). The 8 ranks start once for all seventeen plans
 (importing torch and transformers in 8 processes costs more than the plans' steps). Then
 `plan check` of a model type the runtime cannot train: one line, exit 2, no rank started;
 and of a config that leaves its size to transformers' defaults: one line, exit 2."""
@@ -57,6 +58,12 @@ FAMILIES = {  # every width divides by 8: ZeRO's shards are even, so bytes are e
              "n_positions": 64, "tie_word_embeddings": True, "bos_token_id": 0,
              "eos_token_id": 0},
 }
+MIXTRAL = {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], **_SHAPE,
+           "intermediate_size": 32, "num_local_experts": 8, "num_experts_per_tok": 2,
+           "num_key_value_heads": 2, "tie_word_embeddings": False, "rope_theta": 1e4,
+           "sliding_window": 8}
+# Experts dispatched all-to-all with forced balance: all-to-all bytes are known.
+_FORCED = dict(moe_token_dispatcher="alltoall", moe_router_force_load_balancing=True)
 QWEN3 = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], **_SHAPE,
          "num_key_value_heads": 2, "head_dim": 16, "tie_word_embeddings": False,
          "rope_theta": 1e4}
@@ -68,8 +75,8 @@ LAYOUTS = {
 }
 # Beyond every family under every layout: Gemma 2's four norms per layer on sequence
 # shards (each norm's gradient reduced over the tensor ranks), Qwen3 (QK norms; not
-# tensor-parallel yet) under ZeRO-3, GPT-2 with sequence parallelism. name -> (hf config,
-# the plan's fixed knobs)
+# tensor-parallel yet) under ZeRO-3, GPT-2 with sequence parallelism, Mixtral with expert
+# parallelism. name -> (hf config, the plan's fixed knobs)
 MORE_RUNS = {
     "gemma2/tp2-dp4-sequence-parallel": (FAMILIES["gemma2"], dict(
         pipeline=1, tensor=2, global_batch_size=8, zero_stage=0, sequence_parallel=True)),
@@ -78,6 +85,12 @@ MORE_RUNS = {
     # layers split on their transposed dims.
     "gpt2/tp2-dp4-sequence-parallel": (FAMILIES["gpt2"], dict(
         pipeline=1, tensor=2, global_batch_size=8, zero_stage=0, sequence_parallel=True)),
+    # Mixtral's fused experts over the expert-parallel ranks: ep2 x pp2 (expert-data 2),
+    # and ep4 inside dp8 with ZeRO-3 on the rest.
+    "mixtral/ep2-pp2-dp4": (MIXTRAL, dict(pipeline=2, expert=2, global_batch_size=8,
+                                          zero_stage=0, **_FORCED)),
+    "mixtral/ep4-dp8-zero3": (MIXTRAL, dict(pipeline=1, expert=4, global_batch_size=8,
+                                            zero_stage=3, **_FORCED)),
 }
 
 
