@@ -140,12 +140,12 @@ def refuse_unsupported(model_type: Any) -> None:
         )
 
 
-def modeling_classes(config: Any) -> dict[str, type]:
-    """The family's causal LM class (``XxxForCausalLM``), from transformers' own
-    registry of the config's class."""
+def causal_lm_class(config: Any) -> type:
+    """The family's causal LM class (``XxxForCausalLM``, GPT-2's ``GPT2LMHeadModel``),
+    from transformers' own registry of the config's class."""
     from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    return {"ForCausalLM": MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]}
+    return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
 
 
 @dataclass
@@ -168,6 +168,7 @@ class Anatomy:
     head: str
     """The LM head's name in the causal LM (``lm_head``)."""
     layer_class: type
+    """The decoder layer's class, built as ``layer_class(config, layer_idx)``."""
     templates: dict[str, nn.Module]
     """embedding, final_norm, head, and rotary or positions: meta modules built with the
     config."""
@@ -185,7 +186,7 @@ def anatomy(config: Any) -> Anatomy:
     if getattr(shallow, "layer_types", None):
         shallow.layer_types = shallow.layer_types[:1]
     with torch.device("meta"):
-        full = modeling_classes(config)["ForCausalLM"](shallow)
+        full = causal_lm_class(config)(shallow)
     trunk_name = full.base_model_prefix
     trunk = getattr(full, trunk_name)
     children = dict(trunk.named_children())
@@ -406,7 +407,7 @@ def build_hf_reference(config: Any, seed: int) -> nn.Module:
     """The whole model (transformers' ``XxxForCausalLM``) in one process with the values
     the stages get, under its own parameter names; `hf_logits` calls it."""
     with torch.device("meta"):
-        model = modeling_classes(config)["ForCausalLM"](config)
+        model = causal_lm_class(config)(config)
     model.to_empty(device="cpu")
     if config.tie_word_embeddings:  # after to_empty, which gives each name its own tensor
         model.get_output_embeddings().weight = model.get_input_embeddings().weight
