@@ -9,29 +9,24 @@ read one uniform layer as before.
 
 from __future__ import annotations
 
+from cost_models.identity_memo import IdentityMemo
 from planner.models.config import TransformerConfig
 
-_VARIANTS: dict[int, tuple[TransformerConfig, list[tuple[TransformerConfig, float]]]] = {}
-"""`layer_variants` by model id (the model held, so its id stays its own); models are
-copied when they change, never changed in place. Bounded like step_time's memo."""
-MAX_MEMO = 10_000
+_VARIANTS: IdentityMemo[list[tuple[TransformerConfig, float]]] = IdentityMemo(10_000)
+"""`layer_variants` by model."""
 
 
 def layer_variants(model: TransformerConfig) -> list[tuple[TransformerConfig, float]]:
     """(model of one kind, share of the `num_layers` blocks of that kind) for each kind of
     block `model` has, in order of first appearance; `[(model, 1.0)]` where all blocks
     are alike (the same object, so memos keyed on it keep working)."""
-    found = _VARIANTS.get(id(model))
-    if found is not None and found[0] is model:
-        return found[1]
+    return _VARIANTS.get((model,), (), lambda: _layer_variants(model))
+
+
+def _layer_variants(model: TransformerConfig) -> list[tuple[TransformerConfig, float]]:
+    """`layer_variants`, made."""
     counts = model.kind_counts()
     if len(counts) == 1:
-        variants = [(model, 1.0)]
-    else:
-        variants = [(model.for_layer(kind), count / model.num_layers)
-                    for kind, count in counts]
-    if len(_VARIANTS) > MAX_MEMO:
-        _VARIANTS.clear()
-    _VARIANTS[id(model)] = (model, variants)
-    return variants
+        return [(model, 1.0)]
+    return [(model.for_layer(kind), count / model.num_layers) for kind, count in counts]
 

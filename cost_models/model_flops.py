@@ -5,6 +5,7 @@ multi-token-prediction layers and the output layer's logits too."""
 
 from __future__ import annotations
 
+from cost_models.identity_memo import IdentityMemo
 from cost_models.layer_mix import layer_variants
 from cost_models.transformer_ops import (
     forward_flops,
@@ -28,30 +29,28 @@ def step_flops(model: TransformerConfig, parallel: ParallelConfig,
     return 3 * sequences * forward, 3 * sequences * forward + sequences * replays * replay
 
 
-_FLOPS: dict[tuple, tuple[TransformerConfig, tuple[float, float, float]]] = {}
-"""`_sequence_flops` by (model id, engine, modules), the model held so its id stays its
-own: every layout a search prices asks it again."""
+_FLOPS: IdentityMemo[tuple[float, float, float]] = IdentityMemo(10_000)
+"""`_sequence_flops` by model, engine and modules: every layout a search prices asks it."""
 
 
 def _sequence_flops(model: TransformerConfig, engine: str, modules: tuple[str, ...]
                     ) -> tuple[float, float, float]:
     """(one mean layer's forward, what selective recomputation replays of it, the whole
     forward) FLOPs of one sequence."""
-    key = (id(model), engine, modules)
-    found = _FLOPS.get(key)
-    if found is not None and found[0] is model:
-        return found[1]
+    return _FLOPS.get((model,), (engine, modules),
+                      lambda: _count_sequence_flops(model, engine, modules))
+
+
+def _count_sequence_flops(model: TransformerConfig, engine: str, modules: tuple[str, ...]
+                          ) -> tuple[float, float, float]:
+    """`_sequence_flops`, counted."""
     layer = selective = 0.0
     for variant, share in layer_variants(model):
         ops = layer_ops(variant, 1, model.seq_length, 1, False)
         layer += share * forward_flops(ops)
         selective += share * forward_flops(selective_kernels(variant, ops, engine, modules))
     head = forward_flops(head_ops(model, 1, model.seq_length, 1))
-    flops = (layer, selective, model.num_layers * layer + head + mtp_flops(model))
-    if len(_FLOPS) > 10_000:
-        _FLOPS.clear()
-    _FLOPS[key] = (model, flops)
-    return flops
+    return (layer, selective, model.num_layers * layer + head + mtp_flops(model))
 
 
 def mtp_flops(model: TransformerConfig) -> float:

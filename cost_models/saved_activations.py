@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from cost_models.identity_memo import IdentityMemo
 from cost_models.layer_mix import layer_variants
 from planner.models.config import TransformerConfig
 from planner.vocabulary.parallel import ParallelConfig
@@ -95,9 +96,9 @@ def activation_element_bytes(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
 
-_SAVED: dict[tuple, tuple[TransformerConfig, dict[str, float]]] = {}
-"""`saved_per_layer` by (model id, knobs, score_free), the model held so its id stays its
-own: a search asks it of every layout's stages."""
+_SAVED: IdentityMemo[dict[str, float]] = IdentityMemo(100_000)
+"""`saved_per_layer` by model, knobs and score_free: a search asks it of every layout's
+stages."""
 
 
 def saved_per_layer(
@@ -106,14 +107,8 @@ def saved_per_layer(
     """Bytes one layer saves for backward for one micro-batch on one GPU, by kind, when
     the layer is not recomputed whole (`parallel.recompute` none or selective).
     `score_free`: the attention kernel never writes the s x s scores (flash, fused)."""
-    key = (id(model), parallel, score_free)
-    found = _SAVED.get(key)
-    if found is None or found[0] is not model:
-        if len(_SAVED) > 100_000:
-            _SAVED.clear()
-        found = (model, _saved_per_layer(model, parallel, score_free))
-        _SAVED[key] = found
-    return dict(found[1])
+    return dict(_SAVED.get((model,), (parallel, score_free),
+                           lambda: _saved_per_layer(model, parallel, score_free)))
 
 
 def _saved_per_layer(

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from cost_models.identity_memo import IdentityMemo
 from cost_models.memory import StateElementBytes
 from planner.models.config import LayerKind, TransformerConfig
 
@@ -43,23 +44,17 @@ class ParameterLayout:
     """The expert index, for an expert's parameter."""
 
 
-_CHUNKS: dict[tuple, tuple[TransformerConfig, list[ParameterLayout]]] = {}
-"""`chunk_parameters` by (model id, layers, ends), the model held so its id stays its own:
-a search's top plans list the same chunks (DeepSeek-V3's hold 45,000 parameters)."""
+_CHUNKS: IdentityMemo[list[ParameterLayout]] = IdentityMemo(1024)
+"""`chunk_parameters` by model, layers and ends: a search's top plans list the same chunks
+(DeepSeek-V3's hold 45,000 parameters)."""
 
 
 def chunk_parameters(
     model: TransformerConfig, layers: tuple[int, int], first: bool, last: bool
 ) -> list[ParameterLayout]:
     """`_chunk_parameters`, listed once per chunk of a model."""
-    key = (id(model), tuple(layers), first, last)
-    found = _CHUNKS.get(key)
-    if found is None or found[0] is not model:
-        if len(_CHUNKS) > 1024:
-            _CHUNKS.clear()
-        found = (model, _chunk_parameters(model, layers, first, last))
-        _CHUNKS[key] = found
-    return list(found[1])
+    return list(_CHUNKS.get((model,), (tuple(layers), first, last),
+                            lambda: _chunk_parameters(model, layers, first, last)))
 
 
 def _chunk_parameters(

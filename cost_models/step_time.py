@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
+from cost_models.identity_memo import IdentityMemo
 from cost_models import engine_memory, memory
 from cost_models.comm import group_collective_time
 from cost_models.data_parallel import data_parallel_comm, hidden
@@ -120,8 +121,10 @@ class StepPrediction:
         return asdict(self)
 
 
-_HEAD_PASSES: dict[tuple, tuple[Pass, TransformerConfig, DeviceSpec]] = {}
-"""`_head_pass` by (model, device, knobs, tensor), bounded like `_LAYER_PASSES`."""
+MAX_MEMO = 100_000
+"""Entries each of this module's memos holds before it is cleared."""
+_HEAD_PASSES: IdentityMemo[Pass] = IdentityMemo(MAX_MEMO)
+"""`_head_pass` by model, device, knobs and tensor degree."""
 
 
 def _head_pass(
@@ -129,15 +132,8 @@ def _head_pass(
 ) -> Pass:
     """Forward and backward of the final norm, output layer and loss for one micro-batch
     (and the multi-token-prediction layers')."""
-    key = (id(model), id(device), parallel, tensor)
-    found = _HEAD_PASSES.get(key)
-    if found is not None and found[1] is model and found[2] is device:
-        return found[0]
-    if len(_HEAD_PASSES) > MAX_MEMO:
-        _HEAD_PASSES.clear()
-    priced = _price_head(model, parallel, device, tensor)
-    _HEAD_PASSES[key] = (priced, model, device)
-    return priced
+    return _HEAD_PASSES.get((model, device), (parallel, tensor),
+                            lambda: _price_head(model, parallel, device, tensor))
 
 
 def _price_head(
@@ -190,10 +186,9 @@ class StagePhases:
         return self.compute + self.communication + self.transfer
 
 
-_LAYER_PASSES: dict[tuple, tuple] = {}
-"""`_layer_pass` by (model, cluster, collectives objects, knobs): a search prices the same
-layer under many pipeline layouts. Bounded: cleared when it grows past MAX_MEMO."""
-MAX_MEMO = 100_000
+_LAYER_PASSES: IdentityMemo[tuple[Pass, Pass]] = IdentityMemo(MAX_MEMO)
+"""`_layer_pass` by model, cluster, collectives and knobs: a search prices the same layer
+under many pipeline layouts."""
 # The knobs a layer's price reads: all but how the pipeline and the data-parallel replicas
 # are laid out around it.
 _LAYER_KNOBS = tuple(f.name for f in fields(ParallelConfig) if f.name not in (
@@ -206,14 +201,17 @@ def _layer_pass(
 ) -> tuple[Pass, Pass]:
     """(kernels, tensor/context-parallel communication left exposed) of one layer, one
     micro-batch. `flash`: whether the device runs fused attention (what 'auto' picks)."""
-    # The objects themselves key the memo (held in it, so their ids stay theirs): models,
-    # clusters and collectives are copied when they change, never changed in place.
-    key = (id(model), id(cluster), id(collectives), flash,
-           *(getattr(parallel, name) for name in _LAYER_KNOBS))
-    found = _LAYER_PASSES.get(key)
-    if found is not None and found[2] is model and found[3] is cluster \
-            and found[4] is collectives:
-        return found[0], found[1]
+    return _LAYER_PASSES.get(
+        (model, cluster, collectives),
+        (flash, *(getattr(parallel, name) for name in _LAYER_KNOBS)),
+        lambda: _price_layer_mix(model, parallel, cluster, flash, collectives))
+
+
+def _price_layer_mix(
+    model: TransformerConfig, parallel: ParallelConfig, cluster: Cluster, flash: bool,
+    collectives: LayerCollectives | None,
+) -> tuple[Pass, Pass]:
+    """`_layer_pass`, priced: the one kind of block, or the mean of several."""
     variants = layer_variants(model)
     if len(variants) == 1:
         kernels, comm = _price_layer(variants[0][0], parallel, cluster, flash, collectives)
@@ -224,9 +222,6 @@ def _layer_pass(
                   for variant, share in variants]
         kernels = sum((k.scaled(share) for (k, _), share in priced), Pass(0.0, 0.0))
         comm = sum((c.scaled(share) for (_, c), share in priced), Pass(0.0, 0.0))
-    if len(_LAYER_PASSES) > MAX_MEMO:
-        _LAYER_PASSES.clear()
-    _LAYER_PASSES[key] = (kernels, comm, model, cluster, collectives)
     return kernels, comm
 
 
