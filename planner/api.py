@@ -185,7 +185,7 @@ def parallelize(
 
     # The other ranks trace while rank 0 plans.
     program = trace(model, tuple(example_inputs), loss_fn) if dist.get_rank() else None
-    plan = _plan_on_rank_0(make, device_type)
+    plan = plan_on_rank_0(make, device_type)
     program = planned[0].program if planned else program
     trainer = ShardedTrainer(RankProgram(program, plan, mesh), training_state(model))
     return plan, trainer
@@ -204,7 +204,7 @@ def _parallelize_graph(
     if micro_batch_size is not None and global_batch_size % micro_batch_size:
         raise ValueError(f"micro_batch_size={micro_batch_size} must divide "
                          f"global_batch_size={global_batch_size}")
-    plan = _plan_on_rank_0(
+    plan = plan_on_rank_0(
         lambda: plan_graph(model, example_inputs, gpus, cluster, global_batch_size, loss_fn,
                            micro_batch_size, knobs=knobs),
         device_type)
@@ -239,7 +239,7 @@ def plan_graph(
     return graph_plan(best, spec, name or type(model).__name__, global_batch_size)
 
 
-def _plan_on_rank_0(make: Callable[[], Plan], device_type: str) -> Plan:
+def plan_on_rank_0(make: Callable[[], Plan], device_type: str) -> Plan:
     """The plan rank 0 makes, on every rank: every rank, rank 0 included, runs the plan read
     back from the same JSON text. When rank 0 fails, the others learn there is no plan."""
     if dist.get_rank() == 0:

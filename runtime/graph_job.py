@@ -6,6 +6,10 @@ with the plan's stages, meshes and shardings, on batches shaped like the factory
 inputs grown to the plan's global batch (random values, as `plan check` trains; feed real
 data through `planner.parallelize` in your own loop). With `--checkpoint-dir`, a job
 resumes from the latest checkpoint there and saves one every `--checkpoint-every` steps.
+With `--elastic MIN:MAX` (torchrun `--nnodes` given as a range restarts the job with the
+nodes present), a job that finds another number of ranks within MIN:MAX re-plans for
+them (rank 0 plans, every rank runs the plan it sends) and resumes from the latest
+checkpoint, which loads onto the new plan's shardings.
 
     torchrun --nproc-per-node 8 train_graph.py --steps 100 --checkpoint-dir ckpt/
 """
@@ -41,7 +45,21 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
                         help="resume from the latest checkpoint here and save into it")
     parser.add_argument("--checkpoint-every", type=int, default=100,
                         help="steps between checkpoints (with --checkpoint-dir)")
+    parser.add_argument("--elastic", type=_rank_range, default=None, metavar="MIN:MAX",
+                        help="on another number of ranks within MIN:MAX, re-plan for them "
+                        "and resume from the latest checkpoint")
+    parser.add_argument("--cluster", default=None,
+                        help="the cluster to re-plan on (a preset or a cluster file; "
+                        "default: the plan's, by name)")
     return parser.parse_args(list(argv))
+
+
+def _rank_range(text: str) -> tuple[int, int]:
+    low, _, high = text.partition(":")
+    pair = int(low), int(high)
+    if not 1 <= pair[0] <= pair[1]:
+        raise argparse.ArgumentTypeError(f"{text}: give MIN:MAX with 1 <= MIN <= MAX")
+    return pair
 
 
 def main(argv: Sequence[str]) -> int:
@@ -52,13 +70,17 @@ def main(argv: Sequence[str]) -> int:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl" if cuda else "gloo")
     try:
-        if dist.get_world_size() != plan.num_gpus:
+        world = dist.get_world_size()
+        elastic = args.elastic is not None and args.elastic[0] <= world <= args.elastic[1]
+        if world != plan.num_gpus and not elastic:
             raise SystemExit(f"the plan runs on {plan.num_gpus} ranks, this job has "
-                             f"{dist.get_world_size()}; launch it with that many")
+                             f"{world}; launch it with that many")
         loaded = load_model(args.model, args.shape)
         # A zoo or hf: model is built on the meta device to plan; here it trains.
         loaded = with_weights(loaded) or loaded
         device = "cuda" if cuda else "cpu"
+        if world != plan.num_gpus:
+            plan = _replanned(plan, loaded, world, args.cluster or plan.cluster, device)
         trainer = StagedTrainer(plan, loaded.model, loaded.example_inputs, loaded.loss_fn,
                                 device_type=device)
         if args.checkpoint_dir and latest_checkpoint(args.checkpoint_dir) is not None:
@@ -76,3 +98,19 @@ def main(argv: Sequence[str]) -> int:
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def _replanned(plan: Plan, loaded, world: int, cluster: str, device: str) -> Plan:
+    """`plan` made again for `world` ranks of `cluster`: its global and micro-batch and
+    precision kept, the rest searched; made on rank 0 and run by every rank."""
+    from planner.api import plan_graph, plan_on_rank_0
+    from planner.search.graph_knobs import GraphKnobs
+
+    if dist.get_rank() == 0:
+        print(f"{world} ranks, not the plan's {plan.num_gpus}: re-planning for them "
+              "(--elastic)", flush=True)
+    return plan_on_rank_0(
+        lambda: plan_graph(loaded.model, loaded.example_inputs, world, cluster,
+                           plan.global_batch_size, loaded.loss_fn, plan.micro_batch_size,
+                           name=plan.model, knobs=GraphKnobs(precision=plan.precision)),
+        device)

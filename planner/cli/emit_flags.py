@@ -18,7 +18,11 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from planner.cli.errors import UsageError, check_output_folder
+from planner.cli.parsing import rank_range
 from planner.export.engines import ENGINES
+from planner.search.megatron_space import MAX_GPUS
+
+from planner.export.launch import Elastic
 
 if TYPE_CHECKING:
     from planner.models.config import TransformerConfig
@@ -64,15 +68,23 @@ def add_emit_flags(parser: argparse.ArgumentParser) -> None:
         help="write the best plan's launch files for ENGINES (comma-separated: "
         f"{','.join(ENGINES)}, or all) into folder DIR; an engine that cannot run the "
         "plan gets one line saying why, and no file")
+    elastic = parser.add_argument(
+        "--elastic", type=rank_range(MAX_GPUS), metavar="MIN:MAX",
+        help="with --emit pytorch, for a graph plan: torchrun restarts the job with the "
+        "nodes present (--nnodes from MIN:MAX ranks), and the job re-plans for the ranks "
+        "it finds and resumes from its last checkpoint, resharded")
     given = parser.get_default("training_flags") or ()
-    parser.set_defaults(training_flags=(*given, (FLAG, action.dest, action.default)))
+    parser.set_defaults(training_flags=(*given, (FLAG, action.dest, action.default),
+                                        ("--elastic", elastic.dest, elastic.default)))
 
 
 def emit(plan: Plan, engines: list[str], folder: str | Path, console: Console,
-         model: TransformerConfig | None = None) -> dict[str, list[Path]]:
+         model: TransformerConfig | None = None,
+         elastic: Elastic | None = None) -> dict[str, list[Path]]:
     """Write each engine's files for `plan` (of `model`'s shape, which the TorchTitan and
-    PyTorch exports need) into `folder` and print one line per engine; {engine: paths
-    written}, [] for an engine that cannot run the plan."""
+    PyTorch exports need; `elastic`: how an elastic job restarts) into `folder` and print
+    one line per engine; {engine: paths written}, [] for an engine that cannot run the
+    plan."""
     from planner.export.engines import Refusal, engine_files
 
     folder = Path(folder).expanduser()
@@ -80,7 +92,7 @@ def emit(plan: Plan, engines: list[str], folder: str | Path, console: Console,
     written: dict[str, list[Path]] = {}
     for name in engines:
         try:
-            files = engine_files(name, plan, model)
+            files = engine_files(name, plan, model, elastic)
         except Refusal as why:
             written[name] = []
             console.print(f"{name}: no file: {why}", highlight=False, markup=False,
@@ -104,11 +116,24 @@ def emit_if_asked(args: argparse.Namespace, plan: Plan, model: TransformerConfig
     """With --emit, write the engines' files for `plan` (see `emit`); none for a plan that
     does not fit in device memory (the command then says so and exits 2)."""
     asked = getattr(args, "emit", None)
+    elastic = getattr(args, "elastic", None)
+    if elastic is not None and not asked:
+        raise UsageError("--elastic says how an emitted job restarts: give --emit pytorch "
+                         "DIR as well")
     if not asked:
         return
+    if elastic is not None:
+        if not elastic[0] <= plan.num_gpus <= elastic[1]:
+            raise UsageError(f"--elastic {elastic[0]}:{elastic[1]}: the plan's "
+                             f"{plan.num_gpus} GPUs are not within it")
+        # The job re-plans on the same cluster: a file by its full path, as the job may
+        # start in another folder.
+        given = Path(args.cluster).expanduser()
+        cluster = str(given.resolve()) if given.is_file() else args.cluster
+        elastic = Elastic(elastic[0], elastic[1], cluster)
     if not plan.predicted.fits:
         console.print("--emit: no files written: the best plan does not fit in device memory",
                       highlight=False)
         return
     engines, folder = asked
-    emit(plan, engines, folder, console, model)
+    emit(plan, engines, folder, console, model, elastic)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from planner.cli.errors import UsageError
 from planner.cli.model_args import MAX_STEPS
-from planner.cli.parsing import whole
+from planner.cli.parsing import rank_range, whole
 
 # Most restarts a check asks of the agent: each one restarts every rank.
 MAX_RESTARTS = 10
@@ -76,7 +76,7 @@ def add_fault_flags(parser: argparse.ArgumentParser) -> None:
         help="with --on-divergence: a loss above X times the mean of the last 8 diverges "
         "(default 10)")
     parser.add_argument(
-        "--elastic", type=_rank_range, metavar="MIN:MAX",
+        "--elastic", type=rank_range(MAX_RANK + 1), metavar="MIN:MAX",
         help="training plans: when ranks are lost for good (no restart left), re-plan for "
         "the ranks left (at least MIN), reshard the last checkpoint onto the new plan and "
         "go on (needs --checkpoint-every)")
@@ -85,18 +85,6 @@ def add_fault_flags(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="how long a rank waits in a collective before the check names the rank that "
         "hangs (default 120; torch's is 30 minutes)")
-
-
-def _rank_range(text: str) -> tuple[int, int]:
-    """argparse type of --elastic: MIN:MAX ranks, 1 <= MIN <= MAX."""
-    low, sep, high = text.partition(":")
-    if not sep or not low.strip().isdigit() or not high.strip().isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not MIN:MAX (e.g. 2:4)")
-    pair = int(low), int(high)
-    if not 1 <= pair[0] <= pair[1] <= MAX_RANK + 1:
-        raise argparse.ArgumentTypeError(
-            f"{text} needs 1 <= MIN <= MAX <= {MAX_RANK + 1}")
-    return pair
 
 
 def _factor(low: float, high: float):

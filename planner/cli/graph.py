@@ -33,7 +33,7 @@ GRAPH_FLAGS = ("--gpus", "--global-batch-size", "--micro-batch-size", "--top", "
                "--intra-op", "--zero-stage", "--recompute-granularity", "--schedule",
                "--precision", "--train-iters", "--train-tokens", "--gpu-hour-price",
                "--failure-rate", "--checkpoint-write-gbps", "--sync-checkpoints",
-               "--restart-minutes", "--pue", "--objective", "--emit")
+               "--restart-minutes", "--pue", "--objective", "--emit", "--elastic")
 
 
 def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
@@ -51,8 +51,8 @@ def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
             f"{', '.join(refused)}: {loaded.name} is planned from its traced graph, where "
             "the intra-op ILP chooses every operator's sharding; drop "
             f"{'it' if len(refused) == 1 else 'them'} (--micro-batch-size, --zero-stage, "
-            "--recompute-granularity, --schedule, --precision, --emit and the whole run's "
-            "flags are kept)"
+            "--recompute-granularity, --schedule, --precision, --emit, --elastic and the "
+            "whole run's flags are kept)"
         )
     knobs = graph_knobs(args)
     if args.precision is None and loaded.config is not None and not checking:

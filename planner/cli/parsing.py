@@ -113,3 +113,16 @@ def gibibytes(high: float) -> Callable[[str], float]:
 
     parse.__name__ = "GiB"
     return parse
+
+
+def rank_range(most: int) -> Callable[[str], tuple[int, int]]:
+    """argparse type of MIN:MAX ranks, 1 <= MIN <= MAX <= `most` (--elastic)."""
+    def parse(text: str) -> tuple[int, int]:
+        low, sep, high = text.partition(":")
+        if not sep or not low.strip().isdigit() or not high.strip().isdigit():
+            raise argparse.ArgumentTypeError(f"{text!r} is not MIN:MAX (e.g. 2:4)")
+        pair = int(low), int(high)
+        if not 1 <= pair[0] <= pair[1] <= most:
+            raise argparse.ArgumentTypeError(f"{text} needs 1 <= MIN <= MAX <= {most:,}")
+        return pair
+    return parse

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:  # the exporters are imported when used: `plan` starts without them
+    from planner.export.launch import Elastic
     from planner.models.config import TransformerConfig
     from planner.vocabulary.plan import Plan
 
@@ -59,21 +60,29 @@ def _exporters() -> dict[str, Callable[[Plan, TransformerConfig | None], dict[st
     }
 
 
-def engine_files(name: str, plan: Plan, model: TransformerConfig | None) -> dict[str, str]:
+def engine_files(name: str, plan: Plan, model: TransformerConfig | None,
+                 elastic: Elastic | None = None) -> dict[str, str]:
     """{file name: text} of engine `name` for `plan`; Refusal (one line) when it cannot
     run the plan; KeyError for an engine not in ENGINES. A graph plan runs on Tessel's
-    staged runtime: `pytorch` writes its script, Slurm and Ray start that."""
+    staged runtime: `pytorch` writes its script, Slurm and Ray start that. Only a graph
+    plan's PyTorch job runs `elastic`, re-planning for the ranks it restarts with; the
+    other engines keep the degrees they are given."""
     from planner.export import graph_script
 
     if name not in ENGINES:
         raise KeyError(name)
+    graph = graph_script.is_graph_plan(plan)
+    if elastic is not None and not (graph and name == "pytorch"):
+        raise Refusal("--elastic: only a graph plan's PyTorch job (Tessel's runtime) "
+                      "re-plans for the ranks it restarts with; "
+                      f"{name} keeps the plan's degrees")
     try:
-        if graph_script.is_graph_plan(plan) and name not in ("slurm", "ray"):
+        if graph and name not in ("slurm", "ray"):
             if name != "pytorch":
                 raise Refusal(f"{name} runs stages of one layout; this graph plan's stages "
                               "have meshes and operator shardings of their own, which "
                               "Tessel's runtime runs: emit pytorch (or slurm, ray)")
-            return graph_script.graph_files(plan)
+            return graph_script.graph_files(plan, elastic)
         return _exporters()[name](plan, model)
     except Refusal:
         raise

@@ -10,7 +10,7 @@ import json
 import shlex
 from pathlib import Path
 
-from planner.export.launch import torchrun_args
+from planner.export.launch import Elastic, torchrun_args
 from planner.vocabulary.plan import Plan
 
 FILE = "train_graph.py"
@@ -39,11 +39,13 @@ def is_graph_plan(plan: Plan) -> bool:
     return plan.layer_cuts is not None
 
 
-def graph_files(plan: Plan) -> dict[str, str]:
+def graph_files(plan: Plan, elastic: Elastic | None = None) -> dict[str, str]:
     """{'train_graph.py': ..., 'plan.json': ...}: the script builds the model the plan names
     (a factory, or a zoo or hf: model at the plan's shape; with real weights, each module's
     own initialisation); ValueError (one line) for a plan whose model cannot be built
-    again (`planner.parallelize` names a model by its class)."""
+    again (`planner.parallelize` names a model by its class). With `elastic` (MIN:MAX
+    ranks, on a cluster), torchrun restarts the job with the nodes present and the job
+    re-plans for the ranks it finds (`runtime.graph_job`'s --elastic)."""
     from planner.models.presets import FAMILIES, PRESETS
 
     spec = plan.provenance.model_spec
@@ -59,8 +61,11 @@ def graph_files(plan: Plan) -> dict[str, str]:
             spec = f"{Path(target).resolve()}:{function}"
     shape = plan.provenance.model_shape
     shape_args = f'"--shape", {json.dumps(shape, sort_keys=True)!r}, ' if shape else ""
+    if elastic is not None:
+        shape_args += (f'"--elastic", "{elastic.min_ranks}:{elastic.max_ranks}", '
+                       f'"--cluster", {elastic.cluster!r}, ')
     torchrun = " ".join(w if w.startswith("$MASTER_ADDR:") else shlex.quote(w)
-                        for w in ["torchrun", *torchrun_args(plan), FILE])
+                        for w in ["torchrun", *torchrun_args(plan, elastic), FILE])
     what = f"{plan.model} on {plan.num_gpus} x {plan.cluster}"
     return {FILE: SCRIPT.format(what=what, plan_file=PLAN_FILE, torchrun=torchrun,
                                 file=FILE, model=spec, shape=shape_args),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from dataclasses import dataclass
 
 from planner.vocabulary.plan import Plan
 
@@ -29,13 +30,33 @@ def devices_per_host(plan: Plan) -> int:
     return plan.devices_per_host or plan.devices_per_node
 
 
-def torchrun_args(plan: Plan) -> list[str]:
-    """torchrun's own flags for `plan` (the script and its arguments not included)."""
+# Restarts torchrun allows an elastic job (each after a lost node, or one that came back).
+ELASTIC_RESTARTS = 3
+
+
+@dataclass(frozen=True)
+class Elastic:
+    """An elastic job: torchrun restarts it with the nodes present, between the hosts of
+    `min_ranks` and of `max_ranks`, and the job re-plans on `cluster` (a preset name or a
+    cluster file's full path) for the ranks it finds."""
+
+    min_ranks: int
+    max_ranks: int
+    cluster: str
+
+
+def torchrun_args(plan: Plan, elastic: Elastic | None = None) -> list[str]:
+    """torchrun's own flags for `plan` (the script and its arguments not included); for
+    an `elastic` job, `--nnodes MIN:MAX` hosts and restarts."""
     per_host = devices_per_host(plan)
-    hosts = -(-plan.num_gpus // per_host)
+    hosts = str(-(-plan.num_gpus // per_host))
+    restarts: list[str] = []
+    if elastic is not None:
+        hosts = f"{-(-elastic.min_ranks // per_host)}:{-(-elastic.max_ranks // per_host)}"
+        restarts = ["--max-restarts", str(ELASTIC_RESTARTS)]
     run_id = "tessel-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", plan.model).strip("-")
     return [
-        "--nnodes", str(hosts), "--nproc-per-node", str(min(per_host, plan.num_gpus)),
+        "--nnodes", hosts, "--nproc-per-node", str(min(per_host, plan.num_gpus)), *restarts,
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"$MASTER_ADDR:{RDZV_PORT}",
         "--rdzv-id", run_id or "tessel",
     ]

@@ -18,10 +18,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from graph_models import narrow_mlp  # noqa: E402
 
 
-def _torchrun(folder: Path, *args: str) -> dict[int, float]:
+def _torchrun(folder: Path, *args: str, ranks: int = 4) -> dict[int, float]:
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-         "4", str(folder / "train_graph.py"), *args],
+         str(ranks), str(folder / "train_graph.py"), *args],
         cwd=folder.parent, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     return {int(s): float(v) for s, v in re.findall(r"step (\d+) loss ([0-9.e-]+)",
@@ -35,13 +35,21 @@ def test_the_emitted_script_trains_checkpoints_and_resumes(tmp_path: Path) -> No
         [sys.executable, "-m", "planner", "tests/e2e/graph_models.py:narrow_mlp",
          "--cluster", "tests/fixtures/small_memory.yaml", "--gpus", "4",
          "--global-batch-size", "16", "--micro-batch-size", "4", "--zero-stage", "3",
-         "--emit", "pytorch,slurm,megatron", str(out)],
+         "--emit", "pytorch,slurm,megatron", str(out), "--elastic", "2:4"],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "megatron: no file: megatron runs stages of one layout" in result.stdout
-    assert sorted(p.name for p in out.iterdir()) == ["plan.json", "slurm.sh",
-                                                     "train_graph.py"]
-    assert "train_graph.py" in (out / "slurm.sh").read_text()
+    assert "megatron: no file: --elastic: only a graph plan's PyTorch job" in result.stdout
+    # torchrun restarts the job with the nodes present (all four ranks on one host here).
+    assert "torchrun --nnodes 1:1 --nproc-per-node 4 --max-restarts 3" in (
+        out / "train_graph.py").read_text()
+    assert sorted(p.name for p in out.iterdir()) == ["plan.json", "train_graph.py"]
+    assert "slurm: no file: --elastic" in result.stdout
+    # Without --elastic, Slurm starts the same script.
+    from planner.export.engines import engine_files
+    from planner.vocabulary.plan import Plan
+
+    slurm = engine_files("slurm", Plan.from_json(out / "plan.json"), None)
+    assert "train_graph.py" in slurm["slurm.sh"]
     # Launched from another folder: the script finds its plan and the factory's file.
     first = _torchrun(out, "--steps", "3", "--checkpoint-dir", str(tmp_path / "ckpt"),
                       "--checkpoint-every", "2")
@@ -54,6 +62,13 @@ def test_the_emitted_script_trains_checkpoints_and_resumes(tmp_path: Path) -> No
     resumed = _torchrun(out, "--steps", "4", "--checkpoint-dir", str(tmp_path / "ckpt"))
     assert sorted(resumed) == [3, 4]
     assert resumed[3] == pytest.approx(first[3], rel=1e-6)
+    # Two ranks left (--elastic 2:4): the job re-plans for them, loads the checkpoint of
+    # step 2 onto the new plan and trains steps 3 and 4 as one process does.
+    elastic = _torchrun(out, "--steps", "4", "--checkpoint-dir", str(tmp_path / "ckpt"),
+                        ranks=2)
+    fourth = synthetic_batches(examples, 1, seed=3)[0]
+    reference, _ = train_single_process(*narrow_mlp()[:1], None, [*batches, fourth])
+    assert [elastic[s] for s in (3, 4)] == pytest.approx(reference[2:], rel=1e-4)
 
 
 def test_a_zoo_transformers_script_builds_it_at_the_plans_shape(tmp_path: Path) -> None:
