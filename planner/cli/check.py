@@ -143,6 +143,7 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
         from planner.models.huggingface import load_hf_config
 
         hf_config = load_hf_config(loaded.hf_path).to_dict()
+    _refuse_what_the_runtime_cannot_run(args, model, spec, hf_config)
     # Each stage's predicted seconds per step, which the straggler monitor divides by.
     stage_seconds = tuple(sum(stage.phases_s.values()) for stage in plan.stages) \
         if all(stage.phases_s for stage in plan.stages) else None
@@ -180,6 +181,18 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
     if args.json:
         _write_report(args.json, training_report(plan, report, comparison, passed))
     return 0 if passed else 1
+
+
+def _refuse_what_the_runtime_cannot_run(args: argparse.Namespace, model, spec,
+                                        hf_config) -> None:
+    """UsageError (one line, before any rank starts) for a plan the runtime cannot run
+    on this model: the check each rank would make, made here."""
+    from runtime.model_parts import model_parts
+
+    try:
+        model_parts(model, hf_config).check(spec)
+    except ValueError as error:
+        raise UsageError(f"{args.model}: the runtime cannot train this plan: {error}") from None
 
 
 def _go_on_elastic(args: argparse.Namespace, cluster: Cluster, loaded, model, lost_plan,

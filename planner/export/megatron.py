@@ -57,6 +57,22 @@ def megatron_incompatibility(
     return None
 
 
+def megatron_model_incompatibility(model: TransformerConfig) -> str | None:
+    """Why Megatron-LM's GPT model cannot build `model`'s blocks, or None: none of its
+    arguments (`shared/reference/megatron_lm_arguments.json`) adds a parallel residual,
+    norms after each sublayer, soft-capped attention or logits, or scaled embeddings."""
+    beyond = [what for what, used in (
+        ("a parallel residual", model.parallel_residual),
+        ("norms after each sublayer", model.sandwich_norms),
+        ("soft-capped attention scores", model.attention_softcap is not None),
+        ("soft-capped logits", model.final_logit_softcap is not None),
+        ("embeddings scaled by sqrt(hidden)", model.scale_embeddings),
+    ) if used]
+    if beyond:
+        return f"Megatron-LM's GPT model has no {', '.join(beyond)}"
+    return None
+
+
 def _accounted_ends(chunk_layers: list[int]) -> tuple[bool, bool] | None:
     """(embedding, loss): which ends of `chunk_layers` are one layer short because the
     embedding or the loss takes that slot (Megatron-LM's
@@ -174,6 +190,12 @@ def megatron_flags(
         flags.append("--untie-embeddings-and-output-weights")
     if not model.bias:
         flags.append("--disable-bias-linear")
+        if model.qkv_bias:
+            flags.append("--add-qkv-bias")
+    if model.rotary_percent < 1:
+        flags.append(f"--rotary-percent {model.rotary_percent:g}")
+    if model.apply_layernorm_1p:
+        flags.append("--apply-layernorm-1p")
     # Megatron-LM's dropouts default to 0.1; a model trained without them says so.
     if model.hidden_dropout != 0.1:
         flags.append(f"--hidden-dropout {model.hidden_dropout:g}")

@@ -28,7 +28,11 @@ from cost_models.step_time import (
 )
 from cost_models.training_collectives import by_kind, rank_collectives
 from planner.vocabulary.cluster import Cluster, calibration_of, step_time_band
-from planner.export.megatron import megatron_flags, megatron_incompatibility
+from planner.export.megatron import (
+    megatron_flags,
+    megatron_incompatibility,
+    megatron_model_incompatibility,
+)
 from planner.models.config import TransformerConfig
 from planner.vocabulary.parallel import ParallelConfig
 from planner.vocabulary.mesh_axes import stage_mesh, training_mesh
@@ -100,7 +104,8 @@ def training_plan(
         prediction = predict_stages(model, cluster, parallel, layouts,
                                     cluster.device.flash_attention, collectives)
     if stages is None:
-        incompatibility = megatron_incompatibility(parallel, layers, chunk_layers)
+        incompatibility = megatron_model_incompatibility(model) or \
+            megatron_incompatibility(parallel, layers, chunk_layers)
     else:
         incompatibility = "its pipeline stages run on different meshes (Alpa's space)"
         first = stages[0]

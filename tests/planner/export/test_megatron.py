@@ -373,3 +373,25 @@ def test_cli_what_if_predicts_the_given_configuration(tmp_path: Path, capsys) ->
     assert predicted["hardware_tflops_per_gpu"] > predicted["model_tflops_per_gpu"]
     assert predicted["mfu"] == pytest.approx(
         predicted["model_tflops_per_gpu"] / A100_BF16_PEAK_TFLOPS, abs=1e-6)
+
+
+def test_hugging_face_families_launch_as_their_blocks_are_built() -> None:
+    """Qwen2's q/k/v biases, GPT-NeoX-style partial rotary and Gemma's (1 + w) norms have
+    Megatron-LM flags, and the line launches; a parallel residual, norms after each
+    sublayer, soft-caps or scaled embeddings have none: no line, and the plan says why."""
+    llama = get_preset("llama3-8b")
+    cluster = Cluster.load("dgx-h100").with_devices(8)
+    knobs = ParallelConfig(tensor=8, micro_batch_size=1, global_batch_size=8)
+    qwen = llama.model_copy(update={"qkv_bias": True, "rotary_percent": 0.25,
+                                    "apply_layernorm_1p": True})
+    plan = training_plan("qwen-like", qwen, cluster, knobs)
+    assert_launchable(plan, 8)
+    assert {"--disable-bias-linear", "--add-qkv-bias", "--rotary-percent 0.25",
+            "--apply-layernorm-1p"} <= set(plan.megatron_flags)
+    for field, value, named in (("parallel_residual", True, "a parallel residual"),
+                                ("sandwich_norms", True, "norms after each sublayer"),
+                                ("final_logit_softcap", 30.0, "soft-capped logits")):
+        other = training_plan("other", llama.model_copy(update={field: value}), cluster,
+                              knobs)
+        assert other.megatron_flags is None
+        assert named in other.megatron_incompatibility
