@@ -32,15 +32,15 @@ from passes.strategies import NodeStrategies, Source, Strategy, output_value, so
 from passes.program import TracedProgram
 from planner.search.buckets import Bucket, bucket_transfers
 from planner.vocabulary.cluster import Cluster, LinkSpec
-from planner.search.elimination import ilp_variables, lower_bound, solve_by_elimination
+from planner.search.elimination import lower_bound
+from planner.search.symmetry import identical_block_groups
+from planner.search.tied_solve import solve_tied
 from planner.search.solver import (
     Assignment,
     AssignmentProblem,
     SharedCost,
     contract_followers,
     evaluate,
-    prune_dominated,
-    solve_ilp,
 )
 
 if TYPE_CHECKING:
@@ -99,6 +99,16 @@ class IntraOpSolution:
                 counts[kind] += 1
                 sizes[kind] += nbytes
         return {k: {"count": counts[k], "bytes": sizes[k]} for k in sorted(counts)}
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """A knapsack in place of bytes per device: what each strategy of a node spends, and
+    the most all nodes may spend together (nodes not named spend nothing). Lets a caller
+    pose another planner's memory rule, e.g. AutoParallel's cap on parameter fractions."""
+
+    amounts: dict[str, np.ndarray]
+    limit: float
 
 
 SHARED_PRICES_LIMIT = 500_000
@@ -195,11 +205,15 @@ def plan_intra_op(
     backend: str = "SCIP",
     profile: ProfileDatabase | None = None,
     deadline: Deadline | None = None,
+    memory_budget: MemoryBudget | None = None,
+    tie_blocks: bool = True,
 ) -> IntraOpSolution:
     """Solve the ILP and return the chosen strategy of every node with its collectives;
     collectives `profile` measured are charged its times. With a `deadline`, building the
     ILP stops with DeadlinePassed when it passes, and the solver gets the time left (at
-    least `MIN_SOLVE_S`, so that it can return its greedy incumbent)."""
+    least `MIN_SOLVE_S`, so that it can return its greedy incumbent). A `memory_budget`
+    replaces the per-device memory limit (the solution still reports bytes). With
+    `tie_blocks`, identical blocks of the model take the same layout (`symmetry`)."""
     comm = CommModel(mesh, cluster, profile)
     names = list(table)
     index = {n: i for i, n in enumerate(names)}
@@ -207,6 +221,11 @@ def plan_intra_op(
         np.array([_node_cost(program, n, s, comm) for s in table[n].strategies]) for n in names
     ]
     node_memory = [np.array([s.memory_bytes for s in table[n].strategies]) for n in names]
+    memory_limit = cluster.usable_memory_bytes
+    if memory_budget is not None:
+        node_memory = [np.asarray(memory_budget.amounts.get(n, np.zeros(len(table[n].strategies))),
+                                  dtype=float) for n in names]
+        memory_limit = memory_budget.limit
     edges = []
     # Gradient buckets, keyed by the mesh axes they reduce over: each bucket's latency is
     # paid once, by whichever gradients (or the loss) fall into it.
@@ -243,17 +262,17 @@ def plan_intra_op(
         node_costs,
         node_memory,
         edges,
-        memory_limit=cluster.usable_memory_bytes,
+        memory_limit=memory_limit,
         shared_costs=list(buckets.values()),
         followers=_followers(table, index),
     )
     contracted, contraction = contract_followers(problem)
-    reduced, pruning = prune_dominated(contracted)
+    groups = identical_block_groups(program, table) if tie_blocks else []
     if deadline is not None:
         time_limit_s = min(time_limit_s, max(MIN_SOLVE_S, deadline.remaining()))
-    reduced_assignment = solve_by_elimination(reduced) or solve_ilp(
-        reduced, time_limit_s=time_limit_s, backend=backend)
-    expanded = contraction.expand(pruning.expand(reduced_assignment.choices), len(names))
+    reduced_assignment, num_variables = solve_tied(
+        contracted, _kept_groups(groups, index, contraction.kept), time_limit_s, backend)
+    expanded = contraction.expand(reduced_assignment.choices, len(names))
     assignment = replace(
         reduced_assignment, choices=expanded, objective=evaluate(problem, expanded)
     )
@@ -284,7 +303,7 @@ def plan_intra_op(
         communication,
         memory,
         assignment,
-        num_variables=ilp_variables(reduced),
+        num_variables=num_variables,
         buckets=buckets,
     )
 
@@ -327,6 +346,20 @@ def time_lower_bound(
             edges.append((index[u_name], index[v_name], weight * matrix))
     memory = [np.zeros(len(c)) for c in node_costs]
     return lower_bound(AssignmentProblem(node_costs, memory, edges))
+
+
+def _kept_groups(groups: list[list[str]], index: dict[str, int],
+                 kept: list[int]) -> list[list[int]]:
+    """The groups of nodes to tie, as indices of the contracted problem: members merged
+    into a leader by follower contraction are left out (their leaders, tied in turn, take
+    them along)."""
+    position = {v: i for i, v in enumerate(kept)}
+    out = []
+    for group in groups:
+        members = [position[index[n]] for n in group if index[n] in position]
+        if len(members) > 1:
+            out.append(members)
+    return out
 
 
 def _bucket_member(program: TracedProgram, transfer: Transfer) -> str | None:

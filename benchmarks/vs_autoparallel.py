@@ -1,0 +1,275 @@
+"""Tessel's intra-op ILP side by side with Meta's AutoParallel on models neither has seen.
+
+For each model of a family drawn from a seed (`benchmarks/model_family.py`: GPT, Llama,
+BERT, ViT, T5, MoE, MLP-mixer; 1-D and 2-D meshes of 4 and 8 devices), alternately:
+
+1. AutoParallel plans it in a process of its own environment (its repository's
+   `AutoParallel(...)`, the batch pinned to mesh axis 0 on input and output, parameters
+   capped at 1/devices of their size as its examples do; PuLP's CBC, no time limit);
+2. Tessel plans it in a fresh process of the project's environment under the same two
+   constraints (like with like: the ratio compares these two), then unconstrained, then
+   with AutoParallel's chosen parameter placements pinned, which prices AutoParallel's
+   layout in Tessel's cost model (the best completion of it, so a lower bound on the step
+   of AutoParallel's whole plan).
+
+Each row prints the wall time of both processes (imports, trace, strategies, the ILP's
+build and solve: what a user waits for), variables, solver status and gap, the ratio, and
+the predicted step of Tessel's plan and of AutoParallel's placements; the summary gives
+the median and worst of each.
+
+Setting up the peer (once; never in the project's environment; see
+../shared/notes/autoparallel-on-cpu.md for what was verified):
+
+    # its tree: github:meta-pytorch/autoparallel (a54c252 verified), unpacked at
+    # /work/ap/autoparallel (`git archive` of a clone)
+    python3 -m venv /work/ap/venv
+    /work/ap/venv/bin/pip install torch==2.13.0          # the local CPU wheel, as the Makefile does
+    /work/ap/venv/bin/pip install pulp filecheck numpy
+    /work/ap/venv/bin/pip install --no-deps -e /work/ap/autoparallel
+
+Run (about a minute per model):
+
+    .venv/bin/python benchmarks/vs_autoparallel.py [--models 12] [--seed 0] \
+        [--peer-python /work/ap/venv/bin/python] [--json rows.json]
+"""
+
+from __future__ import annotations
+
+import time
+
+# Each side's time runs from here (its process's first line, before torch is imported) to
+# its plan under AutoParallel's constraints: the work after (Tessel's other two solves,
+# printing) is not charged to either.
+PROCESS_START = time.perf_counter()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from model_family import ModelSpec, build, draw_family, spec_from_dict  # noqa: E402
+
+PEER_PYTHON = "/work/ap/venv/bin/python"
+
+
+# --- AutoParallel's side: runs in its own environment -------------------------------------
+
+def _patch_device_queries() -> None:
+    """AutoParallel's compute-cost estimator asks the device's name and capability; answer
+    as its own tests/conftest.py does (an H100), and give the CPU a name too."""
+    import torch
+
+    props = type("Props", (), {"major": 9, "minor": 0, "name": "H100",
+                               "total_memory": 80 * 2**30, "multi_processor_count": 132})()
+    torch.cuda.device_count = lambda: 8
+    torch.cuda.get_device_name = lambda *a, **k: "H100"
+    torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
+    torch.cuda.get_device_properties = lambda *a, **k: props
+    torch.cpu.get_device_name = lambda *a, **k: "H100"
+
+
+def _register_cpu_attention_rules() -> None:
+    """On CPU, SDPA runs as `_scaled_dot_product_flash_attention_for_cpu`, for which
+    AutoParallel has no rule (it would replicate it): register the three strategies
+    DTensor has for the CUDA flash kernel (replicated, split by batch, split by heads)."""
+    import torch
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor._ops.utils import (
+        expand_to_full_mesh_op_strategy,
+        register_op_strategy,
+    )
+
+    aten = torch.ops.aten
+
+    def rule(outputs: int):
+        def strategy(op_schema):
+            tensors = sum(1 for a in op_schema.args_schema if hasattr(a, "strategies"))
+            placements = [[p] * (outputs + tensors) for p in (Replicate(), Shard(0), Shard(1))]
+            return expand_to_full_mesh_op_strategy(
+                op_schema.get_mesh_from_args(), op_schema, placements, input_index=outputs)
+        return strategy
+
+    register_op_strategy(aten._scaled_dot_product_flash_attention_for_cpu.default)(rule(2))
+    register_op_strategy(
+        aten._scaled_dot_product_flash_attention_for_cpu_backward.default)(rule(3))
+
+
+def run_autoparallel(spec: ModelSpec) -> dict:
+    """Plan `spec` with AutoParallel; its ILP's size, status, time and parameter placements."""
+    start = PROCESS_START
+    import pulp
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    _patch_device_queries()
+    _register_cpu_attention_rules()
+    from autoparallel.api import AutoParallel
+
+    world = 1
+    for size in spec.mesh:
+        world *= size
+    torch.distributed.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    mesh = init_device_mesh("cpu", spec.mesh)
+    with torch.device("meta"):
+        model, _ = build(spec, "meta")
+
+    def input_fn():
+        return torch.rand(spec.batch, spec.seq, spec.width)
+
+    batch = (Shard(0),) + (Replicate(),) * (len(spec.mesh) - 1)
+    with AutoParallel(model, input_fn, mesh) as autop:
+        autop.add_parameter_memory_constraint(low=None, high=None)
+        autop.add_input_constraints([batch])
+        autop.add_output_constraints([batch])
+        built = time.perf_counter()
+        placement = autop.optimize_placement()
+        solved = time.perf_counter()
+        optimizer = autop.sharding_optimizer
+        from autoparallel.graph_passes.graph_utils import get_param_nodes  # noqa: F401
+
+        fqns = list(autop.joint_with_descriptors.params_spec)
+        params = [n for n in autop.gm.graph.nodes if n.op == "placeholder"][:len(fqns)]
+        placements = {fqn: [_placement_text(p) for p in placement[node].output_specs.placements]
+                      for fqn, node in zip(fqns, params)}
+        return {
+            "variables": len(optimizer.prob.variables()),
+            "status": pulp.LpStatus[optimizer.prob.status],
+            "gap": 0.0 if optimizer.prob.status == 1 else None,
+            "build_s": built - start, "solve_s": solved - built, "planned_s": solved - start,
+            "parameter_placements": placements,
+        }
+
+
+def _placement_text(p) -> str:
+    """'R', 'S(d)' or 'P' (sum): the placement as both environments can read it."""
+    if p.is_replicate():
+        return "R"
+    if p.is_shard():
+        return f"S({p.dim})"
+    return "P"
+
+
+# --- the driver ---------------------------------------------------------------------------
+
+def side(python: str, which: str, spec: ModelSpec, extra: dict | None = None) -> dict:
+    """Run one side in a fresh process; its JSON answer with the process's wall time."""
+    payload = json.dumps({"spec": spec.as_dict(), **(extra or {})})
+    start = time.perf_counter()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([python, __file__, "--side", which, "--payload", payload],
+                          cwd=ROOT, capture_output=True, text=True, env=env)
+    seconds = time.perf_counter() - start
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+        return {"error": " | ".join(tail), "wall_s": seconds}
+    return {**json.loads(lines[-1]), "wall_s": seconds}
+
+
+def compare(spec: ModelSpec, peer_python: str) -> dict:
+    peer = side(peer_python, "autoparallel", spec)
+    ours = side(sys.executable, "tessel", spec,
+                {"pinned": peer.get("parameter_placements")})
+    return {"model": spec.name, "autoparallel": peer, "tessel": ours}
+
+
+def _fmt_s(x: float | None) -> str:
+    return "-" if x is None else f"{x:7.1f}"
+
+
+def print_row(row: dict) -> None:
+    peer, ours = row["autoparallel"], row["tessel"]
+    if "error" in peer or "error" in ours:
+        print(f"{row['model']:<44} failed: AP {peer.get('error', 'ok')} | "
+              f"Tessel {ours.get('error', 'ok')}", flush=True)
+        return
+    like = ours["like_autoparallel"]
+    ratio = ours["planned_s"] / peer["planned_s"]
+    pinned = ours.get("autoparallel_layout")
+    pinned_ms = "-" if pinned is None else f"{pinned['objective_s'] * 1e3:8.3f}"
+    print(f"{row['model']:<44} {peer['variables']:>8,} {peer['status']:>8} {peer['planned_s']:7.1f}"
+          f" | {like['variables']:>7,} {like['status']:>8} {like['gap']:>6.1%} "
+          f"{like['solve_s']:6.2f} {ours['planned_s']:7.1f} | {ratio:5.2f} | "
+          f"{like['objective_s'] * 1e3:8.3f} {pinned_ms} | free {ours['free']['status']} "
+          f"{ours['free']['gap']:.1%} {ours['free']['solve_s']:.2f}s", flush=True)
+
+
+def summarize(rows: list[dict]) -> None:
+    done = [r for r in rows if "error" not in r["autoparallel"] and "error" not in r["tessel"]]
+    if not done:
+        print("no model planned by both")
+        return
+    ratios = [r["tessel"]["planned_s"] / r["autoparallel"]["planned_s"] for r in done]
+    gaps = [r["tessel"]["like_autoparallel"]["gap"] for r in done]
+    ap_s = [r["autoparallel"]["planned_s"] for r in done]
+    ours_s = [r["tessel"]["planned_s"] for r in done]
+    solves = [r["tessel"]["like_autoparallel"]["solve_s"] for r in done]
+    print(f"\n{len(done)} of {len(rows)} models planned by both")
+    print(f"time to plan s   AutoParallel median {statistics.median(ap_s):.1f} "
+          f"worst {max(ap_s):.1f}"
+          f" | Tessel median {statistics.median(ours_s):.1f} worst {max(ours_s):.1f}")
+    print(f"ratio    median {statistics.median(ratios):.2f} worst {max(ratios):.2f} "
+          f"(Tessel / AutoParallel, like constraints)")
+    print(f"Tessel ILP solve s  median {statistics.median(solves):.2f} "
+          f"worst {max(solves):.2f}")
+    optimal = sum(r["tessel"]["like_autoparallel"]["status"] == "OPTIMAL" for r in done)
+    print(f"Tessel gap median {statistics.median(gaps):.2%} worst {max(gaps):.2%}; "
+          f"optimal on {optimal}")
+    for measure in ("objective_s", "step_s"):
+        worse = [r["model"] for r in done if r["tessel"].get("autoparallel_layout") and
+                 r["tessel"]["like_autoparallel"][measure]
+                 > r["tessel"]["autoparallel_layout"][measure] * (1 + 1e-9)]
+        print(f"Tessel's {measure} worse than with AutoParallel's placements on: "
+              f"{worse or 'none'}")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", type=int, default=12)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", help="run only models whose name contains this")
+    parser.add_argument("--peer-python", default=PEER_PYTHON)
+    parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--side", choices=("autoparallel", "tessel"), help=argparse.SUPPRESS)
+    parser.add_argument("--payload", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.side:
+        payload = json.loads(args.payload)
+        spec = spec_from_dict(payload["spec"])
+        if args.side == "autoparallel":
+            answer = run_autoparallel(spec)
+        else:
+            from family_planning import run_tessel
+            answer = run_tessel(spec, payload.get("pinned"), PROCESS_START)
+        print(json.dumps(answer))
+        return 0
+    if not Path(args.peer_python).exists():
+        print(f"no AutoParallel environment at {args.peer_python}: see this file's docstring")
+        return 2
+    specs = [s for s in draw_family(args.seed, args.models)
+             if not args.only or args.only in s.name]
+    print(f"{'model':<44} {'AP vars':>8} {'status':>8} {'AP s':>7} | {'T vars':>7} "
+          f"{'status':>8} {'gap':>6} {'solve':>6} {'T s':>7} | ratio | "
+          f"{'T ms':>8} {'AP ms':>8} | unconstrained")
+    print("(times: process start to the plan under AutoParallel's constraints; ms: the "
+          "ILP's objective, Tessel's plan vs the best with AutoParallel's placements)")
+    rows = []
+    for spec in specs:
+        rows.append(compare(spec, args.peer_python))
+        print_row(rows[-1])
+    summarize(rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
