@@ -42,6 +42,9 @@ def run_tessel(spec: ModelSpec, pinned: dict[str, list[str]] | None,
     like = _solve(program, _pinned(table, inputs), mesh, cluster, budget)
     answer = {"prepare_s": prepared - start, "planned_s": time.perf_counter() - start,
               "like_autoparallel": like,
+              # The same problem without tying identical blocks: what tying buys.
+              "like_untied": _solve(program, _pinned(table, inputs), mesh, cluster, budget,
+                                    tie_blocks=False),
               "free": _solve(program, table, mesh, cluster, None)}
     if pinned:
         by_fqn = {fqn: name for name, fqn in program.parameters.items()}
@@ -102,10 +105,10 @@ def _pinned(table: dict[str, NodeStrategies],
 SWITCHED_OFF: dict[str, bool] = {}
 
 
-def _solve(program, table, mesh, cluster, budget: MemoryBudget | None) -> dict:
+def _solve(program, table, mesh, cluster, budget: MemoryBudget | None, **options) -> dict:
     start = time.perf_counter()
     solution = plan_intra_op(program, table, mesh, cluster, time_limit_s=600.0,
-                             memory_budget=budget, **SWITCHED_OFF)
+                             memory_budget=budget, **{**SWITCHED_OFF, **options})
     a = solution.assignment
     return {"variables": solution.num_variables, "status": a.status, "gap": a.gap,
             "solver": a.solver, "solve_s": a.solve_time_s,

@@ -199,7 +199,9 @@ def print_row(row: dict) -> None:
           f" | {like['variables']:>7,} {like['status']:>8} {like['gap']:>6.1%} "
           f"{like['solve_s']:6.2f} {ours['planned_s']:7.1f} | {ratio:5.2f} | "
           f"{like['objective_s'] * 1e3:8.3f} {pinned_ms} | free {ours['free']['status']} "
-          f"{ours['free']['gap']:.1%} {ours['free']['solve_s']:.2f}s", flush=True)
+          f"{ours['free']['gap']:.1%} {ours['free']['solve_s']:.2f}s | untied "
+          f"{ours['like_untied']['solve_s']:.2f}s "
+          f"{ours['like_untied']['objective_s'] * 1e3:.3f}", flush=True)
 
 
 def summarize(rows: list[dict]) -> None:
@@ -218,6 +220,9 @@ def summarize(rows: list[dict]) -> None:
           f" | Tessel median {statistics.median(ours_s):.1f} worst {max(ours_s):.1f}")
     print(f"ratio    median {statistics.median(ratios):.2f} worst {max(ratios):.2f} "
           f"(Tessel / AutoParallel, like constraints)")
+    untied = [r["tessel"]["like_untied"]["solve_s"] for r in done]
+    print(f"untied   solve s median {statistics.median(untied):.2f} worst {max(untied):.2f}"
+          f" (the same problems without tying identical blocks)")
     print(f"Tessel ILP solve s  median {statistics.median(solves):.2f} "
           f"worst {max(solves):.2f}")
     optimal = sum(r["tessel"]["like_autoparallel"]["status"] == "OPTIMAL" for r in done)
@@ -258,7 +263,7 @@ def main(argv: list[str]) -> int:
              if not args.only or args.only in s.name]
     print(f"{'model':<44} {'AP vars':>8} {'status':>8} {'AP s':>7} | {'T vars':>7} "
           f"{'status':>8} {'gap':>6} {'solve':>6} {'T s':>7} | ratio | "
-          f"{'T ms':>8} {'AP ms':>8} | unconstrained")
+          f"{'T ms':>8} {'AP ms':>8} | unconstrained | like AP, untied")
     print("(times: process start to the plan under AutoParallel's constraints; ms: the "
           "ILP's objective, Tessel's plan vs the best with AutoParallel's placements)")
     rows = []
