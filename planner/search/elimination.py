@@ -53,7 +53,7 @@ def solve_by_elimination(
     `MAX_SHARED_COSTS` shared costs to condition on, or the optimum of the unconstrained
     problem breaks the memory limit."""
     start = time.perf_counter()
-    if len(problem.shared_costs) > MAX_SHARED_COSTS:
+    if not eliminable(problem, max_entries):
         return None
     if max_entries is None:
         max_entries = min(ENTRIES_PER_VARIABLE * ilp_variables(problem), MAX_TABLE_ENTRIES)
@@ -88,6 +88,16 @@ def solve_by_elimination(
         return None
     return Assignment(best[1], best[0], 0.0, "OPTIMAL", time.perf_counter() - start,
                       solver="elimination")
+
+
+def eliminable(problem: AssignmentProblem, max_entries: float | None = None) -> bool:
+    """Whether `solve_by_elimination` takes the problem on (its tables and shared costs
+    are few enough); it may still return None, when the optimum breaks the memory limit."""
+    if len(problem.shared_costs) > MAX_SHARED_COSTS:
+        return False
+    if max_entries is None:
+        max_entries = min(ENTRIES_PER_VARIABLE * ilp_variables(problem), MAX_TABLE_ENTRIES)
+    return _Network(problem).order(max_entries) is not None
 
 
 LOWER_BOUND_TABLE_ENTRIES = 1_000_000

@@ -7,14 +7,15 @@ network variable elimination works on: on a 2-block GPT the largest tables grow 
 the first of:
 
 1. elimination of the tied network, where its tables are small enough;
-2. elimination of the untied network, whose optimum is the tied one whenever it already
-   gives every tied group one choice (the tied problem only removes assignments);
+2. where the tied network is too wide, elimination of the untied network, whose optimum
+   is the tied one whenever it already gives every tied group one choice (the tied
+   problem only removes assignments);
 3. the ILP of the tied problem.
 """
 
 from __future__ import annotations
 
-from planner.search.elimination import ilp_variables, solve_by_elimination
+from planner.search.elimination import eliminable, ilp_variables, solve_by_elimination
 from planner.search.presolve import merge_parallel_edges, tie_nodes
 from planner.search.solver import Assignment, AssignmentProblem, prune_dominated, solve_ilp
 
@@ -27,7 +28,10 @@ def solve_tied(problem: AssignmentProblem, groups: list[list[int]], time_limit_s
     reduced, pruning = prune_dominated(merge_parallel_edges(tied))
     variables = ilp_variables(reduced)
     solved = solve_by_elimination(reduced)
-    if solved is None and groups:
+    # Where the tied network was eliminated and its optimum broke the memory limit, an
+    # untied optimum that is symmetric would be a tied optimum too: not worth the
+    # elimination's time, the ILP answers exactly.
+    if solved is None and groups and not eliminable(reduced):
         free, free_pruning = prune_dominated(merge_parallel_edges(problem))
         untied = solve_by_elimination(free)
         if untied is not None:
