@@ -32,7 +32,7 @@ from passes.strategies import NodeStrategies, Source, Strategy, output_value, so
 from passes.program import TracedProgram
 from planner.search.buckets import Bucket, bucket_transfers
 from planner.vocabulary.cluster import Cluster, LinkSpec
-from planner.search.elimination import lower_bound
+from planner.search.elimination import lower_bound, solve_by_elimination
 from planner.search.symmetry import identical_block_groups
 from planner.search.tied_solve import solve_tied
 from planner.search.solver import (
@@ -41,6 +41,7 @@ from planner.search.solver import (
     SharedCost,
     contract_followers,
     evaluate,
+    solve_ilp,
 )
 
 if TYPE_CHECKING:
@@ -271,7 +272,8 @@ def plan_intra_op(
     if deadline is not None:
         time_limit_s = min(time_limit_s, max(MIN_SOLVE_S, deadline.remaining()))
     reduced_assignment, num_variables = solve_tied(
-        contracted, _kept_groups(groups, index, contraction.kept), time_limit_s, backend)
+        contracted, _kept_groups(groups, index, contraction.kept), time_limit_s, backend,
+        eliminate=solve_by_elimination, ilp=solve_ilp)
     expanded = contraction.expand(reduced_assignment.choices, len(names))
     assignment = replace(
         reduced_assignment, choices=expanded, objective=evaluate(problem, expanded)

@@ -15,31 +15,36 @@ the first of:
 
 from __future__ import annotations
 
+from typing import Callable
+
 from planner.search.elimination import eliminable, ilp_variables, solve_by_elimination
 from planner.search.presolve import merge_parallel_edges, tie_nodes
 from planner.search.solver import Assignment, AssignmentProblem, prune_dominated, solve_ilp
 
 
 def solve_tied(problem: AssignmentProblem, groups: list[list[int]], time_limit_s: float,
-               backend: str) -> tuple[Assignment, int]:
+               backend: str, eliminate: Callable = solve_by_elimination,
+               ilp: Callable = solve_ilp) -> tuple[Assignment, int]:
     """The optimal assignment of `problem` in which the nodes of each group take one choice
-    (its `choices` are `problem`'s), and the variables of the problem the solver saw."""
+    (its `choices` are `problem`'s), and the variables of the problem the solver saw.
+    `eliminate` and `ilp` are the two exact solvers (the caller's, so that a test can
+    stand in for either)."""
     tied, tying = tie_nodes(problem, groups)
     reduced, pruning = prune_dominated(merge_parallel_edges(tied))
     variables = ilp_variables(reduced)
-    solved = solve_by_elimination(reduced)
+    solved = eliminate(reduced)
     # Where the tied network was eliminated and its optimum broke the memory limit, an
     # untied optimum that is symmetric would be a tied optimum too: not worth the
     # elimination's time, the ILP answers exactly.
     if solved is None and groups and not eliminable(reduced):
         free, free_pruning = prune_dominated(merge_parallel_edges(problem))
-        untied = solve_by_elimination(free)
+        untied = eliminate(free)
         if untied is not None:
             choices = free_pruning.expand(untied.choices)
             if all(len({choices[v] for v in group}) == 1 for group in groups):
                 return _with_choices(untied, choices), ilp_variables(free)
     if solved is None:
-        solved = solve_ilp(reduced, time_limit_s=time_limit_s, backend=backend)
+        solved = ilp(reduced, time_limit_s=time_limit_s, backend=backend)
     return _with_choices(solved, tying.expand(pruning.expand(solved.choices))), variables
 
 
