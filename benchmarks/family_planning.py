@@ -45,13 +45,14 @@ def run_tessel(spec: ModelSpec, pinned: dict[str, list[str]] | None,
               # The same problem without tying identical blocks: what tying buys.
               "like_untied": _solve(program, _pinned(table, inputs), mesh, cluster, budget,
                                     tie_blocks=False),
-              "free": _solve(program, table, mesh, cluster, None)}
+              "free": _solve(program, table, mesh, cluster, None, tie_blocks=False)}
     if pinned:
         by_fqn = {fqn: name for name, fqn in program.parameters.items()}
         wanted = {by_fqn[fqn]: tuple(_placement(p) for p in texts)
                   for fqn, texts in pinned.items() if fqn in by_fqn}
         constrained = _pinned(table, {**inputs, **wanted})
-        answer["autoparallel_layout"] = _solve(program, constrained, mesh, cluster, None)
+        answer["autoparallel_layout"] = _solve(program, constrained, mesh, cluster, None,
+                                               tie_blocks=False)
         answer["autoparallel_layout"]["unmatched"] = sorted(
             program.parameters[n] for n, p in wanted.items()
             if constrained[n].strategies[0].outputs[0] != p)
@@ -108,7 +109,10 @@ SWITCHED_OFF: dict[str, bool] = {}
 def _solve(program, table, mesh, cluster, budget: MemoryBudget | None, **options) -> dict:
     start = time.perf_counter()
     solution = plan_intra_op(program, table, mesh, cluster, time_limit_s=600.0,
-                             memory_budget=budget, **{**SWITCHED_OFF, **options})
+                             memory_budget=budget,
+                             # AutoParallel ties identical blocks: so does the like-for-like
+                             # run (unless switched off); Tessel's own plans do not.
+                             **{"tie_blocks": True, **SWITCHED_OFF, **options})
     a = solution.assignment
     return {"variables": solution.num_variables, "status": a.status, "gap": a.gap,
             "solver": a.solver, "solve_s": a.solve_time_s,
