@@ -4,6 +4,7 @@ checkpoints and resumes from them; engines that cannot run a graph plan say so."
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -19,10 +20,14 @@ from graph_models import narrow_mlp  # noqa: E402
 
 
 def _torchrun(folder: Path, *args: str, ranks: int = 4) -> dict[int, float]:
+    # torchrun keeps its agent's logs in the temporary folder: the test's own.
+    scratch = folder.parent / "tmp"
+    scratch.mkdir(exist_ok=True)
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
          str(ranks), str(folder / "train_graph.py"), *args],
-        cwd=folder.parent, capture_output=True, text=True, timeout=600)
+        cwd=folder.parent, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "TMPDIR": str(scratch)})
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     return {int(s): float(v) for s, v in re.findall(r"step (\d+) loss ([0-9.e-]+)",
                                                     result.stdout)}

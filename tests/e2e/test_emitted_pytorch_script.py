@@ -52,7 +52,10 @@ def test_emitted_pytorch_script_trains_on_four_cpu_ranks(name: str, tmp_path: Pa
                           text, flags=re.MULTILINE)
     assert count == 1
     (tmp_path / "pytorch_train.py").write_text(text)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    # torchrun keeps its agent's logs in the temporary folder: this test's own.
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
+           "TMPDIR": str(tmp_path / "tmp")}
     # Its own session, so that a hang ends with every rank, not only torchrun.
     run = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
