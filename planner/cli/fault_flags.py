@@ -12,7 +12,7 @@ from pathlib import Path
 
 from planner.cli.errors import UsageError
 from planner.cli.model_args import MAX_STEPS
-from planner.cli.parsing import rank_range, whole
+from planner.cli.parsing import number, rank_range, seconds, whole
 
 # Most restarts a check asks of the agent: each one restarts every rank.
 MAX_RESTARTS = 10
@@ -60,7 +60,7 @@ def add_fault_flags(parser: argparse.ArgumentParser) -> None:
         help="rank R works --slow-factor times as long each step; the straggler monitor "
         "names it and the job completes")
     parser.add_argument(
-        "--slow-factor", type=_factor(1.0, MAX_SLOW_FACTOR), metavar="F",
+        "--slow-factor", type=number(1.0, MAX_SLOW_FACTOR), metavar="F",
         help="how many times as long --slow-rank works (1-100)")
     parser.add_argument(
         "--nan-at-step", type=whole(0, MAX_STEPS - 1), metavar="S",
@@ -72,7 +72,7 @@ def add_fault_flags(parser: argparse.ArgumentParser) -> None:
         "checkpoint and skip its batch (needs --checkpoint-every), or stop (default: "
         "train on, unchecked)")
     parser.add_argument(
-        "--spike-factor", type=_factor(1.0, 1e6), metavar="X",
+        "--spike-factor", type=number(1.0, 1e6), metavar="X",
         help="with --on-divergence: a loss above X times the mean of the last 8 diverges "
         "(default 10)")
     parser.add_argument(
@@ -81,23 +81,10 @@ def add_fault_flags(parser: argparse.ArgumentParser) -> None:
         "the ranks left (at least MIN), reshard the last checkpoint onto the new plan and "
         "go on (needs --checkpoint-every)")
     parser.add_argument(
-        "--collective-timeout", type=_factor(1.0, MAX_TIMEOUT_S), default=120.0,
+        "--collective-timeout", type=seconds(0.0, MAX_TIMEOUT_S), default=120.0,
         metavar="SECONDS",
         help="how long a rank waits in a collective before the check names the rank that "
         "hangs (default 120; torch's is 30 minutes)")
-
-
-def _factor(low: float, high: float):
-    """argparse type: a number in [low, high] (argparse names the flag and the value)."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{text} is not between {low:g} and {high:g}")
-        return value
-    return parse
 
 
 def faults_given(args: argparse.Namespace) -> bool:

@@ -99,6 +99,22 @@ def seconds(low: float, high: float) -> Callable[[str], float]:
     return parse
 
 
+def number(low: float, high: float) -> Callable[[str], float]:
+    """An argparse type: a finite number from `low` to `high` (a factor, a threshold)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (math.isfinite(value) and low <= value <= high):
+            raise argparse.ArgumentTypeError(f"{text} is not between {low:g} and {high:g}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
 def gibibytes(high: float) -> Callable[[str], float]:
     """An argparse type: a finite number of GiB from 0 to `high`."""
 
