@@ -71,16 +71,11 @@ class CommCounter(TorchDispatchMode):
             # Let DTensor decompose the op; its collectives come back here as plain ones.
             return NotImplemented
         out = func(*args, **kwargs)
-        kind = _KINDS.get(func)
+        kind = collective_kind(func)
         if kind is not None:
-            nbytes = max(_nbytes(args[0]), _nbytes(out))
-            ranks = _functional_group_ranks(args)
-        else:
-            kind = _EAGER_KINDS.get(func)
-            if kind is not None:
-                nbytes = max(_total(args[0]), _total(args[1]))
-                ranks = _eager_group_ranks(args)
-        if kind is not None:
+            nbytes = (max(_nbytes(args[0]), _nbytes(out)) if func in _KINDS
+                      else max(_total(args[0]), _total(args[1])))
+            ranks = _group_ranks(func, args)
             self.counts[kind] += 1
             self.bytes[kind] += nbytes
             self.group_counts[kind, ranks] += 1
@@ -102,28 +97,35 @@ class CommCounter(TorchDispatchMode):
         ]
 
 
-def _functional_group_ranks(args: tuple) -> tuple[int, ...] | None:
-    """A functional collective's last argument is its group's name."""
-    name = args[-1] if args else None
-    if not isinstance(name, str):
-        return None
-    try:
-        from torch.distributed.distributed_c10d import _resolve_process_group
+def collective_kind(func) -> str | None:
+    """The kind of collective an op is ("all_reduce", "send", ...), or None."""
+    return _KINDS.get(func) or _EAGER_KINDS.get(func)
 
-        return tuple(dist.get_process_group_ranks(_resolve_process_group(name)))
+
+def process_group(func, args: tuple) -> dist.ProcessGroup | None:
+    """The process group a collective op runs on: a functional collective's last
+    argument names it, an eager c10d op's first ScriptObject argument is it (boxed);
+    None where it cannot be read."""
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    try:
+        if func in _KINDS:
+            name = args[-1] if args else None
+            return _resolve_process_group(name) if isinstance(name, str) else None
+        for value in args[1:]:
+            if isinstance(value, torch.ScriptObject):
+                return dist.ProcessGroup.unbox(value)
     except (RuntimeError, ValueError):
         return None
-
-
-def _eager_group_ranks(args: tuple) -> tuple[int, ...] | None:
-    """An eager c10d op's first ScriptObject argument is its (boxed) process group."""
-    for value in args[1:]:
-        if isinstance(value, torch.ScriptObject):
-            try:
-                return tuple(dist.get_process_group_ranks(dist.ProcessGroup.unbox(value)))
-            except (RuntimeError, ValueError):
-                return None
     return None
+
+
+def _group_ranks(func, args: tuple) -> tuple[int, ...] | None:
+    group = process_group(func, args)
+    try:
+        return None if group is None else tuple(dist.get_process_group_ranks(group))
+    except (RuntimeError, ValueError):
+        return None
 
 
 def _total(value: object) -> int:

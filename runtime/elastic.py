@@ -111,10 +111,11 @@ def launch(
     system_tmp, tempfile.tempdir = tempfile.tempdir, str(tmp)
     # The agent logs each failed worker's whole traceback and each worker it stops;
     # `_root_cause` says in one line what failed (its traceback kept aside).
-    agent_log = logging.getLogger("torch.distributed.elastic")
-    agent_level, agent_log.level = agent_log.level, logging.CRITICAL
-    spawn_log = logging.getLogger("torch.multiprocessing.spawn")
-    spawn_level, spawn_log.level = spawn_log.level, logging.ERROR
+    quieted = {logging.getLogger("torch.distributed.elastic"): logging.CRITICAL,
+               logging.getLogger("torch.multiprocessing.spawn"): logging.ERROR}
+    levels = {log: log.level for log in quieted}
+    for log, level in quieted.items():
+        log.setLevel(level)
     try:
         results = elastic_launch(config, _worker)(
             fn, str(tmp / "store"), collective_timeout_s, args
@@ -123,8 +124,8 @@ def launch(
         raise _root_cause(error, tmp, checkpoint_root) from None
     finally:
         tempfile.tempdir = system_tmp
-        agent_log.setLevel(agent_level)
-        spawn_log.setLevel(spawn_level)
+        for log, level in levels.items():
+            log.setLevel(level)
         for name, value in previous.items():
             if value is None:
                 os.environ.pop(name, None)

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from runtime.comm_counter import _EAGER_KINDS, _KINDS
+from runtime.comm_counter import collective_kind, process_group
 
 __all__ = ["FLIGHT_DIR_ENV", "FlightRecorder", "Stall", "diagnose", "read_records"]
 
@@ -70,6 +70,10 @@ class FlightRecorder(TorchDispatchMode):
             self._file = open(Path(folder) / f"rank{rank}.attempt{attempt}.jsonl", "w",  # noqa: SIM115
                               buffering=1)
 
+    def __exit__(self, *exc) -> None:
+        super().__exit__(*exc)
+        self.close()
+
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
@@ -85,7 +89,7 @@ class FlightRecorder(TorchDispatchMode):
             if entered is not None:
                 self._write({"group": entered[0], "seq": entered[1], "left": True})
             return out
-        kind = _KINDS.get(func) or _EAGER_KINDS.get(func)
+        kind = collective_kind(func)
         if kind is None:
             return func(*args, **kwargs)
         group, ranks = _group(func, args)
@@ -94,7 +98,7 @@ class FlightRecorder(TorchDispatchMode):
         self._write({"group": group, "ranks": ranks, "seq": seq, "kind": kind,
                      "step": self.step})
         out = func(*args, **kwargs)
-        if func in _KINDS and isinstance(out, torch.Tensor):
+        if isinstance(out, torch.Tensor):  # a functional collective: waited on later
             self._pending[id(out)] = (group, seq)
         return out
 
@@ -113,22 +117,10 @@ class FlightRecorder(TorchDispatchMode):
 
 def _group(func, args: tuple) -> tuple[str, list[int] | None]:
     """(name, global ranks) of the process group a collective runs on."""
-    from torch.distributed.distributed_c10d import _resolve_process_group
-
-    pg = None
-    if func in _KINDS and args and isinstance(args[-1], str):
-        try:
-            pg = _resolve_process_group(args[-1])
-        except (RuntimeError, ValueError):
-            return args[-1], None
-    else:
-        for value in args[1:]:
-            if isinstance(value, torch.ScriptObject):
-                pg = dist.ProcessGroup.unbox(value)
-                break
-    if pg is None:
+    group = process_group(func, args)
+    if group is None:
         return "?", None
-    return pg.group_name, list(dist.get_process_group_ranks(pg))
+    return group.group_name, list(dist.get_process_group_ranks(group))
 
 
 def read_records(folder: str | Path, attempt: int | str = 0) -> dict[int, list[dict]]:

@@ -64,7 +64,7 @@ def lm_loss(output, targets: torch.Tensor) -> torch.Tensor:
     return zoo_lm_loss(output, targets)
 
 
-def _optimizer(params: list[nn.Parameter], name: str) -> torch.optim.Optimizer:
+def make_optimizer(params: list[nn.Parameter], name: str) -> torch.optim.Optimizer:
     cls, kwargs = OPTIMIZERS[name]
     # foreach=False: the parameters can live on different meshes (tp, dp, both).
     return cls(params, foreach=False, **kwargs)
@@ -168,7 +168,7 @@ class PipelineTrainer(checkpoint.Checkpointing):
         )
         self.embedding_group = self._embedding_group()
         self.parameters = [p for m in self.modules.values() for p in m.parameters()]
-        self.optimizer = _optimizer(self.parameters, optimizer)
+        self.optimizer = make_optimizer(self.parameters, optimizer)
         self.held: dict[str, int] = {}
         self.steps_done = 0
         # A hang in any of this rank's groups fails within the default group's timeout.

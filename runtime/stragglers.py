@@ -22,6 +22,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -32,13 +33,16 @@ THRESHOLD = 1.5
 """A rank is a straggler above this many times its peers' median (time per predicted)."""
 
 
+@dataclass(frozen=True)
 class Slow:
     """An injected straggler: rank `rank` works `factor` times as long each step."""
 
-    def __init__(self, rank: int, factor: float) -> None:
-        if factor < 1:
-            raise ValueError(f"slow factor {factor}: give 1 or more")
-        self.rank, self.factor = rank, factor
+    rank: int
+    factor: float
+
+    def __post_init__(self) -> None:
+        if self.factor < 1:
+            raise ValueError(f"slow factor {self.factor}: give 1 or more")
 
     def after_step(self, rank: int, step_cpu_s: float) -> None:
         if rank != self.rank:

@@ -74,7 +74,6 @@ def train_on_rank(
                                    wait_s=timeout.total_seconds() if timeout else 60.0)
     recorder = FlightRecorder(rank, stall=resilience.stall if resilience else None)
     per_step = []
-    rolled_back: list[int] = []
     everything = CommCounter()
     with recorder:
         while len(losses) < steps:
@@ -85,7 +84,8 @@ def train_on_rank(
                 continue
             if resilience is not None:
                 resilience.before_step(rank, index)
-                trainer.poisoned = resilience.poisons(index) and index not in rolled_back
+                # A diverged batch is in `skipped`: never poisoned twice.
+                trainer.poisoned = resilience.poisons(index)
             recorder.step = index
             if monitor is not None:
                 monitor.start_step()
@@ -99,7 +99,6 @@ def train_on_rank(
                 skipped.append(index)
                 with watch.step(index):
                     losses = _on_divergence(trainer, resilience, index, losses, rank)
-                rolled_back.append(index)
                 continue
             losses.append(loss)
             if resilience is not None:
@@ -108,7 +107,6 @@ def train_on_rank(
                                                     "last_stage": trainer.is_last})
         with watch.step(steps):
             trainer.wait_for_checkpoint()
-    recorder.close()
     params = trainer.full_parameters()
     # One copy of each parameter: data rank 0 of each stage; experts from their ep ranks.
     if trainer.coords["tp"] != 0 or trainer.coords["cp"] != 0 or (

@@ -23,7 +23,7 @@ from planner.models.config import TransformerConfig
 from planner.vocabulary.plan import Plan, Stage
 from runtime.elastic import launch
 from runtime.model_parts import model_parts
-from runtime.pipeline_trainer import _optimizer, lm_loss
+from runtime.pipeline_trainer import lm_loss, make_optimizer
 from runtime.resilience import Resilience
 from runtime.spec import RunSpec
 from runtime.training import batches, train_on_rank
@@ -198,7 +198,7 @@ def train_reference(
     losses None). Returns the losses and the final parameters."""
     parts = model_parts(config, hf_config)
     model = parts.reference(seed, spec.force_balance)
-    opt = _optimizer(list(model.parameters()), optimizer)
+    opt = make_optimizer(list(model.parameters()), optimizer)
     losses: list[float | None] = []
     for index, (tokens, targets) in enumerate(batches(config, spec, steps, seed)):
         if index in skipped:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 import math
 import tempfile
 from collections.abc import Iterator
@@ -134,7 +135,6 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
     print_training_plans(plans, console)
     from runtime.launch import RankError
     from runtime.spec import from_training_plan
-    from planner.checks.training import check_training
 
     plan = plans[0]
     spec = from_training_plan(plan)
@@ -144,19 +144,12 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
 
         hf_config = load_hf_config(loaded.hf_path).to_dict()
     _refuse_what_the_runtime_cannot_run(args, model, spec, hf_config)
-    # Each stage's predicted seconds per step, which the straggler monitor divides by.
-    stage_seconds = tuple(sum(stage.phases_s.values()) for stage in plan.stages) \
-        if all(stage.phases_s for stage in plan.stages) else None
     with _checkpoint_folder(args) as folder:
         resilience = _resilience(args, folder) if faults_given(args) else None
         try:
             with console.status(f"training {args.steps} steps on {plan.num_gpus} gloo ranks"):
-                # AdamW: the optimizer the Plan's memory (two moments per parameter) assumes.
-                report = check_training(model, spec, args.steps, optimizer="adamw",
-                                        hf_config=hf_config, resilience=resilience,
-                                        max_restarts=args.max_restarts,
-                                        stage_seconds=stage_seconds,
-                                        collective_timeout_s=args.collective_timeout)
+                report = _train(args, model, plan, spec, hf_config, resilience,
+                                args.max_restarts)
         except RankError as error:
             if resilience is None:
                 raise
@@ -167,7 +160,7 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
                               soft_wrap=True)
                 return 1
             plan, spec, report = _go_on_elastic(args, cluster, loaded, model, plan, error,
-                                                folder, hf_config)
+                                                resilience, hf_config)
     # A restarted job's collectives are counted over the steps its last attempt ran.
     # A Hugging Face model runs transformers' own modules, which save other tensors than
     # the zoo's decoder the Plan counts (its rotary tables once per stage, for one).
@@ -195,14 +188,27 @@ def _refuse_what_the_runtime_cannot_run(args: argparse.Namespace, model, spec,
         raise UsageError(f"{args.model}: the runtime cannot train this plan: {error}") from None
 
 
+def _train(args: argparse.Namespace, model, plan, spec, hf_config, resilience,
+           max_restarts: int = 0):
+    """`check_training` of `plan` with the flags' steps and timeout, and each stage's
+    predicted seconds for the straggler monitor to divide by."""
+    from planner.checks.training import check_training
+
+    stage_seconds = tuple(sum(stage.phases_s.values()) for stage in plan.stages) \
+        if all(stage.phases_s for stage in plan.stages) else None
+    # AdamW: the optimizer the Plan's memory (two moments per parameter) assumes.
+    return check_training(model, spec, args.steps, optimizer="adamw", hf_config=hf_config,
+                          resilience=resilience, max_restarts=max_restarts,
+                          stage_seconds=stage_seconds,
+                          collective_timeout_s=args.collective_timeout)
+
+
 def _go_on_elastic(args: argparse.Namespace, cluster: Cluster, loaded, model, lost_plan,
-                   error, folder: str, hf_config):
+                   error, resilience, hf_config):
     """--elastic: rank `error.rank` is lost for good. Re-plan for the most ranks left
     (down to MIN) that a plan fits, and train it from the newest checkpoint, which
     `runtime.checkpoint` reshards onto the new plan: (plan, spec, report)."""
     from planner.cli.train import layout, plan_from_flags
-    from runtime.spec import from_training_plan
-    from planner.checks.training import check_training
 
     low = args.elastic[0]
     console.print(f"{escape(str(error))}: rank {error.rank} is lost; re-planning for the "
@@ -214,33 +220,32 @@ def _go_on_elastic(args: argparse.Namespace, cluster: Cluster, loaded, model, lo
                                         cluster, console, top=8, loaded=loaded)
         except UsageError:
             continue
-        runnable = []
-        for candidate in plans:  # the best plan the runtime runs (stages of one shape)
-            try:
-                runnable.append((candidate, from_training_plan(candidate)))
-            except ValueError:
-                continue
-        if not runnable:
+        runnable = next(((candidate, spec) for candidate in plans
+                         if (spec := _runnable_spec(candidate)) is not None), None)
+        if runnable is None:  # the runtime runs stages of one shape
             continue
-        plan, spec = runnable[0]
+        plan, spec = runnable
         console.print(f"re-planned on {world} ranks: {layout(plan)} (was "
                       f"{layout(lost_plan)} on {lost_plan.num_gpus})", highlight=False)
-        stage_seconds = tuple(sum(stage.phases_s.values()) for stage in plan.stages) \
-            if all(stage.phases_s for stage in plan.stages) else None
         # The faults were injected into the lost run; the rest goes on without them.
-        resumed = _resilience(argparse.Namespace(**{
-            **vars(args), "kill_rank": None, "kill_at_step": None, "stall_rank": None,
-            "stall_at_step": None, "slow_rank": None, "slow_factor": None,
-            "nan_at_step": None}), folder)
+        resumed = replace(resilience, kill_rank=None, kill_at_step=None, stall=None,
+                          slow=None, nan_at_step=None)
         with console.status(f"going on with {world} gloo ranks"):
-            report = check_training(model, spec, args.steps, optimizer="adamw",
-                                    hf_config=hf_config, resilience=resumed,
-                                    stage_seconds=stage_seconds,
-                                    collective_timeout_s=args.collective_timeout)
+            report = _train(args, model, plan, spec, hf_config, resumed)
         return plan, spec, report
     raise UsageError(f"--elastic {low}:{args.elastic[1]}: no plan fits on {low} to "
                      f"{lost_plan.num_gpus - 1} ranks with the knobs given; widen MIN:MAX or "
                      "give fewer knobs")
+
+
+def _runnable_spec(plan):
+    """`plan`'s RunSpec, or None where the runtime cannot run it."""
+    from runtime.spec import from_training_plan
+
+    try:
+        return from_training_plan(plan)
+    except ValueError:
+        return None
 
 
 def _resilience(args: argparse.Namespace, folder: str):
@@ -252,7 +257,8 @@ def _resilience(args: argparse.Namespace, folder: str):
 
     divergence = None
     if args.on_divergence is not None:
-        divergence = DivergencePolicy(args.on_divergence, args.spike_factor or 10.0)
+        spike = {} if args.spike_factor is None else {"spike_factor": args.spike_factor}
+        divergence = DivergencePolicy(args.on_divergence, **spike)
     return Resilience(
         folder, args.checkpoint_every or 0, args.kill_rank, args.kill_at_step,
         stall=Stall(args.stall_rank, args.stall_at_step)
