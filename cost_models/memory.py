@@ -200,6 +200,9 @@ class MemoryBreakdown:
     loss's fp32 logits, a layer's backward gradients."""
     fragmentation: float = 0.0
     """What the caching allocator holds beyond the allocated peak."""
+    graph_pool: float = 0.0
+    """CUDA graphs' private pool, held beside the eager pool's reserved peak
+    (`cost_models.graph_pool`)."""
     activation_kinds: tuple[tuple[str, float], ...] = ()
     """`activations` by kind (norm inputs, attention, mlp, ...), where the engine's rules
     counted them."""
@@ -220,8 +223,9 @@ class MemoryBreakdown:
 
     @property
     def reserved(self) -> float:
-        """Bytes the caching allocator holds at that peak (`max_memory_reserved`)."""
-        return self.allocated + self.fragmentation
+        """Bytes the caching allocator holds at that peak (`max_memory_reserved`), CUDA
+        graphs' pool included."""
+        return self.allocated + self.fragmentation + self.graph_pool
 
     def fits(self, capacity_bytes: float) -> bool:
         """Whether the peak fits in a device of `capacity_bytes` (e.g. memory_gib * 2**30)."""

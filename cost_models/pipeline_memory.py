@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from cost_models import engine_memory, memory
+from cost_models import engine_memory, graph_pool, memory
 from cost_models.saved_activations import (
     checkpoint_bytes,
     saved_per_layer,
@@ -223,6 +223,12 @@ def stage_memory(
     kinds, working = stage_activations(model, parallel, layers, index, num_stages,
                                        num_micro_batches, flash)
     activations = sum(kinds.values())
+    pool = 0.0
+    if graph_pool.graphed(parallel):
+        in_flight = memory.in_flight_micro_batches(
+            parallel.schedule, num_stages, index, num_micro_batches,
+            parallel.virtual_pipeline)
+        pool = graph_pool.pool_bytes(model, parallel, kinds, layers, in_flight, flash)
     transient = gathered + working
     allocated = state.total + activations + transient
     return memory.MemoryBreakdown(
@@ -230,6 +236,7 @@ def stage_memory(
         activations=activations, reserve=engine_memory.NON_ALLOCATOR_BYTES,
         transient=transient,
         fragmentation=engine_memory.reserved_bytes(allocated, parallel) - allocated,
+        graph_pool=pool,
         activation_kinds=tuple(kinds.items()),
         expert_state=state.experts,
     )

@@ -158,8 +158,7 @@ def _run(line: int, row: dict[str, str]) -> MemoryRun:
                       sequence_parallel="SP on" in row["notes"])
         if row["vp"]:
             knobs |= dict(schedule="interleaved", virtual_pipeline=int(row["vp"]))
-        if "CUDA graph" in row["compile"]:
-            knobs["cuda_graphs"] = True
+        knobs |= _cuda_graphs(row["compile"])
         if "precision-aware" in row["zero_or_fsdp"]:
             # --use-precision-aware-optimizer with bf16 gradients and Adam moments.
             knobs |= dict(main_grads_dtype="bf16", exp_avg_dtype="bf16")
@@ -179,6 +178,17 @@ def _run(line: int, row: dict[str, str]) -> MemoryRun:
         kind=kind, oom=row["oom"].strip() == "yes",
         fragmentation="fragmentation" in row["notes"],
     )
+
+
+def _cuda_graphs(compile_column: str) -> dict:
+    """The CUDA graphs a Megatron row's compile column names: "TE CUDA graph scope mlp"
+    graphs the modules named, another mention whole layers, "no CUDA graph" none."""
+    if "CUDA graph" not in compile_column or "no CUDA graph" in compile_column:
+        return {}
+    if "scope" in compile_column:
+        scope = compile_column.split("scope", 1)[1].strip(" )").split()
+        return {"cuda_graph_scope": tuple(scope)}
+    return {"cuda_graphs": True}
 
 
 @dataclass(frozen=True)

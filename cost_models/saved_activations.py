@@ -140,6 +140,20 @@ def checkpoint_bytes(model: TransformerConfig, parallel: ParallelConfig) -> floa
 def _megatron(
     model: TransformerConfig, parallel: ParallelConfig, score_free: bool
 ) -> dict[str, float]:
+    kinds: dict[str, float] = {}
+    for part in megatron_sublayers(model, parallel, score_free).values():
+        for kind, bytes_ in part.items():
+            kinds[kind] = kinds.get(kind, 0.0) + bytes_
+    return kinds
+
+
+def megatron_sublayers(
+    model: TransformerConfig, parallel: ParallelConfig, score_free: bool
+) -> dict[str, dict[str, float]]:
+    """What one Megatron-Core layer (of one kind, `layer_mix`) saves for one micro-batch on
+    one GPU, by the module that saves it ("attn": the attention sublayer with its fused
+    norm; "mlp": the MLP or MoE sublayer with its; "layer": the bias-dropout-adds between
+    them), each by kind: what a CUDA graph of one module (--cuda-graph-scope) holds."""
     x = layer_shape(model, parallel)
     e = activation_element_bytes(parallel.precision)
     fp8 = parallel.precision == "fp8"
@@ -147,34 +161,34 @@ def _megatron(
     n, sp = x.tokens, x.sequence_shards
     modules = parallel.recompute_modules if parallel.recompute == "selective" else ()
     up = 2 * x.ffn if model.activation == "swiglu" else x.ffn
-    kinds: dict[str, float] = {
-        "norm inputs": 2 * e * n * x.hidden / sp,
-        # q/k/v and fc1 read the norms' outputs (replayed from the norm inputs when the
-        # layernorm module is recomputed); proj reads attention's output, which flash
-        # attention keeps in bf16 anyway, so an fp8 copy adds to it.
-        "linear inputs": (0 if "layernorm" in modules else 2 * linear_input * n * x.hidden / sp)
-        + (linear_input * n * x.query if fp8 else 0),
-        "attention": e * n * (2 * x.query + 2 * x.key),
-        "mlp": e * n * up + linear_input * n * x.ffn,
-    }
+    # q/k/v and fc1 read the norms' outputs (replayed from the norm inputs when the
+    # layernorm module is recomputed); proj reads attention's output, which flash
+    # attention keeps in bf16 anyway, so an fp8 copy adds to it.
+    norm_output = 0 if "layernorm" in modules else linear_input * n * x.hidden / sp
+    attn = {"norm inputs": e * n * x.hidden / sp,
+            "linear inputs": norm_output + (linear_input * n * x.query if fp8 else 0),
+            "attention": e * n * (2 * x.query + 2 * x.key)}
+    mlp = {"norm inputs": e * n * x.hidden / sp, "linear inputs": norm_output,
+           "mlp": e * n * up + linear_input * n * x.ffn}
+    layer: dict[str, float] = {}
     if model.multi_latent_attention:
-        kinds["attention"] = _mla_saved(model, parallel, n, e, modules)
+        attn["attention"] = _mla_saved(model, parallel, n, e, modules)
     if model.is_moe:
-        kinds["mlp"] = _moe_saved(model, parallel, n, e, linear_input, modules)
+        mlp["mlp"] = _moe_saved(model, parallel, n, e, linear_input, modules)
     if score_free:
-        kinds["attention"] += FP32 * x.heads * n  # the log-sum-exp of each row
+        attn["attention"] += FP32 * x.heads * n  # the log-sum-exp of each row
     elif "core_attn" not in modules:
         # Scores and softmax (bf16) and the attention dropout mask (1 byte), Korthikanti
         # et al.'s 5 a s^2 b / t; without dropout the mask is not made.
         mask = 1 if model.attention_dropout > 0 else 0
-        kinds["scores"] = (2 * e + mask) * x.heads * n * (model.seq_length / parallel.context)
+        attn["scores"] = (2 * e + mask) * x.heads * n * (model.seq_length / parallel.context)
     if "mlp" in modules and not model.is_moe:
         # The dense MLP is replayed from its input, which fc1 saves anyway (an MoE layer's
         # is the moe module's).
-        kinds["mlp"] = 0.0
+        mlp["mlp"] = 0.0
     if model.hidden_dropout > 0:
-        kinds["dropout masks"] = 2 * n * x.hidden / sp
-    return kinds
+        layer["dropout masks"] = 2 * n * x.hidden / sp
+    return {"attn": attn, "mlp": mlp, "layer": layer}
 
 
 def _mla_saved(model: TransformerConfig, parallel: ParallelConfig, n: float, e: int,

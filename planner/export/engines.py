@@ -31,17 +31,19 @@ def workload(plan: Plan, model: TransformerConfig | None) -> tuple[list[str], di
     """What a launcher starts on every rank (script and arguments) and the environment it
     needs: Megatron-LM's pretrain_gpt.py with the plan's flags, else the PyTorch script."""
     from planner.export import graph_script, megatron_launch, pytorch_script
+    from planner.export.launch import allocator_environment
 
+    environment = allocator_environment(plan)
     if graph_script.is_graph_plan(plan):
-        return [graph_script.FILE], {}
+        return [graph_script.FILE], environment
     if megatron_launch.megatron_incompatibility(plan) is None:
         assert plan.megatron_flags is not None
         flags = [word for flag in plan.megatron_flags for word in flag.split()]
         return (["pretrain_gpt.py", *flags, *megatron_launch.launch_words(plan)],
-                {"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
+                {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} | environment)
     why = pytorch_script.pytorch_incompatibility(plan, model)
     if why is None:
-        return [pytorch_script.FILE], {}
+        return [pytorch_script.FILE], environment
     raise Refusal(f"neither Megatron-LM ({megatron_launch.megatron_incompatibility(plan)}) "
                   f"nor the PyTorch script ({why}) runs this plan")
 

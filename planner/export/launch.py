@@ -70,3 +70,27 @@ def torchrun_command(plan: Plan, script: str = "pretrain_gpt.py") -> str | None:
     flags = [word for flag in plan.megatron_flags for word in flag.split()]
     words = ["torchrun", *torchrun_args(plan), script, *flags]
     return " ".join(w if w.startswith("$MASTER_ADDR:") else shlex.quote(w) for w in words)
+
+
+def allocator_environment(plan: Plan) -> dict[str, str]:
+    """The allocator settings a launch of `plan` needs: expandable segments where the
+    reserved estimate crosses the device (the caching allocator then maps and unmaps
+    pages, not whole segments), and with CUDA graphs NCCL_GRAPH_REGISTER=0, without which
+    Megatron-Core refuses expandable segments (`TECudaGraphHelper`, `CudaGraphManager`)."""
+    if plan.predicted.reserved_fits:
+        return {}
+    environment = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    run = plan.run
+    if run is not None and (run.cuda_graphs or run.cuda_graph_scope):
+        environment["NCCL_GRAPH_REGISTER"] = "0"
+    return environment
+
+
+def allocator_exports(plan: Plan) -> list[str]:
+    """`allocator_environment` as a launch script's exports, with why."""
+    environment = allocator_environment(plan)
+    if not environment:
+        return []
+    return ["# The caching allocator's reserved estimate crosses the device: expandable",
+            "# segments give back what fragmentation would hold.",
+            *(f"export {name}={value}" for name, value in environment.items())]

@@ -8,15 +8,17 @@ null tokenizer, so that the line runs as written; a real run swaps those two fla
 `--data-path` and its tokenizer (the comment above the line says so).
 
 `CUDA_DEVICE_MAX_CONNECTIONS=1` is exported because Megatron-LM's `validate_args` refuses
-tensor or context parallelism without it on GPUs before Blackwell. The tests read this file
-back with torchrun's parser and with Megatron-LM's own `parse_args` and `validate_args`.
+tensor or context parallelism without it on GPUs before Blackwell; expandable segments where
+the plan's reserved estimate crosses the device (`launch.allocator_environment`). The tests
+read this file back with torchrun's parser and with Megatron-LM's own `parse_args` and
+`validate_args`.
 """
 
 from __future__ import annotations
 
 import shlex
 
-from planner.export.launch import torchrun_command
+from planner.export.launch import allocator_exports, torchrun_command
 from planner.vocabulary.plan import Plan
 
 FILE = "megatron.sh"
@@ -72,6 +74,7 @@ def megatron_script(plan: Plan) -> dict[str, str]:
         ': "${MASTER_ADDR:?set MASTER_ADDR to the first node\'s address}"',
         "# validate_args refuses tensor or context parallelism without it (before Blackwell).",
         "export CUDA_DEVICE_MAX_CONNECTIONS=1",
+        *allocator_exports(plan),
         line,
         "",
     ]

@@ -38,13 +38,13 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from planner.export.launch import RDZV_PORT, allocator_exports
 from planner.models.config import TransformerConfig
 from planner.vocabulary.plan import Plan
 from planner.torchtitan.rules import DDP, FSDP, zero_stages
 
 CONFIG_FILE = "torchtitan.toml"
 LAUNCH_FILE = "torchtitan.sh"
-RDZV_PORT = 29500
 RELEASE = "0.2"
 DEFAULT_STEPS = 1000
 # TorchTitan 0.2's Llama 3 flavors, by the shape fields that tell them apart.
@@ -283,6 +283,7 @@ def torchtitan_files(plan: Plan, model: TransformerConfig | None) -> dict[str, s
         "address.",
         "set -euo pipefail",
         ': "${MASTER_ADDR:?set MASTER_ADDR to the first node\'s address}"',
+        *allocator_exports(plan),
         " ".join(w if w.startswith("$") else shlex.quote(w) for w in words),
         "",
     ]

@@ -681,3 +681,31 @@ def test_the_validators_refuse_broken_files(tmp_path: Path, monkeypatch) -> None
     if not checked:
         pytest.skip("no engine validator is installed (make test installs DeepSpeed, "
                     "TorchTitan 0.2 and megatron-core)")
+
+
+def test_a_plan_whose_reserved_estimate_crosses_the_device_launches_with_expandable_segments(
+) -> None:
+    # Megatron-Bridge's Llama 3 70B SFT layout with its MLP in CUDA graphs: it fits
+    # allocated, not reserved (`cost_models.graph_pool`), so every launch of it sets
+    # expandable segments and, for the graphs, NCCL_GRAPH_REGISTER=0.
+    cluster = Cluster.load("dgx-h100").with_devices(32)
+    knobs = dict(tensor=4, pipeline=4, data=2, sequence_parallel=True, zero_stage=1,
+                 schedule="interleaved", virtual_pipeline=5, precision="fp8",
+                 fp8_recipe="tensorwise", fp8_param_gather=True, main_grads_dtype="bf16",
+                 recompute="selective", micro_batch_size=1, global_batch_size=32,
+                 cuda_graph_scope=("mlp",))
+    model = get_preset("llama3-70b").model_copy(update={"seq_length": 4096})
+    plan = training_plan("llama3-70b", model, cluster, ParallelConfig(**knobs))
+    assert plan.predicted.fits and not plan.predicted.reserved_fits
+    exports = ["export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+               "export NCCL_GRAPH_REGISTER=0"]
+    script = engine_files("megatron", plan, model)["megatron.sh"].splitlines()
+    assert all(line in script for line in exports)
+    assert script.index(exports[0]) < next(
+        i for i, line in enumerate(script) if line.startswith("torchrun"))
+    slurm = engine_files("slurm", plan, model)
+    assert any("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in text
+               for text in slurm.values())
+    # A plan that fits reserved launches without them.
+    assert plan_of("gpt3-175b-1024gpus-t8p8").predicted.reserved_fits
+    assert "expandable" not in emitted("gpt3-175b-1024gpus-t8p8", "megatron")["megatron.sh"]
