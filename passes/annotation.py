@@ -10,6 +10,8 @@ from the forward it was traced from:
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.fx as fx
 
@@ -22,7 +24,12 @@ def _module_of(node: fx.Node) -> str | None:
     stack = node.meta.get("nn_module_stack")
     if not stack:
         return None
-    return without_objective_prefix(list(stack.values())[-1][0]).removeprefix("model")
+    return _within_model(list(stack.values())[-1][0])
+
+
+def _within_model(path: str) -> str:
+    """A module path in the objective as a path in the model ("" for the model itself)."""
+    return without_objective_prefix(path).removeprefix("model")
 
 
 # How far ahead the forward-op walk looks for the op the joint graph has next.
@@ -44,6 +51,57 @@ def annotate(
     """
     forward_ops = [n for n in forward.nodes if n.op == "call_function"]
     cursor = 0
+
+    def matched(node: fx.Node) -> str | None:
+        # The joint graph adds ops (aliases of saved tensors, views) and may drop a few:
+        # resynchronise on the next forward op with the same target.
+        nonlocal cursor
+        window = forward_ops[cursor : cursor + _RESYNC_WINDOW]
+        key = _op_key(node)
+        match = next((i for i, op in enumerate(window) if _op_key(op) == key), None)
+        if match is None:
+            return None
+        cursor += match + 1
+        return _module_of(window[match]) or ""
+
+    _annotate(joint, parameters, buffers, loss, gradient_modules, matched)
+
+
+RECORDED_MODULE = "tessel_module"
+"""The key of `node.meta["custom"]` under which a trace records the module (its path in
+the objective) whose forward made the node (`passes.module_joint`)."""
+
+
+def annotate_recorded(
+    joint: fx.Graph,
+    parameters: dict[str, str],
+    buffers: dict[str, str],
+    loss: str,
+    gradient_modules: dict[str, str],
+) -> None:
+    """`annotate` for a joint graph whose forward nodes recorded their module path as they
+    were traced (`RECORDED_MODULE`)."""
+
+    def recorded(node: fx.Node) -> str | None:
+        path = (node.meta.get("custom") or {}).get(RECORDED_MODULE)
+        if path is None:
+            return None
+        return _within_model(path)
+
+    _annotate(joint, parameters, buffers, loss, gradient_modules, recorded)
+
+
+def _annotate(
+    joint: fx.Graph,
+    parameters: dict[str, str],
+    buffers: dict[str, str],
+    loss: str,
+    gradient_modules: dict[str, str],
+    forward_module: Callable[[fx.Node], str | None],
+) -> None:
+    """Phases, and module paths: placeholders their parameter's or buffer's module,
+    forward ops `forward_module`'s answer (else their inputs' most specific module),
+    backward ops by `_annotate_backward`."""
     phase = "forward"
     for node in joint.nodes:
         if node.op == "placeholder":
@@ -55,16 +113,8 @@ def annotate(
             continue
         node.meta["tessel_phase"] = phase
         if phase == "forward":
-            # The joint graph adds ops (aliases of saved tensors, views) and may drop a few:
-            # resynchronise on the next forward op with the same target.
-            window = forward_ops[cursor : cursor + _RESYNC_WINDOW]
-            key = _op_key(node)
-            match = next((i for i, op in enumerate(window) if _op_key(op) == key), None)
-            if match is not None:
-                node.meta["tessel_module"] = _module_of(window[match]) or ""
-                cursor += match + 1
-            else:
-                node.meta["tessel_module"] = _input_module(node)
+            path = forward_module(node)
+            node.meta["tessel_module"] = _input_module(node) if path is None else path
         if node.name == loss:
             phase = "backward"
     _annotate_backward(joint, gradient_modules)

@@ -1,15 +1,12 @@
 """The joint forward + backward graph of a pipeline stage: a module that is already a
 graph of core aten ops, cut from a traced forward (`passes.stage_graph`).
 
-`passes.trace` captures a model with `torch.export` and adds the backward with export's
-joint export, which differentiates the model's own ops (a fused `silu_backward`) and runs
-export's machinery a second time: about 2 s of fixed cost per call. A stage's ops are
-already decomposed, so both paths differentiate the same ops; with nothing left for
-export to do (no Python control flow, no modules to inline) its joint graph is traced
-directly: `make_fx` over the forward and `torch.autograd.grad` of its loss, on fake CPU
-tensors. The ops are the joint export's, at a seventh of the time; the graph search
-traces hundreds of stages, so this was most of its tracing. `trace_decomposed` does the
-same for a whole model's decomposed forward, where only collectives are read.
+`passes.trace` captures a model whole, through AOTAutograd's joint export and its
+functionalization. A stage's ops are already decomposed and functional, so its joint graph
+is traced directly: `make_fx` over the forward and `torch.autograd.grad` of its loss, on
+fake CPU tensors; the graph search traces hundreds of stages this way.
+`trace_decomposed` does the same for a whole model's decomposed forward, where only
+collectives are read.
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ class TracedProgram:
     gradients: dict[str, str]
     """Output node name -> fully qualified name of the parameter it is the gradient of."""
     method: str = "torch.export"
-    """How the graph was captured: 'torch.export', 'symbolic_trace', or 'make_fx' (a stage
-    already in aten ops, `passes.aten_joint`)."""
+    """How the graph was captured: 'aot_autograd' (`passes.module_joint`), 'torch.export',
+    'symbolic_trace', or 'make_fx' (a stage already in aten ops, `passes.aten_joint`)."""
     nodes: dict[str, fx.Node] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

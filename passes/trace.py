@@ -1,11 +1,14 @@
 """Trace a model and its loss into one aten-level training graph (forward + backward).
 
-`torch.export` (non-strict) captures the forward with shapes, dtypes and module paths on
-every node; `_export_forward_backward` then adds the backward (of the model's own ops,
-then decomposed: a fused `silu_backward`, say, not the backward of its decomposition), so
-the graph the planner shards is the whole training step, as Alpa's is. The graph is the
-IR (`passes.program.TracedProgram`): every node keeps `meta["val"]` and gains its module
-path and phase (`passes.annotation`).
+AOTAutograd's joint export traces the objective once (`passes.module_joint`): the forward
+with shapes, dtypes and module paths on every node, and the backward of the model's own
+ops, then decomposed (a fused `silu_backward`, say, not the backward of its
+decomposition), so the graph the planner shards is the whole training step, as Alpa's
+is. A model that tracer cannot take goes the longer way: `torch.export` (non-strict)
+captures the forward, `_export_forward_backward` adds the backward, and failing export,
+`torch.fx.symbolic_trace` first. The graph is the IR (`passes.program.TracedProgram`):
+every node keeps `meta["val"]` and gains its module path and phase
+(`passes.annotation`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch
 from torch import nn
 
 from passes.annotation import annotate, without_objective_prefix
+from passes.module_joint import trace_objective
 from passes.program import TracedProgram, decomposition_table
 
 LossFn = Callable[..., torch.Tensor]
@@ -62,6 +66,10 @@ def trace(
     # The joint export rejects a parameter reached under two names (a tied embedding and
     # LM head), so each alias is traced as a parameter of its own and merged back after.
     with _untied(model) as aliases, _meta_as_fake_cpu(model, example_inputs) as example_inputs:
+        program = _trace_once(objective, example_inputs)
+        if program is not None:
+            _merge_tied(program, aliases)
+            return program
         exported, method = _export_forward(objective, example_inputs)
         # The joint export also rejects a parameter forward never reads (an unused layer,
         # or the name of a tied pair that is not the one called): such parameters are
@@ -79,6 +87,20 @@ def trace(
     program = _program(joint, forward, method)
     _merge_tied(program, aliases)
     return program
+
+
+def _trace_once(objective: nn.Module, example_inputs: tuple[Any, ...]) -> TracedProgram | None:
+    """The joint graph in one trace (`passes.module_joint`), or None where that tracer
+    fails and export's path (which handles more Python, and falls back to symbolic_trace)
+    is to try."""
+    for keep_attention in (True, False):  # some models only trace with attention decomposed
+        try:
+            with _quiet_torch_logs(), redirect_stderr(io.StringIO()):
+                return trace_objective(objective, example_inputs,
+                                       decomposition_table(keep_attention))
+        except Exception:  # noqa: BLE001 - any failure tries the next way
+            continue
+    return None
 
 
 def export_forward(

@@ -34,6 +34,7 @@ from planner.search.buckets import Bucket, bucket_transfers
 from planner.vocabulary.cluster import Cluster, LinkSpec
 from planner.search.elimination import lower_bound, solve_by_elimination
 from planner.search.symmetry import identical_block_groups
+from planner.search.polish import SharedRead, polish
 from planner.search.tied_solve import solve_tied
 from planner.search.solver import (
     Assignment,
@@ -243,6 +244,9 @@ def plan_intra_op(
 
     all_edges = _edges(program, table)
     distinct: dict = {}
+    # The edges that read each value, with the placement each consumer choice needs: the
+    # runtime moves a value once per placement (`polish`).
+    readers: dict[Source, list[tuple[int, np.ndarray]]] = {}
     for done, edge in enumerate(all_edges):
         if deadline is not None:
             deadline.check(f"building the ILP ({done} of {len(all_edges)} edges)")
@@ -251,6 +255,10 @@ def plan_intra_op(
             continue
         for (i, j), key in keys.items():
             bucket(key).edge_triggers.append((len(edges), i, j))
+        if edge.position is not None:
+            dsts, col_of = distinct[("in", edge.consumer, edge.position)]
+            needed = np.array([_interned(dst) for dst in dsts])[col_of]
+            readers.setdefault(edge.source, []).append((len(edges), needed))
         edges.append((index[u_name], index[v_name], matrix))
     loss_name, loss_index = source_of(program.nodes[program.loss])
     replicated = tuple(Replicate() for _ in range(mesh.ndim))
@@ -278,9 +286,15 @@ def plan_intra_op(
         contracted, _kept_groups(groups, index, contraction.kept), time_limit_s, backend,
         eliminate=solve_by_elimination, ilp=solve_ilp)
     expanded = contraction.expand(reduced_assignment.choices, len(names))
-    assignment = replace(
-        reduced_assignment, choices=expanded, objective=evaluate(problem, expanded)
-    )
+    reads = [SharedRead(tuple(k for k, _ in shared), tuple(d for _, d in shared))
+             for shared in readers.values() if len(shared) > 1]
+    tied = {index[n] for group in groups for n in group}
+    units = [[index[n] for n in group] for group in groups] + [
+        [v] for v in range(len(names)) if v not in tied]
+    # The objective stays the ILP's proven optimum (pairwise); the plan is that optimum
+    # polished where sharing a move runs faster.
+    assignment = replace(reduced_assignment, choices=polish(problem, reads, expanded, units),
+                         objective=evaluate(problem, expanded))
     choices = {n: assignment.choices[index[n]] for n in names}
     if assignment.objective >= IMPOSSIBLE_S:
         raise RuntimeError(

@@ -69,7 +69,7 @@ def test_parameter_names_are_the_models_own(traced) -> None:
     model, _, program = traced
     assert sorted(program.parameters.values()) == sorted(n for n, _ in model.named_parameters())
     assert program.buffers == {}
-    assert program.method == "torch.export"
+    assert program.method == "aot_autograd"
 
 
 def test_every_parameter_has_exactly_one_gradient_output(traced) -> None:
