@@ -21,9 +21,10 @@ import numpy as np
 
 from planner.search.solver import AssignmentProblem
 
-# A move must gain at least this (seconds) to count: float noise is no reason to change a
-# plan.
-MIN_GAIN_S = 1e-12
+# A move must gain at least this share of the step to count: the cost model is right to a
+# few percent, so a smaller gain is no reason to leave the ILP's proven optimum (a layout
+# a user can read, e.g. Megatron's column split) for a less familiar one.
+MIN_GAIN = 1e-3
 
 
 @dataclass(frozen=True)
@@ -64,14 +65,16 @@ def run_cost(problem: AssignmentProblem, reads: list[SharedRead], choices: list[
 
 def polish(problem: AssignmentProblem, reads: list[SharedRead], choices: list[int],
            units: list[list[int]], max_rounds: int = 8) -> list[int]:
-    """`choices` improved by moves while `run_cost` falls; the memory limit holds, and
-    `units` (a node, or a tied group that moves as one) move whole. Two kinds of move:
+    """`choices` improved by moves while each lowers `run_cost` by at least MIN_GAIN of the
+    start's; the memory limit holds, and `units` (a node, or a tied group that moves as
+    one) move whole. Two kinds of move:
     one unit to another choice, and the readers of one value all to choices that need it
     at one placement (each the cheapest such), which single moves cannot reach when
     every reader alone would pay the move. Only units that touch a shared read can gain,
     so only they move. Never worse than `choices`."""
     choices = list(choices)
     state = _State(problem, reads, units, choices)
+    state.min_gain = max(MIN_GAIN * run_cost(problem, reads, choices), 1e-12)
     movable = [unit for unit in units if any(state.touching[v][1] for v in unit)]
     for _ in range(max_rounds):
         moved = False
@@ -96,10 +99,12 @@ class _State:
         self.memory = sum(float(m[i]) for m, i in zip(problem.node_memory, choices))
         self.touching = _terms(problem, reads)
         self.triggers = _Triggers(problem)
+        self.min_gain = 0.0
+        """What a move must gain (seconds) to be taken."""
 
     def best_of(self, moves: list[dict[int, int]]) -> bool:
         """Take the move (node -> choice) that lowers the cost most, if any does."""
-        best, best_gain, best_extra = None, MIN_GAIN_S, 0.0
+        best, best_gain, best_extra = None, self.min_gain, 0.0
         for move in moves:
             extra = sum(float(self.problem.node_memory[v][i]
                               - self.problem.node_memory[v][self.choices[v]])
