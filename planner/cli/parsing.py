@@ -83,51 +83,37 @@ def whole(low: int, high: int) -> Callable[[str], int]:
 
 def seconds(low: float, high: float) -> Callable[[str], float]:
     """An argparse type: a finite number of seconds above `low`, at most `high`."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-        if not (math.isfinite(value) and low < value <= high):
-            raise argparse.ArgumentTypeError(
-                f"{text} must be more than {low:g} and at most {high:g} seconds"
-            )
-        return value
-
-    parse.__name__ = "seconds"
-    return parse
+    return _finite("seconds", "a number of seconds", lambda v: low < v <= high,
+                   f"must be more than {low:g} and at most {high:g} seconds")
 
 
 def number(low: float, high: float) -> Callable[[str], float]:
     """An argparse type: a finite number from `low` to `high` (a factor, a threshold)."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not (math.isfinite(value) and low <= value <= high):
-            raise argparse.ArgumentTypeError(f"{text} is not between {low:g} and {high:g}")
-        return value
-
-    parse.__name__ = "number"
-    return parse
+    return _finite("number", "a number", lambda v: low <= v <= high,
+                   f"is not between {low:g} and {high:g}")
 
 
 def gibibytes(high: float) -> Callable[[str], float]:
     """An argparse type: a finite number of GiB from 0 to `high`."""
+    return _finite("GiB", "a number of GiB", lambda v: 0 <= v <= high,
+                   f"must be from 0 to {high:g} GiB")
+
+
+def _finite(name: str, noun: str, within: Callable[[float], bool],
+            bounds: str) -> Callable[[str], float]:
+    """An argparse type named `name`: a finite float for which `within` holds; else
+    "'x' is not `noun`" or "x `bounds`"."""
 
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number of GiB") from None
-        if not (math.isfinite(value) and 0 <= value <= high):
-            raise argparse.ArgumentTypeError(f"{text} must be from 0 to {high:g} GiB")
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        if not (math.isfinite(value) and within(value)):
+            raise argparse.ArgumentTypeError(f"{text} {bounds}")
         return value
 
-    parse.__name__ = "GiB"
+    parse.__name__ = name
     return parse
 
 

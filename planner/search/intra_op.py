@@ -244,9 +244,8 @@ def plan_intra_op(
 
     all_edges = _edges(program, table)
     distinct: dict = {}
-    # The edges that read each value, with the placement each consumer choice needs: the
-    # runtime moves a value once per placement (`polish`).
-    readers: dict[Source, list[tuple[int, np.ndarray]]] = {}
+    # The edges that read each value: the runtime moves it once per placement (`polish`).
+    readers: dict[Source, list[tuple[int, tuple]]] = {}
     for done, edge in enumerate(all_edges):
         if deadline is not None:
             deadline.check(f"building the ILP ({done} of {len(all_edges)} edges)")
@@ -256,9 +255,8 @@ def plan_intra_op(
         for (i, j), key in keys.items():
             bucket(key).edge_triggers.append((len(edges), i, j))
         if edge.position is not None:
-            dsts, col_of = distinct[("in", edge.consumer, edge.position)]
-            needed = np.array([_interned(dst) for dst in dsts])[col_of]
-            readers.setdefault(edge.source, []).append((len(edges), needed))
+            readers.setdefault(edge.source, []).append(
+                (len(edges), ("in", edge.consumer, edge.position)))
         edges.append((index[u_name], index[v_name], matrix))
     loss_name, loss_index = source_of(program.nodes[program.loss])
     replicated = tuple(Replicate() for _ in range(mesh.ndim))
@@ -286,14 +284,11 @@ def plan_intra_op(
         contracted, _kept_groups(groups, index, contraction.kept), time_limit_s, backend,
         eliminate=solve_by_elimination, ilp=solve_ilp)
     expanded = contraction.expand(reduced_assignment.choices, len(names))
-    reads = [SharedRead(tuple(k for k, _ in shared), tuple(d for _, d in shared))
-             for shared in readers.values() if len(shared) > 1]
-    tied = {index[n] for group in groups for n in group}
-    units = [[index[n] for n in group] for group in groups] + [
-        [v] for v in range(len(names)) if v not in tied]
     # The objective stays the ILP's proven optimum (pairwise); the plan is that optimum
     # polished where sharing a move runs faster.
-    assignment = replace(reduced_assignment, choices=polish(problem, reads, expanded, units),
+    polished = polish(problem, _shared_reads(readers, distinct), expanded,
+                      [[index[n] for n in group] for group in groups])
+    assignment = replace(reduced_assignment, choices=polished,
                          objective=evaluate(problem, expanded))
     choices = {n: assignment.choices[index[n]] for n in names}
     if assignment.objective >= IMPOSSIBLE_S:
@@ -365,6 +360,18 @@ def time_lower_bound(
             edges.append((index[u_name], index[v_name], weight * matrix))
     memory = [np.zeros(len(c)) for c in node_costs]
     return lower_bound(AssignmentProblem(node_costs, memory, edges))
+
+
+def _shared_reads(readers: dict[Source, list[tuple[int, tuple]]],
+                  distinct: dict) -> list[SharedRead]:
+    """The values more than one edge reads, each edge with the placement (an id) every
+    choice of its consumer needs (`_edge_matrix`'s distinct placements, spread)."""
+    def needs(end: tuple) -> np.ndarray:
+        dsts, col_of = distinct[end]
+        return np.array([_interned(dst) for dst in dsts])[col_of]
+
+    return [SharedRead(tuple(k for k, _ in shared), tuple(needs(end) for _, end in shared))
+            for shared in readers.values() if len(shared) > 1]
 
 
 def _kept_groups(groups: list[list[str]], index: dict[str, int],

@@ -37,7 +37,7 @@ class SharedRead:
     """For each of those edges, the placement (an id) its consumer's choice j needs."""
 
 
-def shared_cost(problem: AssignmentProblem, read: SharedRead, choices: list[int]) -> float:
+def _shared_cost(problem: AssignmentProblem, read: SharedRead, choices: list[int]) -> float:
     """What the value's moves cost under `choices`: each needed placement once."""
     paid: set[int] = set()
     total = 0.0
@@ -57,22 +57,24 @@ def run_cost(problem: AssignmentProblem, reads: list[SharedRead], choices: list[
     cost = sum(float(c[i]) for c, i in zip(problem.node_costs, choices))
     cost += sum(float(m[choices[u], choices[v]])
                 for k, (u, v, m) in enumerate(problem.edges) if k not in shared)
-    cost += sum(shared_cost(problem, read, choices) for read in reads)
+    cost += sum(_shared_cost(problem, read, choices) for read in reads)
     triggers = _Triggers(problem)
     return cost + sum(bucket.cost for b, bucket in enumerate(problem.shared_costs)
                       if triggers.active(b, choices))
 
 
 def polish(problem: AssignmentProblem, reads: list[SharedRead], choices: list[int],
-           units: list[list[int]], max_rounds: int = 8) -> list[int]:
+           groups: list[list[int]], max_rounds: int = 8) -> list[int]:
     """`choices` improved by moves while each lowers `run_cost` by at least MIN_GAIN of the
-    start's; the memory limit holds, and `units` (a node, or a tied group that moves as
-    one) move whole. Two kinds of move:
+    start's; the memory limit holds, and the nodes of each of `groups` (tied blocks) move
+    as one, every other node alone. Two kinds of move:
     one unit to another choice, and the readers of one value all to choices that need it
     at one placement (each the cheapest such), which single moves cannot reach when
     every reader alone would pay the move. Only units that touch a shared read can gain,
     so only they move. Never worse than `choices`."""
     choices = list(choices)
+    grouped = {v for group in groups for v in group}
+    units = groups + [[v] for v in range(len(choices)) if v not in grouped]
     state = _State(problem, reads, units, choices)
     state.min_gain = max(MIN_GAIN * run_cost(problem, reads, choices), 1e-12)
     movable = [unit for unit in units if any(state.touching[v][1] for v in unit)]
@@ -182,7 +184,7 @@ def _local_cost(problem: AssignmentProblem, reads: list[SharedRead],
     cost = sum(float(problem.node_costs[v][choices[v]]) for v in unit)
     cost += sum(float(problem.edges[k][2][choices[problem.edges[k][0]],
                                          choices[problem.edges[k][1]]]) for k in edges)
-    cost += sum(shared_cost(problem, reads[r], choices) for r in shared)
+    cost += sum(_shared_cost(problem, reads[r], choices) for r in shared)
     cost += sum(problem.shared_costs[b].cost for b in buckets if triggers.active(b, choices))
     return cost
 
