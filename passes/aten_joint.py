@@ -22,6 +22,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from passes.annotation import annotate, without_objective_prefix
 from passes.program import TracedProgram, decomposition_table
 from passes.trace import LossFn, export_forward
+from passes.sibling_views import merge_sibling_views
 
 _CPU = torch.device("cpu")
 
@@ -119,5 +120,6 @@ def joint_program(
     gm.recompile()
     gradient_modules = {name: fqn.rpartition(".")[0] for name, fqn in gradients.items()}
     annotate(gm.graph, forward_graph, parameter_nodes, buffer_nodes, loss.name, gradient_modules)
+    merge_sibling_views(gm)
     return TracedProgram(gm, parameter_nodes, buffer_nodes, user_inputs, loss.name, gradients,
                          method=method)

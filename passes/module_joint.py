@@ -29,6 +29,7 @@ from torch import nn
 
 from passes.annotation import RECORDED_MODULE, annotate_recorded, without_objective_prefix
 from passes.program import TracedProgram
+from passes.sibling_views import merge_sibling_views
 
 METHOD = "aot_autograd"
 
@@ -128,5 +129,6 @@ def _program(graph_module: fx.GraphModule) -> TracedProgram:
     graph_module.recompile()
     gradient_modules = {name: fqn.rpartition(".")[0] for name, fqn in gradients.items()}
     annotate_recorded(graph, parameters, buffers, loss.name, gradient_modules)
+    merge_sibling_views(graph_module)
     return TracedProgram(graph_module, parameters, buffers, user_inputs, loss.name, gradients,
                          method=METHOD)

@@ -27,6 +27,7 @@ from torch import nn
 from passes.annotation import annotate, without_objective_prefix
 from passes.module_joint import trace_objective
 from passes.program import TracedProgram, decomposition_table
+from passes.sibling_views import merge_sibling_views
 
 LossFn = Callable[..., torch.Tensor]
 
@@ -393,4 +394,5 @@ def _program(joint: Any, forward: Any, method: str) -> TracedProgram:
     }
     gradient_modules = {name: fqn.rpartition(".")[0] for name, fqn in gradients.items()}
     annotate(gm.graph, forward.graph, parameters, buffers, loss, gradient_modules)
+    merge_sibling_views(gm)
     return TracedProgram(gm, parameters, buffers, user_inputs, loss, gradients, method)

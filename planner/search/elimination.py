@@ -25,10 +25,18 @@ import heapq
 import itertools
 import math
 import time
+from dataclasses import replace
 
 import numpy as np
 
-from planner.search.solver import Assignment, AssignmentProblem, evaluate, memory_of
+from planner.search.shared_reads import with_shared_reads
+from planner.search.solver import (
+    Assignment,
+    AssignmentProblem,
+    SharedRead,
+    evaluate,
+    memory_of,
+)
 
 ENTRIES_PER_VARIABLE = 1_000
 """Most table entries one network's eliminations may build per variable of the ILP: here
@@ -52,6 +60,11 @@ def solve_by_elimination(
     `ENTRIES_PER_VARIABLE` per ILP variable and `MAX_TABLE_ENTRIES`), there are more than
     `MAX_SHARED_COSTS` shared costs to condition on, or the optimum of the unconstrained
     problem breaks the memory limit."""
+    large = _large_reads(problem)
+    if large:  # as a pairwise network, whose optimum is the problem's
+        n = len(problem.node_costs)
+        solved = solve_by_elimination(with_shared_reads(problem, large), max_entries)
+        return None if solved is None else replace(solved, choices=solved.choices[:n])
     start = time.perf_counter()
     if not eliminable(problem, max_entries):
         return None
@@ -95,6 +108,7 @@ def eliminable(problem: AssignmentProblem, max_entries: float | None = None) -> 
     are few enough); it may still return None, when the optimum breaks the memory limit."""
     if len(problem.shared_costs) > MAX_SHARED_COSTS:
         return False
+    problem = with_shared_reads(problem, _large_reads(problem))
     if max_entries is None:
         max_entries = min(ENTRIES_PER_VARIABLE * ilp_variables(problem), MAX_TABLE_ENTRIES)
     return _Network(problem).order(max_entries) is not None
@@ -158,8 +172,46 @@ def lower_bound(problem: AssignmentProblem,
 
 
 def ilp_variables(problem: AssignmentProblem) -> int:
-    """Variables of the problem's ILP: one per node choice and one per edge entry."""
-    return sum(len(c) for c in problem.node_costs) + sum(np.size(m) for _, _, m in problem.edges)
+    """Variables of the problem's ILP: one per node choice, one per edge entry, and for
+    a shared read one per move and per entry of each reader's flow."""
+    return (sum(len(c) for c in problem.node_costs)
+            + sum(np.size(m) for _, _, m in problem.edges)
+            + sum(read.prices.size + sum(len(read.prices) * len(np.unique(needs))
+                                         for _, needs in read.readers)
+                  for read in problem.reads))
+
+
+READ_TABLE_ENTRIES = 250_000
+"""Largest table of a shared read's cost over its producer and readers that elimination
+builds (times its placements while building); a larger read enters as the pairwise
+network of `shared_reads`."""
+
+
+def _large_reads(problem: AssignmentProblem) -> list[SharedRead]:
+    return [read for read in problem.reads
+            if math.prod(len(problem.node_costs[v]) for v in _read_variables(read))
+            > READ_TABLE_ENTRIES]
+
+
+def _read_variables(read: SharedRead) -> tuple[int, ...]:
+    return tuple(sorted({read.producer} | {v for v, _ in read.readers}))
+
+
+def _read_table(read: SharedRead, domains: list[int]) -> np.ndarray:
+    """The read's cost (`SharedRead.cost`) for every choice of its variables, in the
+    order of `_read_variables`."""
+    variables = _read_variables(read)
+    placements = read.prices.shape[1]
+
+    def along(v: int, values: np.ndarray) -> np.ndarray:
+        shape = [1] * len(variables) + [placements]
+        shape[variables.index(v)] = domains[v]
+        return values.reshape(shape)
+
+    needed = np.zeros([domains[w] for w in variables] + [placements], dtype=bool)
+    for v, needs in read.readers:
+        needed |= along(v, np.eye(placements, dtype=bool)[needs])
+    return (needed * along(read.producer, read.prices)).sum(axis=-1)
 
 
 def _superset(a: tuple[bool, ...], b: tuple[bool, ...]) -> bool:
@@ -204,6 +256,12 @@ class _Network:
             ((v,), c) for v, c in enumerate(nodes)]
         self.bans = node_bans + [pair_bans.get(key, {}) for key in pairs]
         self.factors += [(key, table) for key, table in pairs.items()]
+        for read in problem.reads:
+            variables = _read_variables(read)
+            for v in variables:
+                self.neighbours[v].update(w for w in variables if w != v)
+            self.factors.append((variables, _read_table(read, self.domains)))
+            self.bans.append({})
 
     def order(self, max_entries: int) -> tuple[list[int], float] | None:
         """A greedy min-weight elimination order (each step the node whose table, its

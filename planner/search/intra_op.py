@@ -9,7 +9,6 @@ shards in place; for a replicated parameter this is data parallelism's gradient 
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
@@ -19,29 +18,25 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate
 
-from cost_models.comm import collective_time
 from passes.deadline import Deadline
 from passes.dtensor_rules import (
     Collective,
     Placements,
-    is_supported,
-    redistribution,
-    tensor_meta,
 )
 from passes.strategies import NodeStrategies, Source, Strategy, output_value, source_of
 from passes.program import TracedProgram
 from planner.search.buckets import Bucket, bucket_transfers
-from planner.vocabulary.cluster import Cluster, LinkSpec
+from planner.search.move_prices import IMPOSSIBLE_S, CommModel, interned
+from planner.vocabulary.cluster import Cluster
 from planner.search.elimination import lower_bound, solve_by_elimination
+from planner.search.presolve import contract_followers
 from planner.search.symmetry import identical_block_groups
-from planner.search.polish import SharedRead, polish
 from planner.search.tied_solve import solve_tied
 from planner.search.solver import (
     Assignment,
     AssignmentProblem,
     SharedCost,
-    contract_followers,
-    evaluate,
+    SharedRead,
     solve_ilp,
 )
 
@@ -49,8 +44,6 @@ if TYPE_CHECKING:
     from cost_models.profile import ProfileDatabase
 
 
-# Cost of a move DTensor cannot make: large enough that no optimum contains one.
-IMPOSSIBLE_S = 1e6
 # Least time the solver is given when a deadline leaves less: enough to return the greedy
 # incumbent it is hinted with.
 MIN_SOLVE_S = 1.0
@@ -113,91 +106,6 @@ class MemoryBudget:
     limit: float
 
 
-SHARED_PRICES_LIMIT = 500_000
-"""Most moves and edge matrices one (mesh, cluster) keeps priced for the process."""
-_SHARED_PRICES: dict[tuple, dict] = {}
-
-
-@dataclass
-class CommModel:
-    """Time of a redistribution on a mesh laid over a cluster (ranks in row-major order)."""
-
-    mesh: DeviceMesh
-    cluster: Cluster
-    profile: ProfileDatabase | None = None
-    """Measured collective times, used where they cover the collective."""
-    _cache: dict = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self._links: dict[tuple[int, ...], tuple[int, LinkSpec]] = {}
-        # Without a profile, a move's price depends only on the mesh, the cluster and the
-        # tensor: the layers of a model, and every layer a graph plan solves on this mesh,
-        # share one cache for the process.
-        if self.profile is None:
-            key = (self.mesh.device_type, tuple(self.mesh.shape),
-                   self.cluster.model_dump_json())
-            if key not in _SHARED_PRICES or len(_SHARED_PRICES[key]) > SHARED_PRICES_LIMIT:
-                _SHARED_PRICES[key] = {}
-            self._cache = _SHARED_PRICES[key]
-
-    def group(self, dims: tuple[int, ...]) -> tuple[int, int]:
-        """(size, stride) of the rank groups a collective over mesh axes `dims` runs in."""
-        shape = self.mesh.shape
-        return math.prod(shape[d] for d in dims), math.prod(shape[max(dims) + 1 :])
-
-    def link(self, dims: tuple[int, ...]) -> tuple[int, LinkSpec]:
-        if dims not in self._links:
-            size, stride = self.group(dims)
-            self._links[dims] = size, self.cluster.link_for_group(stride, size)
-        return self._links[dims]
-
-    def transfer(
-        self, value: torch.Tensor, src: Placements, dst: Placements, bucketed: bool = False
-    ) -> tuple[float, tuple[Collective, ...]]:
-        """Seconds and collectives of one redistribution. `bucketed` all-reduces ride in a
-        gradient bucket whose latency is shared, so only their bandwidth term is charged."""
-        return self._transfer((tuple(value.shape), value.dtype), value, _interned(src), src,
-                              _interned(dst), dst, bucketed)
-
-    def _transfer(self, tensor_key: tuple, value: torch.Tensor, src_id: int, src: Placements,
-                  dst_id: int, dst: Placements,
-                  bucketed: bool) -> tuple[float, tuple[Collective, ...]]:
-        """`transfer` of a value whose (shape, dtype) is `tensor_key`, of placements
-        interned as `src_id` and `dst_id`."""
-        key = (tensor_key, src_id, dst_id, bucketed)
-        if key not in self._cache:
-            if not is_supported(src, dst):
-                self._cache[key] = (IMPOSSIBLE_S, ())
-                return self._cache[key]
-            collectives = tuple(redistribution(self.mesh, tensor_meta(value), src, dst))
-            shared = bucketed and all(c.kind == "all_reduce" for c in collectives)
-            self._cache[key] = (sum(self.time(c, shared) for c in collectives), collectives)
-        return self._cache[key]
-
-    def time(self, collective: Collective, latency_shared: bool = False) -> float:
-        measured = self._measured(collective, latency_shared)
-        if measured is not None:
-            return measured
-        size, link = self.link(collective.mesh_dims)
-        if latency_shared:
-            link = link.model_copy(update={"latency_us": 0.0})
-        return collective_time(collective.kind, collective.nbytes, size, link)
-
-    def _measured(self, collective: Collective, latency_shared: bool) -> float | None:
-        """The profile's time, None where it has none: no profile, a kind or group size it
-        did not measure, or a group spanning nodes (a profile measures one host). With
-        `latency_shared`, the time less that of the smallest message (the latency)."""
-        if self.profile is None:
-            return None
-        size, stride = self.group(collective.mesh_dims)
-        if self.cluster.spans_domains(stride, size):
-            return None
-        seconds = self.profile.collective_time(collective.kind, collective.nbytes, size)
-        if seconds is None or not latency_shared:
-            return seconds
-        return max(seconds - self.profile.collective_time(collective.kind, 0, size), 0.0)
-
-
 def plan_intra_op(
     program: TracedProgram,
     table: dict[str, NodeStrategies],
@@ -209,6 +117,7 @@ def plan_intra_op(
     deadline: Deadline | None = None,
     memory_budget: MemoryBudget | None = None,
     tie_blocks: bool = False,
+    shared_moves: bool = True,
 ) -> IntraOpSolution:
     """Solve the ILP and return the chosen strategy of every node with its collectives;
     collectives `profile` measured are charged its times. With a `deadline`, building the
@@ -218,7 +127,10 @@ def plan_intra_op(
     `tie_blocks`, identical blocks of the model take the same layout (`symmetry`), as
     AutoParallel's do: often faster under a binding memory limit, but the optimum of a
     narrower problem (up to 1.8% slower on benchmarks/vs_autoparallel.py's family), so
-    plans leave it off and stay optimal for the problem posed."""
+    plans leave it off and stay optimal for the problem posed. With `shared_moves` (the
+    default) a value several consumers read at one placement is moved once, as Tessel's
+    runtime does; without, each consumer pays its own move, as Megatron-LM's layers do
+    (a sequence-parallel input is gathered again for the weight gradient)."""
     comm = CommModel(mesh, cluster, profile)
     names = list(table)
     index = {n: i for i, n in enumerate(names)}
@@ -244,20 +156,27 @@ def plan_intra_op(
 
     all_edges = _edges(program, table)
     distinct: dict = {}
-    # The edges that read each value: the runtime moves it once per placement (`polish`).
-    readers: dict[Source, list[tuple[int, tuple]]] = {}
+    followers = _followers(table, index)
+    # The consumers of each value, apart from followers (they read it where it is made):
+    # the runtime moves it once per placement for all of them (`solver.SharedRead`).
+    readers: dict[Source, list[tuple[int, np.ndarray, np.ndarray]]] = {}
     for done, edge in enumerate(all_edges):
         if deadline is not None:
             deadline.check(f"building the ILP ({done} of {len(all_edges)} edges)")
         u_name, v_name, matrix, keys = _edge_matrix(edge, program, table, comm, distinct)
         if not np.any(matrix):
             continue
+        if edge.position is not None and index[v_name] not in followers:
+            readers.setdefault(edge.source, []).append(
+                (index[v_name], matrix, _needs(distinct[("in", edge.consumer, edge.position)])))
+            continue
         for (i, j), key in keys.items():
             bucket(key).edge_triggers.append((len(edges), i, j))
-        if edge.position is not None:
-            readers.setdefault(edge.source, []).append(
-                (len(edges), ("in", edge.consumer, edge.position)))
         edges.append((index[u_name], index[v_name], matrix))
+    shared = {source: reads for source, reads in readers.items()
+              if shared_moves and len(reads) > 1}
+    edges += [(index[source[0]], v, matrix) for source, reads in readers.items()
+              if source not in shared for v, matrix, _ in reads]
     loss_name, loss_index = source_of(program.nodes[program.loss])
     replicated = tuple(Replicate() for _ in range(mesh.ndim))
     loss_value = output_value(program, (loss_name, loss_index))
@@ -274,7 +193,8 @@ def plan_intra_op(
         edges,
         memory_limit=memory_limit,
         shared_costs=list(buckets.values()),
-        followers=_followers(table, index),
+        followers=followers,
+        reads=[_shared_read(index[source[0]], reads) for source, reads in shared.items()],
     )
     contracted, contraction = contract_followers(problem)
     groups = identical_block_groups(program, table) if tie_blocks else []
@@ -283,13 +203,8 @@ def plan_intra_op(
     reduced_assignment, num_variables = solve_tied(
         contracted, _kept_groups(groups, index, contraction.kept), time_limit_s, backend,
         eliminate=solve_by_elimination, ilp=solve_ilp)
-    expanded = contraction.expand(reduced_assignment.choices, len(names))
-    # The objective stays the ILP's proven optimum (pairwise); the plan is that optimum
-    # polished where sharing a move runs faster.
-    polished = polish(problem, _shared_reads(readers, distinct), expanded,
-                      [[index[n] for n in group] for group in groups])
-    assignment = replace(reduced_assignment, choices=polished,
-                         objective=evaluate(problem, expanded))
+    assignment = replace(reduced_assignment,
+                         choices=contraction.expand(reduced_assignment.choices, len(names)))
     choices = {n: assignment.choices[index[n]] for n in names}
     if assignment.objective >= IMPOSSIBLE_S:
         raise RuntimeError(
@@ -362,16 +277,25 @@ def time_lower_bound(
     return lower_bound(AssignmentProblem(node_costs, memory, edges))
 
 
-def _shared_reads(readers: dict[Source, list[tuple[int, tuple]]],
-                  distinct: dict) -> list[SharedRead]:
-    """The values more than one edge reads, each edge with the placement (an id) every
-    choice of its consumer needs (`_edge_matrix`'s distinct placements, spread)."""
-    def needs(end: tuple) -> np.ndarray:
-        dsts, col_of = distinct[end]
-        return np.array([_interned(dst) for dst in dsts])[col_of]
+def _needs(end: tuple) -> np.ndarray:
+    """For each choice of a consumer, the placement (an id) it reads one input at: the
+    input's distinct placements (`_edge_matrix`), spread."""
+    dsts, col_of = end
+    return np.array([interned(dst) for dst in dsts])[col_of]
 
-    return [SharedRead(tuple(k for k, _ in shared), tuple(needs(end) for _, end in shared))
-            for shared in readers.values() if len(shared) > 1]
+
+def _shared_read(producer: int, readers: list[tuple[int, np.ndarray, np.ndarray]]
+                 ) -> SharedRead:
+    """The value's reads as one `SharedRead`: each placement a reader can need is a column,
+    its prices the reader's edge column for a choice that needs it."""
+    columns: dict[int, np.ndarray] = {}
+    for _, matrix, needs in readers:
+        for j, placement in enumerate(needs):
+            columns.setdefault(int(placement), matrix[:, j])
+    column_of = {placement: c for c, placement in enumerate(columns)}
+    return SharedRead(producer, np.stack(list(columns.values()), axis=1),
+                      tuple((v, np.array([column_of[int(p)] for p in needs]))
+                            for v, _, needs in readers))
 
 
 def _kept_groups(groups: list[list[str]], index: dict[str, int],
@@ -430,7 +354,7 @@ def _followers(
 # Seconds charged per resident byte: breaks ties between equally fast plans in favour of
 # the one holding less per device (a batch read as a shard rather than whole); 1 ms per
 # GB, so it never trades more than a sliver of step time for memory.
-TIE_BREAK_S_PER_BYTE = 1e-12
+TIE_BREAK_S_PER_BYTE = 1e-14
 
 
 def _node_cost(program: TracedProgram, name: str, strategy: Strategy, comm: CommModel,
@@ -524,25 +448,15 @@ def _pair_prices(value: torch.Tensor, srcs: list[Placements], dsts: list[Placeme
     small = np.zeros((len(srcs), len(dsts)))
     small_keys = {}
     tensor_key = (tuple(value.shape), value.dtype)
-    dst_ids = [_interned(dst) for dst in dsts]
+    dst_ids = [interned(dst) for dst in dsts]
     for a, src in enumerate(srcs):
-        src_id = _interned(src)
+        src_id = interned(src)
         for b, dst in enumerate(dsts):
             small[a, b], collectives = comm._transfer(tensor_key, value, src_id, src,
                                                       dst_ids[b], dst, bucketed)
             if bucketed and _all_reduce_only(collectives):
                 small_keys[(a, b)] = _bucket_key(collectives)
     return small, small_keys
-
-
-_INTERNED: dict[Placements, int] = {}
-
-
-def _interned(placements: Placements) -> int:
-    """A number for `placements`, the same for the process: the price cache's keys hold it
-    in their place, as hashing a Placement runs Python code and a 2-D edge is priced for
-    hundreds of pairs of them."""
-    return _INTERNED.setdefault(placements, len(_INTERNED))
 
 
 def _distinct(placements: list[Placements]) -> tuple[list[Placements], np.ndarray]:

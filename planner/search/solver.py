@@ -8,6 +8,14 @@ relaxation tight. Rows (columns) of an edge matrix that are identical share one 
 so an edge costs |distinct producer placements| x |distinct consumer placements|
 variables, not |strategies|^2.
 
+A value several consumers read is moved once per placement and every consumer needing it
+there reads the copy, as the runtime does (`intra_op._transfers`): a `SharedRead`, whose
+cost is no sum of edges. Each reader keeps its transport block (no cost of its own) and
+the move from producer placement s to placement p is a variable at least every reader's
+flow from s to p, priced once: the facility-location linearisation of a shared resource
+(one facility per move, open for all the readers it serves), as tight as a pairwise edge
+where a value has one reader.
+
 Kept apart from the graph code so that it can be checked against brute force.
 """
 
@@ -46,7 +54,31 @@ class AssignmentProblem:
     """Costs paid once if any of their triggers is chosen (a gradient bucket's latency)."""
     followers: dict[int, tuple[int, np.ndarray]] = field(default_factory=dict)
     """Node v -> (its producer u, f): v may be merged into u, taking choice f[i] whenever
-    u takes choice i (see `contract_followers`)."""
+    u takes choice i (see `presolve.contract_followers`)."""
+    reads: list[SharedRead] = field(default_factory=list)
+    """Values several nodes read, each placement paid once (no edge prices them)."""
+
+
+@dataclass(frozen=True)
+class SharedRead:
+    """One value and the nodes that read it: each placement they need it at is paid once,
+    from where the producer makes it."""
+
+    producer: int
+    prices: np.ndarray
+    """prices[i, p]: cost of moving the value from the producer's choice i to placement p."""
+    readers: tuple[tuple[int, np.ndarray], ...]
+    """(node, needs): needs[j] is the placement (a column of `prices`) the node's choice j
+    reads the value at."""
+
+    def cost(self, choices: list[int]) -> float:
+        """What the value's moves cost under `choices`: each needed placement once."""
+        needed = {int(needs[choices[v]]) for v, needs in self.readers}
+        return float(sum(self.prices[choices[self.producer], p] for p in needed))
+
+    def as_edges(self) -> list[tuple[int, int, np.ndarray]]:
+        """The read as one edge per reader, each paying its move: never less than `cost`."""
+        return [(self.producer, v, self.prices[:, needs]) for v, needs in self.readers]
 
 
 @dataclass
@@ -85,7 +117,7 @@ def evaluate(problem: AssignmentProblem, choices: list[int]) -> float:
             for k, i, j in shared.edge_triggers
         )
         cost += shared.cost if by_node or by_edge else 0.0
-    return cost
+    return cost + sum(read.cost(choices) for read in problem.reads)
 
 
 def memory_of(problem: AssignmentProblem, choices: list[int]) -> float:
@@ -119,9 +151,10 @@ def solve_greedy(problem: AssignmentProblem) -> list[int]:
     least = [float(m.min()) if len(m) else 0.0 for m in problem.node_memory]
     room = np.concatenate([np.cumsum(least[::-1])[::-1], [0.0]])
     used = 0.0
-    # Costs of an edge as seen from each end: rows for its producer, columns for its consumer.
+    # Costs of an edge as seen from each end: rows for its producer, columns for its
+    # consumer. A shared read counts as a move per reader (an incumbent only).
     seen_from: dict[int, list] = {}
-    for u, v, m in problem.edges:
+    for u, v, m in problem.edges + [e for read in problem.reads for e in read.as_edges()]:
         seen_from.setdefault(v, []).append((u, m))
         seen_from.setdefault(u, []).append((v, m.T))
     for v, costs in enumerate(problem.node_costs):
@@ -199,6 +232,8 @@ def solve_ilp(
     for k, (u, v, matrix) in enumerate(problem.edges):
         edge_vars.append(_add_edge(solver, objective, k, x[u], x[v], matrix * scale,
                                    group=k not in triggered))
+    for n, read in enumerate(problem.reads):
+        _add_read(solver, objective, n, x, read, scale)
     for n, shared in enumerate(problem.shared_costs):
         y = solver.BoolVar(f"shared{n}")
         for v, i in shared.node_triggers:
@@ -270,7 +305,8 @@ def _capped(problem: AssignmentProblem, incumbent: list[int]) -> AssignmentProbl
     unchanged when the incumbent breaks the memory limit (it bounds nothing then) or
     some cost is negative.
     """
-    arrays = [*problem.node_costs, *(m for _, _, m in problem.edges)]
+    arrays = [*problem.node_costs, *(m for _, _, m in problem.edges),
+              *(read.prices for read in problem.reads)]
     if any(a.size and a.min() < 0 for a in arrays) or any(
         s.cost < 0 for s in problem.shared_costs
     ):
@@ -284,6 +320,7 @@ def _capped(problem: AssignmentProblem, incumbent: list[int]) -> AssignmentProbl
         problem,
         node_costs=[np.minimum(c, cap) for c in problem.node_costs],
         edges=[(u, v, np.minimum(m, cap)) for u, v, m in problem.edges],
+        reads=[replace(read, prices=np.minimum(read.prices, cap)) for read in problem.reads],
     )
 
 
@@ -293,6 +330,7 @@ def _cost_scale(problem: AssignmentProblem) -> float:
     largest are still capped where an incumbent allows, to keep the range sane)."""
     values = np.abs(np.concatenate(
         [np.ravel(c) for c in problem.node_costs] + [np.ravel(m) for _, _, m in problem.edges]
+        + [np.ravel(read.prices) for read in problem.reads]
         + [np.array([s.cost for s in problem.shared_costs])]
     ))
     values = values[values > 0]
@@ -344,6 +382,36 @@ def _add_edge(
     return e, row_of, col_of
 
 
+def _add_read(solver, objective, n: int, x: list, read: SharedRead, scale: float) -> None:
+    """The linearisation of a shared read (module docstring); adds its cost to `objective`.
+
+    Rows: the producer's choices grouped by their prices; columns: the placements some
+    choice pays a move to. Each reader's flow goes from the producer's row to the column
+    its choice needs, placements no move costs anything to lumped into one free column."""
+    rows, row_of = _distinct(read.prices)
+    priced = {int(p) for p in np.flatnonzero(read.prices.any(axis=0))}
+    move = {(r, int(p)): solver.NumVar(0.0, 1.0, f"m{n}_{r}_{p}")
+            for r, i in enumerate(rows) for p in sorted(priced) if read.prices[i, p] != 0}
+    for (r, p), var in move.items():
+        objective.SetCoefficient(var, float(read.prices[rows[r], p]) * scale)
+    xu = x[read.producer]
+    for k, (v, needs) in enumerate(read.readers):
+        column = [int(p) if int(p) in priced else -1 for p in needs]
+        columns = sorted(set(column))
+        column_of = [columns.index(c) for c in column]
+        flow = [[solver.NumVar(0.0, 1.0, f"f{n}_{k}_{r}_{c}") for c in columns]
+                for r in range(len(rows))]
+        for r in range(len(rows)):
+            _constraint(solver, 0.0, 0.0, [(var, 1.0) for var in flow[r]]
+                        + [(xu[i], -1.0) for i in range(len(xu)) if row_of[i] == r])
+        for c, p in enumerate(columns):
+            _constraint(solver, 0.0, 0.0, [(flow[r][c], 1.0) for r in range(len(rows))]
+                        + [(x[v][j], -1.0) for j in range(len(needs)) if column_of[j] == c])
+            for r in range(len(rows)):
+                if (r, p) in move:
+                    _constraint(solver, 0.0, math.inf, [(move[r, p], 1.0), (flow[r][c], -1.0)])
+
+
 def _distinct(matrix: np.ndarray) -> tuple[list[int], list[int]]:
     """Representative row indices, and for every row the index of its representative group."""
     groups: dict[bytes, int] = {}
@@ -356,206 +424,3 @@ def _distinct(matrix: np.ndarray) -> tuple[list[int], list[int]]:
             reps.append(i)
         group_of.append(groups[key])
     return reps, group_of
-
-
-@dataclass
-class Contraction:
-    """How to expand the solution of a contracted problem to the original nodes."""
-
-    kept: list[int]
-    """Index in the contracted problem -> original node."""
-    follows: dict[int, tuple[int, np.ndarray]]
-    """Original node -> (the node it follows, its choice for each of that node's choices)."""
-
-    def expand(self, reduced_choices: list[int], num_nodes: int) -> list[int]:
-        choice: dict[int, int] = dict(zip(self.kept, reduced_choices))
-
-        def resolve(v: int) -> int:
-            if v not in choice:
-                leader, mapping = self.follows[v]
-                choice[v] = int(mapping[resolve(leader)])
-            return choice[v]
-
-        return [resolve(v) for v in range(num_nodes)]
-
-
-def contract_followers(problem: AssignmentProblem) -> tuple[AssignmentProblem, Contraction]:
-    """Merge each follower node into the producer it follows.
-
-    Alpa's operator merging (Zheng et al. 2022, section 5.1): a simple op (view, permute,
-    elementwise) runs in whatever placement its operand arrives in, so it needs no
-    decision of its own. Its costs fold into the producer and its consumers' edges start
-    from the producer, so the ILP keeps one decision per chain of simple ops. Any solution
-    of the contracted problem expands to one of the original with the same cost.
-    """
-    n = len(problem.node_costs)
-    costs = [c.astype(float).copy() for c in problem.node_costs]
-    memory = [m.astype(float).copy() for m in problem.node_memory]
-    edges: dict[int, list] = {k: [u, v, m] for k, (u, v, m) in enumerate(problem.edges)}
-    in_edges: dict[int, list[int]] = {v: [] for v in range(n)}
-    out_edges: dict[int, list[int]] = {v: [] for v in range(n)}
-    for k, (u, v, _) in edges.items():
-        out_edges[u].append(k)
-        in_edges[v].append(k)
-    node_triggers = [set(s.node_triggers) for s in problem.shared_costs]
-    edge_triggers = [set(s.edge_triggers) for s in problem.shared_costs]
-    follows: dict[int, tuple[int, np.ndarray]] = {}
-
-    for v in sorted(problem.followers):
-        u, f = problem.followers[v]
-        while u in follows:  # the leader was merged itself: follow its leader
-            u, g = follows[u]
-            f = f[g]
-        if u == v or any(edges[k][0] != u for k in in_edges[v]):
-            continue
-        f = np.asarray(f)
-        rows = np.arange(len(f))
-        costs[u] += costs[v][f]
-        memory[u] += memory[v][f]
-        for k in list(in_edges[v]):
-            _, _, m = edges.pop(k)
-            out_edges[u].remove(k)
-            costs[u] += m[rows, f]
-            for nt, et in zip(node_triggers, edge_triggers):
-                for kk, i, j in [t for t in et if t[0] == k]:
-                    et.discard((kk, i, j))
-                    nt.update((u, int(r)) for r in rows if r == i and f[r] == j)
-        in_edges[v].clear()
-        for nt in node_triggers:
-            for w, j in [t for t in nt if t[0] == v]:
-                nt.discard((w, j))
-                nt.update((u, int(i)) for i in np.flatnonzero(f == j))
-        for kk in list(out_edges[v]):
-            _, w, mm = edges[kk]
-            moved = mm[f, :]
-            out_edges[v].remove(kk)
-            for nt, et in zip(node_triggers, edge_triggers):
-                old = [t for t in et if t[0] == kk]
-                et.difference_update(old)  # rewrite all at once: old and new may coincide
-                for _, j, jw in old:
-                    for i in np.flatnonzero(f == j):
-                        if w != u:
-                            et.add((kk, int(i), jw))
-                        elif i == jw:
-                            nt.add((u, int(i)))
-            if w == u:  # the follower feeds back into its leader: a diagonal cost
-                costs[u] += np.diag(moved)
-                edges.pop(kk)
-                in_edges[u].remove(kk)
-            else:
-                edges[kk] = [u, w, moved]
-                out_edges[u].append(kk)
-        follows[v] = (u, f)
-
-    kept = [v for v in range(n) if v not in follows]
-    new_index = {v: i for i, v in enumerate(kept)}
-    edge_ids = sorted(edges)
-    new_edge = {k: i for i, k in enumerate(edge_ids)}
-    shared = [
-        SharedCost(
-            s.cost,
-            sorted((new_index[v], i) for v, i in nt),
-            sorted((new_edge[k], i, j) for k, i, j in et),
-        )
-        for s, nt, et in zip(problem.shared_costs, node_triggers, edge_triggers)
-    ]
-    reduced = AssignmentProblem(
-        [costs[v] for v in kept],
-        [memory[v] for v in kept],
-        [(new_index[edges[k][0]], new_index[edges[k][1]], edges[k][2]) for k in edge_ids],
-        problem.memory_limit,
-        shared,
-    )
-    return reduced, Contraction(kept, follows)
-
-
-@dataclass
-class Pruning:
-    """Which choices of each node a pruned problem kept."""
-
-    kept: list[np.ndarray]
-    """kept[v][i]: the original index of choice i of node v in the pruned problem."""
-
-    def expand(self, choices: list[int]) -> list[int]:
-        return [int(self.kept[v][i]) for v, i in enumerate(choices)]
-
-
-def prune_dominated(problem: AssignmentProblem) -> tuple[AssignmentProblem, Pruning]:
-    """Drop every choice another choice of the same node dominates: no more node cost, no
-    more memory, and no more cost on any edge whatever the neighbour chooses (rows of the
-    node's outgoing edge matrices, columns of its incoming ones, compared elementwise).
-    Any assignment that uses a dominated choice costs at least as much as the one that
-    swaps in its dominator, and needs no less memory, so the pruned problem has the same
-    optimum (ties keep the lowest index). Choices a shared cost names are kept, and
-    dominate nothing, since the costs they trigger are not elementwise. Repeated until
-    nothing changes: pruning a neighbour's choices removes matrix columns, which can make
-    more rows comparable.
-    """
-    n = len(problem.node_costs)
-    kept = [np.arange(len(c)) for c in problem.node_costs]
-    pinned: list[set[int]] = [set() for _ in range(n)]
-    for shared in problem.shared_costs:
-        for v, i in shared.node_triggers:
-            pinned[v].add(i)
-        for k, i, j in shared.edge_triggers:
-            u, w, _ = problem.edges[k]
-            pinned[u].add(i)
-            pinned[w].add(j)
-    outgoing: list[list[int]] = [[] for _ in range(n)]
-    incoming: list[list[int]] = [[] for _ in range(n)]
-    for k, (u, w, _) in enumerate(problem.edges):
-        outgoing[u].append(k)
-        incoming[w].append(k)
-
-    def profile(v: int) -> np.ndarray:
-        """One row per kept choice of v: its node cost, memory and every edge cost it
-        can incur, over the neighbours' kept choices."""
-        rows = kept[v]
-        parts = [problem.node_costs[v][rows, None], problem.node_memory[v][rows, None]]
-        for k in outgoing[v]:
-            _, w, m = problem.edges[k]
-            parts.append(m[np.ix_(rows, kept[w])])
-        for k in incoming[v]:
-            u, _, m = problem.edges[k]
-            parts.append(m[np.ix_(kept[u], rows)].T)
-        return np.hstack([np.asarray(p, dtype=float) for p in parts])
-
-    changed = True
-    while changed:
-        changed = False
-        for v in range(n):
-            if len(kept[v]) < 2:
-                continue
-            rows = profile(v)
-            free = np.array([int(i) not in pinned[v] for i in kept[v]])
-            # dominates[a, b]: choice a is nowhere worse than b.
-            dominates = (rows[:, None, :] <= rows[None, :, :]).all(axis=2)
-            dominates &= free[:, None] & free[None, :]
-            equal = dominates & dominates.T
-            drop = np.zeros(len(rows), dtype=bool)
-            for b in range(len(rows)):
-                # b goes if something strictly better dominates it, or an equal one
-                # with a lower index survives.
-                strict = dominates[:, b] & ~equal[:, b]
-                tie = equal[:b, b] & ~drop[:b]
-                drop[b] = strict.any() or tie.any()
-            if drop.any():
-                kept[v] = kept[v][~drop]
-                changed = True
-    edges = [(u, w, m[np.ix_(kept[u], kept[w])]) for u, w, m in problem.edges]
-    where = [{int(i): r for r, i in enumerate(k)} for k in kept]
-    shared = [
-        SharedCost(
-            s.cost,
-            [(v, where[v][i]) for v, i in s.node_triggers],
-            [(k, where[problem.edges[k][0]][i], where[problem.edges[k][1]][j])
-             for k, i, j in s.edge_triggers],
-        )
-        for s in problem.shared_costs
-    ]
-    pruned = AssignmentProblem(
-        [c[k] for c, k in zip(problem.node_costs, kept)],
-        [m[k] for m, k in zip(problem.node_memory, kept)],
-        edges, problem.memory_limit, shared,
-    )
-    return pruned, Pruning(kept)

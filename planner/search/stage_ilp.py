@@ -78,9 +78,10 @@ def _solve(
     strategies_s = time.perf_counter() - start
     start = time.perf_counter()
     # Only the interior block's collectives are read; the search checks memory itself (the
-    # traced program, embedding and head included, need not fit one device).
+    # traced program, embedding and head included, need not fit one device). The layer
+    # prices a Megatron-LM stage, whose linears each move their own input.
     solution = plan_intra_op(graph.program, table, mesh, cluster.with_unbounded_memory(),
-                             time_limit_s)
+                             time_limit_s, shared_moves=False)
     collectives = tuple(sorted(
         LayerCollective(collective.kind, _bf16(graph, collective.nbytes))
         for transfer in solution.transfers

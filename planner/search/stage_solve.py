@@ -39,12 +39,12 @@ from passes.program import TracedProgram
 from planner.vocabulary.cluster import Cluster
 from planner.vocabulary.plan import GradientBucket, OperatorShardings
 from planner.search.intra_op import (
-    CommModel,
     IntraOpSolution,
     moves_read_by,
     plan_intra_op,
     time_lower_bound,
 )
+from planner.search.move_prices import CommModel
 from planner.search.shardings import operator_shardings
 
 

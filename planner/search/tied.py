@@ -30,7 +30,7 @@ from passes.dtensor_rules import (
 from passes.stage_graph import BOUNDARY
 from planner.vocabulary.cluster import Cluster
 from planner.vocabulary.plan import tied_parameters
-from planner.search.intra_op import CommModel
+from planner.search.move_prices import CommModel
 
 
 def tie_syncs(

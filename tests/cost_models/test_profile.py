@@ -18,7 +18,7 @@ from passes.strategies import node_flops, shard_factor, tensor_inputs
 from passes.trace import trace
 from planner import cli
 from planner.vocabulary.cluster import Cluster
-from planner.search.intra_op import CommModel
+from planner.search.move_prices import CommModel
 from planner.models.sources import load_model
 from planner.vocabulary.plan import Plan
 

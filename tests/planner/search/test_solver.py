@@ -12,15 +12,14 @@ import math
 import numpy as np
 import pytest
 
+from planner.search.presolve import contract_followers, prune_dominated
 from planner.search.solver import (
     AssignmentProblem,
     InfeasibleError,
     SharedCost,
     _capped,
-    contract_followers,
     evaluate,
     memory_of,
-    prune_dominated,
     solve_brute_force,
     solve_greedy,
     solve_ilp,
