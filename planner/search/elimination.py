@@ -43,6 +43,10 @@ ENTRIES_PER_VARIABLE = 1_000
 an entry costs about 20 ns per network solved and SCIP about 25 us per variable on these
 problems, so past this the ILP is likely the faster (a layer of an MLP on a 2-D mesh builds
 about 400 per variable, a small GPT-2 block 2,600 and a Llama block 100,000)."""
+ENTRIES_PER_VARIABLE_WITH_READS = 20_000
+"""The same with shared reads, whose ILP is slower per variable: its LP links every
+reader's flow to the moves (SCIP took 8.7 s for hf llama's 137k variables, 424 s for a
+2x4 ViT's 71k, where eliminating the ViT's 8e8 entries took 10 s)."""
 MAX_TABLE_ENTRIES = 4_000_000_000
 """Most table entries in all, whatever the ILP's size (about a minute here)."""
 MAX_SHARED_COSTS = 6
@@ -52,14 +56,22 @@ choice add no entries, but still an axis)."""
 """Most shared costs conditioned on (2^k networks at worst)."""
 
 
+def _default_max_entries(problem: AssignmentProblem) -> float:
+    per_variable = ENTRIES_PER_VARIABLE_WITH_READS if problem.reads else ENTRIES_PER_VARIABLE
+    return min(per_variable * ilp_variables(problem), MAX_TABLE_ENTRIES)
+
+
 def solve_by_elimination(
     problem: AssignmentProblem, max_entries: float | None = None
 ) -> Assignment | None:
     """The optimal assignment, or None (the ILP then decides) when one network's
     eliminations would build more than `max_entries` table entries (default: the least of
-    `ENTRIES_PER_VARIABLE` per ILP variable and `MAX_TABLE_ENTRIES`), there are more than
+    `ENTRIES_PER_VARIABLE` per ILP variable, `ENTRIES_PER_VARIABLE_WITH_READS` with shared
+    reads, and `MAX_TABLE_ENTRIES`), there are more than
     `MAX_SHARED_COSTS` shared costs to condition on, or the optimum of the unconstrained
     problem breaks the memory limit."""
+    if max_entries is None:
+        max_entries = _default_max_entries(problem)
     large = _large_reads(problem)
     if large:  # as a pairwise network, whose optimum is the problem's
         n = len(problem.node_costs)
@@ -68,8 +80,6 @@ def solve_by_elimination(
     start = time.perf_counter()
     if not eliminable(problem, max_entries):
         return None
-    if max_entries is None:
-        max_entries = min(ENTRIES_PER_VARIABLE * ilp_variables(problem), MAX_TABLE_ENTRIES)
     network = _Network(problem)
     planned = network.order(max_entries)
     if planned is None:
@@ -108,9 +118,9 @@ def eliminable(problem: AssignmentProblem, max_entries: float | None = None) -> 
     are few enough); it may still return None, when the optimum breaks the memory limit."""
     if len(problem.shared_costs) > MAX_SHARED_COSTS:
         return False
-    problem = with_shared_reads(problem, _large_reads(problem))
     if max_entries is None:
-        max_entries = min(ENTRIES_PER_VARIABLE * ilp_variables(problem), MAX_TABLE_ENTRIES)
+        max_entries = _default_max_entries(problem)
+    problem = with_shared_reads(problem, _large_reads(problem))
     return _Network(problem).order(max_entries) is not None
 
 

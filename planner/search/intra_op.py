@@ -5,6 +5,8 @@ collectives DTensor issues to move a value from its producer's placement to its 
 and two kinds of edges that close the training step: the loss must end replicated (it is
 reported), and each gradient must end in its parameter's placement (the optimizer updates
 shards in place; for a replicated parameter this is data parallelism's gradient all-reduce).
+A value several consumers read is one `solver.SharedRead`, not an edge per consumer: the
+runtime moves it once per placement (`passes.lower`), so the ILP prices each move once.
 """
 
 from __future__ import annotations
@@ -19,10 +21,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate
 
 from passes.deadline import Deadline
-from passes.dtensor_rules import (
-    Collective,
-    Placements,
-)
+from passes.dtensor_rules import Collective, Placements
 from passes.strategies import NodeStrategies, Source, Strategy, output_value, source_of
 from passes.program import TracedProgram
 from planner.search.buckets import Bucket, bucket_transfers

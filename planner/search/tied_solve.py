@@ -23,6 +23,12 @@ from planner.search.shared_reads import certified_by_bounds
 from planner.search.solver import Assignment, AssignmentProblem, solve_ilp
 
 
+BOUND_ILP_S = 5.0
+"""Most seconds the ILP of a pairwise bound may take (`certified_by_bounds`): hf llama's
+lower bound proves its optimum in 3 s where the exact ILP takes 9; a 2x4 ViT's takes 12 s
+and proves nothing, and its exact ILP 6.5 s."""
+
+
 def solve_tied(problem: AssignmentProblem, groups: list[list[int]], time_limit_s: float,
                backend: str, eliminate: Callable = solve_by_elimination,
                ilp: Callable = solve_ilp) -> tuple[Assignment, int]:
@@ -38,8 +44,9 @@ def solve_tied(problem: AssignmentProblem, groups: list[list[int]], time_limit_s
     # share decide nothing, the pairwise bounds prove the optimum faster.
     def pairwise(bound: AssignmentProblem) -> Assignment | None:
         solved = eliminate(bound)
-        if solved is None:  # the ILP, in half the time: the rest is the exact solve's
-            solved = ilp(bound, time_limit_s=time_limit_s / 2, backend=backend)
+        if solved is None:  # the ILP, for a while: the rest is the exact solve's
+            solved = ilp(bound, time_limit_s=min(time_limit_s / 2, BOUND_ILP_S),
+                         backend=backend)
         return solved if solved.status == "OPTIMAL" else None
 
     solved = certified_by_bounds(reduced, pairwise) if reduced.reads else None
