@@ -42,20 +42,27 @@ def solve_tied(problem: AssignmentProblem, groups: list[list[int]], time_limit_s
     # Shared reads make elimination's tables larger (the readers of a value meet in one)
     # and the LP slower (a variable per move and reader): where the moves readers could
     # share decide nothing, the pairwise bounds prove the optimum faster.
+    eliminated = not reduced.reads  # whether a bound was solved by elimination
+
     def pairwise(bound: AssignmentProblem) -> Assignment | None:
+        nonlocal eliminated
         solved = eliminate(bound)
+        eliminated = eliminated or solved is not None
         if solved is None:  # the ILP, for a while: the rest is the exact solve's
             solved = ilp(bound, time_limit_s=min(time_limit_s / 2, BOUND_ILP_S),
                          backend=backend)
         return solved if solved.status == "OPTIMAL" else None
 
     solved = certified_by_bounds(reduced, pairwise) if reduced.reads else None
-    if solved is None:
+    # With shared reads elimination's tables outgrow the bounds' (a 2x4 ViT's 8e7 entries
+    # become 8e8): worth building only where a bound's were built and its optimum kept
+    # the memory limit, else the ILP answers.
+    if solved is None and eliminated:
         solved = eliminate(reduced)
     # Where the tied network was eliminated and its optimum broke the memory limit, an
     # untied optimum that is symmetric would be a tied optimum too: not worth the
     # elimination's time, the ILP answers exactly.
-    if solved is None and groups and not eliminable(reduced):
+    if solved is None and groups and eliminated and not eliminable(reduced):
         free, free_pruning = prune_dominated(merge_parallel_edges(problem))
         untied = eliminate(free)
         if untied is not None:
