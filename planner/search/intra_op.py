@@ -125,7 +125,7 @@ def plan_intra_op(
     replaces the per-device memory limit (the solution still reports bytes). With
     `tie_blocks`, identical blocks of the model take the same layout (`symmetry`), as
     AutoParallel's do: often faster under a binding memory limit, but the optimum of a
-    narrower problem (up to 1.8% slower on benchmarks/vs_autoparallel.py's family), so
+    narrower problem (up to 0.2% slower on benchmarks/vs_autoparallel.py's family), so
     plans leave it off and stay optimal for the problem posed. With `shared_moves` (the
     default) a value several consumers read at one placement is moved once, as Tessel's
     runtime does; without, each consumer pays its own move, as Megatron-LM's layers do
