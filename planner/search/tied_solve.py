@@ -6,7 +6,10 @@ network variable elimination works on: on a 2-block GPT the largest tables grow 
 8e7 entries to 6e8, past what elimination takes on. So the tied problem is solved by
 the first of:
 
-1. elimination of the tied network, where its tables are small enough;
+0. where the memory limit binds, the ILP of the tied problem (the rest cannot prove an
+   optimum the limit shapes);
+1. elimination of the tied network, where its tables are small enough (first of its
+   pairwise bounds where several ops read one value: `shared_reads.certified_by_bounds`);
 2. where the tied network is too wide, elimination of the untied network, whose optimum
    is the tied one whenever it already gives every tied group one choice (the tied
    problem only removes assignments);
@@ -15,12 +18,16 @@ the first of:
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from typing import Callable
 
 from planner.search.elimination import eliminable, ilp_variables, solve_by_elimination
 from planner.search.presolve import merge_parallel_edges, prune_dominated, tie_nodes
 from planner.search.shared_reads import certified_by_bounds
-from planner.search.solver import Assignment, AssignmentProblem, solve_ilp
+from planner.search.solver import (
+    Assignment, AssignmentProblem, memory_of, solve_greedy, solve_ilp,
+)
 
 
 BOUND_ILP_S = 5.0
@@ -39,6 +46,26 @@ def solve_tied(problem: AssignmentProblem, groups: list[list[int]], time_limit_s
     tied, tying = tie_nodes(problem, groups)
     reduced, pruning = prune_dominated(merge_parallel_edges(tied))
     variables = ilp_variables(reduced)
+    # Where the memory limit shapes the plan, elimination (which finds the optimum memory
+    # aside) and the pairwise bounds (readers of one value then split over placements, so
+    # the moves they share decide the plan) prove nothing: on every model of
+    # vs_autoparallel's family under AutoParallel's cap they were time lost.
+    solved = None if _memory_binds(reduced) else _by_elimination_or_bounds(
+        problem, groups, reduced, time_limit_s, backend, eliminate, ilp)
+    if isinstance(solved, tuple):  # the untied network's optimum, in `problem`'s choices
+        return solved
+    if solved is None:
+        solved = ilp(reduced, time_limit_s=time_limit_s, backend=backend)
+    return _with_choices(solved, tying.expand(pruning.expand(solved.choices))), variables
+
+
+def _by_elimination_or_bounds(
+    problem: AssignmentProblem, groups: list[list[int]], reduced: AssignmentProblem,
+    time_limit_s: float, backend: str, eliminate: Callable, ilp: Callable,
+) -> Assignment | tuple[Assignment, int] | None:
+    """`reduced`'s optimum by elimination or its pairwise bounds; where only the untied
+    network's elimination answered, that optimum in `problem`'s choices with the variables
+    it had; None where none proves one."""
     # Shared reads make elimination's tables larger (the readers of a value meet in one)
     # and the LP slower (a variable per move and reader): where the moves readers could
     # share decide nothing, the pairwise bounds prove the optimum faster.
@@ -69,9 +96,13 @@ def solve_tied(problem: AssignmentProblem, groups: list[list[int]], time_limit_s
             choices = free_pruning.expand(untied.choices)
             if all(len({choices[v] for v in group}) == 1 for group in groups):
                 return _with_choices(untied, choices), ilp_variables(free)
-    if solved is None:
-        solved = ilp(reduced, time_limit_s=time_limit_s, backend=backend)
-    return _with_choices(solved, tying.expand(pruning.expand(solved.choices))), variables
+    return solved
+
+
+def _memory_binds(problem: AssignmentProblem) -> bool:
+    """Whether the cheapest layout a greedy pass finds, memory aside, breaks the limit."""
+    unlimited = replace(problem, memory_limit=math.inf)
+    return memory_of(problem, solve_greedy(unlimited)) > problem.memory_limit
 
 
 def _with_choices(assignment: Assignment, choices: list[int]) -> Assignment:

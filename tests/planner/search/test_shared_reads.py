@@ -15,11 +15,14 @@ from planner.search.elimination import solve_by_elimination
 from planner.search.presolve import contract_followers, merge_parallel_edges, prune_dominated
 from planner.search.shared_reads import certified_by_bounds, pairwise_bounds, with_shared_reads
 from planner.search.solver import (
+    Assignment,
     AssignmentProblem,
     InfeasibleError,
     SharedRead,
     evaluate,
+    memory_of,
     solve_brute_force,
+    solve_greedy,
     solve_ilp,
 )
 from planner.search.tied_solve import solve_tied
@@ -113,6 +116,32 @@ def test_every_solver_and_reduction_keeps_the_brute_force_optimum(seed: int) -> 
         assert evaluate(problem, certified.choices) == pytest.approx(best)
     tied, _ = solve_tied(problem, [], 30.0, "SCIP")
     assert tied.objective == pytest.approx(best)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_binding_memory_limit_is_solved_by_one_exact_ilp(seed: int) -> None:
+    """Where the cheapest layout memory aside breaks the limit, elimination and the bounds
+    cannot prove the optimum the limit shapes: neither is tried, one ILP of the problem as
+    posed finds the brute-force optimum."""
+    problem = _with_reads(seed)
+    unlimited = replace(problem, memory_limit=math.inf)
+    greedy = memory_of(problem, solve_greedy(unlimited))
+    least = sum(float(m.min()) for m in problem.node_memory)
+    if greedy <= least:
+        pytest.skip("no limit both fits and binds")
+    problem = replace(problem, memory_limit=(least + greedy) / 2)
+    posed = []
+
+    def ilp(posed_problem: AssignmentProblem, **options) -> Assignment:
+        posed.append(posed_problem)
+        return solve_ilp(posed_problem, **options)
+
+    def eliminate(_: AssignmentProblem) -> None:
+        raise AssertionError("elimination tried under a binding memory limit")
+
+    solved, _ = solve_tied(problem, [], 30.0, "SCIP", eliminate=eliminate, ilp=ilp)
+    assert len(posed) == 1 and len(posed[0].reads) == len(merge_parallel_edges(problem).reads)
+    assert solved.objective == pytest.approx(_optimum(problem))
 
 
 @pytest.mark.parametrize("seed", range(10))
