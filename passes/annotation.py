@@ -4,7 +4,8 @@ A joint graph loses the forward's `nn_module_stack`; every node gains two annota
 from the forward it was traced from:
 
 - `meta["tessel_module"]`: the module path the node came from ("blocks.0.attn"); backward
-  nodes take the path of the forward values they consume.
+  nodes take the path of the forward op autograd made them for where the trace recorded
+  it, else of the forward values they consume.
 - `meta["tessel_phase"]`: "forward" or "backward".
 """
 
@@ -88,7 +89,7 @@ def annotate_recorded(
             return None
         return _within_model(path)
 
-    _annotate(joint, parameters, buffers, loss, gradient_modules, recorded)
+    _annotate(joint, parameters, buffers, loss, gradient_modules, recorded, recorded)
 
 
 def _annotate(
@@ -98,10 +99,11 @@ def _annotate(
     loss: str,
     gradient_modules: dict[str, str],
     forward_module: Callable[[fx.Node], str | None],
+    backward_module: Callable[[fx.Node], str | None] = lambda node: None,
 ) -> None:
     """Phases, and module paths: placeholders their parameter's or buffer's module,
     forward ops `forward_module`'s answer (else their inputs' most specific module),
-    backward ops by `_annotate_backward`."""
+    backward ops `backward_module`'s (else `_annotate_backward`'s guess)."""
     phase = "forward"
     for node in joint.nodes:
         if node.op == "placeholder":
@@ -117,7 +119,7 @@ def _annotate(
             node.meta["tessel_module"] = _input_module(node) if path is None else path
         if node.name == loss:
             phase = "backward"
-    _annotate_backward(joint, gradient_modules)
+    _annotate_backward(joint, gradient_modules, backward_module)
 
 
 def output_shapes(node: fx.Node) -> tuple[tuple[int, ...], ...]:
@@ -132,18 +134,29 @@ def _op_key(node: fx.Node) -> tuple:
     return node.target, output_shapes(node)
 
 
-def _annotate_backward(joint: fx.Graph, gradient_modules: dict[str, str]) -> None:
+def _annotate_backward(joint: fx.Graph, gradient_modules: dict[str, str],
+                       recorded: Callable[[fx.Node], str | None]) -> None:
     """Module paths of backward nodes.
 
-    Walking back from the gradients, two hints: the innermost module enclosing all the
-    node's users (a weight gradient's matmul feeds only that weight's gradient), and the
-    most specific module among the forward values it reads (an attention backward reads
-    its own block's saved query, key and value). The more specific hint wins.
+    A parameter's gradient is its module's. Most backward ops carry the module of the
+    forward op autograd made them for (`recorded`: AOTAutograd's
+    `copy_fwd_metadata_to_bw_nodes` copies a forward node's annotations to the backward
+    nodes of its autograd sequence number), so that the backward
+    of identical blocks is attributed alike (`planner.search.symmetry` ties them). The
+    rest are guessed walking back from the gradients, from two hints: the innermost
+    module enclosing all the node's users (a weight gradient's matmul feeds only that
+    weight's gradient), and the most specific module among the forward values it reads
+    (an attention backward reads its own block's saved query, key and value). The more
+    specific hint wins.
     """
     backward = [n for n in joint.nodes if n.meta.get("tessel_phase") == "backward"]
     for node in reversed(backward):
         if node.name in gradient_modules:
             node.meta["tessel_module"] = gradient_modules[node.name]
+            continue
+        path = recorded(node)
+        if path is not None:
+            node.meta["tessel_module"] = path
             continue
         users = [u.meta.get("tessel_module") for u in node.users if u.op != "output"]
         enclosing = _common_module([u for u in users if u])

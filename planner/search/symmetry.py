@@ -10,8 +10,10 @@ problem about one block's size whatever the depth.
 
 Nodes are matched by the module path the trace annotated them with (`tessel_module`,
 the block's index stripped), their op, their output shapes and their phase, in graph order
-within each block; a group is kept only when every block has the same number of such
-nodes and every member has the same strategies, index for index.
+within each block, where every block has the same number of such nodes. Members with the
+same strategies, index for index, are tied: a block whose node was offered other
+strategies (the last block's backward, fed by the head's gradient, can be) keeps that
+node to itself while the others are tied.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from passes.strategies import NodeStrategies
 
 def identical_block_groups(program: TracedProgram,
                            table: dict[str, NodeStrategies]) -> list[list[str]]:
-    """Groups of node names, one member per repeated block, in block order; the first
-    member of each group is the one to keep."""
+    """Groups of node names, at most one member per repeated block, in block order; the
+    first member of each group is the one to keep."""
     paths = {name: _module_path(program, name) for name in table}
     blocks = repeated_blocks(list(paths.values()))
     if not blocks:
@@ -42,9 +44,15 @@ def identical_block_groups(program: TracedProgram,
         if len(counts) != 1:
             continue
         for k in range(counts.pop()):
-            group = [by_block[b][k] for b in blocks]
-            if all(_same_strategies(table[group[0]], table[v]) for v in group[1:]):
-                groups.append(group)
+            alike: list[list[str]] = []
+            for name in (by_block[b][k] for b in blocks):
+                group = next((g for g in alike if _same_strategies(table[g[0]], table[name])),
+                             None)
+                if group is None:
+                    alike.append([name])
+                else:
+                    group.append(name)
+            groups += [group for group in alike if len(group) > 1]
     return groups
 
 
