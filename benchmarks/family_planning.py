@@ -5,7 +5,8 @@
    AutoParallel caps it (`autoparallel_parameter_budget`).
 2. Unconstrained: Tessel's own problem (its per-device memory limit only).
 3. AutoParallel's parameter placements pinned (when given): the step Tessel's cost model
-   predicts for the best plan with AutoParallel's layout of the parameters.
+   predicts for the best plan with AutoParallel's layout of the parameters, its identical
+   blocks tied as AutoParallel ties them, and (a lower bound) untied.
 """
 
 from __future__ import annotations
@@ -51,8 +52,13 @@ def run_tessel(spec: ModelSpec, pinned: dict[str, list[str]] | None,
         wanted = {by_fqn[fqn]: tuple(_placement(p) for p in texts)
                   for fqn, texts in pinned.items() if fqn in by_fqn}
         constrained = _pinned(table, {**inputs, **wanted})
-        answer["autoparallel_layout"] = _solve(program, constrained, mesh, cluster, None,
-                                               tie_blocks=False)
+        # AutoParallel's plan ties its repeated blocks (forward and backward, clustered by
+        # op, stack trace and strategies), so its layout is priced with the blocks tied as
+        # Tessel ties them; the untied completion, a lower bound on any plan with these
+        # placements, is shown beside it.
+        answer["autoparallel_layout"] = _solve(program, constrained, mesh, cluster, None)
+        answer["autoparallel_layout_untied"] = _solve(program, constrained, mesh, cluster,
+                                                      None, tie_blocks=False)
         answer["autoparallel_layout"]["unmatched"] = sorted(
             program.parameters[n] for n, p in wanted.items()
             if constrained[n].strategies[0].outputs[0] != p)
