@@ -34,8 +34,16 @@ import numpy as np
 RELATIVE_GAP = 1e-7
 # SCIP's presolve probing spent 4 s of an 18 s solve on demo:gpt 2x2 and fixed nothing:
 # the transport linearisation's LP relaxation is integral at the root there, so there is
-# nothing for probing to tighten.
-SCIP_PARAMETERS = "propagating/probing/maxprerounds = 0"
+# nothing for probing to tighten. The root LP is most of a large solve, and the optimum
+# is proven at the root node on every model of benchmarks/vs_autoparallel.py's family: a
+# restart (after reduced-cost fixing) solves that LP again from scratch, and the
+# feasibility pump solves more LPs for an incumbent diving finds anyway (a 2x4 T5: 22 s
+# and 16 s of an 87 s solve, 53 s without either, the same optimum).
+SCIP_PARAMETERS = "\n".join([
+    "propagating/probing/maxprerounds = 0",
+    "presolving/maxrestarts = 0",
+    "heuristics/feaspump/freq = -1",
+])
 
 
 @dataclass
