@@ -141,13 +141,12 @@ def _annotate_backward(joint: fx.Graph, gradient_modules: dict[str, str],
     A parameter's gradient is its module's. Most backward ops carry the module of the
     forward op autograd made them for (`recorded`: AOTAutograd's
     `copy_fwd_metadata_to_bw_nodes` copies a forward node's annotations to the backward
-    nodes of its autograd sequence number), so that the backward
-    of identical blocks is attributed alike (`planner.search.symmetry` ties them). The
-    rest are guessed walking back from the gradients, from two hints: the innermost
-    module enclosing all the node's users (a weight gradient's matmul feeds only that
-    weight's gradient), and the most specific module among the forward values it reads
-    (an attention backward reads its own block's saved query, key and value). The more
-    specific hint wins.
+    nodes of its autograd sequence number), so identical blocks' backward is attributed
+    alike (`planner.search.symmetry` ties them). The rest are guessed walking back from
+    the gradients, from two hints: the innermost module enclosing all the node's users (a
+    weight gradient's matmul feeds only that weight's gradient), and the most specific
+    module among the forward values it reads (an attention backward reads its own block's
+    saved query, key and value). The more specific hint wins.
     """
     backward = [n for n in joint.nodes if n.meta.get("tessel_phase") == "backward"]
     for node in reversed(backward):

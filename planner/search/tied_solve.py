@@ -50,22 +50,9 @@ def solve_tied(problem: AssignmentProblem, groups: list[list[int]], time_limit_s
     # aside) and the pairwise bounds (readers of one value then split over placements, so
     # the moves they share decide the plan) prove nothing: on every model of
     # vs_autoparallel's family under AutoParallel's cap they were time lost.
-    solved = None if _memory_binds(reduced) else _by_elimination_or_bounds(
-        problem, groups, reduced, time_limit_s, backend, eliminate, ilp)
-    if isinstance(solved, tuple):  # the untied network's optimum, in `problem`'s choices
-        return solved
-    if solved is None:
+    if _memory_binds(reduced):
         solved = ilp(reduced, time_limit_s=time_limit_s, backend=backend)
-    return _with_choices(solved, tying.expand(pruning.expand(solved.choices))), variables
-
-
-def _by_elimination_or_bounds(
-    problem: AssignmentProblem, groups: list[list[int]], reduced: AssignmentProblem,
-    time_limit_s: float, backend: str, eliminate: Callable, ilp: Callable,
-) -> Assignment | tuple[Assignment, int] | None:
-    """`reduced`'s optimum by elimination or its pairwise bounds; where only the untied
-    network's elimination answered, that optimum in `problem`'s choices with the variables
-    it had; None where none proves one."""
+        return _with_choices(solved, tying.expand(pruning.expand(solved.choices))), variables
     # Shared reads make elimination's tables larger (the readers of a value meet in one)
     # and the LP slower (a variable per move and reader): where the moves readers could
     # share decide nothing, the pairwise bounds prove the optimum faster.
@@ -96,7 +83,9 @@ def _by_elimination_or_bounds(
             choices = free_pruning.expand(untied.choices)
             if all(len({choices[v] for v in group}) == 1 for group in groups):
                 return _with_choices(untied, choices), ilp_variables(free)
-    return solved
+    if solved is None:
+        solved = ilp(reduced, time_limit_s=time_limit_s, backend=backend)
+    return _with_choices(solved, tying.expand(pruning.expand(solved.choices))), variables
 
 
 def _memory_binds(problem: AssignmentProblem) -> bool:
