@@ -28,6 +28,7 @@ from planner.search.buckets import Bucket, bucket_transfers
 from planner.search.move_prices import IMPOSSIBLE_S, CommModel, interned
 from planner.vocabulary.cluster import Cluster
 from planner.search.elimination import lower_bound, solve_by_elimination
+from planner.search.lp_fixing import solve_with_fixing
 from planner.search.presolve import contract_followers
 from planner.search.symmetry import identical_block_groups
 from planner.search.tied_solve import solve_tied
@@ -36,7 +37,6 @@ from planner.search.solver import (
     AssignmentProblem,
     SharedCost,
     SharedRead,
-    solve_ilp,
 )
 
 if TYPE_CHECKING:
@@ -201,7 +201,7 @@ def plan_intra_op(
         time_limit_s = min(time_limit_s, max(MIN_SOLVE_S, deadline.remaining()))
     reduced_assignment, num_variables = solve_tied(
         contracted, _kept_groups(groups, index, contraction.kept), time_limit_s, backend,
-        eliminate=solve_by_elimination, ilp=solve_ilp)
+        eliminate=solve_by_elimination, ilp=solve_with_fixing)
     assignment = replace(reduced_assignment,
                          choices=contraction.expand(reduced_assignment.choices, len(names)))
     choices = {n: assignment.choices[index[n]] for n in names}

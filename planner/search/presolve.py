@@ -345,23 +345,28 @@ def prune_dominated(problem: AssignmentProblem) -> tuple[AssignmentProblem, Prun
             if drop.any():
                 kept[v] = kept[v][~drop]
                 changed = True
+    return restrict(problem, kept), Pruning(kept)
+
+
+def restrict(problem: AssignmentProblem, kept: list[np.ndarray]) -> AssignmentProblem:
+    """The problem with node v's choices narrowed to `kept[v]` (original indices, in
+    order); a shared cost's triggers on dropped choices go with them."""
     edges = [(u, w, m[np.ix_(kept[u], kept[w])]) for u, w, m in problem.edges]
     where = [{int(i): r for r, i in enumerate(k)} for k in kept]
     shared = [
         SharedCost(
             s.cost,
-            [(v, where[v][i]) for v, i in s.node_triggers],
-            [(k, where[problem.edges[k][0]][i], where[problem.edges[k][1]][j])
-             for k, i, j in s.edge_triggers],
+            [(v, where[v][i]) for v, i in s.node_triggers if i in where[v]],
+            [(k, where[u][i], where[w][j]) for k, i, j in s.edge_triggers
+             for u, w, _ in [problem.edges[k]] if i in where[u] and j in where[w]],
         )
         for s in problem.shared_costs
     ]
     reads = [SharedRead(read.producer, read.prices[kept[read.producer]],
                         tuple((v, needs[kept[v]]) for v, needs in read.readers))
              for read in problem.reads]
-    pruned = AssignmentProblem(
+    return AssignmentProblem(
         [c[k] for c, k in zip(problem.node_costs, kept)],
         [m[k] for m, k in zip(problem.node_memory, kept)],
         edges, problem.memory_limit, shared, reads=reads,
     )
-    return pruned, Pruning(kept)

@@ -206,9 +206,12 @@ def _one_opt(
 
 
 def solve_ilp(
-    problem: AssignmentProblem, time_limit_s: float = 30.0, backend: str = "SCIP"
+    problem: AssignmentProblem, time_limit_s: float = 30.0, backend: str = "SCIP",
+    incumbent: list[int] | None = None,
 ) -> Assignment:
-    """Solve with an OR-Tools MIP backend (SCIP or CBC), within a time limit."""
+    """Solve with an OR-Tools MIP backend (SCIP or CBC), within a time limit, from
+    `incumbent` (by default the greedy answer): with a time limit the answer is never
+    worse than it."""
     from ortools.linear_solver import pywraplp
 
     start = time.perf_counter()
@@ -218,51 +221,10 @@ def solve_ilp(
     solver.SetTimeLimit(int(time_limit_s * 1000))
     if backend == "SCIP":
         solver.SetSolverSpecificParametersAsString(SCIP_PARAMETERS)
-    # A greedy incumbent: with a time limit the answer is never worse than it.
-    hint = solve_greedy(problem)
-    original, problem = problem, _capped(problem, hint)
-    scale = _cost_scale(problem)
-
-    # Built with the solver's coefficient API: expression objects cost ~2x the build time.
-    objective = solver.Objective()
-    x = [
-        [solver.BoolVar(f"x{v}_{i}") for i in range(len(costs))]
-        for v, costs in enumerate(problem.node_costs)
-    ]
-    for costs, vars_v in zip(problem.node_costs, x):
-        _constraint(solver, 1.0, 1.0, [(var, 1.0) for var in vars_v])
-        for c, var in zip(costs, vars_v):
-            if c != 0:
-                objective.SetCoefficient(var, float(c) * scale)
-    edge_vars = []
-    # A shared cost triggered by one (i, j) pair must see that pair alone, not its group.
-    triggered = {k for s in problem.shared_costs for k, _, _ in s.edge_triggers}
-    for k, (u, v, matrix) in enumerate(problem.edges):
-        edge_vars.append(_add_edge(solver, objective, k, x[u], x[v], matrix * scale,
-                                   group=k not in triggered))
-    for n, read in enumerate(problem.reads):
-        _add_read(solver, objective, n, x, read, scale)
-    for n, shared in enumerate(problem.shared_costs):
-        y = solver.BoolVar(f"shared{n}")
-        for v, i in shared.node_triggers:
-            _constraint(solver, 0.0, math.inf, [(y, 1.0), (x[v][i], -1.0)])
-        for k, i, j in shared.edge_triggers:
-            e, row_of, col_of = edge_vars[k]
-            u, v, _ = problem.edges[k]
-            if e:
-                _constraint(solver, 0.0, math.inf, [(y, 1.0), (e[row_of[i]][col_of[j]], -1.0)])
-            else:  # a uniform matrix has no e-block: trigger on the endpoints
-                _constraint(solver, -1.0, math.inf,
-                            [(y, 1.0), (x[u][i], -1.0), (x[v][j], -1.0)])
-        objective.SetCoefficient(y, shared.cost * scale)
-    if math.isfinite(problem.memory_limit):
-        _constraint(solver, -math.inf, problem.memory_limit, [
-            (var, float(m))
-            for mem, vars_v in zip(problem.node_memory, x)
-            for m, var in zip(mem, vars_v)
-            if m != 0
-        ])
-    objective.SetMinimization()
+    hint = solve_greedy(problem) if incumbent is None else incumbent
+    original, problem = problem, capped(problem, hint)
+    scale = cost_scale(problem)
+    x = build_model(solver, problem, scale, integral=True)
     solver.SetHint(
         [var for vars_v in x for var in vars_v],
         [1.0 if i == hint[v] else 0.0 for v, vars_v in enumerate(x) for i in range(len(vars_v))],
@@ -302,7 +264,59 @@ def solve_ilp(
     )
 
 
-def _capped(problem: AssignmentProblem, incumbent: list[int]) -> AssignmentProblem:
+def build_model(solver, problem: AssignmentProblem, scale: float, integral: bool) -> list[list]:
+    """Add the problem's formulation (module docstring) to an OR-Tools `solver`, costs
+    multiplied by `scale`, node choices binary or (`integral=False`, the LP relaxation)
+    in [0, 1]; its node variables, x[v][i]."""
+    # Built with the solver's coefficient API: expression objects cost ~2x the build time.
+    objective = solver.Objective()
+    x = [
+        [solver.BoolVar(f"x{v}_{i}") if integral else solver.NumVar(0.0, 1.0, f"x{v}_{i}")
+         for i in range(len(costs))]
+        for v, costs in enumerate(problem.node_costs)
+    ]
+    for costs, vars_v in zip(problem.node_costs, x):
+        _constraint(solver, 1.0, 1.0, [(var, 1.0) for var in vars_v])
+        for c, var in zip(costs, vars_v):
+            if c != 0:
+                objective.SetCoefficient(var, float(c) * scale)
+    edge_vars = []
+    # A shared cost triggered by one (i, j) pair must see that pair alone, not its group.
+    triggered = {k for s in problem.shared_costs for k, _, _ in s.edge_triggers}
+    for k, (u, v, matrix) in enumerate(problem.edges):
+        edge_vars.append(_add_edge(solver, objective, k, x[u], x[v], matrix * scale,
+                                   group=k not in triggered))
+    for n, read in enumerate(problem.reads):
+        _add_read(solver, objective, n, x, read, scale)
+    for n, shared in enumerate(problem.shared_costs):
+        y = solver.BoolVar(f"shared{n}") if integral else solver.NumVar(0.0, 1.0, f"shared{n}")
+        for v, i in shared.node_triggers:
+            _constraint(solver, 0.0, math.inf, [(y, 1.0), (x[v][i], -1.0)])
+        for k, i, j in shared.edge_triggers:
+            e, row_of, col_of = edge_vars[k]
+            u, v, _ = problem.edges[k]
+            if e:
+                _constraint(solver, 0.0, math.inf, [(y, 1.0), (e[row_of[i]][col_of[j]], -1.0)])
+            else:  # a uniform matrix has no e-block: trigger on the endpoints
+                _constraint(solver, -1.0, math.inf,
+                            [(y, 1.0), (x[u][i], -1.0), (x[v][j], -1.0)])
+        objective.SetCoefficient(y, shared.cost * scale)
+    if math.isfinite(problem.memory_limit):
+        # The LP's row in units of the limit: PDLP measures its residuals against the
+        # rows' bounds, and one of 2.5e10 bytes beside the one-hot rows' 1 let it call
+        # x = 0 optimal at its first iterate (hf llama, 2x2).
+        unit = 1.0 if integral or problem.memory_limit <= 0 else problem.memory_limit
+        _constraint(solver, -math.inf, problem.memory_limit / unit, [
+            (var, float(m) / unit)
+            for mem, vars_v in zip(problem.node_memory, x)
+            for m, var in zip(mem, vars_v)
+            if m != 0
+        ])
+    objective.SetMinimization()
+    return x
+
+
+def capped(problem: AssignmentProblem, incumbent: list[int]) -> AssignmentProblem:
     """The problem with every cost above twice the incumbent's objective lowered to that.
 
     With no negative cost, an assignment that pays such a cost costs more than the
@@ -332,7 +346,7 @@ def _capped(problem: AssignmentProblem, incumbent: list[int]) -> AssignmentProbl
     )
 
 
-def _cost_scale(problem: AssignmentProblem) -> float:
+def cost_scale(problem: AssignmentProblem) -> float:
     """Factor that brings the median nonzero cost to 1e3: the costs that decide between
     plans are then well above the LP's tolerances, whatever the few largest are (the
     largest are still capped where an incumbent allows, to keep the range sane)."""

@@ -23,10 +23,11 @@ from dataclasses import replace
 from typing import Callable
 
 from planner.search.elimination import eliminable, ilp_variables, solve_by_elimination
+from planner.search.lp_fixing import solve_with_fixing
 from planner.search.presolve import merge_parallel_edges, prune_dominated, tie_nodes
 from planner.search.shared_reads import certified_by_bounds
 from planner.search.solver import (
-    Assignment, AssignmentProblem, memory_of, solve_greedy, solve_ilp,
+    Assignment, AssignmentProblem, memory_of, solve_greedy,
 )
 
 
@@ -38,7 +39,7 @@ and proves nothing, and its exact ILP 6.5 s."""
 
 def solve_tied(problem: AssignmentProblem, groups: list[list[int]], time_limit_s: float,
                backend: str, eliminate: Callable = solve_by_elimination,
-               ilp: Callable = solve_ilp) -> tuple[Assignment, int]:
+               ilp: Callable = solve_with_fixing) -> tuple[Assignment, int]:
     """The optimal assignment of `problem` in which the nodes of each group take one choice
     (its `choices` are `problem`'s), and the variables of the problem the solver saw.
     `eliminate` and `ilp` are the two exact solvers (the caller's, so that a test can

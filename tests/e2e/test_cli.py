@@ -81,13 +81,13 @@ def test_a_plan_cut_short_by_the_time_limit_says_so(monkeypatch, capsys) -> None
     from planner import cli
     from planner.search import intra_op
 
-    solve = intra_op.solve_ilp
+    solve = intra_op.solve_with_fixing
 
     def cut_short(problem, time_limit_s, backend):
         return solve(problem, time_limit_s=0.05, backend=backend)
 
     monkeypatch.setattr(intra_op, "solve_by_elimination", lambda problem: None)
-    monkeypatch.setattr(intra_op, "solve_ilp", cut_short)
+    monkeypatch.setattr(intra_op, "solve_with_fixing", cut_short)
     assert cli.main(["demo:gpt", "--mesh", "2x2", "--time-limit", "60"]) == 0
     out = capsys.readouterr().out
     assert "not proven optimal" in out

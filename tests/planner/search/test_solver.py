@@ -17,7 +17,7 @@ from planner.search.solver import (
     AssignmentProblem,
     InfeasibleError,
     SharedCost,
-    _capped,
+    capped,
     evaluate,
     memory_of,
     solve_brute_force,
@@ -247,11 +247,11 @@ def test_capped_is_a_no_op_when_the_incumbent_bounds_nothing() -> None:
         node_memory=[np.array([100.0, 10.0]), np.array([100.0, 10.0])],
         memory_limit=110.0,
     )
-    assert _capped(problem, [0, 0]) is problem  # 200 bytes of 110
+    assert capped(problem, [0, 0]) is problem  # 200 bytes of 110
     negative = AssignmentProblem([np.array([-1.0, 5e6])], [np.zeros(2)])
-    assert _capped(negative, [0]) is negative
+    assert capped(negative, [0]) is negative
     fits = AssignmentProblem([np.array([1.0, 5e6])], [np.zeros(2)])
-    assert list(_capped(fits, [0]).node_costs[0]) == [1.0, 2.0]
+    assert list(capped(fits, [0]).node_costs[0]) == [1.0, 2.0]
 
 
 # -- greedy ----------------------------------------------------------------------------------
