@@ -45,9 +45,9 @@ from planner.search.solver import (
 
 SUPPORT = 1e-4
 """RENS's neighbourhood: besides the choices the LP solution takes, those whose reduced
-cost is within this fraction of the bound. PDLP's solution is accurate to ~1e-4, so a
-choice of an optimal LP face can sit at 0 in it; with the margin RENS found the optimum
-of the 2x4 T5 (0.5 s, against 0.04% above it without)."""
+cost is within this fraction of the bound. PDLP's solution is approximate, and a choice
+of an optimal LP face can sit at 0 in it: with the margin RENS found the optimum of the
+2x4 T5 (in 0.5 s), without it a plan 0.04% above."""
 
 TAKEN = 1e-3
 """An LP value above which a choice counts as taken."""
@@ -58,8 +58,8 @@ LP_SHARE = 0.25
 SMALLEST = 20_000
 """ILP variables (`elimination.ilp_variables`) below which the ILP is solved as it is:
 SCIP's simplex is then as quick as PDLP and RENS, and the extra model builds cost more
-than fixing saves (the family's 1-D problems of 12,000 variables: 0.18-0.25 s instead of
-0.13-0.19; from 30,000 variables on fixing wins: 0.58 s instead of 0.84)."""
+than fixing saves (the family's 1-D problems of 12,000 variables: 0.18-0.25 s with it,
+0.14-0.19 s without; from 30,000 variables on fixing wins: 0.58 s instead of 0.84)."""
 
 
 @dataclass(frozen=True)
