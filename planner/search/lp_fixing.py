@@ -25,7 +25,7 @@ The exact ILP then solves what is left from the incumbent, and its optimum is th
 problem's; where the incumbent is already within the solver's gap of the bound, it is the
 answer. On the family's six 2-D problems under AutoParallel's constraints fixing keeps 4%
 to 75% of the choices and the solve takes 26% to 93% of the time of the ILP alone (the
-2x4 T5: 14 s instead of 54); the 2x2 hf llama's, 0.9 s instead of 3.0.
+2x4 T5: 13 s instead of 54); the 2x2 hf llama's, 0.9 s instead of 3.0.
 """
 
 from __future__ import annotations
