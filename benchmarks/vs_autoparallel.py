@@ -210,6 +210,13 @@ def _fmt_s(x: float | None) -> str:
     return "-" if x is None else f"{x:7.1f}"
 
 
+def _after_export_ratio(row: dict) -> float:
+    """Tessel's time after its joint export over AutoParallel's: each tool's own work."""
+    ours, peer = row["tessel"], row["autoparallel"]
+    return ((ours["planned_s"] - ours["traced_s"])
+            / (peer["planned_s"] - peer["traced_s"]))
+
+
 def print_row(row: dict) -> None:
     peer, ours = row["autoparallel"], row["tessel"]
     if "error" in peer or "error" in ours:
@@ -218,8 +225,7 @@ def print_row(row: dict) -> None:
         return
     like = ours["like_autoparallel"]
     ratio = ours["planned_s"] / peer["planned_s"]
-    own = ((ours["planned_s"] - ours["traced_s"])
-           / (peer["planned_s"] - peer["traced_s"]))
+    own = _after_export_ratio(row)
     pinned, bound = ours.get("autoparallel_layout"), ours.get("autoparallel_layout_untied")
     pinned_ms = "-" if pinned is None else f"{pinned['objective_s'] * 1e3:8.3f}"
     bound_ms = "" if bound is None else f" (untied {bound['objective_s'] * 1e3:.3f})"
@@ -252,8 +258,7 @@ def summarize(rows: list[dict]) -> None:
     print(f"start shared by both (Python, torch, DTensor, AOTAutograd, the joint export) s "
           f"median {statistics.median(shared):.1f}; over half AutoParallel's time on "
           f"{sum(s > a / 2 for s, a in zip(shared, ap_s))} models")
-    after = [(r["tessel"]["planned_s"] - r["tessel"]["traced_s"])
-             / (r["autoparallel"]["planned_s"] - r["autoparallel"]["traced_s"]) for r in done]
+    after = [_after_export_ratio(r) for r in done]
     print(f"ratio after the joint export  median {statistics.median(after):.2f} "
           f"worst {max(after):.2f} (each tool's own work)")
     untied = [r["tessel"]["like_untied"]["solve_s"] for r in done]

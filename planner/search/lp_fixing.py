@@ -86,10 +86,10 @@ def dual_bound(objective: np.ndarray, rows: np.ndarray, columns: np.ndarray,
     y = np.where((y < 0) & np.isposinf(row_high), 0.0, y)
     reduced = objective - np.bincount(columns, weights=coefficients * y[rows],
                                       minlength=len(objective))
-    from_rows = (np.where(y > 0, y * np.where(y > 0, row_low, 0.0), 0.0)
-                 + np.where(y < 0, y * np.where(y < 0, row_high, 0.0), 0.0))
+    # The side of each row its dual prices (none where the dual is 0: an infinite side).
+    side = np.where(y > 0, row_low, np.where(y < 0, row_high, 0.0))
     from_bounds = np.where(reduced > 0, reduced * low, reduced * high)
-    return float(from_rows.sum() + from_bounds.sum()), reduced
+    return float((y * side).sum() + from_bounds.sum()), reduced
 
 
 def lp_relaxation(problem: AssignmentProblem, time_limit_s: float) -> LpRelaxation | None:
@@ -135,7 +135,7 @@ def solve_with_fixing(problem: AssignmentProblem, time_limit_s: float = 30.0,
     fits = memory_of(problem, greedy) <= problem.memory_limit
     relaxation = lp_relaxation(capped(problem, greedy), time_limit_s * LP_SHARE)
     if relaxation is None or not math.isfinite(relaxation.bound):
-        return solve_ilp(problem, time_limit_s, backend)
+        return solve_ilp(problem, time_limit_s, backend, incumbent=greedy)
     near = SUPPORT * abs(relaxation.bound)
     support = [_with(np.flatnonzero((x > TAKEN) | (r <= near)), i)
                for x, r, i in zip(relaxation.values, relaxation.reduced_costs, greedy)]
@@ -149,7 +149,7 @@ def solve_with_fixing(problem: AssignmentProblem, time_limit_s: float = 30.0,
     except (InfeasibleError, RuntimeError):  # nothing within the support, or not in time
         pass
     if incumbent is None:
-        return solve_ilp(problem, _left(start, time_limit_s), backend)
+        return solve_ilp(problem, _left(start, time_limit_s), backend, incumbent=greedy)
     ceiling = evaluate(problem, incumbent)
     if ceiling - relaxation.bound <= RELATIVE_GAP * abs(ceiling):  # proven by the bound
         return Assignment(incumbent, ceiling, 0.0, "OPTIMAL", time.perf_counter() - start)

@@ -133,12 +133,15 @@ class _Block(nn.Module):
         return x + self.down(torch.relu(self.up(self.norm(x))))
 
 
-class _TwoBlocks(nn.Module):
-    def __init__(self, width: int = 32) -> None:
+class BlockStack(nn.Module):
+    """An embedding, `depth` blocks made by `block(width)`, and a head of `outputs`."""
+
+    def __init__(self, block=_Block, depth: int = 2, width: int = 32,
+                 outputs: int = 8) -> None:
         super().__init__()
         self.embed = nn.Linear(width, width)
-        self.blocks = nn.ModuleList(_Block(width) for _ in range(2))
-        self.head = nn.Linear(width, 8)
+        self.blocks = nn.ModuleList(block(width) for _ in range(depth))
+        self.head = nn.Linear(width, outputs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.embed(x)
@@ -151,7 +154,7 @@ def test_two_identical_blocks_always_get_the_same_layout() -> None:
     from planner.api import plan_model
     from planner.search.symmetry import identical_block_groups
 
-    planned = plan_model(_TwoBlocks(), (torch.randn(8, 16, 32),), mesh_shape=(2, 2),
+    planned = plan_model(BlockStack(), (torch.randn(8, 16, 32),), mesh_shape=(2, 2),
                          time_limit_s=60.0)
     parameters = planned.plan.parameters
     block0 = {fqn[len("blocks.0."):]: p for fqn, p in parameters.items()

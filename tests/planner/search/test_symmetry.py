@@ -14,6 +14,7 @@ from passes.strategies import enumerate_strategies
 from passes.trace import trace
 from planner.search.symmetry import identical_block_groups
 from planner.vocabulary.cluster import Cluster
+from tests.planner.search.test_presolve import BlockStack
 
 
 class _Block(nn.Module):
@@ -30,22 +31,8 @@ class _Block(nn.Module):
         return x + self.down(torch.relu(self.up(x)))
 
 
-class _ThreeBlocks(nn.Module):
-    def __init__(self, width: int = 16) -> None:
-        super().__init__()
-        self.embed = nn.Linear(width, width)
-        self.blocks = nn.ModuleList(_Block(width) for _ in range(3))
-        self.head = nn.Linear(width, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.embed(x)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
-
-
 def _traced():
-    program = trace(_ThreeBlocks(), (torch.randn(4, 8, 16),))
+    program = trace(BlockStack(_Block, depth=3, width=16, outputs=4), (torch.randn(4, 8, 16),))
     return program, enumerate_strategies(program, fake_mesh((2, 2)), Cluster.load("cpu").device)
 
 
