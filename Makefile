@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -e '.[dev]'
 	touch $(STAMP)
 
-# Debian's Chromium, for rendering `plan --report` pages in tests/planner/export/test_report.py
+# Debian's Chromium, for rendering `plan --report` pages in tests/planner/export/test_html_report.py
 # (about 45 s once, with apt-get update). Optional: without root, apt-get or Debian's packages
 # it says so, and those tests skip.
 browser:
@@ -48,6 +48,7 @@ conformance: $(CONFORMANCE)
 
 test: venv browser conformance
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q --durations=15 tests
 
 demo: venv

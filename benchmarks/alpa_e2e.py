@@ -79,7 +79,7 @@ from planner.models.presets import FAMILIES  # noqa: E402
 from planner.vocabulary.parallel import ParallelConfig  # noqa: E402
 from planner.vocabulary.plan import Plan  # noqa: E402
 from planner.search import search  # noqa: E402
-from planner.plans.training import training_plan  # noqa: E402
+from planner.plans.transformer_plan import training_plan  # noqa: E402
 
 CLUSTER = "aws-p3.16xlarge"
 SEQ = 1024
@@ -131,7 +131,7 @@ def predict_alpa_plan(case: Case, flash_attention: bool) -> float:
     recomputation (use_remat), a GPipe schedule, gradients reduce-scattered and parameters
     all-gathered (prefer_reduce_scatter: ZeRO-1, Megatron's distributed optimizer)."""
     cluster = Cluster.load(CLUSTER).with_devices(case.gpus)
-    shared = ParallelConfig(
+    shared = ParallelConfig.of(
         data=1, micro_batch_size=GLOBAL_BATCH // case.alpa_micro_batches,
         global_batch_size=GLOBAL_BATCH, recompute="full", zero_stage=1,
         schedule="gpipe" if len(case.alpa_stages) > 1 else "1f1b", overlap_grad_reduce=True,

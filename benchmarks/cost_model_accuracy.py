@@ -17,7 +17,7 @@ Per file: MAPE, worst error and Spearman rank correlation per model size.
 
     .venv/bin/python benchmarks/cost_model_accuracy.py [--fit] [--json PATH]
 
-`--fit` refits every preset first (`cost_models.preset_calibration`, `cost_models.calibrate`)
+`--fit` refits every preset first (`cost_models.preset_calibration`, `cost_models.efficiency_fit`)
 and prints the YAML blocks to paste into `planner/presets/`.
 """
 
@@ -33,7 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cost_models.calibrate import (  # noqa: E402
+from cost_models.efficiency_fit import (  # noqa: E402
     fit_efficiency,
     predict_all,
     read_measurements,

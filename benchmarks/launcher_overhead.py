@@ -1,6 +1,6 @@
 """Start-up cost of Tessel's two local launchers, side by side in one run.
 
-`runtime.launch.run_on_ranks` forks ranks that meet through a FileStore; `runtime.elastic
+`runtime.local_ranks.run_on_ranks` forks ranks that meet through a FileStore; `runtime.elastic
 .launch` goes through torch's elastic agent (what torchrun runs). Both run the same
 function: join the gloo group and all-reduce 1 MiB ten times. Each size is measured in
 alternating rounds so that machine noise hits both alike; the table gives the median
@@ -26,7 +26,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from runtime.elastic import launch  # noqa: E402
-from runtime.launch import run_on_ranks  # noqa: E402
+from runtime.local_ranks import run_on_ranks  # noqa: E402
 
 RANKS = (2, 4, 8)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cost_models.calibrate import predict_all, read_measurements, vtrain_cluster  # noqa: E402
+from cost_models.efficiency_fit import predict_all, read_measurements, vtrain_cluster  # noqa: E402
 from planner.vocabulary.cluster import Cluster  # noqa: E402
 from planner.models.presets import PRESETS  # noqa: E402
 from planner.search import search  # noqa: E402
@@ -45,7 +45,7 @@ def regret() -> bool:
         loss = steps[pick].seconds / steps[best].seconds - 1
         ok &= loss <= REGRET_TARGET
         q = steps[pick].parallel
-        picked = str((q.tensor, q.pipeline, q.data, q.micro_batch_size))
+        picked = str((q.dims.tensor, q.dims.pipeline, q.dims.data, q.micro_batch_size))
         print(f"{label:<6} {len(rows):>7} {picked:<22} "
               f"{steps[pick].seconds:>10.2f} {steps[best].seconds:>7.2f} {loss:>7.1%}")
     return ok

@@ -29,7 +29,7 @@ from planner.vocabulary.cluster import Cluster  # noqa: E402
 from planner.models.presets import get_preset  # noqa: E402
 from planner.search import search  # noqa: E402
 from planner.plans.totals import plan_totals, run_steps  # noqa: E402
-from planner.plans.training import training_plan  # noqa: E402
+from planner.plans.transformer_plan import training_plan  # noqa: E402
 
 TOKENS = 1e12
 GLOBAL_BATCH = 512

@@ -66,7 +66,7 @@ from planner.vocabulary.parallel_dims import ParallelDims  # noqa: E402
 from runtime.spec import RunSpec, even_chunks  # noqa: E402
 from runtime.stages import build_stage, materialize  # noqa: E402
 from runtime.pipeline_trainer import OPTIMIZERS, PipelineTrainer, lm_loss  # noqa: E402
-from runtime.training import batches  # noqa: E402
+from runtime.training_loop import batches  # noqa: E402
 
 LLAMA = TransformerConfig(
     num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=2, vocab_size=256,

@@ -26,14 +26,7 @@ import math
 import weakref
 
 from planner.vocabulary.cluster import Cluster, LinkSpec
-
-COLLECTIVE_KINDS: tuple[str, ...] = (
-    "all_reduce",
-    "all_gather",
-    "reduce_scatter",
-    "all_to_all",
-    "send_recv",
-)
+from planner.vocabulary.plan import COLLECTIVE_KINDS
 
 
 def check_kind(kind: str) -> None:

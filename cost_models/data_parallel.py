@@ -25,14 +25,16 @@ def data_parallel_comm(
     `params` parameters, `layers` layers of `kernels` each, `replayed` of them recomputed
     in backward: what bucketed overlap with the last backward (and the next forward)
     leaves exposed."""
-    d = parallel.data
+    d = parallel.dims.data
     if d == 1:
         return 0.0
-    stride = parallel.tensor * parallel.context
+    stride = parallel.dims.tensor * parallel.dims.context
     element = memory.state_element_bytes(parallel.precision)
     # Bucketed overlap cannot hide the last bucket's reduction (the backward is over) nor
-    # the first bucket's gather (the forward waits for it).
-    bucket = min(params, max(DDP_BUCKET_PARAMETERS, DDP_BUCKET_PARAMETERS_PER_RANK * d))
+    # the first bucket's gather (the forward waits for it). --ddp-bucket-size, where given,
+    # is the bucket (DistributedDataParallelConfig.bucket_size: parameters per bucket).
+    bucket = min(params, parallel.ddp_bucket_size
+                 or max(DDP_BUCKET_PARAMETERS, DDP_BUCKET_PARAMETERS_PER_RANK * d))
     reduce_kind = "all_reduce" if parallel.zero_stage == 0 else "reduce_scatter"
 
     def reduced(n: float) -> float:

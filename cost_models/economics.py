@@ -25,7 +25,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field
+from planner.vocabulary.cluster import RunCosts
+from planner.vocabulary.plan import TrainingTotals
 
 SECONDS_PER_DAY = 86400.0
 IDLE_POWER_FRACTION = 0.25
@@ -39,31 +40,6 @@ HOST_COPY_GBS = 25.0
 that blocks training (PCIe Gen4 x16 is 32 GB/s per direction, ~25 reached)."""
 
 
-class RunCosts(BaseModel):
-    """What a cluster's GPU-hour costs, how often its GPUs fail and what they draw."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    gpu_hour_usd: tuple[float, float] = Field(
-        description="Range of on-demand list prices per GPU-hour, low to high, USD.")
-    price_source: str = Field(description="Where the price range comes from, and when.")
-    failure_rate_per_gpu_hour: float = Field(
-        gt=0, description="Job-interrupting failures per GPU-hour (the job's rate is this "
-        "times its GPUs).")
-    failure_source: str = Field(description="Where the failure rate comes from.")
-    gpu_power_w: float = Field(gt=0, description="Board power of one GPU (its TDP), W.")
-    system_power_w: float = Field(
-        gt=0, description="Rated power of one host with its GPUs (a DGX node, a GB200 "
-        "NVL72 rack's share per host), W: what is not the GPUs' is shared overhead.")
-    devices_per_system: int = Field(gt=0, description="GPUs that system_power_w feeds.")
-    power_source: str = Field(description="Where the power figures come from.")
-
-    @property
-    def default_price(self) -> float:
-        """The middle of the price range."""
-        return sum(self.gpu_hour_usd) / 2
-
-
 @dataclass(frozen=True)
 class RunAssumptions:
     """The assumptions a run's totals rest on, each overridable from the command line."""
@@ -75,31 +51,6 @@ class RunAssumptions:
     restart_minutes: float
     asynchronous_checkpoints: bool = True
     pue: float = DEFAULT_PUE
-
-
-class TrainingTotals(BaseModel):
-    """A whole run: time, GPU-hours, money, energy; and what failures make of them."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    steps: int = Field(description="Optimizer steps of the run.")
-    days: float = Field(description="Wall-clock days without failures.")
-    gpu_hours: float = Field(description="GPU-hours without failures.")
-    cost_usd: float = Field(description="GPU-hours at the price per GPU-hour, USD.")
-    gpu_hour_usd: float = Field(description="The price per GPU-hour used.")
-    energy_kwh: float = Field(description="Energy drawn from the grid, kWh (GPUs at the "
-                              "plan's utilisation, host overhead, x PUE).")
-    mttf_hours: float = Field(description="Mean time between job-stopping failures.")
-    checkpoint_bytes: float = Field(description="Weights and optimizer state of the whole "
-                                    "model: one checkpoint.")
-    checkpoint_blocking_s: float = Field(description="Training time one checkpoint takes.")
-    checkpoint_interval_s: float = Field(description="Compute time between checkpoints "
-                                         "that maximises goodput (Young/Daly).")
-    ettr: float = Field(description="Effective training time ratio: useful over expected "
-                        "wall time, with failures, checkpoints and restarts.")
-    expected_days: float = Field(description="Expected wall-clock days with failures.")
-    expected_gpu_hours: float = Field(description="Expected GPU-hours with failures.")
-    expected_cost_usd: float = Field(description="Expected cost with failures, USD.")
 
 
 def mttf_hours(failure_rate_per_gpu_hour: float, gpus: int) -> float:

@@ -28,7 +28,6 @@ freed blocks for reuse and splits large ones; the blocks it cannot hand out agai
 
 from __future__ import annotations
 
-from dataclasses import replace
 from functools import lru_cache
 
 from cost_models import memory
@@ -72,7 +71,7 @@ def model_state(
     sharded, _ = _model_state(expert_params, 0.0, 0.0, parallel)
     whole, _ = _model_state(expert_params, 0.0, 0.0, _unsharded(parallel))
     # Tessel's runtime keeps experts out of ZeRO (`runtime/experts.py`): whole per rank.
-    edp = 1 if parallel.engine == "tessel" else max(parallel.expert_data, 1)
+    edp = 1 if parallel.engine == "tessel" else max(parallel.dims.expert_data, 1)
     kinds = {kind: getattr(whole, kind) / edp
              if getattr(sharded, kind) < getattr(whole, kind) else getattr(whole, kind)
              for kind in ("weights", "gradients", "optimizer")}
@@ -86,21 +85,21 @@ def model_state(
 @lru_cache(maxsize=4096)
 def _unsharded(parallel: ParallelConfig) -> ParallelConfig:
     """`parallel` on one data and context rank: the state nothing shards."""
-    return replace(parallel, data=1, context=1)
+    return parallel.but(data=1, context=1)
 
 
 def _model_state(
     params: float, block_params: float, end_params: float, parallel: ParallelConfig
 ) -> tuple[memory.ModelStateBytes, float]:
     """`model_state` of parameters sharded over the data x context ranks."""
-    shards = parallel.data * parallel.context
+    shards = parallel.dims.data * parallel.dims.context
     if parallel.engine == "torchtitan" and parallel.zero_stage >= 1:
         weight = 1 if parallel.fp8_param_gather else activation_element_bytes(
             parallel.precision)
         state = memory.ModelStateBytes(weights=4 * params / shards,
                                        gradients=4 * params / shards,
                                        optimizer=_moment_bytes(parallel) * params / shards)
-        pipelined = parallel.pipeline > 1
+        pipelined = parallel.dims.pipeline > 1
         keep = parallel.fsdp_reshard_after_forward == "never" or (
             parallel.fsdp_reshard_after_forward == "default" and pipelined)
         gathered = weight * (params if keep else 2 * block_params + end_params)
@@ -138,7 +137,7 @@ def loss_bytes(model: TransformerConfig, parallel: ParallelConfig) -> tuple[floa
     A compiled loss (TorchTitan's compile.components "loss") keeps the bf16 logits."""
     x = layer_shape(model, parallel)
     e = activation_element_bytes(parallel.precision)
-    split = 1 if parallel.engine == "tessel" else parallel.tensor
+    split = 1 if parallel.engine == "tessel" else parallel.dims.tensor
     logits = x.tokens * model.vocab_size / split
     if parallel.engine == "megatron":
         head_input = e * x.tokens * x.hidden / x.sequence_shards

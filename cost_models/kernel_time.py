@@ -3,7 +3,7 @@ pass of kernels launched by the host.
 
 Each kernel takes its FLOPs over the device's peak at the matmul precision times an
 efficiency that falls for small or skinny matmuls, or its bytes over the HBM bandwidth,
-plus a fixed per-kernel cost (`cost_models/efficiency.py`); the backward runs each matmul
+plus a fixed per-kernel cost (`planner/vocabulary/efficiency.py`); the backward runs each matmul
 twice (input and weight gradients), attention's backward is 2.5x its forward
 (FlashAttention-2's count), memory kernels move twice the bytes.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cost_models.efficiency import Efficiency
+from planner.vocabulary.efficiency import Efficiency
 from cost_models.transformer_ops import ACTIVATION_BYTES, Attention, Matmul, Memory, Op
 from planner.vocabulary.cluster import DeviceSpec
 

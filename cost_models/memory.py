@@ -1,4 +1,4 @@
-"""Analytical memory cost: model state, micro-batches in flight and a device's peak by kind.
+"""Analytical memory cost: model state and a device's peak by kind.
 
 - Model state (weights, gradients, optimizer): Rajbhandari et al., "ZeRO: Memory
   Optimizations Toward Training Trillion Parameter Models" (SC 2020), Sec. 5 and Table 1;
@@ -6,9 +6,8 @@
 - Activations per transformer layer are counted tensor by tensor in
   `cost_models/saved_activations.py` (Korthikanti et al.'s Table 2 for a GPT layer), and
   what differs by engine in `cost_models/engine_memory.py`.
-- Micro-batches in flight per pipeline schedule: Narayanan et al., "Efficient Large-Scale
-  Language Model Training on GPU Clusters Using Megatron-LM" (SC 2021), Sec. 2.2, and the
-  warm-up counts of Megatron-LM's `megatron/core/pipeline_parallel/schedules.py`.
+- Micro-batches in flight per pipeline schedule are read off the schedule's actions
+  (`cost_models.pipeline_schedule.in_flight`).
 
 Every function is pure arithmetic on plain numbers. A plan whose `MemoryBreakdown` does not
 `fit` the device is infeasible; callers must reject it rather than clamp anything.
@@ -17,9 +16,6 @@ Every function is pure arithmetic on plain numbers. A plan whose `MemoryBreakdow
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-from cost_models import pipeline_schedule
-from planner.vocabulary.parallel import SCHEDULES
 
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 
@@ -124,60 +120,6 @@ def model_state_bytes(
         gradients=grads_bytes * per_rank(2),
         optimizer=optimizer_bytes * per_rank(1),
     )
-
-
-def in_flight_micro_batches(
-    schedule: str,
-    pipeline_parallel: int,
-    stage_index: int,
-    num_micro_batches: int,
-    virtual_stages: int = 1,
-) -> float:
-    """Micro-batches of activations stage `stage_index` (0-based) holds at its peak, in
-    units of one micro-batch through all the stage's layers. With p stages, m micro-batches:
-
-    - gpipe: all m forwards run before any backward (Huang et al., GPipe, NeurIPS 2019).
-    - 1f1b (PipeDream-Flush, Narayanan et al. Sec. 2.2.1): min(p - i, m); the first stage
-      holds p, the last 1.
-    - interleaved (Sec. 2.2.2), v model chunks per stage: Megatron's schedule warms up
-      w = 2 (p - i - 1) + (v - 1) p chunk-micro-batches, then holds one more, each worth 1/v
-      of a stage: min(w + 1, m v) / v. For the first stage that is p (1 + (p - 1) / (p v)),
-      the factor Megatron's theoretical_memory_usage.py applies (Korthikanti et al., Sec. 4).
-      With v = 1 Megatron runs plain 1F1B, and so does this.
-      Where p does not divide m (torch's Interleaved1F1B allows it, Megatron-LM does not),
-      the rank's actions are walked (`pipeline_schedule`).
-    - dualpipev, two chunks per rank in V order: every rank holds PP + 1 chunk-micro-batches
-      at its peak, PP = 2 p the stages (deepseek-ai/DualPipe README, "Activation Per
-      Device" of DualPipeV; DeepSeek-V3 Technical Report Table 2 for DualPipe), each half
-      of the rank's layers: p + 1/2, for every m >= 2 p torch's ScheduleDualPipeV runs
-      (`pipeline_schedule`'s walk of its actions gives the same, which the tests check).
-    """
-    _check_choice("pipeline schedule", schedule, SCHEDULES)
-    p, i, m, v = pipeline_parallel, stage_index, num_micro_batches, virtual_stages
-    if p < 1 or m < 1 or v < 1:
-        raise ValueError(
-            f"pipeline_parallel, num_micro_batches and virtual_stages must be >= 1, "
-            f"got {p}, {m} and {v}"
-        )
-    if not 0 <= i < p:
-        raise ValueError(f"stage_index must be in [0, {p}), got {i}")
-    if schedule == "dualpipev":
-        if v != 2 or m < 2 * p:
-            raise ValueError(f"dualpipev runs 2 chunks per rank (got {v}) and at least 2 x "
-                             f"{p} micro-batches (got {m})")
-        return p + 0.5
-    if v > 1 and schedule != "interleaved":
-        raise ValueError(f"virtual_stages={v} needs the 'interleaved' schedule, not {schedule!r}")
-    if schedule == "gpipe":
-        return float(m)
-    if schedule == "1f1b" or v == 1:
-        return float(min(p - i, m))
-    if m % p:
-        # Torch's Interleaved1F1B runs m in rounds of its own, which the closed form below
-        # (equal to the schedule's actions wherever p divides m) does not describe.
-        return pipeline_schedule.in_flight_micro_batches(schedule, p, i, m, v)
-    warmup = 2 * (p - i - 1) + (v - 1) * p
-    return min(warmup + 1, m * v) / v
 
 
 @dataclass(frozen=True)

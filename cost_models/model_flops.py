@@ -15,6 +15,7 @@ from cost_models.transformer_ops import (
     selective_kernels,
 )
 from planner.models.config import TransformerConfig
+from planner.vocabulary.cluster import DeviceSpec
 from planner.vocabulary.parallel import ParallelConfig
 
 
@@ -56,3 +57,27 @@ def _count_sequence_flops(model: TransformerConfig, engine: str, modules: tuple[
 def mtp_flops(model: TransformerConfig) -> float:
     """Forward FLOPs of one sequence through the multi-token-prediction layers."""
     return model.mtp_num_layers * forward_flops(mtp_ops(model, 1, model.seq_length, 1))
+
+
+def peak_flops(device: DeviceSpec, precision: str) -> float:
+    """FLOP/s of `device`'s dense peak at the matmul `precision`. A precision its datasheet
+    lists no peak for is measured against its fp32 peak: the one fallback
+    `DeviceSpec.peak_tflops` documents ("the fallback for dtypes not listed"), as the
+    roofline (`cost_models.compute.op_time`) prices such ops. The search and `predict`
+    refuse a precision the device has no peak for, so only direct callers reach it."""
+    peaks = device.peak_tflops
+    return peaks.get(precision, peaks["fp32"]) * 1e12
+
+
+def model_flops_utilization(model_flops: float, step_s: float, num_gpus: int,
+                            device: DeviceSpec, precision: str) -> float:
+    """MFU: the model FLOPs of one step (`model_flops`: 3 x the forward's, no
+    recomputation, as `step_flops` counts them) per second per GPU over the device's dense
+    peak at the matmul precision (`peak_flops`). The definition of Chowdhery et al.,
+    "PaLM" (arXiv 2204.02311), Appendix B, which nanoGPT's `estimate_mfu` cites; Megatron-LM
+    reports the same ratio from Narayanan et al. (SC 2021), Appendix. Every MFU Tessel
+    prints (the transformer plans' `predict_step`, the graph plans') is this. The FLOPs
+    are the caller's count: the transformer plans' are the matmuls' and attention's
+    (`step_flops`); the graph plans' are the traced forward's (`ModelLayers.flops`), which
+    also charges each elementwise op one FLOP per output element."""
+    return model_flops / step_s / num_gpus / peak_flops(device, precision)

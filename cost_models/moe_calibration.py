@@ -5,7 +5,7 @@ DeepSeek-V3 on 256 B200 (MXFP8, DeepEP), Qwen3-235B-A22B on 256 H100 (FP8 curren
 scaling, forced balance), GPT-OSS-120B on 64 H100 (bf16) and on 64 GB200 (MXFP8, CUDA
 graphs of the whole iteration). Dense efficiency stays each preset's own (fitted on dense
 runs); three parameters of what MoE layers add are fitted here, shared by every device,
-each the price of one mechanism (`cost_models.efficiency`):
+each the price of one mechanism (`planner.vocabulary.efficiency`):
 
 - `expert_matmul`: the grouped GEMM of a rank's experts against a dense GEMM of its shape;
 - `moe_sync_us`: host time exposed per local expert when the dispatcher waits for the
@@ -25,13 +25,13 @@ A row's step time is its batch's tokens over its throughput.
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from cost_models.calibrate import MeasuredStep, from_unbounded, nelder_mead, to_unbounded
-from cost_models.efficiency import Efficiency
+from cost_models.efficiency_fit import MeasuredStep, from_unbounded, nelder_mead, to_unbounded
+from planner.vocabulary.efficiency import Efficiency
 from cost_models.step_time import predict_step
 from planner.vocabulary.cluster import Cluster
 from planner.models.presets import PRESETS
@@ -98,7 +98,7 @@ def _run(row: dict[str, str], line: int) -> MoeRun:
     notes = row["notes"]
     tensor, vp = int(row["tp"]), 1 if row["vp"] in ("-", "") else int(row["vp"])
     recompute, *modules = row["recompute"].split()
-    parallel = ParallelConfig(
+    parallel = ParallelConfig.of(
         tensor=tensor, pipeline=int(row["pp"]), data=int(row["dp"]),
         context=1 if row["cp"] in ("-", "") else int(row["cp"]), expert=int(row["ep"]),
         expert_tensor=1, sequence_parallel=tensor > 1,
@@ -115,7 +115,7 @@ def _run(row: dict[str, str], line: int) -> MoeRun:
         cuda_graph_scope=("attn", "moe_router", "moe_preprocess")
         if "cuda-graph attn/router/preproc" in notes else (),
     )
-    parallel = replace(parallel, **RECIPE_EXTRAS.get((row["model"], row["gpu"]), {}))
+    parallel = parallel.but(**RECIPE_EXTRAS.get((row["model"], row["gpu"]), {}))
     gpus, throughput = int(row["num_gpus"]), float(row["value"])
     seconds = parallel.global_batch_size * model.seq_length / (throughput * gpus)
     step = MeasuredStep(model=model, parallel=parallel, num_gpus=gpus, seconds=seconds,

@@ -151,20 +151,20 @@ def dispatch_pass(model: TransformerConfig, parallel: ParallelConfig, cluster: C
 def expert_split(model: TransformerConfig, parallel: ParallelConfig) -> ExpertSplit:
     """How a rank of `parallel` runs `model`'s MoE layers, the busiest rank's load
     included (`expected_load`)."""
-    shards = parallel.tensor if parallel.sequence_parallel else 1
-    etp = parallel.expert_tensor_degree if shards > 1 else parallel.tensor
-    split = ExpertSplit(expert_tensor=etp, sequence_shards=shards, expert=parallel.expert)
-    tokens = parallel.micro_batch_size * model.seq_length / parallel.context
+    shards = parallel.dims.tensor if parallel.sequence_parallel else 1
+    etp = parallel.dims.expert_tensor_degree if shards > 1 else parallel.dims.tensor
+    split = ExpertSplit(expert_tensor=etp, sequence_shards=shards, expert=parallel.dims.expert)
+    tokens = parallel.micro_batch_size * model.seq_length / parallel.dims.context
     rows = tokens * model.moe_top_k * split.routed_share
-    return replace(split, load=expected_load(rows, parallel.expert, parallel))
+    return replace(split, load=expected_load(rows, parallel.dims.expert, parallel))
 
 
 def moe_layer_comm(model: TransformerConfig, parallel: ParallelConfig, cluster: Cluster,
                    split: ExpertSplit, compute: Pass) -> Pass:
     """Exposed dispatch and combine of one MoE layer of `split` for one micro-batch
     beside `compute` (`dispatch_pass`)."""
-    tokens = parallel.micro_batch_size * model.seq_length / parallel.context
-    shape = DispatchShape(tokens=tokens / split.sequence_shards, expert=parallel.expert,
+    tokens = parallel.micro_batch_size * model.seq_length / parallel.dims.context
+    shape = DispatchShape(tokens=tokens / split.sequence_shards, expert=parallel.dims.expert,
                           expert_tensor=split.expert_tensor,
                           element_bytes=activation_element_bytes(parallel.precision))
     return dispatch_pass(model, parallel, cluster, shape, split.load, compute)
@@ -181,7 +181,7 @@ def host_sync(model: TransformerConfig, parallel: ParallelConfig, cluster: Clust
             or "moe_preprocess" in parallel.cuda_graph_scope:
         return Pass(0.0, 0.0)
     sync = cluster.device.efficiency.moe_sync_us * 1e-6 * (model.num_experts or 0) \
-        / parallel.expert
+        / parallel.dims.expert
     replays = parallel.recompute == "full" or (
         parallel.recompute == "selective" and "moe" in parallel.recompute_modules)
     return Pass(sync, 0.0, sync if replays else 0.0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from cost_models import engine_memory, graph_pool, memory
+from cost_models import engine_memory, graph_pool, memory, pipeline_schedule
 from cost_models.saved_activations import (
     checkpoint_bytes,
     saved_per_layer,
@@ -76,10 +76,10 @@ def layer_parameters(model: TransformerConfig, parallel: ParallelConfig,
     ranks; the experts over the expert ranks and each over the expert-tensor ranks
     (Megatron-Core's parallel folding; the expert-tensor degree defaults to the stage's
     tensor degree)."""
-    t = tensor or parallel.tensor
+    t = tensor or parallel.dims.tensor
     experts = model.expert_parameters_per_layer()
-    etp = parallel.expert_tensor if parallel.expert_tensor is not None else t
-    return (model.parameters_per_layer() - experts) / t, experts / (parallel.expert * etp)
+    etp = parallel.dims.expert_tensor if parallel.dims.expert_tensor is not None else t
+    return (model.parameters_per_layer() - experts) / t, experts / (parallel.dims.expert * etp)
 
 
 def stage_parameter_split(
@@ -103,7 +103,8 @@ def stage_parameter_split(
                 ends += embedding  # untied head, or the tied copy Megatron keeps last
             # Multi-token-prediction layers sit on the last stage beside the head.
             ends += mtp[0]
-            expert += mtp[1] / (parallel.expert * (parallel.expert_tensor or stage.tensor))
+            etp = parallel.dims.expert_tensor or stage.tensor
+            expert += mtp[1] / (parallel.dims.expert * etp)
         out.append((other + ends / stage.tensor, expert))
     return out
 
@@ -151,8 +152,8 @@ def uniform_stages(
 ) -> list[StageLayout]:
     """Stages as Megatron-LM lays them out: all on `parallel`'s mesh, the layers as given
     or split evenly."""
-    layers = layers_per_stage or even_split(model.num_layers, parallel.pipeline)
-    return [StageLayout(count, parallel.tensor, parallel.data) for count in layers]
+    layers = layers_per_stage or even_split(model.num_layers, parallel.dims.pipeline)
+    return [StageLayout(count, parallel.dims.tensor, parallel.dims.data) for count in layers]
 
 
 def stages_peak_memory(
@@ -163,7 +164,7 @@ def stages_peak_memory(
     flash_attention: bool | None = None,
 ) -> memory.MemoryBreakdown:
     """The memory of the stage that needs the most per GPU. Micro-batches in flight fall
-    with the stage index (`in_flight_micro_batches`), so of stages alike in all else the
+    with the stage index (`pipeline_schedule.in_flight`), so of stages alike in all else the
     first holds the most; the last adds the output layer's activations."""
     params = stage_parameters(model, stages, parallel)
     firsts: dict[tuple, int] = {}
@@ -187,15 +188,15 @@ def stage_memories(
     if flash_attention is None:
         flash_attention = cluster.device.flash_attention
     p = len(stages)
-    sequences = parallel.micro_batch_size * parallel.data
+    sequences = parallel.micro_batch_size * parallel.dims.data
     m = parallel.global_batch_size // sequences
     split = stage_parameter_split(model, stages, parallel)
     score_free = attention_backend(parallel, flash_attention) in SCORE_FREE_ATTENTION
     meshes: dict[tuple[int, int], ParallelConfig] = {}
     for stage in stages:
         if (stage.tensor, stage.data) not in meshes:
-            meshes[stage.tensor, stage.data] = replace(
-                parallel, tensor=stage.tensor, data=stage.data,
+            meshes[stage.tensor, stage.data] = parallel.but(
+                tensor=stage.tensor, data=stage.data,
                 micro_batch_size=sequences // stage.data)
     return [stage_memory(model, meshes[stages[i].tensor, stages[i].data], split[i][0],
                          stages[i].layers, i, p, m, score_free, split[i][1])
@@ -225,7 +226,7 @@ def stage_memory(
     activations = sum(kinds.values())
     pool = 0.0
     if graph_pool.graphed(parallel):
-        in_flight = memory.in_flight_micro_batches(
+        in_flight = pipeline_schedule.in_flight(
             parallel.schedule, num_stages, index, num_micro_batches,
             parallel.virtual_pipeline)
         pool = graph_pool.pool_bytes(model, parallel, kinds, layers, in_flight, flash)
@@ -269,7 +270,7 @@ def stage_activations(
         # The replayed part of one layer lives again during its backward.
         none = saved_per_layer(model, _unrecomputed(parallel), flash)
         replay = max(sum(none.values()) - whole, 0.0)
-    in_flight = memory.in_flight_micro_batches(
+    in_flight = pipeline_schedule.in_flight(
         parallel.schedule, num_stages, index, num_micro_batches, parallel.virtual_pipeline,
     )
     kept = {kind: bytes_ * layers * in_flight for kind, bytes_ in kinds.items()}

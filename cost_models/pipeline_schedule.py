@@ -1,9 +1,13 @@
 """A pipeline schedule as data: for each pipeline rank, the forward and backward actions
 it runs, in the order it runs them (torch.distributed.pipelining's `_Action` lists).
 
-Micro-batches in flight and pipeline time are read off these lists rather than written as
-formulas of their own: `peak_in_flight` walks one rank's actions, `simulate` runs every
-rank's actions against each other with given durations.
+Micro-batches in flight and pipeline time are read off these lists: `peak_in_flight` walks
+one rank's actions, `simulate` runs every rank's actions against each other with given
+durations. The rest of Tessel reads them from here only: `in_flight` (the micro-batches a
+rank holds) and `pipeline_time` (a step's pipeline) answer in O(1) from closed forms, each
+of which tests/cost_models/test_pipeline_schedule.py checks against the walk or the
+simulation over a grid of stages, micro-batches, chunks and schedules, under the condition
+its docstring states; where no closed form holds, they walk the actions (cached).
 
 The orders are torch 2.13's (`torch/distributed/pipelining/schedules.py`), action for
 action; tests/cost_models/test_pipeline_schedule.py compares them with torch's own:
@@ -33,16 +37,14 @@ Pure Python on plain numbers: no torch, nothing searched.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
 
-from planner.vocabulary.parallel import SCHEDULES
+from planner.vocabulary.schedules import LAID_OUT, SCHEDULES, V_SHAPED, schedule_info
 
-SCHEDULE_NAMES: tuple[str, ...] = (*SCHEDULES, "zbv")
-"""The schedules this module lays out: the planner's, and ZB-V."""
-V_SHAPED: tuple[str, ...] = ("zbv", "dualpipev")
-"""Schedules whose rank r holds stages r and 2 p - 1 - r (torch's style="v" mapping)."""
 KINDS: tuple[str, ...] = ("F", "B", "I", "W")
 """Forward, full backward, backward for inputs, backward for weights (torch's letters)."""
 
@@ -93,8 +95,9 @@ def stage_rank(stage: int, pipeline: int, schedule: str) -> int:
 def schedule_actions(schedule: str, pipeline: int, micro_batches: int,
                      virtual: int = 1) -> list[list[Action]]:
     """For each of `pipeline` ranks, the actions it runs, in order, for `micro_batches`
-    micro-batches under `schedule` (one of SCHEDULE_NAMES; `virtual` stages per rank for
-    the interleaved schedule, 2 for zbv). Sources in the module's docstring."""
+    micro-batches under `schedule` (one of `planner.vocabulary.schedules.LAID_OUT`;
+    `virtual` stages per rank for the interleaved schedule, 2 for zbv and dualpipev).
+    Sources in the module's docstring."""
     return [rank_actions(schedule, pipeline, rank, micro_batches, virtual)
             for rank in range(pipeline)]
 
@@ -117,15 +120,16 @@ def rank_actions(schedule: str, pipeline: int, rank: int, micro_batches: int,
 
 
 def _check(schedule: str, p: int, r: int, m: int, v: int) -> None:
-    if schedule not in SCHEDULE_NAMES:
+    if schedule not in LAID_OUT:
         raise ValueError(f"unknown pipeline schedule {schedule!r}; "
-                         f"expected one of {', '.join(SCHEDULE_NAMES)}")
+                         f"expected one of {', '.join(LAID_OUT)}")
     if p < 1 or m < 1 or v < 1:
         raise ValueError(f"pipeline, micro-batches and virtual stages must be >= 1, "
                          f"got {p}, {m} and {v}")
     if not 0 <= r < p:
         raise ValueError(f"rank must be in [0, {p}), got {r}")
-    if schedule in V_SHAPED and v != 2:
+    chunks = schedule_info(schedule).chunks
+    if chunks == 2 and v != 2:
         raise ValueError(f"{schedule} holds two stages per rank (a V): virtual must be 2, "
                          f"got {v}")
     if schedule == "dualpipev" and m < 2 * p:
@@ -133,7 +137,7 @@ def _check(schedule: str, p: int, r: int, m: int, v: int) -> None:
         # stages".
         raise ValueError(f"dualpipev needs at least as many micro-batches as its 2 x {p} "
                          f"stages, got {m}")
-    if schedule in ("gpipe", "1f1b") and v != 1:
+    if chunks == 1 and v != 1:
         raise ValueError(f"{v} stages per rank need the interleaved schedule, not {schedule}")
 
 
@@ -373,7 +377,7 @@ def eager_last_stage(actions: list[Action], num_stages: int) -> list[Action]:
     """`actions` with each backward of the last of `num_stages` stages run right after its
     forward. That backward needs nothing but its own forward, so running it at once
     delays no one and keeps one micro-batch there: Tessel's graph runtime
-    (`runtime.staged`) runs its last stage so under every schedule, where torch's
+    (`runtime.graph_pipeline`) runs its last stage so under every schedule, where torch's
     ScheduleGPipe keeps all m."""
     last = num_stages - 1
     backward: dict[int, list[Action]] = {}  # micro-batch -> the last stage's B (or I, W)
@@ -418,14 +422,197 @@ def _sizes(stage_bytes: Callable[[int], float] | Mapping[int, float] | None,
     return stage_bytes
 
 
-def in_flight_micro_batches(schedule: str, pipeline: int, rank: int, micro_batches: int,
-                            virtual: int = 1) -> float:
-    """Micro-batches of activations `rank` holds at its peak, in units of one micro-batch
-    through all the rank's layers (its stages taken as equal shares of them): the peak of
-    its actions (`peak_in_flight`) over the `virtual` stages it holds. The arguments of
-    `cost_models.memory.in_flight_micro_batches`, which this answers from the order."""
-    actions = rank_actions(schedule, pipeline, rank, micro_batches, virtual)
-    return peak_in_flight(actions) / virtual
+def in_flight(schedule: str, pipeline: int, rank: int, micro_batches: int,
+              virtual: int = 1, eager_last: bool = False) -> float:
+    """Micro-batches of activations `rank` of `pipeline` ranks holds at its peak under
+    `schedule`, in units of one micro-batch through all the rank's layers (its `virtual`
+    stages taken as equal shares of them): `peak_in_flight` of `rank_actions` over
+    `virtual`. `eager_last`: the last stage runs each backward right after its forward
+    (`eager_last_stage`, as Tessel's graph runtime runs it).
+
+    O(1) where a closed form gives the walk's answer (the tests check each against the
+    walk over ranks, micro-batches and chunks), else the walk, cached:
+
+    - gpipe: every forward before any backward (Huang et al., GPipe, NeurIPS 2019): m;
+      1 on an eager last stage.
+    - 1f1b, and interleaved with one chunk per rank (PipeDream-Flush: Narayanan et al.,
+      SC 2021, Sec. 2.2.1): min(p - r, m); the first rank holds p, the last 1.
+    - interleaved (Sec. 2.2.2), v chunks per rank, p dividing m (Megatron-LM's rule): the
+      warm-up of w = 2 (p - r - 1) + (v - 1) p chunk-micro-batches, then one more, each
+      1/v of the rank: min(w + 1, m v) / v. For rank 0 that is p (1 + (p - 1) / (p v)),
+      the factor Megatron-LM's theoretical_memory_usage.py applies (Korthikanti et al.,
+      2022, Sec. 4). Where p does not divide m torch runs other rounds: walked.
+    - dualpipev: PP + 1 chunk-micro-batches on every rank, PP = 2 p stages, each chunk
+      half the rank: p + 1/2, for every m >= 2 p torch's ScheduleDualPipeV runs
+      (deepseek-ai/DualPipe README, "Activation Per Device" of DualPipeV; DeepSeek-V3
+      Technical Report Table 2 for DualPipe).
+
+    Under GPipe and 1F1B a rank's order depends only on the ranks from it to the last, so
+    rank 0 of a pipeline of k answers for any stage with k - 1 stages after it: what a
+    stage DP that knows only the stages after a stage asks."""
+    p, r, m, v = pipeline, rank, micro_batches, virtual
+    _check(schedule, p, r, m, v)
+    if schedule == "gpipe":
+        return 1.0 if eager_last and r == p - 1 else float(m)
+    if v == 1:  # 1F1B, or interleaved over one chunk (the V-shaped ones have two)
+        return float(min(p - r, m))  # an eager last stage already runs 1F1B's way
+    if not eager_last and schedule == "interleaved" and m % p == 0:
+        warmup = 2 * (p - r - 1) + (v - 1) * p
+        return min(warmup + 1, m * v) / v
+    if not eager_last and schedule == "dualpipev":
+        return p + 0.5
+    return _walked_in_flight(schedule, p, r, m, v, eager_last)
+
+
+@functools.lru_cache(maxsize=4096)
+def _walked_in_flight(schedule: str, p: int, r: int, m: int, v: int, eager_last: bool
+                      ) -> float:
+    """`in_flight` by walking the rank's actions."""
+    actions = rank_actions(schedule, p, r, m, v)
+    if eager_last:
+        actions = eager_last_stage(actions, p * v)
+    return peak_in_flight(actions) / v
+
+
+@dataclass(frozen=True)
+class StagePhases:
+    """Seconds one pipeline stage spends on one micro-batch (all its chunks), by phase:
+    what the pipeline's time is made of (`pipeline_time`), and what a schedule's timeline
+    draws (`action_parts`)."""
+
+    forward: float
+    """Forward kernels."""
+    backward: float
+    """Backward kernels."""
+    recompute: float = 0.0
+    """Forward replayed inside the backward (activation recomputation)."""
+    forward_communication: float = 0.0
+    """Exposed collectives of the forward (tensor, context and expert parallel)."""
+    backward_communication: float = 0.0
+    """Exposed collectives of the backward (the replayed forward's included)."""
+    transfer: float = 0.0
+    """Pipeline point-to-point of one chunk: sending the activation (half of it, after a
+    forward) and the gradient (the other half, after a backward). Each of a stage's v
+    chunks sends its own, so unlike the phases above it is not shared among chunks."""
+
+    @property
+    def compute(self) -> float:
+        """Kernel seconds: forward, backward and the replayed forward."""
+        return self.forward + self.backward + self.recompute
+
+    @property
+    def communication(self) -> float:
+        """Exposed tensor-, context- and expert-parallel collectives."""
+        return self.forward_communication + self.backward_communication
+
+    @property
+    def total(self) -> float:
+        """Seconds per micro-batch as the pipeline counts a stage (one transfer)."""
+        return self.compute + self.communication + self.transfer
+
+
+def action_parts(action: Action, phases: StagePhases, virtual: int = 1
+                 ) -> list[tuple[str, float]]:
+    """What `action` spends its time on, in order, its stage's `phases` shared by its
+    `virtual` chunks: its chunk's 1/v of the stage's phases, and its own half of the
+    chunk's transfer. A split backward's W (the weights' gradient) is half the chunk's
+    backward kernels, as `dualpipev_chunk` prices it; its I is the rest of the backward."""
+    v = virtual
+    if action.kind == "F":
+        return [("forward", phases.forward / v),
+                ("communication", phases.forward_communication / v + phases.transfer / 2)]
+    weight = phases.backward / v / 2
+    if action.kind == "W":
+        return [("backward", weight)]
+    backward = phases.backward / v - (weight if action.kind == "I" else 0.0)
+    # Recomputation replays the forward just before the backward that needs it.
+    return [("recompute", phases.recompute / v), ("backward", backward),
+            ("communication", phases.backward_communication / v + phases.transfer / 2)]
+
+
+def simulate_stages(schedule: str, stages: Sequence[StagePhases], micro_batches: int,
+                    virtual: int = 1) -> Timeline:
+    """`simulate` of `schedule`'s actions for `micro_batches` through `stages` (one per
+    pipeline rank, `virtual` chunks each), each action lasting its `action_parts`:
+    the pipeline time that `pipeline_time`'s closed forms stand for."""
+    p = len(stages)
+    actions = schedule_actions(schedule, p, micro_batches, virtual)
+    return simulate(actions, lambda action: sum(
+        t for _, t in action_parts(action, stages[stage_rank(action.stage, p, schedule)],
+                                   virtual)))
+
+
+class PipelineTime(NamedTuple):
+    """How long a step's pipeline runs."""
+
+    seconds: float
+    """From the first forward to the last backward."""
+    bubble: float
+    """Of that, what the slowest stage's own m micro-batches do not fill: the fill and
+    drain (and, interleaved, the chunks' extra transfers)."""
+    slowest: int
+    """The slowest stage (the first of them), whose time per micro-batch paces the rest."""
+
+
+def paced_micro_batches(micro_batches: int) -> int:
+    """The micro-batches a one-chunk pipeline's slowest stage paces after the first has
+    gone through every stage: m - 1. Its time is sum of stage times + this x the slowest
+    (`one_chunk_seconds`): the weight of t_max in Alpa's stage DP."""
+    return micro_batches - 1
+
+
+def one_chunk_seconds(stage_seconds: Sequence[float], micro_batches: int) -> float:
+    """GPipe's and 1F1B's pipeline over stages of `stage_seconds` per micro-batch: one
+    micro-batch through every stage (the fill and drain), then the other m - 1 at the
+    slowest stage's pace, sum_i t_i + (m - 1) max_i t_i: Alpa's objective (Zheng et al.,
+    "Alpa", OSDI 2022, Sec. 5.2); for p equal stages (m + p - 1) t, the bubble
+    (p - 1) t of Narayanan et al. (SC 2021, Sec. 2.2.1).
+
+    Equal to `simulate_stages` where every stage's backward is the same multiple of its
+    forward, under GPipe; under 1F1B (and GPipe with an eager last stage) where besides
+    the last stage is the slowest (Megatron-LM's layouts: the loss on the last). Where a
+    middle stage is the slowest, the stages around it fill some of the slots it paces, and
+    the schedule ends before this."""
+    return float(sum(stage_seconds)) + paced_micro_batches(micro_batches) * float(
+        max(stage_seconds))
+
+
+def pipeline_time(schedule: str, stages: Sequence[StagePhases] | Sequence[float],
+                  micro_batches: int, virtual: int = 1) -> PipelineTime:
+    """The pipeline of `micro_batches` through `stages` (each stage's `StagePhases`, or
+    its total seconds per micro-batch where the schedule needs no more) under `schedule`
+    with `virtual` chunks per stage, in O(p):
+
+    - gpipe, 1f1b: `one_chunk_seconds`.
+    - interleaved: (m + (p - 1) / v) t_max + (v - 1) m c, t_max the slowest stage's
+      total, c one chunk's transfer (each of v chunks sends its own): the bubble (p - 1)
+      / v of Narayanan et al. (SC 2021, Sec. 2.2.2). Equal to `simulate_stages` for equal
+      stages without transfers, for every m >= p torch's rounds accept; above it for
+      unequal stages (each paced as the slowest). With transfers it is short of it by at
+      most (p - 1)(v - 1) / v c: its fill counts one transfer per stage, as the one-chunk
+      forms do, where the schedule's fill crosses a boundary per chunk.
+    - dualpipev: `dualpipev_pipeline_seconds` of the slowest stage (DeepSeek-V3 Technical
+      Report Table 2): equal to `simulate_stages` for equal stages whose chunks' I (B -
+      W) lasts as long as their F; above it where such stages are unequal."""
+    p, m, v = len(stages), micro_batches, virtual
+    totals = [s.total if isinstance(s, StagePhases) else float(s) for s in stages]
+    slowest = max(range(p), key=totals.__getitem__)
+    if schedule == "interleaved":
+        transfer = stages[slowest].transfer if isinstance(stages[slowest], StagePhases) else 0.0
+        seconds = (m + (p - 1) / v) * totals[slowest] + (v - 1) * m * transfer
+    elif schedule == "dualpipev":
+        s = stages[slowest]
+        if not isinstance(s, StagePhases):
+            raise ValueError("dualpipev is priced from each stage's phases, not its total")
+        seconds = dualpipev_pipeline_seconds(
+            p, m, s.forward + s.forward_communication,
+            s.recompute + s.backward + s.backward_communication, s.backward, s.transfer)
+    elif schedule_info(schedule).chunks == 1:
+        seconds = one_chunk_seconds(totals, m)
+    else:
+        raise ValueError(f"no pipeline time for schedule {schedule!r}; the planner prices "
+                         f"{', '.join(SCHEDULES)}")
+    return PipelineTime(seconds, seconds - m * totals[slowest], slowest)
 
 
 Interval = tuple[Action, float, float]

@@ -11,7 +11,7 @@
 - `dgx-b200` borrows GB200's fit (the same GPU at a lower clock is in its peaks; its one
   NeMo row only checks it), `dgx-h200` H100's (the same SM; more and faster HBM is in its
   datasheet numbers).
-- `dgx-a100-80g` is fitted to vTrain's single-node measurements (`cost_models.calibrate`).
+- `dgx-a100-80g` is fitted to vTrain's single-node measurements (`cost_models.efficiency_fit`).
 
 A fit moves few parameters on few rows, within `calibrate.BOUNDS`; `leave_one_model_out`
 says how it does on a model it did not see.
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cost_models.calibrate import fit_efficiency, predict_all
-from cost_models.efficiency import Efficiency
+from cost_models.efficiency_fit import fit_efficiency, predict_all
+from planner.vocabulary.efficiency import Efficiency
 from cost_models.published_runs import PublishedRun, SkippedRow, read_megatron_core, read_nemo
 from planner.vocabulary.cluster import Cluster
 

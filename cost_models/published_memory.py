@@ -168,7 +168,7 @@ def _run(line: int, row: dict[str, str]) -> MemoryRun:
             # (bf16_with_fp8_current_scaling_mixed) gathers fp8 parameters.
             knobs["main_grads_dtype"] = "bf16"
             knobs["fp8_param_gather"] = knobs["precision"] == "fp8"
-    parallel = ParallelConfig(**knobs)
+    parallel = ParallelConfig.of(**knobs)
     kind = "reserved" if "reserved" in row["memory_kind"] else "allocated"
     measured = _number(row["memory_gib"]) if row["memory_gib"].strip() else None
     return MemoryRun(

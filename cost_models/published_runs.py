@@ -18,7 +18,7 @@ import csv
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from cost_models.calibrate import MeasuredStep
+from cost_models.efficiency_fit import MeasuredStep
 from cost_models.step_time import predict_step
 from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
@@ -71,7 +71,7 @@ def read_megatron_core(path: str | Path) -> list[PublishedRun]:
             max_position_embeddings=4096)
         t, p, d = int(row["tp"]), int(row["pp"]), int(row["dp"])
         gpus = int(row["gpus"])
-        parallel = _published(ParallelConfig(
+        parallel = _published(ParallelConfig.of(
             tensor=t, pipeline=p, data=d, micro_batch_size=1,
             global_batch_size=int(row["global_batch"]), precision="bf16", zero_stage=1),
             cluster)
@@ -107,7 +107,7 @@ def read_nemo(path: str | Path) -> tuple[list[PublishedRun], list[SkippedRow]]:
         t, p, c = int(row["tp"]), int(row["pp"]), int(row["cp"])
         vp = 1 if row["vp"] in ("n/a", "1") else int(row["vp"])
         kind, recipe = PRECISIONS[precision]
-        parallel = _published(ParallelConfig(
+        parallel = _published(ParallelConfig.of(
             tensor=t, pipeline=p, context=c, micro_batch_size=int(row["micro_batch"]),
             global_batch_size=int(row["global_batch"]), precision=kind, fp8_recipe=recipe,
             zero_stage=3 if int(row["fsdp"]) else 1,
@@ -123,7 +123,7 @@ def read_nemo(path: str | Path) -> tuple[list[PublishedRun], list[SkippedRow]]:
 
 def _published(parallel: ParallelConfig, cluster: Cluster) -> ParallelConfig:
     """The settings published runs share (see the module docstring)."""
-    split = parallel.tensor > 1
+    split = parallel.dims.tensor > 1
     return replace(parallel, sequence_parallel=split, overlap_grad_reduce=True,
                    overlap_param_gather=True, attention_backend="fused",
                    tp_comm_overlap=split and cluster.device.tp_comm_overlap)

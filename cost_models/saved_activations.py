@@ -78,8 +78,8 @@ class LayerShape:
 def layer_shape(model: TransformerConfig, parallel: ParallelConfig) -> LayerShape:
     """The shapes of `model`'s layer as `parallel` splits it: the sequence over the context
     degree, heads and the MLP over the tensor degree."""
-    t = parallel.tensor
-    seq = math.ceil(model.seq_length / parallel.context)
+    t = parallel.dims.tensor
+    seq = math.ceil(model.seq_length / parallel.dims.context)
     sequence_parallel = parallel.sequence_parallel or (parallel.engine == "torchtitan")
     return LayerShape(
         tokens=seq * parallel.micro_batch_size, hidden=model.hidden_size,
@@ -181,7 +181,7 @@ def megatron_sublayers(
         # Scores and softmax (bf16) and the attention dropout mask (1 byte), Korthikanti
         # et al.'s 5 a s^2 b / t; without dropout the mask is not made.
         mask = 1 if model.attention_dropout > 0 else 0
-        attn["scores"] = (2 * e + mask) * x.heads * n * (model.seq_length / parallel.context)
+        attn["scores"] = (2 * e + mask) * x.heads * n * (model.seq_length / parallel.dims.context)
     if "mlp" in modules and not model.is_moe:
         # The dense MLP is replayed from its input, which fc1 saves anyway (an MoE layer's
         # is the moe module's).
@@ -199,7 +199,7 @@ def _mla_saved(model: TransformerConfig, parallel: ParallelConfig, n: float, e: 
     per head) and v and the output (v_head_dim per head); `mla_up_proj` recomputation
     frees q, k and v, replayed from the latents in backward (Megatron-Core's
     --recompute-modules mla_up_proj)."""
-    t = parallel.tensor
+    t = parallel.dims.tensor
     latents = (model.q_lora_rank or 0) + model.kv_lora_rank + model.qk_pos_emb_head_dim
     qk, v = model.query_width / t, model.value_width / t
     kept = e * n * latents + e * n * v  # the latents and the core's output
@@ -218,8 +218,8 @@ def _moe_saved(model: TransformerConfig, parallel: ParallelConfig, n: float, e: 
     `shared_experts` the shared expert's, `moe` all of it but the layer's input."""
     if "moe" in modules:
         return 0.0
-    sp = parallel.tensor if parallel.sequence_parallel else 1
-    etp = parallel.expert_tensor_degree if sp > 1 else parallel.tensor
+    sp = parallel.dims.tensor if parallel.sequence_parallel else 1
+    etp = parallel.dims.expert_tensor_degree if sp > 1 else parallel.dims.tensor
     gathered = etp if sp > 1 else 1
     pad = parallel.moe_expert_capacity_factor \
         if parallel.moe_pad_expert_input_to_capacity and parallel.moe_expert_capacity_factor \
@@ -233,7 +233,7 @@ def _moe_saved(model: TransformerConfig, parallel: ParallelConfig, n: float, e: 
         kept += linear_input * rows * f
     shared = model.moe_shared_expert_intermediate_size
     if shared and "shared_experts" not in modules:
-        width = shared / parallel.tensor
+        width = shared / parallel.dims.tensor
         kept += e * n * (2 * width if model.activation == "swiglu" else width) \
             + linear_input * n * width
     return kept
@@ -287,7 +287,7 @@ def _torch_eager(
         f = model.expert_ffn_size
         kinds["mlp"] += e * rows * (2 * x.hidden + up * f)
     if not score_free:
-        kinds["scores"] = 2 * e * x.heads * n * model.seq_length / parallel.context
+        kinds["scores"] = 2 * e * x.heads * n * model.seq_length / parallel.dims.context
     return kinds
 
 
@@ -339,7 +339,7 @@ def _op_selective(
         # wo's and w2's reduce-scatter outputs.
         kept["attention"] += e * n * x.hidden / t
         kept["mlp"] += e * n * x.hidden / t
-    if model.is_moe and parallel.expert > 1:
+    if model.is_moe and parallel.dims.expert > 1:
         # The dispatch's and the combine's all-to-all outputs: every (token, expert) row
         # this rank receives and gets back (torchtitan/distributed/expert_parallel.py).
         kept["mlp"] += 2 * e * n / x.sequence_shards * model.moe_top_k * x.hidden
@@ -372,23 +372,23 @@ def tessel_layer(model: TransformerConfig, parallel: ParallelConfig) -> dict[str
     # Keys and values as SDPA gets them: repeat_kv's copy for every local query head; no
     # copy with as many key/value heads as query heads, nor with one key/value head per
     # tensor rank (the reshape of its expand then merges a size-1 dim: a view).
-    local_groups = model.num_kv_heads // parallel.tensor
-    kv = x.key if local_groups in (1, model.num_attention_heads // parallel.tensor) \
+    local_groups = model.num_kv_heads // parallel.dims.tensor
+    kv = x.key if local_groups in (1, model.num_attention_heads // parallel.dims.tensor) \
         else x.query
     attention = (
         # q on this rank's positions; k and v over the whole sequence (gathered over the
         # context group).
-        e * n * x.query + 2 * e * b * s * parallel.context * kv
+        e * n * x.query + 2 * e * b * s * parallel.dims.context * kv
         # SDPA's output: the flash kernel lays it out [b, s, heads, d], so the transpose
         # and reshape before o_proj are views of it and o_proj saves the same storage.
         + e * n * x.query
     )
     if not selective:
         attention += FP32 * n * x.heads  # the log-sum-exp of each query row
-    if parallel.context > 1:
+    if parallel.dims.context > 1:
         # The causal mask offset by the rank's first position [s, s c]: a bool checkpoint
         # input under selective recomputation, else the copy SDPA converts it to.
-        attention += (1 if selective else e) * s * s * parallel.context
+        attention += (1 if selective else e) * s * s * parallel.dims.context
     up = 4 if model.activation == "swiglu" else 2  # silu's input and output, up's output
     # and their product; or GeLU's input and output (fc2's input)
     kinds = {
@@ -424,7 +424,7 @@ def tessel_stage(
     micro-batch in Tessel's runtime, by kind: the blocks (`tessel_layer`, or under full
     recomputation each block's input, which `checkpoint_wrapper` keeps), and on the first
     chunk (`first`) what the embeddings keep, on the last (`last`) the final norm, the
-    head and the loss (`runtime/training.py` `lm_loss`)."""
+    head and the loss (`runtime/training_loop.py` `lm_loss`)."""
     x = layer_shape(model, parallel)
     e = activation_element_bytes(parallel.precision)
     n, sp = x.tokens, x.sequence_shards

@@ -4,7 +4,7 @@ The model of a step, per GPU:
 
 - each kernel of a layer (`cost_models/transformer_ops.py`) takes its FLOPs over the
   device's bf16 peak times an efficiency that falls for small or skinny matmuls, or its
-  bytes over the HBM bandwidth, plus a fixed per-kernel cost (`cost_models/efficiency.py`);
+  bytes over the HBM bandwidth, plus a fixed per-kernel cost (`planner/vocabulary/efficiency.py`);
   the host launches kernels asynchronously, so a pass takes the longer of its GPU time and
   its host launch time (small models and micro-batches are bound by the host);
   the backward runs each matmul twice (input and weight gradients), attention's backward
@@ -14,9 +14,9 @@ The model of a step, per GPU:
   sequence parallelism (Korthikanti et al. 2022); they are not overlapped;
 - recomputation replays the forward of each layer (full) or of its attention (selective)
   inside the backward;
-- the pipeline runs m micro-batches through p stages: sum of stage times + (m - 1) x the
-  slowest (Alpa's stage latency formula; the 1F1B and GPipe bubble), (m + (p - 1) / v) x
-  the slowest for the interleaved schedule with v chunks (Narayanan et al. 2021);
+- the pipeline runs m micro-batches through p stages as the schedule lays them out
+  (`cost_models.pipeline_schedule.pipeline_time`: Alpa's objective for GPipe and 1F1B,
+  Narayanan et al.'s interleaved bubble, DeepSeek-V3's DualPipeV bubble);
 - data-parallel gradient reduction (fp32 main gradients, as Megatron-LM keeps them) runs
   after the last backward, or hides behind the last micro-batch's backward with
   `overlap_grad_reduce`, exposed only where it is longer; then the Adam update, bound by
@@ -28,17 +28,18 @@ pipeline; so tensor groups stay in a node and pipeline neighbours are far apart.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING
 
 from cost_models.identity_memo import IdentityMemo
 from cost_models import engine_memory, memory
 from cost_models.comm import group_collective_time
 from cost_models.data_parallel import data_parallel_comm, hidden
-from cost_models.efficiency import Efficiency
+from planner.vocabulary.efficiency import Efficiency
 from cost_models.kernel_time import Pass, pass_seconds
 from cost_models.layer_mix import layer_variants
-from cost_models.model_flops import step_flops
+from cost_models.model_flops import model_flops_utilization, step_flops
+from cost_models.pipeline_schedule import StagePhases, pipeline_time
 from cost_models.moe_dispatch import expert_split, host_sync, moe_layer_comm
 from cost_models.saved_activations import activation_element_bytes as activation_bytes
 from cost_models.saved_activations import checkpoint_bytes, saved_per_layer
@@ -140,7 +141,7 @@ def _price_head(
     model: TransformerConfig, parallel: ParallelConfig, device: DeviceSpec, tensor: int
 ) -> Pass:
     """`_head_pass`, computed."""
-    seq = model.seq_length / parallel.context
+    seq = model.seq_length / parallel.dims.context
     head = head_ops(model, parallel.micro_batch_size, seq, tensor)
     if model.mtp_num_layers:
         head += model.mtp_num_layers * mtp_ops(model, parallel.micro_batch_size, seq, tensor,
@@ -148,42 +149,6 @@ def _price_head(
     return Pass(pass_seconds(head, device, device.efficiency, parallel.precision),
                 pass_seconds(head, device, device.efficiency, parallel.precision,
                              backward=True))
-
-
-@dataclass(frozen=True)
-class StagePhases:
-    """Seconds one pipeline stage spends on one micro-batch (all its chunks), by phase:
-    what the pipeline's time is made of, and what a schedule's timeline draws."""
-
-    forward: float
-    """Forward kernels."""
-    backward: float
-    """Backward kernels."""
-    recompute: float = 0.0
-    """Forward replayed inside the backward (activation recomputation)."""
-    forward_communication: float = 0.0
-    """Exposed collectives of the forward (tensor, context and expert parallel)."""
-    backward_communication: float = 0.0
-    """Exposed collectives of the backward (the replayed forward's included)."""
-    transfer: float = 0.0
-    """Pipeline point-to-point of one chunk: sending the activation (half of it, after a
-    forward) and the gradient (the other half, after a backward). Each of a stage's v
-    chunks sends its own, so unlike the phases above it is not shared among chunks."""
-
-    @property
-    def compute(self) -> float:
-        """Kernel seconds: forward, backward and the replayed forward."""
-        return self.forward + self.backward + self.recompute
-
-    @property
-    def communication(self) -> float:
-        """Exposed tensor-, context- and expert-parallel collectives."""
-        return self.forward_communication + self.backward_communication
-
-    @property
-    def total(self) -> float:
-        """Seconds per micro-batch as the pipeline counts a stage (one transfer)."""
-        return self.compute + self.communication + self.transfer
 
 
 _LAYER_PASSES: IdentityMemo[tuple[Pass, Pass]] = IdentityMemo(MAX_MEMO)
@@ -231,11 +196,11 @@ def _price_layer(
 ) -> tuple[Pass, Pass]:
     """`_layer_pass`, computed."""
     device, eff = cluster.device, cluster.device.efficiency
-    seq = model.seq_length / parallel.context
+    seq = model.seq_length / parallel.dims.context
     split = expert_split(model, parallel) if model.is_moe else None
-    ops = layer_ops(model, parallel.micro_batch_size, seq, parallel.tensor,
+    ops = layer_ops(model, parallel.micro_batch_size, seq, parallel.dims.tensor,
                     parallel.sequence_parallel, attention_backend(parallel, flash),
-                    parallel.context, split)
+                    parallel.dims.context, split)
     precision, graphed = parallel.precision, parallel.cuda_graphs
     if precision == "fp8":
         ops += fp8_casts(ops, parallel.fp8_recipe)
@@ -289,9 +254,9 @@ def _tensor_parallel_comm(
     # Outside Tessel's runtime, expert dispatch is priced by `moe_dispatch`.
     skipped = ("tp",) if parallel.engine == "tessel" else ("tp", "ep")
     others = price([c for c in issued if c.axis not in skipped], parallel, cluster)
-    t = parallel.tensor
+    t = parallel.dims.tensor
     if collectives is not None and t in collectives:
-        tokens = parallel.micro_batch_size * model.seq_length / parallel.context
+        tokens = parallel.micro_batch_size * model.seq_length / parallel.dims.context
         chosen = sum(
             group_collective_time(c.kind, c.bytes_per_token * tokens, t, 1, cluster)
             for c in collectives[t]
@@ -335,8 +300,8 @@ def price(collectives: list[Collective], parallel: ParallelConfig, cluster: Clus
     """Seconds of `collectives` by phase (forward, backward, and recompute: the forward
     rerun in backward), each on its mesh axis's group: tensor ranks adjacent, context
     ranks `tensor` apart, expert ranks `tensor x context` apart."""
-    t, cp = parallel.tensor, parallel.context
-    groups = {"tp": (t, 1), "cp": (cp, t), "ep": (parallel.expert, t * cp)}
+    t, cp = parallel.dims.tensor, parallel.dims.context
+    groups = {"tp": (t, 1), "cp": (cp, t), "ep": (parallel.dims.expert, t * cp)}
     seconds = {"forward": 0.0, "backward": 0.0, "recompute": 0.0}
     for c in collectives:
         size, stride = groups[c.axis]
@@ -379,7 +344,7 @@ def predict_stages(
         flash_attention = cluster.device.flash_attention
     num_gpus = cluster.num_devices
     p, v = len(stages), parallel.virtual_pipeline
-    sequences = parallel.micro_batch_size * parallel.data
+    sequences = parallel.micro_batch_size * parallel.dims.data
     m = parallel.global_batch_size // sequences
     device, eff = cluster.device, cluster.device.efficiency
     p2p = _pipeline_p2p(model, parallel, stages, cluster) if p > 1 else 0.0
@@ -387,20 +352,8 @@ def predict_stages(
                                   collectives, p2p)
     compute = [phase.compute for phase in phases]
     comm = [phase.communication for phase in phases]
-    stage_times = [phase.total for phase in phases]
-    slowest = max(range(p), key=lambda i: stage_times[i])
-    if parallel.schedule == "interleaved":
-        pipeline_s = (m + (p - 1) / v) * stage_times[slowest] + (v - 1) * m * p2p
-    elif parallel.schedule == "dualpipev":
-        # DeepSeek-V3 report Table 2 / DualPipe README: 2 m (F + B) + (PP/2 - 1)(F&B + B -
-        # 3W) over the slowest rank's two chunks; each chunk sends its own transfers.
-        from cost_models.pipeline_schedule import dualpipev_pipeline_seconds
-        s = phases[slowest]
-        pipeline_s = dualpipev_pipeline_seconds(
-            p, m, s.forward + s.forward_communication,
-            s.recompute + s.backward + s.backward_communication, s.backward, s.transfer)
-    else:
-        pipeline_s = sum(stage_times) + (m - 1) * stage_times[slowest]
+    pipeline = pipeline_time(parallel.schedule, phases, m, v)
+    pipeline_s, slowest = pipeline.seconds, pipeline.slowest
 
     params = stage_parameters(model, stages, parallel)
     reductions = {(params[i], id(local[i][0]), stages[i].layers): i for i in range(p)}
@@ -417,20 +370,19 @@ def predict_stages(
 
     replays = sum(recomputed_layers(parallel, stage.layers) for stage in stages)
     model_flops, hardware_flops = step_flops(model, parallel, replays)
-    peak = device.peak_tflops.get(parallel.precision, device.peak_tflops["fp32"])
     worst_memory = stages_peak_memory(model, cluster, parallel, stages, flash_attention)
     return StepPrediction(
         step_time_s=step,
         compute_s=m * compute[slowest],
         tensor_parallel_comm_s=m * comm[slowest],
         pipeline_comm_s=m * p2p,
-        bubble_s=pipeline_s - m * stage_times[slowest],
+        bubble_s=pipeline.bubble,
         data_parallel_comm_s=data_s,
         optimizer_s=optimizer_s,
         tokens_per_s=parallel.global_batch_size * model.seq_length / step,
         model_tflops_per_gpu=model_flops / step / num_gpus / 1e12,
         hardware_tflops_per_gpu=hardware_flops / step / num_gpus / 1e12,
-        mfu=model_flops / step / num_gpus / (peak * 1e12),
+        mfu=model_flops_utilization(model_flops, step, num_gpus, device, parallel.precision),
         memory_gib_per_gpu=worst_memory.total / 2**30,
         fits=worst_memory.fits(cluster.usable_memory_bytes),
         reserved_gib_per_gpu=(worst_memory.reserved + worst_memory.reserve) / 2**30,
@@ -465,7 +417,7 @@ def _stage_phases(
     exposed collectives by phase, the head on the last stage, the embedding's and head's
     collectives on the end stages, each chunk gathering the slices it receives."""
     p, v = len(stages), parallel.virtual_pipeline
-    sequences = parallel.micro_batch_size * parallel.data
+    sequences = parallel.micro_batch_size * parallel.dims.data
     device = cluster.device
     phases, local = [], []
     passes: dict[tuple[int, int], tuple[Pass, Pass]] = {}  # stages alike share one
@@ -474,7 +426,7 @@ def _stage_phases(
         first, last = index == 0, index == p - 1
         key = (stage.tensor, stage.data, stage.layers, first, last)
         if key not in priced:
-            here = replace(parallel, tensor=stage.tensor, data=stage.data,
+            here = parallel.but(tensor=stage.tensor, data=stage.data,
                            micro_batch_size=sequences // stage.data)
             if (stage.tensor, stage.data) not in passes:
                 passes[stage.tensor, stage.data] = _layer_pass(model, here, cluster,
@@ -514,8 +466,8 @@ def _pipeline_p2p(
     """Activation out and gradient in, per micro-batch, across the slowest stage boundary;
     each rank sends its 1/t slice (sequence parallelism's, or Megatron's scatter-gather:
     the all-gathers that undo it are priced with the stage's collectives)."""
-    seq = model.seq_length / parallel.context
-    sequences = parallel.micro_batch_size * parallel.data
+    seq = model.seq_length / parallel.dims.context
+    sequences = parallel.micro_batch_size * parallel.dims.data
     element = activation_bytes(parallel.precision)
     nbytes = max(
         sequences / stage.data * seq * model.hidden_size * element
@@ -523,7 +475,7 @@ def _pipeline_p2p(
         for stage in stages
     )
     # The stages as one group, `devices` apart: it spans domains when the pipeline does.
-    stride = min(stage.devices for stage in stages) * parallel.context
+    stride = min(stage.devices for stage in stages) * parallel.dims.context
     return 2 * group_collective_time("send_recv", nbytes, len(stages), stride, cluster)
 
 
@@ -561,8 +513,8 @@ def stage_mesh_costs(
 ) -> StageCosts:
     """Costs of a stage running `parallel`'s shared knobs on a `data` x `tensor` mesh,
     each micro-batch of `micro_batch_size x parallel.data` sequences split `data` ways."""
-    sequences = parallel.micro_batch_size * parallel.data
-    here = replace(parallel, tensor=tensor, data=data, micro_batch_size=sequences // data)
+    sequences = parallel.micro_batch_size * parallel.dims.data
+    here = parallel.but(tensor=tensor, data=data, micro_batch_size=sequences // data)
     if flash_attention is None:
         flash_attention = cluster.device.flash_attention
     kernels, comm = _layer_pass(model, here, cluster, flash_attention, collectives)

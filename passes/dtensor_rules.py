@@ -36,7 +36,7 @@ from torch.distributed.tensor._redistribute import (
     redistribute_local_tensor,
 )
 
-from passes.placement_text import placement_pieces
+from planner.vocabulary.placement_text import placement_pieces
 
 Placements = tuple[Placement, ...]
 

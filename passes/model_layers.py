@@ -8,9 +8,9 @@ as a layer of its own, the first block, the middle block once per middle block, 
 under its own parameters' names (`layers.2.` -> `layers.K.`), the last block, and what
 comes after (the head and loss). Every block is then one template, solved once per mesh,
 and the ends are small programs. Two middle blocks are traced, so that the template is
-confirmed by a second instance rather than assumed. Exporting a 48-block GPT of width
-8192 takes 6 s, four blocks a fraction of that; the runtime, which traces the model it
-runs, cuts it where the full model's layers begin (`cuts`).
+confirmed by a second instance rather than assumed. Export time grows with the blocks
+traced, so a deep model costs what four of its blocks do; the runtime, which traces the
+model it runs, cuts it where the full model's layers begin (`cuts`).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from passes.program import TracedProgram
 from planner.vocabulary.cluster import DeviceSpec
 
 if TYPE_CHECKING:
-    from cost_models.profile import ProfileDatabase
+    from cost_models.profiled_costs import ProfileDatabase
 
 # Parameter, gradient and AdamW's two moments, all in the parameter's dtype.
 TRAINING_STATE_COPIES = 4

@@ -21,7 +21,7 @@ def __getattr__(name: str) -> Any:
 
         return GraphKnobs
     if name == "plan_training":
-        from planner.plans.training import plan_training
+        from planner.plans.transformer_plan import plan_training
 
         return plan_training
     if name in __all__:

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from cost_models.profile import ProfileDatabase
+from cost_models.profiled_costs import ProfileDatabase
 from passes.deadline import Deadline
 from passes.dtensor_rules import fake_mesh
 from passes.lower import RankProgram
@@ -21,7 +21,7 @@ from passes.strategies import enumerate_strategies
 from passes.program import TracedProgram
 from passes.trace import trace
 from planner.vocabulary.cluster import Cluster, calibration_of, step_time_band
-from planner.plans.graph import graph_plan
+from planner.plans.graph_plan import graph_plan
 from planner.search.graph_knobs import GraphKnobs
 from planner.search.graph_space import search_graph
 from planner.search.intra_op import IntraOpSolution, plan_intra_op
@@ -34,7 +34,7 @@ from planner.vocabulary.plan import (
     Stage,
     tessel_version,
 )
-from runtime.staged import StagedTrainer
+from runtime.graph_pipeline import StagedTrainer
 from runtime.trainer import ShardedTrainer, training_state
 
 

@@ -57,8 +57,8 @@ from torch.distributed.tensor import DTensor
 
 from runtime.loss_scale import LossScale
 
-# torch.distributed.checkpoint is imported where it is used: importing it takes 0.2 s,
-# and every trainer (so `planner.api`) imports this module.
+# torch.distributed.checkpoint is imported where it is used: its import is slow, and every
+# trainer (so `planner.api`) imports this module, most runs never checkpointing.
 
 LOSS_SCALE_ENTRY = "loss_scale"
 """A checkpoint's entry for an fp16 trainer's loss scale (`runtime.loss_scale`)."""
@@ -398,7 +398,7 @@ def _strip_stage(state: dict[str, Any], section: str | None) -> dict[str, Any]:
 
 class ShardsState:
     """The state of a trainer that keeps its parameter shards as plain local tensors
-    (`runtime.trainer.ShardedTrainer`, `runtime.staged.StagedTrainer`): `locals[name]` is
+    (`runtime.trainer.ShardedTrainer`, `runtime.graph_pipeline.StagedTrainer`): `locals[name]` is
     the local shard of the DTensor `layouts[name]` describes, and a torch optimizer steps
     the local tensors. The checkpoint holds them as DTensors of those layouts, so it
     reshards onto another plan's."""

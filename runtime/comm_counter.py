@@ -13,6 +13,7 @@ thread are not seen.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
@@ -95,6 +96,17 @@ class CommCounter(TorchDispatchMode):
              "count": self.group_counts[kind, ranks], "bytes": self.group_bytes[kind, ranks]}
             for kind, ranks in keys
         ]
+
+
+def add_counts(tables: Iterable[dict[str, dict[str, int]]]) -> dict[str, dict[str, int]]:
+    """`CommCounter.by_kind` tables (one per step, say) summed kind by kind, sorted by kind."""
+    total: dict[str, dict[str, int]] = {}
+    for table in tables:
+        for kind, c in table.items():
+            entry = total.setdefault(kind, {"count": 0, "bytes": 0})
+            entry["count"] += c["count"]
+            entry["bytes"] += c["bytes"]
+    return dict(sorted(total.items()))
 
 
 def collective_kind(func) -> str | None:

@@ -3,9 +3,9 @@ rank, and return each rank's result to the caller.
 
 `launch(fn, world_size, *args)` runs ``fn(rank, world_size, *args)`` on every rank inside
 an initialized gloo group and returns the results in rank order (tensors travel as numpy
-arrays, as in `runtime.launch`). It calls `elastic_launch` with a `LaunchConfig`; the
+arrays, as in `runtime.local_ranks`). It calls `elastic_launch` with a `LaunchConfig`; the
 elastic agent starts and watches the workers, and a failing rank raises torch's
-`ChildFailedError`, which `launch` turns into `runtime.launch.RankError` (one line, the
+`ChildFailedError`, which `launch` turns into `runtime.local_ranks.RankError` (one line, the
 rank's traceback in `rank_traceback`) naming the rank that failed first-hand. torch's
 own report names the failure its agent saw first, which is often a peer that only lost
 the failed rank's connection (and it stops the other workers before they report), so each
@@ -49,7 +49,12 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from runtime.faults import LAUNCHER_REPORTS_ENV
 from runtime.flight_recorder import FLIGHT_DIR_ENV
-from runtime.launch import RankError, _tree_map_tensors, forget_parent_meshes, loopback_interface
+from runtime.local_ranks import (
+    RankError,
+    _tree_map_tensors,
+    forget_parent_meshes,
+    loopback_interface,
+)
 
 __all__ = ["launch"]
 

@@ -8,10 +8,10 @@ On this machine's device (CUDA when present, else the CPU) it times:
 - an elementwise op, `torch.add(a, b, out=c)` (3 x the tensor's bytes moved), over tensor
   sizes `min_bytes` ... `max_tensor_bytes`;
 - collectives (all-reduce, all-gather, reduce-scatter, all-to-all, send/recv) among groups
-  of local ranks (`runtime.launch`; gloo on CPU, NCCL on GPUs) over message sizes
+  of local ranks (`runtime.local_ranks`; gloo on CPU, NCCL on GPUs) over message sizes
   `min_bytes` ... `max_bytes`,
 
-each the median of several repetitions after a warm-up. `cost_models/profile.py` holds
+each the median of several repetitions after a warm-up. `cost_models/profiled_costs.py` holds
 the database and how plans read it.
 """
 
@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from cost_models.comm import COLLECTIVE_KINDS
-from cost_models.profile import (
+from cost_models.profiled_costs import (
     GIB,
     KIB,
     MIN_DIM,
@@ -228,7 +228,7 @@ def _collectives_step(
     backend: str,
     device: str,
 ) -> None:
-    from runtime.launch import run_on_ranks
+    from runtime.local_ranks import run_on_ranks
 
     sizes = byte_sizes(settings.min_bytes, settings.max_bytes)
     results = run_on_ranks(

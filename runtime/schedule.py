@@ -25,26 +25,16 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleDualPipeV,
-    ScheduleGPipe,
-    ScheduleInterleaved1F1B,
-    ScheduleInterleavedZeroBubble,
-    ScheduleZBVZeroBubble,
-)
+from torch.distributed import pipelining
+from torch.distributed.pipelining import PipelineStage
 
-SCHEDULE_CLASSES = {
-    "gpipe": ScheduleGPipe,
-    "1f1b": Schedule1F1B,
-    "interleaved": ScheduleInterleaved1F1B,
-    "interleaved_zb": ScheduleInterleavedZeroBubble,
-    "zbv": ScheduleZBVZeroBubble,
-    "dualpipev": ScheduleDualPipeV,
-}
-_MULTI_STAGE = (ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble,
-                ScheduleDualPipeV)
+from planner.vocabulary.schedules import SCHEDULE_TABLE
+
+SCHEDULE_CLASSES = {name: getattr(pipelining, info.torch_class)
+                    for name, info in SCHEDULE_TABLE.items()}
+"""Each schedule's torch class, as `planner.vocabulary.schedules` names it."""
+_MULTI_STAGE = tuple(SCHEDULE_CLASSES[name] for name, info in SCHEDULE_TABLE.items()
+                     if info.multi_chunk)
 
 
 def schedule_class(schedule: str, virtual_pipeline: int) -> type:

@@ -12,13 +12,11 @@ import math
 from dataclasses import dataclass
 
 from planner.vocabulary.parallel_dims import ParallelDims
+from planner.vocabulary.schedules import MULTI_CHUNK, RUNTIME_SCHEDULES, V_SHAPED
 
-RUNTIME_SCHEDULES = ("gpipe", "1f1b", "interleaved", "interleaved_zb", "zbv", "dualpipev")
-"""The plan's four, and torch's two zero-bubble schedules (Qi et al. 2024): interleaved
-zero bubble (loop order) and ZBV (two chunks per rank in V order, as DualPipeV's)."""
-MULTI_CHUNK = ("interleaved", "interleaved_zb", "zbv", "dualpipev")
-V_ORDER = ("zbv", "dualpipev")
-"""Schedules of two chunks per rank in V order: rank r runs chunks r and 2 pp - 1 - r."""
+# The schedules the runtime runs: the plan's four, and torch's two zero-bubble schedules
+# (Qi et al. 2024), interleaved zero bubble (loop order) and ZBV (two chunks per rank in V
+# order, as DualPipeV's): `planner.vocabulary.schedules`.
 RECOMPUTE = ("none", "selective", "full")
 
 
@@ -63,7 +61,7 @@ class RunSpec:
             )
         if self.virtual_pipeline > 1 and self.schedule not in MULTI_CHUNK:
             problems.append("virtual stages need an interleaved, zbv or dualpipev schedule")
-        if self.schedule in V_ORDER and self.virtual_pipeline != 2:
+        if self.schedule in V_SHAPED and self.virtual_pipeline != 2:
             problems.append(f"{self.schedule} runs exactly 2 chunks per pipeline rank "
                             "(virtual 2)")
         if self.schedule == "dualpipev" and self.num_micro_batches < 2 * d.pp:
@@ -119,7 +117,7 @@ class RunSpec:
 
     def stage_indices(self, pp_rank: int) -> list[int]:
         """The pipeline stages (chunks) pipeline rank `pp_rank` runs, in order."""
-        if self.schedule in V_ORDER:
+        if self.schedule in V_SHAPED:
             return [pp_rank, 2 * self.degrees.pp - 1 - pp_rank]
         return list(range(pp_rank, self.num_stages, self.degrees.pp))
 

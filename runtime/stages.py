@@ -97,11 +97,7 @@ class StageAttention(Attention):
 
     def forward(self, x: torch.Tensor, rotary=None) -> torch.Tensor:
         b, s, _ = x.shape
-        q = self._split_heads(self.q_proj(x), self.num_heads)
-        k = self._split_heads(self.k_proj(x), self.num_kv_heads)
-        v = self._split_heads(self.v_proj(x), self.num_kv_heads)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = self._project_heads(x)
         context = self.context
         first = context.offset(s) if context is not None else 0
         if self.rope:

@@ -21,11 +21,11 @@ from passes.program import TracedProgram
 from passes.stage_graph import PRECISION_DTYPES, floating_in
 from passes.trace import TrainingObjective
 from planner.vocabulary.plan import Plan
-from runtime.comm_counter import CommCounter
-from runtime.launch import run_on_ranks
+from runtime.comm_counter import CommCounter, add_counts
+from runtime.local_ranks import run_on_ranks
 from runtime.loss_scale import LossScale
 from runtime.trainer import DEFAULT_OPTIMIZER, ShardedTrainer, training_state
-from planner.checks.training import relative_errors
+from planner.checks.training_check import relative_errors
 
 # fp32 training on both sides: only summation order differs.
 RELATIVE_TOLERANCE = 1e-4
@@ -187,7 +187,7 @@ def check_plan(
 
 def predicted_rank_communication(plan: Plan, rank: int) -> dict[str, dict[str, int]]:
     """What one rank of a graph plan issues in a step: its stage's prediction."""
-    from runtime.staged import stage_of
+    from runtime.graph_pipeline import stage_of
 
     stage = plan.stages[stage_of(plan, rank)]
     return {k: v.model_dump() for k, v in stage.communication.items()}
@@ -195,7 +195,7 @@ def predicted_rank_communication(plan: Plan, rank: int) -> dict[str, dict[str, i
 
 def _train_staged_rank(rank: int, world: int, plan, model, example_inputs, loss_fn, state,
                        batches):
-    from runtime.staged import StagedTrainer
+    from runtime.graph_pipeline import StagedTrainer
 
     trainer = StagedTrainer(plan, model, example_inputs, loss_fn, state)
     losses, comms = counted_steps(trainer, batches)
@@ -249,14 +249,8 @@ def _over_steps(per_step: list[dict[str, dict[str, int]]],
                 predicted: dict[str, dict[str, int]]) -> dict[str, dict[str, dict[str, int]]]:
     """One rank's measured collectives summed over its steps, beside the prediction for as
     many steps."""
-    measured: dict[str, dict[str, int]] = {}
-    for step in per_step:
-        for kind, c in step.items():
-            entry = measured.setdefault(kind, {"count": 0, "bytes": 0})
-            entry["count"] += c["count"]
-            entry["bytes"] += c["bytes"]
     steps = len(per_step)
-    return {"measured": dict(sorted(measured.items())),
+    return {"measured": add_counts(per_step),
             "predicted": {k: {"count": v["count"] * steps, "bytes": v["bytes"] * steps}
                           for k, v in sorted(predicted.items())}}
 

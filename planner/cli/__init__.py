@@ -4,6 +4,6 @@ that turns every failure into one line (`errors.py`)."""
 from planner.cli.console import console
 from planner.cli.errors import UsageError
 from planner.cli.main import main
-from planner.cli.plan import parse_mesh
+from planner.cli.plan_command import parse_mesh
 
 __all__ = ["UsageError", "console", "main", "parse_mesh"]

@@ -13,7 +13,7 @@ import math
 import time
 
 
-from cost_models.calibrate import (
+from cost_models.efficiency_fit import (
     FITTED,
     MAX_ITERATIONS,
     check_fit_settings,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import replace
 import math
 import tempfile
@@ -19,11 +18,11 @@ from planner.cli.errors import UsageError
 from planner.cli.fault_flags import check_fault_flags, faults_given, refuse_faults
 from planner.cli.model_args import load, load_cluster
 from planner.checks.operator import RELATIVE_TOLERANCE
-from planner.checks.report import operator_report, training_report
-from planner.cli.plan import mesh_for, plan_on_mesh, print_plan
+from planner.checks.check_report import PlanCheckReport, operator_report, training_report
+from planner.cli.plan_command import mesh_for, plan_on_mesh, print_plan
 from planner.vocabulary.cluster import Cluster
 from planner.models.sources import with_weights
-from planner.checks.training import ActivationRow, PlanComparison, compare
+from planner.checks.training_check import ActivationRow, PlanComparison, compare
 
 # Most ranks a check starts: each is a process on this machine.
 MAX_LOCAL_RANKS = 16
@@ -133,7 +132,7 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
     args.engine = "tessel"
     plans, model, loaded = plan_from_flags(args, cluster, console, top=1, loaded=loaded)
     print_training_plans(plans, console)
-    from runtime.launch import RankError
+    from runtime.local_ranks import RankError
     from runtime.spec import from_training_plan
 
     plan = plans[0]
@@ -192,7 +191,7 @@ def _train(args: argparse.Namespace, model, plan, spec, hf_config, resilience,
            max_restarts: int = 0):
     """`check_training` of `plan` with the flags' steps and timeout, and each stage's
     predicted seconds for the straggler monitor to divide by."""
-    from planner.checks.training import check_training
+    from planner.checks.training_check import check_training
 
     stage_seconds = tuple(sum(stage.phases_s.values()) for stage in plan.stages) \
         if all(stage.phases_s for stage in plan.stages) else None
@@ -403,7 +402,7 @@ def run_graph_check(args: argparse.Namespace, loaded, cluster: Cluster, console)
     return 0 if report.passed else 1
 
 
-def _write_report(path: str, report: dict) -> None:
-    """The check's JSON report (`planner.checks.report`: one layout for every kind)."""
-    Path(path).write_text(json.dumps(report, indent=2) + "\n")
+def _write_report(path: str, report: PlanCheckReport) -> None:
+    """The check's JSON report (`planner.checks.check_report`: one model for every kind)."""
+    report.to_json(path)
     console.print(f"report written to {path}")

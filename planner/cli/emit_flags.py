@@ -22,7 +22,7 @@ from planner.cli.parsing import rank_range
 from planner.export.engines import ENGINES
 from planner.search.megatron_space import MAX_GPUS
 
-from planner.export.launch import Elastic
+from planner.export.torchrun import Elastic
 
 if TYPE_CHECKING:
     from planner.models.config import TransformerConfig

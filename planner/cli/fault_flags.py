@@ -38,33 +38,25 @@ def add_fault_flags(parser: argparse.ArgumentParser) -> None:
         "--checkpoint-dir", metavar="DIR",
         help="where the checkpoints go, kept after the check (an empty or new folder; "
         "default: a temporary one, removed)")
-    parser.add_argument(
-        "--kill-rank", type=whole(0, MAX_RANK), metavar="R",
-        help="SIGKILL rank R's process as step --kill-at-step begins (first attempt only)")
-    parser.add_argument(
-        "--kill-at-step", type=whole(0, MAX_STEPS - 1), metavar="S",
-        help="the step (0-based, as the loss table counts) at which --kill-rank dies")
+    _rank_flag(parser, "--kill-rank",
+               "SIGKILL rank R's process as step --kill-at-step begins (first attempt only)")
+    _step_flag(parser, "--kill-at-step",
+               "the step (0-based, as the loss table counts) at which --kill-rank dies")
     parser.add_argument(
         "--max-restarts", type=whole(0, MAX_RESTARTS), default=0, metavar="N",
         help="times torch's elastic agent restarts every rank after one fails; the job "
         "resumes from its last complete checkpoint (default 0)")
-    parser.add_argument(
-        "--stall-rank", type=whole(0, MAX_RANK), metavar="R",
-        help="rank R sleeps as it enters its first collective of step --stall-at-step: "
-        "its peers time out (--collective-timeout) and the check names it")
-    parser.add_argument(
-        "--stall-at-step", type=whole(0, MAX_STEPS - 1), metavar="S",
-        help="the step (0-based) at which --stall-rank stalls")
-    parser.add_argument(
-        "--slow-rank", type=whole(0, MAX_RANK), metavar="R",
-        help="rank R works --slow-factor times as long each step; the straggler monitor "
-        "names it and the job completes")
+    _rank_flag(parser, "--stall-rank",
+               "rank R sleeps as it enters its first collective of step --stall-at-step: "
+               "its peers time out (--collective-timeout) and the check names it")
+    _step_flag(parser, "--stall-at-step", "the step (0-based) at which --stall-rank stalls")
+    _rank_flag(parser, "--slow-rank",
+               "rank R works --slow-factor times as long each step; the straggler monitor "
+               "names it and the job completes")
     parser.add_argument(
         "--slow-factor", type=number(1.0, MAX_SLOW_FACTOR), metavar="F",
         help="how many times as long --slow-rank works (1-100)")
-    parser.add_argument(
-        "--nan-at-step", type=whole(0, MAX_STEPS - 1), metavar="S",
-        help="make step S's loss NaN, once (its gradients follow)")
+    _step_flag(parser, "--nan-at-step", "make step S's loss NaN, once (its gradients follow)")
     parser.add_argument(
         "--on-divergence", choices=("skip", "rollback", "stop"),
         help="a step whose loss or gradients are not finite, or whose loss is above "
@@ -85,6 +77,16 @@ def add_fault_flags(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="how long a rank waits in a collective before the check names the rank that "
         "hangs (default 120; torch's is 30 minutes)")
+
+
+def _rank_flag(parser: argparse.ArgumentParser, flag: str, help: str) -> None:
+    """A flag naming one rank R of the check."""
+    parser.add_argument(flag, type=whole(0, MAX_RANK), metavar="R", help=help)
+
+
+def _step_flag(parser: argparse.ArgumentParser, flag: str, help: str) -> None:
+    """A flag naming one step S of the check, 0-based."""
+    parser.add_argument(flag, type=whole(0, MAX_STEPS - 1), metavar="S", help=help)
 
 
 def faults_given(args: argparse.Namespace) -> bool:

@@ -14,10 +14,8 @@ from rich.table import Table
 
 from planner.cli.errors import UsageError
 from planner.cli.model_args import shape_overrides
-from planner.cli.emit_flags import emit_if_asked
-from planner.cli.output import write_json
 from planner.cli.run_flags import objective_key, run_assumptions, wants_totals
-from planner.cli.whole_run import print_totals
+from planner.cli.whole_run import emit_totals_and_json
 from planner.cli.parallel_flags import training_flags_given
 from planner.vocabulary.cluster import Cluster
 from planner.models.sources import LoadedModel
@@ -40,7 +38,7 @@ def plan_graph(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,
                console: Console, checking: bool = False) -> list[Plan]:
     """The best graph plans for the command line (best first, at most --top); `checking`:
     for `plan check`, which trains in the model's own precision unless told."""
-    from planner.plans.graph import graph_plan
+    from planner.plans.graph_plan import graph_plan
     from planner.search.graph_space import search_graph
 
     if args.global_batch_size is None:
@@ -178,11 +176,7 @@ def run_graph_training(args: argparse.Namespace, loaded: LoadedModel, cluster: C
     if totals:
         plans = _with_totals(plans, loaded, cluster, args)
     print_graph_plans(plans, console)
-    emit_if_asked(args, plans[0], None, console)
-    if totals:
-        print_totals(plans, console, args.objective)
-    if args.json:
-        write_json(args.json, plans[0].to_json(), "plan")
+    emit_totals_and_json(args, plans, None, console, totals)
     return 0
 
 

@@ -117,7 +117,7 @@ def _commands_list() -> str:
 # Command -> what runs it; "" is plain `plan MODEL`. Each summary is its line in
 # `plan --help`.
 COMMANDS: dict[str, Command] = {
-    "": Command("plan a model", _plan_parser, "planner.cli.plan", "run_plan"),
+    "": Command("plan a model", _plan_parser, "planner.cli.plan_command", "run_plan"),
     "check": Command(
         "train a plan on gloo ranks and on one process; exit 1 on a mismatch",
         lambda: _parser(

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table
 
+from planner.vocabulary.parallel import FixedKnobs
 from planner.cli.errors import UsageError
 from planner.cli.model_args import add_headroom_argument, load_cluster
 from planner.cli.parallel_flags import MAX_TOP
@@ -136,7 +137,7 @@ def run_predict(args: argparse.Namespace) -> int:
     batch, print both and the difference, and write them as JSON."""
     from planner.cli.console import console
     from planner.megatron import megatron_run, parse_megatron_flags
-    from planner.plans.training import training_plan
+    from planner.plans.transformer_plan import training_plan
 
     if args.torchtitan is not None:
         return _predict_torchtitan(args, console)
@@ -176,7 +177,7 @@ def _predict_torchtitan(args: argparse.Namespace, console: Console) -> int:
     other work, the run predicted as TorchTitan runs it, the search priced under the same
     engine, and the TOML keys that change listed."""
     from planner.torchtitan import load_job_config, torchtitan_job
-    from planner.plans.training import training_plan
+    from planner.plans.transformer_plan import training_plan
 
     source = args.torchtitan
     if args.flags or args.args_file is not None:
@@ -315,8 +316,9 @@ def _check_on_cluster(parsed: MegatronArgs, run: MegatronRun, cluster: Cluster) 
         has = ", ".join(sorted(device.peak_tflops))
         raise UsageError(f"{flag} needs {q.precision} tensor cores, which {device.name} "
                          f"lacks; use a precision it has ({has}) or another cluster")
-    knobs: dict[str, Any] = dict(
-        tensor=q.tensor, pipeline=q.pipeline, context=q.context, expert=q.expert,
+    dims = q.dims
+    knobs = FixedKnobs(
+        tensor=dims.tensor, pipeline=dims.pipeline, context=dims.context, expert=dims.expert,
         micro_batch_size=q.micro_batch_size, sequence_parallel=q.sequence_parallel,
         zero_stage=q.zero_stage, recompute=q.recompute, precision=q.precision,
         virtual_pipeline=q.virtual_pipeline, overlap_grad_reduce=q.overlap_grad_reduce,
@@ -325,12 +327,12 @@ def _check_on_cluster(parsed: MegatronArgs, run: MegatronRun, cluster: Cluster) 
     )
     # Knobs that apply only where they act, as check_knobs expects them.
     if q.recompute == "full":
-        knobs.update(recompute_method=q.recompute_method,
-                     recompute_num_layers=q.recompute_num_layers)
+        knobs = knobs.but(recompute_method=q.recompute_method,
+                          recompute_num_layers=q.recompute_num_layers)
     if q.precision == "fp8":
-        knobs["fp8_recipe"] = q.fp8_recipe
+        knobs = knobs.but(fp8_recipe=q.fp8_recipe)
     if run.model.num_experts:
-        knobs["moe_token_dispatcher"] = q.moe_token_dispatcher
+        knobs = knobs.but(moe_token_dispatcher=q.moe_token_dispatcher)
     check_knobs(knobs, run.model, cluster, q.global_batch_size, "megatron")
 
 
@@ -382,7 +384,7 @@ def _best_plans(
     sets them (`kept`: `KEPT` or `TORCHTITAN_KEPT`)."""
     from rich.progress import Progress
 
-    from planner.plans.training import ranked_plans
+    from planner.plans.transformer_plan import ranked_plans
     from planner.search import search
 
     with Progress(console=console, transient=True) as progress:

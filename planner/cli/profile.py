@@ -25,7 +25,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from cost_models.profile import (
+from cost_models.profiled_costs import (
     GIB,
     KIB,
     MIB,

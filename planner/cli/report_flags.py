@@ -1,5 +1,5 @@
 """`--report PATH` on `plan`: the training plans as one self-contained HTML page
-(`planner/export/report.py`)."""
+(`planner/export/html_report.py`)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def write_report_if_asked(args: argparse.Namespace, plans: list[Plan],
     names a plan's layout as the plans' table does."""
     if not getattr(args, "report", None):
         return
-    from planner.export.report import write_report
+    from planner.export.html_report import write_report
 
     write_report(args.report, plans, model, cluster, label)
     console.print(f"report written to {args.report}")

@@ -16,19 +16,18 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.cli.errors import UsageError
-from planner.cli.emit_flags import emit_if_asked
 from planner.cli.model_args import load
-from planner.cli.output import shell_lines, write_json
+from planner.cli.output import shell_lines
 from planner.cli.parallel_flags import fixed_knobs
 from planner.cli.report_flags import write_report_if_asked
 from planner.cli.run_flags import objective_key, wants_totals
-from planner.cli.whole_run import fewer_gpu_plans, print_totals, with_totals
+from planner.cli.whole_run import emit_totals_and_json, fewer_gpu_plans, with_totals
 from planner.vocabulary.cluster import Cluster
 from planner.search.knobs import FLAG, check_knobs, default_precision
 from planner.vocabulary.parallel import FixedKnobs
 from planner.models.config import TransformerConfig
 from planner.vocabulary.plan import Plan
-from planner.plans.training import plan_training
+from planner.plans.transformer_plan import plan_training
 
 if TYPE_CHECKING:
     from planner.models.sources import LoadedModel
@@ -60,11 +59,7 @@ def run_training(args: argparse.Namespace, cluster: Cluster, console: Console) -
         if args.objective:
             plans = sorted(plans, key=objective_key(args.objective))[:args.top]
     print_training_plans(plans, console)
-    emit_if_asked(args, plans[0], model, console)
-    if totals:
-        print_totals(plans, console, args.objective)
-    if args.json:
-        write_json(args.json, plans[0].to_json(), "plan")
+    emit_totals_and_json(args, plans, model, console, totals)
     _refuse_what_does_not_fit(plans[0], cluster.with_devices(args.gpus))
     write_report_if_asked(args, plans, model, cluster, console, layout)
     return 0
@@ -141,7 +136,7 @@ def _plan_with_progress(
     args: argparse.Namespace, model: TransformerConfig, cluster: Cluster,
     knobs: FixedKnobs, top: int, names: Callable[[str], str] | None, console: Console,
 ) -> tuple[list[Plan], SearchResult]:
-    """`planner.plans.training.plan_training`, with a progress bar."""
+    """`planner.plans.transformer_plan.plan_training`, with a progress bar."""
     from rich.progress import Progress
 
     with Progress(console=console, transient=True) as progress:
@@ -257,7 +252,7 @@ def print_training_plans(plans: list[Plan], console: Console, megatron: bool = T
     if not megatron:
         return
     if best.megatron_flags:
-        from planner.export.launch import torchrun_command
+        from planner.export.torchrun import torchrun_command
 
         console.print("Megatron-LM flags:", highlight=False)
         words = [word for flag in best.megatron_flags for word in shlex.split(flag)]

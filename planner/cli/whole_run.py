@@ -10,7 +10,9 @@ from typing import Callable
 from rich.console import Console
 from rich.table import Table
 
+from planner.cli.emit_flags import emit_if_asked
 from planner.cli.errors import UsageError
+from planner.cli.output import write_json
 from planner.cli.run_flags import objective_key, run_assumptions
 from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
@@ -59,6 +61,18 @@ def fewer_gpu_plans(args: argparse.Namespace, cluster: Cluster, search: Search) 
             break  # nothing fits on so few
         out += with_totals(plans, model, cluster, args)
     return out
+
+
+def emit_totals_and_json(args: argparse.Namespace, plans: list[Plan],
+                         model: TransformerConfig | None, console: Console,
+                         totals: bool) -> None:
+    """What `plan` writes after its table of plans: the best plan's launch files (--emit),
+    the whole run of each plan (`totals`: where asked) and the best plan's JSON (--json)."""
+    emit_if_asked(args, plans[0], model, console)
+    if totals:
+        print_totals(plans, console, args.objective)
+    if args.json:
+        write_json(args.json, plans[0].to_json(), "plan")
 
 
 def print_totals(plans: list[Plan], console: Console, objective: str | None) -> None:

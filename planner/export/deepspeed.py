@@ -8,7 +8,9 @@ context or expert parallelism is refused in one line: DeepSpeed's pipeline engin
 the model rewritten as a `PipelineModule` and it has no tensor- or context-parallel
 training layers of its own (Megatron-DeepSpeed adds them with Megatron-LM's flags of a
 2023 fork; the Megatron-LM export runs such plans). So is fp8: its config has no fp8
-training. The Plan has no offload knob, so the config offloads nothing.
+training. The Plan has no offload knob, so the config offloads nothing. Each knob's key is
+the knob registry's (`planner.vocabulary.knobs`); ZeRO 1-3 also carry the gradient
+overlap and every other knob a zero_optimization key spells, where the plan sets it.
 
 Recomputation is the model's business under DeepSpeed (`deepspeed.checkpointing` or
 `torch.utils.checkpoint` around each block); the launch script says which the plan uses.
@@ -20,7 +22,16 @@ import json
 import shlex
 from typing import Any
 
+from planner.vocabulary.knobs import KNOBS, engine_value, plan_value, spelt
 from planner.vocabulary.plan import Plan
+
+# The knobs DeepSpeed's config keys spell (the knob registry's: `planner.vocabulary.knobs`),
+# and those of its zero_optimization section `ds_config` places nowhere else (ZeRO 1-3).
+KEY = {name: spelling.key for name, spelling in spelt("deepspeed").items()}
+_OTHER_ZERO_KNOBS = tuple(
+    name for name, spelling in spelt("deepspeed").items() if not spelling.engine
+    and spelling.key.startswith("zero_optimization.")
+    and name not in ("zero_stage", "overlap_grad_reduce"))
 
 CONFIG_FILE = "ds_config.json"
 LAUNCH_FILE = "deepspeed.sh"
@@ -53,14 +64,19 @@ def ds_config(plan: Plan) -> dict[str, Any]:
     q, run = plan.parallel, plan.run
     assert q is not None and plan.micro_batch_size and plan.global_batch_size
     accumulation = plan.global_batch_size // (plan.micro_batch_size * q.data)
-    zero: dict[str, Any] = {"stage": q.zero_stage}
+    zero: dict[str, Any] = {_zero_key("zero_stage"): q.zero_stage}
     if q.zero_stage:
         # Overlap the reduce-scatter with backward as the plan's --overlap-grad-reduce does.
-        zero |= {"overlap_comm": bool(run and run.overlap_grad_reduce),
+        zero |= {_zero_key("overlap_grad_reduce"): bool(run and run.overlap_grad_reduce),
                  "contiguous_gradients": True}
+        # Every other knob a zero_optimization key spells, where the plan sets it.
+        for name in _OTHER_ZERO_KNOBS:
+            value = plan_value(plan, name)
+            if value is not None and value != KNOBS[name].default:
+                zero[_zero_key(name)] = engine_value(spelt("deepspeed")[name], value)
     config: dict[str, Any] = {
-        "train_batch_size": plan.global_batch_size,
-        "train_micro_batch_size_per_gpu": plan.micro_batch_size,
+        KEY["global_batch_size"]: plan.global_batch_size,
+        KEY["micro_batch_size"]: plan.micro_batch_size,
         "gradient_accumulation_steps": accumulation,
         "gradient_clipping": 1.0,
         "zero_optimization": zero,
@@ -71,6 +87,12 @@ def ds_config(plan: Plan) -> dict[str, Any]:
     elif plan.precision == "fp16":
         config["fp16"] = {"enabled": True, "loss_scale": 0}  # 0: dynamic loss scaling
     return config
+
+
+def _zero_key(name: str) -> str:
+    """The key of knob `name` in the config's zero_optimization section (ZeRO 1-3 only,
+    where DeepSpeed's buckets and overlap apply)."""
+    return KEY[name].removeprefix("zero_optimization.")
 
 
 def launch_words(plan: Plan) -> list[str]:

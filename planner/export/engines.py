@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:  # the exporters are imported when used: `plan` starts without them
-    from planner.export.launch import Elastic
+    from planner.export.torchrun import Elastic
     from planner.models.config import TransformerConfig
     from planner.vocabulary.plan import Plan
 
@@ -31,7 +31,7 @@ def workload(plan: Plan, model: TransformerConfig | None) -> tuple[list[str], di
     """What a launcher starts on every rank (script and arguments) and the environment it
     needs: Megatron-LM's pretrain_gpt.py with the plan's flags, else the PyTorch script."""
     from planner.export import graph_script, megatron_launch, pytorch_script
-    from planner.export.launch import allocator_environment
+    from planner.export.torchrun import allocator_environment
 
     environment = allocator_environment(plan)
     if graph_script.is_graph_plan(plan):

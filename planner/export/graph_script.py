@@ -1,6 +1,6 @@
 """A graph plan's launch files (`plan MODEL --gpus N --emit pytorch DIR` for a model of
 one's own, or a zoo or hf: model under `--intra-op ilp`): the plan itself and
-`train_graph.py`, which every rank runs under torchrun (`runtime.graph_job`: Tessel's
+`train_graph.py`, which every rank runs under torchrun (`planner.jobs.graph_job`: Tessel's
 staged runtime, the only engine that runs a plan whose stages have meshes of their own and
 per-operator shardings). Slurm and Ray start the same script (`planner.export.engines`)."""
 
@@ -10,7 +10,7 @@ import json
 import shlex
 from pathlib import Path
 
-from planner.export.launch import Elastic, torchrun_args
+from planner.export.torchrun import Elastic, torchrun_args
 from planner.vocabulary.plan import Plan
 
 FILE = "train_graph.py"
@@ -27,7 +27,7 @@ Emitted by `plan`; `python {file} --help` lists the options (--steps, --checkpoi
 import sys
 from pathlib import Path
 
-from runtime.graph_job import main
+from planner.jobs.graph_job import main
 
 if __name__ == "__main__":
     plan = Path(__file__).with_name({plan_file!r})
@@ -45,7 +45,7 @@ def graph_files(plan: Plan, elastic: Elastic | None = None) -> dict[str, str]:
     own initialisation); ValueError (one line) for a plan whose model cannot be built
     again (`planner.parallelize` names a model by its class). With `elastic` (MIN:MAX
     ranks, on a cluster), torchrun restarts the job with the nodes present and the job
-    re-plans for the ranks it finds (`runtime.graph_job`'s --elastic)."""
+    re-plans for the ranks it finds (`planner.jobs.graph_job`'s --elastic)."""
     from planner.models.presets import FAMILIES, PRESETS
 
     spec = plan.provenance.model_spec

@@ -3,16 +3,61 @@
 Flag names and value types are Megatron-LM's (`pretrain_gpt.py`'s argument parser,
 checked against `../shared/reference/megatron_lm_arguments.json` by the tests); the
 configuration must also meet `validate_args`, which `megatron_incompatibility` checks. World
-size is not a flag: it comes from the launcher.
+size is not a flag: it comes from the launcher. Each knob's flag is the knob registry's
+(`planner.vocabulary.knobs`): `spelt_flags` writes those a value or a switch spells; the
+rest (precision, recomputation's companions, the virtual stages, CUDA graphs, the experts'
+tensor degree) follow Megatron-LM's rules below.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from planner.megatron.pipeline_layout import layout_string
 from planner.models.config import TransformerConfig
+from planner.vocabulary.knobs import KNOBS, engine_value, spelt
 from planner.vocabulary.parallel import ParallelConfig
+
+
+def spelt_flags(parallel: ParallelConfig, *names: str) -> list[str]:
+    """Knobs `names` as Megatron-LM's flags spell them (the registry's): a switch given
+    where on, a value where it is not the knob's default (always, for the degrees and
+    batches)."""
+    flags = []
+    for name in names:
+        knob, value = KNOBS[name], parallel.knob(name)
+        spelling = knob.megatron
+        assert spelling is not None, f"Megatron-LM has no flag for {name}"
+        written = engine_value(spelling, value)
+        if spelling.switch:
+            flags += [spelling.key] if written else []
+        elif written is not None and (spelling.always or value != knob.default):
+            flags.append(f"{spelling.key} {_value_text(written)}")
+    return flags
+
+
+# The knobs a plain Megatron-LM flag spells that `megatron_flags` places nowhere else: each
+# written after the others (a knob added to the registry is written without a line here).
+_PLACED = frozenset({
+    "tensor", "pipeline", "context", "expert", "micro_batch_size", "zero_stage",
+    "sequence_parallel", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
+    "moe_router_force_load_balancing", "overlap_moe_expert_parallel_comm"})
+_OTHER_KNOBS = tuple(name for name, spelling in spelt("megatron").items()
+                     if not spelling.engine and name not in _PLACED)
+
+
+def _value_text(value: Any) -> str:
+    """A flag's value as Megatron-LM's parser reads it: a list as words, numbers short."""
+    if isinstance(value, (tuple, list)):
+        return " ".join(map(str, value))
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _flag(name: str) -> str:
+    spelling = KNOBS[name].megatron
+    assert spelling is not None
+    return spelling.key
 
 
 def megatron_incompatibility(
@@ -20,7 +65,7 @@ def megatron_incompatibility(
 ) -> str | None:
     """Why Megatron-LM cannot run this layout, or None if it can. `chunk_layers`: each
     model chunk's layers where the embedding or loss take a layer's place."""
-    p = parallel.pipeline
+    p = parallel.dims.pipeline
     if parallel.zero_stage > 1:
         return f"ZeRO stage {parallel.zero_stage} (Megatron-LM shards optimizer state only)"
     if parallel.schedule == "gpipe" and p > 1:
@@ -29,12 +74,12 @@ def megatron_incompatibility(
         # No DualPipe flag among Megatron-LM's arguments (shared/reference/
         # megatron_lm_arguments.json): its schedules are 1F1B and interleaved 1F1B.
         return "the DualPipeV schedule (Megatron-LM runs 1F1B or interleaved 1F1B)"
-    if parallel.sequence_parallel and parallel.tensor == 1:
+    if parallel.sequence_parallel and parallel.dims.tensor == 1:
         return "sequence parallelism without tensor parallelism"
-    if parallel.expert > 1 and parallel.tensor > 1 and not parallel.sequence_parallel:
+    if parallel.dims.expert > 1 and parallel.dims.tensor > 1 and not parallel.sequence_parallel:
         return "expert with tensor parallelism but no sequence parallelism"
     if parallel.overlap_moe_expert_parallel_comm and (
-            parallel.expert == 1 or parallel.moe_token_dispatcher == "allgather"
+            parallel.dims.expert == 1 or parallel.moe_token_dispatcher == "allgather"
             or parallel.recompute == "full" or "moe" in parallel.recompute_modules
             or parallel.precision == "fp32" or (p > 1 and parallel.virtual_pipeline == 1)):
         # Megatron-Core's TransformerConfig.__post_init__ rules for the A2A overlap.
@@ -138,15 +183,11 @@ def _expert_flags(model: TransformerConfig, parallel: ParallelConfig) -> list[st
         flags.append(f"--moe-router-num-groups {model.moe_router_num_groups}")
     if model.moe_router_group_topk is not None:
         flags.append(f"--moe-router-group-topk {model.moe_router_group_topk}")
-    if parallel.moe_router_force_load_balancing:
-        flags.append("--moe-router-force-load-balancing")
+    flags += spelt_flags(parallel, "moe_router_force_load_balancing")
     if parallel.moe_expert_capacity_factor is not None:
-        flags.append(f"--moe-expert-capacity-factor {parallel.moe_expert_capacity_factor:g}")
-        if parallel.moe_pad_expert_input_to_capacity:
-            flags.append("--moe-pad-expert-input-to-capacity")
-    if parallel.overlap_moe_expert_parallel_comm:
-        flags.append("--overlap-moe-expert-parallel-comm")
-    return flags
+        flags += spelt_flags(parallel, "moe_expert_capacity_factor",
+                             "moe_pad_expert_input_to_capacity")
+    return flags + spelt_flags(parallel, "overlap_moe_expert_parallel_comm")
 
 
 def layer_pattern_text(pattern: int | list[int]) -> str:
@@ -177,7 +218,7 @@ def megatron_flags(
         f"--max-position-embeddings {model.max_position_embeddings}",
         f"--vocab-size {model.vocab_size}",
     ]
-    flags += _vocabulary_padding(model.vocab_size, parallel.tensor)
+    flags += _vocabulary_padding(model.vocab_size, parallel.dims.tensor)
     if model.num_query_groups is not None and model.num_query_groups != model.num_attention_heads:
         flags += ["--group-query-attention", f"--num-query-groups {model.num_query_groups}"]
     if model.norm == "rmsnorm":
@@ -204,57 +245,38 @@ def megatron_flags(
     flags += _attention_flags(model)
     if model.num_experts is not None:
         flags += [f"--num-experts {model.num_experts}", f"--moe-router-topk {model.moe_top_k}",
-                  f"--moe-token-dispatcher-type {parallel.moe_token_dispatcher}"]
+                  f"{_flag('moe_token_dispatcher')} {parallel.moe_token_dispatcher}"]
         flags += _expert_flags(model, parallel)
     if model.mtp_num_layers:
         flags.append(f"--mtp-num-layers {model.mtp_num_layers}")
     flags += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": [],
               "fp8": ["--bf16", "--fp8-format hybrid",
                       f"--fp8-recipe {parallel.fp8_recipe}"]}[parallel.precision]
-    if parallel.precision == "fp8" and parallel.fp8_param_gather:
-        flags.append("--fp8-param-gather")
-    if parallel.main_grads_dtype == "bf16":
-        flags.append("--grad-reduce-in-bf16")
+    if parallel.precision == "fp8":
+        flags += spelt_flags(parallel, "fp8_param_gather")
+    flags += spelt_flags(parallel, "main_grads_dtype")
     if parallel.exp_avg_dtype == "bf16":
         flags += ["--use-precision-aware-optimizer", "--exp-avg-dtype bf16",
                   "--exp-avg-sq-dtype bf16"]
-    if parallel.attention_backend != "auto":
-        flags.append(f"--attention-backend {parallel.attention_backend}")
-    flags += [
-        f"--tensor-model-parallel-size {parallel.tensor}",
-        f"--pipeline-model-parallel-size {parallel.pipeline}",
-        f"--context-parallel-size {parallel.context}",
-        f"--micro-batch-size {parallel.micro_batch_size}",
-        f"--global-batch-size {parallel.global_batch_size}",
-    ]
-    if parallel.expert > 1:
-        flags.append(f"--expert-model-parallel-size {parallel.expert}")
+    flags += spelt_flags(parallel, "attention_backend", "tensor", "pipeline", "context",
+                         "micro_batch_size", "global_batch_size", "expert")
     # Megatron-LM splits experts over the tensor ranks unless told: written where not.
-    if model.num_experts is not None and parallel.expert_tensor_degree != parallel.tensor:
-        flags.append(f"--expert-tensor-parallel-size {parallel.expert_tensor_degree}")
-    if parallel.sequence_parallel:
-        flags.append("--sequence-parallel")
-    if parallel.recompute == "full":
-        flags += ["--recompute-granularity full",
-                  f"--recompute-method {parallel.recompute_method}",
-                  f"--recompute-num-layers {parallel.recompute_num_layers}"]
+    if model.num_experts is not None and parallel.dims.expert_tensor_degree != parallel.dims.tensor:
+        flags.append(f"{_flag('expert_tensor')} {parallel.dims.expert_tensor_degree}")
+    flags += spelt_flags(parallel, "sequence_parallel", "recompute")
+    if parallel.recompute == "full":  # Megatron-LM needs both with full recomputation
+        flags += [f"{_flag('recompute_method')} {parallel.recompute_method}",
+                  f"{_flag('recompute_num_layers')} {parallel.recompute_num_layers}"]
     elif parallel.recompute == "selective":
-        flags.append("--recompute-granularity selective")
-        if tuple(parallel.recompute_modules) != ("core_attn",):
-            flags.append(f"--recompute-modules {' '.join(parallel.recompute_modules)}")
-    if parallel.zero_stage == 1:
-        flags.append("--use-distributed-optimizer")
-    if parallel.overlap_grad_reduce:
-        flags.append("--overlap-grad-reduce")
-    if parallel.overlap_param_gather:
-        flags.append("--overlap-param-gather")
-    if parallel.tp_comm_overlap:
-        flags.append("--tp-comm-overlap")
+        flags += spelt_flags(parallel, "recompute_modules")
+    flags += spelt_flags(parallel, "zero_stage", "overlap_grad_reduce", "overlap_param_gather",
+                         "tp_comm_overlap")
     if parallel.cuda_graphs:
-        flags.append("--cuda-graph-impl local")
+        flags.append(f"{_flag('cuda_graphs')} local")
     elif parallel.cuda_graph_scope:
-        flags.append("--cuda-graph-impl transformer_engine --cuda-graph-scope "
+        flags.append(f"{_flag('cuda_graphs')} transformer_engine {_flag('cuda_graph_scope')} "
                      + " ".join(parallel.cuda_graph_scope))
+    flags += spelt_flags(parallel, *_OTHER_KNOBS)
     # Any uneven split, also where the pipeline divides the layers: without these flags
     # Megatron-LM splits evenly, not as planned.
     accounted = _accounted_ends(chunk_layers) if chunk_layers is not None else None
@@ -268,7 +290,7 @@ def megatron_flags(
     if chunk_layers is not None:
         layout = layout_string(chunk_layers, model.mtp_num_layers)
         return [*flags, f"--pipeline-model-parallel-layout '{layout}'"]
-    if parallel.pipeline > 1 and len(set(layers_per_stage)) > 1:
+    if parallel.dims.pipeline > 1 and len(set(layers_per_stage)) > 1:
         flags += [f"--decoder-first-pipeline-num-layers {layers_per_stage[0]}",
                   f"--decoder-last-pipeline-num-layers {layers_per_stage[-1]}"]
     if parallel.virtual_pipeline > 1:

@@ -1,7 +1,7 @@
 """`megatron.sh`: the whole multi-node Megatron-LM launch of a Plan, one torchrun per node.
 
 The plan's own flags (`Plan.megatron_flags`, from `planner.export.megatron`) follow
-`pretrain_gpt.py` on the torchrun line of `planner.export.launch`, and then what every run
+`pretrain_gpt.py` on the torchrun line of `planner.export.torchrun`, and then what every run
 needs besides the plan: its length (`--train-iters`: the plan's `--train-tokens` steps when
 it has them), a learning-rate schedule, and data. The data is Megatron-LM's mock data and
 null tokenizer, so that the line runs as written; a real run swaps those two flags for
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import shlex
 
-from planner.export.launch import allocator_exports, torchrun_command
+from planner.export.torchrun import allocator_exports, torchrun_command
 from planner.vocabulary.plan import Plan
 
 FILE = "megatron.sh"

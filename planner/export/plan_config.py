@@ -15,7 +15,7 @@ def parallel_config(plan: Plan) -> ParallelConfig:
     if plan.parallel is None or plan.global_batch_size is None or plan.micro_batch_size is None:
         raise ValueError("an operator-level plan has no pipeline to report; plan with --gpus")
     q, run = plan.parallel, plan.run or RunSettings()
-    return ParallelConfig(
+    return ParallelConfig.of(
         tensor=q.tensor, pipeline=len(plan.stages), data=q.data, context=q.context,
         expert=q.expert, expert_tensor=q.expert_tensor, sequence_parallel=q.sequence_parallel,
         micro_batch_size=plan.micro_batch_size, global_batch_size=plan.global_batch_size,

@@ -27,7 +27,7 @@ import re
 import textwrap
 from string import Template
 
-from passes.placement_text import placement_pieces
+from planner.vocabulary.placement_text import placement_pieces
 from planner.models.config import TransformerConfig
 from planner.vocabulary.plan import Plan
 

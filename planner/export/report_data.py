@@ -1,7 +1,7 @@
 """What a plan report draws, as plain JSON-able data: the best plan's schedule of one step
 (`schedule_timeline`), its memory per stage against the device (`stage_memory`), its
 step-time breakdown, the top plans' step time against memory, and their whole-run totals
-when they were asked for. The page itself is `planner/export/report.py`."""
+when they were asked for. The page itself is `planner/export/html_report.py`."""
 
 from __future__ import annotations
 

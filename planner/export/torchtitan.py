@@ -38,8 +38,9 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from planner.export.launch import RDZV_PORT, allocator_exports
+from planner.export.torchrun import RDZV_PORT, allocator_exports
 from planner.models.config import TransformerConfig
+from planner.vocabulary.knobs import KNOBS, engine_value, plan_value, spelt
 from planner.vocabulary.plan import Plan
 from planner.torchtitan.rules import DDP, FSDP, zero_stages
 
@@ -53,8 +54,9 @@ LLAMA3_FLAVORS = {  # (layers, hidden, heads, kv heads, ffn) -> flavor
     (80, 8192, 64, 8, 28672): "70B",
     (126, 16384, 128, 8, 53248): "405B",
 }
-TORCHTITAN_SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B",
-             "dualpipev": "DualPipeV"}
+# The knobs TorchTitan's keys spell, and its schedules' names (the knob registry's).
+KEY = {name: spelling.key for name, spelling in spelt("torchtitan").items()}
+_SCHEDULE = spelt("torchtitan")["schedule"]
 FP8_RECIPES = {  # the plan's recipe -> (TorchTitan's converter, its recipe name)
     "delayed": ("quantize.linear.float8", "tensorwise"),
     "tensorwise": ("quantize.linear.float8", "tensorwise"),
@@ -128,7 +130,17 @@ def _not_as_torchtitan_runs(plan: Plan) -> str | None:
             run.main_grads_dtype, run.exp_avg_dtype) != ("fp32", "fp32"):
         return ("TorchTitan runs no CUDA graphs, SDPA's own attention kernels and fp32 "
                 "gradients and Adam moments")
+    # The knobs the registry gives other engines only, at another value than their default.
+    for name, knob in KNOBS.items():
+        if "torchtitan" not in knob.engines and plan_value(plan, name) != knob.default:
+            flag = knob.cli.key if knob.cli else name
+            return f"TorchTitan has no {flag} ({' and '.join(knob.engines)} only); plan without it"
     return None
+
+
+def _key(name: str) -> str:
+    """The key of knob `name` in TorchTitan's [parallelism] table."""
+    return KEY[name].removeprefix("parallelism.")
 
 
 def model_parts(plan: Plan) -> list[list[str]]:
@@ -160,10 +172,10 @@ def job_config(plan: Plan, model: TransformerConfig) -> dict[str, dict[str, Any]
     parallelism: dict[str, Any] = {
         "data_parallel_replicate_degree": q.data if ddp else 1,
         "data_parallel_shard_degree": 1 if ddp else q.data,
-        "fsdp_reshard_after_forward": reshard,
-        "tensor_parallel_degree": q.tensor,
-        "context_parallel_degree": q.context,
-        "pipeline_parallel_degree": q.pipeline,
+        _key("fsdp_reshard_after_forward"): reshard,
+        _key("tensor"): q.tensor,
+        _key("context"): q.context,
+        _key("pipeline"): q.pipeline,
     }
     # Without a pipeline, every micro-batch is one step of gradient accumulation; with
     # one, the schedule runs all of a step's micro-batches.
@@ -171,12 +183,12 @@ def job_config(plan: Plan, model: TransformerConfig) -> dict[str, dict[str, Any]
     if q.pipeline > 1:
         local_batch = plan.micro_batch_size * plan.num_micro_batches
         parallelism |= {
-            "pipeline_parallel_schedule": TORCHTITAN_SCHEDULES[plan.schedule or "1f1b"],
+            _key("schedule"): engine_value(_SCHEDULE, plan.schedule or "1f1b"),
             "pipeline_parallel_microbatch_size": plan.micro_batch_size,
             "module_fqns_per_model_part": model_parts(plan),
         }
     if run is not None and run.tp_comm_overlap and q.tensor > 1:
-        parallelism["enable_async_tensor_parallel"] = True
+        parallelism[_key("tp_comm_overlap")] = True
     activation = _activation_checkpoint(plan.recompute,
                                         run.recompute_every if run is not None else 1)
     steps = plan.training.steps if plan.training is not None else DEFAULT_STEPS

@@ -300,12 +300,13 @@ class MegatronArgs:
         """The flag as typed, or its first spelling when the line does not give it."""
         return self.typed.get(dest) or self.names.get(dest, "--" + dest.replace("_", "-"))
 
-    def count(self, dest: str) -> int | None:
-        """A positive count flag's value (None when absent), bounded as `plan` bounds it."""
+    def count(self, dest: str, largest: int | None = None) -> int | None:
+        """A positive count flag's value (None when absent), bounded as `plan` bounds it
+        (or by `largest`)."""
         value = getattr(self.values, dest)
         if value is None:
             return None
-        largest = _LARGEST.get(dest, 1 << 17)
+        largest = largest or _LARGEST.get(dest, 1 << 17)
         if not 1 <= value <= largest:
             raise LaunchLineError(
                 f"{self.flag(dest)} {value} must be from 1 to {largest:,}; give a count "

@@ -8,10 +8,11 @@ graphs, with Megatron-LM's defaults for absent flags and the rules of its
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from planner.megatron.errors import LaunchLineError
 from planner.megatron.pipeline_layout import chunk_layers
+from planner.vocabulary.knobs import KNOBS, knob_value, spelt
 from planner.vocabulary.parallel import CUDA_GRAPH_SCOPES, ParallelConfig
 
 if TYPE_CHECKING:
@@ -25,9 +26,10 @@ def parallel_config(
     the embedding or the loss take a layer's place, each model chunk's layers in model
     order (chunk c on pipeline rank c % pipeline)."""
     v = args.values
-    t, p, c, e = (args.count(dest) or 1 for dest in _DEGREES)
+    t, p, c, e = (_plain(args, name) for name in _DEGREE_KNOBS)
     data = _data_parallel(args, model, world, t, p, c, e)
-    micro = args.count("micro_batch_size") or 1
+    plain = {name: _plain(args, name) for name in PLAIN if name not in _DEGREE_KNOBS}
+    micro = plain["micro_batch_size"]
     batch = args.count("global_batch_size") or micro * data  # Megatron-LM's default
     if batch % (micro * data):
         raise LaunchLineError(
@@ -40,24 +42,21 @@ def parallel_config(
     dispatcher = _dispatcher(args, model, e, p, virtual)
     recompute, method, recompute_layers = _recomputation(args, layers or [model.num_layers // p])
     grads, moments = _optimizer_state(args)
-    config = ParallelConfig(
-        tensor=t, pipeline=p, data=data, context=c, expert=e,
-        expert_tensor=_expert_tensor(args, model, t),
-        sequence_parallel=v.sequence_parallel, micro_batch_size=micro, global_batch_size=batch,
+    # The knobs a flag spells with its value (`PLAIN`), and those Megatron-LM's rules set
+    # (the registry's engine spellings, each read below).
+    config = ParallelConfig.of(
+        **plain, tensor=t, pipeline=p, data=data, context=c, expert=e,
+        expert_tensor=_expert_tensor(args, model, t), global_batch_size=batch,
         recompute=recompute, recompute_method=method, recompute_num_layers=recompute_layers,
-        zero_stage=1 if v.use_distributed_optimizer else 0,
         schedule="interleaved" if virtual > 1 else "1f1b", virtual_pipeline=virtual,
-        overlap_grad_reduce=v.overlap_grad_reduce, overlap_param_gather=v.overlap_param_gather,
-        tp_comm_overlap=v.tp_comm_overlap, precision=_precision(args, notes),
+        precision=_precision(args, notes),
         fp8_recipe=v.fp8_recipe if v.fp8 is not None else "delayed",
         attention_backend=_attention(args),
         moe_token_dispatcher=dispatcher, cuda_graphs=_cuda_graphs(args),
-        moe_router_force_load_balancing=v.moe_router_force_load_balancing,
         moe_expert_capacity_factor=_capacity(args),
         moe_pad_expert_input_to_capacity=bool(v.moe_pad_expert_input_to_capacity)
         and _capacity(args) is not None,
         cuda_graph_scope=_graph_scope(args),
-        overlap_moe_expert_parallel_comm=v.overlap_moe_expert_parallel_comm,
         recompute_modules=tuple(v.recompute_modules or ("core_attn",)),
         main_grads_dtype=grads, exp_avg_dtype=moments,
         fp8_param_gather=bool(v.fp8_param_gather) and v.fp8 is not None,
@@ -67,6 +66,22 @@ def parallel_config(
     except ValueError as error:
         raise LaunchLineError(f"the launch line's configuration on {world} GPUs: {error}") \
             from None
+
+
+PLAIN = {name: spelling for name, spelling in spelt("megatron").items() if not spelling.engine}
+"""The knobs a Megatron-LM flag spells by its value or a table of values (the registry's);
+the others' flags are read by Megatron-LM's rules, below."""
+_DEGREE_KNOBS = ("tensor", "pipeline", "context", "expert")
+
+
+def _plain(args: MegatronArgs, name: str) -> Any:
+    """Knob `name` as its flag gives it (`PLAIN`): a count bounded as `plan` bounds it, a
+    switch, or a value; absent, the knob's default (Megatron-LM's too)."""
+    spelling, knob = PLAIN[name], KNOBS[name]
+    if knob.type == "int" and not spelling.switch:
+        value = args.count(spelling.name, knob.most)
+        return knob.default if value is None else value
+    return knob_value(spelling, getattr(args.values, spelling.name))
 
 
 def _expert_tensor(args: MegatronArgs, model: TransformerConfig, t: int) -> int | None:
@@ -133,8 +148,7 @@ def _dispatcher(args: MegatronArgs, model: TransformerConfig, e: int, p: int,
     return dispatcher
 
 
-_DEGREES = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
-            "context_parallel_size", "expert_model_parallel_size")
+_DEGREES = tuple(PLAIN[name].name for name in _DEGREE_KNOBS)
 
 
 def _data_parallel(

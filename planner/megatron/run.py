@@ -13,45 +13,33 @@ from typing import TYPE_CHECKING
 from planner.megatron.model_shape import model_config
 from planner.megatron.parallel_config import parallel_config
 from planner.megatron.unpriced import refuse_unpriced
+from planner.vocabulary.knobs import spelt
 
 if TYPE_CHECKING:
     from planner.megatron.arguments import MegatronArgs
     from planner.models.config import TransformerConfig
     from planner.vocabulary.parallel import ParallelConfig
 
-# Flags `model_shape` and `parallel_config` read (the rest are accepted and ignored:
-# `MegatronRun.ignored`).
-_READ = frozenset({
+# Flags `model_shape` reads, and the pipeline split's (the Plan's stages, not a knob).
+_SHAPE = frozenset({
     "num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "kv_channels",
     "seq_length", "max_position_embeddings", "vocab_size", "padded_vocab_size",
     "make_vocab_size_divisible_by", "pad_vocab_size", "group_query_attention",
     "num_query_groups", "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "swiglu",
     "normalization", "position_embedding_type", "use_rotary_position_embeddings",
     "add_position_embedding", "rotary_base", "untie_embeddings_and_output_weights",
-    "add_bias_linear", "hidden_dropout", "attention_dropout", "tensor_model_parallel_size",
-    "pipeline_model_parallel_size", "recompute_modules", "grad_reduce_in_bf16",
-    "use_precision_aware_optimizer", "main_grads_dtype", "exp_avg_dtype", "exp_avg_sq_dtype",
-    "fp8_param_gather",
-    "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size",
-    "sequence_parallel", "micro_batch_size", "global_batch_size", "recompute_granularity",
-    "recompute_activations", "recompute_method", "recompute_num_layers",
-    "use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather",
-    "tp_comm_overlap", "num_layers_per_virtual_pipeline_stage",
-    "num_virtual_stages_per_pipeline_rank", "decoder_first_pipeline_num_layers",
-    "decoder_last_pipeline_num_layers", "pipeline_model_parallel_layout",
-    "account_for_embedding_in_pipeline_split",
-    "account_for_loss_in_pipeline_split", "overlap_p2p_comm", "bf16", "fp16", "fp8",
-    "fp8_recipe", "attention_backend", "use_flash_attn", "transformer_impl",
-    "moe_token_dispatcher_type", "enable_cuda_graph", "external_cuda_graph",
-    "cuda_graph_impl", "quick_geglu", "qk_layernorm", "softmax_type",
-    "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
+    "add_bias_linear", "hidden_dropout", "attention_dropout", "quick_geglu", "qk_layernorm",
+    "softmax_type", "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
     "qk_pos_emb_head_dim", "v_head_dim", "window_size", "window_attn_skip_freq",
     "moe_shared_expert_intermediate_size", "moe_layer_freq", "moe_router_score_function",
     "moe_router_num_groups", "moe_router_group_topk", "mtp_num_layers",
-    "moe_router_force_load_balancing", "moe_expert_capacity_factor",
-    "overlap_moe_expert_parallel_comm", "moe_enable_deepep",
-    "moe_pad_expert_input_to_capacity", "cuda_graph_scope_deprecated",
+    "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
 })
+# Flags `model_shape` and `parallel_config` read: the shape's, and every knob's flag with
+# the flags its reading consults (the knob registry's Megatron-LM spellings). The rest are
+# accepted and ignored (`MegatronRun.ignored`).
+_READ = _SHAPE | frozenset(
+    name for spelling in spelt("megatron").values() for name in (spelling.name, *spelling.reads))
 
 
 @dataclass(frozen=True)

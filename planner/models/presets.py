@@ -34,6 +34,15 @@ FAMILIES: dict[str, dict[str, Any]] = {
 of these at the shape the flags give."""
 
 
+def _shaped(family: str, num_layers: int, hidden_size: int, num_attention_heads: int,
+            **fields: Any) -> TransformerConfig:
+    """`FAMILIES[family]` at a depth, width and head count, with `fields` besides."""
+    return TransformerConfig(
+        **FAMILIES[family], num_layers=num_layers, hidden_size=hidden_size,
+        num_attention_heads=num_attention_heads, **fields,
+    )
+
+
 def _gpt3(num_layers: int, hidden_size: int, num_attention_heads: int) -> TransformerConfig:
     """GPT-3 shape as Megatron-LM trains it (Brown et al. 2020, Sec. 2.1).
 
@@ -41,14 +50,8 @@ def _gpt3(num_layers: int, hidden_size: int, num_attention_heads: int) -> Transf
     128 x tensor-parallel size. Context 2048, learned positions, LayerNorm, GeLU, biases,
     tied input and output embeddings.
     """
-    return TransformerConfig(
-        **FAMILIES["gpt"],
-        num_layers=num_layers,
-        hidden_size=hidden_size,
-        num_attention_heads=num_attention_heads,
-        vocab_size=51200,
-        seq_length=2048,
-    )
+    return _shaped("gpt", num_layers, hidden_size, num_attention_heads,
+                   vocab_size=51200, seq_length=2048)
 
 
 def _llama3(
@@ -60,18 +63,9 @@ def _llama3(
     128K), RMSNorm, SwiGLU, RoPE with base 500000, no biases, untied output layer.
     Pre-training sequences are 8192 tokens; the released models extend to 131072.
     """
-    return TransformerConfig(
-        **FAMILIES["llama"],
-        num_layers=num_layers,
-        hidden_size=hidden_size,
-        num_attention_heads=num_attention_heads,
-        ffn_hidden_size=ffn_hidden_size,
-        num_query_groups=8,
-        vocab_size=128256,
-        seq_length=8192,
-        max_position_embeddings=131072,
-        rotary_base=500000,
-    )
+    return _shaped("llama", num_layers, hidden_size, num_attention_heads,
+                   ffn_hidden_size=ffn_hidden_size, num_query_groups=8, vocab_size=128256,
+                   seq_length=8192, max_position_embeddings=131072, rotary_base=500000)
 
 
 def _mixtral(
@@ -87,18 +81,10 @@ def _mixtral(
     with base 1e6, no biases, untied output layer. The training sequence length is not
     published; 4096 is a common fine-tuning length well inside the context window.
     """
-    return TransformerConfig(
-        **FAMILIES["mixtral"],
-        num_layers=num_layers,
-        hidden_size=hidden_size,
-        num_attention_heads=num_attention_heads,
-        ffn_hidden_size=ffn_hidden_size,
-        num_query_groups=8,
-        vocab_size=vocab_size,
-        seq_length=4096,
-        max_position_embeddings=max_position_embeddings,
-        rotary_base=1_000_000,
-    )
+    return _shaped("mixtral", num_layers, hidden_size, num_attention_heads,
+                   ffn_hidden_size=ffn_hidden_size, num_query_groups=8, vocab_size=vocab_size,
+                   seq_length=4096, max_position_embeddings=max_position_embeddings,
+                   rotary_base=1_000_000)
 
 
 def _deepseek_v3() -> TransformerConfig:

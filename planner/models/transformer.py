@@ -110,11 +110,7 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rotary: Rotary | None = None) -> torch.Tensor:
         b, s, h = x.shape
-        q = self._split_heads(self.q_proj(x), self.num_heads)
-        k = self._split_heads(self.k_proj(x), self.num_kv_heads)
-        v = self._split_heads(self.v_proj(x), self.num_kv_heads)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = self._project_heads(x)
         if rotary is not None:
             q, k = apply_rotary(q, rotary), apply_rotary(k, rotary)
         k, v = self._repeat_kv(k), self._repeat_kv(v)
@@ -124,6 +120,18 @@ class Attention(nn.Module):
             mask = attention_mask(torch.arange(s, device=x.device), s, self.window)
             y = attention_core(q, k, v, mask, self.sinks)
         return self.o_proj(y.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim))
+
+    def _project_heads(
+        self, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values of `x`, [b, heads, s, d] (keys and values with their
+        own, grouped, head count), queries and keys normed where the model norms them."""
+        q = self._split_heads(self.q_proj(x), self.num_heads)
+        k = self._split_heads(self.k_proj(x), self.num_kv_heads)
+        v = self._split_heads(self.v_proj(x), self.num_kv_heads)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, v
 
     def _split_heads(self, t: torch.Tensor, heads: int) -> torch.Tensor:
         # [b, s, heads * d] -> [b, heads, s, d], the layout SDPA expects.

@@ -1,2 +1,2 @@
-"""Plans made from searches: a transformer's training plans (`training`), a graph plan
-(`graph`), and a training plan's whole-run totals (`totals`)."""
+"""Plans made from searches: a transformer's training plans (`transformer_plan`), a graph plan
+(`graph_plan`), and a training plan's whole-run totals (`totals`)."""

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import math
 
-from cost_models.economics import RunAssumptions, TrainingTotals, training_totals
+from cost_models.economics import RunAssumptions, training_totals
 from cost_models.memory import state_element_bytes
 from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
-from planner.vocabulary.plan import Plan
+from planner.vocabulary.plan import Plan, TrainingTotals
 
 
 def run_steps(model: TransformerConfig, global_batch_size: int, train_tokens: float | None,

@@ -18,9 +18,7 @@ alpa_space -> megatron_space, stage_ilp -> intra_op -> solver, buckets.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from planner.vocabulary.parallel import FixedKnobs
 
@@ -34,7 +32,7 @@ __all__ = ["search"]
 
 
 def search(
-    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: Mapping[str, Any],
+    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: FixedKnobs,
     space: str = "auto", progress: Progress | None = None, flash_attention: bool | None = None,
     collectives: LayerCollectives | None = None,
 ) -> SearchResult:

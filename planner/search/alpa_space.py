@@ -5,23 +5,22 @@ parallelism, ZeRO stage), this driver prices every (layers i..j, submesh, stages
 choice with the step-time model — picking for each submesh its best logical (data x
 tensor) mesh — and hands the cost array to Alpa's stage DP (`planner/search/inter_op.py`).
 Submeshes are Alpa's: 1, 2, 4, ... GPUs of one node, and whole nodes. Stage memory is
-checked for the micro-batches in flight under 1F1B (a stage with k stages after it holds
-k + 1). Layers are grouped into at most `MAX_LAYER_GROUPS` consecutive runs so that the
-DP stays small for 100-layer models. The plans Megatron-LM can run are searched as well
-(`search_megatron`), so the auto space is never worse than the Megatron one.
+checked for the micro-batches in flight under its schedule (`pipeline_schedule.in_flight`:
+under 1F1B a stage with k stages after it holds k + 1). Layers are grouped into at most
+`MAX_LAYER_GROUPS` consecutive runs so that the DP stays small for 100-layer models. The
+plans Megatron-LM can run are searched as well (`search_megatron`), so the auto space is
+never worse than the Megatron one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import itertools
 import time
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from cost_models import pipeline_schedule
 from cost_models.memory import FRAMEWORK_RESERVE_BYTES
 from cost_models.pipeline_memory import StageLayout
 from cost_models.step_time import predict_stages, predict_step, stage_mesh_costs
@@ -29,7 +28,9 @@ from planner.vocabulary.cluster import Cluster
 from planner.search.forked_call import BothEnds, start_forked
 from planner.search.inter_op import stage_dp
 from planner.models.config import TransformerConfig
-from planner.vocabulary.parallel import RECOMPUTE, ParallelConfig
+from planner.vocabulary.parallel import RECOMPUTE, FixedKnobs, ParallelConfig
+from planner.vocabulary.parallel_dims import ParallelDims
+from planner.vocabulary.schedules import schedule_info
 from planner.search.megatron_space import (
     Candidate,
     Progress,
@@ -62,7 +63,7 @@ def layer_group_size(num_layers: int) -> int:
 
 
 def search_auto(
-    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: Mapping[str, Any],
+    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: FixedKnobs,
     flash_attention: bool = True, progress: Progress | None = None,
     collectives: LayerCollectives | None = None,
 ) -> SearchResult:
@@ -90,7 +91,7 @@ def search_auto(
 
 
 def _megatron_and_stages(
-    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: Mapping[str, Any],
+    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: FixedKnobs,
     flash_attention: bool, collectives: LayerCollectives | None,
     groups: list[list[ParallelConfig]], queue: BothEnds,
 ) -> tuple[SearchResult, float, tuple[list, int, float]]:
@@ -104,7 +105,7 @@ def _megatron_and_stages(
 
 def _stages_per_group(
     model: TransformerConfig, cluster: Cluster, groups: list[list[ParallelConfig]],
-    take: Callable[[], int | None], fixed: Mapping[str, Any], flash_attention: bool,
+    take: Callable[[], int | None], fixed: FixedKnobs, flash_attention: bool,
     collectives: LayerCollectives | None, progress: Progress | None = None,
     done: Callable[[], int] | None = None,
 ) -> tuple[list, int, float]:
@@ -146,7 +147,7 @@ def _candidate(stages: list[StageLayout], shared: ParallelConfig) -> Candidate:
     if len(meshes) > 1:
         return Candidate(shared, split, tuple(stages))
     tensor, data = meshes.pop()
-    uniform = replace(shared, tensor=tensor, data=data, pipeline=len(stages),
+    uniform = shared.but(tensor=tensor, data=data, pipeline=len(stages),
                       micro_batch_size=shared.micro_batch_size // data,
                       sequence_parallel=shared.sequence_parallel and tensor > 1,
                       tp_comm_overlap=shared.tp_comm_overlap and tensor > 1)
@@ -154,14 +155,14 @@ def _candidate(stages: list[StageLayout], shared: ParallelConfig) -> Candidate:
 
 
 def _shared_knobs(
-    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: Mapping[str, Any]
+    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: FixedKnobs
 ) -> list[list[ParallelConfig]]:
     """Per micro-batch size, the settings all stages share, least memory relief first.
     `micro_batch_size` here is the whole micro-batch (data = 1): each stage splits it over
     its own data-parallel replicas. The stage DP prices 1F1B or GPipe pipelines of one
     chunk per stage, so a fixed interleaved (or dualpipev) schedule leaves this space to
     the Megatron one."""
-    if fixed.get("schedule") in ("interleaved", "dualpipev") or "virtual_pipeline" in fixed:
+    if schedule_info(fixed.get("schedule", "1f1b")).chunks != 1 or "virtual_pipeline" in fixed:
         return []
     if fixed.get("recompute_method") == "block" or fixed.get("recompute_num_layers", 1) > 1:
         return []  # a stage's cost is no longer linear in its layers
@@ -176,14 +177,14 @@ def _shared_knobs(
     tensor = max(2, fixed.get("tensor", 2))
     return [
         [
-            ParallelConfig(data=1, micro_batch_size=b, global_batch_size=gbs, recompute=r,
-                           zero_stage=z, sequence_parallel=sp,
-                           context=fixed.get("context", 1), expert=fixed.get("expert", 1),
-                           schedule=fixed.get("schedule", "1f1b"),
-                           overlap_grad_reduce=overlap,
-                           precision=fixed.get("precision", "bf16"),
-                           moe_token_dispatcher=fixed.get("moe_token_dispatcher", "allgather"),
-                           **run_settings(fixed, cluster, tensor, sp, z, overlap))
+            run_settings(ParallelConfig(
+                dims=ParallelDims(data=1, context=fixed.get("context", 1),
+                                  expert=fixed.get("expert", 1)),
+                micro_batch_size=b, global_batch_size=gbs, recompute=r, zero_stage=z,
+                sequence_parallel=sp, schedule=fixed.get("schedule", "1f1b"),
+                overlap_grad_reduce=overlap, precision=fixed.get("precision", "bf16"),
+                moe_token_dispatcher=fixed.get("moe_token_dispatcher", "allgather"),
+            ), fixed, cluster, tensor=tensor)
             for z, r in itertools.product(zeros, recomputes)
         ]
         for b in sizes
@@ -191,7 +192,7 @@ def _shared_knobs(
 
 
 def _best_stages(
-    model: TransformerConfig, cluster: Cluster, shared: ParallelConfig, fixed: Mapping[str, Any],
+    model: TransformerConfig, cluster: Cluster, shared: ParallelConfig, fixed: FixedKnobs,
     flash: bool, collectives: LayerCollectives | None = None,
 ) -> list[StageLayout] | None:
     """The stage DP's best stages (layers and mesh each) under `shared`'s knobs and the
@@ -211,9 +212,9 @@ def _best_stages(
     first, last = np.arange(groups)[:, None], np.arange(groups + 1)[None, :]
     layers = (last - first) * group
     valid = layers > 0
-    after = np.arange(most)
-    in_flight = (np.full(most, micro_batches) if shared.schedule == "gpipe"
-                 else np.minimum(after + 1, micro_batches))  # 1F1B: k after -> k + 1
+    # A stage with k stages after it runs as the first of k + 1 (`in_flight`).
+    in_flight = np.array([pipeline_schedule.in_flight(shared.schedule, k + 1, 0, micro_batches)
+                          for k in range(most)])
     chosen = np.zeros(costs.shape, dtype=int)  # which mesh priced each entry
     degrees = [fixed["tensor"]] if "tensor" in fixed else tensor_degrees(model, cluster)
     if fixed.get("sequence_parallel"):
@@ -249,15 +250,15 @@ def _best_stages(
 
 
 def _meshes(
-    degrees: list[int], shared: ParallelConfig, devices: int, fixed: Mapping[str, Any]
+    degrees: list[int], shared: ParallelConfig, devices: int, fixed: FixedKnobs
 ) -> list[tuple[int, int]]:
     """(tensor, data) meshes of `devices` GPUs (with `shared.context` context ranks),
     tensor one of `degrees`, whose data replicas split the micro-batch, into whole
     micro-batches of a fixed size when one is fixed, and into expert groups."""
     options = []
     for tensor in degrees:
-        data, rest = divmod(devices, tensor * shared.context)
-        if rest or data < 1 or shared.micro_batch_size % data or data % shared.expert:
+        data, rest = divmod(devices, tensor * shared.dims.context)
+        if rest or data < 1 or shared.micro_batch_size % data or data % shared.dims.expert:
             continue
         per_replica = shared.micro_batch_size // data
         if per_replica == fixed.get("micro_batch_size", per_replica):

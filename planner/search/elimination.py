@@ -39,16 +39,18 @@ from planner.search.solver import (
 )
 
 ENTRIES_PER_VARIABLE = 1_000
-"""Most table entries one network's eliminations may build per variable of the ILP: here
-an entry costs about 20 ns per network solved and SCIP about 25 us per variable on these
-problems, so past this the ILP is likely the faster (a layer of an MLP on a 2-D mesh builds
-about 400 per variable, a small GPT-2 block 2,600 and a Llama block 100,000)."""
+"""Most table entries one network's eliminations may build per variable of the ILP: a
+table entry costs some thousand times less than an ILP variable costs SCIP (the two rates:
+docs/graph-plans.md, "Measured"), so past this the ILP is likely the faster (a layer of an
+MLP on a 2-D mesh builds about 400 per variable, a small GPT-2 block 2,600 and a Llama
+block 100,000)."""
 ENTRIES_PER_VARIABLE_WITH_READS = 20_000
 """The same with shared reads, whose ILP is slower per variable: its LP links every
-reader's flow to the moves (SCIP took 8.7 s for hf llama's 137k variables, 424 s for a
-2x4 ViT's 71k, where eliminating the ViT's 8e8 entries took 10 s)."""
+reader's flow to the moves, so elimination stays the faster far past the plain limit
+(docs/graph-plans.md, "Measured")."""
 MAX_TABLE_ENTRIES = 4_000_000_000
-"""Most table entries in all, whatever the ILP's size (about a minute here)."""
+"""Most table entries in all, whatever the ILP's size: past this elimination's time is no
+longer small beside the search's time limit."""
 MAX_SHARED_COSTS = 6
 MAX_BUCKET_AXES = 60
 """Nodes one bucket's table may span: numpy arrays hold at most 64 dims (nodes of one
@@ -125,9 +127,9 @@ def eliminable(problem: AssignmentProblem, max_entries: float | None = None) -> 
 
 
 LOWER_BOUND_TABLE_ENTRIES = 1_000_000
-"""Largest table `lower_bound` builds: on the 1B distinct-layer model's layers on 2-D
-meshes, a bound costs 0.2 s (0.27 s at 3e6 entries) and leads the graph search to the same
-layer solves and the same layouts bounded out as 3e6 entries did."""
+"""Largest table `lower_bound` builds: larger tables make a bound slower without changing
+what it decides (on the 1B distinct-layer model's layers on 2-D meshes, 3e6 entries led
+the graph search to the same layer solves and the same layouts bounded out)."""
 
 
 def lower_bound(problem: AssignmentProblem,

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
-from cost_models.pipeline_schedule import eager_last_stage, peak_in_flight, rank_actions
+from planner.vocabulary.schedules import SCHEDULES, schedule_info
 
-GRAPH_SCHEDULES = ("1f1b", "gpipe")
+GRAPH_SCHEDULES = tuple(sorted((name for name in SCHEDULES if schedule_info(name).chunks == 1),
+                               key=lambda name: name != "1f1b"))
+"""What graph plans run: the one-chunk schedules (`runtime.graph_pipeline` runs a stage as
+one program), 1F1B first, the default."""
 GRAPH_PRECISIONS = ("fp32", "bf16", "fp16")
 
 
@@ -30,7 +32,7 @@ class GraphKnobs:
     precision: str = "fp32"
     """fp32, or bf16 or fp16: the model traced, priced and run in that precision with fp32
     master weights, gradient accumulators and moments (mixed precision); fp16 with dynamic
-    loss scaling (`runtime.staged.LossScale`)."""
+    loss scaling (`runtime.graph_pipeline.LossScale`)."""
 
     def __post_init__(self) -> None:
         if self.schedule not in GRAPH_SCHEDULES:
@@ -57,17 +59,3 @@ class GraphKnobs:
         if last:
             return (False,)
         return (False, True) if self.recompute is None else (self.recompute,)
-
-
-@functools.cache
-def in_flight(stages_from_here: int, m: int, schedule: str = "1f1b") -> int:
-    """Micro-batches whose activations a stage holds at once, `stages_from_here` counting
-    it and every stage after it: the peak of the forwards and backwards it runs, in the
-    order `runtime.staged` runs them (`cost_models.pipeline_schedule`). 1F1B: its first
-    backward waits for one forward on each of them (Narayanan et al., PipeDream-Flush,
-    ICML 2021; Alpa's stage DP bounds memory the same way). GPipe: all m on every stage but
-    the last, which runs each backward at once."""
-    # A 1F1B or GPipe stage's order depends only on the stages from it on: it runs as
-    # the first of a pipeline of that many.
-    actions = rank_actions(schedule, stages_from_here, 0, m)
-    return int(peak_in_flight(eager_last_stage(actions, stages_from_here)))

@@ -14,11 +14,11 @@ import torch
 
 from cost_models.comm import collective_time
 from cost_models.memory import FRAMEWORK_RESERVE_BYTES
+from cost_models.pipeline_schedule import in_flight, pipeline_time
 from passes.model_layers import ModelLayers
 from passes.stage_graph import OVERFLOW_FLAG_BYTES, stage_graph, stage_program
 from passes.strategies import training_state_bytes
 from planner.vocabulary.cluster import Cluster
-from planner.search.graph_knobs import in_flight
 from planner.search.layer_table import LayerTable
 from planner.search.layered_stage import layered
 from planner.search.stage_costs import boundary_link, route_time, stage_memory
@@ -41,7 +41,7 @@ class Layout:
     """Per stage, whether it recomputes its first pass rather than keep its activations
     (empty: no stage does)."""
     schedule: str = "1f1b"
-    """Pipeline schedule (`graph_knobs.in_flight`): 1f1b or gpipe."""
+    """Pipeline schedule: one of `graph_knobs.GRAPH_SCHEDULES`."""
     layered: bool = False
     """Whether each stage runs its layers as programs of their own, the layer table's solves
     (`planner.search.layered_stage`), rather than as one program solved whole."""
@@ -181,14 +181,16 @@ def _replicas_cannot_fit(layout: Layout, state_bytes: float, capacity: float) ->
 
 def predict(layout: Layout, solves: list[StageResult], traced: TracedForward,
             cluster: Cluster) -> Candidate:
-    """The step of `layout` from its stages' solves under 1F1B:
+    """The step of `layout` from its stages' solves under its schedule:
 
-        T = sum_i t_i + (m - 1) max_i t_i + max_i sync_i,
+        T = pipeline + max_i sync_i,
 
-    t_i a micro-batch's forward and backward on stage i with its transfers (the pipeline's
-    fill and drain), sync_i its once-per-step gradient synchronisation (its tied weights'
-    sums with other stages too, `planner.search.tied`); stage i of S holds
-    `in_flight(S - i, m, schedule)` micro-batches' activations."""
+    the pipeline of t_i per micro-batch, a micro-batch's forward and backward on stage i
+    with its transfers, as the schedule runs them (`pipeline_schedule.pipeline_time`:
+    Alpa's objective for GPipe and 1F1B), sync_i stage i's once-per-step gradient
+    synchronisation (its tied weights' sums with other stages too, `planner.search.tied`);
+    stage i of S holds the micro-batches' activations `pipeline_schedule.in_flight` counts
+    as the graph runtime runs it (its last stage eager)."""
     m = traced.micro_batches
     capacity = usable_bytes(cluster)
     p2p = _p2p_times(layout, traced.layers, cluster)
@@ -196,13 +198,14 @@ def predict(layout: Layout, solves: list[StageResult], traced: TracedForward,
              for k, (x, p) in enumerate(zip(solves, p2p))]
     ties = tie_syncs([shape for _, _, shape, _ in layout.stages],
                      [x.parameters for x in solves], traced.layers.parameter_values(), cluster)
-    step = sum(times) + (m - 1) * max(times) + max(
+    step = pipeline_time(layout.schedule, times, m).seconds + max(
         x.cost.step_comm_s + tie_s for x, (_, tie_s) in zip(solves, ties))
     if traced.layers.loss_scaled:  # every rank agrees whether a gradient overflowed
         step += collective_time("all_reduce", OVERFLOW_FLAG_BYTES, cluster.num_devices,
                                 boundary_link(cluster, cluster.num_devices))
     memory = [stage_memory(x.cost.state_bytes, x.cost.activation_bytes, x.cost.checkpoint_bytes,
-                           in_flight(len(solves) - k, m, layout.schedule), layout.recomputes(k))
+                           int(in_flight(layout.schedule, len(solves), k, m, eager_last=True)),
+                           layout.recomputes(k))
               for k, x in enumerate(solves)]
     slowest = int(np.argmax(times))
     return Candidate(layout, m, solves, step, memory, max(memory) <= capacity,

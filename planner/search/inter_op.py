@@ -3,9 +3,13 @@
 Zheng et al., "Alpa: Automating Inter- and Intra-Operator Parallelism for Distributed Deep
 Learning", OSDI 2022, Sec. 5.2 and Algorithm 1. The L layers are cut into contiguous stages,
 each stage runs on one submesh, and the submeshes together use every device of the cluster
-exactly once. With B micro-batches a synchronous pipeline takes
+exactly once. With B micro-batches a synchronous pipeline (GPipe, 1F1B) takes
 
-    T = sum of stage latencies + (B - 1) * t_max,    t_max = the slowest stage's latency.
+    T = sum of stage latencies + w * t_max,    t_max = the slowest stage's latency,
+
+w = `paced_micro_batches(B)`, the micro-batches the slowest stage paces after the first: the
+schedule's own time as `cost_models.pipeline_schedule.one_chunk_seconds` gives it, which
+the DP minimises rather than a formula of its own.
 
 For a fixed bound t_max, F(s, l, d) is the least summed latency of layers l..L-1 cut into
 exactly s stages on exactly d devices, with no stage slower than t_max:
@@ -16,7 +20,7 @@ exactly s stages on exactly d devices, with no stage slower than t_max:
 where the last index of `costs` is the number of stages after the stage (its position from
 the end: with 1F1B it has that many more micro-batches in flight, so memory, and hence
 feasibility and the best intra-op plan, depend on it). Then T(t_max) = min_s F(s, 0, D) +
-(B - 1) * t_max, minimised over the candidate values of t_max: the distinct finite costs.
+w * t_max, minimised over the candidate values of t_max: the distinct finite costs.
 
 Three ways of keeping this fast without giving up exactness:
 
@@ -32,9 +36,9 @@ Three ways of keeping this fast without giving up exactness:
   submeshes (small micro-batches split over few replicas) this leaves few columns.
 - The t_max candidates are searched by branch and bound rather than one by one. F_t falls as
   t rises, so between two evaluated candidates t_lo < t_hi every candidate t in between has
-  F_t >= F_{t_hi} and T(t) >= F_{t_hi} + (B - 1) * t: the interval is skipped when that bound
+  F_t >= F_{t_hi} and T(t) >= F_{t_hi} + w * t: the interval is skipped when that bound
   reaches the best total found, or when F_{t_lo} == F_{t_hi} (no t in between beats t_lo).
-  Alpa's early stop, "stop once (B - 1) * t_max >= the best total", is this bound with F_{t_hi}
+  Alpa's early stop, "stop once w * t_max >= the best total", is this bound with F_{t_hi}
   replaced by 0. Optionally, and inexactly, `t_max_tolerance` merges candidates within a
   relative tolerance (Alpa skips candidates closer than a gap to the last one); the total is
   then within a factor (1 + tolerance) of the optimum.
@@ -63,6 +67,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cost_models.pipeline_schedule import one_chunk_seconds, paced_micro_batches
+
 
 @dataclass(frozen=True)
 class StageChoice:
@@ -80,14 +86,9 @@ class StageChoice:
 class StagePlan:
     stages: tuple[StageChoice, ...]
     total_latency: float
-    """Sum of stage latencies + (B - 1) * the largest stage latency."""
+    """The pipeline's time, `pipeline_schedule.one_chunk_seconds` of the stage latencies."""
     t_max: float
     """The largest stage latency."""
-
-
-def pipeline_latency(latencies: Sequence[float], num_micro_batches: int) -> float:
-    """Alpa's pipeline objective: sum of stage latencies + (B - 1) x the slowest stage."""
-    return float(sum(latencies)) + (num_micro_batches - 1) * float(max(latencies))
 
 
 def stage_dp(
@@ -121,7 +122,7 @@ def stage_dp(
     index, total = search(
         lambda i: _least_sum(_tables(problem, candidates[i]), num_stages),
         candidates,
-        num_micro_batches - 1,
+        paced_micro_batches(num_micro_batches),
     )
     if not math.isfinite(total):
         return None
@@ -379,7 +380,7 @@ def _branch_and_bound(
 def _plan(stages: Sequence[StageChoice], num_micro_batches: int) -> StagePlan:
     latencies = [s.latency for s in stages]
     return StagePlan(
-        tuple(stages), pipeline_latency(latencies, num_micro_batches), float(max(latencies))
+        tuple(stages), one_chunk_seconds(latencies, num_micro_batches), float(max(latencies))
     )
 
 

@@ -40,7 +40,7 @@ from planner.search.solver import (
 )
 
 if TYPE_CHECKING:
-    from cost_models.profile import ProfileDatabase
+    from cost_models.profiled_costs import ProfileDatabase
 
 
 # Least time the solver is given when a deadline leaves less: enough to return the greedy

@@ -12,47 +12,19 @@ replica needs whole micro-batches.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from typing import Any
-
 from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
-from planner.vocabulary.parallel import PRECISIONS
+from planner.vocabulary.knobs import KNOBS, spelt
+from planner.vocabulary.parallel import PRECISIONS, FixedKnobs
+from planner.vocabulary.schedules import runs_on
 from planner.search.megatron_space import data_degrees
 
-# ParallelConfig field -> the flag that fixes it, for messages that name the flag as typed.
-FLAG = {
-    "tensor": "--tensor-model-parallel-size",
-    "pipeline": "--pipeline-model-parallel-size",
-    "context": "--context-parallel-size",
-    "expert": "--expert-model-parallel-size",
-    "expert_tensor": "--expert-tensor-parallel-size",
-    "overlap_moe_expert_parallel_comm": "--overlap-moe-expert-parallel-comm",
-    "moe_expert_capacity_factor": "--moe-expert-capacity-factor",
-    "cuda_graph_scope": "--cuda-graph-scope",
-    "micro_batch_size": "--micro-batch-size",
-    "zero_stage": "--zero-stage",
-    "recompute": "--recompute-granularity",
-    "sequence_parallel": "--sequence-parallel",
-    "schedule": "--schedule",
-    "virtual_pipeline": "--num-layers-per-virtual-pipeline-stage",
-    "overlap_grad_reduce": "--overlap-grad-reduce",
-    "precision": "--precision",
-    "attention_backend": "--attention-backend",
-    "overlap_param_gather": "--overlap-param-gather",
-    "tp_comm_overlap": "--tp-comm-overlap",
-    "recompute_method": "--recompute-method",
-    "recompute_num_layers": "--recompute-num-layers",
-    "fp8_recipe": "--fp8-recipe",
-    "moe_token_dispatcher": "--moe-token-dispatcher-type",
-    "cuda_graphs": "--cuda-graph-impl",
-    "engine": "--engine",
-}
+# Knob -> the `plan` flag that fixes it, for messages that name the flag as typed.
+FLAG = {name: spelling.key for name, spelling in spelt("cli").items()}
 
 
 def check_knobs(
-    knobs: Mapping[str, Any], model: TransformerConfig, cluster: Cluster,
+    knobs: FixedKnobs, model: TransformerConfig, cluster: Cluster,
     global_batch_size: int, space: str,
 ) -> None:
     """ValueError naming every fixed knob that no plan of `space` can honour on `cluster`
@@ -67,6 +39,10 @@ def check_knobs(
         )
     problems += _run_problems(knobs, model, cluster, precision)
     problems += _schedule_problems(knobs, model, space)
+    engine = knobs.get("engine", "megatron")
+    problems += [f"{FLAG.get(name, name)} is {' and '.join(KNOBS[name].engines)}'s, not "
+                 f"--engine {engine}'s; drop it" for name in knobs
+                 if engine not in KNOBS[name].engines]
     if not problems:
         problems += _batch_problems(knobs, model, cluster, global_batch_size)
     if problems:
@@ -79,7 +55,7 @@ def default_precision(cluster: Cluster) -> str:
 
 
 def _degree_problems(
-    knobs: Mapping[str, Any], model: TransformerConfig, cluster: Cluster
+    knobs: FixedKnobs, model: TransformerConfig, cluster: Cluster
 ) -> list[str]:
     n, per_node = cluster.num_devices, min(cluster.devices_per_node, cluster.num_devices)
     heads, groups = model.num_attention_heads, model.num_kv_heads
@@ -137,7 +113,7 @@ def _degree_problems(
     return problems
 
 
-def _run_problems(knobs: Mapping[str, Any], model: TransformerConfig, cluster: Cluster,
+def _run_problems(knobs: FixedKnobs, model: TransformerConfig, cluster: Cluster,
                   precision: str) -> list[str]:
     """Settings that need something of the device, the model or another knob."""
     problems = []
@@ -187,7 +163,7 @@ def _run_problems(knobs: Mapping[str, Any], model: TransformerConfig, cluster: C
     return problems
 
 
-def _schedule_problems(knobs: Mapping[str, Any], model: TransformerConfig, space: str) -> list[str]:
+def _schedule_problems(knobs: FixedKnobs, model: TransformerConfig, space: str) -> list[str]:
     problems = []
     schedule, p = knobs.get("schedule"), knobs.get("pipeline")
     if schedule == "interleaved" and p == 1:
@@ -199,7 +175,7 @@ def _schedule_problems(knobs: Mapping[str, Any], model: TransformerConfig, space
         if p == 1:
             problems.append(f"{FLAG['schedule']} dualpipev needs pipeline stages, and "
                             f"{FLAG['pipeline']} 1 has one")
-        if knobs.get("engine") not in ("torchtitan", "tessel"):
+        if not runs_on(schedule, knobs.get("engine")):
             problems.append(
                 f"{FLAG['schedule']} dualpipev is TorchTitan's and Tessel's runtime's, not "
                 "Megatron-LM's (it has no DualPipe schedule); add --engine torchtitan or "
@@ -221,7 +197,7 @@ def _schedule_problems(knobs: Mapping[str, Any], model: TransformerConfig, space
 
 
 def _batch_problems(
-    knobs: Mapping[str, Any], model: TransformerConfig, cluster: Cluster, gbs: int
+    knobs: FixedKnobs, model: TransformerConfig, cluster: Cluster, gbs: int
 ) -> list[str]:
     mb = knobs.get("micro_batch_size", 1)
     if gbs % mb:

@@ -262,7 +262,8 @@ class _Solver:
     def _run_shares(self, shares: list[list[tuple]]) -> dict:
         """Each worker's share, a task at a time; a worker whose share is done takes the
         last task of the longest share left, so that none idles while tasks wait (the
-        routing's estimates are rough: a 2-D solve takes 0.5 to 1.5 s)."""
+        routing's estimates are rough: one kind of task varies several-fold from layer to
+        layer)."""
         queues = [deque(share) for share in shares]
         finished: queue.SimpleQueue = queue.SimpleQueue()
         answers: dict = {}
@@ -295,10 +296,10 @@ class _Solver:
 
 _WORK = {(1, "solve"): 2.0, (1, "bound"): 1.0, (2, "solve"): 8.0, (2, "bound"): 3.0,
          "trace": 3.0, "mesh": 3.0}
-"""Rough cost of a task in tenths of a second (measured on the 1B model's layers: a 1-D
-solve 0.1 s and its strategy table 0.1 s, a 2-D solve 0.8 s, a 2-D bound 0.2 s and its
-table 0.1 s once the worker has made one on that mesh, 0.3 s more for the first), of a
-layer's trace (0.3 s), and of a worker's first strategy table on a mesh."""
+"""Rough cost of a task (a solve or a bound on a 1-D or 2-D mesh, its strategy table
+included), of a layer's trace, and of a worker's first strategy table on a mesh, in
+tenths of a second as timed on the 1B model's layers (docs/graph-plans.md, "Measured").
+Only their ratios matter: they route tasks so that the workers' shares end together."""
 
 
 def _solve_task(task: tuple[int, tuple[int, ...], bool, str]) -> StageResult | StageCost:

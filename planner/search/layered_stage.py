@@ -1,6 +1,6 @@
 """A stage run as its layers' programs in turn, each as the layer table solved it.
 
-Between two layers of such a stage the runtime (`runtime.staged`) does what it does between
+Between two layers of such a stage the runtime (`runtime.graph_pipeline`) does what it does between
 two stages on the same devices, without sending: the earlier layer's outputs are moved to
 replicated and become the later one's incoming tensors, whose gradients are moved to
 replicated on the way back. So the stage costs exactly the sum of its layers' solves, with

@@ -1,13 +1,12 @@
 """The exact intra-op ILP, narrowed first by its LP relaxation (reduced-cost fixing).
 
-Most of a large solve is the simplex at SCIP's root (a 2x4 T5 of benchmarks/
-vs_autoparallel.py's family: 34 s of 54), and most choices are out of reach of any
-optimum. So, before `solver.solve_ilp`:
+Most of a large solve is the simplex at SCIP's root, and most choices are out of reach of
+any optimum. So, before `solver.solve_ilp`:
 
 1. PDLP, a first-order primal-dual LP method (Applegate et al., "Practical Large-Scale
    Linear Programming using Primal-Dual Hybrid Gradient", NeurIPS 2021; in OR-Tools),
-   solves the LP relaxation of the same formulation (`solver.build_model`): 5 s on that
-   T5, where SoPlex takes 34 and GLOP 43.
+   solves the LP relaxation of the same formulation (`solver.build_model`), on large
+   problems several times faster than a simplex (SoPlex's or GLOP's).
 2. A lower bound from its duals, computed here (`dual_bound`) rather than read from the
    solver, so that it holds whatever PDLP's accuracy: for min c.x subject to
    lo <= Ax <= hi and l <= x <= u, any y signed as the rows allow gives
@@ -23,9 +22,8 @@ optimum. So, before `solver.solve_ilp`:
 
 The exact ILP then solves what is left from the incumbent, and its optimum is the
 problem's; where the incumbent is already within the solver's gap of the bound, it is the
-answer. On the family's six 2-D problems under AutoParallel's constraints fixing keeps 4%
-to 75% of the choices and the solve takes 26% to 93% of the time of the ILP alone (the
-2x4 T5: 13 s instead of 54); the 2x2 hf llama's, 0.9 s instead of 3.0.
+answer. What fixing keeps and saves on benchmarks/vs_autoparallel.py's family:
+docs/graph-plans.md, "Measured".
 """
 
 from __future__ import annotations
@@ -46,8 +44,8 @@ from planner.search.solver import (
 SUPPORT = 1e-4
 """RENS's neighbourhood: besides the choices the LP solution takes, those whose reduced
 cost is within this fraction of the bound. PDLP's solution is approximate, and a choice
-of an optimal LP face can sit at 0 in it: with the margin RENS found the optimum of the
-2x4 T5 (in 0.5 s), without it a plan 0.04% above."""
+of an optimal LP face can sit at 0 in it, and without the margin RENS can miss the optimum
+and hand the ILP a worse incumbent."""
 
 TAKEN = 1e-3
 """An LP value above which a choice counts as taken."""
@@ -58,8 +56,7 @@ LP_SHARE = 0.25
 SMALLEST = 20_000
 """ILP variables (`elimination.ilp_variables`) below which the ILP is solved as it is:
 SCIP's simplex is then as quick as PDLP and RENS, and the extra model builds cost more
-than fixing saves (the family's 1-D problems of 12,000 variables: 0.18-0.25 s with it,
-0.14-0.19 s without; from 30,000 variables on fixing wins: 0.58 s instead of 0.84)."""
+than fixing saves (where the two cross: docs/graph-plans.md, "Measured")."""
 
 
 @dataclass(frozen=True)

@@ -16,18 +16,18 @@ Knobs fixed on the command line are never varied.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import itertools
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from cost_models.pipeline_memory import StageLayout, fits_memory
 from cost_models.step_time import StepPrediction, predict_step
 from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
-from planner.vocabulary.parallel import RECOMPUTE, ParallelConfig
+from planner.vocabulary.parallel import RECOMPUTE, FixedKnobs, ParallelConfig, Recompute
+from planner.vocabulary.parallel_dims import ParallelDims
+from planner.vocabulary.schedules import runs_on, schedule_info
 from planner.torchtitan.rules import zero_stages
 
 if TYPE_CHECKING:
@@ -45,8 +45,9 @@ VIRTUAL_STAGES = (2, 4)
 CONTEXT_PARALLEL_MIN_SEQ = 8192
 
 # Largest cluster a training plan is searched for: the stage DP keeps one state per GPU
-# count, so its time grows with the GPUs (131072: about a minute on two cores; 2^20 GPUs
-# would take the better part of an hour). Past today's largest clusters (~100K GPUs).
+# count, so its time grows with the GPUs; the bound keeps a search at the largest size
+# interactive (timings: docs/cli.md, "Errors, exit codes and bounds"). Past today's
+# largest clusters (~100K GPUs).
 MAX_GPUS = 1 << 17
 
 Progress = Callable[[int, int], None]
@@ -117,7 +118,7 @@ def megatron_stage_splits(num_layers: int, stages: int) -> list[tuple[int, ...]]
 
 
 def _layouts(
-    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: Mapping[str, Any]
+    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: FixedKnobs
 ) -> Iterator[tuple[int, int, int, int, int]]:
     """(tensor, context, pipeline, data, expert) degrees that multiply to the GPUs and
     whose data-parallel replicas split the global batch."""
@@ -126,13 +127,13 @@ def _layouts(
             yield layout
 
 
-def data_degrees(model: TransformerConfig, cluster: Cluster, fixed: Mapping[str, Any]) -> list[int]:
+def data_degrees(model: TransformerConfig, cluster: Cluster, fixed: FixedKnobs) -> list[int]:
     """The data-parallel degrees of every layout the fixed knobs allow, batch aside."""
     return sorted({layout[3] for layout in _degree_layouts(model, cluster, fixed)})
 
 
 def _degree_layouts(
-    model: TransformerConfig, cluster: Cluster, fixed: Mapping[str, Any]
+    model: TransformerConfig, cluster: Cluster, fixed: FixedKnobs
 ) -> Iterator[tuple[int, int, int, int, int]]:
     n = cluster.num_devices
     tensors = [fixed["tensor"]] if "tensor" in fixed else [
@@ -164,10 +165,10 @@ def _degree_layouts(
                     yield t, c, p, d, e
 
 
-def run_settings(fixed: Mapping[str, Any], cluster: Cluster, tensor: int,
-                 sequence_parallel: bool, zero_stage: int,
-                 overlap_grad_reduce: bool, data: int = 2) -> dict[str, Any]:
-    """The knobs that only make a run faster or leaner where they apply, each as fixed or
+def run_settings(base: ParallelConfig, fixed: FixedKnobs, cluster: Cluster,
+                 data: int = 2, tensor: int | None = None) -> ParallelConfig:
+    """`base` (its degrees, sequence parallelism, ZeRO stage and gradient overlap chosen)
+    with the knobs that only make a run faster or leaner where they apply, each as fixed or
     else at its best: the weights' gather overlapped with the forward where the optimizer
     is distributed, tensor-parallel communication overlapped with the matmuls where the
     device runs Transformer Engine's userbuffers, attention as the device runs it, and
@@ -175,15 +176,20 @@ def run_settings(fixed: Mapping[str, Any], cluster: Cluster, tensor: int,
     static shapes and hold their own memory). The engine and its knobs are as fixed
     (Megatron-LM by default); under TorchTitan, async tensor parallelism is a compile pass
     (`maybe_enable_async_tp`), fp8 is scaled per tensor, and FSDP2 gathers fp8 weights only
-    over `data` ranks above one (any, where stages differ: Alpa's space)."""
+    over `data` ranks above one (any, where stages differ: Alpa's space). `tensor`: the
+    tensor degree the overlaps are decided for, where stages choose their own (default
+    `base`'s)."""
     engine = fixed.get("engine", "megatron")
     titan = engine == "torchtitan"
     compiled = fixed.get("compile", False)
-    overlap_tp = tensor > 1 and sequence_parallel and cluster.device.tp_comm_overlap
-    return dict(
+    zero_stage = base.zero_stage
+    tensor = base.dims.tensor if tensor is None else tensor
+    overlap_tp = tensor > 1 and base.sequence_parallel and cluster.device.tp_comm_overlap
+    return replace(
+        base,
         attention_backend=fixed.get("attention_backend", "auto"),
         overlap_param_gather=fixed.get("overlap_param_gather",
-                                       zero_stage >= 1 and overlap_grad_reduce),
+                                       zero_stage >= 1 and base.overlap_grad_reduce),
         tp_comm_overlap=fixed.get("tp_comm_overlap", overlap_tp and (compiled or not titan)),
         recompute_method=fixed.get("recompute_method", "uniform"),
         recompute_num_layers=fixed.get("recompute_num_layers", 1),
@@ -197,14 +203,11 @@ def run_settings(fixed: Mapping[str, Any], cluster: Cluster, tensor: int,
         fp8_param_gather=fixed.get("fp8_param_gather", False) and (
             not titan or (zero_stage == 3 and data > 1)),
         moe_router_force_load_balancing=fixed.get("moe_router_force_load_balancing", False),
+        ddp_bucket_size=fixed.get("ddp_bucket_size"),
     )
 
 
-DISPATCH_KNOBS = ("moe_token_dispatcher", "overlap_moe_expert_parallel_comm")
-"""Knobs that change how a plan's tokens reach their experts, and not its memory."""
-
-
-def _dispatchers(fixed: Mapping[str, Any], expert: int, cluster: Cluster) -> list[str]:
+def _dispatchers(fixed: FixedKnobs, expert: int, cluster: Cluster) -> list[str]:
     """The token dispatchers tried: as fixed; without expert parallelism the all-gather
     (nothing to send); under Tessel's runtime the all-gather too, unless routing is forced
     even: an all-to-all moves what the router decides at run time, so its bytes are an
@@ -222,7 +225,7 @@ def _dispatchers(fixed: Mapping[str, Any], expert: int, cluster: Cluster) -> lis
     return ["alltoall", "flex"] if cluster.device.tp_comm_overlap and spans else ["alltoall"]
 
 
-def _expert_tensor_degrees(fixed: Mapping[str, Any], t: int, c: int, d: int, e: int
+def _expert_tensor_degrees(fixed: FixedKnobs, t: int, c: int, d: int, e: int
                            ) -> list[int | None]:
     """Expert tensor degrees tried: as fixed; the attention's (None) and, where experts are
     split and tensors too, 1: each expert whole on one rank (parallel folding), which
@@ -239,8 +242,8 @@ def _expert_tensor_degrees(fixed: Mapping[str, Any], t: int, c: int, d: int, e: 
 
 def _knob_choices(
     layout: tuple[int, int, int, int, int], model: TransformerConfig, gbs: int,
-    fixed: Mapping[str, Any], space: str, cluster: Cluster,
-) -> Iterator[dict[str, Any]]:
+    fixed: FixedKnobs, space: str, cluster: Cluster,
+) -> Iterator[ParallelConfig]:
     """Every setting of the knobs other than degrees and recomputation, for one layout."""
     t, c, p, d, e = layout
     per_replica = gbs // d
@@ -264,21 +267,21 @@ def _knob_choices(
             micro, parallel_seq, zero, overlap, dispatchers,
             _expert_tensor_degrees(fixed, t, c, d, e)):
         schedules = _schedules(model.num_layers, p, per_replica // mb, fixed, space)
-        settings = run_settings(fixed, cluster, t, sp, z, ov, d)
+        dims = ParallelDims(tensor=t, context=c, pipeline=p, data=d, expert=e,
+                            expert_tensor=etp)
+        base = run_settings(ParallelConfig(
+            dims=dims, micro_batch_size=mb, global_batch_size=gbs, sequence_parallel=sp,
+            zero_stage=z, overlap_grad_reduce=ov, precision=fixed.get("precision", "bf16"),
+            moe_token_dispatcher=dispatcher), fixed, cluster, d)
         for schedule, v in schedules:
-            yield dict(tensor=t, context=c, pipeline=p, data=d, expert=e, micro_batch_size=mb,
-                       global_batch_size=gbs, sequence_parallel=sp, zero_stage=z,
-                       overlap_grad_reduce=ov, schedule=schedule, virtual_pipeline=v,
-                       precision=fixed.get("precision", "bf16"),
-                       moe_token_dispatcher=dispatcher, expert_tensor=etp,
-                       overlap_moe_expert_parallel_comm=fixed.get(
-                           "overlap_moe_expert_parallel_comm",
-                           a2a_overlap_allowed(e, dispatcher, p, v, fixed)),
-                       **settings)
+            yield replace(base, schedule=schedule, virtual_pipeline=v,
+                          overlap_moe_expert_parallel_comm=fixed.get(
+                              "overlap_moe_expert_parallel_comm",
+                              a2a_overlap_allowed(e, dispatcher, p, v, fixed)))
 
 
 def a2a_overlap_allowed(expert: int, dispatcher: str, pipeline: int, virtual: int,
-                        fixed: Mapping[str, Any]) -> bool:
+                        fixed: FixedKnobs) -> bool:
     """Whether Megatron-LM runs --overlap-moe-expert-parallel-comm here (its
     validate_args: expert parallelism, the alltoall or flex dispatcher, no full
     recomputation, and with pipelining the interleaved schedule), under its engine."""
@@ -288,7 +291,7 @@ def a2a_overlap_allowed(expert: int, dispatcher: str, pipeline: int, virtual: in
 
 
 def _schedules(
-    num_layers: int, p: int, m: int, fixed: Mapping[str, Any], space: str
+    num_layers: int, p: int, m: int, fixed: FixedKnobs, space: str
 ) -> list[tuple[str, int]]:
     """(schedule, virtual stages) for `p` stages and `m` micro-batches, fixed ones kept.
     Interleaving needs the micro-batches to be a multiple of the stages and the stage's
@@ -299,14 +302,14 @@ def _schedules(
     only."""
     if p == 1:
         schedule = fixed.get("schedule", "1f1b")
-        return [] if schedule in ("interleaved", "dualpipev") else [(schedule, 1)]
+        return [] if schedule_info(schedule).chunks != 1 else [(schedule, 1)]
     if m < p:
         # Fewer micro-batches than stages never fill the pipeline, and torch's schedules
         # (what the runtime runs) refuse them.
         return []
     chunks = [fixed["virtual_pipeline"]] if "virtual_pipeline" in fixed else VIRTUAL_STAGES
     options = [("interleaved", v) for v in chunks if m % p == 0 and (num_layers // p) % v == 0]
-    if fixed.get("engine") in ("torchtitan", "tessel") and 2 in chunks and m >= 2 * p \
+    if runs_on("dualpipev", fixed.get("engine")) and 2 in chunks and m >= 2 * p \
             and (num_layers // p) % 2 == 0:
         options.append(("dualpipev", 2))
     if "virtual_pipeline" not in fixed:
@@ -315,34 +318,34 @@ def _schedules(
 
 
 def enumerate_megatron(
-    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: Mapping[str, Any]
+    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: FixedKnobs
 ) -> Iterator[Candidate]:
     """Every configuration of the Megatron space, recomputation modes included."""
     recomputes = [fixed["recompute"]] if "recompute" in fixed else list(RECOMPUTE)
     for layout in _layouts(model, cluster, gbs, fixed):
-        for knobs in _knob_choices(layout, model, gbs, fixed, "megatron", cluster):
-            for split in _splits(model, knobs):
+        for config in _knob_choices(layout, model, gbs, fixed, "megatron", cluster):
+            for split in _splits(model, config):
                 for recompute in recomputes:
-                    yield Candidate(configure(knobs, recompute), split)
+                    yield Candidate(configure(config, recompute), split)
 
 
-def configure(knobs: Mapping[str, Any], recompute: str) -> ParallelConfig:
-    """`knobs` with `recompute`; the MoE all-to-all overlap off under full recomputation,
+def configure(config: ParallelConfig, recompute: Recompute) -> ParallelConfig:
+    """`config` with `recompute`; the MoE all-to-all overlap off under full recomputation,
     which Megatron-LM does not run together."""
     if recompute == "full":
-        knobs = {**knobs, "overlap_moe_expert_parallel_comm": False}
-    return ParallelConfig(**knobs, recompute=recompute)
+        return replace(config, recompute=recompute, overlap_moe_expert_parallel_comm=False)
+    return replace(config, recompute=recompute)
 
 
-def _splits(model: TransformerConfig, knobs: Mapping[str, Any]) -> list[tuple[int, ...]]:
-    splits = megatron_stage_splits(model.num_layers, knobs["pipeline"])
-    if knobs["virtual_pipeline"] > 1:
+def _splits(model: TransformerConfig, config: ParallelConfig) -> list[tuple[int, ...]]:
+    splits = megatron_stage_splits(model.num_layers, config.dims.pipeline)
+    if config.virtual_pipeline > 1:
         splits = [s for s in splits if len(set(s)) == 1]
     return splits
 
 
 def search_megatron(
-    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: Mapping[str, Any],
+    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: FixedKnobs,
     flash_attention: bool = True, progress: Progress | None = None,
     collectives: LayerCollectives | None = None,
 ) -> SearchResult:
@@ -360,16 +363,16 @@ def search_megatron(
     # activations (`micro_batch x min(micro-batches, stages)` in flight), so it cannot fit.
     too_large: dict[tuple, int] = {}
     for index, layout in enumerate(layouts):
-        for knobs in _knob_choices(layout, model, gbs, fixed, "megatron", cluster):
-            memory_knobs = tuple(v for k, v in knobs.items() if k not in DISPATCH_KNOBS)
-            others = tuple(v for k, v in knobs.items()
-                           if k not in DISPATCH_KNOBS and k != "micro_batch_size")
-            for split in _splits(model, knobs):
-                if knobs["micro_batch_size"] >= too_large.get((others, split), gbs + 1):
+        for config in _knob_choices(layout, model, gbs, fixed, "megatron", cluster):
+            memory_knobs = replace(config, moe_token_dispatcher="allgather",
+                                   overlap_moe_expert_parallel_comm=False)
+            others = replace(memory_knobs, micro_batch_size=1)
+            for split in _splits(model, config):
+                if config.micro_batch_size >= too_large.get((others, split), gbs + 1):
                     continue
                 fitting = False
                 for recompute in recomputes:
-                    candidate = Candidate(configure(knobs, recompute), split)
+                    candidate = Candidate(configure(config, recompute), split)
                     evaluated += 1
                     key = (memory_knobs, split, recompute)
                     if key not in fitted:
@@ -382,7 +385,7 @@ def search_megatron(
                             collectives)))
                         break  # more recomputation would only be slower
                 if not fitting:
-                    too_large[others, split] = knobs["micro_batch_size"]
+                    too_large[others, split] = config.micro_batch_size
         if progress:
             progress(index + 1, len(layouts))
     ranked.sort(key=lambda item: item[1].step_time_s)
@@ -390,7 +393,7 @@ def search_megatron(
 
 
 def best_exhaustive(
-    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: Mapping[str, Any],
+    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: FixedKnobs,
     flash_attention: bool = True,
 ) -> tuple[Candidate, StepPrediction] | None:
     """The fastest fitting configuration of the whole Megatron space, by brute force."""
@@ -404,15 +407,15 @@ def best_exhaustive(
 
 
 def devices_needed(
-    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: Mapping[str, Any],
+    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: FixedKnobs,
     limit: int = MAX_GPUS,
 ) -> int | None:
     """The fewest GPUs of this kind (doubling from the cluster's count) on which some
     Megatron configuration fits, or None up to `limit`. Tensor and pipeline degrees are
     freed and memory relief maxed (full recomputation, micro-batch 1, distributed
     optimizer), so the answer is the least the model needs, not the best size to train."""
-    relieved = {k: v for k, v in fixed.items() if k not in ("pipeline", "tensor")}
-    relieved.update(recompute="full", micro_batch_size=1, zero_stage=1)
+    relieved = fixed.but(pipeline=None, tensor=None, recompute="full", micro_batch_size=1,
+                         zero_stage=1)
     n = cluster.num_devices * 2
     while n <= limit:
         if search_megatron(model, cluster.with_devices(n), gbs, relieved).ranked:

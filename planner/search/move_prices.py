@@ -16,7 +16,7 @@ from passes.dtensor_rules import Collective, Placements, is_supported, redistrib
 from planner.vocabulary.cluster import Cluster, LinkSpec
 
 if TYPE_CHECKING:
-    from cost_models.profile import ProfileDatabase
+    from cost_models.profiled_costs import ProfileDatabase
 
 
 # Cost of a move DTensor cannot make: large enough that no optimum contains one.

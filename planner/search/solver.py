@@ -32,16 +32,16 @@ import numpy as np
 # Stop when the incumbent is proven within this fraction of the optimum (the default,
 # 1e-4, would let the solver ignore the memory tie-breaks in the objective).
 RELATIVE_GAP = 1e-7
-# SCIP's presolve probing spent 4 s of an 18 s solve on demo:gpt 2x2 and fixed nothing:
-# the transport linearisation's LP relaxation is integral at the root there, so there is
-# nothing for probing to tighten. The root LP is most of a large solve, and the optimum
-# is proven at the root node on every model of benchmarks/vs_autoparallel.py's family: a
-# restart (after reduced-cost fixing) solves that LP again from scratch, and the
-# feasibility pump solves more LPs for an incumbent diving finds anyway (a 2x4 T5: 22 s
-# and 16 s of an 87 s solve, 53 s without either, the same optimum). The hint sets only the
-# node choices, a few percent of the variables: SCIP ignores a partial solution with more
-# than 85% of its variables unknown unless told to complete it (with the incumbent
-# reduced-cost fixing hands it, the 2x4 T5 is solved in 12.9 s instead of 15.3).
+# SCIP's settings for this formulation (what they save: docs/graph-plans.md, "Measured").
+# Presolve probing is off: the transport linearisation's LP relaxation is integral at the
+# root, so probing has nothing to tighten and fixes nothing. The root LP is most of a large
+# solve, and the optimum is proven at the root node on every model of
+# benchmarks/vs_autoparallel.py's family, so restarts are off (a restart after
+# reduced-cost fixing solves that LP again from scratch) and so is the feasibility pump
+# (it solves more LPs for an incumbent diving finds anyway); the optimum is the same
+# without either. The hint sets only the node choices, a few percent of the variables:
+# SCIP ignores a partial solution with more than 85% of its variables unknown unless told
+# to complete it, and the incumbent reduced-cost fixing hands it shortens the solve.
 SCIP_PARAMETERS = "\n".join([
     "propagating/probing/maxprerounds = 0",
     "presolving/maxrestarts = 0",
@@ -272,7 +272,8 @@ def build_model(solver, problem: AssignmentProblem, scale: float, integral: bool
     """Add the problem's formulation (module docstring) to an OR-Tools `solver`, costs
     multiplied by `scale`, node choices binary or (`integral=False`, the LP relaxation)
     in [0, 1]; its node variables, x[v][i]."""
-    # Built with the solver's coefficient API: expression objects cost ~2x the build time.
+    # Built with the solver's coefficient API: building an expression object per term is
+    # most of the time of a large model's build.
     objective = solver.Objective()
     x = [
         [solver.BoolVar(f"x{v}_{i}") if integral else solver.NumVar(0.0, 1.0, f"x{v}_{i}")
@@ -327,7 +328,7 @@ def capped(problem: AssignmentProblem, incumbent: list[int]) -> AssignmentProble
     incumbent, before and after the cap, so the optimum and the optimal assignments are
     the same. It matters for the numerics: the graph code prices impossible moves at
     1e6 s against plans of a millisecond, and scaling by that largest cost pushed every
-    real cost below the LP's tolerances (SoPlex then took 6x the iterations). Returned
+    real cost below the LP's tolerances (SoPlex then needs many more iterations). Returned
     unchanged when the incumbent breaks the memory limit (it bounds nothing then) or
     some cost is negative.
     """

@@ -8,9 +8,10 @@ from __future__ import annotations
 import numpy as np
 
 from cost_models.comm import collective_time
+from cost_models.pipeline_schedule import in_flight
 from passes.stage_graph import routes
 from planner.vocabulary.cluster import Cluster
-from planner.search.graph_knobs import GraphKnobs, in_flight
+from planner.search.graph_knobs import GraphKnobs
 from planner.search.layer_table import logical_meshes
 from planner.search.stage_solve import StageCost
 
@@ -92,7 +93,9 @@ def _fill(costs: np.ndarray, chosen: ChosenOptions, s: int, option: tuple,
     for k in range(costs.shape[2]):
         # The last stage holds the last layer, and only it.
         where = valid & ((last == num_layers) == (k == 0))
-        held = in_flight(k + 1, m, knobs.schedule)
+        # A stage with k after it runs as the first of k + 1 (`in_flight`), its last
+        # stage as the graph runtime runs it (`eager_last_stage`).
+        held = int(in_flight(knobs.schedule, k + 1, 0, m, eager_last=True))
         for recompute in knobs.recomputations(last=k == 0):
             seconds = latency + (rerun if recompute else 0.0)
             memory = stage_memory(state, activations, checkpoint[first], held, recompute)

@@ -1,5 +1,5 @@
 """One pipeline stage on one logical mesh: the intra-op ILP's choice for the stage's
-program, priced the way the staged runtime (`runtime/staged.py`) runs it.
+program, priced the way the staged runtime (`runtime/graph_pipeline.py`) runs it.
 
 Per micro-batch a rank runs the stage's forward and backward (the ILP's transfers of
 those phases), moves each outgoing tensor to replicated before sending it, and moves the
@@ -292,7 +292,7 @@ def _price(solve: StageSolve, comm: CommModel, num_model_inputs: int) -> None:
 
 
 def _price_rerun(solve: StageSolve, comm: CommModel, gradients: list[str]) -> None:
-    """What recomputation costs: the runtime (`runtime.staged`) keeps a micro-batch's
+    """What recomputation costs: the runtime (`runtime.graph_pipeline`) keeps a micro-batch's
     incoming tensors, drops the rest of its first pass (every op that does not read the
     gradient from the next stage) and runs that pass again, without sending, before the
     micro-batch's backward: the same kernels and the same moves of inputs."""

@@ -32,9 +32,10 @@ from planner.search.solver import (
 
 
 BOUND_ILP_S = 5.0
-"""Most seconds the ILP of a pairwise bound may take (`certified_by_bounds`): hf llama's
-lower bound proves its optimum in 3 s where the exact ILP takes 9; a 2x4 ViT's takes 12 s
-and proves nothing, and its exact ILP 6.5 s."""
+"""Most seconds the ILP of a pairwise bound may take (`certified_by_bounds`): a bound pays
+only when it proves the optimum sooner than the exact ILP would, and one that proves
+nothing is time lost, so it is cut off at about what a mid-sized exact ILP takes (the
+cases: docs/graph-plans.md, "Measured")."""
 
 
 def solve_tied(problem: AssignmentProblem, groups: list[list[int]], time_limit_s: float,

@@ -92,8 +92,9 @@ def torchtitan_job(tables: dict[str, Any], gpus: int | None, source: str) -> Tor
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise JobConfigError(f"{source}: training.steps = {shown(steps)} must be a whole "
                              "number >= 1")
+    dims = parallel.dims
     return TorchTitanJob(flavor, model, parallel, layers, chunks,
-                         parallel.model_parallel * parallel.data, steps, notes, keys.ignored)
+                         dims.model_parallel * dims.data, steps, notes, keys.ignored)
 
 
 def _model(

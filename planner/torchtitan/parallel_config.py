@@ -29,7 +29,9 @@ import math
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from planner.vocabulary.parallel_dims import ParallelDims
+from planner.vocabulary.knobs import spelt
 from planner.vocabulary.parallel import RESHARD_POLICIES, ParallelConfig
+from planner.vocabulary.schedules import V_SHAPED, schedule_info
 from planner.torchtitan.errors import JobConfigError
 from planner.torchtitan.keys import shown
 
@@ -43,8 +45,10 @@ P = "parallelism."
 TORCH_SCHEDULES = ("1F1B", "Interleaved1F1B", "GPipe", "LoopedBFS", "InterleavedZeroBubble",
                    "PipelineScheduleSingle", "PipelineScheduleMulti", "ZBVZeroBubble",
                    "DualPipeV")
-SCHEDULE_OF_TORCHTITAN = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved1f1b": "interleaved",
-             "dualpipev": "dualpipev"}
+# The knobs TorchTitan's keys spell (the knob registry's: `planner.vocabulary.knobs`).
+KEY = {name: spelling.key for name, spelling in spelt("torchtitan").items()}
+_SCHEDULE = spelt("torchtitan")["schedule"]
+SCHEDULE_OF_TORCHTITAN = {name.lower(): schedule for schedule, name in _SCHEDULE.table}
 CONVERTERS = ("quantize.linear.float8", "quantize.linear.mx", "quantize.grouped_mm.float8",
               "quantize.grouped_mm.mx")
 # Linear layers a float8 or MX converter may leave in bf16 that Tessel prices as given
@@ -125,8 +129,8 @@ def parallel_config(
     recompute, every = _recompute(v, notes)
     precision, recipe, fp8_gather = _precision(v, d.shard, notes)
     compiled, compiled_loss = _compile(v)
-    policy = v.text(P + "fsdp_reshard_after_forward", RESHARD_POLICIES)
-    async_tp = v.flag(P + "enable_async_tensor_parallel") and tp > 1
+    policy = v.text(KEY["fsdp_reshard_after_forward"], RESHARD_POLICIES)
+    async_tp = v.flag(KEY["tp_comm_overlap"]) and tp > 1
     if async_tp and not compiled:
         raise v.error(f"{P}enable_async_tensor_parallel = true needs compile.enable = true "
                       'with "model" in compile.components (TorchTitan raises otherwise); '
@@ -142,7 +146,7 @@ def parallel_config(
     if zero == 3 and pp > 1 and policy == "default":
         notes.append('fsdp_reshard_after_forward "default": under pipeline parallelism '
                      "TorchTitan keeps each block's gathered weights from forward to backward")
-    config = ParallelConfig(
+    config = ParallelConfig.of(
         tensor=tp, pipeline=pp, data=d.dims.data, context=cp,
         # TorchTitan's tensor parallelism always shards norms over the sequence.
         sequence_parallel=tp > 1, micro_batch_size=micro, global_batch_size=batch,
@@ -167,8 +171,8 @@ def _degrees(
     """The degrees, checked as TorchTitan checks them."""
     replicate = v.whole(P + "data_parallel_replicate_degree")
     shard = v.whole(P + "data_parallel_shard_degree", also=(-1,))
-    cp, tp = v.whole(P + "context_parallel_degree"), v.whole(P + "tensor_parallel_degree")
-    pp = v.whole(P + "pipeline_parallel_degree")
+    cp, tp = v.whole(KEY["context"]), v.whole(KEY["tensor"])
+    pp = v.whole(KEY["pipeline"])
     named = {"data_parallel_replicate_degree": replicate, "context_parallel_degree": cp,
              "tensor_parallel_degree": tp, "pipeline_parallel_degree": pp}
     others = replicate * cp * tp * pp
@@ -276,7 +280,7 @@ def _pipeline(
     order, each where they differ)."""
     if pp == 1:
         return "1f1b", 1, None, None  # TorchTitan builds no schedule without pipelining
-    key = P + "pipeline_parallel_schedule"
+    key = KEY["schedule"]
     name = v.text(key)
     known = {s.lower(): s for s in TORCH_SCHEDULES}
     if name.lower() not in known:
@@ -286,7 +290,7 @@ def _pipeline(
         raise v.error(f'{key} = "{known[name.lower()]}": Tessel prices 1F1B, Interleaved1F1B, '
                       "GPipe and DualPipeV, not this schedule yet; use one of those")
     schedule = SCHEDULE_OF_TORCHTITAN[name.lower()]
-    single = schedule not in ("interleaved", "dualpipev")
+    single = not schedule_info(schedule).multi_chunk
     parts = _parts(v, num_layers, pp, single, notes)
     if len(parts) % pp:
         raise v.error(f"{P}module_fqns_per_model_part has {len(parts)} parts, not a multiple "
@@ -308,7 +312,7 @@ def _pipeline(
         return schedule, virtual, None, None
     # Part c runs on rank c % pipeline (pipeline_module_split's "loop" style), or in V
     # order under DualPipeV (its "v" style): rank r holds parts r and 2 pp - 1 - r.
-    owner = [2 * pp - 1 - c if schedule == "dualpipev" and c >= pp else c % pp
+    owner = [2 * pp - 1 - c if schedule in V_SHAPED and c >= pp else c % pp
              for c in range(len(counts))]
     return schedule, virtual, [sum(n for n, at in zip(counts, owner) if at == rank)
                                for rank in range(pp)], counts if virtual > 1 else None

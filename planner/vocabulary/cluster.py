@@ -36,8 +36,7 @@ from pydantic import (
     model_validator,
 )
 
-from cost_models.economics import RunCosts
-from cost_models.efficiency import Efficiency
+from planner.vocabulary.efficiency import Efficiency
 
 _FILE_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -159,6 +158,29 @@ class LinkSpec(_Config):
     latency_us: float = Field(
         ge=0, description="Per-message latency (alpha) in microseconds."
     )
+
+
+class RunCosts(_Config):
+    """What a cluster's GPU-hour costs, how often its GPUs fail and what they draw."""
+
+    gpu_hour_usd: tuple[float, float] = Field(
+        description="Range of on-demand list prices per GPU-hour, low to high, USD.")
+    price_source: str = Field(description="Where the price range comes from, and when.")
+    failure_rate_per_gpu_hour: float = Field(
+        gt=0, description="Job-interrupting failures per GPU-hour (the job's rate is this "
+        "times its GPUs).")
+    failure_source: str = Field(description="Where the failure rate comes from.")
+    gpu_power_w: float = Field(gt=0, description="Board power of one GPU (its TDP), W.")
+    system_power_w: float = Field(
+        gt=0, description="Rated power of one host with its GPUs (a DGX node, a GB200 "
+        "NVL72 rack's share per host), W: what is not the GPUs' is shared overhead.")
+    devices_per_system: int = Field(gt=0, description="GPUs that system_power_w feeds.")
+    power_source: str = Field(description="Where the power figures come from.")
+
+    @property
+    def default_price(self) -> float:
+        """The middle of the price range."""
+        return sum(self.gpu_hour_usd) / 2
 
 
 class Cluster(_Config):

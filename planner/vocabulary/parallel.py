@@ -8,17 +8,16 @@ so a user sees the whole picture in one message.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from functools import cached_property
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal, get_args
 
 from planner.vocabulary.parallel_dims import ParallelDims
+from planner.vocabulary.schedules import SCHEDULES, Schedule
 
 # Each enumerated knob as a type (the Plan's fields refuse any other value on load) and
 # as the tuple of its values (CLI choices, validation messages).
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp8", "fp32"]
-Schedule = Literal["gpipe", "1f1b", "interleaved", "dualpipev"]
 AttentionBackend = Literal["auto", "flash", "fused", "unfused", "local"]
 RecomputeMethod = Literal["uniform", "block"]
 Fp8Recipe = Literal["delayed", "tensorwise", "mxfp8", "blockwise"]
@@ -33,7 +32,6 @@ CudaGraphScope = Literal["full", "attn", "mlp", "moe", "moe_router", "moe_prepro
 
 RECOMPUTE: tuple[str, ...] = get_args(Recompute)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
-SCHEDULES: tuple[str, ...] = get_args(Schedule)
 ATTENTION_BACKENDS: tuple[str, ...] = get_args(AttentionBackend)
 RECOMPUTE_METHODS: tuple[str, ...] = get_args(RecomputeMethod)
 FP8_RECIPES: tuple[str, ...] = get_args(Fp8Recipe)
@@ -49,22 +47,13 @@ CUDA_GRAPH_SCOPES: tuple[str, ...] = get_args(CudaGraphScope)
 class ParallelConfig:
     """How one training step is split over GPUs. Megatron-LM flag in parentheses."""
 
-    tensor: int = 1
-    """Tensor-parallel degree (--tensor-model-parallel-size)."""
-    pipeline: int = 1
-    """Pipeline-parallel degree (--pipeline-model-parallel-size)."""
-    data: int = -1
-    """Data-parallel degree; -1: the GPUs left over by the other degrees."""
-    context: int = 1
-    """Context-parallel degree: the sequence split over GPUs (--context-parallel-size)."""
-    expert: int = 1
-    """Expert-parallel degree for mixture-of-experts layers (--expert-model-parallel-size):
-    each expert lives on one of this many ranks. With expert_tensor, carved out of the
-    tensor x context x data ranks of a pipeline stage (Megatron-Core's "parallel
-    folding"); the rest are the expert-data-parallel ranks."""
-    expert_tensor: int | None = None
-    """Tensor-parallel degree inside each expert (--expert-tensor-parallel-size); None:
-    the attention's tensor degree, as Megatron-LM defaults it."""
+    dims: ParallelDims = ParallelDims(data=-1)
+    """The degrees: tensor (--tensor-model-parallel-size), pipeline
+    (--pipeline-model-parallel-size), data (-1: the GPUs the others leave), context
+    (--context-parallel-size), expert (--expert-model-parallel-size) and expert_tensor
+    (--expert-tensor-parallel-size). Experts fold over a pipeline stage's tensor x
+    context x data ranks (Megatron-Core's "parallel folding"); `ParallelDims` holds
+    their rules."""
     sequence_parallel: bool = False
     """Shard norms and dropout over the tensor-parallel group (--sequence-parallel)."""
     micro_batch_size: int = 1
@@ -175,34 +164,33 @@ class ParallelConfig:
     fp8_param_gather: bool = False
     """Gather fp8 weights rather than bf16 ones (Megatron-LM's --fp8-param-gather,
     TorchTitan's enable_fsdp_float8_all_gather)."""
+    ddp_bucket_size: int | None = None
+    """Parameters per gradient bucket of Megatron-LM's overlapped reduction
+    (--ddp-bucket-size); None: its default, max(40M, 1M x data). Every engine's spelling:
+    `planner.vocabulary.knobs`."""
 
-    @cached_property
-    def dims(self) -> ParallelDims:
-        """The degrees alone: the one place their rules live (`ParallelDims`). Kept once
-        made: a search asks a configuration's degrees many times."""
-        return ParallelDims(pipeline=self.pipeline, data=self.data, context=self.context,
-                            tensor=self.tensor, expert=self.expert,
-                            expert_tensor=self.expert_tensor)
+    @classmethod
+    def of(cls, **knobs: Any) -> ParallelConfig:
+        """The configuration with `knobs` by name (`KNOB_NAMES`: a degree's name, such as
+        ``tensor``, goes to `dims`), data -1 unless given."""
+        degrees = {name: knobs.pop(name) for name in DEGREE_NAMES & knobs.keys()}
+        return cls(dims=ParallelDims(**{"data": -1, **degrees}), **knobs)
 
-    @property
-    def model_parallel(self) -> int:
-        """GPUs one model replica spans: tensor x pipeline x context."""
-        return self.dims.model_parallel
+    def but(self, **changes: Any) -> ParallelConfig:
+        """This configuration with `changes` by knob name (degrees included)."""
+        degrees = {name: changes.pop(name) for name in DEGREE_NAMES & changes.keys()}
+        if degrees:
+            changes["dims"] = replace(self.dims, **degrees)
+        return replace(self, **changes)
 
-    @property
-    def expert_tensor_degree(self) -> int:
-        """Tensor-parallel degree inside each expert: `expert_tensor`, else `tensor`."""
-        return self.dims.expert_tensor_degree
-
-    @property
-    def expert_data(self) -> int:
-        """Expert-data-parallel degree (`ParallelDims.expert_data`). Resolved configs only."""
-        return self.dims.expert_data
+    def knob(self, name: str) -> Any:
+        """The value of the knob `name` (`KNOB_NAMES`)."""
+        return getattr(self.dims if name in DEGREE_NAMES else self, name)
 
     @property
     def num_micro_batches(self) -> int:
         """Micro-batches per step on each data-parallel rank."""
-        return self.global_batch_size // (self.micro_batch_size * self.data)
+        return self.global_batch_size // (self.micro_batch_size * self.dims.data)
 
     def resolve(self, num_gpus: int) -> ParallelConfig:
         """This config with `data = -1` filled in for `num_gpus`; ValueError naming every
@@ -210,8 +198,7 @@ class ParallelConfig:
         problems = []
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, int) and not isinstance(value, bool) \
-                    and f.name not in DEGREE_NAMES:
+            if isinstance(value, int) and not isinstance(value, bool):
                 if value < (0 if f.name == "zero_stage" else 1):
                     problems.append(f"{f.name} must be positive, got {value}")
         if self.recompute not in RECOMPUTE:
@@ -245,17 +232,17 @@ class ParallelConfig:
         if self.tp_comm_overlap and not self.sequence_parallel:
             problems.append("tp_comm_overlap needs sequence_parallel")
         if self.overlap_moe_expert_parallel_comm and (
-                self.expert == 1 or self.moe_token_dispatcher == "allgather"
+                self.dims.expert == 1 or self.moe_token_dispatcher == "allgather"
                 or self.recompute == "full"
-                or (self.pipeline > 1 and self.virtual_pipeline == 1)):
+                or (self.dims.pipeline > 1 and self.virtual_pipeline == 1)):
             # Megatron-LM's validate_args for the MoE all-to-all overlap.
             problems.append("overlap_moe_expert_parallel_comm needs expert > 1, the alltoall "
                             "or flex dispatcher, no full recomputation, and with pipeline "
                             "stages the interleaved schedule")
         if problems:
             raise ValueError("; ".join(problems) + ".")
-        data = self.dims.resolve(num_gpus).data  # every degree's rule, in one message
-        resolved = replace(self, data=data)
+        dims = self.dims.resolve(num_gpus)  # every degree's rule, in one message
+        resolved, data = replace(self, dims=dims), dims.data
         if self.global_batch_size % (self.micro_batch_size * data):
             raise ValueError(
                 f"global batch ({self.global_batch_size}) must be a multiple of micro batch "
@@ -267,20 +254,20 @@ class ParallelConfig:
             # requires exactly 2 stages per rank") and refuses fewer micro-batches than
             # stages ("DualPipeV requires at least as many microbatches as stages"): m >=
             # 2 x pipeline (torch/distributed/pipelining/schedules.py).
-            if self.pipeline < 2 or self.virtual_pipeline != 2 or m < 2 * self.pipeline:
+            if self.dims.pipeline < 2 or self.virtual_pipeline != 2 or m < 2 * self.dims.pipeline:
                 raise ValueError(
-                    f"the dualpipev schedule needs pipeline > 1 (got {self.pipeline}), "
+                    f"the dualpipev schedule needs pipeline > 1 (got {self.dims.pipeline}), "
                     f"virtual_pipeline 2 (got {self.virtual_pipeline}: two chunks per rank "
-                    f"in V order) and at least 2 x pipeline = {2 * self.pipeline} "
+                    f"in V order) and at least 2 x pipeline = {2 * self.dims.pipeline} "
                     f"micro-batches per step (got {m}), as torch's ScheduleDualPipeV asks.")
         elif self.schedule != "interleaved" and self.virtual_pipeline != 1:
             raise ValueError("virtual_pipeline > 1 needs the interleaved schedule.")
         if (self.engine == "megatron" and self.schedule == "interleaved"
-                and self.virtual_pipeline > 1 and m % self.pipeline):
+                and self.virtual_pipeline > 1 and m % self.dims.pipeline):
             # Megatron-LM's rule (torch's Interleaved1F1B runs other counts, in rounds).
             raise ValueError(
                 f"the interleaved schedule needs the {m} micro-batches per step to be a "
-                f"multiple of pipeline ({self.pipeline}); change the batch or the pipeline.")
+                f"multiple of pipeline ({self.dims.pipeline}); change the batch or the pipeline.")
         return resolved
 
 
@@ -325,7 +312,7 @@ class FixedKnobs(Mapping[str, Any]):
         return FixedKnobs({**self._given, **changes})
 
 
-KNOB_NAMES = frozenset(f.name for f in fields(ParallelConfig))
-"""Every knob a plan can fix: ParallelConfig's fields."""
 DEGREE_NAMES = frozenset(f.name for f in fields(ParallelDims))
-"""The knobs `ParallelDims` validates (`ParallelConfig.resolve` leaves them to it)."""
+"""The degrees, which `ParallelConfig` holds in its `dims` (`ParallelDims` validates them)."""
+KNOB_NAMES = DEGREE_NAMES | frozenset(f.name for f in fields(ParallelConfig)) - {"dims"}
+"""Every knob a plan can fix: the degrees and ParallelConfig's other fields."""

@@ -25,14 +25,13 @@ from typing import Any, Iterable, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from cost_models.comm import COLLECTIVE_KINDS
-from cost_models.economics import TrainingTotals
-from passes.placement_text import placement_pieces
+from planner.vocabulary.placement_text import placement_pieces
 from planner.models.config import TransformerConfig
 from planner.vocabulary.parallel_dims import ParallelDims
 from planner.vocabulary.plan_migration import migrate_v1
 from planner.vocabulary.parallel import (
     AttentionBackend,
+    ParallelConfig,
     CudaGraphScope,
     Engine,
     Fp8Recipe,
@@ -48,6 +47,14 @@ from planner.vocabulary.parallel import (
 
 SCHEMA_VERSION = 2
 PHASES = ("forward", "backward", "gradient_sync")
+COLLECTIVE_KINDS: tuple[str, ...] = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "send_recv",
+)
+"""Collectives the cost model prices (`cost_models.comm`) and the runtime counts."""
 COMMUNICATION_KINDS = (*COLLECTIVE_KINDS, "send", "recv")
 """Kinds a plan's communication tables hold: the cost model's collectives, and point-to-
 point transfers counted per side, as `plan check` measures them."""
@@ -234,14 +241,15 @@ class ParallelDegrees(_Model):
                             expert_tensor=self.expert_tensor)
 
     @classmethod
-    def of(cls, dims: ParallelDims, sequence_parallel: bool, zero_stage: int,
-           virtual_pipeline: int, moe: bool) -> ParallelDegrees:
-        """The plan's record of `dims` (the expert tensor degree written out for MoE)."""
+    def of(cls, config: ParallelConfig, moe: bool) -> ParallelDegrees:
+        """The plan's record of `config`'s degrees and stage-shaping knobs (the expert
+        tensor degree written out for MoE)."""
+        dims = config.dims
         return cls(data=dims.data, tensor=dims.tensor, pipeline=dims.pipeline,
                    context=dims.context, expert=dims.expert,
                    expert_tensor=dims.expert_tensor_degree if moe else None,
-                   sequence_parallel=sequence_parallel, zero_stage=zero_stage,
-                   virtual_pipeline=virtual_pipeline)
+                   sequence_parallel=config.sequence_parallel, zero_stage=config.zero_stage,
+                   virtual_pipeline=config.virtual_pipeline)
 
 
 class RunSettings(_Model):
@@ -296,6 +304,9 @@ class RunSettings(_Model):
     compile_loss: bool = Field(default=False, description="The loss compiled by "
                                "torch.compile.")
     fp8_param_gather: bool = Field(default=False, description="fp8 weights gathered.")
+    ddp_bucket_size: int | None = Field(
+        default=None, ge=1, description="Parameters per gradient bucket of the overlapped "
+        "reduction; None: Megatron-LM's default, max(40M, 1M x data).")
 
 
 class Breakdown(_Model):
@@ -398,6 +409,29 @@ def tessel_version() -> str:
         return metadata.version("tessel")
     except metadata.PackageNotFoundError:  # a source tree that was never installed
         return "unknown"
+
+
+class TrainingTotals(_Model):
+    """A whole run: time, GPU-hours, money, energy; and what failures make of them."""
+
+    steps: int = Field(description="Optimizer steps of the run.")
+    days: float = Field(description="Wall-clock days without failures.")
+    gpu_hours: float = Field(description="GPU-hours without failures.")
+    cost_usd: float = Field(description="GPU-hours at the price per GPU-hour, USD.")
+    gpu_hour_usd: float = Field(description="The price per GPU-hour used.")
+    energy_kwh: float = Field(description="Energy drawn from the grid, kWh (GPUs at the "
+                              "plan's utilisation, host overhead, x PUE).")
+    mttf_hours: float = Field(description="Mean time between job-stopping failures.")
+    checkpoint_bytes: float = Field(description="Weights and optimizer state of the whole "
+                                    "model: one checkpoint.")
+    checkpoint_blocking_s: float = Field(description="Training time one checkpoint takes.")
+    checkpoint_interval_s: float = Field(description="Compute time between checkpoints "
+                                         "that maximises goodput (Young/Daly).")
+    ettr: float = Field(description="Effective training time ratio: useful over expected "
+                        "wall time, with failures, checkpoints and restarts.")
+    expected_days: float = Field(description="Expected wall-clock days with failures.")
+    expected_gpu_hours: float = Field(description="Expected GPU-hours with failures.")
+    expected_cost_usd: float = Field(description="Expected cost with failures, USD.")
 
 
 class Plan(_Model):

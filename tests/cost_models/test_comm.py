@@ -7,7 +7,7 @@ from cost_models.comm import (
     group_collective_time,
     tree_all_reduce_time,
 )
-from cost_models.efficiency import Efficiency
+from planner.vocabulary.efficiency import Efficiency
 from planner.vocabulary.cluster import Cluster, LinkSpec
 
 GB = 1e9

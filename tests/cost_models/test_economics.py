@@ -10,13 +10,13 @@ import pytest
 from cost_models.economics import (
     HOST_COPY_GBS,
     IDLE_POWER_FRACTION,
-    RunCosts,
     RunAssumptions,
     checkpoint_interval,
     ettr,
     mttf_hours,
     training_totals,
 )
+from planner.vocabulary.cluster import RunCosts
 
 COSTS = RunCosts(gpu_hour_usd=(2.0, 4.0), price_source="test", failure_rate_per_gpu_hour=2e-5,
                  failure_source="test", gpu_power_w=700, system_power_w=10200,

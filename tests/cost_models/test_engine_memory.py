@@ -20,24 +20,24 @@ PARAMS, BLOCK, ENDS = 1e9, 5e7, 1e8
 def test_megatrons_distributed_optimizer_keeps_weights_and_main_grads_whole() -> None:
     # 2-byte weights and 4-byte main gradients on every rank, 12 bytes of fp32 main
     # weights and moments sharded over the 8 data-parallel ranks.
-    state, extra = model_state(PARAMS, BLOCK, ENDS, ParallelConfig(data=8, zero_stage=1))
+    state, extra = model_state(PARAMS, BLOCK, ENDS, ParallelConfig.of(data=8, zero_stage=1))
     assert (state.weights, state.gradients, state.optimizer, extra) == (
         2 * PARAMS, 4 * PARAMS, 12 * PARAMS / 8, 0.0)
-    aware, _ = model_state(PARAMS, BLOCK, ENDS, ParallelConfig(
+    aware, _ = model_state(PARAMS, BLOCK, ENDS, ParallelConfig.of(
         data=8, zero_stage=1, main_grads_dtype="bf16", exp_avg_dtype="bf16"))
     assert (aware.gradients, aware.optimizer) == (2 * PARAMS, (4 + 4) * PARAMS / 8)
 
 
 def test_fsdp2_under_a_pipeline_keeps_the_stage_gathered_and_its_gradients_unsharded() -> None:
-    titan = ParallelConfig(data=8, zero_stage=3, engine="torchtitan")
+    titan = ParallelConfig.of(data=8, zero_stage=3, engine="torchtitan")
     state, alone = model_state(PARAMS, BLOCK, ENDS, titan)
     assert state.total == 16 * PARAMS / 8
     # Two blocks gathered in bf16 plus the root's ends; one block's bf16 and fp32 gradient.
     assert alone == 2 * (2 * BLOCK + ENDS) + 6 * BLOCK
-    _, piped = model_state(PARAMS, BLOCK, ENDS, ParallelConfig(
+    _, piped = model_state(PARAMS, BLOCK, ENDS, ParallelConfig.of(
         data=8, pipeline=4, zero_stage=3, engine="torchtitan"))
     assert piped == 2 * PARAMS + 4 * PARAMS
-    _, always = model_state(PARAMS, BLOCK, ENDS, ParallelConfig(
+    _, always = model_state(PARAMS, BLOCK, ENDS, ParallelConfig.of(
         data=8, pipeline=4, zero_stage=3, engine="torchtitan", fsdp_reshard_after_forward="always"))
     assert always == 2 * (2 * BLOCK + ENDS) + 4 * PARAMS
 
@@ -50,10 +50,10 @@ def test_torchtitans_405b_run_is_not_predicted_at_a_third_of_its_memory() -> Non
     knobs = dict(tensor=8, pipeline=8, data=8, zero_stage=3, recompute="full",
                  precision="fp8", fp8_recipe="tensorwise", micro_batch_size=1,
                  global_batch_size=64, sequence_parallel=True)
-    titan = predict_step(model, cluster, ParallelConfig(engine="torchtitan", **knobs))
+    titan = predict_step(model, cluster, ParallelConfig.of(engine="torchtitan", **knobs))
     assert titan.reserved_gib_per_gpu > 60
     assert titan.reserved_gib_per_gpu > 1.5 * predict_step(
-        model, cluster, ParallelConfig(engine="tessel", **knobs)).memory_gib_per_gpu
+        model, cluster, ParallelConfig.of(engine="tessel", **knobs)).memory_gib_per_gpu
 
 
 def test_a_run_that_fits_allocated_but_not_reserved_is_flagged_not_refused() -> None:
@@ -61,7 +61,7 @@ def test_a_run_that_fits_allocated_but_not_reserved_is_flagged_not_refused() -> 
     cluster = Cluster.load("dgx-h100").with_devices(8)
     knobs = dict(data=8, zero_stage=3, engine="torchtitan", recompute="selective",
                  global_batch_size=16, micro_batch_size=2)
-    p = predict_step(model, cluster, ParallelConfig(**knobs))
+    p = predict_step(model, cluster, ParallelConfig.of(**knobs))
     assert p.fits and not p.reserved_fits  # 79.6 GiB: about 73 allocated, 81 reserved
     assert p.memory_gib_per_gpu < 79.6 < p.reserved_gib_per_gpu
     assert sum(p.memory_breakdown_gib.values()) == pytest.approx(p.memory_gib_per_gpu)

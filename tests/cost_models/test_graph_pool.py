@@ -3,7 +3,6 @@ pool, counted in the reserved estimate and not in the allocated peak."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 import pytest
 
@@ -21,7 +20,7 @@ def _predict(**knobs):
     cluster = Cluster.load("dgx-h100").with_devices(8)
     base = dict(pipeline=4, data=2, global_batch_size=16, micro_batch_size=1,
                 recompute="selective")
-    return model, predict_step(model, cluster, ParallelConfig(**(base | knobs)))
+    return model, predict_step(model, cluster, ParallelConfig.of(**(base | knobs)))
 
 
 def test_a_graphed_mlp_holds_its_saved_tensors_and_input_for_every_micro_batch_in_flight() -> None:
@@ -63,6 +62,6 @@ def test_bridges_70b_sft_layouts_that_ran_are_judged_as_they_ran() -> None:
     bridge = next(run for run in read_runs()[0] if run.fragmentation)
     baseline = predict_step(bridge.model, bridge.cluster, bridge.parallel)
     tp8 = predict_step(bridge.model, bridge.cluster,
-                       replace(bridge.parallel, tensor=8, data=1))
+                       bridge.parallel.but(tensor=8, data=1))
     assert baseline.fits and not baseline.reserved_fits
     assert tp8.fits and tp8.reserved_fits

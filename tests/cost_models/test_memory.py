@@ -1,6 +1,6 @@
 import pytest
 
-from cost_models.memory import MemoryBreakdown, in_flight_micro_batches, model_state_bytes
+from cost_models.memory import MemoryBreakdown, model_state_bytes
 from cost_models.pipeline_memory import stage_memories, uniform_stages
 from planner.vocabulary.cluster import Cluster
 from planner.models.presets import get_preset
@@ -76,44 +76,7 @@ def test_model_state_rejects_bad_arguments() -> None:
         model_state_bytes(1e9, 0, zero_stage=0)
 
 
-# --- micro-batches in flight -------------------------------------------------------------
-
-
-def test_1f1b_first_stage_holds_p_last_holds_one() -> None:
-    p, m = 8, 64
-    held = [in_flight_micro_batches("1f1b", p, i, m) for i in range(p)]
-    assert held == [8, 7, 6, 5, 4, 3, 2, 1]
-    # Fewer micro-batches than stages: nobody holds more than m.
-    assert in_flight_micro_batches("1f1b", p, 0, num_micro_batches=3) == 3
-
-
-def test_gpipe_holds_every_micro_batch() -> None:
-    for i in range(4):
-        assert in_flight_micro_batches("gpipe", 4, i, num_micro_batches=32) == 32
-
-
-def test_interleaved_factor() -> None:
-    p, v, m = 4, 2, 64
-    first = in_flight_micro_batches("interleaved", p, 0, m, virtual_stages=v)
-    assert first == pytest.approx(p * (1 + (p - 1) / (p * v)))  # 5.5
-    assert first == 5.5
-    # Last stage: Megatron warms up (v - 1) p = 4 chunk-micro-batches, holds 5 halves.
-    assert in_flight_micro_batches("interleaved", p, p - 1, m, virtual_stages=v) == 2.5
-    # Capped by the m * v chunk-micro-batches that exist.
-    assert in_flight_micro_batches("interleaved", p, 0, 4, virtual_stages=v) == 4
-    # One chunk per stage is plain 1F1B.
-    assert in_flight_micro_batches("interleaved", p, 1, m) == in_flight_micro_batches(
-        "1f1b", p, 1, m
-    )
-
-
-def test_in_flight_rejects_bad_arguments() -> None:
-    with pytest.raises(ValueError, match="'gpipe', '1f1b', 'interleaved'"):
-        in_flight_micro_batches("zero_bubble", 4, 0, 8)
-    with pytest.raises(ValueError, match="stage_index"):
-        in_flight_micro_batches("1f1b", 4, 4, 8)
-    with pytest.raises(ValueError, match="interleaved"):
-        in_flight_micro_batches("1f1b", 4, 0, 8, virtual_stages=2)
+# Micro-batches in flight: tests/cost_models/test_pipeline_schedule.py (`in_flight`).
 
 
 # --- peak memory and feasibility ---------------------------------------------------------
@@ -123,7 +86,7 @@ def _gpt3_stages(pipeline: int) -> list[MemoryBreakdown]:
     """GPT-3 175B, t = 8, selective recompute + sequence parallelism, 1F1B, ZeRO off, 64
     micro-batches, local attention (the scores written, then recomputed)."""
     model = get_preset("gpt3-175b")
-    parallel = ParallelConfig(tensor=T, pipeline=pipeline, data=1, micro_batch_size=1,
+    parallel = ParallelConfig.of(tensor=T, pipeline=pipeline, data=1, micro_batch_size=1,
                               global_batch_size=64, recompute="selective",
                               sequence_parallel=True, attention_backend="local")
     cluster = Cluster.load("dgx-a100-80g").with_devices(T * pipeline)
@@ -161,5 +124,5 @@ def test_interleaving_needs_whole_rounds_under_megatron_only() -> None:
     knobs = dict(pipeline=4, data=1, schedule="interleaved", virtual_pipeline=2,
                  global_batch_size=6)
     with pytest.raises(ValueError, match="multiple of pipeline"):
-        ParallelConfig(**knobs).resolve(4)
-    assert ParallelConfig(engine="torchtitan", **knobs).resolve(4).num_micro_batches == 6
+        ParallelConfig.of(**knobs).resolve(4)
+    assert ParallelConfig.of(engine="torchtitan", **knobs).resolve(4).num_micro_batches == 6

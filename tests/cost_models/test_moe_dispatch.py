@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import replace
 
 import pytest
 
@@ -101,13 +100,13 @@ def test_experts_folded_apart_from_attention_split_the_same_work() -> None:
     of a rank hold half the tokens at the whole expert width, as many FLOPs as expert
     tensor 2 would run."""
     model, h100 = PRESETS["qwen3-235b-a22b"], Cluster.load("dgx-h100").with_devices(256)
-    folded = ParallelConfig(tensor=2, sequence_parallel=True, pipeline=8, expert=32,
+    folded = ParallelConfig.of(tensor=2, sequence_parallel=True, pipeline=8, expert=32,
                             expert_tensor=1, global_batch_size=1024,
                             moe_router_force_load_balancing=True)
     split = predict_step(model, h100, folded)
     assert split.fits
     with pytest.raises(ValueError, match=r"expert \(32\) x expert_tensor \(2\) must divide"):
-        folded_t2 = replace(folded, expert_tensor=None)
+        folded_t2 = folded.but(expert_tensor=None)
         folded_t2.resolve(256)
     experts = [op for op in layer_ops(model, 1, 4096, 2, True) if isinstance(op, Matmul)
                and op.name.startswith("expert")]

@@ -1,10 +1,14 @@
 """cost_models.pipeline_schedule: each rank's actions equal the order torch 2.13's own
-schedules run (GPipe, 1F1B, Interleaved1F1B, ZBVZeroBubble, DualPipeV); micro-batches in flight
-walked off them equal `memory.in_flight_micro_batches`; and their simulated pipelines
-last what the papers' formulas say."""
+schedules run (GPipe, 1F1B, Interleaved1F1B, ZBVZeroBubble, DualPipeV); their simulated
+pipelines last what the papers' formulas say; and the closed forms the rest of Tessel
+reads (`in_flight`, `pipeline_time`) equal the walk of the actions and their simulation
+over grids of stages, micro-batches, chunks and schedules, under the conditions they
+state."""
 
 from __future__ import annotations
 
+import itertools
+import random
 import subprocess
 import sys
 from fractions import Fraction
@@ -21,18 +25,23 @@ from torch.distributed.pipelining.schedules import (
 )
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
-from cost_models import memory
 from cost_models.pipeline_schedule import (
     Action,
+    StagePhases,
     dualpipev_bubble,
     eager_last_stage,
-    in_flight_micro_batches,
+    in_flight,
+    one_chunk_seconds,
+    paced_micro_batches,
     peak_in_flight,
+    pipeline_time,
     rank_actions,
     schedule_actions,
     simulate,
+    simulate_stages,
     torch_strings,
 )
+from planner.vocabulary.schedules import LAID_OUT, SCHEDULES
 
 COMPUTE = ("F", "B", "I", "W")
 
@@ -166,8 +175,8 @@ def test_dualpipev_refuses_what_torch_refuses() -> None:
         schedule_actions("dualpipev", 3, 5, 2)
     with pytest.raises(ValueError, match="virtual must be 2"):
         schedule_actions("dualpipev", 3, 6, 1)
-    with pytest.raises(ValueError, match="2 chunks"):
-        memory.in_flight_micro_batches("dualpipev", 3, 0, 6, 1)
+    with pytest.raises(ValueError, match="virtual must be 2"):
+        in_flight("dualpipev", 3, 0, 6, 1)
 
 
 def test_one_chunk_interleaved_is_1f1b_as_megatron_runs_it() -> None:
@@ -206,27 +215,73 @@ def test_the_module_does_not_import_torch() -> None:
 # -- micro-batches in flight -------------------------------------------------------------
 
 
-def test_in_flight_equals_the_memory_model_s() -> None:
-    for p in range(1, 9):
-        for m in range(1, 25):
-            for i in range(p):
-                for schedule in ("gpipe", "1f1b"):
-                    assert in_flight_micro_batches(schedule, p, i, m) == \
-                        memory.in_flight_micro_batches(schedule, p, i, m), (schedule, p, i, m)
-                if m % p:  # Megatron-LM interleaves whole rounds of p micro-batches only
+def walked(schedule: str, p: int, r: int, m: int, v: int, eager_last: bool) -> float:
+    """What `in_flight` stands for: the peak of the rank's actions, over its chunks."""
+    actions = rank_actions(schedule, p, r, m, v)
+    if eager_last:
+        actions = eager_last_stage(actions, p * v)
+    return peak_in_flight(actions) / v
+
+
+@pytest.mark.parametrize("schedule", LAID_OUT)
+def test_in_flight_is_the_walk_of_the_actions(schedule: str) -> None:
+    # Every closed form `in_flight` answers from, against the walk it stands for: every
+    # rank, micro-batch count and chunk count the schedule runs, eager last stage or not.
+    chunks = {"interleaved": (1, 2, 3, 4), "zbv": (2,), "dualpipev": (2,)}.get(schedule, (1,))
+    checked = 0
+    for p, v, eager in itertools.product(range(1, 7), chunks, (False, True)):
+        for m in range(1, 4 * p + 3):
+            for r in range(p):
+                try:
+                    expected = walked(schedule, p, r, m, v, eager)
+                except ValueError:  # a count the schedule refuses: so does in_flight
+                    with pytest.raises(ValueError):
+                        in_flight(schedule, p, r, m, v, eager)
                     continue
-                for v in (1, 2, 3, 4):
-                    assert in_flight_micro_batches("interleaved", p, i, m, v) == \
-                        memory.in_flight_micro_batches("interleaved", p, i, m, v), (p, i, m, v)
+                assert in_flight(schedule, p, r, m, v, eager) == expected, (p, r, m, v, eager)
+                checked += 1
+    assert checked > 100
+
+
+def test_1f1b_first_stage_holds_p_last_holds_one() -> None:
+    p, m = 8, 64
+    assert [in_flight("1f1b", p, i, m) for i in range(p)] == [8, 7, 6, 5, 4, 3, 2, 1]
+    # Fewer micro-batches than stages: nobody holds more than m.
+    assert in_flight("1f1b", p, 0, 3) == 3
+
+
+def test_gpipe_holds_every_micro_batch_but_on_an_eager_last_stage() -> None:
+    assert [in_flight("gpipe", 4, i, 32) for i in range(4)] == [32] * 4
+    assert [in_flight("gpipe", 4, i, 32, eager_last=True) for i in range(4)] == [32] * 3 + [1]
+
+
+def test_interleaved_holds_megatron_s_factor() -> None:
+    # Korthikanti et al. Sec. 4 (Megatron-LM's theoretical_memory_usage.py): the first rank
+    # holds p (1 + (p - 1) / (p v)) micro-batches.
+    p, v, m = 4, 2, 64
+    assert in_flight("interleaved", p, 0, m, v) == p * (1 + (p - 1) / (p * v)) == 5.5
+    # Last rank: (v - 1) p = 4 chunk-micro-batches of warm-up, then 5 halves.
+    assert in_flight("interleaved", p, p - 1, m, v) == 2.5
+    # Capped by the m v chunk-micro-batches that exist.
+    assert in_flight("interleaved", p, 0, 4, v) == 4
+    # One chunk per rank is plain 1F1B.
+    assert in_flight("interleaved", p, 1, m) == in_flight("1f1b", p, 1, m)
 
 
 def test_interleaving_rounds_of_more_than_p_hold_more() -> None:
     # 6 micro-batches on 4 ranks: torch runs one round of 6, and rank 0 runs all 12 of
     # its chunk-forwards before its first backward. Megatron-LM's warm-up for rounds of p
-    # would say 5.5; memory.in_flight_micro_batches walks the actions where p does not
-    # divide m.
-    assert in_flight_micro_batches("interleaved", 4, 0, 6, 2) == 6
-    assert memory.in_flight_micro_batches("interleaved", 4, 0, 6, 2) == 6
+    # would say 5.5; in_flight walks the actions where p does not divide m.
+    assert in_flight("interleaved", 4, 0, 6, 2) == 6
+
+
+def test_in_flight_refuses_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="unknown pipeline schedule 'zero_bubble'"):
+        in_flight("zero_bubble", 4, 0, 8)
+    with pytest.raises(ValueError, match="rank"):
+        in_flight("1f1b", 4, 4, 8)
+    with pytest.raises(ValueError, match="interleaved"):
+        in_flight("1f1b", 4, 0, 8, 2)
 
 
 def test_peak_in_flight_weighs_each_stage() -> None:
@@ -260,19 +315,18 @@ def test_zbv_holds_what_1f1b_s_first_stage_holds() -> None:
     # Qi et al. Sec. 6: ZB-V's peak is p micro-batches, as 1F1B's first stage.
     for p in range(1, 6):
         for m in range(2 * p - 1, 2 * p + 4):
-            assert [in_flight_micro_batches("zbv", p, r, m, 2) for r in range(p)] == [p] * p
+            assert [in_flight("zbv", p, r, m, 2) for r in range(p)] == [p] * p
 
 
 def test_dualpipev_holds_pp_plus_one_chunks_on_every_rank() -> None:
     # DualPipe's README: DualPipeV's "Activation Per Device" is PP + 1 (PP = 2 p stages),
-    # each chunk half a rank's layers; the walk of torch's order and the memory model agree.
+    # each chunk half a rank's layers.
     for p in range(1, 7):
         for m in range(2 * p, 2 * p + 5):
             for r in range(p):
                 actions = rank_actions("dualpipev", p, r, m, 2)
                 assert peak_in_flight(actions) == 2 * p + 1, (p, r, m)
-                assert in_flight_micro_batches("dualpipev", p, r, m, 2) == p + 0.5
-                assert memory.in_flight_micro_batches("dualpipev", p, r, m, 2) == p + 0.5
+                assert in_flight("dualpipev", p, r, m, 2) == p + 0.5
 
 
 # -- pipeline time -----------------------------------------------------------------------
@@ -394,3 +448,140 @@ def test_an_overlapped_pair_starts_when_both_inputs_are_there() -> None:
     ended = {str(a): end for rank in timeline.intervals for a, _, end in rank}
     assert started["3F2"] == ended["1B0"] > ended["2F2"]
     assert started["0B0"] == ended["3F2"]
+
+
+# -- the closed forms the step-time model reads (`pipeline_time`) ---------------------------
+
+
+def phases(forward: float, backward: float, transfer: float = 0) -> StagePhases:
+    """A stage whose forward action lasts `forward` and backward `backward`, each with its
+    half of `transfer` (`action_parts`)."""
+    return StagePhases(forward=forward - transfer / 2, backward=backward - transfer / 2,
+                       transfer=transfer)
+
+
+def uneven(rng: random.Random, p: int, ratio: int, transfer: int) -> list[StagePhases]:
+    """p stages of random forwards, each backward `ratio` x its forward (transfers in)."""
+    return [phases(f, ratio * f, transfer) for f in
+            (rng.randint(1 + transfer, 9 + transfer) for _ in range(p))]
+
+
+def one_chunk_grid() -> list[tuple[list[StagePhases], int]]:
+    rng = random.Random(41)
+    return [(uneven(rng, p, rng.randint(1, 3), rng.choice((0, 2))), m)
+            for p in range(1, 6) for m in range(1, 11) for _ in range(6)]
+
+
+def test_one_chunk_pipelines_last_the_sum_and_m_minus_1_slowest() -> None:
+    # GPipe: exactly the closed form wherever each stage's backward is the same multiple
+    # of its forward; 1F1B (and GPipe with an eager last stage, as Tessel's graph runtime
+    # runs it) where besides the last stage is the slowest. Otherwise the closed form is
+    # above the schedule: a middle stage's neighbours fill some of the slots it paces.
+    exact = {"gpipe": 0, "1f1b": 0, "eager": 0}
+    for stages, m in one_chunk_grid():
+        p, totals = len(stages), [s.total for s in stages]
+        closed = pipeline_time("1f1b", stages, m).seconds
+        assert closed == pipeline_time("gpipe", stages, m).seconds == \
+            one_chunk_seconds(totals, m) == sum(totals) + paced_micro_batches(m) * max(totals)
+        assert simulate_stages("gpipe", stages, m).makespan == closed
+        eager = [eager_last_stage(actions, p) for actions in schedule_actions("gpipe", p, m)]
+        runs = {"1f1b": simulate_stages("1f1b", stages, m).makespan,
+                "eager": simulate(eager, lambda a: {"F": stages[a.stage].forward,
+                                                    "B": stages[a.stage].backward}[a.kind]
+                                  + stages[a.stage].transfer / 2).makespan}
+        for name, makespan in runs.items():
+            if totals[-1] == max(totals):
+                assert makespan == closed, (name, totals, m)
+                exact[name] += 1
+            else:
+                assert makespan <= closed, (name, totals, m)
+        exact["gpipe"] += 1
+    assert min(exact.values()) > 50
+
+
+def test_the_bubble_is_what_the_slowest_stage_does_not_fill() -> None:
+    stages = [phases(2, 4), phases(3, 6), phases(2, 4)]
+    time = pipeline_time("1f1b", stages, 8)
+    assert time.seconds == 6 + 9 + 6 + 7 * 9
+    assert time.bubble == time.seconds - 8 * 9 == 12
+    # The stage DP weighs its slowest stage with the same m - 1.
+    assert paced_micro_batches(8) == 7
+
+
+def test_interleaved_equal_stages_last_m_plus_p_minus_1_over_v() -> None:
+    # Narayanan et al. Sec. 2.2.2, exact for equal stages without transfers for every
+    # m >= p that torch's rounds take; unequal stages are each paced by the slowest, so
+    # the closed form is above the schedule; each chunk's transfer in the fill is left
+    # out, at most (p - 1)(v - 1) / v transfers.
+    rng = random.Random(2)
+    checked = 0
+    for p, v in itertools.product(range(1, 6), (1, 2, 3, 4)):
+        for m in range(p, 3 * p + 2):
+            try:
+                schedule_actions("interleaved", p, m, v)
+            except ValueError:
+                continue
+            equal = [StagePhases(Fraction(3), Fraction(5), recompute=Fraction(1))] * p
+            closed = pipeline_time("interleaved", equal, m, v).seconds
+            assert closed == pytest.approx((m + (p - 1) / v) * 9, rel=1e-12)
+            assert simulate_stages("interleaved", equal, m, v).makespan == \
+                pytest.approx(closed, rel=1e-12), (p, v, m)
+            unequal = uneven(rng, p, 2, 0)
+            assert simulate_stages("interleaved", unequal, m, v).makespan <= \
+                pipeline_time("interleaved", unequal, m, v).seconds * (1 + 1e-12)
+            c = Fraction(1, 2)
+            sent = [phases(Fraction(3), Fraction(6), c)] * p
+            closed = pipeline_time("interleaved", sent, m, v).seconds
+            assert closed == pytest.approx((m + (p - 1) / v) * 9 + (v - 1) * m * c)
+            makespan = simulate_stages("interleaved", sent, m, v).makespan
+            assert closed * (1 - 1e-12) <= makespan
+            assert makespan <= (closed + (p - 1) * (v - 1) / v * c) * (1 + 1e-12)
+            checked += 1
+    assert checked > 60
+
+
+def test_dualpipev_lasts_the_report_s_closed_form() -> None:
+    # DeepSeek-V3 Table 2's (PP / 2 - 1)(F&B + B - 3 W) over 2 m (F + B), per chunk of the
+    # stages' phases (`dualpipev_chunk`), exact for equal stages whose chunks' I (B - W)
+    # lasts as long as their F: here forward 2a and backward 4a give F = I = a (the
+    # kernel model's matmuls), with as much exposed communication each way.
+    for p, m, a, comm, transfer in itertools.product(range(1, 6), range(0, 5), (1, 3),
+                                                     (0, 1), (0, 2)):
+        m += 2 * p
+        stages = [StagePhases(forward=2 * a, backward=4 * a, forward_communication=comm,
+                              backward_communication=comm, transfer=transfer)] * p
+        f, b, w = a + (comm + transfer) / 2, 2 * a + (comm + transfer) / 2, a
+        time = pipeline_time("dualpipev", stages, m, 2)
+        assert time.seconds == 2 * m * (f + b) + dualpipev_bubble(p, f, b, w)
+        run = simulate_stages("dualpipev", stages, m, 2)
+        assert run.makespan == pytest.approx(time.seconds, rel=1e-12), (p, m, a, comm)
+        assert run.idle == pytest.approx([dualpipev_bubble(p, f, b, w)] * p)
+        # Unequal stages of that kind: each is priced as the slowest, above the schedule.
+        unequal = [StagePhases(forward=2 * k, backward=4 * k, forward_communication=comm,
+                               backward_communication=comm, transfer=transfer)
+                   for k in random.Random(p * m).sample(range(a, a + p), p)]
+        assert simulate_stages("dualpipev", unequal, m, 2).makespan <= \
+            pipeline_time("dualpipev", unequal, m, 2).seconds * (1 + 1e-12)
+
+
+def test_pipeline_time_takes_totals_where_the_schedule_needs_no_more() -> None:
+    stages = [phases(2, 4, 2), phases(3, 6, 2)]
+    totals = [s.total for s in stages]
+    for schedule in ("gpipe", "1f1b"):
+        assert pipeline_time(schedule, totals, 5) == pipeline_time(schedule, stages, 5)
+    with pytest.raises(ValueError, match="phases"):
+        pipeline_time("dualpipev", totals, 8, 2)
+    with pytest.raises(ValueError, match=", ".join(SCHEDULES)):
+        pipeline_time("zbv", stages, 8, 2)
+
+
+def test_the_closed_forms_answer_without_walking() -> None:
+    # The searches ask these for every candidate: O(1), no actions laid out.
+    from cost_models.pipeline_schedule import _walked_in_flight
+
+    before = _walked_in_flight.cache_info().misses
+    for schedule, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 1), ("interleaved", 4),
+                        ("dualpipev", 2)):
+        for r in range(0, 64, 7):
+            in_flight(schedule, 64, r, 4096, v)
+    assert _walked_in_flight.cache_info().misses == before

@@ -12,7 +12,7 @@ from cost_models.preset_calibration import predicted_seconds, published_runs, st
 from planner.vocabulary.cluster import UNCALIBRATED_STEP_TIME_RATIO, Cluster, step_time_band
 from planner.models.presets import get_preset
 from planner.vocabulary.parallel import ParallelConfig
-from planner.plans.training import training_plan
+from planner.plans.transformer_plan import training_plan
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = next((p / "calibration" for p in (REPO.parent / "shared", Path("/work/shared"))
@@ -63,7 +63,7 @@ def test_a_throughput_row_becomes_the_run_it_describes(runs) -> None:
     rows, _ = runs
     first = next(r for r in rows if r.preset == "dgx-h100" and r.precision == "FP8")
     q = first.step.parallel
-    assert (q.tensor, q.pipeline, q.data, q.virtual_pipeline, q.schedule) == (
+    assert (q.dims.tensor, q.dims.pipeline, q.dims.data, q.virtual_pipeline, q.schedule) == (
         4, 8, 2, 5, "interleaved")
     assert (q.precision, q.fp8_recipe, q.attention_backend, q.tp_comm_overlap) == (
         "fp8", "tensorwise", "fused", True)
@@ -82,7 +82,7 @@ def test_the_band_is_the_calibration_percentiles_or_the_stated_one() -> None:
 def test_every_plan_carries_its_band_and_says_what_it_was_calibrated_on(
         cluster: str, calibrated: bool) -> None:
     sized = Cluster.load(cluster).with_devices(64)
-    config = ParallelConfig(tensor=8, pipeline=1, micro_batch_size=1, global_batch_size=256,
+    config = ParallelConfig.of(tensor=8, pipeline=1, micro_batch_size=1, global_batch_size=256,
                             sequence_parallel=True, recompute="full").resolve(64)
     plan = training_plan("gpt3-13b", get_preset("gpt3-13b"), sized, config, [40])
     low, high = step_time_band(sized.device)

@@ -19,7 +19,7 @@ from planner.vocabulary.parallel import ParallelConfig
 
 LLAMA_8K = TransformerConfig(num_layers=32, hidden_size=4096, num_attention_heads=32,
                              seq_length=8192, vocab_size=128256)
-TP8 = ParallelConfig(tensor=8, pipeline=1, micro_batch_size=1, global_batch_size=64,
+TP8 = ParallelConfig.of(tensor=8, pipeline=1, micro_batch_size=1, global_batch_size=64,
                      sequence_parallel=True, recompute="selective")
 
 
@@ -44,7 +44,7 @@ def test_local_attention_at_8k_costs_more_time_and_memory_than_flash() -> None:
 
 def test_auto_attention_is_flash_where_the_device_runs_it_else_local() -> None:
     gpt = get_preset("gpt3-1.3b")
-    config = ParallelConfig(tensor=1, pipeline=1, micro_batch_size=2, global_batch_size=16)
+    config = ParallelConfig.of(tensor=1, pipeline=1, micro_batch_size=2, global_batch_size=16)
     for name, runs in (("dgx-a100-80g", "flash"), ("aws-p3.16xlarge", "local")):
         here = cluster(name, 8)
         auto = predict_step(gpt, here, config)
@@ -52,7 +52,7 @@ def test_auto_attention_is_flash_where_the_device_runs_it_else_local() -> None:
 
 
 GPT_1_3B = get_preset("gpt3-1.3b")
-DATA_PARALLEL = ParallelConfig(tensor=1, pipeline=1, micro_batch_size=4, global_batch_size=512)
+DATA_PARALLEL = ParallelConfig.of(tensor=1, pipeline=1, micro_batch_size=4, global_batch_size=512)
 
 
 def test_without_overlap_the_whole_gradient_reduction_is_exposed() -> None:
@@ -88,7 +88,7 @@ def test_tensor_parallel_overlap_hides_collectives_behind_the_matmuls() -> None:
 
 
 GPT3_175B = get_preset("gpt3-175b")
-MEGATRON_175B = ParallelConfig(tensor=8, pipeline=8, micro_batch_size=1,
+MEGATRON_175B = ParallelConfig.of(tensor=8, pipeline=8, micro_batch_size=1,
                                global_batch_size=1536, recompute="full")
 
 
@@ -131,7 +131,7 @@ def test_current_scaling_casts_cost_more_than_delayed_scaling() -> None:
 def test_cuda_graphs_lift_the_host_launch_bound_of_small_kernels() -> None:
     tiny = TransformerConfig(num_layers=4, hidden_size=256, num_attention_heads=4,
                              seq_length=256, vocab_size=1024)
-    config = ParallelConfig(tensor=1, pipeline=1, micro_batch_size=1, global_batch_size=8)
+    config = ParallelConfig.of(tensor=1, pipeline=1, micro_batch_size=1, global_batch_size=8)
     a100 = cluster("dgx-a100-80g", 8)
     eager = predict_step(tiny, a100, config)
     graphed = predict_step(tiny, a100, replace(config, cuda_graphs=True))
@@ -145,7 +145,7 @@ def test_cuda_graphs_lift_the_host_launch_bound_of_small_kernels() -> None:
 
 def test_token_dispatchers_move_different_bytes() -> None:
     mixtral = get_preset("mixtral-8x7b")
-    config = ParallelConfig(tensor=2, pipeline=4, micro_batch_size=1, global_batch_size=256,
+    config = ParallelConfig.of(tensor=2, pipeline=4, micro_batch_size=1, global_batch_size=256,
                             recompute="full", sequence_parallel=True, expert=8)
     a100 = cluster("dgx-a100-80g", 64)
     steps = {d: predict_step(mixtral, a100, replace(config, moe_token_dispatcher=d))

@@ -20,7 +20,7 @@ GPT = TransformerConfig(num_layers=2, hidden_size=H, num_attention_heads=A, voca
 
 
 def _megatron(**knobs) -> ParallelConfig:
-    return ParallelConfig(micro_batch_size=B, engine="megatron", **knobs)
+    return ParallelConfig.of(micro_batch_size=B, engine="megatron", **knobs)
 
 
 def test_a_gpt_layer_saves_korthikantis_34_sbh_plus_the_scores() -> None:
@@ -101,7 +101,7 @@ TITAN_MOE = TransformerConfig(
 def test_torchtitans_op_level_checkpointing_of_an_moe_block() -> None:
     n = 4096 * B
     titan = dict(micro_batch_size=B, engine="torchtitan", recompute="selective")
-    saved = saved_per_layer(TITAN_MOE, ParallelConfig(**titan), score_free=True)
+    saved = saved_per_layer(TITAN_MOE, ParallelConfig.of(**titan), score_free=True)
     # The matmuls in order: wq (16 x 192), wkv_a (512 + 64), wkv_b (16 x (128 + 128)), wo,
     # the gate (64), the shared experts' w1, w3 (2816) and w2: the 1st, 3rd, 5th and 7th
     # kept. SDPA's output (16 x 128) and log-sum-exp. The routed experts' grouped GEMMs
@@ -113,7 +113,7 @@ def test_torchtitans_op_level_checkpointing_of_an_moe_block() -> None:
     }
     # Under expert parallelism the dispatch's and the combine's all-to-all outputs are on
     # DeepSeek-V3's save list: each token's 6 rows, received and returned.
-    ep8 = saved_per_layer(TITAN_MOE, ParallelConfig(**titan, data=8, expert=8,
+    ep8 = saved_per_layer(TITAN_MOE, ParallelConfig.of(**titan, data=8, expert=8,
                                                     moe_token_dispatcher="alltoall"),
                           score_free=True)
     assert ep8["mlp"] - saved["mlp"] == 2 * 2 * n * 6 * 2048
@@ -136,7 +136,7 @@ SBH = 2048 * 12288
 
 
 def _gpt3(**knobs) -> float:
-    return sum(saved_per_layer(GPT3, ParallelConfig(**knobs), score_free=False).values())
+    return sum(saved_per_layer(GPT3, ParallelConfig.of(**knobs), score_free=False).values())
 
 
 def test_table_2_without_parallelism() -> None:
@@ -157,13 +157,13 @@ def test_table_2_selective_and_full_recomputation() -> None:
         pytest.approx(106_954_752)
     assert _gpt3(tensor=8, recompute="selective") == pytest.approx(SBH * (10 + 24 / 8))
     # Full: the layer's input, 2 s b h, over t with SP.
-    assert checkpoint_bytes(GPT3, ParallelConfig(tensor=8)) == 2 * SBH
-    assert checkpoint_bytes(GPT3, ParallelConfig(tensor=8, sequence_parallel=True)) == \
+    assert checkpoint_bytes(GPT3, ParallelConfig.of(tensor=8)) == 2 * SBH
+    assert checkpoint_bytes(GPT3, ParallelConfig.of(tensor=8, sequence_parallel=True)) == \
         2 * SBH / 8
 
 
 def _tessel(**knobs) -> ParallelConfig:
-    return ParallelConfig(micro_batch_size=B, engine="tessel", **{"precision": "fp32", **knobs})
+    return ParallelConfig.of(micro_batch_size=B, engine="tessel", **{"precision": "fp32", **knobs})
 
 
 @pytest.mark.parametrize("t, sp", [(1, 1), (8, 1), (8, 8)])

@@ -18,13 +18,14 @@ from cost_models.transformer_ops import (
     forward_flops,
     layer_ops,
 )
+from planner.vocabulary.parallel import FixedKnobs
 from planner.vocabulary.cluster import Cluster
 from planner.models.presets import get_preset
 from planner.vocabulary.parallel import ParallelConfig
 from planner.search.megatron_space import enumerate_megatron
 
 GPT3_175B = get_preset("gpt3-175b")
-MEGATRON_175B = ParallelConfig(tensor=8, pipeline=8, micro_batch_size=1,
+MEGATRON_175B = ParallelConfig.of(tensor=8, pipeline=8, micro_batch_size=1,
                                global_batch_size=1536, recompute="full")
 
 
@@ -73,7 +74,7 @@ def test_recomputation_costs_time_and_saves_memory() -> None:
 
 
 def test_overlapped_gradient_reduction_is_exposed_only_where_longer() -> None:
-    config = ParallelConfig(tensor=1, pipeline=1, micro_batch_size=4, global_batch_size=512)
+    config = ParallelConfig.of(tensor=1, pipeline=1, micro_batch_size=4, global_batch_size=512)
     model, cluster = get_preset("gpt3-1.3b"), a100(64)
     after = predict_step(model, cluster, config)
     overlapped = predict_step(model, cluster, replace(config, overlap_grad_reduce=True))
@@ -93,7 +94,7 @@ def test_fp8_matmuls_are_faster_where_the_device_has_them() -> None:
 
 def test_gpt3_175b_fits_as_megatron_ran_it_and_not_on_one_node() -> None:
     assert predict_step(GPT3_175B, a100(512), MEGATRON_175B).fits
-    one_node = ParallelConfig(tensor=8, pipeline=1, micro_batch_size=1, global_batch_size=8)
+    one_node = ParallelConfig.of(tensor=8, pipeline=1, micro_batch_size=1, global_batch_size=8)
     assert not predict_step(GPT3_175B, a100(8), one_node).fits
 
 
@@ -107,10 +108,10 @@ def test_uniform_stages_predict_as_the_megatron_layout() -> None:
 
 def test_expert_parallelism_shards_the_experts_memory() -> None:
     mixtral = get_preset("mixtral-8x7b")
-    config = ParallelConfig(tensor=2, pipeline=4, micro_batch_size=1, global_batch_size=256,
+    config = ParallelConfig.of(tensor=2, pipeline=4, micro_batch_size=1, global_batch_size=256,
                             recompute="full", sequence_parallel=True)
     one = predict_step(mixtral, a100(64), config)
-    eight = predict_step(mixtral, a100(64), replace(config, expert=8))
+    eight = predict_step(mixtral, a100(64), config.but(expert=8))
     # 8 experts over 8 ranks: each GPU keeps one expert of each MLP instead of eight.
     assert eight.memory_gib_per_gpu < one.memory_gib_per_gpu / 2
 
@@ -135,7 +136,7 @@ def test_the_memory_check_agrees_with_the_whole_prediction() -> None:
     occur)."""
     model, cluster = get_preset("gpt3-13b"), a100(64)
     answers = set()
-    for candidate in enumerate_megatron(model, cluster, 512, {}):
+    for candidate in enumerate_megatron(model, cluster, 512, FixedKnobs()):
         split = list(candidate.layers_per_stage)
         fits = fits_memory(model, cluster, candidate.parallel, None, split)
         assert fits == predict_step(model, cluster, candidate.parallel, None, split).fits
@@ -154,8 +155,8 @@ def test_torchtitans_selective_checkpointing_replays_every_other_matmul() -> Non
         2 * s * (h * kv + h * h + h * f))
     cluster = Cluster.load("dgx-h100").with_devices(8)
     knobs = dict(data=8, zero_stage=3, recompute="selective", global_batch_size=8)
-    titan = predict_step(model, cluster, ParallelConfig(engine="torchtitan", **knobs))
-    megatron = predict_step(model, cluster, ParallelConfig(**knobs))
+    titan = predict_step(model, cluster, ParallelConfig.of(engine="torchtitan", **knobs))
+    megatron = predict_step(model, cluster, ParallelConfig.of(**knobs))
     assert titan.hardware_tflops_per_gpu * titan.step_time_s > \
         megatron.hardware_tflops_per_gpu * megatron.step_time_s
     assert titan.model_tflops_per_gpu * titan.step_time_s == pytest.approx(
@@ -170,7 +171,7 @@ def test_dualpipev_s_predicted_bubble_equals_the_report_s_formula() -> None:
     model, cluster = get_preset("llama3-8b"), Cluster.load("dgx-h100").with_devices(32)
     knobs = dict(tensor=2, pipeline=4, micro_batch_size=1, global_batch_size=64,
                  engine="torchtitan")
-    dualpipev = ParallelConfig(**knobs, schedule="dualpipev", virtual_pipeline=2)
+    dualpipev = ParallelConfig.of(**knobs, schedule="dualpipev", virtual_pipeline=2)
     predicted = predict_step(model, cluster, dualpipev)
     resolved = dualpipev.resolve(32)
     phases = stage_phases(model, cluster, resolved, uniform_stages(model, resolved, None))
@@ -184,8 +185,8 @@ def test_dualpipev_s_predicted_bubble_equals_the_report_s_formula() -> None:
     assert predicted.bubble_s == pytest.approx(dualpipev_bubble(4, f, b, w) + m * s.transfer,
                                                rel=1e-12)
     # The same work as 1F1B and interleaving, with the least wait of the three.
-    one_f_one_b = predict_step(model, cluster, ParallelConfig(**knobs))
-    interleaved = predict_step(model, cluster, ParallelConfig(
+    one_f_one_b = predict_step(model, cluster, ParallelConfig.of(**knobs))
+    interleaved = predict_step(model, cluster, ParallelConfig.of(
         **knobs, schedule="interleaved", virtual_pipeline=2))
     assert predicted.compute_s == pytest.approx(one_f_one_b.compute_s, rel=1e-12)
     assert predicted.bubble_s < interleaved.bubble_s < one_f_one_b.bubble_s

@@ -15,8 +15,8 @@ from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
 from planner.models.presets import FAMILIES
 from planner.vocabulary.parallel import ParallelConfig
-from planner.plans.training import training_plan
-from planner.checks.training import ACTIVATION_TOLERANCE, compare
+from planner.plans.transformer_plan import training_plan
+from planner.checks.training_check import ACTIVATION_TOLERANCE, compare
 from runtime.elastic import launch
 from runtime.spec import from_training_plan
 
@@ -35,7 +35,7 @@ GPUS = 4
 
 
 def _plan(model: str, recompute: str, schedule: str, sequence_parallel: bool):
-    parallel = ParallelConfig(
+    parallel = ParallelConfig.of(
         tensor=2, pipeline=2, micro_batch_size=1, global_batch_size=4, precision="fp32",
         recompute=recompute, schedule=schedule, sequence_parallel=sequence_parallel,
         virtual_pipeline=2 if schedule == "interleaved" else 1, engine="tessel",
@@ -47,7 +47,7 @@ def _train_each(rank: int, world: int, runs: list) -> list[dict]:
     """One step of each plan on this rank: what it saved, issued and holds."""
     from runtime.comm_counter import CommCounter
     from runtime.pipeline_trainer import PipelineTrainer
-    from runtime.training import batches
+    from runtime.training_loop import batches
 
     out = []
     for config, spec in runs:

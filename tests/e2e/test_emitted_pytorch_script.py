@@ -23,7 +23,7 @@ from planner.vocabulary.cluster import Cluster
 from planner.export.engines import engine_files
 from planner.models.presets import zoo_config
 from planner.vocabulary.parallel import ParallelConfig
-from planner.plans.training import training_plan
+from planner.plans.transformer_plan import training_plan
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 3
@@ -45,7 +45,7 @@ def test_emitted_pytorch_script_trains_on_four_cpu_ranks(name: str, tmp_path: Pa
     family, knobs = PLANS[name]
     model = zoo_config(family, SHAPE)
     plan = training_plan(family, model, Cluster.load("cpu").with_devices(4),
-                         ParallelConfig(**knobs, precision="fp32"))
+                         ParallelConfig.of(**knobs, precision="fp32"))
     text = engine_files("pytorch", plan, model)["pytorch_train.py"]
     # A short run, logged every step.
     text, count = re.subn(r"^STEPS, LOG_EVERY = \d+, \d+$", f"STEPS, LOG_EVERY = {STEPS}, 1",

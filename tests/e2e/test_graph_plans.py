@@ -15,7 +15,7 @@ import torch
 
 from planner.checks.operator import check_graph_plan
 from planner.vocabulary.cluster import Cluster
-from planner.plans.graph import graph_plan
+from planner.plans.graph_plan import graph_plan
 from planner.search.graph_space import search_graph
 from planner.search.inter_op import stage_brute_force, stage_dp
 
@@ -196,7 +196,7 @@ def _train_save_resume_tied(rank: int, world: int, plan_json: str, batches, dire
     from graph_models import TiedMLP, tied_mlp
 
     from planner.vocabulary.plan import Plan
-    from runtime.staged import StagedTrainer
+    from runtime.graph_pipeline import StagedTrainer
 
     plan = Plan.from_json(plan_json)
     model, inputs = tied_mlp()
@@ -211,7 +211,7 @@ def _train_save_resume_tied(rank: int, world: int, plan_json: str, batches, dire
 
 
 def test_a_plan_with_a_tied_weight_saves_once_and_resumes_on_every_stage(tmp_path) -> None:
-    from runtime.launch import run_on_ranks
+    from runtime.local_ranks import run_on_ranks
 
     from planner.checks.operator import train_single_process
 

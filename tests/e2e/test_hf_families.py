@@ -24,11 +24,11 @@ import pytest
 
 from planner.vocabulary.cluster import Cluster
 from planner.vocabulary.parallel import ParallelConfig
-from planner.plans.training import training_plan
-from planner.checks.training import compare
+from planner.plans.transformer_plan import training_plan
+from planner.checks.training_check import compare
 from runtime.elastic import launch
 from runtime.spec import from_training_plan
-from planner.checks.training import merge_results, relative_errors, train_reference
+from planner.checks.training_check import merge_results, relative_errors, train_reference
 
 GPUS, STEPS = 8, 2
 _SHAPE = {"num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
@@ -103,12 +103,12 @@ def _shape(fields: dict):
 
 
 def _plan(name: str, config, knobs: dict):
-    parallel = ParallelConfig(**knobs, micro_batch_size=1, precision="fp32", engine="tessel")
+    parallel = ParallelConfig.of(**knobs, micro_batch_size=1, precision="fp32", engine="tessel")
     return training_plan(name, config, Cluster.load("cpu").with_devices(GPUS), parallel)
 
 
 def _train_each(rank: int, world: int, runs: list) -> list[dict]:
-    from runtime.training import train_on_rank
+    from runtime.training_loop import train_on_rank
 
     return [train_on_rank(rank, world, config, spec, STEPS, 0, "adamw", hf_config=hf)
             for config, spec, hf in runs]

@@ -22,11 +22,11 @@ import pytest
 from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
 from planner.vocabulary.parallel import ParallelConfig
-from planner.plans.training import training_plan
-from planner.checks.training import MEMORY_TOLERANCE, compare
+from planner.plans.transformer_plan import training_plan
+from planner.checks.training_check import MEMORY_TOLERANCE, compare
 from runtime.elastic import launch
 from runtime.spec import from_training_plan
-from planner.checks.training import merge_results, relative_errors, train_reference
+from planner.checks.training_check import merge_results, relative_errors, train_reference
 
 DEEPSEEK_V3_TINY = TransformerConfig(
     num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=128, seq_length=16,
@@ -88,7 +88,7 @@ def _hf_shape(fields: dict) -> TransformerConfig:
 
 
 def _plan(knobs: dict, config: TransformerConfig = DEEPSEEK_V3_TINY):
-    parallel = ParallelConfig(
+    parallel = ParallelConfig.of(
         **knobs, micro_batch_size=1, precision="fp32", engine="tessel",
         moe_token_dispatcher="alltoall", moe_router_force_load_balancing=True,
     )
@@ -113,7 +113,7 @@ def _expert_state(plan, config: TransformerConfig, pp_rank: int) -> tuple[int, i
 
 
 def _train_each(rank: int, world: int, runs: list) -> list[dict]:
-    from runtime.training import train_on_rank
+    from runtime.training_loop import train_on_rank
 
     return [train_on_rank(rank, world, config, spec, STEPS, 0, "adamw", hf_config=hf)
             for config, spec, hf in runs]

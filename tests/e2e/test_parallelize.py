@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from planner.checks.operator import train_single_process
 from planner.models import demo
-from runtime.launch import run_on_ranks
+from runtime.local_ranks import run_on_ranks
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -118,7 +118,7 @@ def _graph_model(seed: int = 0):
 
 def _train_save_resume(rank: int, world: int, batches, directory: str):
     import planner
-    from runtime.staged import StagedTrainer
+    from runtime.graph_pipeline import StagedTrainer
 
     allow = _forbid_pickled_objects()
     model, inputs = _graph_model()

@@ -21,7 +21,7 @@ Config choices that tracing needs (torch 2.13, transformers 5.x), checked with
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -76,6 +76,23 @@ def llama(layers: int = 2, key_value_heads: int = 4) -> HFTiny:
         attn_implementation="sdpa",
     )
     return LogitsOnly(LlamaForCausalLM(config)), _token_ids(), next_token_loss
+
+
+def decoder_config_json(layers: int = 2, **fields: Any) -> dict[str, Any]:
+    """The config.json fields of a tiny Llama-style decoder, as a Hub folder holds them:
+    `layers` blocks 64 wide, 4 query and 2 key/value heads (grouped-query attention),
+    vocabulary 128; `fields` added, or replacing these. Mistral, Qwen2 and Mixtral name
+    their fields as Llama does."""
+    return {
+        "num_hidden_layers": layers,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": VOCAB,
+        "max_position_embeddings": 64,
+        **fields,
+    }
 
 
 #: Factories by short name, for parametrized tests.

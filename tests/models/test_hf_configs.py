@@ -23,26 +23,16 @@ from passes.layers import Layer  # noqa: E402
 from passes.model_graph import TRACED_BLOCKS, ModelGraph, trace_model  # noqa: E402
 from planner.models.sources import LoadedModel, ModelSpecError, load_model  # noqa: E402
 from planner.models.hf_shape import to_transformer_config  # noqa: E402
+from tests.models.hf_tiny import decoder_config_json  # noqa: E402
 
 BLOCKS = 4
 SHAPE = {"seq_length": 16}
 
 
 def decoder_config(model_type: str, architecture: str, **extra: Any) -> dict[str, Any]:
-    """A Llama-style decoder with grouped-query attention (2 key/value heads); Mistral,
-    Qwen2 and Mixtral name their fields as Llama does."""
-    return {
-        "model_type": model_type,
-        "architectures": [architecture],
-        "num_hidden_layers": BLOCKS,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "vocab_size": 128,
-        "max_position_embeddings": 64,
-        **extra,
-    }
+    """A Llama-style decoder with grouped-query attention (2 key/value heads)."""
+    return decoder_config_json(
+        BLOCKS, model_type=model_type, architectures=[architecture], **extra)
 
 
 def gpt2_config() -> dict[str, Any]:

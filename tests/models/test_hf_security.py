@@ -35,6 +35,7 @@ from planner.models.huggingface import (  # noqa: E402
     build_hf_model,
     load_hf_config,
 )
+from tests.models.hf_tiny import decoder_config_json  # noqa: E402
 
 EVIL_ENV = "TESSEL_TEST_HF_REMOTE_CODE_RAN"
 
@@ -51,20 +52,12 @@ class EvilModel(LlamaForCausalLM):
 """
 
 AUTO_CLASSES = ("AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoModelForMaskedLM")
+AUTO_MAP = {name: f"evil.Evil{'Config' if name == 'AutoConfig' else 'Model'}"
+            for name in AUTO_CLASSES}
 
 
 def tiny_llama(**extra: Any) -> dict[str, Any]:
-    return {
-        "model_type": "llama",
-        "num_hidden_layers": 2,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "vocab_size": 128,
-        "max_position_embeddings": 64,
-        **extra,
-    }
+    return decoder_config_json(**{"model_type": "llama", **extra})
 
 
 def hostile_dir(tmp_path: Path, **fields: Any) -> Path:
@@ -72,8 +65,7 @@ def hostile_dir(tmp_path: Path, **fields: Any) -> Path:
     folder.mkdir()
     (folder / "evil.py").write_text(EVIL_PY)
     config = tiny_llama(
-        auto_map={name: f"evil.Evil{'Config' if name == 'AutoConfig' else 'Model'}"
-                  for name in AUTO_CLASSES},
+        auto_map=AUTO_MAP,
         name_or_path=str(folder),
         _name_or_path=str(folder),
         trust_remote_code=True,
@@ -161,10 +153,7 @@ def test_hf_spec_of_a_hostile_folder_imports_nothing(
 def test_auto_map_in_a_sub_config_is_dropped_too(
     tmp_path: Path, no_code_may_run: list[str]
 ) -> None:
-    folder = hostile_dir(tmp_path)
-    fields = json.loads((folder / "config.json").read_text())
-    fields["text_config"] = {"model_type": "llama", "auto_map": fields["auto_map"]}
-    (folder / "config.json").write_text(json.dumps(fields))
+    folder = hostile_dir(tmp_path, text_config={"model_type": "llama", "auto_map": AUTO_MAP})
     config = load_hf_config(folder)
     assert "auto_map" not in json.dumps(config.to_dict())
     assert_no_code_ran(folder, no_code_may_run)
@@ -173,9 +162,7 @@ def test_auto_map_in_a_sub_config_is_dropped_too(
 def test_a_model_type_transformers_lacks_is_refused_without_importing(
     tmp_path: Path, no_code_may_run: list[str]
 ) -> None:
-    folder = hostile_dir(tmp_path)
-    fields = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**fields, "model_type": "evil"}))
+    folder = hostile_dir(tmp_path, model_type="evil")
     with pytest.raises(HFConfigError) as info:
         load_hf_config(folder)
     message = str(info.value)

@@ -134,16 +134,20 @@ def test_deterministic_given_seed() -> None:
 # ---- errors ---------------------------------------------------------------------------
 
 
+def load_error(spec: str, match: str) -> str:
+    """The message of the ModelSpecError loading `spec` raises (it must match `match`)."""
+    with pytest.raises(ModelSpecError, match=match) as info:
+        load_model(spec)
+    return str(info.value)
+
+
 def test_unknown_demo_lists_known_demos() -> None:
-    with pytest.raises(ModelSpecError, match="Unknown demo 'bert'") as info:
-        load_model("demo:bert")
-    assert "gpt" in str(info.value) and "mlp" in str(info.value)
+    message = load_error("demo:bert", "Unknown demo 'bert'")
+    assert "gpt" in message and "mlp" in message
 
 
 def test_unknown_name_without_colon_shows_forms() -> None:
-    with pytest.raises(ModelSpecError, match="unknown model 'nocolon'") as info:
-        load_model("nocolon")
-    message = str(info.value)
+    message = load_error("nocolon", "unknown model 'nocolon'")
     assert "demo:NAME" in message
     assert "path/to/file.py:function" in message
     assert "package.module:function" in message
@@ -151,45 +155,36 @@ def test_unknown_name_without_colon_shows_forms() -> None:
 
 @pytest.mark.parametrize("spec", ["demo:", ":f", "model.py:"])
 def test_empty_side_of_colon(spec: str) -> None:
-    with pytest.raises(ModelSpecError, match="missing a part") as info:
-        load_model(spec)
-    assert "demo:NAME" in str(info.value)
+    assert "demo:NAME" in load_error(spec, "missing a part")
 
 
 def test_missing_file(tmp_path: Path) -> None:
     missing = tmp_path / "nope.py"
-    with pytest.raises(ModelSpecError, match="does not exist") as info:
-        load_model(f"{missing}:f")
-    assert "nope.py" in str(info.value)
-    assert "check the path" in str(info.value)
+    message = load_error(f"{missing}:f", "does not exist")
+    assert "nope.py" in message
+    assert "check the path" in message
 
 
 def test_file_that_does_not_import(tmp_path: Path) -> None:
     broken = write(tmp_path, "broken.py", "import torch\ndef f(:\n    pass\n")
-    with pytest.raises(ModelSpecError, match="failed to import") as info:
-        load_model(f"{broken}:f")
-    assert "SyntaxError" in str(info.value)
-    assert "broken.py" in str(info.value)
+    message = load_error(f"{broken}:f", "failed to import")
+    assert "SyntaxError" in message
+    assert "broken.py" in message
 
 
 def test_file_raising_at_import(tmp_path: Path) -> None:
     broken = write(tmp_path, "raises.py", "raise RuntimeError('no GPU here')\n")
-    with pytest.raises(ModelSpecError, match="no GPU here"):
-        load_model(f"{broken}:f")
+    load_error(f"{broken}:f", "no GPU here")
 
 
 def test_module_that_does_not_import() -> None:
-    with pytest.raises(ModelSpecError, match="could not be imported") as info:
-        load_model("tessel_no_such_package.models:build")
-    message = str(info.value)
+    message = load_error("tessel_no_such_package.models:build", "could not be imported")
     assert "tessel_no_such_package.models" in message
     assert "PYTHONPATH" in message
 
 
 def test_missing_function_names_defined_functions(factories: Path) -> None:
-    with pytest.raises(ModelSpecError, match="defines no function 'build'") as info:
-        load_model(f"{factories}:build")
-    message = str(info.value)
+    message = load_error(f"{factories}:build", "defines no function 'build'")
     assert "two" in message and "three" in message
     # Names imported into the file are not the user's functions.
     assert "randn" not in message
@@ -197,8 +192,7 @@ def test_missing_function_names_defined_functions(factories: Path) -> None:
 
 def test_missing_function_in_file_with_no_functions(tmp_path: Path) -> None:
     empty = write(tmp_path, "empty.py", "X = 1\n")
-    with pytest.raises(ModelSpecError, match="functions it defines: none"):
-        load_model(f"{empty}:f")
+    load_error(f"{empty}:f", "functions it defines: none")
 
 
 @pytest.mark.parametrize(
@@ -212,9 +206,7 @@ def test_missing_function_in_file_with_no_functions(tmp_path: Path) -> None:
     ],
 )
 def test_bad_return_value(factories: Path, function: str, words: str) -> None:
-    with pytest.raises(ModelSpecError, match=words) as info:
-        load_model(f"{factories}:{function}")
-    assert "(model, example_inputs)" in str(info.value)
+    assert "(model, example_inputs)" in load_error(f"{factories}:{function}", words)
 
 
 def test_error_is_a_value_error() -> None:

@@ -23,7 +23,7 @@ from passes.dtensor_rules import (
     tensor_meta,
 )
 from runtime.comm_counter import CommCounter
-from runtime.launch import run_on_ranks
+from runtime.local_ranks import run_on_ranks
 
 P = parse_placements
 

@@ -16,10 +16,10 @@ from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
 from planner.models.presets import FAMILIES
 from planner.vocabulary.parallel import ParallelConfig
-from planner.plans.training import training_plan
+from planner.plans.transformer_plan import training_plan
 from runtime.spec import from_training_plan
 from runtime.pipeline_trainer import PipelineTrainer
-from runtime.training import batches
+from runtime.training_loop import batches
 
 SHAPE = dict(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=256, seq_length=16)
 SPLITS = {"t1": dict(tensor=1), "t2": dict(tensor=2),
@@ -29,7 +29,7 @@ SPLITS = {"t1": dict(tensor=1), "t2": dict(tensor=2),
 def _measure(model: TransformerConfig, knobs: dict, rank: int = 0):
     """(measured per micro-batch, predicted) for `rank` of a one-stage plan."""
     world = knobs.get("tensor", 1) * knobs.get("context", 1)
-    parallel = ParallelConfig(micro_batch_size=2, global_batch_size=4, precision="fp32",
+    parallel = ParallelConfig.of(micro_batch_size=2, global_batch_size=4, precision="fp32",
                               engine="tessel", **knobs)
     plan = training_plan("test", model, Cluster.load("cpu").with_devices(world), parallel)
     spec = from_training_plan(plan)

@@ -18,13 +18,13 @@ from planner.models.config import TransformerConfig
 from runtime.checkpoint import MARKER, latest_checkpoint, step_directory
 from runtime.elastic import launch
 from runtime.faults import FaultWatch, PeerLost
-from runtime.launch import RankError, run_on_ranks
+from runtime.local_ranks import RankError, run_on_ranks
 from planner.vocabulary.parallel_dims import ParallelDims
 from runtime.resilience import Resilience
 from runtime.spec import RunSpec, even_chunks
 from runtime.pipeline_trainer import PipelineTrainer
-from planner.checks.training import check_training, merge_results
-from runtime.training import batches
+from planner.checks.training_check import check_training, merge_results
+from runtime.training_loop import batches
 
 GPT = TransformerConfig(
     num_layers=4, hidden_size=64, num_attention_heads=4, vocab_size=256, seq_length=16,

@@ -7,8 +7,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-from runtime.comm_counter import CommCounter
-from runtime.launch import run_on_ranks
+from runtime.comm_counter import CommCounter, add_counts
+from runtime.local_ranks import run_on_ranks
 
 
 def _all_reduce_and_all_gather(rank: int, world_size: int):
@@ -60,3 +60,12 @@ def test_nothing_is_counted_without_collectives() -> None:
     with CommCounter() as counter:
         torch.ones(4) @ torch.ones(4)
     assert counter.by_kind() == {}
+
+
+def test_tables_of_several_steps_add_up_kind_by_kind() -> None:
+    steps = [{"send": {"count": 2, "bytes": 8}, "all_reduce": {"count": 1, "bytes": 64}},
+             {"all_reduce": {"count": 3, "bytes": 192}}]
+    total = add_counts(steps)
+    assert total == {"all_reduce": {"count": 4, "bytes": 256}, "send": {"count": 2, "bytes": 8}}
+    assert list(total) == ["all_reduce", "send"]  # sorted by kind
+    assert add_counts([]) == {}

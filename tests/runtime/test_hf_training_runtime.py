@@ -19,7 +19,7 @@ from runtime.mesh import build_mesh  # noqa: E402
 from runtime.model_parts import model_parts  # noqa: E402
 from runtime.parallelize import apply_data_parallel  # noqa: E402
 from runtime.spec import RunSpec, even_chunks  # noqa: E402
-from planner.checks.training import TrainingCheck, check_training  # noqa: E402
+from planner.checks.training_check import TrainingCheck, check_training  # noqa: E402
 
 HF_LLAMA = transformers.LlamaConfig(
     num_hidden_layers=4, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,

@@ -19,7 +19,7 @@ from passes.dtensor_rules import placement_str
 from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
 from planner.vocabulary.parallel import ParallelConfig
-from planner.plans.training import training_plan
+from planner.plans.transformer_plan import training_plan
 from runtime.spec import from_training_plan
 from runtime.pipeline_trainer import PipelineTrainer
 
@@ -58,7 +58,7 @@ CASES = {
 
 def _plan(model: TransformerConfig, knobs: dict):
     cluster = Cluster.load("cpu").with_devices(8)
-    parallel = ParallelConfig(micro_batch_size=1, global_batch_size=16, precision="fp32",
+    parallel = ParallelConfig.of(micro_batch_size=1, global_batch_size=16, precision="fp32",
                               **{"schedule": "1f1b", **knobs})
     return training_plan("test", model, cluster, parallel)
 

@@ -26,7 +26,7 @@ from runtime.parallelize import apply_data_parallel, apply_recompute, apply_tens
 from runtime.schedule import schedule_class
 from runtime.spec import RunSpec, even_chunks, from_training_plan
 from runtime.stages import build_reference, build_stage, init_parameter, materialize
-from planner.checks.training import TrainingCheck, check_training
+from planner.checks.training_check import TrainingCheck, check_training
 
 GPT = TransformerConfig(  # tied embeddings, as GPT and Megatron default to
     num_layers=4, hidden_size=64, num_attention_heads=4, vocab_size=256, seq_length=16,
@@ -130,10 +130,10 @@ def test_run_spec_from_a_real_interleaved_plan() -> None:
     runs exactly those: 8 layers, 2 stages x 2 chunks of 2 layers, chunk c on stage c % 2."""
     from planner.vocabulary.cluster import Cluster
     from planner.vocabulary.parallel import ParallelConfig
-    from planner.plans.training import training_plan
+    from planner.plans.transformer_plan import training_plan
 
     model = GPT.model_copy(update={"num_layers": 8})
-    parallel = ParallelConfig(tensor=2, pipeline=2, micro_batch_size=1, global_batch_size=8,
+    parallel = ParallelConfig.of(tensor=2, pipeline=2, micro_batch_size=1, global_batch_size=8,
                               schedule="interleaved", virtual_pipeline=2, precision="fp32")
     plan = training_plan("gpt", model, Cluster.load("cpu").with_devices(8), parallel)
     assert [s.chunks for s in plan.stages] == [[(0, 2), (4, 6)], [(2, 4), (6, 8)]]
@@ -265,9 +265,9 @@ def test_a_dualpipev_plan_of_the_zoo_llama_trains_as_one_process() -> None:
     # hand-written weight gradients of its split backwards.
     from planner.vocabulary.cluster import Cluster
     from planner.vocabulary.parallel import ParallelConfig
-    from planner.plans.training import training_plan
+    from planner.plans.transformer_plan import training_plan
 
-    parallel = ParallelConfig(pipeline=2, data=2, micro_batch_size=1, global_batch_size=8,
+    parallel = ParallelConfig.of(pipeline=2, data=2, micro_batch_size=1, global_batch_size=8,
                               schedule="dualpipev", virtual_pipeline=2, zero_stage=1,
                               precision="fp32", engine="tessel")
     plan = training_plan("llama", LLAMA, Cluster.load("cpu").with_devices(4), parallel)
@@ -325,7 +325,7 @@ def _fail_on_rank_one(rank: int, world_size: int) -> int:
 
 def test_a_failing_rank_is_reported_by_the_launcher() -> None:
     from runtime.elastic import launch
-    from runtime.launch import RankError
+    from runtime.local_ranks import RankError
 
     with pytest.raises(RankError, match="rank 1 failed: .*rank one fails on purpose") as info:
         launch(_fail_on_rank_one, 2, collective_timeout_s=10)

@@ -21,12 +21,12 @@ QWEN3_MOE = {"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 
 
 def test_a_plan_the_runtime_cannot_train_is_refused_before_ranks_start(
         tmp_path: Path, capsys, monkeypatch) -> None:
-    import planner.checks.training
+    import planner.checks.training_check
 
     def no_ranks(*args, **kwargs):
         raise AssertionError("a rank was started")
 
-    monkeypatch.setattr(planner.checks.training, "launch", no_ranks)
+    monkeypatch.setattr(planner.checks.training_check, "launch", no_ranks)
     config = tmp_path / "config.json"
     config.write_text(json.dumps(QWEN3_MOE))
     code = cli.main(["check", f"hf:{config}", "--seq-length", "16", "--gpus", "2",

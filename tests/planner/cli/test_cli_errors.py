@@ -92,14 +92,6 @@ def _in_empty_dir(tmp_path, monkeypatch):
         (tmp_path / folder / "config.json").write_text(text)
 
 
-@pytest.fixture
-def piped_width(monkeypatch):
-    """The width rich uses when stdout is not a terminal (a pipe, a CI log): 80 columns,
-    unless COLUMNS was set when planner.cli was imported. Fixed here so the one-line
-    check does not depend on the environment."""
-    monkeypatch.setattr(cli.console, "_width", 80)
-
-
 def run(argv: list[str], capsys) -> tuple[int, str]:
     code = cli.main(argv)
     captured = capsys.readouterr()

@@ -49,7 +49,7 @@ from planner.export.engines import ENGINES, Refusal, engine_files
 from planner.models.presets import get_preset, zoo_config
 from planner.vocabulary.parallel import ParallelConfig
 from planner.vocabulary.plan import Plan
-from planner.plans.training import training_plan
+from planner.plans.transformer_plan import training_plan
 
 HERE = Path(__file__).resolve().parent
 
@@ -147,7 +147,7 @@ def plan_of(case_id: str) -> Plan:
         from cost_models.pipeline_memory import StageLayout
 
         stages = tuple(StageLayout(*stage) for stage in case.stages)
-    return training_plan(case.model, shape(case.model), cluster, ParallelConfig(**case.knobs),
+    return training_plan(case.model, shape(case.model), cluster, ParallelConfig.of(**case.knobs),
                          list(case.layers) if case.layers else None, stages)
 
 
@@ -410,11 +410,11 @@ def test_a_dualpipev_plan_is_torchtitan_s_dualpipev_and_not_megatron_s() -> None
     assert len(config["parallelism"]["module_fqns_per_model_part"]) == 8
     run = torchtitan_job(config, plan.num_gpus, "torchtitan.toml")
     assert (run.parallel.schedule, run.parallel.virtual_pipeline) == ("dualpipev", 2)
-    assert (run.parallel.pipeline, run.parallel.tensor) == (4, 2)
-    megatron_knobs = ParallelConfig(tensor=2, pipeline=4, global_batch_size=64,
+    assert (run.parallel.dims.pipeline, run.parallel.dims.tensor) == (4, 2)
+    megatron_knobs = ParallelConfig.of(tensor=2, pipeline=4, global_batch_size=64,
                                     schedule="dualpipev", virtual_pipeline=2).resolve(32)
     assert "DualPipeV" in megatron_incompatibility(megatron_knobs, [8, 8, 8, 8])
-    one_f_one_b = ParallelConfig(tensor=2, pipeline=4, global_batch_size=64).resolve(32)
+    one_f_one_b = ParallelConfig.of(tensor=2, pipeline=4, global_batch_size=64).resolve(32)
     assert megatron_incompatibility(one_f_one_b, [8, 8, 8, 8]) is None
 
 
@@ -695,7 +695,7 @@ def test_a_plan_whose_reserved_estimate_crosses_the_device_launches_with_expanda
                  recompute="selective", micro_batch_size=1, global_batch_size=32,
                  cuda_graph_scope=("mlp",))
     model = get_preset("llama3-70b").model_copy(update={"seq_length": 4096})
-    plan = training_plan("llama3-70b", model, cluster, ParallelConfig(**knobs))
+    plan = training_plan("llama3-70b", model, cluster, ParallelConfig.of(**knobs))
     assert plan.predicted.fits and not plan.predicted.reserved_fits
     exports = ["export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
                "export NCCL_GRAPH_REGISTER=0"]

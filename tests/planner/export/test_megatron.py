@@ -23,7 +23,7 @@ from planner.vocabulary.cluster import Cluster
 from planner.models.presets import get_preset, zoo_config
 from planner.vocabulary.parallel import ParallelConfig
 from planner.search import search
-from planner.plans.training import training_plan
+from planner.plans.transformer_plan import training_plan
 from planner.vocabulary.plan import Plan
 
 REPO = Path(__file__).resolve().parents[3]
@@ -302,7 +302,7 @@ def test_uneven_pipeline_splits_launch() -> None:
     """Every fitting plan of the 30-layer GPT on pipelines that do not divide 30 names its
     smaller first and last stages."""
     uneven = searched_plans("gpt-30-layers", 64, 512,
-                            keep=lambda candidate: 30 % candidate.parallel.pipeline)
+                            keep=lambda candidate: 30 % candidate.parallel.dims.pipeline)
     assert uneven
     for plan in uneven:
         assert_launchable(plan, 64)
@@ -313,7 +313,7 @@ def test_uneven_split_of_divisible_layers_is_launched_as_planned() -> None:
     """32 layers as 7 + 9 + 9 + 7: Megatron-LM would run 8 per stage unless told the first
     and last stage sizes, though 4 divides 32."""
     cluster = Cluster.load(CLUSTER).with_devices(64)
-    parallel = ParallelConfig(tensor=2, pipeline=4, micro_batch_size=1, global_batch_size=512)
+    parallel = ParallelConfig.of(tensor=2, pipeline=4, micro_batch_size=1, global_batch_size=512)
     plan = training_plan("gpt3-2.7b", get_preset("gpt3-2.7b"), cluster, parallel, [7, 9, 9, 7])
     assert_launchable(plan, 64)
     assert {f"{FIRST} 7", f"{LAST} 7"} <= set(plan.megatron_flags)
@@ -381,7 +381,7 @@ def test_hugging_face_families_launch_as_their_blocks_are_built() -> None:
     sublayer, soft-caps or scaled embeddings have none: no line, and the plan says why."""
     llama = get_preset("llama3-8b")
     cluster = Cluster.load("dgx-h100").with_devices(8)
-    knobs = ParallelConfig(tensor=8, micro_batch_size=1, global_batch_size=8)
+    knobs = ParallelConfig.of(tensor=8, micro_batch_size=1, global_batch_size=8)
     qwen = llama.model_copy(update={"qkv_bias": True, "rotary_percent": 0.25,
                                     "apply_layernorm_1p": True})
     plan = training_plan("qwen-like", qwen, cluster, knobs)

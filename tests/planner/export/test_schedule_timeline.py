@@ -20,7 +20,7 @@ from planner.export.schedule_timeline import Bar, StagePhases, Timeline, pipelin
 from planner.export.stage_times import plan_pipeline_seconds, stage_times
 from planner.models.presets import get_preset
 from planner.vocabulary.parallel import ParallelConfig
-from planner.plans.training import training_plan
+from planner.plans.transformer_plan import training_plan
 
 STAGE = StagePhases(forward=1.0, backward=2.0, recompute=0.5, forward_communication=0.25,
                     backward_communication=0.25)
@@ -191,18 +191,18 @@ def check_slowest_stage(plan, phases: list[StagePhases]) -> None:
 def _plans():
     model = get_preset("gpt3-175b")
     a100 = Cluster.load("dgx-a100-80g")
-    yield "1f1b, selective", model, a100.with_devices(512), ParallelConfig(
+    yield "1f1b, selective", model, a100.with_devices(512), ParallelConfig.of(
         tensor=8, pipeline=8, micro_batch_size=1, global_batch_size=512,
         recompute="selective", sequence_parallel=True)
     yield "interleaved, block recompute, tp overlap", model, a100.with_devices(512), \
-        ParallelConfig(tensor=8, pipeline=8, micro_batch_size=2, global_batch_size=512,
+        ParallelConfig.of(tensor=8, pipeline=8, micro_batch_size=2, global_batch_size=512,
                        recompute="full", recompute_method="block", recompute_num_layers=2,
                        sequence_parallel=True, tp_comm_overlap=True, schedule="interleaved",
                        virtual_pipeline=2, zero_stage=1)
-    yield "gpipe, no sequence parallelism", model, a100.with_devices(256), ParallelConfig(
+    yield "gpipe, no sequence parallelism", model, a100.with_devices(256), ParallelConfig.of(
         tensor=4, pipeline=16, micro_batch_size=1, global_batch_size=256, recompute="full",
         schedule="gpipe")
-    yield "dualpipev, selective, torchtitan", model, a100.with_devices(512), ParallelConfig(
+    yield "dualpipev, selective, torchtitan", model, a100.with_devices(512), ParallelConfig.of(
         tensor=8, pipeline=8, micro_batch_size=1, global_batch_size=512,
         recompute="selective", sequence_parallel=True, schedule="dualpipev",
         virtual_pipeline=2, engine="torchtitan", zero_stage=1)
@@ -228,7 +228,7 @@ def test_stages_on_different_meshes_are_recorded_exactly() -> None:
     # An Alpa-space plan: each stage its own layers and (data x tensor) mesh.
     model = get_preset("llama3-70b")
     cluster = Cluster.load("dgx-h100").with_devices(48)
-    parallel = ParallelConfig(data=1, tensor=8, pipeline=3, micro_batch_size=4,
+    parallel = ParallelConfig.of(data=1, tensor=8, pipeline=3, micro_batch_size=4,
                               global_batch_size=64, recompute="full")
     stages = (StageLayout(30, 8, 2), StageLayout(30, 4, 4), StageLayout(20, 8, 2))
     plan = training_plan("llama3-70b", model, cluster, parallel, stages=stages)

@@ -1,4 +1,4 @@
-"""planner.export.launch: the torchrun line of a Plan, read back by torchrun's own parser."""
+"""planner.export.torchrun: the torchrun line of a Plan, read back by torchrun's own parser."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 from torch.distributed.run import get_args_parser
 
 from planner.vocabulary.cluster import Cluster
-from planner.export.launch import torchrun_command
+from planner.export.torchrun import torchrun_command
 from planner.models.presets import get_preset
 from planner.vocabulary.parallel import ParallelConfig
-from planner.plans.training import training_plan
+from planner.plans.transformer_plan import training_plan
 
 
 def parsed(command: str):
@@ -24,7 +24,7 @@ def parsed(command: str):
 def test_torchrun_starts_one_process_per_gpu_on_each_node(gpus, nodes, per_node) -> None:
     cluster = Cluster.load("dgx-a100-80g").with_devices(gpus)
     tensor = min(gpus, 8)
-    parallel = ParallelConfig(tensor=tensor, pipeline=1, micro_batch_size=1,
+    parallel = ParallelConfig.of(tensor=tensor, pipeline=1, micro_batch_size=1,
                               global_batch_size=gpus // tensor * 2, recompute="full",
                               zero_stage=1)
     plan = training_plan("gpt3-2.7b", get_preset("gpt3-2.7b"), cluster, parallel)
@@ -39,7 +39,7 @@ def test_torchrun_starts_one_process_per_gpu_on_each_node(gpus, nodes, per_node)
 
 def test_a_hostile_model_name_stays_one_word(monkeypatch) -> None:
     cluster = Cluster.load("dgx-a100-80g").with_devices(8)
-    parallel = ParallelConfig(tensor=8, pipeline=1, micro_batch_size=1, global_batch_size=8)
+    parallel = ParallelConfig.of(tensor=8, pipeline=1, micro_batch_size=1, global_batch_size=8)
     plan = training_plan("x; rm -rf / #", get_preset("gpt3-2.7b"), cluster, parallel)
     args = parsed(torchrun_command(plan))
     assert args.rdzv_id == "tessel-x-rm--rf"
@@ -48,7 +48,7 @@ def test_a_hostile_model_name_stays_one_word(monkeypatch) -> None:
 
 def test_no_launch_line_for_a_plan_megatron_cannot_run() -> None:
     cluster = Cluster.load("dgx-a100-80g").with_devices(8)
-    parallel = ParallelConfig(tensor=1, pipeline=1, micro_batch_size=1, global_batch_size=8,
+    parallel = ParallelConfig.of(tensor=1, pipeline=1, micro_batch_size=1, global_batch_size=8,
                               zero_stage=3)
     plan = training_plan("gpt3-2.7b", get_preset("gpt3-2.7b"), cluster, parallel)
     assert plan.megatron_flags is None and torchrun_command(plan) is None

@@ -34,7 +34,7 @@ def _exported(key: tuple[str, str]):
     _, line = LINES[key]
     launch = launch_words(line)
     run = megatron_run(parse_megatron_flags(launch.flags), launch.world_size or 0)
-    p = run.parallel.pipeline
+    p = run.parallel.dims.pipeline
     layers = run.layers_per_stage or [run.model.num_layers // p] * p
     assert megatron_incompatibility(run.parallel, layers, run.chunk_layers) is None
     flags = shlex.split(" ".join(megatron_flags(run.model, run.parallel, layers,

@@ -55,7 +55,7 @@ def test_published_405b_layouts_fit(name: str) -> None:
     run = megatron_run(parse_megatron_flags(f"{LLAMA3_405B} {flags}".split()), gpus)
     cluster = Cluster.load(preset).with_devices(gpus)
     q = run.parallel
-    stages = [StageLayout(layers, q.tensor, q.data) for layers in run.layers_per_stage]
+    stages = [StageLayout(layers, q.dims.tensor, q.dims.data) for layers in run.layers_per_stage]
     predicted = predict_stages(run.model, cluster, q, stages)
     assert predicted.fits, (name, predicted.memory_gib_per_gpu)
     # The flags the plan exports say the same layout again.

@@ -160,11 +160,11 @@ def test_a_published_runs_launch_line_reads_as_its_row(row: dict[str, str]) -> N
     assert launch.world_size == int(row["num_gpus"])
     run = megatron_run(args, launch.world_size)
     assert run.model == get_preset(preset)
-    q = run.parallel
-    assert (q.tensor, q.pipeline, q.virtual_pipeline, q.context, q.expert, q.data) == (
+    q, d = run.parallel, run.parallel.dims
+    assert (d.tensor, d.pipeline, q.virtual_pipeline, d.context, d.expert, d.data) == (
         _degree(row["tp"]), _degree(row["pp"]), _degree(row["vp"]), _degree(row["cp"]),
         _degree(row["ep"]), _degree(row["dp"]))
-    assert (q.global_batch_size, q.micro_batch_size, q.expert_tensor_degree) == (
+    assert (q.global_batch_size, q.micro_batch_size, q.dims.expert_tensor_degree) == (
         int(row["global_batch"]), int(row["micro_batch"]), 1)
     assert q.zero_stage == 1 and q.moe_router_force_load_balancing
     assert q.recompute == row["recompute"].split()[0]

@@ -39,7 +39,7 @@ def test_a_bare_launch_line_is_megatron_lms_defaults() -> None:
         "layernorm", "gelu", "learned")
     assert model.tie_embeddings and model.bias and model.ffn_hidden_size == 4 * 1024
     assert model.num_query_groups is None  # multi-head attention
-    assert (q.tensor, q.pipeline, q.data, q.context) == (1, 1, 8, 1)
+    assert (q.dims.tensor, q.dims.pipeline, q.dims.data, q.dims.context) == (1, 1, 8, 1)
     assert q.global_batch_size == 8  # micro x data
     assert (q.recompute, q.zero_stage, q.schedule, q.precision) == (
         "none", 0, "1f1b", "fp32")
@@ -76,7 +76,7 @@ def test_moe_flags_set_the_experts() -> None:
     run = run_of(SHAPE + " --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 512 "
                  "--expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall --bf16")
     assert (run.model.num_experts, run.model.moe_top_k, run.model.ffn_hidden_size) == (8, 2, 512)
-    assert run.parallel.expert == 4 and run.parallel.moe_token_dispatcher == "alltoall"
+    assert run.parallel.dims.expert == 4 and run.parallel.moe_token_dispatcher == "alltoall"
 
 
 def test_parallel_knobs_and_run_settings_map_to_the_configuration() -> None:
@@ -88,7 +88,7 @@ def test_parallel_knobs_and_run_settings_map_to_the_configuration() -> None:
                  "--fp8-recipe tensorwise --bf16 --use-flash-attn --cuda-graph-impl local",
                  world=16)
     q = run.parallel
-    assert (q.tensor, q.pipeline, q.data) == (2, 4, 2)
+    assert (q.dims.tensor, q.dims.pipeline, q.dims.data) == (2, 4, 2)
     assert q.sequence_parallel and q.zero_stage == 1 and q.overlap_param_gather
     assert q.tp_comm_overlap and q.overlap_grad_reduce
     assert (q.schedule, q.virtual_pipeline) == ("interleaved", 2)

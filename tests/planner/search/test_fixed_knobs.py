@@ -26,17 +26,17 @@ def stage_meshes(c: Candidate) -> list[tuple[int, int]]:
     """(tensor, data) of every stage."""
     if c.stages:
         return [(s.tensor, s.data) for s in c.stages]
-    return [(c.parallel.tensor, c.parallel.data)] * c.parallel.pipeline
+    return [(c.parallel.dims.tensor, c.parallel.dims.data)] * c.parallel.dims.pipeline
 
 
 def per_replica_micro_batch(c: Candidate) -> list[int]:
     """Each stage's sequences per micro-batch on one data-parallel replica."""
-    whole = c.parallel.micro_batch_size * c.parallel.data
+    whole = c.parallel.micro_batch_size * c.parallel.dims.data
     return [whole // data for _, data in stage_meshes(c)]
 
 
 def num_stages(c: Candidate) -> int:
-    return len(c.stages) if c.stages else c.parallel.pipeline
+    return len(c.stages) if c.stages else c.parallel.dims.pipeline
 
 
 # knob: (fixed knobs, model, spaces, what every plan must show)
@@ -50,12 +50,12 @@ KEPT = {
                          lambda c: c.parallel.virtual_pipeline == 3
                          and c.parallel.schedule == "interleaved" and num_stages(c) == 2),
     "context": ({"context": 2}, DENSE, ("auto", "megatron"),
-                lambda c: c.parallel.context == 2),
+                lambda c: c.parallel.dims.context == 2),
     "expert": ({"expert": 4}, MOE, ("auto", "megatron"),
                # Experts fold over a stage's tensor x context x data ranks (Megatron-Core's
                # parallel folding), each expert split over its expert-tensor ranks.
-               lambda c: c.parallel.expert == 4 and all(
-                   t * c.parallel.context * d % (4 * (c.parallel.expert_tensor or t)) == 0
+               lambda c: c.parallel.dims.expert == 4 and all(
+                   t * c.parallel.dims.context * d % (4 * (c.parallel.dims.expert_tensor or t)) == 0
                    for t, d in stage_meshes(c))),
     "micro-batch": ({"micro_batch_size": 2}, DENSE, ("auto", "megatron"),
                     lambda c: per_replica_micro_batch(c) == [2] * num_stages(c)),

@@ -12,12 +12,13 @@ import pytest
 
 from planner.vocabulary.cluster import Cluster
 from planner.search import layer_table
+from cost_models.pipeline_schedule import in_flight
 from passes.model_layers import ModelLayers
 from passes.stage_graph import forward_graph, micro_batch_inputs, on_meta_device
 from planner.search.graph_prediction import Layout, TracedForward, predict_all, usable_bytes
 from planner.search.graph_space import logical_meshes, search_graph, usable_submeshes
 from planner.search.layer_table import LayerTable
-from planner.search.graph_knobs import GraphKnobs, in_flight
+from planner.search.graph_knobs import GraphKnobs
 from planner.search.stage_solve import StageCost
 
 
@@ -47,9 +48,12 @@ def test_a_stage_holds_one_micro_batch_per_stage_from_it_to_the_last() -> None:
     # 1F1B on 4 stages with 8 micro-batches: 4, 3, 2, 1 in flight; with 2, at most 2
     # (GPipe: 8, 8, 8, 1). The plan of 2 stages with 4 micro-batches: its first stage holds
     # 2 (GPipe: 4).
-    assert [in_flight(4 - k, 8) for k in range(4)] == [4, 3, 2, 1]
-    assert [in_flight(4 - k, 2) for k in range(4)] == [2, 2, 2, 1]
-    assert [in_flight(4 - k, 8, "gpipe") for k in range(4)] == [8, 8, 8, 1]
+    def held(schedule: str, m: int) -> list[float]:  # as the graph runtime runs them
+        return [in_flight(schedule, 4, k, m, eager_last=True) for k in range(4)]
+
+    assert held("1f1b", 8) == [4, 3, 2, 1]
+    assert held("1f1b", 2) == [2, 2, 2, 1]
+    assert held("gpipe", 8) == [8, 8, 8, 1]
     sys.path.insert(0, str(Path(__file__).parents[2] / "e2e"))
     from graph_models import narrow_mlp
 

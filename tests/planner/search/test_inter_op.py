@@ -13,7 +13,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from planner.search.inter_op import StagePlan, pipeline_latency, stage_brute_force, stage_dp
+from cost_models.pipeline_schedule import one_chunk_seconds
+from planner.search.inter_op import StagePlan, stage_brute_force, stage_dp
 
 SIZES = (1, 2, 4, 8, 16)
 
@@ -126,7 +127,7 @@ def assert_valid(plan: StagePlan, instance: dict) -> None:
     latencies = [s.latency for s in stages]
     assert plan.t_max == max(latencies)
     assert plan.total_latency == pytest.approx(
-        pipeline_latency(latencies, instance["num_micro_batches"]), rel=1e-12
+        one_chunk_seconds(latencies, instance["num_micro_batches"]), rel=1e-12
     )
 
 

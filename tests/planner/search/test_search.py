@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from planner.vocabulary.parallel import FixedKnobs
 from planner.vocabulary.cluster import Cluster
 from planner.models.presets import get_preset, zoo_config
 from planner.search import search
@@ -28,7 +29,7 @@ def test_megatron_space_best_is_the_exhaustive_best(case: str) -> None:
     build, gpus, batch = CASES[case]
     model, cluster = build(), a100(gpus)
     found = search(model, cluster, batch, {}, "megatron")
-    brute = best_exhaustive(model, cluster, batch, {})
+    brute = best_exhaustive(model, cluster, batch, FixedKnobs())
     assert brute is not None and found.ranked
     best, prediction = found.ranked[0]
     assert prediction.step_time_s == pytest.approx(brute[1].step_time_s, rel=1e-12)
@@ -40,8 +41,8 @@ def test_megatron_space_holds_every_layout_megatron_can_launch() -> None:
     """Checked apart from the enumerator the search shares: GPT-3 1.3B (16 heads, 24
     layers) on 16 GPUs can run tensor 1-8 within a node and pipeline 1-8 (24 layers over
     16 stages has no split Megatron-LM accepts), with every recomputation mode."""
-    candidates = list(enumerate_megatron(get_preset("gpt3-1.3b"), a100(16), 512, {}))
-    layouts = {(c.parallel.tensor, c.parallel.pipeline) for c in candidates}
+    candidates = list(enumerate_megatron(get_preset("gpt3-1.3b"), a100(16), 512, FixedKnobs()))
+    layouts = {(c.parallel.dims.tensor, c.parallel.dims.pipeline) for c in candidates}
     assert layouts == {(t, p) for t in (1, 2, 4, 8) for p in (1, 2, 4, 8) if t * p <= 16}
     assert {c.parallel.recompute for c in candidates} == {"none", "selective", "full"}
     assert {c.parallel.schedule for c in candidates} == {"1f1b", "interleaved"}
@@ -60,7 +61,8 @@ def test_fixed_knobs_are_never_varied() -> None:
     assert result.ranked
     for candidate, _ in result.ranked:
         q = candidate.parallel
-        assert (q.tensor, q.pipeline, q.recompute, q.micro_batch_size) == (2, 2, "full", 2)
+        d = q.dims
+        assert (d.tensor, d.pipeline, q.recompute, q.micro_batch_size) == (2, 2, "full", 2)
 
 
 def test_every_ranked_plan_fits_and_ranks_ascend() -> None:
@@ -109,6 +111,6 @@ def test_every_pipelined_plan_has_a_micro_batch_per_stage(space: str) -> None:
     ranked = search(get_preset("gpt3-1.3b"), cluster, 16, {}, space).ranked
     assert ranked
     for candidate, _ in ranked:
-        stages = len(candidate.stages) if candidate.stages else candidate.parallel.pipeline
-        whole = candidate.parallel.micro_batch_size * candidate.parallel.data
+        stages = len(candidate.stages) if candidate.stages else candidate.parallel.dims.pipeline
+        whole = candidate.parallel.micro_batch_size * candidate.parallel.dims.data
         assert stages == 1 or 16 // whole >= stages, candidate

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from planner.vocabulary.parallel import FixedKnobs
 from planner.vocabulary.cluster import Cluster
 from planner.search.knobs import check_knobs
 from planner.models.presets import get_preset
@@ -24,11 +25,12 @@ def test_every_candidate_is_what_torchtitan_runs() -> None:
         for candidate in enumerate_megatron(MODEL, cluster, 64, fixed):
             q = candidate.parallel
             assert q.engine == "torchtitan"
-            assert q.zero_stage in zero_stages(q.tensor, q.context, q.pipeline, q.data)
-            assert q.sequence_parallel == (q.tensor > 1)
+            dims = q.dims
+            assert q.zero_stage in zero_stages(dims.tensor, dims.context, dims.pipeline, dims.data)
+            assert q.sequence_parallel == (q.dims.tensor > 1)
             assert q.fp8_recipe == "tensorwise"
             assert not q.tp_comm_overlap or q.compile  # async TP is a compile pass
-            assert not q.fp8_param_gather or (q.zero_stage == 3 and q.data > 1)
+            assert not q.fp8_param_gather or (q.zero_stage == 3 and q.dims.data > 1)
             seen.add((q.zero_stage, q.tp_comm_overlap, q.fp8_param_gather, q.compile))
     # DDP and FSDP both tried; async TP and fp8 gathers where compile and fp8 allow them.
     assert {(0, False, False, False), (3, False, False, False), (3, True, True, True)} <= seen
@@ -36,7 +38,7 @@ def test_every_candidate_is_what_torchtitan_runs() -> None:
 
 def test_megatrons_search_is_unchanged_by_the_engine_knobs() -> None:
     cluster = Cluster.load("dgx-h100").with_devices(16)
-    for candidate in enumerate_megatron(MODEL, cluster, 64, {}):
+    for candidate in enumerate_megatron(MODEL, cluster, 64, FixedKnobs()):
         q = candidate.parallel
         assert q.engine == "megatron" and q.zero_stage in (0, 1)
         assert (q.fsdp_reshard_after_forward, q.recompute_every, q.compile,
@@ -45,8 +47,8 @@ def test_megatrons_search_is_unchanged_by_the_engine_knobs() -> None:
 
 def test_the_best_torchtitan_plan_is_priced_as_torchtitan_runs_it() -> None:
     cluster = Cluster.load("dgx-h100").with_devices(16)
-    result = search_megatron(MODEL, cluster, 64, {"engine": "torchtitan",
-                                                  "precision": "bf16"})
+    result = search_megatron(MODEL, cluster, 64,
+                             FixedKnobs(engine="torchtitan", precision="bf16"))
     assert result.ranked
     for candidate, prediction in result.ranked[:5]:
         assert candidate.parallel.engine == "torchtitan" and prediction.fits
@@ -54,6 +56,6 @@ def test_the_best_torchtitan_plan_is_priced_as_torchtitan_runs_it() -> None:
 
 def test_fsdp_is_in_the_megatron_space_under_torchtitan() -> None:
     cluster = Cluster.load("dgx-h100").with_devices(16)
-    check_knobs({"zero_stage": 3, "engine": "torchtitan"}, MODEL, cluster, 64, "megatron")
+    check_knobs(FixedKnobs(zero_stage=3, engine="torchtitan"), MODEL, cluster, 64, "megatron")
     with pytest.raises(ValueError, match="--zero-stage 3 is not in --space megatron"):
-        check_knobs({"zero_stage": 3}, MODEL, cluster, 64, "megatron")
+        check_knobs(FixedKnobs({"zero_stage": 3}), MODEL, cluster, 64, "megatron")

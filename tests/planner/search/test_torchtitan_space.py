@@ -16,5 +16,6 @@ def test_the_auto_space_under_torchtitan_keeps_one_mesh_and_its_data_parallelism
     for candidate, _ in result.ranked[:20]:
         q = candidate.parallel
         assert candidate.stages is None  # every stage on the one mesh
-        assert q.zero_stage in zero_stages(q.tensor, q.context, q.pipeline, q.data)
+        d = q.dims
+        assert q.zero_stage in zero_stages(d.tensor, d.context, d.pipeline, d.data)
         assert q.engine == "torchtitan"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from planner.vocabulary.parallel import FixedKnobs
 from planner.vocabulary.cluster import Cluster
 from planner.models.presets import get_preset
 from planner.search.megatron_space import search_megatron
@@ -12,7 +13,7 @@ def test_the_search_plans_126_layers_on_16_stages() -> None:
     # embedding and the loss take their place), as the Llama 3 paper ran it.
     model = get_preset("llama3-405b").model_copy(update={"seq_length": 8192})
     cluster = Cluster.load("dgx-h100").with_devices(16384)
-    result = search_megatron(model, cluster, 2048, {"pipeline": 16, "tensor": 8})
+    result = search_megatron(model, cluster, 2048, FixedKnobs(pipeline=16, tensor=8))
     assert result.ranked
     best, prediction = result.ranked[0]
     assert best.layers_per_stage == (7,) + (8,) * 14 + (7,)

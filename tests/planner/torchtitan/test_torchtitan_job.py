@@ -127,7 +127,8 @@ def test_a_bare_job_config_is_torchtitans_defaults() -> None:
     run = job(LLAMA8, gpus=8)
     q = run.parallel
     assert (run.flavor, run.model.seq_length, run.num_gpus) == ("8B", 2048, 8)
-    assert (q.tensor, q.pipeline, q.context, q.data, q.zero_stage) == (1, 1, 1, 8, 3)
+    d = q.dims
+    assert (d.tensor, d.pipeline, d.context, d.data, q.zero_stage) == (1, 1, 1, 8, 3)
     # local batch 8 per data rank, global batch local x data; no accumulation.
     assert (q.micro_batch_size, q.global_batch_size, q.num_micro_batches) == (8, 64, 1)
     # [activation_checkpoint] absent: selective with option "2", every second block.
@@ -156,7 +157,7 @@ def test_tensor_context_and_fsdp_degrees() -> None:
               'data_parallel_shard_degree = 8\nfsdp_reshard_after_forward = "never"\n')
     q = run.parallel
     assert run.num_gpus == 64  # the degrees give it
-    assert (q.tensor, q.context, q.data, q.zero_stage, q.sequence_parallel) == (
+    assert (q.dims.tensor, q.dims.context, q.dims.data, q.zero_stage, q.sequence_parallel) == (
         4, 2, 8, 3, True)
     assert q.fsdp_reshard_after_forward == "never"
     # FSDP2 shards over shard x context even with one data replica.
@@ -168,7 +169,7 @@ def test_tensor_context_and_fsdp_degrees() -> None:
 def test_ddp_runs_alone_and_hsdp_is_refused() -> None:
     q = job(LLAMA8 + "[parallelism]\ndata_parallel_replicate_degree = 8\n"
             "data_parallel_shard_degree = 1\n").parallel
-    assert (q.data, q.zero_stage, q.overlap_param_gather) == (8, 0, False)
+    assert (q.dims.data, q.zero_stage, q.overlap_param_gather) == (8, 0, False)
     assert "HSDP" in error_of(LLAMA8 + "[parallelism]\ndata_parallel_replicate_degree = 2\n"
                               "data_parallel_shard_degree = 4\n")
     assert "DDP does not compose" in error_of(
@@ -180,9 +181,9 @@ def test_1f1b_takes_torchtitans_uneven_split() -> None:
     run = job(LLAMA8 + "[training]\nlocal_batch_size = 8\n[parallelism]\n"
               "pipeline_parallel_degree = 4\n", gpus=32)
     q = run.parallel
-    assert (q.pipeline, q.schedule, q.virtual_pipeline, q.micro_batch_size) == (
+    assert (q.dims.pipeline, q.schedule, q.virtual_pipeline, q.micro_batch_size) == (
         4, "1f1b", 1, 1)
-    assert q.num_micro_batches == 8 and q.data == 8
+    assert q.num_micro_batches == 8 and q.dims.data == 8
     # 32 blocks + embedding + output as 34 over 4 stages: 9, 9, 8, 8 less the two ends.
     assert run.layers_per_stage == [8, 9, 8, 7] and run.chunk_layers is None
 

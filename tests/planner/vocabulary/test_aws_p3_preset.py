@@ -8,11 +8,12 @@ import pytest
 from cost_models.kernel_time import kernel_seconds
 from cost_models.step_time import predict_step
 from cost_models.transformer_ops import Attention, Matmul
+from planner.vocabulary.parallel import FixedKnobs
 from planner.vocabulary.cluster import Cluster
 from planner.search.knobs import check_knobs, default_precision
 from planner.models.presets import PRESETS
 from planner.vocabulary.parallel import ParallelConfig
-from planner.plans.training import training_plan
+from planner.plans.transformer_plan import training_plan
 
 NAME = "aws-p3.16xlarge"
 
@@ -50,8 +51,8 @@ def test_default_precision_is_fp16_without_bf16(p3: Cluster) -> None:
 def test_bf16_is_refused_naming_the_flag(p3: Cluster) -> None:
     with pytest.raises(ValueError, match="--precision bf16 needs bf16 tensor cores, which "
                                          "V100-SXM2-16GB lacks; use one it has"):
-        check_knobs({"precision": "bf16"}, PRESETS["gpt3-350m"], p3, 64, "auto")
-    check_knobs({"precision": "fp16"}, PRESETS["gpt3-350m"], p3, 64, "auto")
+        check_knobs(FixedKnobs({"precision": "bf16"}), PRESETS["gpt3-350m"], p3, 64, "auto")
+    check_knobs(FixedKnobs({"precision": "fp16"}), PRESETS["gpt3-350m"], p3, 64, "auto")
 
 
 def test_fp16_kernels_run_at_the_fp16_peak(p3: Cluster) -> None:
@@ -68,7 +69,7 @@ def test_fp16_kernels_run_at_the_fp16_peak(p3: Cluster) -> None:
 
 def test_fp16_plan_reports_mfu_against_fp16_and_launches_with_fp16(p3: Cluster) -> None:
     cluster = p3.with_devices(8)
-    parallel = ParallelConfig(tensor=2, data=4, micro_batch_size=2, global_batch_size=64,
+    parallel = ParallelConfig.of(tensor=2, data=4, micro_batch_size=2, global_batch_size=64,
                               precision="fp16")
     prediction = predict_step(PRESETS["gpt3-350m"], cluster, parallel)
     assert prediction.mfu == pytest.approx(prediction.model_tflops_per_gpu / 125)
@@ -92,7 +93,7 @@ def test_plans_on_a_v100_price_attention_unfused(p3: Cluster) -> None:
     # Volta runs no FlashAttention: the search and the plan price the score matrix.
     from planner.models.presets import get_preset
     from planner.search import search
-    from planner.plans.training import training_plan
+    from planner.plans.transformer_plan import training_plan
 
     assert not p3.device.flash_attention and Cluster.load("dgx-a100-80g").device.flash_attention
     cluster = p3.with_devices(8)

@@ -4,7 +4,7 @@ import math
 import pytest
 import yaml
 
-from cost_models.efficiency import Efficiency
+from planner.vocabulary.efficiency import Efficiency
 from planner import cli
 from planner.vocabulary.cluster import MAX_DEVICES, Cluster, LinkSpec
 
@@ -359,12 +359,6 @@ def test_a_cluster_file_that_is_not_text_is_refused(tmp_path) -> None:
         Cluster.load(str(path))
 
 
-@pytest.fixture
-def piped_width(monkeypatch):
-    """80 columns, as rich uses when stdout is a pipe, so one-line checks are exact."""
-    monkeypatch.setattr(cli.console, "_width", 80)
-
-
 @pytest.mark.parametrize(
     "path, value, fragment",
     [
@@ -374,14 +368,9 @@ def piped_width(monkeypatch):
     ],
 )
 def test_plan_with_a_garbage_cluster_exits_2_in_one_line(
-    tmp_path, capsys, piped_width, path, value, fragment
+    tmp_path, one_line_error, path, value, fragment
 ) -> None:
     data = _preset_with("dgx-h100", path, value)
     file = _write(tmp_path, data)
-    code = cli.main(["demo:mlp", "--mesh", "2", "--cluster", str(file)])
-    captured = capsys.readouterr()
-    output = captured.out + captured.err
-    assert code == 2
-    assert "Traceback" not in output
-    assert len(output.strip().splitlines()) == 1, output
+    output = one_line_error(["demo:mlp", "--mesh", "2", "--cluster", str(file)])
     assert fragment in output and str(file) in output

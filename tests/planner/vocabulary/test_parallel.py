@@ -11,13 +11,13 @@ from planner.vocabulary.parallel import SCHEDULES, FixedKnobs, ParallelConfig
 def dualpipev(**knobs) -> ParallelConfig:
     settings = dict(pipeline=4, data=2, virtual_pipeline=2, schedule="dualpipev",
                     global_batch_size=16, engine="torchtitan")
-    return ParallelConfig(**(settings | knobs))
+    return ParallelConfig.of(**(settings | knobs))
 
 
 def test_dualpipev_is_a_schedule_of_two_chunks_per_rank() -> None:
     assert "dualpipev" in SCHEDULES
     resolved = dualpipev().resolve(8)
-    assert resolved.num_micro_batches == 8 == 2 * resolved.pipeline
+    assert resolved.num_micro_batches == 8 == 2 * resolved.dims.pipeline
     # Megatron-LM's rule for interleaving (m a multiple of p) is not DualPipeV's: 10
     # micro-batches on 4 ranks run.
     assert dualpipev(global_batch_size=20, engine="megatron").resolve(8).num_micro_batches == 10
@@ -36,7 +36,7 @@ def test_dualpipev_refuses_what_torch_refuses(knobs: dict, problem: str) -> None
 
 def test_virtual_stages_still_need_interleaving_or_dualpipev() -> None:
     with pytest.raises(ValueError, match="needs the interleaved schedule"):
-        ParallelConfig(pipeline=2, virtual_pipeline=2, schedule="1f1b",
+        ParallelConfig.of(pipeline=2, virtual_pipeline=2, schedule="1f1b",
                        global_batch_size=8).resolve(2)
 
 

@@ -41,10 +41,10 @@ def test_the_mesh_puts_tensor_fastest_and_pipeline_slowest() -> None:
 
 
 def test_a_training_configuration_validates_its_degrees_through_them() -> None:
-    config = ParallelConfig(tensor=2, pipeline=8, expert=32, expert_tensor=1,
+    config = ParallelConfig.of(tensor=2, pipeline=8, expert=32, expert_tensor=1,
                             global_batch_size=8192)
     assert config.resolve(256).dims == ParallelDims(pipeline=8, data=16, tensor=2,
                                                     expert=32, expert_tensor=1)
     with pytest.raises(ValueError, match=r"expert \(32\) x expert_tensor \(2\)"):
-        ParallelConfig(tensor=2, pipeline=8, expert=32, global_batch_size=8192).resolve(256)
+        ParallelConfig.of(tensor=2, pipeline=8, expert=32, global_batch_size=8192).resolve(256)
 

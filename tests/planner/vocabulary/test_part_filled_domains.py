@@ -20,14 +20,15 @@ from cost_models.comm import (
     group_collective_time,
     tree_all_reduce_time,
 )
+from planner.vocabulary.parallel import FixedKnobs
 from planner import cli
 from planner.vocabulary.cluster import Cluster, _fewest_members_per_domain
-from planner.export.launch import devices_per_host, torchrun_command
+from planner.export.torchrun import devices_per_host, torchrun_command
 from planner.search.knobs import check_knobs
 from planner.models.presets import get_preset
 from planner.vocabulary.parallel import ParallelConfig
 from planner.search.megatron_space import tensor_degrees
-from planner.plans.training import training_plan
+from planner.plans.transformer_plan import training_plan
 
 MB = 2**20
 
@@ -199,7 +200,7 @@ def test_tensor_degrees_keep_tensor_groups_in_a_rack(gb200_256: Cluster) -> None
     assert tensor_degrees(gpt3, Cluster.load("gb200-nvl72").with_devices(64)) == [
         1, 2, 4, 8, 16, 32]
     with pytest.raises(ValueError, match="the 72 GPUs of an NVLink domain"):
-        check_knobs({"tensor": 16}, gpt3, gb200_256, 1024, "megatron")
+        check_knobs(FixedKnobs({"tensor": 16}), gpt3, gb200_256, 1024, "megatron")
 
 
 @pytest.mark.timeout(120)
@@ -224,7 +225,7 @@ def _parsed(command: str):
 
 
 def test_torchrun_starts_four_processes_on_each_of_64_trays(gb200_256: Cluster) -> None:
-    parallel = ParallelConfig(tensor=8, pipeline=8, micro_batch_size=1, global_batch_size=512,
+    parallel = ParallelConfig.of(tensor=8, pipeline=8, micro_batch_size=1, global_batch_size=512,
                               sequence_parallel=True, recompute="full", zero_stage=1)
     plan = training_plan("llama3-70b", get_preset("llama3-70b"), gb200_256, parallel)
     assert devices_per_host(plan) == 4

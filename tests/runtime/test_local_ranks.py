@@ -1,4 +1,4 @@
-"""runtime.launch.run_on_ranks: a function on N forked gloo ranks, results in rank order,
+"""runtime.local_ranks.run_on_ranks: a function on N forked gloo ranks, results in rank order,
 failures re-raised in the parent as one line naming the rank and the original error (the
 traceback kept beside it), a rank that dies or hangs reported within seconds instead of
 waited on forever, and nothing the ranks open listening beyond loopback."""
@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from passes.dtensor_rules import fake_mesh
-from runtime.launch import RankError, run_on_ranks
+from runtime.local_ranks import RankError, run_on_ranks
 
 
 @contextlib.contextmanager

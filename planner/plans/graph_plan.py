@@ -15,6 +15,7 @@ from passes.stage_graph import (
     routes,
 )
 from cost_models.memory import state_element_bytes
+from cost_models.model_flops import model_flops_utilization
 from planner.vocabulary.cluster import Cluster, calibration_of, step_time_band
 from planner.vocabulary.mesh_axes import logical_axes
 from planner.vocabulary.plan import (
@@ -71,7 +72,6 @@ def graph_plan(candidate: Candidate, cluster: Cluster, name: str,
     flops = candidate.layers.flops() * 3 * m
     step = candidate.step_time_s
     devices = cluster.num_devices
-    peak = cluster.device.peak_tflops.get(precision, 0.0) * 1e12
     return Plan(
         model=name, cluster=cluster.name, num_gpus=devices,
         devices_per_host=min(cluster.devices_per_host, devices),
@@ -86,7 +86,8 @@ def graph_plan(candidate: Candidate, cluster: Cluster, name: str,
             communication_s=max(candidate.communication_s, 0.0),
             memory_gib_per_gpu=max(candidate.memory_bytes) / 2**30, fits=candidate.fits,
             model_tflops_per_gpu=flops / step / devices / 1e12 if step else None,
-            mfu=flops / step / devices / peak if step and peak else None,
+            mfu=model_flops_utilization(flops, step, devices, cluster.device, precision)
+            if step else None,
         ).with_band(*step_time_band(cluster.device)),
         provenance=Provenance(model_spec=model_spec or name, model_shape=model_shape or {},
                               cluster=cluster.name,

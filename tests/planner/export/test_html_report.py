@@ -20,7 +20,7 @@ from headless_chromium import chromium, pixels_of, render
 from cost_models.pipeline_schedule import dualpipev_bubble, dualpipev_chunk
 from cost_models.step_time import StagePhases
 from planner.cli.main import main
-from planner.export.report import CHARTS
+from planner.export.html_report import CHARTS
 from planner.vocabulary.plan import Plan
 
 GPT3_175B = ["gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "1024",

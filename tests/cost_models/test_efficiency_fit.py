@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cost_models.calibrate import (
+from cost_models.efficiency_fit import (
     MAX_ITERATIONS,
     fit_efficiency,
     mape,
@@ -20,7 +20,7 @@ from cost_models.calibrate import (
     spearman,
     vtrain_cluster,
 )
-from cost_models.efficiency import Efficiency
+from planner.vocabulary.efficiency import Efficiency
 from planner.vocabulary.cluster import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,15 +54,15 @@ def test_measurements_become_megatron_configurations() -> None:
     assert (first.model.hidden_size, first.model.num_layers, first.model.seq_length) == (
         1024, 24, 1024
     )
-    q = first.parallel
-    assert (q.tensor, q.data, q.pipeline, q.micro_batch_size, q.global_batch_size) == (
+    q, d = first.parallel, first.parallel.dims
+    assert (d.tensor, d.data, d.pipeline, q.micro_batch_size, q.global_batch_size) == (
         1, 1, 2, 8, 16
     )
     assert first.seconds == pytest.approx(0.372160408)
     # GPT-2's 50257 tokens padded to a multiple of 128 x tensor parallel, as Megatron does:
     # 393 x 128 = 50304 at t = 1, 50 x 1024 = 51200 at t = 8.
-    assert {s.model.vocab_size for s in steps if s.parallel.tensor == 1} == {50304}
-    assert {s.model.vocab_size for s in steps if s.parallel.tensor == 8} == {51200}
+    assert {s.model.vocab_size for s in steps if s.parallel.dims.tensor == 1} == {50304}
+    assert {s.model.vocab_size for s in steps if s.parallel.dims.tensor == 8} == {51200}
 
 
 @pytest.mark.skipif(SINGLE is None, reason="no shared calibration data beside the checkout")
@@ -116,7 +116,8 @@ def test_a_good_row_is_read_with_its_line(tmp_path: Path) -> None:
     (step,) = read_measurements(_csv(tmp_path, GOOD_ROW))
     assert (step.num_gpus, step.line, step.label) == (2, 2, "h1024 L24")
     assert step.seconds == pytest.approx(0.37216)
-    assert (step.parallel.tensor, step.parallel.pipeline, step.parallel.data) == (1, 2, 1)
+    d = step.parallel.dims
+    assert (d.tensor, d.pipeline, d.data) == (1, 2, 1)
 
 
 def test_empty_csv_is_refused(tmp_path: Path) -> None:
@@ -210,20 +211,12 @@ def test_fit_refuses_bad_times_and_settings(tmp_path: Path) -> None:
 
 
 def test_a_fit_with_a_non_finite_error_fits_nothing(tmp_path: Path, monkeypatch) -> None:
-    import cost_models.calibrate as calibrate
+    import cost_models.efficiency_fit as calibrate
 
     steps = read_measurements(_csv(tmp_path, GOOD_ROW))
     monkeypatch.setattr(calibrate, "predict_all", lambda *a, **k: np.array([math.nan]))
     with pytest.raises(ValueError, match="error of nan, so it fitted nothing"):
         fit_efficiency(steps, Cluster.load("dgx-a100-80g"), ("matmul",), 3)
-
-
-@pytest.fixture
-def piped_width(monkeypatch):
-    """80 columns, as rich uses when stdout is a pipe, so one-line checks are exact."""
-    from planner import cli
-
-    monkeypatch.setattr(cli.console, "_width", 80)
 
 
 def _plan(argv: list[str], capsys) -> tuple[int, str]:

@@ -1,4 +1,4 @@
-"""cost_models.profile: interpolation on a hand-built database, a small real measurement,
+"""cost_models.profiled_costs: interpolation on a hand-built database, a small real measurement,
 and `plan profile` writing a database that a later `plan --profile` prices with."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from cost_models.comm import COLLECTIVE_KINDS
 from cost_models.compute import dtype_key, tensor_bytes
 from runtime.measure import byte_sizes, matmul_shapes, measure_profile
-from cost_models.profile import MatmulSample, ProfileDatabase, ProfileSettings
+from cost_models.profiled_costs import MatmulSample, ProfileDatabase, ProfileSettings
 from passes.dtensor_rules import Collective, fake_mesh, parse_placements
 from passes.strategies import node_flops, shard_factor, tensor_inputs
 from passes.trace import trace
@@ -322,7 +322,7 @@ def test_settings_are_bounded(field: str, value, message: str) -> None:
 
 
 def test_settings_at_their_bounds_are_kept() -> None:
-    from cost_models.profile import MAX_BYTES, MAX_DIM, MAX_RANKS
+    from cost_models.profiled_costs import MAX_BYTES, MAX_DIM, MAX_RANKS
 
     settings = ProfileSettings(ranks=[2, MAX_RANKS], repetitions=1000, threads=1024,
                                max_dim=MAX_DIM, min_bytes=64, max_bytes=MAX_BYTES,
@@ -335,12 +335,6 @@ def test_settings_at_their_bounds_are_kept() -> None:
 def test_min_bytes_above_max_tensor_bytes_is_refused() -> None:
     with pytest.raises(ValueError, match="raise max_tensor_bytes or lower min_bytes"):
         ProfileSettings(min_bytes=1 << 20, max_tensor_bytes=1 << 16)
-
-
-@pytest.fixture
-def piped_width(monkeypatch):
-    """80 columns, as rich uses when stdout is a pipe, so one-line checks are exact."""
-    monkeypatch.setattr(cli.console, "_width", 80)
 
 
 @pytest.mark.parametrize(
@@ -364,32 +358,22 @@ def piped_width(monkeypatch):
     ],
 )
 def test_plan_profile_bounds_exit_2_in_one_line(
-    flags: list[str], message: str, capsys, piped_width, tmp_path, monkeypatch
+    flags: list[str], message: str, one_line_error, tmp_path, monkeypatch
 ) -> None:
     # Refused before anything is measured: the run would otherwise take seconds at least.
     import runtime.measure
 
     monkeypatch.setattr(runtime.measure, "measure_profile",
                         lambda *a: pytest.fail("measured"))
-    code = cli.main(["profile", "--output", str(tmp_path / "p.json"), *flags])
-    captured = capsys.readouterr()
-    output = captured.out + captured.err
-    assert code == 2
-    assert "Traceback" not in output
-    assert len(output.strip().splitlines()) == 1, output
+    output = one_line_error(["profile", "--output", str(tmp_path / "p.json"), *flags])
     assert message in output
 
 
 def test_plan_with_a_garbage_profile_exits_2_in_one_line(
-    tmp_path: Path, capsys, piped_width
+    tmp_path: Path, one_line_error
 ) -> None:
     path, data = _saved(tmp_path)
     data["memory"][0][1] = "Infinity"
     path.write_text(json.dumps(data).replace('"Infinity"', "Infinity"))
-    code = cli.main(["demo:mlp", "--mesh", "2", "--profile", str(path)])
-    captured = capsys.readouterr()
-    output = captured.out + captured.err
-    assert code == 2
-    assert "Traceback" not in output
-    assert len(output.strip().splitlines()) == 1, output
+    output = one_line_error(["demo:mlp", "--mesh", "2", "--profile", str(path)])
     assert "memory[0] seconds" in output and "finite" in output

@@ -28,7 +28,7 @@ from planner.checks.operator import grown, synthetic_batches
 from planner.models.sources import load_model, with_weights
 from planner.vocabulary.plan import Plan
 from runtime.checkpoint import latest_checkpoint
-from runtime.staged import StagedTrainer
+from runtime.graph_pipeline import StagedTrainer
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:

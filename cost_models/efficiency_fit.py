@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from cost_models.efficiency import Efficiency
+from planner.vocabulary.efficiency import Efficiency
 from cost_models.step_time import predict_step
 from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
@@ -172,7 +172,7 @@ def _measured_step(row: dict, where: str, line: int) -> MeasuredStep:
             num_attention_heads=values["attention heads"],
             seq_length=values["sequence length"], vocab_size=padded,
         )
-        parallel = ParallelConfig(
+        parallel = ParallelConfig.of(
             tensor=t, pipeline=values["pipeline parallelism"],
             data=values["data parallelism"],
             micro_batch_size=values["micro batch"],
@@ -182,9 +182,9 @@ def _measured_step(row: dict, where: str, line: int) -> MeasuredStep:
     except ValueError as error:
         reason = _first_reason(error).rstrip(".")
         raise ValueError(f"{where} is not a run Tessel can predict: {reason}.") from None
-    if parallel.pipeline > layers:
+    if parallel.dims.pipeline > layers:
         raise ValueError(
-            f"{where}: pipeline parallelism {parallel.pipeline} is more stages than the "
+            f"{where}: pipeline parallelism {parallel.dims.pipeline} is more stages than the "
             f"{layers} layers; fix or delete the row."
         )
     label = (row.get("Parameters (billion)") or "").strip() or f"h{h} L{layers}"

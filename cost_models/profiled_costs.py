@@ -33,6 +33,7 @@ from pydantic import (
     PositiveFloat,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -53,6 +54,9 @@ MAX_BYTES = 16 * GIB
 MAX_DIM = 16384
 MAX_REPETITIONS = 1000
 MAX_THREADS = 1024
+# The fields of `ProfileSettings` that count something, with their bounds.
+_COUNT_RANGES = {"max_dim": (MIN_DIM, MAX_DIM), "repetitions": (1, MAX_REPETITIONS),
+                 "threads": (1, MAX_THREADS)}
 
 Point = tuple[PositiveFloat, PositiveFloat]
 
@@ -115,26 +119,13 @@ class ProfileSettings(_Model):
             raise ValueError(f"must be from 64 B to {format_bytes(MAX_BYTES)}")
         return nbytes
 
-    @field_validator("max_dim")
+    @field_validator(*_COUNT_RANGES)
     @classmethod
-    def _dim(cls, dim: int | None) -> int | None:
-        if dim is not None and not MIN_DIM <= dim <= MAX_DIM:
-            raise ValueError(f"must be from {MIN_DIM} to {MAX_DIM}")
-        return dim
-
-    @field_validator("repetitions")
-    @classmethod
-    def _repetitions(cls, repetitions: int) -> int:
-        if not 1 <= repetitions <= MAX_REPETITIONS:
-            raise ValueError(f"must be from 1 to {MAX_REPETITIONS}")
-        return repetitions
-
-    @field_validator("threads")
-    @classmethod
-    def _threads(cls, threads: int) -> int:
-        if not 1 <= threads <= MAX_THREADS:
-            raise ValueError(f"must be from 1 to {MAX_THREADS}")
-        return threads
+    def _count(cls, value: int | None, info: ValidationInfo) -> int | None:
+        low, high = _COUNT_RANGES[info.field_name]
+        if value is not None and not low <= value <= high:
+            raise ValueError(f"must be from {low} to {high}")
+        return value
 
     @model_validator(mode="after")
     def _byte_range(self) -> ProfileSettings:

@@ -1,7 +1,7 @@
 """One rank's training loop of a training plan (`RunSpec`): `train_on_rank` runs
 `runtime.pipeline_trainer.PipelineTrainer` step by step with the collectives counted,
 checkpoints, injected faults, the flight record of collectives, the straggler monitor and
-the divergence guard. `planner.checks.training.check_training` launches it on every rank
+the divergence guard. `planner.checks.training_check.check_training` launches it on every rank
 and compares it with one process.
 """
 
@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from planner.models.config import TransformerConfig
-from runtime.comm_counter import CommCounter
+from runtime.comm_counter import CommCounter, add_counts
 from runtime.divergence import Diverged, DivergenceGuard
 from runtime.experts import EXPERT_MARK
 from runtime.faults import FaultWatch, collective_timeout
@@ -121,7 +121,7 @@ def train_on_rank(
         "losses": losses,
         "skipped": sorted(set(skipped)),
         "parameters": params,
-        "collectives": _add_counts(per_step),
+        "collectives": add_counts(per_step),
         "collectives_per_step": per_step,
         "collectives_by_group": everything.by_group(),
         "local_bytes": trainer.local_bytes(),
@@ -170,13 +170,3 @@ def resumed_losses(resumed: Resumed) -> tuple[list[float | None], list[int]]:
     losses = [None if None in step else sum(step) / len(step) for step in per_batch]
     skipped = sorted({i for n in resumed.saved_by.values() for i in n.get("skipped", [])})
     return losses or [None] * resumed.step, skipped
-
-
-def _add_counts(steps: list[dict[str, dict[str, int]]]) -> dict[str, dict[str, int]]:
-    total: dict[str, dict[str, int]] = {}
-    for step in steps:
-        for kind, c in step.items():
-            entry = total.setdefault(kind, {"count": 0, "bytes": 0})
-            entry["count"] += c["count"]
-            entry["bytes"] += c["bytes"]
-    return dict(sorted(total.items()))

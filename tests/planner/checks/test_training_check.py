@@ -6,15 +6,15 @@ from __future__ import annotations
 from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
 from planner.vocabulary.parallel import ParallelConfig
-from planner.plans.training import training_plan
-from planner.checks.training import compare, predicted_collectives
+from planner.plans.transformer_plan import training_plan
+from planner.checks.training_check import compare, predicted_collectives
 
 GPT = TransformerConfig(num_layers=4, hidden_size=64, num_attention_heads=4, vocab_size=256,
                         seq_length=16)
 
 
 def _check(saved_of):
-    parallel = ParallelConfig(pipeline=2, micro_batch_size=1, global_batch_size=4,
+    parallel = ParallelConfig.of(pipeline=2, micro_batch_size=1, global_batch_size=4,
                               schedule="interleaved", virtual_pipeline=2, precision="fp32",
                               engine="tessel")
     plan = training_plan("gpt", GPT, Cluster.load("cpu").with_devices(2), parallel)

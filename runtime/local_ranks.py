@@ -16,10 +16,9 @@ stopped. Collectives time out after `collective_timeout_s` (torch's default is 3
 minutes), and the whole run after `timeout_s`.
 
 Operator-level checks (`plan check --mesh`) and the tests use it; training plans start
-through torch's elastic agent (`runtime/elastic.py`), as torchrun does. Side by side here
-(`benchmarks/launcher_overhead.py`, median of 3), a launch of 2 / 4 / 8 ranks takes 0.07 /
-0.16 / 0.37 s forked and 0.33 / 0.27 / 0.69 s through the agent: 1.7-4.5x, 0.1-0.3 s a
-launch.
+through torch's elastic agent (`runtime/elastic.py`), as torchrun does. Forking starts
+ranks several times faster than the agent, which is what keeps it for the many short runs
+of checks and tests (`benchmarks/launcher_overhead.py`; its numbers in docs/runtime.md).
 """
 
 from __future__ import annotations
@@ -142,8 +141,9 @@ def forget_parent_meshes() -> None:
     groups. A parent that planned on a fake group of the same shape would hand a forked
     rank cached results naming the parent's (dead) groups: "Could not resolve the process
     group registered under the name 19". (Private caches of torch 2.13; `spawn` does not
-    need this.) Cleared in the parent, once: importing what clears them in each of 8
-    ranks (torch.distributed.tensor.debug) took 5-6 s on 2 cores.
+    need this.) Cleared in the parent, once: what clears them comes from
+    torch.distributed.tensor.debug, whose import in every rank would cost each rank's
+    start-up far more than the clearing itself.
     """
     from torch.distributed.tensor import DTensor, _redistribute
 

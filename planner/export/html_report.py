@@ -170,12 +170,27 @@ def _memory_section(m: dict[str, Any]) -> str:
     return "<h2>Memory per stage</h2>" + _figure("memory", caption)
 
 
+def _table(head: list[str], rows: list[list[str]], text_columns: tuple[int, ...] = (),
+           foot: list[str] | None = None) -> str:
+    """An HTML table: the header row `head`, a row of data cells (formatted and escaped
+    already) per item of `rows`, then a footer row `foot` of header cells; the cells of
+    `text_columns` are text (class=text), the others numbers."""
+
+    def row(cells: list[str], tag: str) -> str:
+        return "<tr>" + "".join(
+            f"<{tag}{' class=text' if i in text_columns else ''}>{cell}</{tag}>"
+            for i, cell in enumerate(cells)) + "</tr>"
+
+    body = "".join(row(cells, "td") for cells in rows)
+    return f"<table>{row(head, 'th')}{body}{row(foot, 'th') if foot else ''}</table>"
+
+
 def _breakdown_section(parts: list[list[Any]], plan: Plan) -> str:
     step = plan.predicted.step_time_s
-    rows = "".join(f"<tr><td>{_e(name)}</td><td>{seconds:.3f}</td><td>{seconds / step:.1%}"
-                   "</td></tr>" for name, seconds in parts)
-    table = (f"<table><tr><th>part of the step</th><th>seconds</th><th>share</th></tr>{rows}"
-             f"<tr><th>step</th><th>{step:.3f}</th><th>100%</th></tr></table>")
+    table = _table(["part of the step", "seconds", "share"],
+                   [[_e(name), f"{seconds:.3f}", f"{seconds / step:.1%}"]
+                    for name, seconds in parts],
+                   foot=["step", f"{step:.3f}", "100%"])
     caption = _e("Where the step's time goes: the slowest stage's kernels and exposed "
                  "communication over all its micro-batches, its wait while the pipeline "
                  "fills and drains, then data-parallel communication and the optimizer.")
@@ -183,15 +198,12 @@ def _breakdown_section(parts: list[list[Any]], plan: Plan) -> str:
 
 
 def _plans_section(plans: list[dict[str, Any]]) -> str:
-    rows = "".join(
-        f"<tr><td>{p['rank']}</td><td class=text>{_e(p['label'])}</td>"
-        f"<td class=text>{_e(p['recompute'])}</td><td>{p['gpus']}</td>"
-        f"<td>{p['step_s']:.3f}</td><td>{p['mfu']:.1%}</td>"
-        f"<td>{p['memory_gib']:.1f}{'' if p['fits'] else ' (does not fit)'}</td></tr>"
-        for p in plans)
-    table = ("<table><tr><th>#</th><th class=text>layout</th><th class=text>recompute</th>"
-             "<th>GPUs</th>"
-             f"<th>step s</th><th>MFU</th><th>GiB/GPU</th></tr>{rows}</table>")
+    table = _table(
+        ["#", "layout", "recompute", "GPUs", "step s", "MFU", "GiB/GPU"],
+        [[f"{p['rank']}", _e(p["label"]), _e(p["recompute"]), f"{p['gpus']}",
+          f"{p['step_s']:.3f}", f"{p['mfu']:.1%}",
+          f"{p['memory_gib']:.1f}{'' if p['fits'] else ' (does not fit)'}"] for p in plans],
+        text_columns=(1, 2))
     caption = _e("Each plan's predicted step time against the peak memory of its fullest "
                  "GPU; the best is the largest point.")
     return ("<h2>Top plans: step time against memory</h2>" + _figure("plans", caption)
@@ -199,18 +211,15 @@ def _plans_section(plans: list[dict[str, Any]]) -> str:
 
 
 def _totals_section(rows: list[dict[str, Any]]) -> str:
-    body = "".join(
-        f"<tr><td>{r['rank']}</td><td class=text>{_e(r['label'])}</td><td>{r['gpus']}</td>"
-        f"<td>{r['steps']:,}</td><td>{r['days']:.1f}</td><td>{r['gpu_hours']:,.0f}</td>"
-        f"<td>${r['cost_usd']:,.0f}</td><td>{r['energy_kwh'] / 1000:,.0f}</td>"
-        f"<td>{r['mttf_hours']:.1f}</td><td>{r['checkpoint_interval_s'] / 60:.0f}</td>"
-        f"<td>{r['ettr']:.1%}</td><td>{r['expected_days']:.1f}</td>"
-        f"<td>${r['expected_cost_usd']:,.0f}</td></tr>" for r in rows)
-    table = ("<table><tr><th>#</th><th class=text>layout</th><th>GPUs</th><th>steps</th>"
-             "<th>days</th>"
-             "<th>GPU-hours</th><th>cost</th><th>MWh</th><th>MTTF h</th>"
-             "<th>checkpoint every min</th><th>ETTR</th><th>expected days</th>"
-             f"<th>expected cost</th></tr>{body}</table>")
+    table = _table(
+        ["#", "layout", "GPUs", "steps", "days", "GPU-hours", "cost", "MWh", "MTTF h",
+         "checkpoint every min", "ETTR", "expected days", "expected cost"],
+        [[f"{r['rank']}", _e(r["label"]), f"{r['gpus']}", f"{r['steps']:,}",
+          f"{r['days']:.1f}", f"{r['gpu_hours']:,.0f}", f"${r['cost_usd']:,.0f}",
+          f"{r['energy_kwh'] / 1000:,.0f}", f"{r['mttf_hours']:.1f}",
+          f"{r['checkpoint_interval_s'] / 60:.0f}", f"{r['ettr']:.1%}",
+          f"{r['expected_days']:.1f}", f"${r['expected_cost_usd']:,.0f}"] for r in rows],
+        text_columns=(1,))
     caption = _e("The whole run without failures, and as expected with job-stopping "
                  "failures, Young/Daly checkpoints and restarts (ETTR: useful over expected "
                  "time).")

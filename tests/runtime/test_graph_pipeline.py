@@ -1,9 +1,9 @@
-"""runtime.staged: the order in which a graph plan's stage runs its micro-batches (its
+"""runtime.graph_pipeline: the order in which a graph plan's stage runs its micro-batches (its
 numerics and collectives are checked on 8 ranks in tests/e2e/test_graph_plans.py)."""
 
 from __future__ import annotations
 
-from runtime.staged import _order
+from runtime.graph_pipeline import _order
 
 
 def warmed_up(warm_up: int, m: int, stage: int) -> list[str]:

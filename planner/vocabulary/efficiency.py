@@ -2,7 +2,7 @@
 
 Peak FLOP/s and bandwidths come from datasheets (the cluster presets); what real kernels
 reach is lower, and lower still for small or skinny shapes. These parameters describe that
-gap, and are what `cost_models/calibrate.py` fits to measured step times: a preset ships
+gap, and are what `cost_models/efficiency_fit.py` fits to measured step times: a preset ships
 them fitted (A100, on vTrain's single-node measurements) or at the defaults below, which
 are typical of large-model training on NVIDIA GPUs (Megatron-LM reports 50-60% of peak
 end to end for GPT-3-sized models; Narayanan et al. 2021, Table 1).

@@ -1,5 +1,5 @@
 """`plan check` of a training plan: `check_training` trains the plan on local gloo ranks
-(`runtime.training.train_on_rank`) and the same steps in one process, and compares losses
+(`runtime.training_loop.train_on_rank`) and the same steps in one process, and compares losses
 and final parameters; `compare` sets what the ranks measured beside what the Plan predicts
 of them: the collectives of every rank, kind by kind, in count and bytes, the model state
 each rank holds (parameters, gradients, optimizer state, from its local shards) and the
@@ -26,7 +26,7 @@ from runtime.model_parts import model_parts
 from runtime.pipeline_trainer import lm_loss, make_optimizer
 from runtime.resilience import Resilience
 from runtime.spec import RunSpec
-from runtime.training import batches, train_on_rank
+from runtime.training_loop import batches, train_on_rank
 
 MEMORY_TOLERANCE = 0.01
 """Largest relative difference between a rank's held bytes and the Plan's prediction."""
@@ -40,8 +40,19 @@ def relative_error(measured: int, predicted: int) -> float:
     return abs(measured - predicted) / max(predicted, 1)
 
 
+class _MeasuredBytes:
+    """A row's measured bytes beside the Plan's prediction (`measured`, `predicted`)."""
+
+    measured: int
+    predicted: int
+
+    @property
+    def relative_error(self) -> float:
+        return relative_error(self.measured, self.predicted)
+
+
 @dataclass(frozen=True)
-class MemoryRow:
+class MemoryRow(_MeasuredBytes):
     rank: int
     kind: str
     """parameters, gradients or optimizer."""
@@ -50,13 +61,9 @@ class MemoryRow:
     note: str = ""
     """Why the row is not compared, if it is not."""
 
-    @property
-    def relative_error(self) -> float:
-        return relative_error(self.measured, self.predicted)
-
 
 @dataclass(frozen=True)
-class ActivationRow:
+class ActivationRow(_MeasuredBytes):
     """What one rank saved for backward in one micro-batch of one pipeline chunk."""
 
     rank: int
@@ -68,10 +75,6 @@ class ActivationRow:
     predicted: int
     note: str = ""
     """Why the row is not compared, if it is not."""
-
-    @property
-    def relative_error(self) -> float:
-        return relative_error(self.measured, self.predicted)
 
 
 @dataclass

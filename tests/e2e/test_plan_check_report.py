@@ -1,6 +1,7 @@
 """One `plan check` report: an operator-level plan on a mesh, a training plan and a graph
-plan write their JSON with the same top-level keys, read here alike; and none of the three
-prints a warning (the ranks' output included: `make demo` runs the same checks)."""
+plan write their JSON with the same top-level keys, read here alike and validated as the
+one `PlanCheckReport` model; and none of the three prints a warning (the ranks' output
+included: `make demo` runs the same checks)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from planner import cli
-from planner.checks.report import REPORT_KEYS
+from planner.checks.check_report import REPORT_KEYS, PlanCheckReport
 
 REPO = Path(__file__).resolve().parents[2]
 GPT = ["gpt", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
@@ -34,6 +35,8 @@ def test_every_kind_of_check_writes_the_same_report(tmp_path: Path, capfd) -> No
         assert "Warning" not in out + err and "warnings.warn" not in out + err, kind
         report = json.loads(path.read_text())
         assert tuple(report) == REPORT_KEYS, kind
+        model = PlanCheckReport.from_json(path)  # the schema docs/plan-schema.md describes
+        assert model.kind == kind and model.to_json() + "\n" == path.read_text()
         assert report["kind"] == kind and report["passed"] and not report["mismatches"]
         assert report["steps"] == len(report["losses"]) == len(report["reference_losses"]) == 2
         assert report["errors"]["max_rel"] < 1e-4

@@ -10,9 +10,8 @@ Megatron-LM can run it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import asdict, replace
-from typing import Any, Callable
+from dataclasses import asdict
+from typing import Callable
 
 from cost_models.layer_collectives import LayerCollectives
 from cost_models.memory import breakdown_gib, state_element_bytes
@@ -34,7 +33,7 @@ from planner.export.megatron import (
     megatron_model_incompatibility,
 )
 from planner.models.config import TransformerConfig
-from planner.vocabulary.parallel import ParallelConfig
+from planner.vocabulary.parallel import FixedKnobs, ParallelConfig
 from planner.vocabulary.mesh_axes import stage_mesh, training_mesh
 from planner.vocabulary.plan import (
     Breakdown,
@@ -54,14 +53,14 @@ from planner.search.megatron_space import Progress, SearchResult, megatron_stage
 
 def plan_training(
     name: str, model: TransformerConfig, cluster: Cluster, global_batch_size: int,
-    fixed: Mapping[str, Any] | None = None, space: str = "auto", top: int = 1,
+    fixed: FixedKnobs | None = None, space: str = "auto", top: int = 1,
     parameter_names: Callable[[str], str] | None = None, progress: Progress | None = None,
 ) -> tuple[list[Plan], SearchResult]:
     """The `top` best training plans of `model` (named `name`) on `cluster` at
     `global_batch_size` sequences a step, best first, keeping the knobs in `fixed`
     (`planner.vocabulary.parallel.FixedKnobs`' names) and searching the rest in `space`; and the
     search itself (what it evaluated, how long it took). No plan: nothing fits."""
-    result = search(model, cluster, global_batch_size, fixed or {}, space, progress)
+    result = search(model, cluster, global_batch_size, fixed or FixedKnobs(), space, progress)
     plans = ranked_plans(name, model, cluster, result, top, parameter_names=parameter_names)
     return plans, result
 
@@ -96,8 +95,8 @@ def training_plan(
     layer); `layers_per_stage` then holds their sums per stage."""
     if stages is None:
         parallel = parallel.resolve(cluster.num_devices)
-        layers = layers_per_stage or _even(model.num_layers, parallel.pipeline)
-        layouts = [StageLayout(count, parallel.tensor, parallel.data) for count in layers]
+        layers = layers_per_stage or _even(model.num_layers, parallel.dims.pipeline)
+        layouts = [StageLayout(count, parallel.dims.tensor, parallel.dims.data) for count in layers]
     else:
         layouts, layers = list(stages), [stage.layers for stage in stages]
     if prediction is None:
@@ -110,9 +109,9 @@ def training_plan(
         incompatibility = "its pipeline stages run on different meshes (Alpa's space)"
         first = stages[0]
         # Degrees as the first stage sees them; `stages` in the plan has every mesh.
-        parallel = replace(
-            parallel, tensor=first.tensor, data=first.data, pipeline=len(stages),
-            micro_batch_size=parallel.micro_batch_size * parallel.data // first.data,
+        parallel = parallel.but(
+            tensor=first.tensor, data=first.data, pipeline=len(stages),
+            micro_batch_size=parallel.micro_batch_size * parallel.dims.data // first.data,
         )
     flags = None if incompatibility else megatron_flags(model, parallel, layers, chunk_layers)
     plan = _plan(name, model, cluster, parallel, layouts, prediction, flags, incompatibility,
@@ -147,8 +146,8 @@ def _plan(
     # Chunk c on stage c % p (Megatron-LM's order), or in V order under dualpipev.
     owner = [stage_rank(c, len(layouts), parallel.schedule) for c in range(len(chunks))]
     for index, layout in enumerate(layouts):
-        axes, shape = stage_mesh(layout.data, parallel.context, layout.tensor)
-        devices = layout.devices * parallel.context
+        axes, shape = stage_mesh(layout.data, parallel.dims.context, layout.tensor)
+        devices = layout.devices * parallel.dims.context
         layers = (first_layer, first_layer + layout.layers)
         stage = Stage(layers=layers, first_device=first_device, num_devices=devices,
                       mesh_axes=axes, mesh_shape=shape, virtual_chunks=parallel.virtual_pipeline,
@@ -160,7 +159,8 @@ def _plan(
         stages.append(stage.model_copy(update={
             "phases_s": asdict(phases[index]), "peak_memory_gib": peak}))
         first_layer, first_device = first_layer + layout.layers, first_device + devices
-    mesh_axes, mesh_shape = training_mesh(parallel.data, parallel.context, parallel.tensor,
+    dims = parallel.dims
+    mesh_axes, mesh_shape = training_mesh(dims.data, dims.context, dims.tensor,
                                           [stage.mesh_shape for stage in stages])
     values = prediction.to_dict()
     breakdown = Breakdown(**{k: values.pop(k) for k in Breakdown.model_fields})
@@ -171,9 +171,7 @@ def _plan(
         devices_per_host=min(cluster.devices_per_host, first_device),
         devices_per_node=min(cluster.devices_per_node, first_device), mesh_axes=mesh_axes,
         mesh_shape=mesh_shape,
-        parallel=ParallelDegrees.of(parallel.dims, parallel.sequence_parallel,
-                                    parallel.zero_stage, parallel.virtual_pipeline,
-                                    model.is_moe),
+        parallel=ParallelDegrees.of(parallel, model.is_moe),
         run=RunSettings(**{name: getattr(parallel, name) for name in RunSettings.model_fields}),
         global_batch_size=parallel.global_batch_size,
         micro_batch_size=parallel.micro_batch_size,
@@ -203,10 +201,11 @@ def _with_contents(
     owner = tuple(stage_rank(c, num_stages, parallel.schedule) for c in range(len(chunks)))
     params = [p for c, layers in enumerate(chunks) if owner[c] == index
               for p in chunk_parameters(model, layers, c == 0, c == last)]
-    zero, expert, shards = parallel.zero_stage, parallel.expert, layout.data * parallel.context
+    zero, expert = parallel.zero_stage, parallel.dims.expert
+    shards = layout.data * parallel.dims.context
     # The stage's own mesh, with the sequences of one micro-batch split over its replicas.
-    here = replace(parallel, tensor=layout.tensor, data=layout.data,
-                   micro_batch_size=parallel.micro_batch_size * parallel.data // layout.data)
+    here = parallel.but(tensor=layout.tensor, data=layout.data,
+                   micro_batch_size=parallel.micro_batch_size * parallel.dims.data // layout.data)
     rank = rank_layout(here, tuple(chunks), owner)
     collectives = rank_collectives(model, rank, index)
     steady = [c for c in collectives if c.phase != "setup"]
