@@ -42,14 +42,14 @@ def main() -> int:
         error = f"{r.error:+.1%}" if r.error is not None else "-"
         verdict = "ok" if r.verdict_ok else "WRONG"
         fits = ("yes" if r.fits else "no") + ("" if r.reserved_fits else "/flag")
-        print(f"{r.run.line:>4}  {r.run.name:<24} {r.run.parallel.engine:<10} "
+        print(f"{r.run.line:>4}  {r.run.name:<24} {r.run.parallel.execution.engine:<10} "
               f"{r.run.kind:<9} {measured:>8} {r.predicted_gib:>9.1f} {error:>7}  "
               f"{fits:<5} {verdict}")
     for line, model, why in skipped:
         print(f"{line:>4}  skipped {model.split(' (')[0]}: {why}")
     # FRAGMENTATION was fitted on TorchTitan's dense rows (the Llama 3.1 8B runs).
     fitted = [r.run.measured_gib / r.allocated_gib for r in results
-              if r.run.parallel.engine == "torchtitan" and r.run.kind == "reserved"
+              if r.run.parallel.execution.engine == "torchtitan" and r.run.kind == "reserved"
               and r.run.measured_gib is not None and not r.run.model.is_moe]
     print(f"\nfit: TorchTitan's reserved over predicted allocated on its {len(fitted)} "
           "dense rows "
@@ -60,8 +60,8 @@ def main() -> int:
     print("\nTorchTitan's throughput (published_torchtitan_runs.csv), tokens/s per GPU:")
     for speed in read_speed_runs():
         predicted = predicted_tokens_per_s_per_gpu(speed)
-        print(f"{speed.line:>4}  {speed.run.name:<24} {speed.run.parallel.precision:<5} "
-              f"compile={speed.run.parallel.compile!s:<5} measured "
+        print(f"{speed.line:>4}  {speed.run.name:<24} {speed.run.parallel.numerics.precision:<5} "
+              f"compile={speed.run.parallel.execution.compile!s:<5} measured "
               f"{speed.tokens_per_s_per_gpu:>6,.0f} predicted {predicted:>6,.0f} "
               f"{predicted / speed.tokens_per_s_per_gpu - 1:+.1%}")
     errors = [abs(r.error) for r in results if r.error is not None]
@@ -73,7 +73,7 @@ def main() -> int:
     if "--json" in sys.argv:
         out = Path(sys.argv[sys.argv.index("--json") + 1])
         out.write_text(json.dumps([{
-            "line": r.run.line, "run": r.run.name, "engine": r.run.parallel.engine,
+            "line": r.run.line, "run": r.run.name, "engine": r.run.parallel.execution.engine,
             "kind": r.run.kind, "measured_gib": r.run.measured_gib,
             "predicted_gib": r.predicted_gib, "error": r.error, "fits": r.fits,
             "reserved_fits": r.reserved_fits, "verdict_ok": r.verdict_ok,

@@ -23,6 +23,7 @@ from cost_models.efficiency_fit import predict_all, read_measurements, vtrain_cl
 from planner.vocabulary.cluster import Cluster  # noqa: E402
 from planner.models.presets import PRESETS  # noqa: E402
 from planner.search import search  # noqa: E402
+from planner.search.megatron_space import Candidate  # noqa: E402
 
 MULTI = ROOT.parent / "shared" / "calibration" / "vtrain_a100_multi_node.csv"
 REGRET_TARGET = 0.05
@@ -45,7 +46,7 @@ def regret() -> bool:
         loss = steps[pick].seconds / steps[best].seconds - 1
         ok &= loss <= REGRET_TARGET
         q = steps[pick].parallel
-        picked = str((q.dims.tensor, q.dims.pipeline, q.dims.data, q.micro_batch_size))
+        picked = str((q.dims.tensor, q.dims.pipeline, q.dims.data, q.batch.micro_batch_size))
         print(f"{label:<6} {len(rows):>7} {picked:<22} "
               f"{steps[pick].seconds:>10.2f} {steps[best].seconds:>7.2f} {loss:>7.1%}")
     return ok
@@ -71,14 +72,17 @@ def zoo(quick: bool) -> None:
                       f"{prediction.step_time_s:>8.2f}  {describe(candidate)} ({elapsed:.1f})")
 
 
-def describe(candidate) -> str:
+def describe(candidate: Candidate) -> str:
     q = candidate.parallel
+    d, micro, recompute = q.dims, q.batch.micro_batch_size, q.recomputation.recompute
     if candidate.stages:
         meshes = " ".join(f"{s.layers}L@{s.data}x{s.tensor}" for s in candidate.stages)
-        return f"stages {meshes}, micro-batch {q.micro_batch_size}, {q.recompute}"
-    extra = f" v{q.virtual_pipeline}" if q.virtual_pipeline > 1 else ""
-    return (f"t{q.tensor} p{q.pipeline} d{q.data} cp{q.context} mb{q.micro_batch_size} "
-            f"{q.recompute} sp={int(q.sequence_parallel)} zero{q.zero_stage} {q.schedule}{extra}")
+        return f"stages {meshes}, micro-batch {micro}, {recompute}"
+    v = q.pipelining.virtual_pipeline
+    extra = f" v{v}" if v > 1 else ""
+    return (f"t{d.tensor} p{d.pipeline} d{d.data} cp{d.context} mb{micro} {recompute} "
+            f"sp={int(q.sharding.sequence_parallel)} zero{q.sharding.zero_stage} "
+            f"{q.pipelining.schedule}{extra}")
 
 
 def main(argv: list[str]) -> int:

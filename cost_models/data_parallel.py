@@ -29,13 +29,13 @@ def data_parallel_comm(
     if d == 1:
         return 0.0
     stride = parallel.dims.tensor * parallel.dims.context
-    element = memory.state_element_bytes(parallel.precision)
+    element = memory.state_element_bytes(parallel.numerics.precision)
     # Bucketed overlap cannot hide the last bucket's reduction (the backward is over) nor
     # the first bucket's gather (the forward waits for it). --ddp-bucket-size, where given,
     # is the bucket (DistributedDataParallelConfig.bucket_size: parameters per bucket).
-    bucket = min(params, parallel.ddp_bucket_size
+    bucket = min(params, parallel.overlap.ddp_bucket_size
                  or max(DDP_BUCKET_PARAMETERS, DDP_BUCKET_PARAMETERS_PER_RANK * d))
-    reduce_kind = "all_reduce" if parallel.zero_stage == 0 else "reduce_scatter"
+    reduce_kind = "all_reduce" if parallel.sharding.zero_stage == 0 else "reduce_scatter"
 
     def reduced(n: float) -> float:
         return group_collective_time(reduce_kind, n * element.grads, d, stride, cluster)
@@ -44,8 +44,8 @@ def data_parallel_comm(
         return group_collective_time("all_gather", n * element.params, d, stride, cluster)
 
     # ZeRO 1-3 reduce-scatter the gradients and all-gather the updated weights.
-    reduce, gather = reduced(params), gathered(params) if parallel.zero_stage else 0.0
-    if parallel.zero_stage == 3:
+    reduce, gather = reduced(params), gathered(params) if parallel.sharding.zero_stage else 0.0
+    if parallel.sharding.zero_stage == 3:
         # Weights gathered again for every micro-batch's forward, and once for the
         # backward (FSDP2 keeps them gathered between micro-batches' backwards): m + 1
         # gathers in all, as `cost_models.training_collectives` counts them. FSDP
@@ -54,12 +54,12 @@ def data_parallel_comm(
             "all_gather", params * element.params, d, stride, cluster
         )
     slowdown = cluster.device.efficiency.overlap_slowdown
-    if parallel.overlap_grad_reduce:
+    if parallel.overlap.overlap_grad_reduce:
         # Buckets reduce as the last micro-batch's backward produces them.
         window = layers * kernels.backward + replayed * kernels.recompute
         reduce = hidden(reduce, window, reduced(bucket), slowdown)
-    if parallel.overlap_param_gather or (parallel.overlap_grad_reduce
-                                         and parallel.zero_stage == 3):
+    if parallel.overlap.overlap_param_gather or (parallel.overlap.overlap_grad_reduce
+                                         and parallel.sharding.zero_stage == 3):
         # The updated weights are gathered bucket by bucket as the next forward needs them.
         gather = hidden(gather, layers * kernels.forward, gathered(bucket), slowdown)
     return reduce + gather

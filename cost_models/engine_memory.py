@@ -49,7 +49,7 @@ NON_ALLOCATOR_BYTES = 1.0 * 2**30
 
 
 def _moment_bytes(parallel: ParallelConfig) -> int:
-    return 2 * (2 if parallel.exp_avg_dtype == "bf16" else 4)
+    return 2 * (2 if parallel.numerics.exp_avg_dtype == "bf16" else 4)
 
 
 def model_state(
@@ -71,7 +71,7 @@ def model_state(
     sharded, _ = _model_state(expert_params, 0.0, 0.0, parallel)
     whole, _ = _model_state(expert_params, 0.0, 0.0, _unsharded(parallel))
     # Tessel's runtime keeps experts out of ZeRO (`runtime/experts.py`): whole per rank.
-    edp = 1 if parallel.engine == "tessel" else max(parallel.dims.expert_data, 1)
+    edp = 1 if parallel.execution.engine == "tessel" else max(parallel.dims.expert_data, 1)
     kinds = {kind: getattr(whole, kind) / edp
              if getattr(sharded, kind) < getattr(whole, kind) else getattr(whole, kind)
              for kind in ("weights", "gradients", "optimizer")}
@@ -93,34 +93,34 @@ def _model_state(
 ) -> tuple[memory.ModelStateBytes, float]:
     """`model_state` of parameters sharded over the data x context ranks."""
     shards = parallel.dims.data * parallel.dims.context
-    if parallel.engine == "torchtitan" and parallel.zero_stage >= 1:
-        weight = 1 if parallel.fp8_param_gather else activation_element_bytes(
-            parallel.precision)
+    if parallel.execution.engine == "torchtitan" and parallel.sharding.zero_stage >= 1:
+        weight = 1 if parallel.numerics.fp8_param_gather else activation_element_bytes(
+            parallel.numerics.precision)
         state = memory.ModelStateBytes(weights=4 * params / shards,
                                        gradients=4 * params / shards,
                                        optimizer=_moment_bytes(parallel) * params / shards)
         pipelined = parallel.dims.pipeline > 1
-        keep = parallel.fsdp_reshard_after_forward == "never" or (
-            parallel.fsdp_reshard_after_forward == "default" and pipelined)
+        keep = parallel.sharding.fsdp_reshard_after_forward == "never" or (
+            parallel.sharding.fsdp_reshard_after_forward == "default" and pipelined)
         gathered = weight * (params if keep else 2 * block_params + end_params)
         # A block's bf16 gradient and its fp32 reduce-scatter input; under a pipeline the
         # whole stage's fp32 gradients, accumulated unsharded over the micro-batches.
         gradients = 4 * params if pipelined else (2 + 4) * block_params
         return state, gathered + gradients
-    if parallel.engine == "megatron" and parallel.zero_stage <= 1:
-        fp32 = parallel.precision == "fp32"
+    if parallel.execution.engine == "megatron" and parallel.sharding.zero_stage <= 1:
+        fp32 = parallel.numerics.precision == "fp32"
         weight = 4 if fp32 else 2
-        if parallel.precision == "fp8":
-            weight = 2 if parallel.fp8_param_gather else 2 + 2
-        grads = 4 if fp32 or parallel.main_grads_dtype == "fp32" else 2
+        if parallel.numerics.precision == "fp8":
+            weight = 2 if parallel.numerics.fp8_param_gather else 2 + 2
+        grads = 4 if fp32 or parallel.numerics.main_grads_dtype == "fp32" else 2
         optimizer = (0 if fp32 else 4) + _moment_bytes(parallel)
         return memory.ModelStateBytes(
             weights=weight * params, gradients=grads * params,
-            optimizer=optimizer * params / (shards if parallel.zero_stage == 1 else 1),
+            optimizer=optimizer * params / (shards if parallel.sharding.zero_stage == 1 else 1),
         ), 0.0
-    element = memory.state_element_bytes(parallel.precision)
+    element = memory.state_element_bytes(parallel.numerics.precision)
     return memory.model_state_bytes(
-        params, shards, parallel.zero_stage, params_bytes=element.params,
+        params, shards, parallel.sharding.zero_stage, params_bytes=element.params,
         grads_bytes=element.grads, optimizer_bytes=element.optimizer,
     ), 0.0
 
@@ -136,14 +136,14 @@ def loss_bytes(model: TransformerConfig, parallel: ParallelConfig) -> tuple[floa
     peak the bf16 logits and (torch) the fp32 copy they were cast to are alive beside it.
     A compiled loss (TorchTitan's compile.components "loss") keeps the bf16 logits."""
     x = layer_shape(model, parallel)
-    e = activation_element_bytes(parallel.precision)
-    split = 1 if parallel.engine == "tessel" else parallel.dims.tensor
+    e = activation_element_bytes(parallel.numerics.precision)
+    split = 1 if parallel.execution.engine == "tessel" else parallel.dims.tensor
     logits = x.tokens * model.vocab_size / split
-    if parallel.engine == "megatron":
+    if parallel.execution.engine == "megatron":
         head_input = e * x.tokens * x.hidden / x.sequence_shards
         return FP32_BYTES * logits + head_input, e * logits
     head_input = e * x.tokens * x.hidden  # the gathered norm output the head's mm keeps
-    if parallel.compile_loss:
+    if parallel.execution.compile_loss:
         # Inductor fuses the fp32 cast, the log-softmax and the gather into kernels that
         # write no fp32 copy of the logits; AOTAutograd's partitioner saves the bf16 logits
         # (and a log-sum-exp per token) for the backward, which writes their bf16 gradient.
@@ -160,11 +160,11 @@ def layer_working_bytes(model: TransformerConfig, parallel: ParallelConfig) -> f
     data-gradient matmul), the gradient of the down projection's input, and that of the up
     projection's output the activation function makes from it."""
     x = layer_shape(model, parallel)
-    e = activation_element_bytes(parallel.precision)
+    e = activation_element_bytes(parallel.numerics.precision)
     up = 2 * x.ffn if model.activation == "swiglu" else x.ffn
     return e * x.tokens * (x.hidden + x.ffn + up)
 
 
 def reserved_bytes(allocated: float, parallel: ParallelConfig) -> float:
     """What the caching allocator holds when `allocated` bytes are allocated at the peak."""
-    return allocated * (1 + FRAGMENTATION[parallel.engine])
+    return allocated * (1 + FRAGMENTATION[parallel.execution.engine])

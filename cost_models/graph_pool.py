@@ -43,8 +43,8 @@ from planner.vocabulary.parallel import ParallelConfig
 
 def graphed(parallel: ParallelConfig) -> bool:
     """Whether Megatron-LM runs part of each layer in CUDA graphs."""
-    return parallel.engine == "megatron" and bool(
-        parallel.cuda_graphs or parallel.cuda_graph_scope)
+    return parallel.execution.engine == "megatron" and bool(
+        parallel.execution.cuda_graphs or parallel.execution.cuda_graph_scope)
 
 
 def pool_bytes(
@@ -55,17 +55,17 @@ def pool_bytes(
     micro-batches in flight, whose layers keep `kept` (by kind, `stage_activations`)."""
     if not graphed(parallel):
         return 0.0
-    whole = parallel.cuda_graphs or {"full", "full_iteration"} & set(
-        parallel.cuda_graph_scope)
+    whole = parallel.execution.cuda_graphs or {"full", "full_iteration"} & set(
+        parallel.execution.cuda_graph_scope)
     if whole:
         return sum(bytes_ for kind, bytes_ in kept.items() if kind != "loss")
     x = layer_shape(model, parallel)
-    static_input = activation_element_bytes(parallel.precision) * x.tokens * x.hidden \
+    static_input = activation_element_bytes(parallel.numerics.precision) * x.tokens * x.hidden \
         / x.sequence_shards
     per_layer = 0.0
     for variant, share in layer_variants(model):
         parts = megatron_sublayers(variant, parallel, score_free)
-        for sublayer in _captured(variant, parallel.cuda_graph_scope):
+        for sublayer in _captured(variant, parallel.execution.cuda_graph_scope):
             per_layer += share * (sum(parts[sublayer].values()) + static_input)
     return per_layer * layers * in_flight
 

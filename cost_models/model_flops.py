@@ -16,17 +16,17 @@ from cost_models.transformer_ops import (
 )
 from planner.models.config import TransformerConfig
 from planner.vocabulary.cluster import DeviceSpec
-from planner.vocabulary.parallel import ParallelConfig
+from planner.vocabulary.parallel import Engine, ParallelConfig, Precision
 
 
 def step_flops(model: TransformerConfig, parallel: ParallelConfig,
                replays: int) -> tuple[float, float]:
     """(model FLOPs, executed FLOPs) of one step on the whole cluster, `replays` layers of
     each model replica replaying their forward (or attention core) in backward."""
-    sequences = parallel.global_batch_size
-    layer, selective, forward = _sequence_flops(model, parallel.engine,
-                                                parallel.recompute_modules)
-    replay = {"none": 0.0, "selective": selective, "full": layer}[parallel.recompute]
+    sequences = parallel.batch.global_batch_size
+    layer, selective, forward = _sequence_flops(model, parallel.execution.engine,
+                                                parallel.recomputation.recompute_modules)
+    replay = {"none": 0.0, "selective": selective, "full": layer}[parallel.recomputation.recompute]
     return 3 * sequences * forward, 3 * sequences * forward + sequences * replays * replay
 
 
@@ -34,7 +34,7 @@ _FLOPS: IdentityMemo[tuple[float, float, float]] = IdentityMemo(10_000)
 """`_sequence_flops` by model, engine and modules: every layout a search prices asks it."""
 
 
-def _sequence_flops(model: TransformerConfig, engine: str, modules: tuple[str, ...]
+def _sequence_flops(model: TransformerConfig, engine: Engine, modules: tuple[str, ...]
                     ) -> tuple[float, float, float]:
     """(one mean layer's forward, what selective recomputation replays of it, the whole
     forward) FLOPs of one sequence."""
@@ -42,7 +42,7 @@ def _sequence_flops(model: TransformerConfig, engine: str, modules: tuple[str, .
                       lambda: _count_sequence_flops(model, engine, modules))
 
 
-def _count_sequence_flops(model: TransformerConfig, engine: str, modules: tuple[str, ...]
+def _count_sequence_flops(model: TransformerConfig, engine: Engine, modules: tuple[str, ...]
                           ) -> tuple[float, float, float]:
     """`_sequence_flops`, counted."""
     layer = selective = 0.0
@@ -59,7 +59,7 @@ def mtp_flops(model: TransformerConfig) -> float:
     return model.mtp_num_layers * forward_flops(mtp_ops(model, 1, model.seq_length, 1))
 
 
-def peak_flops(device: DeviceSpec, precision: str) -> float:
+def peak_flops(device: DeviceSpec, precision: Precision) -> float:
     """FLOP/s of `device`'s dense peak at the matmul `precision`. A precision its datasheet
     lists no peak for is measured against its fp32 peak: the one fallback
     `DeviceSpec.peak_tflops` documents ("the fallback for dtypes not listed"), as the
@@ -70,7 +70,7 @@ def peak_flops(device: DeviceSpec, precision: str) -> float:
 
 
 def model_flops_utilization(model_flops: float, step_s: float, num_gpus: int,
-                            device: DeviceSpec, precision: str) -> float:
+                            device: DeviceSpec, precision: Precision) -> float:
     """MFU: the model FLOPs of one step (`model_flops`: 3 x the forward's, no
     recomputation, as `step_flops` counts them) per second per GPU over the device's dense
     peak at the matmul precision (`peak_flops`). The definition of Chowdhery et al.,

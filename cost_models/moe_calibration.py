@@ -117,7 +117,7 @@ def _run(row: dict[str, str], line: int) -> MoeRun:
     )
     parallel = parallel.but(**RECIPE_EXTRAS.get((row["model"], row["gpu"]), {}))
     gpus, throughput = int(row["num_gpus"]), float(row["value"])
-    seconds = parallel.global_batch_size * model.seq_length / (throughput * gpus)
+    seconds = parallel.batch.global_batch_size * model.seq_length / (throughput * gpus)
     step = MeasuredStep(model=model, parallel=parallel, num_gpus=gpus, seconds=seconds,
                         label=f"{row['model']} {row['gpu']}", line=line)
     return MoeRun(step=step, preset=SYSTEMS[row["gpu"]], tokens_per_gpu_s=throughput,

@@ -60,10 +60,10 @@ def expected_load(rows_per_rank: float, expert: int, parallel: ParallelConfig) -
     where inputs are padded to it; 1 under forced balance; else Raab & Steger's
     m/n + sqrt(2 m ln n / n) over m/n for m rows on n = ep ranks, at most the capacity
     factor."""
-    cap = parallel.moe_expert_capacity_factor
-    if parallel.moe_pad_expert_input_to_capacity and cap is not None:
+    cap = parallel.moe.moe_expert_capacity_factor
+    if parallel.moe.moe_pad_expert_input_to_capacity and cap is not None:
         return cap  # every rank computes and sends its padded capacity
-    if parallel.moe_router_force_load_balancing or expert == 1 or rows_per_rank <= 0:
+    if parallel.moe.moe_router_force_load_balancing or expert == 1 or rows_per_rank <= 0:
         return 1.0
     load = 1.0 + math.sqrt(2.0 * math.log(expert) / rows_per_rank)
     return min(load, cap) if cap is not None else load
@@ -96,7 +96,7 @@ def dispatch_seconds(model: TransformerConfig, parallel: ParallelConfig, cluster
     h, e, k = model.hidden_size, shape.element_bytes, model.moe_top_k
     rows = shape.tokens * k * load
     seconds = 0.0
-    if parallel.moe_token_dispatcher == "allgather":
+    if parallel.moe.moe_token_dispatcher == "allgather":
         group = ep * etp
         gathered = shape.tokens * group * (h * e + (model.num_experts or 0) * 4)
         seconds += group_collective_time("all_gather", gathered, group, 1, cluster)
@@ -104,7 +104,7 @@ def dispatch_seconds(model: TransformerConfig, parallel: ParallelConfig, cluster
                                          group, 1, cluster)
         return seconds
     if ep > 1:
-        if parallel.moe_token_dispatcher == "flex":
+        if parallel.moe.moe_token_dispatcher == "flex":
             exchange = _flex_seconds(model, cluster, shape, load)
         else:
             exchange = group_collective_time("all_to_all", rows * h * e, ep, etp, cluster)
@@ -140,8 +140,8 @@ def dispatch_pass(model: TransformerConfig, parallel: ParallelConfig, cluster: C
     --overlap-moe-expert-parallel-comm each phase's all-to-alls hide behind the layer's
     compute of the other micro-batch in flight (its backward behind a forward and back)."""
     one_way = dispatch_seconds(model, parallel, cluster, shape, load)
-    rerun = one_way if parallel.recompute == "full" else 0.0
-    if not parallel.overlap_moe_expert_parallel_comm:
+    rerun = one_way if parallel.recomputation.recompute == "full" else 0.0
+    if not parallel.moe.overlap_moe_expert_parallel_comm:
         return Pass(one_way, one_way, rerun)
     exposed = hidden(one_way * 2 + rerun, compute.forward + compute.backward, 0.0,
                      cluster.device.efficiency.overlap_slowdown)
@@ -151,10 +151,10 @@ def dispatch_pass(model: TransformerConfig, parallel: ParallelConfig, cluster: C
 def expert_split(model: TransformerConfig, parallel: ParallelConfig) -> ExpertSplit:
     """How a rank of `parallel` runs `model`'s MoE layers, the busiest rank's load
     included (`expected_load`)."""
-    shards = parallel.dims.tensor if parallel.sequence_parallel else 1
+    shards = parallel.dims.tensor if parallel.sharding.sequence_parallel else 1
     etp = parallel.dims.expert_tensor_degree if shards > 1 else parallel.dims.tensor
     split = ExpertSplit(expert_tensor=etp, sequence_shards=shards, expert=parallel.dims.expert)
-    tokens = parallel.micro_batch_size * model.seq_length / parallel.dims.context
+    tokens = parallel.batch.micro_batch_size * model.seq_length / parallel.dims.context
     rows = tokens * model.moe_top_k * split.routed_share
     return replace(split, load=expected_load(rows, parallel.dims.expert, parallel))
 
@@ -163,10 +163,10 @@ def moe_layer_comm(model: TransformerConfig, parallel: ParallelConfig, cluster: 
                    split: ExpertSplit, compute: Pass) -> Pass:
     """Exposed dispatch and combine of one MoE layer of `split` for one micro-batch
     beside `compute` (`dispatch_pass`)."""
-    tokens = parallel.micro_batch_size * model.seq_length / parallel.dims.context
+    tokens = parallel.batch.micro_batch_size * model.seq_length / parallel.dims.context
     shape = DispatchShape(tokens=tokens / split.sequence_shards, expert=parallel.dims.expert,
                           expert_tensor=split.expert_tensor,
-                          element_bytes=activation_element_bytes(parallel.precision))
+                          element_bytes=activation_element_bytes(parallel.numerics.precision))
     return dispatch_pass(model, parallel, cluster, shape, split.load, compute)
 
 
@@ -177,11 +177,12 @@ def host_sync(model: TransformerConfig, parallel: ParallelConfig, cluster: Clust
     expert (Transformer Engine's GroupedLinear). Not under CUDA graphs, nor where the MoE
     preprocessing is graphed (Megatron-Core's --cuda-graph-scope moe_preprocess runs
     without the copy), nor for the all-gather dispatcher (no counts to copy)."""
-    if parallel.moe_token_dispatcher == "allgather" or parallel.cuda_graphs \
-            or "moe_preprocess" in parallel.cuda_graph_scope:
+    if parallel.moe.moe_token_dispatcher == "allgather" or parallel.execution.cuda_graphs \
+            or "moe_preprocess" in parallel.execution.cuda_graph_scope:
         return Pass(0.0, 0.0)
     sync = cluster.device.efficiency.moe_sync_us * 1e-6 * (model.num_experts or 0) \
         / parallel.dims.expert
-    replays = parallel.recompute == "full" or (
-        parallel.recompute == "selective" and "moe" in parallel.recompute_modules)
+    recomputation = parallel.recomputation
+    replays = recomputation.recompute == "full" or (
+        recomputation.recompute == "selective" and "moe" in recomputation.recompute_modules)
     return Pass(sync, 0.0, sync if replays else 0.0)

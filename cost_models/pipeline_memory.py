@@ -8,7 +8,7 @@ layouts it tries do not fit, and their time is never needed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 
 from cost_models import engine_memory, graph_pool, memory, pipeline_schedule
@@ -44,14 +44,15 @@ def recomputed_layers(parallel: ParallelConfig, layers: int) -> int:
     """Layers of a stage of `layers` whose forward (or, selective, attention core) is
     replayed in backward: all of them, or under full recomputation by the block method the
     first recompute_num_layers of each of the stage's virtual chunks."""
-    if parallel.recompute == "none":
+    recomputation = parallel.recomputation
+    if recomputation.recompute == "none":
         return 0
-    if parallel.recompute == "full" and parallel.recompute_every > 1:
+    if recomputation.recompute == "full" and recomputation.recompute_every > 1:
         # TorchTitan's layer-level checkpointing wraps blocks k, 2k, ... of the model.
-        return layers // parallel.recompute_every
-    if parallel.recompute == "full" and parallel.recompute_method == "block":
-        v = parallel.virtual_pipeline
-        return min(layers, parallel.recompute_num_layers * v)
+        return layers // recomputation.recompute_every
+    if recomputation.recompute == "full" and recomputation.recompute_method == "block":
+        v = parallel.pipelining.virtual_pipeline
+        return min(layers, recomputation.recompute_num_layers * v)
     return layers
 
 
@@ -64,8 +65,8 @@ def even_split(num_layers: int, stages: int) -> list[int]:
 def attention_backend(parallel: ParallelConfig, flash: bool) -> str:
     """The attention backend `parallel` runs: its own, or for 'auto' flash where the
     device runs fused attention (`flash`), else Megatron-LM's local one."""
-    if parallel.attention_backend != "auto":
-        return parallel.attention_backend
+    if parallel.execution.attention_backend != "auto":
+        return parallel.execution.attention_backend
     return "flash" if flash else "local"
 
 
@@ -112,7 +113,7 @@ def stage_parameter_split(
 @lru_cache(maxsize=4096)
 def _unrecomputed(parallel: ParallelConfig) -> ParallelConfig:
     """`parallel` without recomputation: what a replayed layer holds while it runs."""
-    return replace(parallel, recompute="none")
+    return parallel.but(recompute="none")
 
 
 def _mtp_parameters(model: TransformerConfig) -> tuple[float, float]:
@@ -188,8 +189,8 @@ def stage_memories(
     if flash_attention is None:
         flash_attention = cluster.device.flash_attention
     p = len(stages)
-    sequences = parallel.micro_batch_size * parallel.dims.data
-    m = parallel.global_batch_size // sequences
+    sequences = parallel.batch.micro_batch_size * parallel.dims.data
+    m = parallel.batch.global_batch_size // sequences
     split = stage_parameter_split(model, stages, parallel)
     score_free = attention_backend(parallel, flash_attention) in SCORE_FREE_ATTENTION
     meshes: dict[tuple[int, int], ParallelConfig] = {}
@@ -227,8 +228,8 @@ def stage_memory(
     pool = 0.0
     if graph_pool.graphed(parallel):
         in_flight = pipeline_schedule.in_flight(
-            parallel.schedule, num_stages, index, num_micro_batches,
-            parallel.virtual_pipeline)
+            parallel.pipelining.schedule, num_stages, index, num_micro_batches,
+            parallel.pipelining.virtual_pipeline)
         pool = graph_pool.pool_bytes(model, parallel, kinds, layers, in_flight, flash)
     transient = gathered + working
     allocated = state.total + activations + transient
@@ -254,27 +255,30 @@ def stage_activations(
     whole = sum(layer.values())
     kinds = dict(layer)
     replay = 0.0  # what backward rebuilds of the layers it replays, held once
-    if parallel.recompute == "full":
+    if parallel.recomputation.recompute == "full":
         # Checkpointed layers keep their input; the others all they made. Backward rebuilds
         # one checkpointed group at a time: its working set, held once.
         none = saved_per_layer(model, _unrecomputed(parallel), flash)
         whole_none = sum(none.values())
         replayed = recomputed_layers(parallel, layers)
-        group = parallel.recompute_num_layers if parallel.recompute_method == "uniform" else 1
+        recomputation = parallel.recomputation
+        group = recomputation.recompute_num_layers \
+            if recomputation.recompute_method == "uniform" else 1
         share = (layers - replayed) / max(layers, 1)
         kinds = {kind: bytes_ * share for kind, bytes_ in none.items()}
         kinds["checkpointed inputs"] = replayed * checkpoint_bytes(model, parallel) / group \
             / max(layers, 1)
         replay = min(group, layers) * whole_none
-    elif parallel.recompute == "selective" and layers:
+    elif parallel.recomputation.recompute == "selective" and layers:
         # The replayed part of one layer lives again during its backward.
         none = saved_per_layer(model, _unrecomputed(parallel), flash)
         replay = max(sum(none.values()) - whole, 0.0)
     in_flight = pipeline_schedule.in_flight(
-        parallel.schedule, num_stages, index, num_micro_batches, parallel.virtual_pipeline,
+        parallel.pipelining.schedule, num_stages, index, num_micro_batches,
+        parallel.pipelining.virtual_pipeline,
     )
     kept = {kind: bytes_ * layers * in_flight for kind, bytes_ in kinds.items()}
-    tessel = parallel.engine == "tessel" and tessel_counted(model)
+    tessel = parallel.execution.engine == "tessel" and tessel_counted(model)
     if tessel:
         # Tessel's runtime, counted per micro-batch as `plan check` measures it: the blocks
         # and the end stages' embedding, head and loss, each kept per micro-batch in flight.

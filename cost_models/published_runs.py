@@ -15,7 +15,7 @@ one `cost_models.step_time` counts, 72 B s l h^2 (1 + s / 6h + V / 12 h l) per s
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from cost_models.efficiency_fit import MeasuredStep
@@ -114,7 +114,7 @@ def read_nemo(path: str | Path) -> tuple[list[PublishedRun], list[SkippedRow]]:
             schedule="interleaved" if vp > 1 else "1f1b", virtual_pipeline=vp), cluster)
         sized = cluster.with_devices(gpus)
         parallel = least_recompute(model, sized, parallel.resolve(gpus))
-        tokens = parallel.global_batch_size * model.seq_length
+        tokens = parallel.batch.global_batch_size * model.seq_length
         seconds = tokens / (float(row["tokens_per_s_per_gpu"]) * gpus)
         step = MeasuredStep(model, parallel, gpus, seconds, row["model"], line)
         runs.append(PublishedRun("nemo", SYSTEMS[system], precision, row["model"], step))
@@ -124,7 +124,7 @@ def read_nemo(path: str | Path) -> tuple[list[PublishedRun], list[SkippedRow]]:
 def _published(parallel: ParallelConfig, cluster: Cluster) -> ParallelConfig:
     """The settings published runs share (see the module docstring)."""
     split = parallel.dims.tensor > 1
-    return replace(parallel, sequence_parallel=split, overlap_grad_reduce=True,
+    return parallel.but(sequence_parallel=split, overlap_grad_reduce=True,
                    overlap_param_gather=True, attention_backend="fused",
                    tp_comm_overlap=split and cluster.device.tp_comm_overlap)
 
@@ -133,10 +133,10 @@ def least_recompute(model: TransformerConfig, cluster: Cluster,
                     parallel: ParallelConfig) -> ParallelConfig:
     """`parallel` with the least recomputation under which it fits (full if none does)."""
     for recompute in RECOMPUTE:
-        candidate = replace(parallel, recompute=recompute)
+        candidate = parallel.but(recompute=recompute)
         if predict_step(model, cluster, candidate).fits:
             return candidate
-    return replace(parallel, recompute="full")
+    return parallel.but(recompute="full")
 
 
 def model_flops(model: TransformerConfig, parallel: ParallelConfig, cluster: Cluster) -> float:

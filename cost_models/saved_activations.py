@@ -80,9 +80,10 @@ def layer_shape(model: TransformerConfig, parallel: ParallelConfig) -> LayerShap
     degree, heads and the MLP over the tensor degree."""
     t = parallel.dims.tensor
     seq = math.ceil(model.seq_length / parallel.dims.context)
-    sequence_parallel = parallel.sequence_parallel or (parallel.engine == "torchtitan")
+    sequence_parallel = (parallel.sharding.sequence_parallel
+                         or parallel.execution.engine == "torchtitan")
     return LayerShape(
-        tokens=seq * parallel.micro_batch_size, hidden=model.hidden_size,
+        tokens=seq * parallel.batch.micro_batch_size, hidden=model.hidden_size,
         query=model.num_attention_heads * model.head_dim / t,
         key=model.num_kv_heads * model.head_dim / t, ffn=model.ffn_size / t,
         heads=model.num_attention_heads / t, tensor=t,
@@ -105,7 +106,7 @@ def saved_per_layer(
     model: TransformerConfig, parallel: ParallelConfig, score_free: bool
 ) -> dict[str, float]:
     """Bytes one layer saves for backward for one micro-batch on one GPU, by kind, when
-    the layer is not recomputed whole (`parallel.recompute` none or selective).
+    the layer is not recomputed whole (`parallel.recomputation.recompute` none or selective).
     `score_free`: the attention kernel never writes the s x s scores (flash, fused)."""
     return dict(_SAVED.get((model,), (parallel, score_free),
                            lambda: _saved_per_layer(model, parallel, score_free)))
@@ -115,9 +116,9 @@ def _saved_per_layer(
     model: TransformerConfig, parallel: ParallelConfig, score_free: bool
 ) -> dict[str, float]:
     """`saved_per_layer`, computed."""
-    if parallel.engine == "tessel" and tessel_counted(model):
+    if parallel.execution.engine == "tessel" and tessel_counted(model):
         return tessel_layer(model, parallel)
-    block = _megatron if parallel.engine == "megatron" else _torch_eager
+    block = _megatron if parallel.execution.engine == "megatron" else _torch_eager
     variants = layer_variants(model)
     if len(variants) == 1:
         return block(model, parallel, score_free)
@@ -133,7 +134,7 @@ def checkpoint_bytes(model: TransformerConfig, parallel: ParallelConfig) -> floa
     """Bytes a fully recomputed layer keeps: its input, split over t under sequence
     parallelism (TorchTitan always runs tensor parallelism with it)."""
     shape = layer_shape(model, parallel)
-    e = activation_element_bytes(parallel.precision)
+    e = activation_element_bytes(parallel.numerics.precision)
     return e * shape.tokens * shape.hidden / shape.sequence_shards
 
 
@@ -155,11 +156,12 @@ def megatron_sublayers(
     norm; "mlp": the MLP or MoE sublayer with its; "layer": the bias-dropout-adds between
     them), each by kind: what a CUDA graph of one module (--cuda-graph-scope) holds."""
     x = layer_shape(model, parallel)
-    e = activation_element_bytes(parallel.precision)
-    fp8 = parallel.precision == "fp8"
+    e = activation_element_bytes(parallel.numerics.precision)
+    fp8 = parallel.numerics.precision == "fp8"
     linear_input = 1 if fp8 else e  # Transformer Engine keeps the fp8 cast it made
     n, sp = x.tokens, x.sequence_shards
-    modules = parallel.recompute_modules if parallel.recompute == "selective" else ()
+    recomputation = parallel.recomputation
+    modules = recomputation.recompute_modules if recomputation.recompute == "selective" else ()
     up = 2 * x.ffn if model.activation == "swiglu" else x.ffn
     # q/k/v and fc1 read the norms' outputs (replayed from the norm inputs when the
     # layernorm module is recomputed); proj reads attention's output, which flash
@@ -218,12 +220,12 @@ def _moe_saved(model: TransformerConfig, parallel: ParallelConfig, n: float, e: 
     `shared_experts` the shared expert's, `moe` all of it but the layer's input."""
     if "moe" in modules:
         return 0.0
-    sp = parallel.dims.tensor if parallel.sequence_parallel else 1
+    sp = parallel.dims.tensor if parallel.sharding.sequence_parallel else 1
     etp = parallel.dims.expert_tensor_degree if sp > 1 else parallel.dims.tensor
     gathered = etp if sp > 1 else 1
-    pad = parallel.moe_expert_capacity_factor \
-        if parallel.moe_pad_expert_input_to_capacity and parallel.moe_expert_capacity_factor \
-        else 1.0
+    moe = parallel.moe
+    pad = moe.moe_expert_capacity_factor \
+        if moe.moe_pad_expert_input_to_capacity and moe.moe_expert_capacity_factor else 1.0
     rows = n / sp * model.moe_top_k * gathered * pad
     f = model.expert_ffn_size / etp
     up = 2 * f if model.activation == "swiglu" else f
@@ -244,17 +246,18 @@ def _torch_eager(
 ) -> dict[str, float]:
     """A block as TorchTitan's (and Tessel's) eager modules run it: Llama's, DeepSeek-V3's
     multi-latent attention, an MoE layer of routed and shared experts."""
-    if parallel.recompute == "selective":
+    if parallel.recomputation.recompute == "selective":
         return _op_selective(model, parallel, score_free)
     x = layer_shape(model, parallel)
-    e = activation_element_bytes(parallel.precision)
+    e = activation_element_bytes(parallel.numerics.precision)
     n = x.tokens
     # Column-parallel matmuls under DTensor save the all-gathered (whole-sequence) input.
     gathered = n * x.hidden
     lse = FP32 * x.heads * n if score_free else 0.0
-    norm_saves = 1 if parallel.compile else 2  # eager RMSNorm: input and normalised input
-    swiglu = 2 if parallel.compile else 4  # eager: w1 out, silu out, w3 out, their product
-    up = swiglu if model.activation == "swiglu" else (1 if parallel.compile else 2)
+    compiled = parallel.execution.compile
+    norm_saves = 1 if compiled else 2  # eager RMSNorm: input and normalised input
+    swiglu = 2 if compiled else 4  # eager: w1 out, silu out, w3 out, their product
+    up = swiglu if model.activation == "swiglu" else (1 if compiled else 2)
     # The MLP's second matmul reads the activation's output: the dense width, or an MoE
     # layer's shared experts (the routed experts' are counted below).
     down = (model.moe_shared_expert_intermediate_size or 0) / x.tensor if model.is_moe \
@@ -302,7 +305,7 @@ def _op_selective(
     other `aten.mm` the block runs, the 1st, 3rd, 5th, ...; the rest is replayed in
     backward. The routed experts' grouped GEMMs are not on the list: replayed."""
     x = layer_shape(model, parallel)
-    e = activation_element_bytes(parallel.precision)
+    e = activation_element_bytes(parallel.numerics.precision)
     n, t = x.tokens, x.tensor
     # Output width per token of each mm, in the order the block runs them. Row-parallel
     # outputs (wo, w2) are whole-sequence partial sums of the full width under tensor
@@ -355,7 +358,8 @@ def tessel_counted(model: TransformerConfig) -> bool:
 
 def tessel_layer(model: TransformerConfig, parallel: ParallelConfig) -> dict[str, float]:
     """Bytes one zoo block saves for backward per micro-batch on one rank of Tessel's
-    runtime, by kind, when not recomputed whole (`parallel.recompute` none or selective).
+    runtime, by kind, when not recomputed whole (`parallel.recomputation.recompute` none or
+    selective).
 
     Element sizes: activations at the run's precision (e); fp32 where the code computes in
     fp32 (RMSNorm's normalisation, SDPA's log-sum-exp); LayerNorm's mean and rstd in the
@@ -365,10 +369,10 @@ def tessel_layer(model: TransformerConfig, parallel: ParallelConfig) -> dict[str
     what SDPA itself keeps beyond them: the log-sum-exp (and the mask's converted copy).
     """
     x = layer_shape(model, parallel)
-    e = activation_element_bytes(parallel.precision)
-    n, sp, b = x.tokens, x.sequence_shards, parallel.micro_batch_size
+    e = activation_element_bytes(parallel.numerics.precision)
+    n, sp, b = x.tokens, x.sequence_shards, parallel.batch.micro_batch_size
     s = n / b  # this rank's positions: the sequence over the context degree
-    selective = parallel.recompute == "selective"
+    selective = parallel.recomputation.recompute == "selective"
     # Keys and values as SDPA gets them: repeat_kv's copy for every local query head; no
     # copy with as many key/value heads as query heads, nor with one key/value head per
     # tensor rank (the reshape of its expand then merges a size-1 dim: a view).
@@ -426,9 +430,9 @@ def tessel_stage(
     chunk (`first`) what the embeddings keep, on the last (`last`) the final norm, the
     head and the loss (`runtime/training_loop.py` `lm_loss`)."""
     x = layer_shape(model, parallel)
-    e = activation_element_bytes(parallel.precision)
+    e = activation_element_bytes(parallel.numerics.precision)
     n, sp = x.tokens, x.sequence_shards
-    if parallel.recompute == "full":
+    if parallel.recomputation.recompute == "full":
         # Non-reentrant checkpointing saves the block's input (its sequence shard under
         # sequence parallelism) outside its own hooks, and hides what the block saves.
         kinds = {"checkpointed inputs": layers * e * n * x.hidden / sp}
@@ -437,7 +441,7 @@ def tessel_stage(
     if first:
         # The embedding keeps its int64 indices: the token ids (whole on every tensor
         # rank) and, for learned positions, the positions' ids.
-        positions = n / parallel.micro_batch_size if model.position_embedding == "learned" \
+        positions = n / parallel.batch.micro_batch_size if model.position_embedding == "learned" \
             else 0
         kinds["embedding"] = INT64 * (n + positions)
     if last:

@@ -142,12 +142,12 @@ def _price_head(
 ) -> Pass:
     """`_head_pass`, computed."""
     seq = model.seq_length / parallel.dims.context
-    head = head_ops(model, parallel.micro_batch_size, seq, tensor)
+    head = head_ops(model, parallel.batch.micro_batch_size, seq, tensor)
     if model.mtp_num_layers:
-        head += model.mtp_num_layers * mtp_ops(model, parallel.micro_batch_size, seq, tensor,
+        head += model.mtp_num_layers * mtp_ops(model, parallel.batch.micro_batch_size, seq, tensor,
                                                expert_split(model, parallel))
-    return Pass(pass_seconds(head, device, device.efficiency, parallel.precision),
-                pass_seconds(head, device, device.efficiency, parallel.precision,
+    return Pass(pass_seconds(head, device, device.efficiency, parallel.numerics.precision),
+                pass_seconds(head, device, device.efficiency, parallel.numerics.precision,
                              backward=True))
 
 
@@ -198,12 +198,12 @@ def _price_layer(
     device, eff = cluster.device, cluster.device.efficiency
     seq = model.seq_length / parallel.dims.context
     split = expert_split(model, parallel) if model.is_moe else None
-    ops = layer_ops(model, parallel.micro_batch_size, seq, parallel.dims.tensor,
-                    parallel.sequence_parallel, attention_backend(parallel, flash),
+    ops = layer_ops(model, parallel.batch.micro_batch_size, seq, parallel.dims.tensor,
+                    parallel.sharding.sequence_parallel, attention_backend(parallel, flash),
                     parallel.dims.context, split)
-    precision, graphed = parallel.precision, parallel.cuda_graphs
+    precision, graphed = parallel.numerics.precision, parallel.execution.cuda_graphs
     if precision == "fp8":
-        ops += fp8_casts(ops, parallel.fp8_recipe)
+        ops += fp8_casts(ops, parallel.numerics.fp8_recipe)
     residual = eff.layer_overhead_us * 1e-6
     forward = pass_seconds(ops, device, eff, precision, graphed=graphed) + residual
     backward = pass_seconds(ops, device, eff, precision, backward=True, graphed=graphed) \
@@ -211,16 +211,18 @@ def _price_layer(
     # Selective recomputation replays the attention core in Megatron-LM (and Tessel's
     # runtime); TorchTitan's op-level checkpointing replays every other matmul and the
     # memory-bound kernels instead.
-    selective = selective_kernels(model, ops, parallel.engine, parallel.recompute_modules)
+    selective = selective_kernels(model, ops, parallel.execution.engine,
+                                  parallel.recomputation.recompute_modules)
     replayed = pass_seconds(selective, device, eff, precision, graphed=graphed)
-    recompute = {"none": 0.0, "selective": replayed, "full": forward}[parallel.recompute]
+    granularity = parallel.recomputation.recompute
+    recompute = {"none": 0.0, "selective": replayed, "full": forward}[granularity]
     tensor, others = _tensor_parallel_comm(model, parallel, cluster, collectives)
-    if parallel.tp_comm_overlap:
+    if parallel.overlap.tp_comm_overlap:
         tensor = _overlapped(tensor, projections(ops), parallel, device, eff)
     compute = Pass(forward, backward, recompute)
     if split is not None:
         compute = compute + host_sync(model, parallel, cluster)
-    if split is not None and parallel.engine != "tessel":
+    if split is not None and parallel.execution.engine != "tessel":
         # Megatron-Core's and TorchTitan's dispatchers, by their mechanism; Tessel's
         # runtime is priced by the collectives it issues (`_tensor_parallel_comm`).
         others = others + moe_layer_comm(model, parallel, cluster, split, compute)
@@ -232,10 +234,10 @@ def _overlapped(tensor: Pass, gemms: list[Matmul], parallel: ParallelConfig,
     """Tensor-parallel collectives split into chunks that run beside the projection
     matmuls they feed or follow (Transformer Engine's userbuffers; Wang et al., ASPLOS
     2023): each phase exposes only what its matmuls cannot cover."""
-    forward = pass_seconds(gemms, device, eff, parallel.precision, graphed=True)
-    backward = pass_seconds(gemms, device, eff, parallel.precision, backward=True,
+    forward = pass_seconds(gemms, device, eff, parallel.numerics.precision, graphed=True)
+    backward = pass_seconds(gemms, device, eff, parallel.numerics.precision, backward=True,
                             graphed=True)
-    replay = forward if parallel.recompute == "full" else 0.0
+    replay = forward if parallel.recomputation.recompute == "full" else 0.0
     slowdown = eff.overlap_slowdown
     return Pass(hidden(tensor.forward, forward, 0.0, slowdown),
                 hidden(tensor.backward, backward, 0.0, slowdown),
@@ -252,18 +254,18 @@ def _tensor_parallel_comm(
     are those the intra-op ILP chose for the layer on this tensor-parallel degree."""
     issued = layer_collectives(model, rank_layout(parallel))
     # Outside Tessel's runtime, expert dispatch is priced by `moe_dispatch`.
-    skipped = ("tp",) if parallel.engine == "tessel" else ("tp", "ep")
+    skipped = ("tp",) if parallel.execution.engine == "tessel" else ("tp", "ep")
     others = price([c for c in issued if c.axis not in skipped], parallel, cluster)
     t = parallel.dims.tensor
     if collectives is not None and t in collectives:
-        tokens = parallel.micro_batch_size * model.seq_length / parallel.dims.context
+        tokens = parallel.batch.micro_batch_size * model.seq_length / parallel.dims.context
         chosen = sum(
             group_collective_time(c.kind, c.bytes_per_token * tokens, t, 1, cluster)
             for c in collectives[t]
         )
-        rerun = chosen if parallel.recompute == "full" else 0.0
+        rerun = chosen if parallel.recomputation.recompute == "full" else 0.0
         return Pass(chosen, chosen, rerun), others
-    if model.is_moe and parallel.engine != "tessel":
+    if model.is_moe and parallel.execution.engine != "tessel":
         # Megatron-Core's MoE layer keeps its tokens in sequence shards: the dispatcher
         # moves them (`moe_dispatch`), so only the attention, and a shared expert (which
         # gathers the shard like a dense MLP), run the tensor-parallel collectives of a
@@ -285,12 +287,14 @@ def rank_layout(
     transfers are priced by `_pipeline_p2p`)."""
     return RankLayout(
         chunks=chunks, chunk_ranks=chunk_ranks, dims=parallel.dims,
-        micro_batch_size=parallel.micro_batch_size,
+        micro_batch_size=parallel.batch.micro_batch_size,
         num_micro_batches=parallel.num_micro_batches,
-        sequence_parallel=parallel.sequence_parallel, zero_stage=parallel.zero_stage,
-        recompute=parallel.recompute, element_bytes=activation_bytes(parallel.precision),
+        sequence_parallel=parallel.sharding.sequence_parallel,
+        zero_stage=parallel.sharding.zero_stage,
+        recompute=parallel.recomputation.recompute,
+        element_bytes=activation_bytes(parallel.numerics.precision),
         # DeepEP's flex dispatcher moves what all-to-all does, in fused kernels.
-        expert_dispatcher="allgather" if parallel.moe_token_dispatcher == "allgather"
+        expert_dispatcher="allgather" if parallel.moe.moe_token_dispatcher == "allgather"
         else "alltoall",
         gradient_bytes=MAIN_GRAD_BYTES,
     )
@@ -343,16 +347,16 @@ def predict_stages(
     if flash_attention is None:  # 'auto' attention runs as the device does
         flash_attention = cluster.device.flash_attention
     num_gpus = cluster.num_devices
-    p, v = len(stages), parallel.virtual_pipeline
-    sequences = parallel.micro_batch_size * parallel.dims.data
-    m = parallel.global_batch_size // sequences
+    p, v = len(stages), parallel.pipelining.virtual_pipeline
+    sequences = parallel.batch.micro_batch_size * parallel.dims.data
+    m = parallel.batch.global_batch_size // sequences
     device, eff = cluster.device, cluster.device.efficiency
     p2p = _pipeline_p2p(model, parallel, stages, cluster) if p > 1 else 0.0
     phases, local = _stage_phases(model, cluster, parallel, stages, flash_attention,
                                   collectives, p2p)
     compute = [phase.compute for phase in phases]
     comm = [phase.communication for phase in phases]
-    pipeline = pipeline_time(parallel.schedule, phases, m, v)
+    pipeline = pipeline_time(parallel.pipelining.schedule, phases, m, v)
     pipeline_s, slowest = pipeline.seconds, pipeline.slowest
 
     params = stage_parameters(model, stages, parallel)
@@ -363,7 +367,7 @@ def predict_stages(
         for i in reductions.values()
     )
     optimizer_s = max(
-        params[i] / (stages[i].data if parallel.zero_stage >= 1 else 1)
+        params[i] / (stages[i].data if parallel.sharding.zero_stage >= 1 else 1)
         for i in range(p)
     ) * ADAM_BYTES_PER_PARAMETER / (device.memory_bandwidth_gbs * 1e9 * eff.memory)
     step = pipeline_s + data_s + optimizer_s
@@ -379,10 +383,11 @@ def predict_stages(
         bubble_s=pipeline.bubble,
         data_parallel_comm_s=data_s,
         optimizer_s=optimizer_s,
-        tokens_per_s=parallel.global_batch_size * model.seq_length / step,
+        tokens_per_s=parallel.batch.global_batch_size * model.seq_length / step,
         model_tflops_per_gpu=model_flops / step / num_gpus / 1e12,
         hardware_tflops_per_gpu=hardware_flops / step / num_gpus / 1e12,
-        mfu=model_flops_utilization(model_flops, step, num_gpus, device, parallel.precision),
+        mfu=model_flops_utilization(model_flops, step, num_gpus, device,
+                                    parallel.numerics.precision),
         memory_gib_per_gpu=worst_memory.total / 2**30,
         fits=worst_memory.fits(cluster.usable_memory_bytes),
         reserved_gib_per_gpu=(worst_memory.reserved + worst_memory.reserve) / 2**30,
@@ -416,8 +421,8 @@ def _stage_phases(
     """(phases, (configuration, layer kernels)) of each stage: its layers' kernels and
     exposed collectives by phase, the head on the last stage, the embedding's and head's
     collectives on the end stages, each chunk gathering the slices it receives."""
-    p, v = len(stages), parallel.virtual_pipeline
-    sequences = parallel.micro_batch_size * parallel.dims.data
+    p, v = len(stages), parallel.pipelining.virtual_pipeline
+    sequences = parallel.batch.micro_batch_size * parallel.dims.data
     device = cluster.device
     phases, local = [], []
     passes: dict[tuple[int, int], tuple[Pass, Pass]] = {}  # stages alike share one
@@ -467,8 +472,8 @@ def _pipeline_p2p(
     each rank sends its 1/t slice (sequence parallelism's, or Megatron's scatter-gather:
     the all-gathers that undo it are priced with the stage's collectives)."""
     seq = model.seq_length / parallel.dims.context
-    sequences = parallel.micro_batch_size * parallel.dims.data
-    element = activation_bytes(parallel.precision)
+    sequences = parallel.batch.micro_batch_size * parallel.dims.data
+    element = activation_bytes(parallel.numerics.precision)
     nbytes = max(
         sequences / stage.data * seq * model.hidden_size * element
         / stage.tensor
@@ -513,7 +518,7 @@ def stage_mesh_costs(
 ) -> StageCosts:
     """Costs of a stage running `parallel`'s shared knobs on a `data` x `tensor` mesh,
     each micro-batch of `micro_batch_size x parallel.data` sequences split `data` ways."""
-    sequences = parallel.micro_batch_size * parallel.dims.data
+    sequences = parallel.batch.micro_batch_size * parallel.dims.data
     here = parallel.but(tensor=tensor, data=data, micro_batch_size=sequences // data)
     if flash_attention is None:
         flash_attention = cluster.device.flash_attention
@@ -525,7 +530,7 @@ def stage_mesh_costs(
     # recomputation), and the loss's saved and working bytes on the last stage.
     state, _ = engine_memory.model_state(1.0, 0.0, 0.0, here)
     per_param = state.total
-    if parallel.recompute == "full":
+    if parallel.recomputation.recompute == "full":
         activations = checkpoint_bytes(model, here)
     else:
         activations = sum(saved_per_layer(model, here, flash_attention).values())

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
+from planner.vocabulary.parallel import RECOMPUTE, Recompute
 from planner.vocabulary.parallel_dims import ParallelDims
-from planner.vocabulary.schedules import MULTI_CHUNK, RUNTIME_SCHEDULES, V_SHAPED
-
-# The schedules the runtime runs: the plan's four, and torch's two zero-bubble schedules
-# (Qi et al. 2024), interleaved zero bubble (loop order) and ZBV (two chunks per rank in V
-# order, as DualPipeV's): `planner.vocabulary.schedules`.
-RECOMPUTE = ("none", "selective", "full")
+from planner.vocabulary.schedules import (
+    MULTI_CHUNK,
+    RUNTIME_SCHEDULES,
+    V_SHAPED,
+    RuntimeSchedule,
+)
 
 
 @dataclass(frozen=True)
@@ -33,12 +35,15 @@ class RunSpec:
     for ZBV and DualPipeV in V order: rank c for c < pp, then back, rank 2pp - 1 - c."""
     micro_batch_size: int
     num_micro_batches: int
-    schedule: str = "1f1b"
+    schedule: RuntimeSchedule = "1f1b"
+    """The plan's four schedules and torch's two zero-bubble ones (Qi et al. 2024),
+    interleaved zero bubble (loop order) and ZBV (two chunks per rank in V order, as
+    DualPipeV's): `planner.vocabulary.schedules`."""
     virtual_pipeline: int = 1
     sequence_parallel: bool = False
     zero_stage: int = 0
-    recompute: str = "none"
-    expert_dispatcher: str = "allgather"
+    recompute: Recompute = "none"
+    expert_dispatcher: Literal["allgather", "alltoall"] = "allgather"
     """Token dispatch of expert parallelism: allgather or alltoall (Megatron's
     --moe-token-dispatcher-type)."""
     force_balance: bool = False

@@ -19,7 +19,7 @@ from planner.cli.run_flags import positive
 from planner.vocabulary.cluster import MAX_DEVICES
 from planner.vocabulary.knobs import KNOBS, Knob, Spelling, knob_value
 from planner.vocabulary.parallel import FixedKnobs
-from planner.search.megatron_space import MAX_GPUS
+from planner.search.megatron_space import MAX_GPUS, SEARCH_SPACES
 from planner.vocabulary.schedules import V_SHAPED
 
 # Largest global batch: 16M sequences, far past any run (Llama 3 405B: 16M tokens).
@@ -99,7 +99,7 @@ def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
     add("--top", type=whole(1, MAX_TOP), default=5,
                        help="plans to list (default 5)")
     add(
-        "--space", choices=("auto", "megatron"), default="auto",
+        "--space", choices=SEARCH_SPACES, default="auto",
         help="auto: stages may differ in size and mesh (Alpa); megatron: only layouts "
         "Megatron-LM runs",
     )

@@ -37,7 +37,7 @@ from planner.cli.output import write_json
 from planner.cli.parsing import Parser, whole
 from planner.cli.run_flags import add_run_flags, wants_totals
 from planner.cli.whole_run import print_totals, with_totals
-from planner.search.megatron_space import MAX_GPUS
+from planner.search.megatron_space import MAX_GPUS, SEARCH_SPACES
 
 if TYPE_CHECKING:
     from planner.vocabulary.cluster import Cluster
@@ -116,7 +116,7 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top", type=whole(1, MAX_TOP), default=3,
                         help="best plans of the search to list (default 3)")
     parser.add_argument(
-        "--space", choices=("megatron", "auto"), default="megatron",
+        "--space", choices=SEARCH_SPACES, default="megatron",
         help="the search's space: megatron (default: one layout for every stage, as "
         "Megatron-LM and TorchTitan run, so the flags or keys that change apply to the run) "
         "or auto (Alpa's, stages may differ; launch lines only)",
@@ -224,7 +224,8 @@ def _predict_torchtitan(args: argparse.Namespace, console: Console) -> int:
 def _check_job_on_cluster(job: TorchTitanJob, cluster: Cluster, source: str) -> None:
     """The job's matmul precision on the cluster's tensor cores, named by its keys."""
     q, device = job.parallel, cluster.device
-    needed = "mxfp8" if q.precision == "fp8" and q.fp8_recipe == "mxfp8" else q.precision
+    precision, recipe = q.numerics.precision, q.numerics.fp8_recipe
+    needed = "mxfp8" if precision == "fp8" and recipe == "mxfp8" else precision
     if needed in device.peak_tflops:
         return
     setting = {"fp8": "model.converters [\"quantize.linear.float8\"]",
@@ -310,30 +311,33 @@ def _check_on_cluster(parsed: MegatronArgs, run: MegatronRun, cluster: Cluster) 
     from planner.search.knobs import check_knobs
 
     q, device = run.parallel, cluster.device
-    if q.precision not in device.peak_tflops:
+    if q.numerics.precision not in device.peak_tflops:
         flag = {"fp8": f"{parsed.flag('fp8')} {parsed.values.fp8}", "bf16": "--bf16",
-                "fp16": "--fp16", "fp32": "fp32 (no --bf16 or --fp16)"}[q.precision]
+                "fp16": "--fp16", "fp32": "fp32 (no --bf16 or --fp16)"}[q.numerics.precision]
         has = ", ".join(sorted(device.peak_tflops))
-        raise UsageError(f"{flag} needs {q.precision} tensor cores, which {device.name} "
+        raise UsageError(f"{flag} needs {q.numerics.precision} tensor cores, which {device.name} "
                          f"lacks; use a precision it has ({has}) or another cluster")
     dims = q.dims
     knobs = FixedKnobs(
         tensor=dims.tensor, pipeline=dims.pipeline, context=dims.context, expert=dims.expert,
-        micro_batch_size=q.micro_batch_size, sequence_parallel=q.sequence_parallel,
-        zero_stage=q.zero_stage, recompute=q.recompute, precision=q.precision,
-        virtual_pipeline=q.virtual_pipeline, overlap_grad_reduce=q.overlap_grad_reduce,
-        overlap_param_gather=q.overlap_param_gather, tp_comm_overlap=q.tp_comm_overlap,
-        attention_backend=q.attention_backend, cuda_graphs=q.cuda_graphs,
+        micro_batch_size=q.batch.micro_batch_size, sequence_parallel=q.sharding.sequence_parallel,
+        zero_stage=q.sharding.zero_stage, recompute=q.recomputation.recompute,
+        precision=q.numerics.precision,
+        virtual_pipeline=q.pipelining.virtual_pipeline,
+        overlap_grad_reduce=q.overlap.overlap_grad_reduce,
+        overlap_param_gather=q.overlap.overlap_param_gather,
+        tp_comm_overlap=q.overlap.tp_comm_overlap,
+        attention_backend=q.execution.attention_backend, cuda_graphs=q.execution.cuda_graphs,
     )
     # Knobs that apply only where they act, as check_knobs expects them.
-    if q.recompute == "full":
-        knobs = knobs.but(recompute_method=q.recompute_method,
-                          recompute_num_layers=q.recompute_num_layers)
-    if q.precision == "fp8":
-        knobs = knobs.but(fp8_recipe=q.fp8_recipe)
+    if q.recomputation.recompute == "full":
+        knobs = knobs.but(recompute_method=q.recomputation.recompute_method,
+                          recompute_num_layers=q.recomputation.recompute_num_layers)
+    if q.numerics.precision == "fp8":
+        knobs = knobs.but(fp8_recipe=q.numerics.fp8_recipe)
     if run.model.num_experts:
-        knobs = knobs.but(moe_token_dispatcher=q.moe_token_dispatcher)
-    check_knobs(knobs, run.model, cluster, q.global_batch_size, "megatron")
+        knobs = knobs.but(moe_token_dispatcher=q.moe.moe_token_dispatcher)
+    check_knobs(knobs, run.model, cluster, q.batch.global_batch_size, "megatron")
 
 
 def print_given(plan: Plan, given: Given, cluster: Cluster, console: Console) -> None:
@@ -389,8 +393,8 @@ def _best_plans(
 
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task(f"searching the {args.space} space", total=None)
-        fixed = {knob: getattr(parallel, knob) for knob in kept}
-        result = search(model, cluster, parallel.global_batch_size, fixed, args.space,
+        fixed = FixedKnobs({knob: parallel.knob(knob) for knob in kept})
+        result = search(model, cluster, parallel.batch.global_batch_size, fixed, args.space,
                         lambda done, total: progress.update(task, completed=done, total=total))
     return ranked_plans(name, model, cluster, result, args.top)
 

@@ -173,7 +173,7 @@ def _cheapest_relaxation(
         if result.ranked:
             candidate, prediction = result.ranked[0]
             if best is None or prediction.step_time_s < best[0]:
-                taken = getattr(candidate.parallel, name)
+                taken = candidate.parallel.knob(name)
                 best = (prediction.step_time_s, name, f"{taken}".lower())
     if best is None:
         return ""

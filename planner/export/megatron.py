@@ -65,23 +65,26 @@ def megatron_incompatibility(
 ) -> str | None:
     """Why Megatron-LM cannot run this layout, or None if it can. `chunk_layers`: each
     model chunk's layers where the embedding or loss take a layer's place."""
-    p = parallel.dims.pipeline
-    if parallel.zero_stage > 1:
-        return f"ZeRO stage {parallel.zero_stage} (Megatron-LM shards optimizer state only)"
-    if parallel.schedule == "gpipe" and p > 1:
+    dims, sharding, moe = parallel.dims, parallel.sharding, parallel.moe
+    p, schedule = dims.pipeline, parallel.pipelining.schedule
+    if sharding.zero_stage > 1:
+        return f"ZeRO stage {sharding.zero_stage} (Megatron-LM shards optimizer state only)"
+    if schedule == "gpipe" and p > 1:
         return "the GPipe schedule (Megatron-LM runs 1F1B)"
-    if parallel.schedule == "dualpipev":
+    if schedule == "dualpipev":
         # No DualPipe flag among Megatron-LM's arguments (shared/reference/
         # megatron_lm_arguments.json): its schedules are 1F1B and interleaved 1F1B.
         return "the DualPipeV schedule (Megatron-LM runs 1F1B or interleaved 1F1B)"
-    if parallel.sequence_parallel and parallel.dims.tensor == 1:
+    if sharding.sequence_parallel and dims.tensor == 1:
         return "sequence parallelism without tensor parallelism"
-    if parallel.dims.expert > 1 and parallel.dims.tensor > 1 and not parallel.sequence_parallel:
+    if dims.expert > 1 and dims.tensor > 1 and not sharding.sequence_parallel:
         return "expert with tensor parallelism but no sequence parallelism"
-    if parallel.overlap_moe_expert_parallel_comm and (
-            parallel.dims.expert == 1 or parallel.moe_token_dispatcher == "allgather"
-            or parallel.recompute == "full" or "moe" in parallel.recompute_modules
-            or parallel.precision == "fp32" or (p > 1 and parallel.virtual_pipeline == 1)):
+    recomputation = parallel.recomputation
+    if moe.overlap_moe_expert_parallel_comm and (
+            dims.expert == 1 or moe.moe_token_dispatcher == "allgather"
+            or recomputation.recompute == "full" or "moe" in recomputation.recompute_modules
+            or parallel.numerics.precision == "fp32"
+            or (p > 1 and parallel.pipelining.virtual_pipeline == 1)):
         # Megatron-Core's TransformerConfig.__post_init__ rules for the A2A overlap.
         return ("the expert all-to-all overlap without expert parallelism, the alltoall or "
                 "flex dispatcher, bf16, virtual stages under a pipeline, or with full or MoE "
@@ -94,10 +97,10 @@ def megatron_incompatibility(
     if p > 1 and (layers_per_stage[0] > max(layers_per_stage[1:], default=0)
                   or layers_per_stage[-1] > max(layers_per_stage[:-1])):
         return "a first or last stage larger than the middle ones"
-    if parallel.virtual_pipeline > 1:
+    if parallel.pipelining.virtual_pipeline > 1:
         if p == 1 or len(set(layers_per_stage)) > 1:
             return "virtual stages need pipeline > 1 and equal stages"
-        if layers_per_stage[0] % parallel.virtual_pipeline:
+        if layers_per_stage[0] % parallel.pipelining.virtual_pipeline:
             return "layers per stage not divisible by the virtual stages"
     return None
 
@@ -184,7 +187,7 @@ def _expert_flags(model: TransformerConfig, parallel: ParallelConfig) -> list[st
     if model.moe_router_group_topk is not None:
         flags.append(f"--moe-router-group-topk {model.moe_router_group_topk}")
     flags += spelt_flags(parallel, "moe_router_force_load_balancing")
-    if parallel.moe_expert_capacity_factor is not None:
+    if parallel.moe.moe_expert_capacity_factor is not None:
         flags += spelt_flags(parallel, "moe_expert_capacity_factor",
                              "moe_pad_expert_input_to_capacity")
     return flags + spelt_flags(parallel, "overlap_moe_expert_parallel_comm")
@@ -245,17 +248,17 @@ def megatron_flags(
     flags += _attention_flags(model)
     if model.num_experts is not None:
         flags += [f"--num-experts {model.num_experts}", f"--moe-router-topk {model.moe_top_k}",
-                  f"{_flag('moe_token_dispatcher')} {parallel.moe_token_dispatcher}"]
+                  f"{_flag('moe_token_dispatcher')} {parallel.moe.moe_token_dispatcher}"]
         flags += _expert_flags(model, parallel)
     if model.mtp_num_layers:
         flags.append(f"--mtp-num-layers {model.mtp_num_layers}")
     flags += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": [],
               "fp8": ["--bf16", "--fp8-format hybrid",
-                      f"--fp8-recipe {parallel.fp8_recipe}"]}[parallel.precision]
-    if parallel.precision == "fp8":
+                      f"--fp8-recipe {parallel.numerics.fp8_recipe}"]}[parallel.numerics.precision]
+    if parallel.numerics.precision == "fp8":
         flags += spelt_flags(parallel, "fp8_param_gather")
     flags += spelt_flags(parallel, "main_grads_dtype")
-    if parallel.exp_avg_dtype == "bf16":
+    if parallel.numerics.exp_avg_dtype == "bf16":
         flags += ["--use-precision-aware-optimizer", "--exp-avg-dtype bf16",
                   "--exp-avg-sq-dtype bf16"]
     flags += spelt_flags(parallel, "attention_backend", "tensor", "pipeline", "context",
@@ -264,18 +267,18 @@ def megatron_flags(
     if model.num_experts is not None and parallel.dims.expert_tensor_degree != parallel.dims.tensor:
         flags.append(f"{_flag('expert_tensor')} {parallel.dims.expert_tensor_degree}")
     flags += spelt_flags(parallel, "sequence_parallel", "recompute")
-    if parallel.recompute == "full":  # Megatron-LM needs both with full recomputation
-        flags += [f"{_flag('recompute_method')} {parallel.recompute_method}",
-                  f"{_flag('recompute_num_layers')} {parallel.recompute_num_layers}"]
-    elif parallel.recompute == "selective":
+    if parallel.recomputation.recompute == "full":  # Megatron-LM needs both with full recomputation
+        flags += [f"{_flag('recompute_method')} {parallel.recomputation.recompute_method}",
+                  f"{_flag('recompute_num_layers')} {parallel.recomputation.recompute_num_layers}"]
+    elif parallel.recomputation.recompute == "selective":
         flags += spelt_flags(parallel, "recompute_modules")
     flags += spelt_flags(parallel, "zero_stage", "overlap_grad_reduce", "overlap_param_gather",
                          "tp_comm_overlap")
-    if parallel.cuda_graphs:
+    if parallel.execution.cuda_graphs:
         flags.append(f"{_flag('cuda_graphs')} local")
-    elif parallel.cuda_graph_scope:
+    elif parallel.execution.cuda_graph_scope:
         flags.append(f"{_flag('cuda_graphs')} transformer_engine {_flag('cuda_graph_scope')} "
-                     + " ".join(parallel.cuda_graph_scope))
+                     + " ".join(parallel.execution.cuda_graph_scope))
     flags += spelt_flags(parallel, *_OTHER_KNOBS)
     # Any uneven split, also where the pipeline divides the layers: without these flags
     # Megatron-LM splits evenly, not as planned.
@@ -284,8 +287,9 @@ def megatron_flags(
         embedding, loss = accounted
         flags += ["--account-for-embedding-in-pipeline-split"] if embedding else []
         flags += ["--account-for-loss-in-pipeline-split"] if loss else []
-        if parallel.virtual_pipeline > 1:
-            flags.append(f"--num-virtual-stages-per-pipeline-rank {parallel.virtual_pipeline}")
+        if parallel.pipelining.virtual_pipeline > 1:
+            flags.append("--num-virtual-stages-per-pipeline-rank "
+                         f"{parallel.pipelining.virtual_pipeline}")
         return flags
     if chunk_layers is not None:
         layout = layout_string(chunk_layers, model.mtp_num_layers)
@@ -293,7 +297,7 @@ def megatron_flags(
     if parallel.dims.pipeline > 1 and len(set(layers_per_stage)) > 1:
         flags += [f"--decoder-first-pipeline-num-layers {layers_per_stage[0]}",
                   f"--decoder-last-pipeline-num-layers {layers_per_stage[-1]}"]
-    if parallel.virtual_pipeline > 1:
-        per_chunk = layers_per_stage[0] // parallel.virtual_pipeline
+    if parallel.pipelining.virtual_pipeline > 1:
+        per_chunk = layers_per_stage[0] // parallel.pipelining.virtual_pipeline
         flags.append(f"--num-layers-per-virtual-pipeline-stage {per_chunk}")
     return flags

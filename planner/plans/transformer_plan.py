@@ -48,12 +48,17 @@ from planner.vocabulary.plan import (
     tessel_version,
 )
 from planner.search import search
-from planner.search.megatron_space import Progress, SearchResult, megatron_stage_splits
+from planner.search.megatron_space import (
+    Progress,
+    SearchResult,
+    SearchSpace,
+    megatron_stage_splits,
+)
 
 
 def plan_training(
     name: str, model: TransformerConfig, cluster: Cluster, global_batch_size: int,
-    fixed: FixedKnobs | None = None, space: str = "auto", top: int = 1,
+    fixed: FixedKnobs | None = None, space: SearchSpace = "auto", top: int = 1,
     parameter_names: Callable[[str], str] | None = None, progress: Progress | None = None,
 ) -> tuple[list[Plan], SearchResult]:
     """The `top` best training plans of `model` (named `name`) on `cluster` at
@@ -111,7 +116,7 @@ def training_plan(
         # Degrees as the first stage sees them; `stages` in the plan has every mesh.
         parallel = parallel.but(
             tensor=first.tensor, data=first.data, pipeline=len(stages),
-            micro_batch_size=parallel.micro_batch_size * parallel.dims.data // first.data,
+            micro_batch_size=parallel.batch.micro_batch_size * parallel.dims.data // first.data,
         )
     flags = None if incompatibility else megatron_flags(model, parallel, layers, chunk_layers)
     plan = _plan(name, model, cluster, parallel, layouts, prediction, flags, incompatibility,
@@ -136,21 +141,22 @@ def _plan(
     phases = stage_phases(model, cluster, parallel, layouts, None, collectives)
     peaks = stage_memories(model, cluster, parallel, layouts)
     stages, first_layer, first_device = [], 0, 0
-    interleaved = _chunk_bounds(chunk_layers) if chunk_layers and parallel.virtual_pipeline > 1 \
-        else _interleaved_chunks(sum(layout.layers for layout in layouts), len(layouts),
-                                 parallel.virtual_pipeline)
+    virtual = parallel.pipelining.virtual_pipeline
+    interleaved = _chunk_bounds(chunk_layers) if chunk_layers and virtual > 1 \
+        else _interleaved_chunks(sum(layout.layers for layout in layouts), len(layouts), virtual)
     bounds = [0]
     for layout in layouts:
         bounds.append(bounds[-1] + layout.layers)
     chunks = interleaved or list(zip(bounds, bounds[1:]))
     # Chunk c on stage c % p (Megatron-LM's order), or in V order under dualpipev.
-    owner = [stage_rank(c, len(layouts), parallel.schedule) for c in range(len(chunks))]
+    owner = [stage_rank(c, len(layouts), parallel.pipelining.schedule) for c in range(len(chunks))]
     for index, layout in enumerate(layouts):
         axes, shape = stage_mesh(layout.data, parallel.dims.context, layout.tensor)
         devices = layout.devices * parallel.dims.context
         layers = (first_layer, first_layer + layout.layers)
         stage = Stage(layers=layers, first_device=first_device, num_devices=devices,
-                      mesh_axes=axes, mesh_shape=shape, virtual_chunks=parallel.virtual_pipeline,
+                      mesh_axes=axes, mesh_shape=shape,
+                      virtual_chunks=parallel.pipelining.virtual_pipeline,
                       chunks=[c for c, at in zip(interleaved, owner) if at == index]
                       if interleaved else [layers])
         stage = _with_contents(stage, index, model, parallel, layout, chunks, len(layouts))
@@ -172,12 +178,12 @@ def _plan(
         devices_per_node=min(cluster.devices_per_node, first_device), mesh_axes=mesh_axes,
         mesh_shape=mesh_shape,
         parallel=ParallelDegrees.of(parallel, model.is_moe),
-        run=RunSettings(**{name: getattr(parallel, name) for name in RunSettings.model_fields}),
-        global_batch_size=parallel.global_batch_size,
-        micro_batch_size=parallel.micro_batch_size,
+        run=RunSettings(**{name: parallel.knob(name) for name in RunSettings.model_fields}),
+        global_batch_size=parallel.batch.global_batch_size,
+        micro_batch_size=parallel.batch.micro_batch_size,
         num_micro_batches=parallel.num_micro_batches,
-        recompute=parallel.recompute, schedule=parallel.schedule,
-        precision=parallel.precision, stages=stages,
+        recompute=parallel.recomputation.recompute, schedule=parallel.pipelining.schedule,
+        precision=parallel.numerics.precision, stages=stages,
         predicted=Predicted(**values, compute_s=breakdown.compute_s,
                             communication_s=communication, breakdown=breakdown,
                             ).with_band(*step_time_band(cluster.device)),
@@ -198,22 +204,24 @@ def _with_contents(
     `cost_models.training_collectives`, `cost_models.saved_activations`: what the runtime
     runs)."""
     last = len(chunks) - 1
-    owner = tuple(stage_rank(c, num_stages, parallel.schedule) for c in range(len(chunks)))
+    schedule = parallel.pipelining.schedule
+    owner = tuple(stage_rank(c, num_stages, schedule) for c in range(len(chunks)))
     params = [p for c, layers in enumerate(chunks) if owner[c] == index
               for p in chunk_parameters(model, layers, c == 0, c == last)]
-    zero, expert = parallel.zero_stage, parallel.dims.expert
+    zero, expert = parallel.sharding.zero_stage, parallel.dims.expert
     shards = layout.data * parallel.dims.context
     # The stage's own mesh, with the sequences of one micro-batch split over its replicas.
+    sequences = parallel.batch.micro_batch_size * parallel.dims.data
     here = parallel.but(tensor=layout.tensor, data=layout.data,
-                   micro_batch_size=parallel.micro_batch_size * parallel.dims.data // layout.data)
+                        micro_batch_size=sequences // layout.data)
     rank = rank_layout(here, tuple(chunks), owner)
     collectives = rank_collectives(model, rank, index)
     steady = [c for c in collectives if c.phase != "setup"]
     once = [c for c in collectives if c.phase == "setup"]
     state = rank_state_bytes(params, layout.tensor, shards, zero, expert, model.num_experts,
-                             state_element_bytes(parallel.precision))
+                             state_element_bytes(parallel.numerics.precision))
     saved = []
-    if parallel.engine == "tessel" and tessel_counted(model):
+    if parallel.execution.engine == "tessel" and tessel_counted(model):
         saved = [tessel_stage_bytes(model, here, stop - start, c == 0, c == last)
                  for c, (start, stop) in enumerate(chunks) if owner[c] == index]
     return stage.model_copy(update={

@@ -26,15 +26,15 @@ if TYPE_CHECKING:
     from cost_models.layer_collectives import LayerCollectives
     from planner.vocabulary.cluster import Cluster
     from planner.models.config import TransformerConfig
-    from planner.search.megatron_space import Progress, SearchResult
+    from planner.search.megatron_space import Progress, SearchResult, SearchSpace
 
 __all__ = ["search"]
 
 
 def search(
     model: TransformerConfig, cluster: Cluster, gbs: int, fixed: FixedKnobs,
-    space: str = "auto", progress: Progress | None = None, flash_attention: bool | None = None,
-    collectives: LayerCollectives | None = None,
+    space: SearchSpace = "auto", progress: Progress | None = None,
+    flash_attention: bool | None = None, collectives: LayerCollectives | None = None,
 ) -> SearchResult:
     """The best configurations in `space` ("megatron" or "auto"; the Megatron space under
     the torchtitan engine and for mixtures of experts), best first; the knobs in `fixed`

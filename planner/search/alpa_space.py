@@ -148,9 +148,9 @@ def _candidate(stages: list[StageLayout], shared: ParallelConfig) -> Candidate:
         return Candidate(shared, split, tuple(stages))
     tensor, data = meshes.pop()
     uniform = shared.but(tensor=tensor, data=data, pipeline=len(stages),
-                      micro_batch_size=shared.micro_batch_size // data,
-                      sequence_parallel=shared.sequence_parallel and tensor > 1,
-                      tp_comm_overlap=shared.tp_comm_overlap and tensor > 1)
+                      micro_batch_size=shared.batch.micro_batch_size // data,
+                      sequence_parallel=shared.sharding.sequence_parallel and tensor > 1,
+                      tp_comm_overlap=shared.overlap.tp_comm_overlap and tensor > 1)
     return Candidate(uniform, split)
 
 
@@ -177,7 +177,7 @@ def _shared_knobs(
     tensor = max(2, fixed.get("tensor", 2))
     return [
         [
-            run_settings(ParallelConfig(
+            run_settings(ParallelConfig.of(
                 dims=ParallelDims(data=1, context=fixed.get("context", 1),
                                   expert=fixed.get("expert", 1)),
                 micro_batch_size=b, global_batch_size=gbs, recompute=r, zero_stage=z,
@@ -200,7 +200,7 @@ def _best_stages(
     sizes = submeshes(cluster)
     group = layer_group_size(model.num_layers)
     groups = model.num_layers // group
-    micro_batches = shared.global_batch_size // shared.micro_batch_size
+    micro_batches = shared.batch.global_batch_size // shared.batch.micro_batch_size
     pipeline = fixed.get("pipeline")
     # At most one stage per micro-batch: fewer never fill the pipeline (see megatron_space).
     most = pipeline or min(MAX_STAGES, groups, cluster.num_devices, micro_batches)
@@ -213,7 +213,8 @@ def _best_stages(
     layers = (last - first) * group
     valid = layers > 0
     # A stage with k stages after it runs as the first of k + 1 (`in_flight`).
-    in_flight = np.array([pipeline_schedule.in_flight(shared.schedule, k + 1, 0, micro_batches)
+    in_flight = np.array([pipeline_schedule.in_flight(shared.pipelining.schedule, k + 1, 0,
+                                                      micro_batches)
                           for k in range(most)])
     chosen = np.zeros(costs.shape, dtype=int)  # which mesh priced each entry
     degrees = [fixed["tensor"]] if "tensor" in fixed else tensor_degrees(model, cluster)
@@ -258,9 +259,9 @@ def _meshes(
     options = []
     for tensor in degrees:
         data, rest = divmod(devices, tensor * shared.dims.context)
-        if rest or data < 1 or shared.micro_batch_size % data or data % shared.dims.expert:
+        if rest or data < 1 or shared.batch.micro_batch_size % data or data % shared.dims.expert:
             continue
-        per_replica = shared.micro_batch_size // data
+        per_replica = shared.batch.micro_batch_size // data
         if per_replica == fixed.get("micro_batch_size", per_replica):
             options.append((tensor, data))
     return options

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.vocabulary.schedules import SCHEDULES, schedule_info
+from planner.vocabulary.parallel import Precision
+from planner.vocabulary.schedules import SCHEDULES, Schedule, schedule_info
 
 GRAPH_SCHEDULES = tuple(sorted((name for name in SCHEDULES if schedule_info(name).chunks == 1),
                                key=lambda name: name != "1f1b"))
@@ -22,14 +23,14 @@ class GraphKnobs:
     """True: every stage but the last keeps only its incoming tensors per micro-batch in
     flight and runs its first pass again before the backward (the last stage holds one
     micro-batch at a time, so recomputing would save it nothing); False: none does."""
-    schedule: str = "1f1b"
+    schedule: Schedule = "1f1b"
     """Pipeline schedule: 1f1b (a stage holds one micro-batch per stage from it to the
     last) or gpipe (every stage but the last holds all of them)."""
     lean: bool | None = None
     """True: every parameter, its gradient and optimizer state at their least memory,
     sharded over every mesh axis they split on (ZeRO-3); False: placed as fast as they go
     (the ILP's choice, replicated where that is fastest: ZeRO-0)."""
-    precision: str = "fp32"
+    precision: Precision = "fp32"
     """fp32, or bf16 or fp16: the model traced, priced and run in that precision with fp32
     master weights, gradient accumulators and moments (mixed precision); fp16 with dynamic
     loss scaling (`runtime.graph_pipeline.LossScale`)."""

@@ -19,6 +19,7 @@ from passes.model_layers import ModelLayers
 from passes.stage_graph import OVERFLOW_FLAG_BYTES, stage_graph, stage_program
 from passes.strategies import training_state_bytes
 from planner.vocabulary.cluster import Cluster
+from planner.vocabulary.schedules import Schedule
 from planner.search.layer_table import LayerTable
 from planner.search.layered_stage import layered
 from planner.search.stage_costs import boundary_link, route_time, stage_memory
@@ -40,7 +41,7 @@ class Layout:
     recompute: tuple[bool, ...] = ()
     """Per stage, whether it recomputes its first pass rather than keep its activations
     (empty: no stage does)."""
-    schedule: str = "1f1b"
+    schedule: Schedule = "1f1b"
     """Pipeline schedule: one of `graph_knobs.GRAPH_SCHEDULES`."""
     layered: bool = False
     """Whether each stage runs its layers as programs of their own, the layer table's solves

@@ -17,7 +17,7 @@ from planner.models.config import TransformerConfig
 from planner.vocabulary.knobs import KNOBS, spelt
 from planner.vocabulary.parallel import PRECISIONS, FixedKnobs
 from planner.vocabulary.schedules import runs_on
-from planner.search.megatron_space import data_degrees
+from planner.search.megatron_space import SearchSpace, data_degrees
 
 # Knob -> the `plan` flag that fixes it, for messages that name the flag as typed.
 FLAG = {name: spelling.key for name, spelling in spelt("cli").items()}
@@ -25,7 +25,7 @@ FLAG = {name: spelling.key for name, spelling in spelt("cli").items()}
 
 def check_knobs(
     knobs: FixedKnobs, model: TransformerConfig, cluster: Cluster,
-    global_batch_size: int, space: str,
+    global_batch_size: int, space: SearchSpace,
 ) -> None:
     """ValueError naming every fixed knob that no plan of `space` can honour on `cluster`
     (its GPU count already set) for `model`, each with its rule."""
@@ -163,7 +163,8 @@ def _run_problems(knobs: FixedKnobs, model: TransformerConfig, cluster: Cluster,
     return problems
 
 
-def _schedule_problems(knobs: FixedKnobs, model: TransformerConfig, space: str) -> list[str]:
+def _schedule_problems(knobs: FixedKnobs, model: TransformerConfig,
+                       space: SearchSpace) -> list[str]:
     problems = []
     schedule, p = knobs.get("schedule"), knobs.get("pipeline")
     if schedule == "interleaved" and p == 1:

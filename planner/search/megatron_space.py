@@ -18,14 +18,20 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Iterator, Literal, get_args
 
 from cost_models.pipeline_memory import StageLayout, fits_memory
 from cost_models.step_time import StepPrediction, predict_step
 from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
-from planner.vocabulary.parallel import RECOMPUTE, FixedKnobs, ParallelConfig, Recompute
+from planner.vocabulary.parallel import (
+    RECOMPUTE,
+    SECTION_OF,
+    FixedKnobs,
+    ParallelConfig,
+    Recompute,
+)
 from planner.vocabulary.parallel_dims import ParallelDims
 from planner.vocabulary.schedules import runs_on, schedule_info
 from planner.torchtitan.rules import zero_stages
@@ -51,6 +57,9 @@ CONTEXT_PARALLEL_MIN_SEQ = 8192
 MAX_GPUS = 1 << 17
 
 Progress = Callable[[int, int], None]
+SearchSpace = Literal["auto", "megatron"]
+"""The two spaces (this module's docstring)."""
+SEARCH_SPACES: tuple[str, ...] = get_args(SearchSpace)
 
 
 @dataclass(frozen=True)
@@ -168,43 +177,35 @@ def _degree_layouts(
 def run_settings(base: ParallelConfig, fixed: FixedKnobs, cluster: Cluster,
                  data: int = 2, tensor: int | None = None) -> ParallelConfig:
     """`base` (its degrees, sequence parallelism, ZeRO stage and gradient overlap chosen)
-    with the knobs that only make a run faster or leaner where they apply, each as fixed or
-    else at its best: the weights' gather overlapped with the forward where the optimizer
-    is distributed, tensor-parallel communication overlapped with the matmuls where the
-    device runs Transformer Engine's userbuffers, attention as the device runs it, and
-    Megatron-LM's defaults for the rest (CUDA graphs stay off unless asked for: they need
-    static shapes and hold their own memory). The engine and its knobs are as fixed
-    (Megatron-LM by default); under TorchTitan, async tensor parallelism is a compile pass
-    (`maybe_enable_async_tp`), fp8 is scaled per tensor, and FSDP2 gathers fp8 weights only
-    over `data` ranks above one (any, where stages differ: Alpa's space). `tensor`: the
-    tensor degree the overlaps are decided for, where stages choose their own (default
-    `base`'s)."""
-    engine = fixed.get("engine", "megatron")
-    titan = engine == "torchtitan"
+    with every other fixed knob as given, and the knobs that only make a run faster or
+    leaner where they apply, unless fixed, at their best: the weights' gather overlapped
+    with the forward where the optimizer is distributed, tensor-parallel communication
+    overlapped with the matmuls where the device runs Transformer Engine's userbuffers;
+    the rest at their defaults (Megatron-LM's, and attention as the device runs it; CUDA
+    graphs stay off unless asked for: they need static shapes and hold their own memory).
+    Under TorchTitan, async tensor parallelism is a compile pass (`maybe_enable_async_tp`),
+    fp8 is scaled per tensor, and FSDP2 gathers fp8 weights only over `data` ranks above
+    one (any, where stages differ: Alpa's space). `tensor`: the tensor degree the overlaps
+    are decided for, where stages choose their own (default `base`'s)."""
+    titan = fixed.get("engine") == "torchtitan"
     compiled = fixed.get("compile", False)
-    zero_stage = base.zero_stage
+    zero_stage = base.sharding.zero_stage
     tensor = base.dims.tensor if tensor is None else tensor
-    overlap_tp = tensor > 1 and base.sequence_parallel and cluster.device.tp_comm_overlap
-    return replace(
-        base,
-        attention_backend=fixed.get("attention_backend", "auto"),
-        overlap_param_gather=fixed.get("overlap_param_gather",
-                                       zero_stage >= 1 and base.overlap_grad_reduce),
-        tp_comm_overlap=fixed.get("tp_comm_overlap", overlap_tp and (compiled or not titan)),
-        recompute_method=fixed.get("recompute_method", "uniform"),
-        recompute_num_layers=fixed.get("recompute_num_layers", 1),
-        fp8_recipe=fixed.get("fp8_recipe", "tensorwise" if titan else "delayed"),
-        cuda_graphs=fixed.get("cuda_graphs", False),
-        engine=engine,
-        fsdp_reshard_after_forward=fixed.get("fsdp_reshard_after_forward", "default"),
-        recompute_every=fixed.get("recompute_every", 1),
-        compile=compiled,
-        compile_loss=fixed.get("compile_loss", False),
-        fp8_param_gather=fixed.get("fp8_param_gather", False) and (
+    overlap_tp = (tensor > 1 and base.sharding.sequence_parallel
+                  and cluster.device.tp_comm_overlap)
+    # Degrees and batch sizes are the layout's (a stage's, in Alpa's space), not as fixed.
+    given = {name: value for name, value in fixed.items()
+             if SECTION_OF[name] not in ("dims", "batch")}
+    return base.but(**{
+        **given,
+        "overlap_param_gather": fixed.get(
+            "overlap_param_gather", zero_stage >= 1 and base.overlap.overlap_grad_reduce),
+        "tp_comm_overlap": fixed.get("tp_comm_overlap",
+                                     overlap_tp and (compiled or not titan)),
+        "fp8_recipe": fixed.get("fp8_recipe", "tensorwise" if titan else "delayed"),
+        "fp8_param_gather": fixed.get("fp8_param_gather", False) and (
             not titan or (zero_stage == 3 and data > 1)),
-        moe_router_force_load_balancing=fixed.get("moe_router_force_load_balancing", False),
-        ddp_bucket_size=fixed.get("ddp_bucket_size"),
-    )
+    })
 
 
 def _dispatchers(fixed: FixedKnobs, expert: int, cluster: Cluster) -> list[str]:
@@ -242,7 +243,7 @@ def _expert_tensor_degrees(fixed: FixedKnobs, t: int, c: int, d: int, e: int
 
 def _knob_choices(
     layout: tuple[int, int, int, int, int], model: TransformerConfig, gbs: int,
-    fixed: FixedKnobs, space: str, cluster: Cluster,
+    fixed: FixedKnobs, space: SearchSpace, cluster: Cluster,
 ) -> Iterator[ParallelConfig]:
     """Every setting of the knobs other than degrees and recomputation, for one layout."""
     t, c, p, d, e = layout
@@ -269,15 +270,15 @@ def _knob_choices(
         schedules = _schedules(model.num_layers, p, per_replica // mb, fixed, space)
         dims = ParallelDims(tensor=t, context=c, pipeline=p, data=d, expert=e,
                             expert_tensor=etp)
-        base = run_settings(ParallelConfig(
+        base = run_settings(ParallelConfig.of(
             dims=dims, micro_batch_size=mb, global_batch_size=gbs, sequence_parallel=sp,
             zero_stage=z, overlap_grad_reduce=ov, precision=fixed.get("precision", "bf16"),
             moe_token_dispatcher=dispatcher), fixed, cluster, d)
         for schedule, v in schedules:
-            yield replace(base, schedule=schedule, virtual_pipeline=v,
-                          overlap_moe_expert_parallel_comm=fixed.get(
-                              "overlap_moe_expert_parallel_comm",
-                              a2a_overlap_allowed(e, dispatcher, p, v, fixed)))
+            yield base.but(schedule=schedule, virtual_pipeline=v,
+                           overlap_moe_expert_parallel_comm=fixed.get(
+                               "overlap_moe_expert_parallel_comm",
+                               a2a_overlap_allowed(e, dispatcher, p, v, fixed)))
 
 
 def a2a_overlap_allowed(expert: int, dispatcher: str, pipeline: int, virtual: int,
@@ -291,7 +292,7 @@ def a2a_overlap_allowed(expert: int, dispatcher: str, pipeline: int, virtual: in
 
 
 def _schedules(
-    num_layers: int, p: int, m: int, fixed: FixedKnobs, space: str
+    num_layers: int, p: int, m: int, fixed: FixedKnobs, space: SearchSpace
 ) -> list[tuple[str, int]]:
     """(schedule, virtual stages) for `p` stages and `m` micro-batches, fixed ones kept.
     Interleaving needs the micro-batches to be a multiple of the stages and the stage's
@@ -333,13 +334,13 @@ def configure(config: ParallelConfig, recompute: Recompute) -> ParallelConfig:
     """`config` with `recompute`; the MoE all-to-all overlap off under full recomputation,
     which Megatron-LM does not run together."""
     if recompute == "full":
-        return replace(config, recompute=recompute, overlap_moe_expert_parallel_comm=False)
-    return replace(config, recompute=recompute)
+        return config.but(recompute=recompute, overlap_moe_expert_parallel_comm=False)
+    return config.but(recompute=recompute)
 
 
 def _splits(model: TransformerConfig, config: ParallelConfig) -> list[tuple[int, ...]]:
     splits = megatron_stage_splits(model.num_layers, config.dims.pipeline)
-    if config.virtual_pipeline > 1:
+    if config.pipelining.virtual_pipeline > 1:
         splits = [s for s in splits if len(set(s)) == 1]
     return splits
 
@@ -364,11 +365,11 @@ def search_megatron(
     too_large: dict[tuple, int] = {}
     for index, layout in enumerate(layouts):
         for config in _knob_choices(layout, model, gbs, fixed, "megatron", cluster):
-            memory_knobs = replace(config, moe_token_dispatcher="allgather",
-                                   overlap_moe_expert_parallel_comm=False)
-            others = replace(memory_knobs, micro_batch_size=1)
+            memory_knobs = config.but(moe_token_dispatcher="allgather",
+                                      overlap_moe_expert_parallel_comm=False)
+            others = memory_knobs.but(micro_batch_size=1)
             for split in _splits(model, config):
-                if config.micro_batch_size >= too_large.get((others, split), gbs + 1):
+                if config.batch.micro_batch_size >= too_large.get((others, split), gbs + 1):
                     continue
                 fitting = False
                 for recompute in recomputes:
@@ -385,7 +386,7 @@ def search_megatron(
                             collectives)))
                         break  # more recomputation would only be slower
                 if not fitting:
-                    too_large[others, split] = config.micro_batch_size
+                    too_large[others, split] = config.batch.micro_batch_size
         if progress:
             progress(index + 1, len(layouts))
     ranked.sort(key=lambda item: item[1].step_time_s)

@@ -1,8 +1,12 @@
 """Every parallel knob of one training configuration, in Megatron-LM's vocabulary.
 
-Like torchtitan's `ParallelDims`: the degrees live in one frozen value, `-1` means "the
-rest of the GPUs", and one validation names every degree when they do not multiply out,
-so a user sees the whole picture in one message.
+`ParallelConfig` is typed sections, as torchtitan's job config is: the degrees in one
+`ParallelDims` (`-1` means "the rest of the GPUs", and one validation names every degree
+when they do not multiply out, so a user sees the whole picture in one message), then the
+batch, the pipeline schedule, recomputation, numerics, sharding, overlap, execution (the
+engine and its kernels) and MoE dispatch. A knob keeps one name everywhere (`KNOB_NAMES`:
+the field's name in its section, `FixedKnobs`' key, `planner.vocabulary.knobs`' entry),
+and `ParallelConfig.of` / `.but` / `.knob` set and read knobs by that name.
 """
 
 from __future__ import annotations
@@ -44,28 +48,19 @@ CUDA_GRAPH_SCOPES: tuple[str, ...] = get_args(CudaGraphScope)
 
 
 @dataclass(frozen=True)
-class ParallelConfig:
-    """How one training step is split over GPUs. Megatron-LM flag in parentheses."""
+class Batch:
+    """Sequences per step, as torchtitan's [training] section counts them."""
 
-    dims: ParallelDims = ParallelDims(data=-1)
-    """The degrees: tensor (--tensor-model-parallel-size), pipeline
-    (--pipeline-model-parallel-size), data (-1: the GPUs the others leave), context
-    (--context-parallel-size), expert (--expert-model-parallel-size) and expert_tensor
-    (--expert-tensor-parallel-size). Experts fold over a pipeline stage's tensor x
-    context x data ranks (Megatron-Core's "parallel folding"); `ParallelDims` holds
-    their rules."""
-    sequence_parallel: bool = False
-    """Shard norms and dropout over the tensor-parallel group (--sequence-parallel)."""
     micro_batch_size: int = 1
     """Sequences per micro-batch on one data-parallel rank (--micro-batch-size)."""
     global_batch_size: int = 1
     """Sequences per optimizer step over all data-parallel ranks (--global-batch-size)."""
-    recompute: Recompute = "none"
-    """Activation recomputation: none, selective (attention core) or full
-    (--recompute-granularity)."""
-    zero_stage: int = 0
-    """ZeRO stage 0-3; 1 is Megatron-LM's distributed optimizer
-    (--use-distributed-optimizer)."""
+
+
+@dataclass(frozen=True)
+class Pipelining:
+    """How the pipeline stages take turns (`planner.vocabulary.schedules`)."""
+
     schedule: Schedule = "1f1b"
     """Pipeline schedule: gpipe, 1f1b, interleaved (interleaved 1F1B with virtual
     stages) or dualpipev (DeepSeek's DualPipeV, torch's ScheduleDualPipeV: two chunks per
@@ -76,26 +71,15 @@ class ParallelConfig:
     """Model chunks per pipeline rank: for the interleaved schedule (Megatron-LM's
     --num-layers-per-virtual-pipeline-stage is num_layers / (pipeline x this)), and 2 for
     dualpipev."""
-    overlap_grad_reduce: bool = False
-    """Reduce gradients in buckets during the backward pass (--overlap-grad-reduce);
-    off, the reduction runs after the last micro-batch's backward."""
-    precision: Precision = "bf16"
-    """Matmul precision: bf16 (--bf16), fp16 (--fp16), fp8 (Transformer Engine's
-    --fp8-format hybrid, with bf16 elsewhere; on devices with fp8 tensor cores) or fp32
-    (Megatron-LM's default without either flag; what CPUs run)."""
-    attention_backend: AttentionBackend = "auto"
-    """Attention kernels (--attention-backend): flash (FlashAttention) or fused (cuDNN's
-    fused attention) keep no score matrix; local (Megatron-LM's own: batched matmuls and
-    its fused scale-mask-softmax kernel) and unfused (Transformer Engine's: scale, mask and
-    softmax as separate kernels) write the s x s scores; auto: flash where the device runs
-    it, else local."""
-    overlap_param_gather: bool = False
-    """All-gather the distributed optimizer's updated weights during the next forward
-    pass (--overlap-param-gather); off, the gather runs after the optimizer step. Needs
-    ZeRO stage 1 or more and --overlap-grad-reduce."""
-    tp_comm_overlap: bool = False
-    """Overlap tensor-parallel all-gathers and reduce-scatters with the matmuls they feed
-    (--tp-comm-overlap: Transformer Engine's userbuffers). Needs sequence parallelism."""
+
+
+@dataclass(frozen=True)
+class Recomputation:
+    """Which activations are replayed in backward instead of kept."""
+
+    recompute: Recompute = "none"
+    """Activation recomputation: none, selective (attention core) or full
+    (--recompute-granularity)."""
     recompute_method: RecomputeMethod = "uniform"
     """With full recomputation (--recompute-method): uniform checkpoints the input of every
     group of recompute_num_layers layers and replays them all; block replays only the first
@@ -103,10 +87,108 @@ class ParallelConfig:
     recompute_num_layers: int = 1
     """Layers per checkpointed group (uniform) or recomputed layers per stage (block)
     (--recompute-num-layers)."""
+    recompute_modules: tuple[RecomputeModule, ...] = ("core_attn",)
+    """Under selective recomputation, the parts of each layer replayed in backward
+    (Megatron-LM's --recompute-modules: core_attn, mlp, layernorm, moe_act (the experts'
+    activation function), mla_up_proj (MLA's up projections and rotary), moe (the whole
+    MoE MLP), shared_experts)."""
+    recompute_every: int = 1
+    """Under full recomputation, one block in every this many is checkpointed
+    (TorchTitan's layer-level selective_ac_option = "k"); 1: every block."""
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """The precision of the matmuls, of the gathered weights and of the optimizer state."""
+
+    precision: Precision = "bf16"
+    """Matmul precision: bf16 (--bf16), fp16 (--fp16), fp8 (Transformer Engine's
+    --fp8-format hybrid, with bf16 elsewhere; on devices with fp8 tensor cores) or fp32
+    (Megatron-LM's default without either flag; what CPUs run)."""
     fp8_recipe: Fp8Recipe = "delayed"
     """How fp8 scales are found (--fp8-recipe): delayed (from an amax history), tensorwise
     (current scaling: one extra pass over each tensor), mxfp8 or blockwise (a scale per
     block, computed in the cast; mxfp8 needs Blackwell tensor cores)."""
+    fp8_param_gather: bool = False
+    """Gather fp8 weights rather than bf16 ones (Megatron-LM's --fp8-param-gather,
+    TorchTitan's enable_fsdp_float8_all_gather)."""
+    main_grads_dtype: StateDtype = "fp32"
+    """Gradient buffer the optimizer reads (Megatron-LM's --main-grads-dtype; bf16 with
+    --grad-reduce-in-bf16 or the precision-aware optimizer)."""
+    exp_avg_dtype: StateDtype = "fp32"
+    """Adam's two moments (Megatron-LM's --exp-avg-dtype / --exp-avg-sq-dtype; bf16 with
+    --use-precision-aware-optimizer)."""
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """What is split beyond the degrees: model state (ZeRO / FSDP) and the sequence."""
+
+    zero_stage: int = 0
+    """ZeRO stage 0-3; 1 is Megatron-LM's distributed optimizer
+    (--use-distributed-optimizer)."""
+    sequence_parallel: bool = False
+    """Shard norms and dropout over the tensor-parallel group (--sequence-parallel)."""
+    fsdp_reshard_after_forward: ReshardPolicy = "default"
+    """TorchTitan's FSDP2 policy (parallelism.fsdp_reshard_after_forward): always frees
+    gathered weights after each block's forward, never keeps them to backward, default
+    reshards except under pipeline parallelism."""
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """Which collectives run under compute."""
+
+    overlap_grad_reduce: bool = False
+    """Reduce gradients in buckets during the backward pass (--overlap-grad-reduce);
+    off, the reduction runs after the last micro-batch's backward."""
+    overlap_param_gather: bool = False
+    """All-gather the distributed optimizer's updated weights during the next forward
+    pass (--overlap-param-gather); off, the gather runs after the optimizer step. Needs
+    ZeRO stage 1 or more and --overlap-grad-reduce."""
+    tp_comm_overlap: bool = False
+    """Overlap tensor-parallel all-gathers and reduce-scatters with the matmuls they feed
+    (--tp-comm-overlap: Transformer Engine's userbuffers). Needs sequence parallelism."""
+    ddp_bucket_size: int | None = None
+    """Parameters per gradient bucket of Megatron-LM's overlapped reduction
+    (--ddp-bucket-size); None: its default, max(40M, 1M x data). Every engine's spelling:
+    `planner.vocabulary.knobs`."""
+
+
+@dataclass(frozen=True)
+class Execution:
+    """The engine that runs the plan and how it launches kernels."""
+
+    engine: Engine = "megatron"
+    """The engine that runs the plan, whose choices its memory follows: megatron
+    (Megatron-LM / Megatron-Core with Transformer Engine), torchtitan (FSDP2, DTensor
+    tensor parallelism, torch.distributed.pipelining) or tessel (Tessel's own runtime)."""
+    attention_backend: AttentionBackend = "auto"
+    """Attention kernels (--attention-backend): flash (FlashAttention) or fused (cuDNN's
+    fused attention) keep no score matrix; local (Megatron-LM's own: batched matmuls and
+    its fused scale-mask-softmax kernel) and unfused (Transformer Engine's: scale, mask and
+    softmax as separate kernels) write the s x s scores; auto: flash where the device runs
+    it, else local."""
+    cuda_graphs: bool = False
+    """Capture each layer's kernels in CUDA graphs (--cuda-graph-impl local): the host
+    launches a graph, not each kernel, so small kernels are no longer bound by it."""
+    cuda_graph_scope: tuple[CudaGraphScope, ...] = ()
+    """Parts of each layer captured in CUDA graphs when not the whole layer
+    (Megatron-LM's --cuda-graph-scope: attn, moe_router, moe_preprocess, ...);
+    moe_preprocess runs the dispatcher without its device-to-host copy."""
+    compile: bool = False
+    """torch.compile of each block (TorchTitan's [compile] enable): elementwise chains are
+    fused, so their intermediates are neither written nor kept."""
+    compile_loss: bool = False
+    """torch.compile of the loss (TorchTitan's "loss" in compile.components): the fp32
+    cast, log-softmax and gather are fused, so the loss keeps the bf16 logits rather than
+    an fp32 log-softmax of them."""
+
+
+@dataclass(frozen=True)
+class Moe:
+    """How tokens reach their experts (mixture-of-experts models only)."""
+
     moe_token_dispatcher: MoeDispatcher = "allgather"
     """How tokens reach their experts (--moe-token-dispatcher-type): allgather (every rank
     gathers all tokens of its expert group), alltoall (each token sent to its experts'
@@ -125,91 +207,85 @@ class ParallelConfig:
     overlap_moe_expert_parallel_comm: bool = False
     """Overlap one micro-batch's dispatch and combine all-to-alls with another's compute
     (--overlap-moe-expert-parallel-comm, Megatron-Core's 1F1B A2A overlap)."""
-    cuda_graphs: bool = False
-    """Capture each layer's kernels in CUDA graphs (--cuda-graph-impl local): the host
-    launches a graph, not each kernel, so small kernels are no longer bound by it."""
-    cuda_graph_scope: tuple[CudaGraphScope, ...] = ()
-    """Parts of each layer captured in CUDA graphs when not the whole layer
-    (Megatron-LM's --cuda-graph-scope: attn, moe_router, moe_preprocess, ...);
-    moe_preprocess runs the dispatcher without its device-to-host copy."""
-    engine: Engine = "megatron"
-    """The engine that runs the plan, whose choices its memory follows: megatron
-    (Megatron-LM / Megatron-Core with Transformer Engine), torchtitan (FSDP2, DTensor
-    tensor parallelism, torch.distributed.pipelining) or tessel (Tessel's own runtime)."""
-    recompute_modules: tuple[RecomputeModule, ...] = ("core_attn",)
-    """Under selective recomputation, the parts of each layer replayed in backward
-    (Megatron-LM's --recompute-modules: core_attn, mlp, layernorm, moe_act (the experts'
-    activation function), mla_up_proj (MLA's up projections and rotary), moe (the whole
-    MoE MLP), shared_experts)."""
-    main_grads_dtype: StateDtype = "fp32"
-    """Gradient buffer the optimizer reads (Megatron-LM's --main-grads-dtype; bf16 with
-    --grad-reduce-in-bf16 or the precision-aware optimizer)."""
-    exp_avg_dtype: StateDtype = "fp32"
-    """Adam's two moments (Megatron-LM's --exp-avg-dtype / --exp-avg-sq-dtype; bf16 with
-    --use-precision-aware-optimizer)."""
-    fsdp_reshard_after_forward: ReshardPolicy = "default"
-    """TorchTitan's FSDP2 policy (parallelism.fsdp_reshard_after_forward): always frees
-    gathered weights after each block's forward, never keeps them to backward, default
-    reshards except under pipeline parallelism."""
-    recompute_every: int = 1
-    """Under full recomputation, one block in every this many is checkpointed
-    (TorchTitan's layer-level selective_ac_option = "k"); 1: every block."""
-    compile: bool = False
-    """torch.compile of each block (TorchTitan's [compile] enable): elementwise chains are
-    fused, so their intermediates are neither written nor kept."""
-    compile_loss: bool = False
-    """torch.compile of the loss (TorchTitan's "loss" in compile.components): the fp32
-    cast, log-softmax and gather are fused, so the loss keeps the bf16 logits rather than
-    an fp32 log-softmax of them."""
-    fp8_param_gather: bool = False
-    """Gather fp8 weights rather than bf16 ones (Megatron-LM's --fp8-param-gather,
-    TorchTitan's enable_fsdp_float8_all_gather)."""
-    ddp_bucket_size: int | None = None
-    """Parameters per gradient bucket of Megatron-LM's overlapped reduction
-    (--ddp-bucket-size); None: its default, max(40M, 1M x data). Every engine's spelling:
-    `planner.vocabulary.knobs`."""
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How one training step is split over GPUs, in sections as torchtitan's job config
+    has them; each knob's Megatron-LM flag in parentheses. A knob is read where it lives
+    (``config.batch.micro_batch_size``) and set by its name (`of`, `but`), which is also
+    its name in `FixedKnobs` and `planner.vocabulary.knobs`."""
+
+    dims: ParallelDims = ParallelDims(data=-1)
+    """The degrees: tensor (--tensor-model-parallel-size), pipeline
+    (--pipeline-model-parallel-size), data (-1: the GPUs the others leave), context
+    (--context-parallel-size), expert (--expert-model-parallel-size) and expert_tensor
+    (--expert-tensor-parallel-size). Experts fold over a pipeline stage's tensor x
+    context x data ranks (Megatron-Core's "parallel folding"); `ParallelDims` holds
+    their rules."""
+    batch: Batch = Batch()
+    """Sequences per micro-batch and per step."""
+    pipelining: Pipelining = Pipelining()
+    """The pipeline schedule and chunks per rank."""
+    recomputation: Recomputation = Recomputation()
+    """Activation recomputation."""
+    numerics: Numerics = Numerics()
+    """Matmul, gather and optimizer-state precision."""
+    sharding: Sharding = Sharding()
+    """ZeRO stage, sequence parallelism and FSDP2's resharding."""
+    overlap: Overlap = Overlap()
+    """Collectives overlapped with compute."""
+    execution: Execution = Execution()
+    """The engine, attention kernels, CUDA graphs and torch.compile."""
+    moe: Moe = Moe()
+    """Token dispatch to experts."""
 
     @classmethod
     def of(cls, **knobs: Any) -> ParallelConfig:
-        """The configuration with `knobs` by name (`KNOB_NAMES`: a degree's name, such as
-        ``tensor``, goes to `dims`), data -1 unless given."""
-        degrees = {name: knobs.pop(name) for name in DEGREE_NAMES & knobs.keys()}
-        return cls(dims=ParallelDims(**{"data": -1, **degrees}), **knobs)
+        """The configuration with `knobs` by name (`KNOB_NAMES`: each goes to its section,
+        a degree such as ``tensor`` to `dims`), data -1 unless given."""
+        return cls().but(**knobs)
 
     def but(self, **changes: Any) -> ParallelConfig:
-        """This configuration with `changes` by knob name (degrees included)."""
-        degrees = {name: changes.pop(name) for name in DEGREE_NAMES & changes.keys()}
-        if degrees:
-            changes["dims"] = replace(self.dims, **degrees)
-        return replace(self, **changes)
+        """This configuration with `changes` by knob name; a section given by its name
+        (``dims=ParallelDims(...)``) is taken whole."""
+        whole = {name: changes.pop(name) for name in SECTIONS & changes.keys()}
+        knobs: dict[str, dict[str, Any]] = {}
+        for name, value in changes.items():
+            section = SECTION_OF.get(name)
+            if section is None:
+                raise TypeError(f"{name} is no parallel knob")
+            knobs.setdefault(section, {})[name] = value
+        for section, values in knobs.items():
+            whole[section] = replace(whole.get(section, getattr(self, section)), **values)
+        return replace(self, **whole)
 
     def knob(self, name: str) -> Any:
         """The value of the knob `name` (`KNOB_NAMES`)."""
-        return getattr(self.dims if name in DEGREE_NAMES else self, name)
+        return getattr(getattr(self, SECTION_OF[name]), name)
+
+    def knobs(self) -> dict[str, Any]:
+        """Every knob by name (degrees included)."""
+        return {name: self.knob(name) for name in SECTION_OF}
 
     @property
     def num_micro_batches(self) -> int:
         """Micro-batches per step on each data-parallel rank."""
-        return self.global_batch_size // (self.micro_batch_size * self.dims.data)
+        return self.batch.global_batch_size // (self.batch.micro_batch_size * self.dims.data)
 
     def resolve(self, num_gpus: int) -> ParallelConfig:
         """This config with `data = -1` filled in for `num_gpus`; ValueError naming every
         degree when they do not fit."""
         problems = []
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, int) and not isinstance(value, bool):
-                if value < (0 if f.name == "zero_stage" else 1):
-                    problems.append(f"{f.name} must be positive, got {value}")
-        if self.recompute not in RECOMPUTE:
-            problems.append(f"recompute must be one of {', '.join(RECOMPUTE)}")
-        if self.schedule not in SCHEDULES:
-            problems.append(f"schedule must be one of {', '.join(SCHEDULES)}")
-        if self.precision not in PRECISIONS:
-            problems.append(f"precision must be one of {', '.join(PRECISIONS)}")
-        if self.zero_stage > 3:
-            problems.append(f"zero_stage must be 0-3, got {self.zero_stage}")
-        for name, allowed in (("attention_backend", ATTENTION_BACKENDS),
+        for name, value in self.knobs().items():
+            if name not in DEGREE_NAMES and isinstance(value, int) \
+                    and not isinstance(value, bool) and value < (name != "zero_stage"):
+                problems.append(f"{name} must be positive, got {value}")
+        if self.sharding.zero_stage > 3:
+            problems.append(f"zero_stage must be 0-3, got {self.sharding.zero_stage}")
+        for name, allowed in (("recompute", RECOMPUTE), ("schedule", SCHEDULES),
+                              ("precision", PRECISIONS),
+                              ("attention_backend", ATTENTION_BACKENDS),
                               ("recompute_method", RECOMPUTE_METHODS),
                               ("fp8_recipe", FP8_RECIPES),
                               ("moe_token_dispatcher", MOE_DISPATCHERS),
@@ -217,24 +293,25 @@ class ParallelConfig:
                               ("fsdp_reshard_after_forward", RESHARD_POLICIES),
                               ("main_grads_dtype", STATE_DTYPES),
                               ("exp_avg_dtype", STATE_DTYPES)):
-            if getattr(self, name) not in allowed:
+            if self.knob(name) not in allowed:
                 problems.append(f"{name} must be one of {', '.join(allowed)}")
-        scopes = [m for m in self.cuda_graph_scope if m not in CUDA_GRAPH_SCOPES]
-        if scopes:
-            problems.append(f"cuda_graph_scope must be among {', '.join(CUDA_GRAPH_SCOPES)}, "
-                            f"not {', '.join(scopes)}")
-        unknown = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
-        if unknown:
-            problems.append(f"recompute_modules must be among {', '.join(RECOMPUTE_MODULES)}, "
-                            f"not {', '.join(unknown)}")
-        if self.overlap_param_gather and (self.zero_stage < 1 or not self.overlap_grad_reduce):
+        for name, allowed in (("cuda_graph_scope", CUDA_GRAPH_SCOPES),
+                              ("recompute_modules", RECOMPUTE_MODULES)):
+            unknown = [m for m in self.knob(name) if m not in allowed]
+            if unknown:
+                problems.append(f"{name} must be among {', '.join(allowed)}, "
+                                f"not {', '.join(unknown)}")
+        overlap, moe, pipelining = self.overlap, self.moe, self.pipelining
+        recompute = self.recomputation.recompute
+        if overlap.overlap_param_gather and (
+                self.sharding.zero_stage < 1 or not overlap.overlap_grad_reduce):
             problems.append("overlap_param_gather needs zero_stage >= 1 and overlap_grad_reduce")
-        if self.tp_comm_overlap and not self.sequence_parallel:
+        if overlap.tp_comm_overlap and not self.sharding.sequence_parallel:
             problems.append("tp_comm_overlap needs sequence_parallel")
-        if self.overlap_moe_expert_parallel_comm and (
-                self.dims.expert == 1 or self.moe_token_dispatcher == "allgather"
-                or self.recompute == "full"
-                or (self.dims.pipeline > 1 and self.virtual_pipeline == 1)):
+        if moe.overlap_moe_expert_parallel_comm and (
+                self.dims.expert == 1 or moe.moe_token_dispatcher == "allgather"
+                or recompute == "full"
+                or (self.dims.pipeline > 1 and pipelining.virtual_pipeline == 1)):
             # Megatron-LM's validate_args for the MoE all-to-all overlap.
             problems.append("overlap_moe_expert_parallel_comm needs expert > 1, the alltoall "
                             "or flex dispatcher, no full recomputation, and with pipeline "
@@ -242,32 +319,32 @@ class ParallelConfig:
         if problems:
             raise ValueError("; ".join(problems) + ".")
         dims = self.dims.resolve(num_gpus)  # every degree's rule, in one message
-        resolved, data = replace(self, dims=dims), dims.data
-        if self.global_batch_size % (self.micro_batch_size * data):
+        resolved, data, p = replace(self, dims=dims), dims.data, dims.pipeline
+        micro, batch = self.batch.micro_batch_size, self.batch.global_batch_size
+        if batch % (micro * data):
             raise ValueError(
-                f"global batch ({self.global_batch_size}) must be a multiple of micro batch "
-                f"({self.micro_batch_size}) x data ({data}) = {self.micro_batch_size * data}."
-            )
+                f"global batch ({batch}) must be a multiple of micro batch ({micro}) x data "
+                f"({data}) = {micro * data}.")
         m = resolved.num_micro_batches
-        if self.schedule == "dualpipev":
+        schedule, v = pipelining.schedule, pipelining.virtual_pipeline
+        if schedule == "dualpipev":
             # torch 2.13's ScheduleDualPipeV takes exactly two stages per rank ("ZBV
             # requires exactly 2 stages per rank") and refuses fewer micro-batches than
             # stages ("DualPipeV requires at least as many microbatches as stages"): m >=
             # 2 x pipeline (torch/distributed/pipelining/schedules.py).
-            if self.dims.pipeline < 2 or self.virtual_pipeline != 2 or m < 2 * self.dims.pipeline:
+            if p < 2 or v != 2 or m < 2 * p:
                 raise ValueError(
-                    f"the dualpipev schedule needs pipeline > 1 (got {self.dims.pipeline}), "
-                    f"virtual_pipeline 2 (got {self.virtual_pipeline}: two chunks per rank "
-                    f"in V order) and at least 2 x pipeline = {2 * self.dims.pipeline} "
-                    f"micro-batches per step (got {m}), as torch's ScheduleDualPipeV asks.")
-        elif self.schedule != "interleaved" and self.virtual_pipeline != 1:
+                    f"the dualpipev schedule needs pipeline > 1 (got {p}), virtual_pipeline 2 "
+                    f"(got {v}: two chunks per rank in V order) and at least 2 x pipeline = "
+                    f"{2 * p} micro-batches per step (got {m}), as torch's ScheduleDualPipeV "
+                    "asks.")
+        elif schedule != "interleaved" and v != 1:
             raise ValueError("virtual_pipeline > 1 needs the interleaved schedule.")
-        if (self.engine == "megatron" and self.schedule == "interleaved"
-                and self.virtual_pipeline > 1 and m % self.dims.pipeline):
+        if self.execution.engine == "megatron" and schedule == "interleaved" and v > 1 and m % p:
             # Megatron-LM's rule (torch's Interleaved1F1B runs other counts, in rounds).
             raise ValueError(
                 f"the interleaved schedule needs the {m} micro-batches per step to be a "
-                f"multiple of pipeline ({self.dims.pipeline}); change the batch or the pipeline.")
+                f"multiple of pipeline ({p}); change the batch or the pipeline.")
         return resolved
 
 
@@ -283,8 +360,10 @@ class FixedKnobs(Mapping[str, Any]):
         given = {**(knobs or {}), **more}
         unknown = sorted(set(given) - KNOB_NAMES)
         if unknown:
-            raise ValueError(f"{', '.join(unknown)} is no parallel knob; the knobs are "
-                             f"{', '.join(sorted(KNOB_NAMES))}.")
+            raise ValueError(
+                f"{', '.join(unknown)} is no parallel knob; the knobs are "
+                f"{', '.join(sorted(KNOB_NAMES))}."
+            )
         self._given = {name: value for name, value in given.items() if value is not None}
 
     def __getitem__(self, name: str) -> Any:
@@ -312,7 +391,15 @@ class FixedKnobs(Mapping[str, Any]):
         return FixedKnobs({**self._given, **changes})
 
 
+SECTION_OF: dict[str, str] = {
+    knob.name: section.name
+    for section in fields(ParallelConfig)
+    for knob in fields(section.default)
+}
+"""Each knob's name -> the `ParallelConfig` section that holds it (`dims` for a degree)."""
+SECTIONS = frozenset(f.name for f in fields(ParallelConfig))
+"""The names of `ParallelConfig`'s sections."""
 DEGREE_NAMES = frozenset(f.name for f in fields(ParallelDims))
 """The degrees, which `ParallelConfig` holds in its `dims` (`ParallelDims` validates them)."""
-KNOB_NAMES = DEGREE_NAMES | frozenset(f.name for f in fields(ParallelConfig)) - {"dims"}
-"""Every knob a plan can fix: the degrees and ParallelConfig's other fields."""
+KNOB_NAMES = frozenset(SECTION_OF)
+"""Every knob a plan can fix, by name: the degrees and every section's fields."""

@@ -248,8 +248,9 @@ class ParallelDegrees(_Model):
         return cls(data=dims.data, tensor=dims.tensor, pipeline=dims.pipeline,
                    context=dims.context, expert=dims.expert,
                    expert_tensor=dims.expert_tensor_degree if moe else None,
-                   sequence_parallel=config.sequence_parallel, zero_stage=config.zero_stage,
-                   virtual_pipeline=config.virtual_pipeline)
+                   sequence_parallel=config.sharding.sequence_parallel,
+                   zero_stage=config.sharding.zero_stage,
+                   virtual_pipeline=config.pipelining.virtual_pipeline)
 
 
 class RunSettings(_Model):

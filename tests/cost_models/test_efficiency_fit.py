@@ -55,7 +55,7 @@ def test_measurements_become_megatron_configurations() -> None:
         1024, 24, 1024
     )
     q, d = first.parallel, first.parallel.dims
-    assert (d.tensor, d.data, d.pipeline, q.micro_batch_size, q.global_batch_size) == (
+    assert (d.tensor, d.data, d.pipeline, q.batch.micro_batch_size, q.batch.global_batch_size) == (
         1, 1, 2, 8, 16
     )
     assert first.seconds == pytest.approx(0.372160408)

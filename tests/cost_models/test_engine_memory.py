@@ -3,7 +3,6 @@ runs predicted like with like."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 import pytest
 
@@ -84,10 +83,10 @@ def test_published_peak_memory_is_predicted_within_ten_percent() -> None:
 
 def test_a_compiled_loss_keeps_the_bf16_logits() -> None:
     model = get_preset("llama3-8b")
-    eager = ParallelConfig(engine="torchtitan", micro_batch_size=2)
+    eager = ParallelConfig.of(engine="torchtitan", micro_batch_size=2)
     logits = model.seq_length * 2 * model.vocab_size
     head_input = 2 * model.seq_length * 2 * model.hidden_size
     # Eager: the fp32 log-softmax kept; the bf16 logits and their fp32 copy at the peak.
     assert loss_bytes(model, eager) == (4 * logits + head_input, 6 * logits)
-    compiled = replace(eager, compile_loss=True)
+    compiled = eager.but(compile_loss=True)
     assert loss_bytes(model, compiled) == (2 * logits + head_input, 2 * logits)

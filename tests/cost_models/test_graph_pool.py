@@ -50,9 +50,9 @@ def test_whole_layer_graphs_hold_every_activation_the_layers_keep_and_other_engi
 
 def test_published_rows_read_their_cuda_graphs_from_the_compile_column() -> None:
     runs = {run.line: run.parallel for run in read_runs()[0]}
-    assert runs[12].cuda_graph_scope == ("mlp",) and not runs[12].cuda_graphs
+    assert runs[12].execution.cuda_graph_scope == ("mlp",) and not runs[12].execution.cuda_graphs
     # Moonlight's "off (no CUDA graph)" captures nothing.
-    assert not runs[13].cuda_graph_scope and not runs[13].cuda_graphs
+    assert not runs[13].execution.cuda_graph_scope and not runs[13].execution.cuda_graphs
 
 
 def test_bridges_70b_sft_layouts_that_ran_are_judged_as_they_ran() -> None:

@@ -28,12 +28,12 @@ from planner.vocabulary.parallel import ParallelConfig
 
 
 def test_forced_balance_is_exact_and_random_routing_follows_raab_steger() -> None:
-    even = ParallelConfig(moe_router_force_load_balancing=True)
+    even = ParallelConfig.of(moe_router_force_load_balancing=True)
     assert expected_load(16384, 32, even) == 1.0
     # m/n + sqrt(2 m ln n / n) over m/n, for m/n = 16384 rows per rank on 32 ranks.
     assert expected_load(16384, 32, ParallelConfig()) == pytest.approx(
         1 + math.sqrt(2 * math.log(32) / 16384))
-    capped = ParallelConfig(moe_expert_capacity_factor=1.01)
+    capped = ParallelConfig.of(moe_expert_capacity_factor=1.01)
     assert expected_load(100, 32, capped) == 1.01
 
 

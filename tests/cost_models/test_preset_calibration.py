@@ -63,10 +63,10 @@ def test_a_throughput_row_becomes_the_run_it_describes(runs) -> None:
     rows, _ = runs
     first = next(r for r in rows if r.preset == "dgx-h100" and r.precision == "FP8")
     q = first.step.parallel
-    assert (q.dims.tensor, q.dims.pipeline, q.dims.data, q.virtual_pipeline, q.schedule) == (
-        4, 8, 2, 5, "interleaved")
-    assert (q.precision, q.fp8_recipe, q.attention_backend, q.tp_comm_overlap) == (
-        "fp8", "tensorwise", "fused", True)
+    assert (q.dims.tensor, q.dims.pipeline, q.dims.data, q.pipelining.virtual_pipeline,
+            q.pipelining.schedule) == (4, 8, 2, 5, "interleaved")
+    assert (q.numerics.precision, q.numerics.fp8_recipe, q.execution.attention_backend,
+            q.overlap.tp_comm_overlap) == ("fp8", "tensorwise", "fused", True)
     assert first.step.seconds == pytest.approx(256 * 8192 / (1664 * 64))
 
 

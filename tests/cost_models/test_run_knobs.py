@@ -5,7 +5,6 @@ scaling recipes, CUDA graphs and the expert token dispatcher."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 import pytest
 
@@ -32,14 +31,14 @@ def test_local_attention_at_8k_costs_more_time_and_memory_than_flash() -> None:
     time (softmax and dropout over them, two more matmuls) and, kept for backward
     without recomputation, far more memory."""
     h100 = cluster("dgx-h100", 64)
-    config = replace(TP8, recompute="none")
-    flash = predict_step(LLAMA_8K, h100, replace(config, attention_backend="flash"))
-    local = predict_step(LLAMA_8K, h100, replace(config, attention_backend="local"))
+    config = TP8.but(recompute="none")
+    flash = predict_step(LLAMA_8K, h100, config.but(attention_backend="flash"))
+    local = predict_step(LLAMA_8K, h100, config.but(attention_backend="local"))
     assert local.step_time_s > 1.2 * flash.step_time_s
     assert local.memory_gib_per_gpu > 2 * flash.memory_gib_per_gpu
     # The fused backends price alike, and so do the two that write the scores.
-    assert predict_step(LLAMA_8K, h100, replace(config, attention_backend="fused")) == flash
-    assert predict_step(LLAMA_8K, h100, replace(config, attention_backend="unfused")) == local
+    assert predict_step(LLAMA_8K, h100, config.but(attention_backend="fused")) == flash
+    assert predict_step(LLAMA_8K, h100, config.but(attention_backend="unfused")) == local
 
 
 def test_auto_attention_is_flash_where_the_device_runs_it_else_local() -> None:
@@ -48,7 +47,7 @@ def test_auto_attention_is_flash_where_the_device_runs_it_else_local() -> None:
     for name, runs in (("dgx-a100-80g", "flash"), ("aws-p3.16xlarge", "local")):
         here = cluster(name, 8)
         auto = predict_step(gpt, here, config)
-        assert auto == predict_step(gpt, here, replace(config, attention_backend=runs))
+        assert auto == predict_step(gpt, here, config.but(attention_backend=runs))
 
 
 GPT_1_3B = get_preset("gpt3-1.3b")
@@ -58,7 +57,7 @@ DATA_PARALLEL = ParallelConfig.of(tensor=1, pipeline=1, micro_batch_size=4, glob
 def test_without_overlap_the_whole_gradient_reduction_is_exposed() -> None:
     a100 = cluster("dgx-a100-80g", 64)
     after = predict_step(GPT_1_3B, a100, DATA_PARALLEL)
-    overlapped = predict_step(GPT_1_3B, a100, replace(DATA_PARALLEL, overlap_grad_reduce=True))
+    overlapped = predict_step(GPT_1_3B, a100, DATA_PARALLEL.but(overlap_grad_reduce=True))
     assert overlapped.data_parallel_comm_s < after.data_parallel_comm_s / 2
     # Even overlapped, the last bucket (max(40M, 1M x 64 ranks) parameters, fp32 main
     # gradients) is reduced after the backward ends.
@@ -69,9 +68,9 @@ def test_without_overlap_the_whole_gradient_reduction_is_exposed() -> None:
 
 def test_overlapped_weight_gathers_hide_behind_the_next_forward() -> None:
     a100 = cluster("dgx-a100-80g", 64)
-    zero1 = replace(DATA_PARALLEL, zero_stage=1, overlap_grad_reduce=True)
+    zero1 = DATA_PARALLEL.but(zero_stage=1, overlap_grad_reduce=True)
     after = predict_step(GPT_1_3B, a100, zero1)
-    hidden = predict_step(GPT_1_3B, a100, replace(zero1, overlap_param_gather=True))
+    hidden = predict_step(GPT_1_3B, a100, zero1.but(overlap_param_gather=True))
     assert hidden.data_parallel_comm_s < after.data_parallel_comm_s
     assert hidden.compute_s == after.compute_s
 
@@ -79,12 +78,12 @@ def test_overlapped_weight_gathers_hide_behind_the_next_forward() -> None:
 def test_tensor_parallel_overlap_hides_collectives_behind_the_matmuls() -> None:
     h100 = cluster("dgx-h100", 64)
     plain = predict_step(LLAMA_8K, h100, TP8)
-    overlapped = predict_step(LLAMA_8K, h100, replace(TP8, tp_comm_overlap=True))
+    overlapped = predict_step(LLAMA_8K, h100, TP8.but(tp_comm_overlap=True))
     assert overlapped.tensor_parallel_comm_s < plain.tensor_parallel_comm_s / 2
     assert overlapped.compute_s == plain.compute_s
     assert overlapped.step_time_s < plain.step_time_s
     with pytest.raises(ValueError, match="tp_comm_overlap needs sequence_parallel"):
-        replace(TP8, sequence_parallel=False, tp_comm_overlap=True).resolve(64)
+        TP8.but(sequence_parallel=False, tp_comm_overlap=True).resolve(64)
 
 
 GPT3_175B = get_preset("gpt3-175b")
@@ -95,11 +94,11 @@ MEGATRON_175B = ParallelConfig.of(tensor=8, pipeline=8, micro_batch_size=1,
 def test_block_recomputation_replays_fewer_layers_and_keeps_more_activations() -> None:
     """12 layers per stage: the block method replays the first k of them."""
     a100 = cluster("dgx-a100-80g", 512)
-    runs = {k: predict_step(GPT3_175B, a100, replace(MEGATRON_175B, recompute_method="block",
+    runs = {k: predict_step(GPT3_175B, a100, MEGATRON_175B.but(recompute_method="block",
                                                      recompute_num_layers=k))
             for k in (2, 6, 12)}
     uniform = predict_step(GPT3_175B, a100, MEGATRON_175B)
-    none = predict_step(GPT3_175B, a100, replace(MEGATRON_175B, recompute="none"))
+    none = predict_step(GPT3_175B, a100, MEGATRON_175B.but(recompute="none"))
     assert none.step_time_s < runs[2].step_time_s < runs[6].step_time_s < runs[12].step_time_s
     assert runs[12].step_time_s == pytest.approx(uniform.step_time_s)
     assert none.memory_gib_per_gpu > runs[2].memory_gib_per_gpu > runs[6].memory_gib_per_gpu \
@@ -112,20 +111,20 @@ def test_block_recomputation_replays_fewer_layers_and_keeps_more_activations() -
 def test_uniform_groups_checkpoint_fewer_inputs() -> None:
     a100 = cluster("dgx-a100-80g", 512)
     one = predict_step(GPT3_175B, a100, MEGATRON_175B)
-    four = predict_step(GPT3_175B, a100, replace(MEGATRON_175B, recompute_num_layers=4))
+    four = predict_step(GPT3_175B, a100, MEGATRON_175B.but(recompute_num_layers=4))
     assert four.step_time_s == pytest.approx(one.step_time_s)
     assert four.memory_gib_per_gpu != one.memory_gib_per_gpu
 
 
 def test_current_scaling_casts_cost_more_than_delayed_scaling() -> None:
     h100 = cluster("dgx-h100", 512)
-    fp8 = replace(MEGATRON_175B, precision="fp8")
+    fp8 = MEGATRON_175B.but(precision="fp8")
     delayed = predict_step(GPT3_175B, h100, fp8)
-    tensorwise = predict_step(GPT3_175B, h100, replace(fp8, fp8_recipe="tensorwise"))
+    tensorwise = predict_step(GPT3_175B, h100, fp8.but(fp8_recipe="tensorwise"))
     bf16 = predict_step(GPT3_175B, h100, MEGATRON_175B)
     assert bf16.compute_s > tensorwise.compute_s > delayed.compute_s
     # bf16 runs have nothing to cast: the recipe changes nothing there.
-    assert predict_step(GPT3_175B, h100, replace(MEGATRON_175B, fp8_recipe="tensorwise")) == bf16
+    assert predict_step(GPT3_175B, h100, MEGATRON_175B.but(fp8_recipe="tensorwise")) == bf16
 
 
 def test_cuda_graphs_lift_the_host_launch_bound_of_small_kernels() -> None:
@@ -134,12 +133,12 @@ def test_cuda_graphs_lift_the_host_launch_bound_of_small_kernels() -> None:
     config = ParallelConfig.of(tensor=1, pipeline=1, micro_batch_size=1, global_batch_size=8)
     a100 = cluster("dgx-a100-80g", 8)
     eager = predict_step(tiny, a100, config)
-    graphed = predict_step(tiny, a100, replace(config, cuda_graphs=True))
+    graphed = predict_step(tiny, a100, config.but(cuda_graphs=True))
     assert graphed.compute_s < eager.compute_s / 2
     # Large kernels are bound by the GPU, graphs or not.
     big = predict_step(GPT3_175B, cluster("dgx-a100-80g", 512), MEGATRON_175B)
     big_graphed = predict_step(GPT3_175B, cluster("dgx-a100-80g", 512),
-                               replace(MEGATRON_175B, cuda_graphs=True))
+                               MEGATRON_175B.but(cuda_graphs=True))
     assert big_graphed.compute_s == pytest.approx(big.compute_s, rel=0.01)
 
 
@@ -148,7 +147,7 @@ def test_token_dispatchers_move_different_bytes() -> None:
     config = ParallelConfig.of(tensor=2, pipeline=4, micro_batch_size=1, global_batch_size=256,
                             recompute="full", sequence_parallel=True, expert=8)
     a100 = cluster("dgx-a100-80g", 64)
-    steps = {d: predict_step(mixtral, a100, replace(config, moe_token_dispatcher=d))
+    steps = {d: predict_step(mixtral, a100, config.but(moe_token_dispatcher=d))
              for d in ("allgather", "alltoall", "flex")}
     # All-gather dispatch moves every token of the expert group to every rank; all-to-all
     # only each token's top-k copies.

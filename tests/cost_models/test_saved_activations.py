@@ -77,7 +77,7 @@ def test_recompute_modules_drop_what_they_replay() -> None:
 def test_torchtitans_op_level_checkpointing_keeps_every_other_matmul() -> None:
     model = get_preset("llama3-8b")
     tokens, h, f = model.seq_length * B, model.hidden_size, model.ffn_size
-    titan = ParallelConfig(micro_batch_size=B, engine="torchtitan", recompute="selective")
+    titan = ParallelConfig.of(micro_batch_size=B, engine="torchtitan", recompute="selective")
     saved = saved_per_layer(model, titan, score_free=True)
     # The block's input; wq's and wv's outputs, SDPA's output and log-sum-exp; w1's and
     # w2's outputs (wk, wo and w3 are replayed).
@@ -121,8 +121,8 @@ def test_torchtitans_op_level_checkpointing_of_an_moe_block() -> None:
 
 def test_torch_compile_fuses_what_eager_keeps() -> None:
     model = get_preset("llama3-8b")
-    eager = saved_per_layer(model, ParallelConfig(engine="torchtitan"), score_free=True)
-    compiled = saved_per_layer(model, ParallelConfig(engine="torchtitan", compile=True),
+    eager = saved_per_layer(model, ParallelConfig.of(engine="torchtitan"), score_free=True)
+    compiled = saved_per_layer(model, ParallelConfig.of(engine="torchtitan", compile=True),
                                score_free=True)
     tokens = model.seq_length
     assert eager["mlp"] - compiled["mlp"] == 2 * 2 * tokens * model.ffn_size

@@ -3,7 +3,6 @@ of each knob a user would check (bubble, recomputation, overlap, precision, memo
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 import pytest
 
@@ -51,23 +50,23 @@ def test_model_flops_are_megatrons_formula() -> None:
 
 def test_fewer_micro_batches_mean_a_larger_bubble() -> None:
     many = predict_step(GPT3_175B, a100(512), MEGATRON_175B)
-    few = predict_step(GPT3_175B, a100(512), replace(MEGATRON_175B, micro_batch_size=8))
+    few = predict_step(GPT3_175B, a100(512), MEGATRON_175B.but(micro_batch_size=8))
     # 1F1B: the bubble is (p - 1) stage times; with 8x larger micro-batches the bubble's
     # share of the step grows from 7/192 to 7/24 of the busy time.
     assert few.bubble_s / few.compute_s > 4 * many.bubble_s / many.compute_s
     # Interleaving 4 chunks per stage cuts the schedule's bubble 4 ways, and adds 3 more
     # stage-to-stage transfers per micro-batch (small under sequence parallelism, where
     # each rank sends its 1/t slice of the activations).
-    sequence = replace(MEGATRON_175B, micro_batch_size=8, sequence_parallel=True)
+    sequence = MEGATRON_175B.but(micro_batch_size=8, sequence_parallel=True)
     plain = predict_step(GPT3_175B, a100(512), sequence)
-    interleaved = predict_step(GPT3_175B, a100(512), replace(
-        sequence, schedule="interleaved", virtual_pipeline=4))
+    interleaved = predict_step(GPT3_175B, a100(512), sequence.but(
+        schedule="interleaved", virtual_pipeline=4))
     assert interleaved.bubble_s == pytest.approx(plain.bubble_s / 4, rel=0.2)
 
 
 def test_recomputation_costs_time_and_saves_memory() -> None:
     full = predict_step(GPT3_175B, a100(512), MEGATRON_175B)
-    none = predict_step(GPT3_175B, a100(512), replace(MEGATRON_175B, recompute="none"))
+    none = predict_step(GPT3_175B, a100(512), MEGATRON_175B.but(recompute="none"))
     assert none.step_time_s < full.step_time_s
     assert none.memory_gib_per_gpu > full.memory_gib_per_gpu
     assert none.model_tflops_per_gpu == pytest.approx(none.hardware_tflops_per_gpu)
@@ -77,17 +76,17 @@ def test_overlapped_gradient_reduction_is_exposed_only_where_longer() -> None:
     config = ParallelConfig.of(tensor=1, pipeline=1, micro_batch_size=4, global_batch_size=512)
     model, cluster = get_preset("gpt3-1.3b"), a100(64)
     after = predict_step(model, cluster, config)
-    overlapped = predict_step(model, cluster, replace(config, overlap_grad_reduce=True))
+    overlapped = predict_step(model, cluster, config.but(overlap_grad_reduce=True))
     assert after.data_parallel_comm_s > 0
     assert overlapped.data_parallel_comm_s < after.data_parallel_comm_s
-    assert predict_step(model, a100(1), replace(config, global_batch_size=4)) \
+    assert predict_step(model, a100(1), config.but(global_batch_size=4)) \
         .data_parallel_comm_s == 0
 
 
 def test_fp8_matmuls_are_faster_where_the_device_has_them() -> None:
     h100 = Cluster.load("dgx-h100").with_devices(512)
     bf16 = predict_step(GPT3_175B, h100, MEGATRON_175B)
-    fp8 = predict_step(GPT3_175B, h100, replace(MEGATRON_175B, precision="fp8"))
+    fp8 = predict_step(GPT3_175B, h100, MEGATRON_175B.but(precision="fp8"))
     assert fp8.compute_s < bf16.compute_s
     assert fp8.model_tflops_per_gpu > bf16.model_tflops_per_gpu
 

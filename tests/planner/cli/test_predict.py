@@ -381,7 +381,8 @@ def test_a_moe_launch_line_reads_every_moe_flag(tmp_path: Path, capsys) -> None:
             m.moe_ffn_hidden_size) == ([0, 1, 1, 1], 2048, 4 * 7168 * 2 // 3 // 64 * 64, 2048)
     assert (m.moe_router_score_function, m.moe_router_num_groups, m.moe_router_group_topk,
             m.mtp_num_layers) == ("sigmoid", 8, 4, 1)
-    assert (q.dims.expert, q.dims.expert_tensor_degree, q.moe_router_force_load_balancing,
-            q.moe_expert_capacity_factor, q.moe_token_dispatcher) == (8, 1, True, 1.25, "flex")
+    assert (q.dims.expert, q.dims.expert_tensor_degree, q.moe.moe_router_force_load_balancing,
+            q.moe.moe_expert_capacity_factor, q.moe.moe_token_dispatcher) == (8, 1, True, 1.25,
+                                                                              "flex")
     assert {"--moe-grouped-gemm", "--moe-permute-fusion", "--moe-router-dtype",
             "--moe-aux-loss-coeff", "--mscale"} <= set(run.ignored)

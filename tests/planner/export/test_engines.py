@@ -409,7 +409,8 @@ def test_a_dualpipev_plan_is_torchtitan_s_dualpipev_and_not_megatron_s() -> None
     assert config["parallelism"]["pipeline_parallel_schedule"] == "DualPipeV"
     assert len(config["parallelism"]["module_fqns_per_model_part"]) == 8
     run = torchtitan_job(config, plan.num_gpus, "torchtitan.toml")
-    assert (run.parallel.schedule, run.parallel.virtual_pipeline) == ("dualpipev", 2)
+    pipelining = run.parallel.pipelining
+    assert (pipelining.schedule, pipelining.virtual_pipeline) == ("dualpipev", 2)
     assert (run.parallel.dims.pipeline, run.parallel.dims.tensor) == (4, 2)
     megatron_knobs = ParallelConfig.of(tensor=2, pipeline=4, global_batch_size=64,
                                     schedule="dualpipev", virtual_pipeline=2).resolve(32)

@@ -215,7 +215,7 @@ def test_the_plan_s_stage_phases_give_its_pipeline_time(case) -> None:
     times = stage_times(plan)
     check_slowest_stage(plan, times.phases)
     timeline = pipeline_timeline(times.phases, plan.num_micro_batches, plan.schedule,
-                                 parallel.virtual_pipeline)
+                                 parallel.pipelining.virtual_pipeline)
     # The last stage (output layer and loss) is the slowest: 1F1B and GPipe give the
     # formula exactly. Interleaving is laid out approximately (a chunk as 1/v of its
     # stage), and the formula charges its fill at the slowest stage's pace; so does

@@ -161,22 +161,22 @@ def test_a_published_runs_launch_line_reads_as_its_row(row: dict[str, str]) -> N
     run = megatron_run(args, launch.world_size)
     assert run.model == get_preset(preset)
     q, d = run.parallel, run.parallel.dims
-    assert (d.tensor, d.pipeline, q.virtual_pipeline, d.context, d.expert, d.data) == (
+    assert (d.tensor, d.pipeline, q.pipelining.virtual_pipeline, d.context, d.expert, d.data) == (
         _degree(row["tp"]), _degree(row["pp"]), _degree(row["vp"]), _degree(row["cp"]),
         _degree(row["ep"]), _degree(row["dp"]))
-    assert (q.global_batch_size, q.micro_batch_size, q.dims.expert_tensor_degree) == (
+    assert (q.batch.global_batch_size, q.batch.micro_batch_size, q.dims.expert_tensor_degree) == (
         int(row["global_batch"]), int(row["micro_batch"]), 1)
-    assert q.zero_stage == 1 and q.moe_router_force_load_balancing
-    assert q.recompute == row["recompute"].split()[0]
+    assert q.sharding.zero_stage == 1 and q.moe.moe_router_force_load_balancing
+    assert q.recomputation.recompute == row["recompute"].split()[0]
     if row["recompute"] != "none":
-        assert set(q.recompute_modules) == set(row["recompute"].split()[1].split("+"))
+        assert set(q.recomputation.recompute_modules) == set(row["recompute"].split()[1].split("+"))
     # The notes name the A2A overlap of the first two rows; GB200's recipe sets it too
     # (moe_a2a_overlap=True in GPT_OSS_120B_PRETRAIN_CONFIG_GB200_BF16_V2).
-    assert q.overlap_moe_expert_parallel_comm == (
+    assert q.moe.overlap_moe_expert_parallel_comm == (
         "A2A overlap" in row["notes"] or row["gpu"] == "GB200")
-    assert q.moe_token_dispatcher == ("flex" if "DeepEP" in row["notes"]
+    assert q.moe.moe_token_dispatcher == ("flex" if "DeepEP" in row["notes"]
                                       or row["gpu"] == "GB200" else "alltoall")
-    assert q.precision == ("bf16" if row["precision"] == "bf16" else "fp8")
+    assert q.numerics.precision == ("bf16" if row["precision"] == "bf16" else "fp8")
     assert "--moe-grouped-gemm" in run.ignored and "--moe-router-fusion" in run.ignored
 
 
@@ -184,7 +184,7 @@ def test_deepseek_v3s_line_places_mtp_with_the_loss() -> None:
     launch, args = _read(DEEPSEEK_V3)
     run = megatron_run(args, launch.world_size or 0)
     assert run.chunk_layers == [4] * 15 + [1]
-    assert run.model.mtp_num_layers == 1 and run.parallel.schedule == "interleaved"
+    assert run.model.mtp_num_layers == 1 and run.parallel.pipelining.schedule == "interleaved"
 
 
 @needs_rows

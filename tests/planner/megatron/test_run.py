@@ -40,8 +40,9 @@ def test_a_bare_launch_line_is_megatron_lms_defaults() -> None:
     assert model.tie_embeddings and model.bias and model.ffn_hidden_size == 4 * 1024
     assert model.num_query_groups is None  # multi-head attention
     assert (q.dims.tensor, q.dims.pipeline, q.dims.data, q.dims.context) == (1, 1, 8, 1)
-    assert q.global_batch_size == 8  # micro x data
-    assert (q.recompute, q.zero_stage, q.schedule, q.precision) == (
+    assert q.batch.global_batch_size == 8  # micro x data
+    assert (q.recomputation.recompute, q.sharding.zero_stage, q.pipelining.schedule,
+            q.numerics.precision) == (
         "none", 0, "1f1b", "fp32")
     assert any("fp32" in note for note in run.notes)
     assert run.layers_per_stage is None
@@ -76,7 +77,7 @@ def test_moe_flags_set_the_experts() -> None:
     run = run_of(SHAPE + " --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 512 "
                  "--expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall --bf16")
     assert (run.model.num_experts, run.model.moe_top_k, run.model.ffn_hidden_size) == (8, 2, 512)
-    assert run.parallel.dims.expert == 4 and run.parallel.moe_token_dispatcher == "alltoall"
+    assert run.parallel.dims.expert == 4 and run.parallel.moe.moe_token_dispatcher == "alltoall"
 
 
 def test_parallel_knobs_and_run_settings_map_to_the_configuration() -> None:
@@ -89,14 +90,17 @@ def test_parallel_knobs_and_run_settings_map_to_the_configuration() -> None:
                  world=16)
     q = run.parallel
     assert (q.dims.tensor, q.dims.pipeline, q.dims.data) == (2, 4, 2)
-    assert q.sequence_parallel and q.zero_stage == 1 and q.overlap_param_gather
-    assert q.tp_comm_overlap and q.overlap_grad_reduce
-    assert (q.schedule, q.virtual_pipeline) == ("interleaved", 2)
-    assert (q.recompute, q.recompute_method, q.recompute_num_layers) == ("full", "block", 1)
-    assert (q.precision, q.fp8_recipe) == ("fp8", "tensorwise")
-    assert q.attention_backend == "flash" and q.cuda_graphs
-    assert run_of(SHAPE + " --recompute-activations").parallel.recompute == "selective"
-    assert run_of(SHAPE + " --enable-cuda-graph").parallel.cuda_graphs
+    assert q.sharding.sequence_parallel and q.sharding.zero_stage == 1
+    assert q.overlap.overlap_param_gather
+    assert q.overlap.tp_comm_overlap and q.overlap.overlap_grad_reduce
+    assert (q.pipelining.schedule, q.pipelining.virtual_pipeline) == ("interleaved", 2)
+    assert (q.recomputation.recompute, q.recomputation.recompute_method,
+            q.recomputation.recompute_num_layers) == ("full", "block", 1)
+    assert (q.numerics.precision, q.numerics.fp8_recipe) == ("fp8", "tensorwise")
+    assert q.execution.attention_backend == "flash" and q.execution.cuda_graphs
+    selective = run_of(SHAPE + " --recompute-activations").parallel
+    assert selective.recomputation.recompute == "selective"
+    assert run_of(SHAPE + " --enable-cuda-graph").parallel.execution.cuda_graphs
 
 
 def test_uneven_stages_pass_on_their_layers() -> None:
@@ -178,7 +182,7 @@ def test_the_embedding_and_loss_counted_as_layers_shorten_the_end_chunks() -> No
                  "--account-for-loss-in-pipeline-split", world=8)
     assert run.chunk_layers == [1] + [2] * 62 + [1]
     assert run.layers_per_stage == [15, 16, 16, 16, 16, 16, 16, 15]
-    assert run.parallel.virtual_pipeline == 8
+    assert run.parallel.pipelining.virtual_pipeline == 8
     assert "split evenly over --pipeline-model-parallel-size 8" in error_of(
         flags.replace("126", "125") + " --pipeline-model-parallel-size 8 "
         "--account-for-loss-in-pipeline-split")
@@ -192,7 +196,8 @@ def test_optimizer_state_flags_set_the_dtypes_they_name() -> None:
                  "--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 --grad-reduce-in-bf16 "
                  "--recompute-granularity selective --recompute-modules core_attn mlp")
     q = run.parallel
-    assert (q.main_grads_dtype, q.exp_avg_dtype, q.recompute_modules) == (
+    assert (q.numerics.main_grads_dtype, q.numerics.exp_avg_dtype,
+            q.recomputation.recompute_modules) == (
         "bf16", "bf16", ("core_attn", "mlp"))
     assert "--use-precision-aware-optimizer" in error_of(SHAPE + " --exp-avg-dtype bf16")
     assert "--recompute-modules" in error_of(
@@ -209,7 +214,8 @@ def test_a_pipeline_layout_string_places_the_layers_of_each_chunk() -> None:
     run = run_of(flags + " --pipeline-model-parallel-size 4 --global-batch-size 8 "
                  "--pipeline-model-parallel-layout Et,|(t|)*6,t*3L")
     assert run.chunk_layers == [1, 1, 1, 1, 1, 1, 1, 3]
-    assert run.parallel.virtual_pipeline == 2 and run.parallel.schedule == "interleaved"
+    pipelining = run.parallel.pipelining
+    assert pipelining.virtual_pipeline == 2 and pipelining.schedule == "interleaved"
     assert run.layers_per_stage == [2, 2, 2, 4]
 
 

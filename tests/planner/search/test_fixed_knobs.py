@@ -31,7 +31,7 @@ def stage_meshes(c: Candidate) -> list[tuple[int, int]]:
 
 def per_replica_micro_batch(c: Candidate) -> list[int]:
     """Each stage's sequences per micro-batch on one data-parallel replica."""
-    whole = c.parallel.micro_batch_size * c.parallel.dims.data
+    whole = c.parallel.batch.micro_batch_size * c.parallel.dims.data
     return [whole // data for _, data in stage_meshes(c)]
 
 
@@ -47,8 +47,9 @@ KEPT = {
                  lambda c: num_stages(c) == 4 and len(c.layers_per_stage) == 4),
     "virtual pipeline": ({"pipeline": 2, "virtual_pipeline": 3, "schedule": "interleaved"},
                          DENSE, ("auto", "megatron"),
-                         lambda c: c.parallel.virtual_pipeline == 3
-                         and c.parallel.schedule == "interleaved" and num_stages(c) == 2),
+                         lambda c: c.parallel.pipelining.virtual_pipeline == 3
+                         and c.parallel.pipelining.schedule == "interleaved"
+                         and num_stages(c) == 2),
     "context": ({"context": 2}, DENSE, ("auto", "megatron"),
                 lambda c: c.parallel.dims.context == 2),
     "expert": ({"expert": 4}, MOE, ("auto", "megatron"),
@@ -59,27 +60,36 @@ KEPT = {
                    for t, d in stage_meshes(c))),
     "micro-batch": ({"micro_batch_size": 2}, DENSE, ("auto", "megatron"),
                     lambda c: per_replica_micro_batch(c) == [2] * num_stages(c)),
-    "zero stage 3": ({"zero_stage": 3}, DENSE, ("auto",), lambda c: c.parallel.zero_stage == 3),
+    "zero stage 3": ({"zero_stage": 3}, DENSE, ("auto",),
+                     lambda c: c.parallel.sharding.zero_stage == 3),
     "zero stage 0": ({"zero_stage": 0}, DENSE, ("auto", "megatron"),
-                     lambda c: c.parallel.zero_stage == 0),
+                     lambda c: c.parallel.sharding.zero_stage == 0),
     "recompute": ({"recompute": "selective"}, DENSE, ("auto", "megatron"),
-                  lambda c: c.parallel.recompute == "selective"),
+                  lambda c: c.parallel.recomputation.recompute == "selective"),
     "sequence parallel on": ({"sequence_parallel": True}, DENSE, ("auto", "megatron"),
-                             lambda c: c.parallel.sequence_parallel
+                             lambda c: c.parallel.sharding.sequence_parallel
                              and all(t > 1 for t, _ in stage_meshes(c))),
     "sequence parallel off": ({"sequence_parallel": False}, DENSE, ("auto", "megatron"),
-                              lambda c: not c.parallel.sequence_parallel),
+                              lambda c: not c.parallel.sharding.sequence_parallel),
     "schedule gpipe": ({"schedule": "gpipe"}, DENSE, ("auto",),
-                       lambda c: c.parallel.schedule == "gpipe"),
+                       lambda c: c.parallel.pipelining.schedule == "gpipe"),
     "schedule 1f1b": ({"schedule": "1f1b"}, DENSE, ("auto", "megatron"),
-                      lambda c: c.parallel.schedule == "1f1b"),
+                      lambda c: c.parallel.pipelining.schedule == "1f1b"),
     "schedule interleaved": ({"schedule": "interleaved"}, DENSE, ("auto", "megatron"),
-                             lambda c: c.parallel.schedule == "interleaved"
-                             and c.parallel.virtual_pipeline > 1),
+                             lambda c: c.parallel.pipelining.schedule == "interleaved"
+                             and c.parallel.pipelining.virtual_pipeline > 1),
     "overlap off": ({"overlap_grad_reduce": False}, DENSE, ("auto", "megatron"),
-                    lambda c: not c.parallel.overlap_grad_reduce),
+                    lambda c: not c.parallel.overlap.overlap_grad_reduce),
     "precision": ({"precision": "fp16"}, DENSE, ("auto", "megatron"),
-                  lambda c: c.parallel.precision == "fp16"),
+                  lambda c: c.parallel.numerics.precision == "fp16"),
+    # Knobs the search never varies are carried as given (they were once dropped).
+    "capacity and graph scope": (
+        {"moe_expert_capacity_factor": 1.5, "cuda_graphs": True, "cuda_graph_scope": ("attn",)},
+        MOE, ("megatron",),
+        lambda c: c.parallel.moe.moe_expert_capacity_factor == 1.5
+        and c.parallel.execution.cuda_graph_scope == ("attn",)),
+    "bucket size": ({"ddp_bucket_size": 10**7}, DENSE, ("auto", "megatron"),
+                    lambda c: c.parallel.overlap.ddp_bucket_size == 10**7),
 }
 CASES = [(knob, space) for knob, (_, _, spaces, _) in KEPT.items() for space in spaces]
 

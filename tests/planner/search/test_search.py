@@ -44,8 +44,8 @@ def test_megatron_space_holds_every_layout_megatron_can_launch() -> None:
     candidates = list(enumerate_megatron(get_preset("gpt3-1.3b"), a100(16), 512, FixedKnobs()))
     layouts = {(c.parallel.dims.tensor, c.parallel.dims.pipeline) for c in candidates}
     assert layouts == {(t, p) for t in (1, 2, 4, 8) for p in (1, 2, 4, 8) if t * p <= 16}
-    assert {c.parallel.recompute for c in candidates} == {"none", "selective", "full"}
-    assert {c.parallel.schedule for c in candidates} == {"1f1b", "interleaved"}
+    assert {c.parallel.recomputation.recompute for c in candidates} == {"none", "selective", "full"}
+    assert {c.parallel.pipelining.schedule for c in candidates} == {"1f1b", "interleaved"}
 
 
 def test_auto_space_is_never_worse_than_megatron() -> None:
@@ -62,7 +62,8 @@ def test_fixed_knobs_are_never_varied() -> None:
     for candidate, _ in result.ranked:
         q = candidate.parallel
         d = q.dims
-        assert (d.tensor, d.pipeline, q.recompute, q.micro_batch_size) == (2, 2, "full", 2)
+        assert (d.tensor, d.pipeline, q.recomputation.recompute,
+                q.batch.micro_batch_size) == (2, 2, "full", 2)
 
 
 def test_every_ranked_plan_fits_and_ranks_ascend() -> None:
@@ -112,5 +113,5 @@ def test_every_pipelined_plan_has_a_micro_batch_per_stage(space: str) -> None:
     assert ranked
     for candidate, _ in ranked:
         stages = len(candidate.stages) if candidate.stages else candidate.parallel.dims.pipeline
-        whole = candidate.parallel.micro_batch_size * candidate.parallel.dims.data
+        whole = candidate.parallel.batch.micro_batch_size * candidate.parallel.dims.data
         assert stages == 1 or 16 // whole >= stages, candidate

@@ -24,14 +24,18 @@ def test_every_candidate_is_what_torchtitan_runs() -> None:
                    "fp8_param_gather": True}):
         for candidate in enumerate_megatron(MODEL, cluster, 64, fixed):
             q = candidate.parallel
-            assert q.engine == "torchtitan"
+            assert q.execution.engine == "torchtitan"
             dims = q.dims
-            assert q.zero_stage in zero_stages(dims.tensor, dims.context, dims.pipeline, dims.data)
-            assert q.sequence_parallel == (q.dims.tensor > 1)
-            assert q.fp8_recipe == "tensorwise"
-            assert not q.tp_comm_overlap or q.compile  # async TP is a compile pass
-            assert not q.fp8_param_gather or (q.zero_stage == 3 and q.dims.data > 1)
-            seen.add((q.zero_stage, q.tp_comm_overlap, q.fp8_param_gather, q.compile))
+            assert q.sharding.zero_stage in zero_stages(dims.tensor, dims.context, dims.pipeline,
+                                                        dims.data)
+            assert q.sharding.sequence_parallel == (q.dims.tensor > 1)
+            assert q.numerics.fp8_recipe == "tensorwise"
+            # async TP is a compile pass
+            assert not q.overlap.tp_comm_overlap or q.execution.compile
+            zero3 = q.sharding.zero_stage == 3
+            assert not q.numerics.fp8_param_gather or (zero3 and q.dims.data > 1)
+            seen.add((q.sharding.zero_stage, q.overlap.tp_comm_overlap,
+                      q.numerics.fp8_param_gather, q.execution.compile))
     # DDP and FSDP both tried; async TP and fp8 gathers where compile and fp8 allow them.
     assert {(0, False, False, False), (3, False, False, False), (3, True, True, True)} <= seen
 
@@ -40,9 +44,11 @@ def test_megatrons_search_is_unchanged_by_the_engine_knobs() -> None:
     cluster = Cluster.load("dgx-h100").with_devices(16)
     for candidate in enumerate_megatron(MODEL, cluster, 64, FixedKnobs()):
         q = candidate.parallel
-        assert q.engine == "megatron" and q.zero_stage in (0, 1)
-        assert (q.fsdp_reshard_after_forward, q.recompute_every, q.compile,
-                q.fp8_param_gather, q.fp8_recipe) == ("default", 1, False, False, "delayed")
+        assert q.execution.engine == "megatron" and q.sharding.zero_stage in (0, 1)
+        assert (q.sharding.fsdp_reshard_after_forward, q.recomputation.recompute_every,
+                q.execution.compile,
+                q.numerics.fp8_param_gather, q.numerics.fp8_recipe) == ("default", 1, False, False,
+                                                                        "delayed")
 
 
 def test_the_best_torchtitan_plan_is_priced_as_torchtitan_runs_it() -> None:
@@ -51,7 +57,7 @@ def test_the_best_torchtitan_plan_is_priced_as_torchtitan_runs_it() -> None:
                              FixedKnobs(engine="torchtitan", precision="bf16"))
     assert result.ranked
     for candidate, prediction in result.ranked[:5]:
-        assert candidate.parallel.engine == "torchtitan" and prediction.fits
+        assert candidate.parallel.execution.engine == "torchtitan" and prediction.fits
 
 
 def test_fsdp_is_in_the_megatron_space_under_torchtitan() -> None:

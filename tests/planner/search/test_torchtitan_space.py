@@ -17,5 +17,5 @@ def test_the_auto_space_under_torchtitan_keeps_one_mesh_and_its_data_parallelism
         q = candidate.parallel
         assert candidate.stages is None  # every stage on the one mesh
         d = q.dims
-        assert q.zero_stage in zero_stages(d.tensor, d.context, d.pipeline, d.data)
-        assert q.engine == "torchtitan"
+        assert q.sharding.zero_stage in zero_stages(d.tensor, d.context, d.pipeline, d.data)
+        assert q.execution.engine == "torchtitan"

@@ -128,14 +128,16 @@ def test_a_bare_job_config_is_torchtitans_defaults() -> None:
     q = run.parallel
     assert (run.flavor, run.model.seq_length, run.num_gpus) == ("8B", 2048, 8)
     d = q.dims
-    assert (d.tensor, d.pipeline, d.context, d.data, q.zero_stage) == (1, 1, 1, 8, 3)
+    assert (d.tensor, d.pipeline, d.context, d.data, q.sharding.zero_stage) == (1, 1, 1, 8, 3)
     # local batch 8 per data rank, global batch local x data; no accumulation.
-    assert (q.micro_batch_size, q.global_batch_size, q.num_micro_batches) == (8, 64, 1)
+    assert (q.batch.micro_batch_size, q.batch.global_batch_size, q.num_micro_batches) == (8, 64, 1)
     # [activation_checkpoint] absent: selective with option "2", every second block.
-    assert (q.recompute, q.recompute_every) == ("full", 2)
-    assert (q.precision, q.engine, q.fsdp_reshard_after_forward, q.compile) == (
+    assert (q.recomputation.recompute, q.recomputation.recompute_every) == ("full", 2)
+    assert (q.numerics.precision, q.execution.engine, q.sharding.fsdp_reshard_after_forward,
+            q.execution.compile) == (
         "bf16", "torchtitan", "default", False)
-    assert q.overlap_grad_reduce and q.overlap_param_gather and not q.sequence_parallel
+    assert q.overlap.overlap_grad_reduce and q.overlap.overlap_param_gather
+    assert not q.sharding.sequence_parallel
     assert any("training.seq_len 2048" in note for note in run.notes)
     assert any("-1: 8" in note for note in run.notes)
     assert run.ignored == []
@@ -157,19 +159,20 @@ def test_tensor_context_and_fsdp_degrees() -> None:
               'data_parallel_shard_degree = 8\nfsdp_reshard_after_forward = "never"\n')
     q = run.parallel
     assert run.num_gpus == 64  # the degrees give it
-    assert (q.dims.tensor, q.dims.context, q.dims.data, q.zero_stage, q.sequence_parallel) == (
+    assert (q.dims.tensor, q.dims.context, q.dims.data, q.sharding.zero_stage,
+            q.sharding.sequence_parallel) == (
         4, 2, 8, 3, True)
-    assert q.fsdp_reshard_after_forward == "never"
+    assert q.sharding.fsdp_reshard_after_forward == "never"
     # FSDP2 shards over shard x context even with one data replica.
     assert job(LLAMA8 + "[training]\nseq_len = 8192\n[parallelism]\n"
                "context_parallel_degree = 2\ndata_parallel_shard_degree = 1\n"
-               ).parallel.zero_stage == 3
+               ).parallel.sharding.zero_stage == 3
 
 
 def test_ddp_runs_alone_and_hsdp_is_refused() -> None:
     q = job(LLAMA8 + "[parallelism]\ndata_parallel_replicate_degree = 8\n"
             "data_parallel_shard_degree = 1\n").parallel
-    assert (q.dims.data, q.zero_stage, q.overlap_param_gather) == (8, 0, False)
+    assert (q.dims.data, q.sharding.zero_stage, q.overlap.overlap_param_gather) == (8, 0, False)
     assert "HSDP" in error_of(LLAMA8 + "[parallelism]\ndata_parallel_replicate_degree = 2\n"
                               "data_parallel_shard_degree = 4\n")
     assert "DDP does not compose" in error_of(
@@ -181,7 +184,8 @@ def test_1f1b_takes_torchtitans_uneven_split() -> None:
     run = job(LLAMA8 + "[training]\nlocal_batch_size = 8\n[parallelism]\n"
               "pipeline_parallel_degree = 4\n", gpus=32)
     q = run.parallel
-    assert (q.dims.pipeline, q.schedule, q.virtual_pipeline, q.micro_batch_size) == (
+    assert (q.dims.pipeline, q.pipelining.schedule, q.pipelining.virtual_pipeline,
+            q.batch.micro_batch_size) == (
         4, "1f1b", 1, 1)
     assert q.num_micro_batches == 8 and q.dims.data == 8
     # 32 blocks + embedding + output as 34 over 4 stages: 9, 9, 8, 8 less the two ends.
@@ -196,7 +200,8 @@ def test_interleaved_parts_as_given_or_generated() -> None:
             'pipeline_parallel_degree = 2\npipeline_parallel_schedule = "interleaved1f1b"\n')
     given = job(text + f"module_fqns_per_model_part = {parts!r}\n".replace("'", '"'), 16)
     q = given.parallel
-    assert (q.schedule, q.virtual_pipeline, q.num_micro_batches) == ("interleaved", 2, 4)
+    assert (q.pipelining.schedule, q.pipelining.virtual_pipeline,
+            q.num_micro_batches) == ("interleaved", 2, 4)
     assert given.layers_per_stage is None and given.chunk_layers is None
     # TorchTitan's own split of 34 weighted layers into 4 parts: 8, 9, 8, 7 blocks.
     generated = job(text, 16)
@@ -204,7 +209,7 @@ def test_interleaved_parts_as_given_or_generated() -> None:
     assert generated.layers_per_stage == [16, 16]
     # 3 weighted layers a stage: ceil(34 / 3) = 12 stages, 6 a rank.
     per_stage = job(text + "pipeline_parallel_layers_per_stage = 3\n", 16)
-    assert per_stage.parallel.virtual_pipeline == 6
+    assert per_stage.parallel.pipelining.virtual_pipeline == 6
     assert per_stage.chunk_layers == [2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 2, 1]
     assert "makes 9 stages" in error_of(text + "pipeline_parallel_layers_per_stage = 4\n", 16)
 
@@ -216,7 +221,8 @@ def test_dualpipev_parts_run_in_v_order() -> None:
             'pipeline_parallel_degree = 2\npipeline_parallel_schedule = "DualPipeV"\n')
     generated = job(text, 16)
     q = generated.parallel
-    assert (q.schedule, q.virtual_pipeline, q.num_micro_batches) == ("dualpipev", 2, 4)
+    assert (q.pipelining.schedule, q.pipelining.virtual_pipeline,
+            q.num_micro_batches) == ("dualpipev", 2, 4)
     assert generated.chunk_layers == [8, 9, 8, 7]
     assert generated.layers_per_stage == [8 + 7, 9 + 8]  # parts 0 and 3, 1 and 2
 
@@ -231,36 +237,38 @@ def test_dualpipev_parts_run_in_v_order() -> None:
 ])
 def test_activation_checkpointing(table: str, expected: tuple[str, int]) -> None:
     q = job(LLAMA8 + f"[activation_checkpoint]\n{table}\n", gpus=8).parallel
-    assert (q.recompute, q.recompute_every) == expected
+    assert (q.recomputation.recompute, q.recomputation.recompute_every) == expected
 
 
 def test_float8_tensorwise_and_its_all_gathers() -> None:
     fp8 = LLAMA8 + 'converters = ["quantize.linear.float8"]\n'
     q = job(fp8 + "[quantize.linear.float8]\nenable_fsdp_float8_all_gather = true\n"
             "precompute_float8_dynamic_scale_for_fsdp = true\n", gpus=8).parallel
-    assert (q.precision, q.fp8_recipe, q.fp8_param_gather) == ("fp8", "tensorwise", True)
+    numerics = q.numerics
+    assert (numerics.precision, numerics.fp8_recipe, numerics.fp8_param_gather) == (
+        "fp8", "tensorwise", True)
     named = job(fp8 + '[quantize.linear.float8]\nrecipe_name = "tensorwise"\n', 8).parallel
-    assert (named.precision, named.fp8_param_gather) == ("fp8", False)
+    assert (named.numerics.precision, named.numerics.fp8_param_gather) == ("fp8", False)
     # No shard degree above 1: TorchTitan gathers bf16 weights (none to gather here).
     alone = job(fp8 + "[parallelism]\ndata_parallel_shard_degree = 1\n"
                 "tensor_parallel_degree = 8\n[quantize.linear.float8]\n"
                 "enable_fsdp_float8_all_gather = true\n")
-    assert not alone.parallel.fp8_param_gather
+    assert not alone.parallel.numerics.fp8_param_gather
     assert any("no effect" in note for note in alone.notes)
     mx = job(LLAMA8 + 'converters = ["quantize.linear.mx"]\n', gpus=8).parallel
-    assert (mx.precision, mx.fp8_recipe) == ("fp8", "mxfp8")
+    assert (mx.numerics.precision, mx.numerics.fp8_recipe) == ("fp8", "mxfp8")
 
 
 def test_compile_and_async_tensor_parallelism() -> None:
     text = (LLAMA8 + "[parallelism]\ntensor_parallel_degree = 8\n"
             "enable_async_tensor_parallel = true\n")
     q = job(text + "[compile]\nenable = true\n", gpus=8).parallel
-    assert q.compile and q.tp_comm_overlap and q.sequence_parallel
-    assert q.compile_loss  # components default to ["model", "loss"]
+    assert q.execution.compile and q.overlap.tp_comm_overlap and q.sharding.sequence_parallel
+    assert q.execution.compile_loss  # components default to ["model", "loss"]
     assert "needs compile.enable = true" in error_of(text, gpus=8)
     # The loss alone (DeepSeek-V3 16B's config): its blocks run eagerly.
     loss = job(LLAMA8 + '[compile]\nenable = true\ncomponents = ["loss"]\n', gpus=8).parallel
-    assert (loss.compile, loss.compile_loss) == (False, True)
+    assert (loss.execution.compile, loss.execution.compile_loss) == (False, True)
 
 
 def test_pipelined_gradient_accumulation_is_refused() -> None:
@@ -271,7 +279,7 @@ def test_pipelined_gradient_accumulation_is_refused() -> None:
     # Without pipelining, accumulation is micro-batches of one step.
     q = job(LLAMA8 + "[training]\nlocal_batch_size = 2\nglobal_batch_size = 64\n",
             gpus=8).parallel
-    assert (q.micro_batch_size, q.num_micro_batches) == (2, 4)
+    assert (q.batch.micro_batch_size, q.num_micro_batches) == (2, 4)
 
 
 BAD = {

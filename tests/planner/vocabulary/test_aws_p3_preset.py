@@ -86,7 +86,7 @@ def test_the_search_plans_in_the_devices_default_precision(p3: Cluster) -> None:
 
     result = search(get_preset("gpt3-350m"), p3.with_devices(8), 64, {}, "megatron")
     assert result.ranked
-    assert {candidate.parallel.precision for candidate, _ in result.ranked} == {"fp16"}
+    assert {candidate.parallel.numerics.precision for candidate, _ in result.ranked} == {"fp16"}
 
 
 def test_plans_on_a_v100_price_attention_unfused(p3: Cluster) -> None:

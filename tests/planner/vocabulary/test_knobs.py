@@ -12,6 +12,7 @@ generated from it (the `plan` flags, docs/cli.md) are current.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import tomllib
@@ -50,7 +51,6 @@ from planner.vocabulary.knobs import (
     spelt,
 )
 from planner.vocabulary.parallel import KNOB_NAMES, ParallelConfig
-from planner.vocabulary.parallel_dims import ParallelDims
 from planner.vocabulary.plan import ParallelDegrees, Plan, RunSettings
 from runtime.spec import from_training_plan
 
@@ -152,7 +152,9 @@ def _without_none(annotation: Any) -> tuple[Any, bool]:
 
 def test_each_knob_has_its_plan_field_and_type() -> None:
     sections = {"parallel": ParallelDegrees, "run": RunSettings}
-    hints = {**typing.get_type_hints(ParallelDims), **typing.get_type_hints(ParallelConfig)}
+    hints = {}  # every knob's annotation, from the section that holds it
+    for section in dataclasses.fields(ParallelConfig):
+        hints.update(typing.get_type_hints(type(section.default)))
     for name, knob in KNOBS.items():
         section, _, field = (knob.plan_field or "").rpartition(".")
         model = sections[section] if section else Plan

@@ -12,7 +12,7 @@ from torch.distributed import pipelining
 from torch.distributed.pipelining.schedules import PipelineScheduleMulti
 
 from cost_models.pipeline_schedule import rank_actions, stage_rank
-from planner.vocabulary.parallel import ENGINES, SCHEDULES, ParallelConfig
+from planner.vocabulary.parallel import ENGINES, SCHEDULES, Pipelining
 from planner.vocabulary.schedules import (
     LAID_OUT,
     MULTI_CHUNK,
@@ -31,7 +31,7 @@ def test_the_table_lists_every_runtime_schedule_once_and_the_planner_s_among_the
     assert SCHEDULES == get_args(Schedule) == tuple(
         name for name, info in SCHEDULE_TABLE.items() if info.planned)
     # The config's field is the same Literal: dataclass and pydantic typing keep working.
-    assert ParallelConfig.__dataclass_fields__["schedule"].type in ("Schedule", Schedule)
+    assert Pipelining.__dataclass_fields__["schedule"].type in ("Schedule", Schedule)
     assert all(info.engines <= set(ENGINES) for info in SCHEDULE_TABLE.values())
 
 
