@@ -28,7 +28,7 @@ pipeline; so tensor groups stay in a node and pipeline neighbours are far apart.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from cost_models.identity_memo import IdentityMemo
@@ -154,10 +154,16 @@ def _price_head(
 _LAYER_PASSES: IdentityMemo[tuple[Pass, Pass]] = IdentityMemo(MAX_MEMO)
 """`_layer_pass` by model, cluster, collectives and knobs: a search prices the same layer
 under many pipeline layouts."""
-# The knobs a layer's price reads: all but how the pipeline and the data-parallel replicas
-# are laid out around it.
-_LAYER_KNOBS = tuple(f.name for f in fields(ParallelConfig) if f.name not in (
-    "pipeline", "data", "global_batch_size", "schedule", "virtual_pipeline"))
+
+
+def _layer_knobs(parallel: ParallelConfig) -> tuple:
+    """The knobs a layer's price reads: all but how the pipeline and the data-parallel
+    replicas are laid out around it (the pipeline and data degrees, the global batch and
+    the schedule)."""
+    dims = parallel.dims
+    return (dims.tensor, dims.context, dims.expert, dims.expert_tensor,
+            parallel.batch.micro_batch_size, parallel.recomputation, parallel.numerics,
+            parallel.sharding, parallel.overlap, parallel.execution, parallel.moe)
 
 
 def _layer_pass(
@@ -168,7 +174,7 @@ def _layer_pass(
     micro-batch. `flash`: whether the device runs fused attention (what 'auto' picks)."""
     return _LAYER_PASSES.get(
         (model, cluster, collectives),
-        (flash, *(getattr(parallel, name) for name in _LAYER_KNOBS)),
+        (flash, *_layer_knobs(parallel)),
         lambda: _price_layer_mix(model, parallel, cluster, flash, collectives))
 
 

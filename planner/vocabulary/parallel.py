@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from collections.abc import Iterator, Mapping
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 from planner.vocabulary.parallel_dims import ParallelDims
 from planner.vocabulary.schedules import SCHEDULES, Schedule
@@ -34,6 +34,7 @@ StateDtype = Literal["fp32", "bf16"]
 CudaGraphScope = Literal["full", "attn", "mlp", "moe", "moe_router", "moe_preprocess",
                          "full_iteration"]
 
+_Frozen = TypeVar("_Frozen")
 RECOMPUTE: tuple[str, ...] = get_args(Recompute)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 ATTENTION_BACKENDS: tuple[str, ...] = get_args(AttentionBackend)
@@ -249,16 +250,32 @@ class ParallelConfig:
     def but(self, **changes: Any) -> ParallelConfig:
         """This configuration with `changes` by knob name; a section given by its name
         (``dims=ParallelDims(...)``) is taken whole."""
-        whole = {name: changes.pop(name) for name in SECTIONS & changes.keys()}
+        sections: dict[str, Any] = {}
         knobs: dict[str, dict[str, Any]] = {}
         for name, value in changes.items():
             section = SECTION_OF.get(name)
-            if section is None:
+            if section is not None:
+                knobs.setdefault(section, {})[name] = value
+            elif name in SECTION_NAMES:
+                sections[name] = value
+            else:
                 raise TypeError(f"{name} is no parallel knob")
-            knobs.setdefault(section, {})[name] = value
         for section, values in knobs.items():
-            whole[section] = replace(whole.get(section, getattr(self, section)), **values)
-        return replace(self, **whole)
+            sections[section] = _copy(sections.get(section, getattr(self, section)), values)
+        return _copy(self, sections)
+
+    def __hash__(self) -> int:
+        # The search's memos key on configurations, thousands of times each: hash the
+        # nested sections once per configuration, not field by field at every lookup.
+        # (Kept out of pickles by __reduce__: another process hashes strings otherwise.)
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(tuple(getattr(self, name) for name in SECTION_NAMES))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __reduce__(self) -> tuple[type[ParallelConfig], tuple[Any, ...]]:
+        return type(self), tuple(getattr(self, name) for name in SECTION_NAMES)
 
     def knob(self, name: str) -> Any:
         """The value of the knob `name` (`KNOB_NAMES`)."""
@@ -277,10 +294,11 @@ class ParallelConfig:
         """This config with `data = -1` filled in for `num_gpus`; ValueError naming every
         degree when they do not fit."""
         problems = []
-        for name, value in self.knobs().items():
-            if name not in DEGREE_NAMES and isinstance(value, int) \
-                    and not isinstance(value, bool) and value < (name != "zero_stage"):
-                problems.append(f"{name} must be positive, got {value}")
+        for section in SECTION_NAMES[1:]:  # the degrees are ParallelDims' to check
+            for name, value in vars(getattr(self, section)).items():
+                if isinstance(value, int) and not isinstance(value, bool) \
+                        and value < (name != "zero_stage"):
+                    problems.append(f"{name} must be positive, got {value}")
         if self.sharding.zero_stage > 3:
             problems.append(f"zero_stage must be 0-3, got {self.sharding.zero_stage}")
         for name, allowed in (("recompute", RECOMPUTE), ("schedule", SCHEDULES),
@@ -391,14 +409,26 @@ class FixedKnobs(Mapping[str, Any]):
         return FixedKnobs({**self._given, **changes})
 
 
+def _copy(value: _Frozen, changes: dict[str, Any]) -> _Frozen:
+    """`dataclasses.replace(value, **changes)` for a frozen section or configuration whose
+    `changes` name its fields, without running `__init__` again (these have no
+    `__post_init__`): the search builds configurations in its innermost loops."""
+    copy = object.__new__(type(value))
+    fields_ = copy.__dict__
+    fields_.update(vars(value))
+    fields_.pop("_hash", None)  # ParallelConfig's cached hash is the old value's
+    fields_.update(changes)
+    return copy
+
+
 SECTION_OF: dict[str, str] = {
     knob.name: section.name
     for section in fields(ParallelConfig)
     for knob in fields(section.default)
 }
 """Each knob's name -> the `ParallelConfig` section that holds it (`dims` for a degree)."""
-SECTIONS = frozenset(f.name for f in fields(ParallelConfig))
-"""The names of `ParallelConfig`'s sections."""
+SECTION_NAMES: tuple[str, ...] = tuple(f.name for f in fields(ParallelConfig))
+"""The names of `ParallelConfig`'s sections, in order."""
 DEGREE_NAMES = frozenset(f.name for f in fields(ParallelDims))
 """The degrees, which `ParallelConfig` holds in its `dims` (`ParallelDims` validates them)."""
 KNOB_NAMES = frozenset(SECTION_OF)
