@@ -22,7 +22,7 @@ from planner.vocabulary.cluster import Cluster
 from planner.vocabulary.schedules import Schedule
 from planner.search.layer_table import LayerTable
 from planner.search.layered_stage import layered
-from planner.search.stage_costs import boundary_link, route_time, stage_memory
+from planner.search.stage_costs import boundary_link, peak_stage_bytes, route_time
 from planner.search.stage_solve import StageResult, solve_stage
 from planner.search.tied import tie_syncs
 from planner.search.workers import can_fork, forked_pool
@@ -204,9 +204,10 @@ def predict(layout: Layout, solves: list[StageResult], traced: TracedForward,
     if traced.layers.loss_scaled:  # every rank agrees whether a gradient overflowed
         step += collective_time("all_reduce", OVERFLOW_FLAG_BYTES, cluster.num_devices,
                                 boundary_link(cluster, cluster.num_devices))
-    memory = [stage_memory(x.cost.state_bytes, x.cost.activation_bytes, x.cost.checkpoint_bytes,
-                           int(in_flight(layout.schedule, len(solves), k, m, eager_last=True)),
-                           layout.recomputes(k))
+    memory = [peak_stage_bytes(x.cost.state_bytes, x.cost.activation_bytes,
+                               x.cost.checkpoint_bytes,
+                               int(in_flight(layout.schedule, len(solves), k, m, eager_last=True)),
+                               layout.recomputes(k))
               for k, x in enumerate(solves)]
     slowest = int(np.argmax(times))
     return Candidate(layout, m, solves, step, memory, max(memory) <= capacity,

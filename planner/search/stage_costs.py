@@ -98,7 +98,7 @@ def _fill(costs: np.ndarray, chosen: ChosenOptions, s: int, option: tuple,
         held = int(in_flight(knobs.schedule, k + 1, 0, m, eager_last=True))
         for recompute in knobs.recomputations(last=k == 0):
             seconds = latency + (rerun if recompute else 0.0)
-            memory = stage_memory(state, activations, checkpoint[first], held, recompute)
+            memory = peak_stage_bytes(state, activations, checkpoint[first], held, recompute)
             better = where & (memory <= capacity) & (seconds < costs[:, :, k])
             for i, j, shape, lean, rc, after in refused:
                 if (shape, lean, rc, after) == (*option, recompute, k):
@@ -139,8 +139,8 @@ def _mesh_options(table: dict, num_layers: int, sizes: list[int], per_node: int,
                     yield n, shape, lean, solves
 
 
-def stage_memory(state: float, activations: float, checkpoint: float, held: int,
-                 recompute: bool) -> float:
+def peak_stage_bytes(state: float, activations: float, checkpoint: float, held: int,
+                     recompute: bool) -> float:
     """Peak bytes per device of a stage of `state` bytes holding `held` micro-batches: each
     one's `activations`, or, recomputing, each one's incoming tensors (`checkpoint`) and
     one micro-batch's activations."""
