@@ -5,7 +5,11 @@ checks out REV into a temporary git worktree, runs each command in both trees in
 (fresh processes, alternating, so both see the same machine load) and prints the median
 seconds of each and their ratio (this tree / REV).
 
-    .venv/bin/python benchmarks/speed_vs_revision.py --rev HEAD~1 [--repeats 3] [--json PATH]
+    .venv/bin/python benchmarks/speed_vs_revision.py --rev HEAD~1 [--repeats 3] [--traced]
+        [--json PATH]
+
+`--traced` adds planner_speed.py's traced rows (a graph plan of 200 distinct layers, and
+Alpa's GPT 39B under the intra-op ILP; tens of seconds each).
 """
 
 from __future__ import annotations
@@ -33,6 +37,16 @@ COMMANDS = {
     "deepseek-v3 256 GB200": ("deepseek-v3", "--seq-length", "4096", "--cluster",
                               "gb200-nvl72", "--gpus", "256", "--global-batch-size", "8192"),
 }
+TRACED = {
+    "distinct-1b 64 V100 (graph)": ("benchmarks/distinct_layers.py:distinct_layers",
+                                    "--cluster", "aws-p3.16xlarge", "--gpus", "64",
+                                    "--global-batch-size", "1024"),
+    "gpt-39b 64 V100 intra-op ilp": ("gpt", "--num-layers", "48", "--hidden-size", "8192",
+                                     "--num-attention-heads", "64", "--seq-length", "1024",
+                                     "--vocab-size", "51200", "--cluster", "aws-p3.16xlarge",
+                                     "--gpus", "64", "--global-batch-size", "1024",
+                                     "--intra-op", "ilp"),
+}
 
 
 def seconds(tree: Path, command: tuple[str, ...]) -> float:
@@ -49,6 +63,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rev", required=True, help="the revision to compare with")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--traced", action="store_true", help="add the traced rows")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     args = parser.parse_args()
     rows = []
@@ -58,7 +73,7 @@ def main() -> None:
                        cwd=ROOT, check=True)
         try:
             print(f"{'command':<28} {args.rev:>10} {'this':>8} {'ratio':>6}")
-            for name, command in COMMANDS.items():
+            for name, command in {**COMMANDS, **(TRACED if args.traced else {})}.items():
                 runs: dict[str, list[float]] = {"rev": [], "this": []}
                 for _ in range(args.repeats):
                     runs["rev"].append(seconds(other, command))
