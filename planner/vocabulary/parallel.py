@@ -281,10 +281,6 @@ class ParallelConfig:
         """The value of the knob `name` (`KNOB_NAMES`)."""
         return getattr(getattr(self, SECTION_OF[name]), name)
 
-    def knobs(self) -> dict[str, Any]:
-        """Every knob by name (degrees included)."""
-        return {name: self.knob(name) for name in SECTION_OF}
-
     @property
     def num_micro_batches(self) -> int:
         """Micro-batches per step on each data-parallel rank."""

@@ -1,11 +1,22 @@
-"""planner.vocabulary.parallel: fixed knobs, and the dualpipev schedule's rules (torch 2.13's
-ScheduleDualPipeV's: two stages per rank, at least as many micro-batches as stages)."""
+"""planner.vocabulary.parallel: knobs by name in their sections, fixed knobs, and the
+dualpipev schedule's rules (torch 2.13's ScheduleDualPipeV's: two stages per rank, at least
+as many micro-batches as stages)."""
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 
-from planner.vocabulary.parallel import SCHEDULES, FixedKnobs, ParallelConfig
+from planner.vocabulary.parallel import (
+    KNOB_NAMES,
+    SCHEDULES,
+    SECTION_NAMES,
+    SECTION_OF,
+    FixedKnobs,
+    ParallelConfig,
+)
+from planner.vocabulary.parallel_dims import ParallelDims
 
 
 def dualpipev(**knobs) -> ParallelConfig:
@@ -47,3 +58,32 @@ def test_fixed_knobs_name_only_knobs_and_none_is_searched() -> None:
         "tensor": 2, "pipeline": 4}
     with pytest.raises(ValueError, match="tensr is no parallel knob"):
         FixedKnobs(tensr=2)
+
+
+def test_each_knob_is_set_by_name_and_read_where_its_section_holds_it() -> None:
+    config = ParallelConfig.of(tensor=4, micro_batch_size=2, recompute="full",
+                               moe_token_dispatcher="alltoall", engine="torchtitan")
+    assert config.dims == ParallelDims(tensor=4, data=-1)  # data -1 unless given
+    assert (config.batch.micro_batch_size, config.recomputation.recompute,
+            config.moe.moe_token_dispatcher, config.execution.engine) == (
+        2, "full", "alltoall", "torchtitan")
+    assert {SECTION_OF[name] for name in KNOB_NAMES} == set(SECTION_NAMES)
+    assert all(config.knob(name) == getattr(getattr(config, SECTION_OF[name]), name)
+               for name in KNOB_NAMES)
+    # A section given whole, then a knob of it: both apply; the rest is unchanged.
+    changed = config.but(dims=ParallelDims(pipeline=2), tensor=8, zero_stage=1)
+    assert changed.dims == ParallelDims(pipeline=2, tensor=8)
+    assert changed.sharding.zero_stage == 1 and changed.batch == config.batch
+    assert config.dims.tensor == 4 and config.sharding.zero_stage == 0  # not changed
+    with pytest.raises(TypeError, match="tensr is no parallel knob"):
+        config.but(tensr=2)
+
+
+def test_a_configuration_hashes_by_its_knobs_and_pickles_without_its_cached_hash() -> None:
+    config = ParallelConfig.of(tensor=2, global_batch_size=8)
+    memo = {config: "priced"}
+    changed = config.but(tensor=4)  # copied from a configuration whose hash is cached
+    assert changed not in memo and changed.but(tensor=2) in memo
+    assert hash(changed) == hash(ParallelConfig.of(tensor=4, global_batch_size=8))
+    restored = pickle.loads(pickle.dumps(config))
+    assert restored == config and "_hash" not in vars(restored)
