@@ -15,7 +15,7 @@ The model of a step, per GPU:
 - recomputation replays the forward of each layer (full) or of its attention (selective)
   inside the backward;
 - the pipeline runs m micro-batches through p stages as the schedule lays them out
-  (`cost_models.pipeline_schedule.pipeline_time`: Alpa's objective for GPipe and 1F1B,
+  (`cost_models.pipeline_timing.pipeline_time`: Alpa's objective for GPipe and 1F1B,
   Narayanan et al.'s interleaved bubble, DeepSeek-V3's DualPipeV bubble);
 - data-parallel gradient reduction (fp32 main gradients, as Megatron-LM keeps them) runs
   after the last backward, or hides behind the last micro-batch's backward with
@@ -39,7 +39,7 @@ from planner.vocabulary.efficiency import Efficiency
 from cost_models.kernel_time import Pass, pass_seconds
 from cost_models.layer_mix import layer_variants
 from cost_models.model_flops import model_flops_utilization, step_flops
-from cost_models.pipeline_schedule import StagePhases, pipeline_time
+from cost_models.pipeline_timing import StagePhases, pipeline_time
 from cost_models.moe_dispatch import expert_split, host_sync, moe_layer_comm
 from cost_models.saved_activations import activation_element_bytes as activation_bytes
 from cost_models.saved_activations import checkpoint_bytes, saved_per_layer

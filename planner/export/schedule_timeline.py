@@ -4,14 +4,14 @@ A pure function from each stage's per-micro-batch phase times, the micro-batch c
 the schedule to the bars a timeline draws. Each stage runs its actions in the order the
 engine issues them (`cost_models.pipeline_schedule`: torch.distributed.pipelining's
 GPipe, 1F1B, Interleaved1F1B and DualPipeV orders), each as soon as the stage is free and
-its input has arrived (`pipeline_schedule.simulate`); an action is drawn as the phases it
+its input has arrived (`pipeline_timing.simulate`); an action is drawn as the phases it
 spends its time on. Under the interleaved and DualPipeV schedules a chunk's work is taken
 as 1/v of its stage's (its transfers excepted: each chunk sends its own). DualPipeV's
-split backwards are drawn as `pipeline_schedule.dualpipev_chunk` prices them: W (the
+split backwards are drawn as `pipeline_timing.dualpipev_chunk` prices them: W (the
 weights' gradient) half the chunk's backward kernels, I the rest of its backward.
 
-The timeline is `pipeline_schedule.simulate_stages`, which the step-time model's closed
-forms (`pipeline_schedule.pipeline_time`) stand for; where they differ (a middle stage the
+The timeline is `pipeline_timing.simulate_stages`, which the step-time model's closed
+forms (`pipeline_timing.pipeline_time`) stand for; where they differ (a middle stage the
 slowest, the interleaved chunks' transfers in the fill, a DualPipeV chunk whose I is not as
 long as its F), the docstrings there say by how much.
 """
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cost_models.pipeline_schedule import StagePhases, action_parts, simulate_stages
+from cost_models.pipeline_timing import StagePhases, action_parts, simulate_stages
 from planner.vocabulary.schedules import SCHEDULES
 
 DRAWN_SCHEDULES = SCHEDULES

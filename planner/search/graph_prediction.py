@@ -14,7 +14,8 @@ import torch
 
 from cost_models.comm import collective_time
 from cost_models.memory import FRAMEWORK_RESERVE_BYTES
-from cost_models.pipeline_schedule import in_flight, pipeline_time
+from cost_models.pipeline_schedule import in_flight
+from cost_models.pipeline_timing import pipeline_time
 from passes.model_layers import ModelLayers
 from passes.stage_graph import OVERFLOW_FLAG_BYTES, stage_graph, stage_program
 from passes.strategies import training_state_bytes
@@ -187,7 +188,7 @@ def predict(layout: Layout, solves: list[StageResult], traced: TracedForward,
         T = pipeline + max_i sync_i,
 
     the pipeline of t_i per micro-batch, a micro-batch's forward and backward on stage i
-    with its transfers, as the schedule runs them (`pipeline_schedule.pipeline_time`:
+    with its transfers, as the schedule runs them (`pipeline_timing.pipeline_time`:
     Alpa's objective for GPipe and 1F1B), sync_i stage i's once-per-step gradient
     synchronisation (its tied weights' sums with other stages too, `planner.search.tied`);
     stage i of S holds the micro-batches' activations `pipeline_schedule.in_flight` counts

@@ -8,7 +8,7 @@ exactly once. With B micro-batches a synchronous pipeline (GPipe, 1F1B) takes
     T = sum of stage latencies + w * t_max,    t_max = the slowest stage's latency,
 
 w = `paced_micro_batches(B)`, the micro-batches the slowest stage paces after the first: the
-schedule's own time as `cost_models.pipeline_schedule.one_chunk_seconds` gives it, which
+schedule's own time as `cost_models.pipeline_timing.one_chunk_seconds` gives it, which
 the DP minimises rather than a formula of its own.
 
 For a fixed bound t_max, F(s, l, d) is the least summed latency of layers l..L-1 cut into
@@ -67,7 +67,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cost_models.pipeline_schedule import one_chunk_seconds, paced_micro_batches
+from cost_models.pipeline_timing import one_chunk_seconds, paced_micro_batches
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class StageChoice:
 class StagePlan:
     stages: tuple[StageChoice, ...]
     total_latency: float
-    """The pipeline's time, `pipeline_schedule.one_chunk_seconds` of the stage latencies."""
+    """The pipeline's time, `pipeline_timing.one_chunk_seconds` of the stage latencies."""
     t_max: float
     """The largest stage latency."""
 

@@ -8,7 +8,7 @@ import pytest
 
 from cost_models.kernel_time import kernel_seconds, pass_seconds
 from cost_models.pipeline_memory import StageLayout, fits_memory, uniform_stages
-from cost_models.pipeline_schedule import dualpipev_bubble, dualpipev_chunk
+from cost_models.pipeline_timing import dualpipev_bubble, dualpipev_chunk
 from cost_models.step_time import predict_stages, predict_step, stage_phases
 from cost_models.transformer_ops import (
     Matmul,
@@ -164,7 +164,7 @@ def test_torchtitans_selective_checkpointing_replays_every_other_matmul() -> Non
 
 def test_dualpipev_s_predicted_bubble_equals_the_report_s_formula() -> None:
     # DeepSeek-V3 report Table 2 / DualPipe README: (PP/2 - 1)(F&B + B - 3W), PP = 2 p
-    # stages, over the slowest rank's two chunks (`pipeline_schedule.dualpipev_chunk`:
+    # stages, over the slowest rank's two chunks (`pipeline_timing.dualpipev_chunk`:
     # half its forward and backward each, W half a chunk's backward kernels), plus the
     # second chunk's transfers, which the bubble carries as the interleaved schedule's do.
     model, cluster = get_preset("llama3-8b"), Cluster.load("dgx-h100").with_devices(32)

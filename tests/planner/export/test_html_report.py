@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from headless_chromium import chromium, pixels_of, render
 
-from cost_models.pipeline_schedule import dualpipev_bubble, dualpipev_chunk
+from cost_models.pipeline_timing import dualpipev_bubble, dualpipev_chunk
 from cost_models.step_time import StagePhases
 from planner.cli.main import main
 from planner.export.html_report import CHARTS

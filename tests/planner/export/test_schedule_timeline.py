@@ -10,7 +10,7 @@ import itertools
 import pytest
 
 from cost_models.pipeline_memory import StageLayout
-from cost_models.pipeline_schedule import (
+from cost_models.pipeline_timing import (
     dualpipev_bubble,
     dualpipev_chunk,
     dualpipev_pipeline_seconds,

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from cost_models.pipeline_schedule import one_chunk_seconds
+from cost_models.pipeline_timing import one_chunk_seconds
 from planner.search.inter_op import StagePlan, stage_brute_force, stage_dp
 
 SIZES = (1, 2, 4, 8, 16)
