@@ -33,6 +33,7 @@ RuntimeSchedule = Literal["gpipe", "1f1b", "interleaved", "interleaved_zb", "zbv
 """Every schedule some engine runs: the planner's, and torch's two zero-bubble schedules,
 which Tessel's runtime runs but the planner does not offer."""
 
+
 @dataclass(frozen=True)
 class ScheduleInfo:
     """What one pipeline schedule is, as the planner, the cost models and the runtime ask."""
