@@ -125,8 +125,8 @@ def _published(parallel: ParallelConfig, cluster: Cluster) -> ParallelConfig:
     """The settings published runs share (see the module docstring)."""
     split = parallel.dims.tensor > 1
     return parallel.but(sequence_parallel=split, overlap_grad_reduce=True,
-                   overlap_param_gather=True, attention_backend="fused",
-                   tp_comm_overlap=split and cluster.device.tp_comm_overlap)
+                        overlap_param_gather=True, attention_backend="fused",
+                        tp_comm_overlap=split and cluster.device.tp_comm_overlap)
 
 
 def least_recompute(model: TransformerConfig, cluster: Cluster,

@@ -438,7 +438,7 @@ def _stage_phases(
         key = (stage.tensor, stage.data, stage.layers, first, last)
         if key not in priced:
             here = parallel.but(tensor=stage.tensor, data=stage.data,
-                           micro_batch_size=sequences // stage.data)
+                                micro_batch_size=sequences // stage.data)
             if (stage.tensor, stage.data) not in passes:
                 passes[stage.tensor, stage.data] = _layer_pass(model, here, cluster,
                                                               flash_attention, collectives)

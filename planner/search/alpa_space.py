@@ -148,9 +148,9 @@ def _candidate(stages: list[StageLayout], shared: ParallelConfig) -> Candidate:
         return Candidate(shared, split, tuple(stages))
     tensor, data = meshes.pop()
     uniform = shared.but(tensor=tensor, data=data, pipeline=len(stages),
-                      micro_batch_size=shared.batch.micro_batch_size // data,
-                      sequence_parallel=shared.sharding.sequence_parallel and tensor > 1,
-                      tp_comm_overlap=shared.overlap.tp_comm_overlap and tensor > 1)
+                         micro_batch_size=shared.batch.micro_batch_size // data,
+                         sequence_parallel=shared.sharding.sequence_parallel and tensor > 1,
+                         tp_comm_overlap=shared.overlap.tp_comm_overlap and tensor > 1)
     return Candidate(uniform, split)
 
 

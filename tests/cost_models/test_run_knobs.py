@@ -95,7 +95,7 @@ def test_block_recomputation_replays_fewer_layers_and_keeps_more_activations() -
     """12 layers per stage: the block method replays the first k of them."""
     a100 = cluster("dgx-a100-80g", 512)
     runs = {k: predict_step(GPT3_175B, a100, MEGATRON_175B.but(recompute_method="block",
-                                                     recompute_num_layers=k))
+                                                               recompute_num_layers=k))
             for k in (2, 6, 12)}
     uniform = predict_step(GPT3_175B, a100, MEGATRON_175B)
     none = predict_step(GPT3_175B, a100, MEGATRON_175B.but(recompute="none"))

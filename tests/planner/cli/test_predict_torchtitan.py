@@ -306,8 +306,8 @@ def test_plan_emit_torchtitan_round_trips(tmp_path: Path, capsys) -> None:
 
 def test_a_torchtitan_plan_torchtitan_would_run_otherwise_is_refused() -> None:
     plan = training_plan("llama3-8b", get_preset("llama3-8b"), cluster_of(16),
-                         titan(tensor=2, data=8, global_batch_size=64).but(zero_stage=1,
-                                 overlap_param_gather=True))
+                         titan(tensor=2, data=8, global_batch_size=64).but(
+                             zero_stage=1, overlap_param_gather=True))
     with pytest.raises(Refusal, match="not ZeRO-1; plan with --zero-stage 3"):
         engine_files("torchtitan", plan, get_preset("llama3-8b"))
 
