@@ -24,7 +24,7 @@ from planner.cli.run_flags import objective_key, wants_totals
 from planner.cli.whole_run import emit_totals_and_json, fewer_gpu_plans, with_totals
 from planner.vocabulary.cluster import Cluster
 from planner.search.knobs import FLAG, check_knobs, default_precision
-from planner.vocabulary.parallel import FixedKnobs
+from planner.vocabulary.parallel import FixedKnobs, ParallelConfig
 from planner.models.config import TransformerConfig
 from planner.vocabulary.plan import Plan
 from planner.plans.transformer_plan import plan_training
@@ -153,6 +153,10 @@ def _plan_with_progress(
 _RELAXABLE = ("micro_batch_size", "recompute", "zero_stage", "sequence_parallel",
               "pipeline", "tensor", "context", "schedule", "virtual_pipeline",
               "recompute_method", "recompute_num_layers")
+# The schedule and the virtual stages fix each other (`fixed_knobs`: --num-layers-per-
+# virtual-pipeline-stage is the interleaved schedule, dualpipev two chunks per stage), so
+# they are released together, once.
+_PIPELINE_SCHEDULE = ("schedule", "virtual_pipeline")
 
 
 def _cheapest_relaxation(
@@ -164,24 +168,43 @@ def _cheapest_relaxation(
 
     best: tuple[float, str, str] | None = None
     for name in _RELAXABLE:
-        if name not in knobs:
+        if name not in knobs or (name == "virtual_pipeline" and "schedule" in knobs):
             continue
-        relaxed = knobs.but(**{name: None})
-        if name == "virtual_pipeline":
-            relaxed.pop("schedule", None)
+        released = _PIPELINE_SCHEDULE if name in _PIPELINE_SCHEDULE else (name,)
+        relaxed = knobs.but(**dict.fromkeys(released))
         result = search(model, cluster, args.global_batch_size, relaxed, args.space)
         if result.ranked:
             candidate, prediction = result.ranked[0]
             if best is None or prediction.step_time_s < best[0]:
-                taken = candidate.parallel.knob(name)
-                best = (prediction.step_time_s, name, f"{taken}".lower())
+                best = (prediction.step_time_s, _as_typed(name, knobs, args),
+                        _taken(name, candidate.parallel))
     if best is None:
         return ""
-    _, name, taken = best
-    given = knobs[name]
-    given = f"{given}".lower()
-    return (f"; or, on these {cluster.num_devices} GPUs, leave {FLAG[name]} {given} to the "
-            f"search: the fastest plan then takes {taken} ({best[0]:.3f} s a step)")
+    step_s, given, taken = best
+    return (f"; or, on these {cluster.num_devices} GPUs, leave {given} to the "
+            f"search: the fastest plan then takes {taken} ({step_s:.3f} s a step)")
+
+
+def _as_typed(name: str, knobs: FixedKnobs, args: argparse.Namespace) -> str:
+    """The fixed knob `name` as the command line gave it: '--zero-stage 1'; the virtual
+    stages by the flag that set them (layers per chunk, or the schedule)."""
+    chunk = args.num_layers_per_virtual_pipeline_stage
+    if name in _PIPELINE_SCHEDULE and chunk is not None:
+        return f"{FLAG['virtual_pipeline']} {chunk}"
+    if name in _PIPELINE_SCHEDULE:
+        return f"{FLAG['schedule']} {knobs.get('schedule', 'interleaved')}"
+    return f"{FLAG[name]} {f'{knobs[name]}'.lower()}"
+
+
+def _taken(name: str, parallel: ParallelConfig) -> str:
+    """What the search takes for the released knob `name`: its value, or for the
+    schedule the schedule with its virtual stages ('the interleaved schedule, 2 virtual
+    stages')."""
+    if name not in _PIPELINE_SCHEDULE:
+        return f"{parallel.knob(name)}".lower()
+    virtual = parallel.knob("virtual_pipeline")
+    stages = f", {virtual} virtual stages" if virtual > 1 else ""
+    return f"the {parallel.knob('schedule')} schedule{stages}"
 
 
 def _no_fit(
@@ -192,6 +215,22 @@ def _no_fit(
     needed = devices_needed(model, cluster, args.global_batch_size, knobs)
     more = (f"it needs at least {needed} GPUs of this kind" if needed
             else f"no cluster of this kind up to {MAX_GPUS} GPUs fits it")
+    if needed is None and "schedule" in knobs:
+        # A fixed schedule can rule out every size whatever the memory: interleaving and
+        # dualpipev need the layers split evenly into pipeline x virtual stages (DeepSeek-
+        # V3's 61 layers never are) and enough micro-batches. Say that it is the schedule,
+        # and what the model needs without it (on these GPUs the relaxation that follows
+        # says what it takes).
+        from planner.search import search
+
+        freed = knobs.but(**dict.fromkeys(_PIPELINE_SCHEDULE))
+        fits_here = search(model, cluster, args.global_batch_size, freed, args.space).ranked
+        least = None if fits_here else devices_needed(
+            model, cluster, args.global_batch_size, freed)
+        if fits_here or least:
+            more = (f"with {_as_typed('schedule', knobs, args)} no cluster of this kind up "
+                    f"to {MAX_GPUS} GPUs fits it"
+                    + (f", without it at least {least} GPUs do" if least else ""))
     return (
         f"no plan fits: {args.model} does not fit on {cluster.num_devices} x "
         f"{cluster.device.name} ({cluster.device.memory_gib:g} GiB) with global batch "

@@ -17,7 +17,7 @@ import functools
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
@@ -97,6 +97,21 @@ class MegatronParser(argparse.ArgumentParser):
         for flag in flags:  # a switch's --no- spelling is listed too
             self.dest_of[flag] = dest
 
+    def valueless(self, words: Sequence[str]) -> list[int]:
+        """Indices of the flags in `words` that take a value but are given none: the next
+        word is another flag, or there is none (a script's `--save $CHECKPOINT_PATH` with
+        $1 not given, as bash expands it)."""
+        found = []
+        for index, word in enumerate(words):
+            action = self._option_string_actions.get(word)
+            if action is None or action.nargs not in (None, "+") and not (
+                    isinstance(action.nargs, int) and action.nargs > 0):
+                continue
+            following = words[index + 1] if index + 1 < len(words) else None
+            if following is None or following in self._option_string_actions:
+                found.append(index)
+        return found
+
     def parse_flags(self, words: Sequence[str]) -> argparse.Namespace:
         """The namespace of `words`; LaunchLineError for an unknown flag, a stray word or
         a bad value."""
@@ -114,6 +129,13 @@ class MegatronParser(argparse.ArgumentParser):
             raise LaunchLineError(
                 f"the launch line uses {word}, a shell variable its text does not set; set "
                 "it in the launch script or write its flags out")
+        one_value = self._after_one_value(word)
+        if one_value is not None:
+            flag, value = one_value
+            raise LaunchLineError(
+                f"{flag} takes one value and is given {value!r} then {word!r}, which "
+                "Megatron-LM refuses too; if the script meant one value, quote it where bash "
+                "splits it at blanks (an unquoted ${ARRAY[@]} or $VARIABLE)", word=flag)
         if not word.startswith("-"):
             raise LaunchLineError(
                 f"unexpected word {word!r} in the Megatron-LM flags: a value with no flag "
@@ -123,7 +145,18 @@ class MegatronParser(argparse.ArgumentParser):
         close = difflib.get_close_matches(flag, list(self.dest_of), n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]}?" if close else (
             "; see Megatron-LM's megatron/training/arguments.py for its flags")
-        raise LaunchLineError(f"unknown Megatron-LM option {flag}{hint}")
+        raise LaunchLineError(f"unknown Megatron-LM option {flag}{hint}", word=word)
+
+    def _after_one_value(self, word: str) -> tuple[str, str] | None:
+        """(flag, value) where the stray `word` follows the value of a flag that takes
+        exactly one."""
+        words = self._words
+        for index in range(2, len(words)):
+            if words[index] == word:
+                action = self._option_string_actions.get(words[index - 2])
+                if action is not None and action.nargs is None and action.option_strings:
+                    return words[index - 2], words[index - 1]
+        return None
 
     def error(self, message: str) -> NoReturn:
         # argparse: "argument --num-layers: 'x' is not a whole number" -> "--num-layers 'x'
@@ -143,6 +176,7 @@ class MegatronParser(argparse.ArgumentParser):
             if rest.startswith("'$"):
                 rest += " (a shell variable the launch text does not set: set it there)"
             message = f"{flag} {rest}"
+            raise LaunchLineError(message, word=flag)
         raise LaunchLineError(message)
 
     def _typed(self, names: list[str]) -> str:
@@ -291,6 +325,9 @@ class MegatronArgs:
     """dest -> Megatron-LM's default."""
     names: dict[str, str]
     """dest -> its first flag, for options the line does not give."""
+    valueless: dict[str, str] = field(default_factory=dict)
+    """dest -> the flag as typed, for each flag given without the value it takes (read as
+    absent; `megatron_run` refuses those it reads)."""
 
     def given(self, dest: str) -> bool:
         """Whether the line gives the option (in any spelling)."""
@@ -318,10 +355,13 @@ class MegatronArgs:
 def parse_megatron_flags(words: Sequence[str]) -> MegatronArgs:
     """`words` (a launch line's flags) as Megatron-LM's argument parser reads them."""
     parser = megatron_parser()
+    missing = parser.valueless(words)
+    valueless = {parser.dest_of[words[i]]: words[i] for i in missing}
+    words = [word for i, word in enumerate(words) if i not in missing]
     values = parser.parse_flags(words)
     typed: dict[str, str] = {}
     for word in words:
         name = word.split("=", 1)[0]
         if name in parser.dest_of:
             typed.setdefault(parser.dest_of[name], name)
-    return MegatronArgs(values, typed, parser.defaults_of, parser.flag_of)
+    return MegatronArgs(values, typed, parser.defaults_of, parser.flag_of, valueless)

@@ -1,21 +1,24 @@
-"""A launch line or script, read as the shell reads it, down to the training script's flags.
+"""A launch line or script, read as bash runs it, down to the training script's flags.
 
-`launch_words` reads a command or a script: backslash continuations joined, comments and
-blank lines dropped, `NAME=value` and `NAME=( ... )` assignments remembered and expanded
-where the command uses them, and the one command that runs a `*.py` script picked out.
-`split_launcher` sets aside leading environment assignments and the launcher before the
-script; torchrun's --nnodes x --nproc-per-node is the world size.
+`launch_words` evaluates a launch script with `planner.shell` (variables and their
+defaults, arrays, `if` blocks, arithmetic; nothing run) and picks the training command:
+the one command that runs a `pretrain_*.py` script (through torchrun, `python -m
+torch.distributed.run`, srun, deepspeed, ...; or, where none does, the one that runs a
+Python script), or, in text of flags alone, all its flags. A value Tessel cannot know that
+reaches that command (a command substitution, a loop, `source`, `eval`, an `if` it cannot
+evaluate) is refused, naming the file, the line and the construct. `split_launcher` sets
+aside the launcher before the script; torchrun's --nnodes x --nproc-per-node is the world
+size.
 """
 
 from __future__ import annotations
 
-import re
-import shlex
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Sequence
+from pathlib import PurePosixPath
+from typing import Mapping, Sequence
 
 from planner.megatron.errors import LaunchLineError
+from planner.shell import Ran, ShellError, Word, evaluate_script
 
 
 @dataclass(frozen=True)
@@ -30,60 +33,81 @@ class LaunchLine:
     """The launcher's words before the script (`torchrun --nnodes 8 ...`)."""
     world_size: int | None = None
     """Processes the launcher starts (--nnodes x --nproc-per-node), when it says."""
+    flag_words: tuple[Word, ...] = ()
+    """The flags with where each was written (line, variable), for --explain-args."""
+    per_node: int | None = None
+    """torchrun's --nproc-per-node, when it gives one."""
+    nodes_set_by: str | None = None
+    """Where a script sets torchrun's node count through a variable ("NNODES on line 9"),
+    a default `--gpus` may change; None when the launch line writes it out."""
+
+    @property
+    def argv(self) -> list[str]:
+        """The training command's words: launcher, script, flags."""
+        return [*self.launcher, *([self.script] if self.script else []), *self.flags]
 
 
-_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-# NAME=( item ... ), possibly over several lines (bash arrays, as Megatron-LM's example
-# scripts hold their flags).
-_ARRAY = re.compile(r"^\s*(?:export\s+|declare\s+-a\s+)?(?P<name>[A-Za-z_][A-Za-z0-9_]*)"
-                    r"=\((?P<body>.*)\)\s*(?:#.*)?$", re.DOTALL)
-_ARRAY_START = re.compile(r"^\s*(?:export\s+|declare\s+-a\s+)?[A-Za-z_][A-Za-z0-9_]*=\(")
-# $NAME, ${NAME}, ${NAME[@]}, ${NAME[*]}, ${NAME:-default}
-_VARIABLE = re.compile(
-    r"\$(?:\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?:\[[@*]\])?(?::-(?P<default>[^}]*))?\}"
-    r"|(?P<plain>[A-Za-z_][A-Za-z0-9_]*))"
-)
-# Shell words that only qualify an assignment.
-_DECLARATIONS = ("export", "declare", "local", "readonly")
-
-
-def launch_words(text: str) -> LaunchLine:
-    """The launch line in a shell command or script: continuations joined, comments and
-    blank lines dropped, `NAME=value` and `NAME=( ... )` assignments remembered and
-    expanded where the command uses them, and the command split as the shell splits it.
-    A script is read at the one command that runs a `*.py` script (other commands, such
-    as `mkdir`, are skipped); text of flags alone is taken whole."""
-    variables: dict[str, str | list[str]] = {}
-    commands: list[list[str]] = []
-    for line in _logical_lines(text):
-        array = _ARRAY.match(line)
-        if array:
-            variables[array["name"]] = _expand(_shell_words(array["body"]), variables)
-            continue
-        words = _shell_words(line)
-        if words and words[0] in _DECLARATIONS:
-            words = [w for w in words[1:] if not w.startswith("-")]
-        if words and all(_ASSIGNMENT.match(w) for w in words):
-            for word in words:
-                name, _, value = word.partition("=")
-                variables[name] = " ".join(_expand([value], variables))
-        elif words:
-            commands.append(_expand(words, variables))
-    launches = [words for words in commands if _script_index(_unprefixed(words)) is not None]
-    if len(launches) > 1:
+def launch_words(text: str, environment: Mapping[str, str] | None = None,
+                 arguments: Sequence[str] = (), source: str = "the launch text") -> LaunchLine:
+    """The launch line in a shell command or script, evaluated as bash would run it with
+    `environment` set and `arguments` as its positional parameters: the one command that
+    runs the training script, or text of flags alone taken whole. LaunchLineError naming
+    `source`, the line and the construct for a training command Tessel cannot know."""
+    try:
+        run = evaluate_script(text, environment, arguments, source)
+    except ShellError as error:
+        raise LaunchLineError(f"{source}: {error}; Tessel reads the script as bash would, "
+                              "without running it") from None
+    scripts = [command for command in run.commands if command.kind == "script"]
+    if scripts:
+        command = _training_command(scripts, source)
+        _check_known(command, source)
+        return _from_words(list(command.words))
+    flags = [word for command in run.commands for word in command.words]
+    if not flags and run.others:
         raise LaunchLineError(
-            f"the launch text runs {len(launches)} training scripts; keep the one to predict"
+            f"{source} runs no training script (its commands: {', '.join(run.others)}); give "
+            "the script or line that runs pretrain_gpt.py, or only its flags"
         )
-    if launches:
-        return split_launcher(launches[0])
-    others = [words[0] for words in commands if not words[0].startswith("-")]
-    if others:
+    _check_known(Ran(tuple(flags), 0, "flags"), source)
+    return LaunchLine(flags=[w.text for w in flags], flag_words=tuple(flags))
+
+
+def _training_command(scripts: list[Ran], source: str) -> Ran:
+    """The command that runs `pretrain_*.py`, or the one Python script run."""
+    pretraining = [command for command in scripts
+                   if any(_is_pretrain(word.text) for word in command.words)]
+    candidates = pretraining or scripts
+    if len(candidates) > 1:
+        lines = ", ".join(str(command.line) for command in candidates)
         raise LaunchLineError(
-            f"no command of the launch text runs a *.py training script (it runs "
-            f"{', '.join(dict.fromkeys(others))}); give the line that runs pretrain_gpt.py, "
-            "or only its flags"
+            f"{source} runs {len(candidates)} training commands (lines {lines}); keep the one "
+            "to predict"
         )
-    return LaunchLine(flags=[word for words in commands for word in words])
+    return candidates[0]
+
+
+def _is_pretrain(word: str) -> bool:
+    name = PurePosixPath(word).name
+    return name.startswith("pretrain_") and name.endswith(".py")
+
+
+def _check_known(command: Ran, source: str) -> None:
+    """LaunchLineError for a training command whose running or words Tessel cannot know."""
+    where = f"the training command on line {command.line}" if command.line else "the flags"
+    if command.unknown:
+        raise LaunchLineError(
+            f"{source}, line {command.line}: {command.unknown}, so Tessel cannot know what "
+            "runs; write the training command out, outside it (or give the variables the "
+            "condition reads with --env NAME=VALUE)"
+        )
+    word = next((word for word in command.words if word.unknown), None)
+    if word is not None:
+        raise LaunchLineError(
+            f"{source}, line {word.line or command.line}: {word.unknown} reaches {where}; "
+            "Tessel never runs the script's commands, so write the value out (or give the "
+            "variable with --env NAME=VALUE)"
+        )
 
 
 def split_launcher(words: Sequence[str]) -> LaunchLine:
@@ -91,116 +115,79 @@ def split_launcher(words: Sequence[str]) -> LaunchLine:
     `NAME=value` words and the launcher up to and including the `*.py` script are set
     aside; torchrun's --nnodes x --nproc-per-node is the world size. Words that start
     with a flag are flags only."""
-    words = _unprefixed(list(words))
-    if not words or words[0].startswith("-"):
-        return LaunchLine(flags=words)
-    index = _script_index(words)
+    return _from_words([Word(word, 0) for word in words])
+
+
+def _from_words(words: list[Word]) -> LaunchLine:
+    while words and _is_assignment(words[0].text):
+        words = words[1:]
+    if not words or words[0].text.startswith("-"):
+        return LaunchLine(flags=[w.text for w in words], flag_words=tuple(words))
+    index = next((i for i, word in enumerate(words) if word.text.endswith(".py")), None)
     if index is None:
         raise LaunchLineError(
-            f"the launch line starts {words[0]!r} but runs no *.py training script; give "
+            f"the launch line starts {words[0].text!r} but runs no *.py training script; give "
             "the line that runs pretrain_gpt.py, or only its flags"
         )
     launcher = words[:index]
-    return LaunchLine(flags=words[index + 1:], script=words[index], launcher=launcher,
-                      world_size=_torchrun_world(launcher))
+    nodes, per_node = _torchrun_counts(launcher)
+    world = _world(nodes, per_node)
+    per_node_count = int(per_node.text) if per_node and per_node.text.isdigit() else None
+    set_by = None
+    if nodes is not None and nodes.via and world is not None:
+        set_by = f"{nodes.via} on line {nodes.line}" if nodes.line else f"--env {nodes.via}"
+    return LaunchLine(flags=[w.text for w in words[index + 1:]], script=words[index].text,
+                      launcher=[w.text for w in launcher], world_size=world,
+                      flag_words=tuple(words[index + 1:]), per_node=per_node_count,
+                      nodes_set_by=set_by)
 
 
-def _unprefixed(words: list[str]) -> list[str]:
-    """The command without its leading `NAME=value` environment assignments."""
-    index = 0
-    while index < len(words) and _ASSIGNMENT.match(words[index]):
-        index += 1
-    return words[index:]
+def _is_assignment(word: str) -> bool:
+    name, equals, _ = word.partition("=")
+    return bool(equals) and name.isidentifier()
 
 
-def _script_index(words: list[str]) -> int | None:
-    """Index of the `*.py` script a command runs (its first such word); None for flags
-    alone or a command that runs none."""
-    if not words or words[0].startswith("-"):
-        return None
-    return next((i for i, word in enumerate(words) if word.endswith(".py")), None)
-
-
-def _logical_lines(text: str) -> list[str]:
-    """Lines with backslash continuations joined and `NAME=( ... )` arrays kept whole."""
-    lines, pending = [], ""
-    for raw in re.sub(r"\\\r?\n", " ", text).splitlines():
-        pending = f"{pending}\n{raw}" if pending else raw
-        if _ARRAY_START.match(pending) and not _ARRAY.match(pending):
-            continue  # an array that goes on over the next lines
-        lines.append(pending)
-        pending = ""
-    if pending:
-        lines.append(pending)
-    return lines
-
-
-def _shell_words(line: str) -> list[str]:
-    """A line's words as the shell splits them, comments dropped."""
-    try:
-        return shlex.split(line, comments=True)
-    except ValueError as error:  # an unclosed quote
-        raise LaunchLineError(
-            f"cannot read {line.strip()[:60]!r} in the launch line ({error}); close the quote"
-        ) from None
-
-
-def _expand(words: list[str], variables: dict[str, str | list[str]]) -> list[str]:
-    """Shell variables the text defines, expanded: a word that is one variable becomes its
-    words (an array's items; a string split as an unquoted expansion splits it), one
-    inside a word is replaced by its text. Variables it does not define stay as written
-    (the environment's, e.g. a data path, which the flags' reader may ignore)."""
-    expanded: list[str] = []
-    for word in words:
-        if word in ("$@", "$*"):
-            continue  # the script's own arguments: none when read from a file
-        whole = _VARIABLE.fullmatch(word)
-        name = whole and (whole["braced"] or whole["plain"])
-        if whole and name in variables:
-            value = variables[name]
-            expanded += value.split() if isinstance(value, str) else value
-            continue
-        if whole and whole["default"] is not None:
-            expanded += whole["default"].split()
-            continue
-
-        def text(match: re.Match[str]) -> str:
-            value = variables.get(match["braced"] or match["plain"])
-            if value is not None:
-                return value if isinstance(value, str) else " ".join(value)
-            return match["default"] if match["default"] is not None else match[0]
-
-        expanded.append(_VARIABLE.sub(text, word))
-    return expanded
-
-
-def _torchrun_world(launcher: list[str]) -> int | None:
-    """--nnodes x --nproc-per-node of the torchrun (or `python -m torch.distributed.run`)
-    in a launcher; None without one, when it gives neither, or when it leaves the count to
-    the machines (a range of nodes, `--nproc-per-node gpu`)."""
-    start = next((i for i, word in enumerate(launcher)
-                  if Path(word).name == "torchrun" or word in _TORCHRUN_MODULES), None)
+def _torchrun_counts(launcher: list[Word]) -> tuple[Word | None, Word | None]:
+    """torchrun's (or `python -m torch.distributed.run`'s) --nnodes and --nproc-per-node
+    words (--standalone: one node); (None, None) without a torchrun."""
+    texts = [w.text for w in launcher]
+    start = next((i for i, text in enumerate(texts)
+                  if PurePosixPath(text).name == "torchrun" or text in _TORCHRUN_MODULES), None)
     if start is None:
-        return None
-    options: dict[str, str] = {}
-    words = launcher[start + 1:]
-    for index, word in enumerate(words):
-        name, equals, value = word.partition("=")
+        return None, None
+    options: dict[str, Word] = {}
+    rest = launcher[start + 1:]
+    for index, word in enumerate(rest):
+        name, equals, value = word.text.partition("=")
         key = name.lstrip("-").replace("_", "-")
-        if name.startswith("-") and key in ("nnodes", "nproc-per-node", "standalone"):
-            if not equals and key != "standalone":
-                value = words[index + 1] if index + 1 < len(words) else ""
-            options[key] = value
-    if "nnodes" not in options and "nproc-per-node" not in options:
+        if not name.startswith("-") or key not in ("nnodes", "nproc-per-node", "standalone"):
+            continue
+        if key == "standalone":
+            options["nnodes"] = Word("1", word.line)
+        elif equals:
+            options[key] = Word(value, word.line, via=word.via)
+        elif index + 1 < len(rest):
+            options[key] = rest[index + 1]
+    if not options:
+        return None, None
+    # torchrun's default is one process per node.
+    return options.get("nnodes"), options.get("nproc-per-node", Word("1", 0))
+
+
+def _world(nodes: Word | None, per_node: Word | None) -> int | None:
+    """--nnodes x --nproc-per-node; None when the machines decide (a range of nodes,
+    `--nproc-per-node gpu`) or torchrun is not given the counts."""
+    if per_node is None:
         return None
-    nodes = "1" if "standalone" in options else options.get("nnodes", "1")
-    per_node = options.get("nproc-per-node", "1")  # torchrun's default
-    low, _, high = nodes.partition(":")
+    node_text = nodes.text if nodes is not None else "1"
+    low, _, high = node_text.partition(":")
     if high and low == high:
-        nodes = low  # "8:8" is 8 nodes
-    if not (nodes.isdigit() and per_node.isdigit()) or int(nodes) < 1 or int(per_node) < 1:
+        node_text = low  # "8:8" is 8 nodes
+    if not (node_text.isdigit() and per_node.text.isdigit()):
         return None
-    return int(nodes) * int(per_node)
+    if int(node_text) < 1 or int(per_node.text) < 1:
+        return None
+    return int(node_text) * int(per_node.text)
 
 
 _TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")

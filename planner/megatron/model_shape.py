@@ -66,12 +66,19 @@ def model_config(args: MegatronArgs, notes: list[str]) -> TransformerConfig:
         fields["num_query_groups"] = args.count("num_query_groups")
     if experts:
         fields.update(_experts(args))
+        if fields["moe_ffn_hidden_size"] is None:
+            # validate_args: "moe_ffn_hidden_size is not set, using ffn_hidden_size for MoE
+            # instead."
+            notes.append(f"no {args.flag('moe_ffn_hidden_size')}: Megatron-LM makes each "
+                         f"expert --ffn-hidden-size {ffn:,} wide")
         if not args.given("ffn_hidden_size") and fields["moe_layer_freq"] in (1, [1] * (
                 fields["num_layers"] or 0)) and fields["moe_ffn_hidden_size"]:
             # Every layer is MoE: no dense MLP reads the default width; state the experts'.
             fields["ffn_hidden_size"] = fields["moe_ffn_hidden_size"]
         if fields["moe_ffn_hidden_size"] == fields["ffn_hidden_size"]:
             fields["moe_ffn_hidden_size"] = None  # the zoo's "as wide as the dense MLP"
+    else:
+        _drop_expert_width(args, notes)
     if v.mtp_num_layers:
         fields["mtp_num_layers"] = v.mtp_num_layers
     _check_positions(args, fields, notes)
@@ -139,6 +146,32 @@ def _experts(args: MegatronArgs) -> dict[str, Any]:
     }
 
 
+def _drop_expert_width(args: MegatronArgs, notes: list[str]) -> None:
+    """--moe-ffn-hidden-size on a model without experts, as Megatron-Core's
+    TransformerConfig.__post_init__ takes it: ignored with a warning where --moe-layer-freq
+    leaves dense layers, refused where it makes every layer MoE."""
+    if not args.given("moe_ffn_hidden_size"):
+        return
+    flag, freq = args.flag("moe_ffn_hidden_size"), args.values.moe_layer_freq
+    mixed = (isinstance(freq, list) and 0 in freq) or (isinstance(freq, int) and freq > 1)
+    if not mixed:
+        raise LaunchLineError(
+            f"{flag} sizes experts, and the line has no --num-experts, which Megatron-Core "
+            "refuses; add --num-experts or drop it")
+    notes.append(f"{flag} is ignored: the line has no --num-experts, so every layer is "
+                 "dense, as Megatron-Core reads it")
+
+
+# Tokenizers whose vocabulary is fixed by what they are, with what fixes it: Megatron-LM's
+# GPT2BPETokenizer reads GPT-2's vocab.json and merges (50,257 tokens), its Llama2Tokenizer
+# Llama 2's SentencePiece model (32,000; Mixtral's and Mistral 7B's are the same size).
+# Other tokenizers' sizes live in the files they load, which Tessel does not read.
+TOKENIZER_VOCABULARY = {
+    "GPT2BPETokenizer": (50257, "GPT-2's byte-pair vocabulary"),
+    "Llama2Tokenizer": (32000, "Llama 2's SentencePiece model, as Mixtral's"),
+}
+
+
 def _vocabulary(args: MegatronArgs, notes: list[str]) -> int:
     """The embedding's rows: --padded-vocab-size, else --vocab-size padded as Megatron-LM
     pads the tokenizer's (to a multiple of --make-vocab-size-divisible-by x tensor size)."""
@@ -146,6 +179,14 @@ def _vocabulary(args: MegatronArgs, notes: list[str]) -> int:
     if v.padded_vocab_size is not None:
         return args.count("padded_vocab_size") or 0
     size = args.count("vocab_size")
+    # pretrain_gpt.py's args_defaults: GPT2BPETokenizer without --tokenizer-type.
+    tokenizer = v.tokenizer_type or "GPT2BPETokenizer"
+    if size is None and tokenizer in TOKENIZER_VOCABULARY:
+        size, whose = TOKENIZER_VOCABULARY[tokenizer]
+        named = (f"{args.flag('tokenizer_type')} {tokenizer}" if v.tokenizer_type
+                 else f"pretrain_gpt.py's default tokenizer, {tokenizer}")
+        notes.append(f"vocabulary {size:,}: {named}'s ({whose}); give --vocab-size if your "
+                     "tokenizer's differs")
     if size is None:
         raise LaunchLineError(
             "the launch line has no --vocab-size: Megatron-LM takes it from the tokenizer, "

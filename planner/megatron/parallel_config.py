@@ -3,7 +3,9 @@
 The degrees, batches, pipeline stages (even, or sized by --decoder-first/last-pipeline-
 num-layers), interleaving, recomputation, overlaps, precision, attention kernels and CUDA
 graphs, with Megatron-LM's defaults for absent flags and the rules of its
-`validate_args`, each error naming the flags as typed.
+`validate_args`, each error naming the flags as typed. Where Megatron-LM adjusts a
+setting (with a warning) rather than refusing it, the same adjustment is made and said
+in a note.
 """
 
 from __future__ import annotations
@@ -29,8 +31,13 @@ def parallel_config(
     t, p, c, e = (_plain(args, name) for name in _DEGREE_KNOBS)
     data = _data_parallel(args, model, world, t, p, c, e)
     plain = {name: _plain(args, name) for name in PLAIN if name not in _DEGREE_KNOBS}
+    plain["sequence_parallel"] = _sequence_parallel(args, t, notes)
     micro = plain["micro_batch_size"]
     batch = args.count("global_batch_size") or micro * data  # Megatron-LM's default
+    if not args.given("global_batch_size"):
+        # validate_args: "setting global batch size to {micro x data}".
+        notes.append(f"no {args.flag('global_batch_size')}: Megatron-LM takes micro batch "
+                     f"{micro} x data-parallel size {data} = {batch}")
     if batch % (micro * data):
         raise LaunchLineError(
             f"{args.flag('global_batch_size')} {batch} must be divisible by "
@@ -38,9 +45,18 @@ def parallel_config(
             f"{micro * data} ({world} GPUs / (tensor {t} x pipeline {p} x context {c})); "
             "change the batch or a degree")
     layers, chunks, virtual = _pipeline_split(args, model, p, batch // (micro * data))
-    _check_overlaps(args, t, e)
+    _check_overlaps(args, t, e, plain["sequence_parallel"])
+    if args.values.delay_wgrad_compute and not args.values.overlap_moe_expert_parallel_comm:
+        # megatron/core/transformer/transformer_config.py, __post_init__: "overlap_moe_
+        # expert_parallel_comm must be enabled when enabling delay_wgrad_compute".
+        raise LaunchLineError(
+            f"{args.flag('delay_wgrad_compute')} delays weight gradients under the expert "
+            "all-to-all overlap, which Megatron-Core requires with it; add "
+            "--overlap-moe-expert-parallel-comm or drop it")
     dispatcher = _dispatcher(args, model, e, p, virtual)
-    recompute, method, recompute_layers = _recomputation(args, layers or [model.num_layers // p])
+    recompute, method, recompute_layers = _recomputation(
+        args, layers or [model.num_layers // p], notes)
+    _note_renamed_flags(args, notes)
     grads, moments = _optimizer_state(args)
     # The knobs a flag spells with its value (`PLAIN`), and those Megatron-LM's rules set
     # (the registry's engine spellings, each read below).
@@ -173,22 +189,37 @@ def _data_parallel(
     return world // (t * p * c)
 
 
-def _check_overlaps(args: MegatronArgs, t: int, e: int) -> None:
-    """Sequence parallelism and the overlaps, by Megatron-LM's rules."""
+def _sequence_parallel(args: MegatronArgs, t: int, notes: list[str]) -> bool:
+    """--sequence-parallel as Megatron-LM runs it: off at tensor size 1, with a note
+    (megatron/training/arguments.py, validate_args: "Disabling sequence parallelism
+    because tensor model parallelism is disabled"), which NVIDIA's own
+    examples/llama/train_llama3_8b_h100_fp8.sh relies on."""
+    if not args.values.sequence_parallel or t > 1:
+        return bool(args.values.sequence_parallel)
+    notes.append(f"{args.flag('sequence_parallel')} is off: Megatron-LM turns it off at "
+                 f"{args.flag('tensor_model_parallel_size')} 1 (it shards over the "
+                 "tensor-parallel group)")
+    return False
+
+
+def _check_overlaps(args: MegatronArgs, t: int, e: int, sequence_parallel: bool) -> None:
+    """Sequence parallelism (`sequence_parallel`, as `_sequence_parallel` left it) and the
+    overlaps, by Megatron-LM's rules."""
     v, tf = args.values, args.flag("tensor_model_parallel_size")
-    if v.sequence_parallel and t == 1:
-        raise LaunchLineError(
-            f"{args.flag('sequence_parallel')} shards over the tensor-parallel group, which "
-            f"{tf} 1 leaves with one GPU; drop it or raise the tensor size")
-    if e > 1 and t > 1 and not v.sequence_parallel:
+    if e > 1 and t > 1 and not sequence_parallel:
         raise LaunchLineError(
             f"{args.flag('expert_model_parallel_size')} {e} with {tf} {t} needs "
             "--sequence-parallel, which Megatron-LM requires with expert and tensor "
             "parallelism; add it")
-    if v.tp_comm_overlap and not v.sequence_parallel:
+    overlap = args.flag("tp_comm_overlap")
+    if v.tp_comm_overlap and v.sequence_parallel and not sequence_parallel:
         raise LaunchLineError(
-            f"{args.flag('tp_comm_overlap')} needs --sequence-parallel (Megatron-LM overlaps "
-            "its all-gathers and reduce-scatters only); add it or drop the overlap")
+            f"{overlap} needs sequence parallelism, which Megatron-LM turns off at {tf} 1; "
+            "drop the overlap or raise the tensor size")
+    if v.tp_comm_overlap and not sequence_parallel:
+        raise LaunchLineError(
+            f"{overlap} needs --sequence-parallel (Megatron-LM overlaps its all-gathers and "
+            "reduce-scatters only); add it or drop the overlap")
     if v.overlap_param_gather and not (v.use_distributed_optimizer and v.overlap_grad_reduce):
         raise LaunchLineError(
             f"{args.flag('overlap_param_gather')} needs --use-distributed-optimizer and "
@@ -368,15 +399,20 @@ def _check_interleaving(args: MegatronArgs, dest: str, p: int, micro_batches: in
             f"--pipeline-model-parallel-size {p}; change the batch or the pipeline")
 
 
-def _recomputation(args: MegatronArgs, stage_layers: list[int]) -> tuple[str, str, int]:
+def _recomputation(
+    args: MegatronArgs, stage_layers: list[int], notes: list[str]
+) -> tuple[str, str, int]:
     """(recompute, method, layers) as Megatron-LM's recomputation flags set them."""
     v = args.values
     granularity = v.recompute_granularity
+    selective = args.flag("recompute_activations")
+    overridden = bool(v.recompute_activations) and granularity == "full"
     if v.recompute_activations:
-        if granularity == "full":
-            raise LaunchLineError(
-                f"{args.flag('recompute_activations')} is selective recomputation but "
-                f"{args.flag('recompute_granularity')} is full; keep one")
+        # validate_args: --recompute-activations sets the granularity to selective, over
+        # whatever --recompute-granularity says.
+        if overridden:
+            notes.append(f"{selective} makes the recomputation selective, over "
+                         f"{args.flag('recompute_granularity')} full, as Megatron-LM does")
         granularity = "selective"
     method, count = v.recompute_method, v.recompute_num_layers
     if granularity != "full":
@@ -384,7 +420,9 @@ def _recomputation(args: MegatronArgs, stage_layers: list[int]) -> tuple[str, st
             if value is not None:
                 raise LaunchLineError(
                     f"{args.flag(dest)} applies only with --recompute-granularity full, "
-                    "which Megatron-LM requires; add it or drop the flag")
+                    + (f"which {selective} turns selective, as Megatron-LM does; drop one "
+                       "of them" if overridden
+                       else "which Megatron-LM requires; add it or drop the flag"))
         return granularity or "none", "uniform", 1
     if method is None or count is None:
         raise LaunchLineError(
@@ -417,6 +455,29 @@ def _optimizer_state(args: MegatronArgs) -> tuple[str, str]:
             "the same")
     grads = "bf16" if v.grad_reduce_in_bf16 or v.main_grads_dtype == "bf16" else "fp32"
     return grads, v.exp_avg_dtype
+
+
+# Deprecated flags Megatron-LM still reads, with a warning, as the newer flag's value.
+_RENAMED = {
+    # validate_args
+    "enable_cuda_graph": "--cuda-graph-impl local",
+    "external_cuda_graph": "--cuda-graph-impl transformer_engine",
+    "cuda_graph_scope_deprecated": "--cuda-graph-modules",
+    # megatron/core/transformer/transformer_config.py, __post_init__
+    "moe_enable_deepep": "--moe-flex-dispatcher-backend deepep",
+}
+
+
+def _note_renamed_flags(args: MegatronArgs, notes: list[str]) -> None:
+    """A note for each deprecated flag given, read as Megatron-LM reads it (`_RENAMED`),
+    and for the retired "full" CUDA-graph scope (TransformerConfig.__post_init__: "full
+    scope is deprecated", the whole layer either way)."""
+    for dest, newer in _RENAMED.items():
+        if getattr(args.values, dest):
+            notes.append(f"{args.flag(dest)} is deprecated: Megatron-LM reads it as {newer}")
+    if "full" in (args.values.cuda_graph_scope_deprecated or ()):
+        notes.append(f"{args.flag('cuda_graph_scope_deprecated')} full is deprecated: "
+                     "Megatron-LM graphs whole layers, as with no scope")
 
 
 def _precision(args: MegatronArgs, notes: list[str]) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from planner.megatron.errors import LaunchLineError
 from planner.megatron.model_shape import model_config
 from planner.megatron.parallel_config import parallel_config
 from planner.megatron.unpriced import refuse_unpriced
@@ -69,7 +70,23 @@ def megatron_run(args: MegatronArgs, world_size: int) -> MegatronRun:
     cannot price."""
     refuse_unpriced(args)
     notes: list[str] = []
+    _check_valueless(args, notes)
     model = model_config(args, notes)
     parallel, layers, chunks = parallel_config(args, model, world_size, notes)
     ignored = [flag for dest, flag in args.typed.items() if dest not in _READ]
     return MegatronRun(model, parallel, layers, chunks, notes, ignored)
+
+
+def _check_valueless(args: MegatronArgs, notes: list[str]) -> None:
+    """Flags given without their value (a script's `--save $1` with $1 not given): read
+    as absent, with a note, where they change neither time nor memory; refused where
+    Tessel reads them."""
+    read = [flag for dest, flag in args.valueless.items() if dest in _READ]
+    if read:
+        raise LaunchLineError(
+            f"{read[0]} is given no value (the word after it is another flag, or none: a "
+            "variable of the script left empty?); give its value, e.g. with --env NAME=VALUE")
+    if args.valueless:
+        flags = ", ".join(args.valueless.values())
+        notes.append(f"{flags} given no value (the script leaves them empty, e.g. an unset "
+                     "$1); they change neither time nor memory, so they are read as absent")

@@ -38,6 +38,13 @@ def test_absent_flags_take_megatron_lms_defaults_and_enums_take_bare_values() ->
     assert args.typed == {"attention_backend": "--attention-backend", "swiglu": "--swiglu"}
 
 
+def test_a_flag_given_no_value_is_read_as_absent_and_named() -> None:
+    # A script's `--save $CHECKPOINT_PATH --num-layers` with $1 not given, as bash expands it.
+    args = parse_megatron_flags(["--save", "--num-layers", "4", "--load"])
+    assert args.valueless == {"save": "--save", "load": "--load"}
+    assert args.values.num_layers == 4 and not args.given("save")
+
+
 @pytest.mark.parametrize("words, fragments", [
     (["--tensor-parallel-size", "2"],
      ["unknown Megatron-LM option --tensor-parallel-size",
@@ -45,7 +52,6 @@ def test_absent_flags_take_megatron_lms_defaults_and_enums_take_bare_values() ->
     (["--num-layers", "four"], ["--num-layers 'four' is not a whole number"]),
     (["--num-layers=4.5"], ["--num-layers '4.5' is not a whole number"]),
     (["--attention-backend", "fast"], ["--attention-backend 'fast' is not one of", "flash"]),
-    (["--num-layers"], ["--num-layers needs a value"]),
     (["--bf16=yes"], ["--bf16 takes no value"]),
     (["--bf16", "8"], ["unexpected word '8'"]),
 ])
