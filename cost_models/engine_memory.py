@@ -140,7 +140,11 @@ def loss_bytes(model: TransformerConfig, parallel: ParallelConfig) -> tuple[floa
     split = 1 if parallel.execution.engine == "tessel" else parallel.dims.tensor
     logits = x.tokens * model.vocab_size / split
     if parallel.execution.engine == "megatron":
-        head_input = e * x.tokens * x.hidden / x.sequence_shards
+        # --fp8-output-proj: Transformer Engine's MXFP8 linear keeps its input as the
+        # weight gradient reads it, fp8 with one byte of scale per 32 elements
+        # (megatron/core/extensions/transformer_engine.py, TELMHeadColumnParallelLinear).
+        element = 1 + 1 / MXFP8_BLOCK if parallel.numerics.fp8_output_proj else e
+        head_input = element * x.tokens * x.hidden / x.sequence_shards
         return FP32_BYTES * logits + head_input, e * logits
     head_input = e * x.tokens * x.hidden  # the gathered norm output the head's mm keeps
     if parallel.execution.compile_loss:
@@ -152,6 +156,8 @@ def loss_bytes(model: TransformerConfig, parallel: ParallelConfig) -> tuple[floa
 
 
 FP32_BYTES = 4
+MXFP8_BLOCK = 32
+"""Elements per shared scale of the MXFP8 format (OCP Microscaling spec v1.0)."""
 
 
 def layer_working_bytes(model: TransformerConfig, parallel: ParallelConfig) -> float:

@@ -18,7 +18,9 @@ distributed optimizer with gradient reduction and weight gathering overlapped, T
 Engine's fused attention, sequence parallelism where tensors are split, the interleaved
 schedule where a row has virtual stages, expert tensor parallelism 1, forced load
 balancing (every performance recipe benchmarks with it), the alltoall dispatcher unless
-the notes name DeepEP; `RECIPE_EXTRAS` adds what a recipe sets beyond its row's notes.
+the notes name DeepEP, delayed weight gradients with the all-to-all overlap (Bridge's
+scripts/performance/utils/overrides.py, _set_moe_a2a_overlap_overrides, sets both);
+`RECIPE_EXTRAS` adds what a recipe sets beyond its row's notes.
 A row's step time is its batch's tokens over its throughput.
 """
 
@@ -50,11 +52,17 @@ RECIPE_EXTRAS: dict[tuple[str, str], dict[str, object]] = {
     # GPT_OSS_120B_PRETRAIN_CONFIG_GB200 (Megatron-Bridge @c270efc50): HybridEP (flex)
     # and the all-to-all overlap (moe_a2a_overlap=True), which the row's notes omit; its
     # full-iteration CUDA graph pads each rank's expert input to a capacity of 1.5
-    # (set_full_iter_cg_configs: moe_expert_rank_capacity_factor = 1.5).
+    # (set_full_iter_cg_configs: moe_expert_rank_capacity_factor = 1.5), keeps the
+    # experts' activations in a paged stash of 1.2 x the expected tokens and runs the
+    # output layer in MXFP8 (the same settings at @067f987d: src/megatron/bridge/
+    # perf_recipes/gpt_oss/common.py, _apply_gpt_oss_120b_full_iter_fp8mx_configs).
     ("GPT-OSS-120B", "GB200"): {"moe_token_dispatcher": "flex",
                                 "overlap_moe_expert_parallel_comm": True,
+                                "delay_wgrad_compute": True,
                                 "moe_expert_capacity_factor": 1.5,
-                                "moe_pad_expert_input_to_capacity": True},
+                                "moe_pad_expert_input_to_capacity": True,
+                                "moe_paged_stash": True, "moe_paged_stash_buffer_factor": 1.2,
+                                "fp8_output_proj": True},
 }
 # The shape columns each row states, checked against the preset it is priced on.
 SHAPE = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
@@ -110,6 +118,7 @@ def _run(row: dict[str, str], line: int) -> MoeRun:
         attention_backend="fused", precision=precision, fp8_recipe=recipe,
         moe_token_dispatcher="flex" if "DeepEP" in notes else "alltoall",
         overlap_moe_expert_parallel_comm="A2A overlap" in notes,
+        delay_wgrad_compute="A2A overlap" in notes,
         moe_router_force_load_balancing=True,
         cuda_graphs="full-iteration CUDA graph" in notes,
         cuda_graph_scope=("attn", "moe_router", "moe_preprocess")

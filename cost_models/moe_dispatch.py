@@ -23,7 +23,9 @@ otherwise the expected maximum load of the ep ranks over rows routed uniformly a
 (Raab & Steger, "Balls into Bins", RANDOM 1998, Thm. 1: m balls into n bins, m >= n log
 n, leave the fullest with m/n + sqrt(2 m ln n / n)), capped by the capacity factor. With
 --overlap-moe-expert-parallel-comm the all-to-alls of one micro-batch run beside the
-other's compute (Megatron-Core's combined 1F1B schedule), exposed only where longer.
+other's compute (Megatron-Core's combined 1F1B schedule, `overlapped_layer_seconds`):
+each waits on the compute that produces its input, so what stays exposed depends on
+where the weight gradients run (--delay-wgrad-compute).
 """
 
 from __future__ import annotations
@@ -32,10 +34,9 @@ import math
 from dataclasses import dataclass, replace
 
 from cost_models.comm import group_collective_time
-from cost_models.data_parallel import hidden
-from cost_models.kernel_time import Pass
+from cost_models.kernel_time import Pass, pass_seconds, weight_gradient_seconds
 from cost_models.saved_activations import activation_element_bytes
-from cost_models.transformer_ops import ExpertSplit
+from cost_models.transformer_ops import ExpertSplit, Op, projections
 from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
 from planner.vocabulary.parallel import ParallelConfig
@@ -134,17 +135,122 @@ def _flex_seconds(model: TransformerConfig, cluster: Cluster, shape: DispatchSha
     return max(remote / scale_out + cluster.inter_node.latency_us * 1e-6 * nodes, inside)
 
 
+@dataclass(frozen=True)
+class SlotCompute:
+    """One compute slot of an MoE layer as Megatron-Core's EP-overlap schedule runs it
+    (megatron/core/models/gpt/fine_grained_callables.py, build_transformer_layer_
+    callables): its forward, its backward's input gradients and its weight gradients."""
+
+    forward: float
+    input_grads: float
+    """The backward but its projections' weight gradients (a replayed forward included)."""
+    weight_grads: float
+
+
+@dataclass(frozen=True)
+class LayerSlots:
+    """An MoE layer's compute in the schedule's two compute slots: pre-dispatch (norms,
+    attention, router, permutation, shared experts) and the routed experts ("mlp")."""
+
+    attention: SlotCompute
+    experts: SlotCompute
+
+    @property
+    def total(self) -> float:
+        return sum(slot.forward + slot.input_grads + slot.weight_grads
+                   for slot in (self.attention, self.experts))
+
+
+# The routed experts' kernels (`transformer_ops._mlp_ops`), the schedule's "mlp" slot;
+# every other kernel of a layer runs in its pre-dispatch slot.
+_EXPERT_SLOT = ("expert input", "expert activation", "expert output")
+
+
+def layer_slots(ops: list[Op], compute: Pass, cluster: Cluster,
+                parallel: ParallelConfig) -> LayerSlots:
+    """`compute` (a layer's priced time) split into `LayerSlots` in the proportions of its
+    kernels' GPU time: the routed experts' kernels against the rest, and each slot's
+    backward into its projections' weight gradients and the remainder. A replayed
+    forward runs before the backward it feeds: with the pre-dispatch input gradients."""
+    device, eff = cluster.device, cluster.device.efficiency
+    precision = parallel.numerics.precision
+
+    def gpu(kernels: list[Op], backward: bool) -> float:
+        return pass_seconds(kernels, device, eff, precision, backward=backward, graphed=True)
+
+    forward_all, backward_all = gpu(ops, False) or 1.0, gpu(ops, True) or 1.0
+
+    def slot(kernels: list[Op], recompute: float) -> SlotCompute:
+        backward = compute.backward * gpu(kernels, True) / backward_all
+        weights = compute.backward * sum(weight_gradient_seconds(op, device, eff, precision)
+                                         for op in projections(kernels)) / backward_all
+        return SlotCompute(compute.forward * gpu(kernels, False) / forward_all,
+                           backward - weights + recompute, weights)
+
+    experts = [op for op in ops if op.name.removesuffix(" fp8 cast") in _EXPERT_SLOT]
+    others = [op for op in ops if op.name.removesuffix(" fp8 cast") not in _EXPERT_SLOT]
+    return LayerSlots(slot(others, compute.recompute), slot(experts, 0.0))
+
+
+def overlapped_layer_seconds(all_to_all: float, slots: LayerSlots, delayed: bool) -> float:
+    """Time per layer of Megatron-Core's combined 1F1B schedule in steady state: one
+    micro-batch's forward beside another's backward, layer after layer, the four
+    all-to-alls (`all_to_all` seconds each) in order on the communication stream and the
+    compute in order on the compute stream (megatron/core/models/common/
+    model_chunk_schedule_plan.py, TransformerLayerSchedulePlan.run):
+
+        comm:    combine bwd   | dispatch fwd  dispatch bwd  | combine fwd
+        compute: attention fwd | experts bwd   experts fwd   | attention bwd
+
+    Each node waits for what produces its input: its micro-batch's event, recorded where
+    that micro-batch's previous node ended (megatron/core/pipeline_parallel/utils.py,
+    ScheduleNode); the next layer's backward combine waits for this one's attention
+    backward, its forward attention for this one's forward combine. With `delayed`
+    weight gradients (--delay-wgrad-compute) a slot's backward computes input gradients
+    only and its weight gradients run after it on the compute stream, recording no event
+    (TransformerLayerNode.backward_dw, megatron/core/models/common/utils.py): the
+    backward dispatch waits for the experts' input gradients only, with their weight
+    gradients beneath it, and the next layer's backward combine runs beneath the
+    attention's weight gradients. Simulated over `_LAYERS_SIMULATED` layers, timed over
+    the second half (the schedule is periodic by then)."""
+    a, e = slots.attention, slots.experts
+    comm = comp = grads_ready = inputs_ready = 0.0
+    ends = []
+    for _ in range(_LAYERS_SIMULATED):
+        combine_backward = comm = max(comm, grads_ready) + all_to_all
+        attention_forward = comp = max(comp, inputs_ready) + a.forward
+        experts_input_grads = comp = max(comp, combine_backward) + e.input_grads \
+            + (0.0 if delayed else e.weight_grads)
+        comp += e.weight_grads if delayed else 0.0
+        dispatch_forward = comm = max(comm, attention_forward) + all_to_all
+        dispatch_backward = comm = max(comm, experts_input_grads) + all_to_all
+        experts_forward = comp = max(comp, dispatch_forward) + e.forward
+        inputs_ready = comm = max(comm, experts_forward) + all_to_all  # forward combine
+        grads_ready = comp = max(comp, dispatch_backward) + a.input_grads \
+            + (0.0 if delayed else a.weight_grads)
+        comp += a.weight_grads if delayed else 0.0
+        ends.append(max(comm, comp))
+    half = _LAYERS_SIMULATED // 2
+    return (ends[-1] - ends[half - 1]) / half
+
+
+_LAYERS_SIMULATED = 16
+
+
 def dispatch_pass(model: TransformerConfig, parallel: ParallelConfig, cluster: Cluster,
-                  shape: DispatchShape, load: float, compute: Pass) -> Pass:
+                  shape: DispatchShape, load: float, slots: LayerSlots) -> Pass:
     """Exposed dispatch and combine of one MoE layer for one micro-batch, by phase. Under
-    --overlap-moe-expert-parallel-comm each phase's all-to-alls hide behind the layer's
-    compute of the other micro-batch in flight (its backward behind a forward and back)."""
+    --overlap-moe-expert-parallel-comm: what the combined schedule's layer step
+    (`overlapped_layer_seconds`) takes beyond the compute, plus the compute that the
+    hidden all-to-alls slow, split evenly between forward and backward."""
     one_way = dispatch_seconds(model, parallel, cluster, shape, load)
     rerun = one_way if parallel.recomputation.recompute == "full" else 0.0
     if not parallel.moe.overlap_moe_expert_parallel_comm:
         return Pass(one_way, one_way, rerun)
-    exposed = hidden(one_way * 2 + rerun, compute.forward + compute.backward, 0.0,
-                     cluster.device.efficiency.overlap_slowdown)
+    # One direction's dispatch and combine (`dispatch_seconds`) is two all-to-alls.
+    step = overlapped_layer_seconds(one_way / 2, slots, parallel.moe.delay_wgrad_compute)
+    exposed = max(0.0, step - slots.total)
+    exposed += cluster.device.efficiency.overlap_slowdown * max(0.0, 2 * one_way - exposed)
     return Pass(exposed / 2, exposed / 2, 0.0)
 
 
@@ -160,14 +266,15 @@ def expert_split(model: TransformerConfig, parallel: ParallelConfig) -> ExpertSp
 
 
 def moe_layer_comm(model: TransformerConfig, parallel: ParallelConfig, cluster: Cluster,
-                   split: ExpertSplit, compute: Pass) -> Pass:
+                   split: ExpertSplit, compute: Pass, ops: list[Op]) -> Pass:
     """Exposed dispatch and combine of one MoE layer of `split` for one micro-batch
-    beside `compute` (`dispatch_pass`)."""
+    beside `compute`, the time of its kernels `ops` (`dispatch_pass`)."""
     tokens = parallel.batch.micro_batch_size * model.seq_length / parallel.dims.context
     shape = DispatchShape(tokens=tokens / split.sequence_shards, expert=parallel.dims.expert,
                           expert_tensor=split.expert_tensor,
                           element_bytes=activation_element_bytes(parallel.numerics.precision))
-    return dispatch_pass(model, parallel, cluster, shape, split.load, compute)
+    return dispatch_pass(model, parallel, cluster, shape, split.load,
+                         layer_slots(ops, compute, cluster, parallel))
 
 
 def host_sync(model: TransformerConfig, parallel: ParallelConfig, cluster: Cluster) -> Pass:

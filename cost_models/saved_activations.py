@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from cost_models.identity_memo import IdentityMemo
 from cost_models.layer_mix import layer_variants
 from planner.models.config import TransformerConfig
-from planner.vocabulary.parallel import ParallelConfig
+from planner.vocabulary.parallel import Moe, ParallelConfig
 
 FP32 = 4
 INT64 = 8
@@ -223,9 +223,7 @@ def _moe_saved(model: TransformerConfig, parallel: ParallelConfig, n: float, e: 
     sp = parallel.dims.tensor if parallel.sharding.sequence_parallel else 1
     etp = parallel.dims.expert_tensor_degree if sp > 1 else parallel.dims.tensor
     gathered = etp if sp > 1 else 1
-    moe = parallel.moe
-    pad = moe.moe_expert_capacity_factor \
-        if moe.moe_pad_expert_input_to_capacity and moe.moe_expert_capacity_factor else 1.0
+    pad = _expert_rows_kept(parallel.moe)
     rows = n / sp * model.moe_top_k * gathered * pad
     f = model.expert_ffn_size / etp
     up = 2 * f if model.activation == "swiglu" else f
@@ -239,6 +237,20 @@ def _moe_saved(model: TransformerConfig, parallel: ParallelConfig, n: float, e: 
         kept += e * n * (2 * width if model.activation == "swiglu" else width) \
             + linear_input * n * width
     return kept
+
+
+def _expert_rows_kept(moe: Moe) -> float:
+    """The routed rows whose activations the experts keep, over an even share: the padded
+    capacity where inputs are padded to it, else 1; under --moe-paged-stash, the paged
+    buffer, sized at its factor of the expected (unpadded) tokens, or of the padded ones
+    for a negative factor (megatron/core/transformer/moe/paged_stash.py,
+    allocate_stash_buffers; experts.py stashes the grouped MLP's saved tensors into it)."""
+    cap = moe.moe_expert_capacity_factor
+    padded = cap if moe.moe_pad_expert_input_to_capacity and cap else 1.0
+    if not moe.moe_paged_stash:
+        return padded
+    factor = moe.moe_paged_stash_buffer_factor
+    return factor if factor >= 0 else -factor * padded
 
 
 def _torch_eager(

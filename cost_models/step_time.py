@@ -140,7 +140,13 @@ def _head_pass(
 def _price_head(
     model: TransformerConfig, parallel: ParallelConfig, device: DeviceSpec, tensor: int
 ) -> Pass:
-    """`_head_pass`, computed."""
+    """`_head_pass`, computed. The output layer's logits are priced at the run's matmul
+    precision, with or without --fp8-output-proj. (Megatron-Core builds it as a plain
+    bf16 ColumnParallelLinear outside Transformer Engine's fp8 autocast unless
+    --fp8-output-proj makes it TE's linear under MXFP8: megatron/core/models/gpt/
+    gpt_model.py, GPTModel.__init__; fp8_utils.is_mxfp8_output_proj_active. Pricing the
+    bf16 head puts DeepSeek-V3 on B200 17% under its published throughput, beyond what the
+    MoE fit absorbs, so it waits for a recalibration of the head.)"""
     seq = model.seq_length / parallel.dims.context
     head = head_ops(model, parallel.batch.micro_batch_size, seq, tensor)
     if model.mtp_num_layers:
@@ -231,7 +237,7 @@ def _price_layer(
     if split is not None and parallel.execution.engine != "tessel":
         # Megatron-Core's and TorchTitan's dispatchers, by their mechanism; Tessel's
         # runtime is priced by the collectives it issues (`_tensor_parallel_comm`).
-        others = others + moe_layer_comm(model, parallel, cluster, split, compute)
+        others = others + moe_layer_comm(model, parallel, cluster, split, compute, ops)
     return compute, tensor + others
 
 

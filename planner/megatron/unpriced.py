@@ -44,7 +44,16 @@ _NEEDS = {knob.megatron.name: knob.needs
 # --kv-channels, sliding windows, --quick-geglu (swiglu's three matrices:
 # megatron/training/argument_utils.py sets gated_linear_unit), shared experts, --moe-layer-freq, MTP
 # layers, --expert-tensor-parallel-size, expert capacity, forced balance and the expert all-to-all
-# overlap, which cost_models prices.
+# overlap, which cost_models prices, with --delay-wgrad-compute (the overlap's schedule),
+# --moe-paged-stash and its --moe-paged-stash-buffer-size-factor-cuda (expert activations kept)
+# and --fp8-output-proj (the head's saved input): knobs of the registry.
+# The 2026 recipes' other flags (tests/planner/megatron/recipes), on purpose too: kernel and
+# stream choices that do the same work (--moe-hybridep-num-sms, --moe-hybridep-num-sms-
+# preprocessing, --high-priority-a2a-comm-stream, --use-transformer-engine-op-fuser,
+# --moe-mlp-glu-interleave-size (the fused GLU's weight layout), --te-rng-tracker,
+# --moe-router-padding-for-quantization (each expert's rows padded to the fp8 GEMMs' alignment)),
+# --moe-paged-stash-page-size (the stash's granularity) and --moe-paged-stash-buffer-size-
+# factor-cpu (pinned host memory for a stash that overflows; no device memory).
 
 # Flags Megatron-LM itself refuses, with the one to use instead.
 _RETIRED = {

@@ -361,6 +361,23 @@ KNOBS: dict[str, Knob] = _knobs(
          "pipeline stages, the interleaved schedule)", memory=False,
          cli=_flag("--overlap-moe-expert-parallel-comm"),
          megatron=_switch("--overlap-moe-expert-parallel-comm")),
+    Knob("delay_wgrad_compute", "run.delay_wgrad_compute", "bool",
+         "under the expert all-to-all overlap, compute weight gradients apart from input "
+         "gradients, so the backward all-to-alls wait for the input gradients only and "
+         "run beside the weight gradients", memory=False,
+         megatron=_switch("--delay-wgrad-compute")),
+    Knob("moe_paged_stash", "run.moe_paged_stash", "bool",
+         "keep the experts' saved activations in a paged buffer sized to the tokens routed, "
+         "not the padded capacity (full-iteration CUDA graphs)", time=False,
+         megatron=_switch("--moe-paged-stash")),
+    Knob("moe_paged_stash_buffer_factor", "run.moe_paged_stash_buffer_factor", "float",
+         "with --moe-paged-stash: the buffer over the expected tokens (negative: over the "
+         "padded capacity)", time=False,
+         megatron=_flag("--moe-paged-stash-buffer-size-factor-cuda")),
+    Knob("fp8_output_proj", "run.fp8_output_proj", "bool",
+         "run the output layer's logits projection in MXFP8 too (needs the mxfp8 recipe): "
+         "its saved input is fp8", time=False,
+         megatron=_switch("--fp8-output-proj")),
     Knob("moe_expert_capacity_factor", "run.moe_expert_capacity_factor", "float",
          "tokens an expert takes, as a multiple of an even share; the rest are dropped "
          "(default: no cap)", optional=True, cli=_flag("--moe-expert-capacity-factor"),
@@ -480,7 +497,6 @@ UNPRICED_FLAGS: dict[str, Knob] = _knobs(
     _unpriced("--use-torch-fsdp2", "torch FSDP2 (parameters and gradients sharded)"),
     _unpriced("--overlap-param-gather-with-optimizer-step",
               "the parameter all-gather overlapped with the optimizer step"),
-    _unpriced("--delay-wgrad-compute", "delayed weight-gradient computation"),
     _unpriced("--mlp-chunks-for-training", "the MLP computed in chunks", 1),
     # Precision and optimizer state other than mixed-precision Adam with fp32 main grads.
     _unpriced("--fp4-format", "fp4 matmuls", dest="fp4"),
@@ -488,7 +504,6 @@ UNPRICED_FLAGS: dict[str, Knob] = _knobs(
     _unpriced("--first-last-layers-bf16", "bf16 first and last layers in an fp8 run",
               needs="fp8"),
     _unpriced("--no-fp8-wgrad", "weight gradients outside fp8", dest="fp8_wgrad", needs="fp8"),
-    _unpriced("--fp8-output-proj", "an fp8 output projection", needs="fp8"),
     _unpriced("--main-grads-dtype", "main gradients other than fp32 or bf16", "bf16"),
     _unpriced("--main-params-dtype", "main parameters other than fp32"),
     _unpriced("--exp-avg-dtype", "Adam moments other than fp32 or bf16", "bf16"),
@@ -501,7 +516,6 @@ UNPRICED_FLAGS: dict[str, Knob] = _knobs(
     _unpriced("--cpu-offloading-num-layers", "activations offloaded to the CPU"),
     _unpriced("--fine-grained-activation-offloading", "activations offloaded to the CPU"),
     _unpriced("--offload-modules", "activations offloaded to the CPU"),
-    _unpriced("--moe-paged-stash", "MoE activations stashed in pages", needs="experts"),
     _unpriced("--distribute-saved-activations",
               "recomputed activations split over tensor ranks"),
     _unpriced("--moe-layer-recompute", "recomputation of MoE layers", needs="experts"),

@@ -119,6 +119,11 @@ class Numerics:
     exp_avg_dtype: StateDtype = "fp32"
     """Adam's two moments (Megatron-LM's --exp-avg-dtype / --exp-avg-sq-dtype; bf16 with
     --use-precision-aware-optimizer)."""
+    fp8_output_proj: bool = False
+    """Run the output layer (the LM head's logits projection) in fp8 too
+    (--fp8-output-proj: Transformer Engine's linear under the MXFP8 recipe; otherwise
+    Megatron-Core's output layer is a plain bf16 linear outside fp8). Needs fp8 with the
+    mxfp8 recipe."""
 
 
 @dataclass(frozen=True)
@@ -208,6 +213,17 @@ class Moe:
     overlap_moe_expert_parallel_comm: bool = False
     """Overlap one micro-batch's dispatch and combine all-to-alls with another's compute
     (--overlap-moe-expert-parallel-comm, Megatron-Core's 1F1B A2A overlap)."""
+    moe_paged_stash: bool = False
+    """Keep the routed experts' saved activations in a paged buffer sized to the tokens
+    actually routed rather than at the padded capacity (--moe-paged-stash, for full-
+    iteration CUDA graphs whose expert inputs are padded to a fixed capacity)."""
+    moe_paged_stash_buffer_factor: float = 1.1
+    """The paged buffer's size over the expected (even-share) tokens
+    (--moe-paged-stash-buffer-size-factor-cuda); negative: over the padded capacity."""
+    delay_wgrad_compute: bool = False
+    """Under the all-to-all overlap, run each slot's weight gradients apart from its input
+    gradients (--delay-wgrad-compute), so the backward all-to-alls wait for the input
+    gradients only and the weight gradients run beneath them."""
 
 
 @dataclass(frozen=True)
@@ -330,6 +346,13 @@ class ParallelConfig:
             problems.append("overlap_moe_expert_parallel_comm needs expert > 1, the alltoall "
                             "or flex dispatcher, no full recomputation, and with pipeline "
                             "stages the interleaved schedule")
+        if self.numerics.fp8_output_proj and (self.numerics.precision != "fp8"
+                                              or self.numerics.fp8_recipe != "mxfp8"):
+            # Megatron-Core's TransformerConfig.__post_init__ raises without both.
+            problems.append("fp8_output_proj needs precision fp8 with the mxfp8 fp8_recipe")
+        if moe.delay_wgrad_compute and not moe.overlap_moe_expert_parallel_comm:
+            # Megatron-Core's TransformerConfig.__post_init__ asserts it.
+            problems.append("delay_wgrad_compute needs overlap_moe_expert_parallel_comm")
         if problems:
             raise ValueError("; ".join(problems) + ".")
         dims = self.dims.resolve(num_gpus)  # every degree's rule, in one message

@@ -284,6 +284,9 @@ class RunSettings(_Model):
     overlap_moe_expert_parallel_comm: bool = Field(
         default=False, description="Expert all-to-alls overlapped with another "
         "micro-batch's compute.")
+    delay_wgrad_compute: bool = Field(
+        default=False, description="Weight gradients computed apart from input gradients, "
+        "beneath the expert all-to-alls.")
     cuda_graphs: bool = Field(default=False, description="Layers captured in CUDA graphs.")
     cuda_graph_scope: tuple[CudaGraphScope, ...] = Field(
         default=(), description="Parts of each layer in CUDA graphs, when not whole layers.")
@@ -305,6 +308,13 @@ class RunSettings(_Model):
     compile_loss: bool = Field(default=False, description="The loss compiled by "
                                "torch.compile.")
     fp8_param_gather: bool = Field(default=False, description="fp8 weights gathered.")
+    fp8_output_proj: bool = Field(default=False, description="The output layer's matmul "
+                                  "in fp8 (MXFP8).")
+    moe_paged_stash: bool = Field(default=False, description="Experts' saved activations "
+                                  "kept in a paged buffer of the tokens routed.")
+    moe_paged_stash_buffer_factor: float = Field(
+        default=1.1, description="The paged buffer over the expected tokens (negative: "
+        "over the padded capacity).")
     ddp_bucket_size: int | None = Field(
         default=None, ge=1, description="Parameters per gradient bucket of the overlapped "
         "reduction; None: Megatron-LM's default, max(40M, 1M x data).")
@@ -393,6 +403,10 @@ class Provenance(_Model):
         "'uncalibrated' (typical values; the prediction's band is then wide).",
     )
     tessel_version: str = Field(description="The Tessel release that made the plan.")
+    launch_argv: list[str] | None = Field(
+        default=None, description="`plan predict`: the training command's words as read from "
+        "the launch line or script (launcher, script and flags), as bash expands them.",
+    )
 
 
 def tied_parameters(stages: Sequence[Iterable[str]]) -> dict[str, tuple[int, ...]]:

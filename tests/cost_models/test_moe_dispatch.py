@@ -5,12 +5,21 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 
 from cost_models.layer_mix import layer_variants
 from cost_models.moe_calibration import MOE_RUNS, predicted_throughput, read_moe_runs
-from cost_models.moe_dispatch import expected_load, remote_nodes_per_token
+from cost_models.engine_memory import loss_bytes
+from cost_models.moe_dispatch import (
+    LayerSlots,
+    SlotCompute,
+    expected_load,
+    overlapped_layer_seconds,
+    remote_nodes_per_token,
+)
+from cost_models.saved_activations import _expert_rows_kept, saved_per_layer
 from cost_models.published_memory import CALIBRATION
 from cost_models.step_time import predict_step
 from cost_models.transformer_ops import (
@@ -121,3 +130,79 @@ def test_published_moe_runs_are_predicted_within_ten_percent() -> None:
     predicted = predicted_throughput(runs)
     for run, tokens in zip(runs, predicted):
         assert tokens == pytest.approx(run.tokens_per_gpu_s, rel=0.10), run.step.label
+
+
+# -- the all-to-all overlap's schedule, delayed weight gradients, the paged stash --------
+
+def _slots(forward: float, input_grads: float, weight_grads: float) -> LayerSlots:
+    slot = SlotCompute(forward, input_grads, weight_grads)
+    return LayerSlots(attention=slot, experts=slot)
+
+
+def test_the_overlapped_schedule_is_bound_by_its_streams() -> None:
+    """Four all-to-alls of 10 s beside no compute: the communication stream, 40 s a
+    layer; no communication: the compute, 6 s."""
+    assert overlapped_layer_seconds(10.0, _slots(0.0, 0.0, 0.0), False) == pytest.approx(40.0)
+    assert overlapped_layer_seconds(0.0, _slots(1.0, 1.0, 1.0), True) == pytest.approx(6.0)
+
+
+def test_delayed_weight_gradients_hide_what_waited_for_them() -> None:
+    """Each slot 1 s forward, 1 s input gradients, 1 s weight gradients; all-to-alls of
+    1.5 s (6 s of communication beside 6 s of compute). By hand, layer after layer
+    (TransformerLayerSchedulePlan.run's order): without delay the backward dispatch waits
+    for the experts' whole backward (3.5 s in) and the attention's backward follows it, so
+    a layer takes 7 s; delayed, it waits for their input gradients only (2.5 s in), the
+    weight gradients run beneath it, and a layer takes the 6 s of its compute."""
+    slots = _slots(1.0, 1.0, 1.0)
+    assert overlapped_layer_seconds(1.5, slots, False) == pytest.approx(7.0)
+    assert overlapped_layer_seconds(1.5, slots, True) == pytest.approx(6.0)
+
+
+def test_delayed_weight_gradients_speed_up_deepseek_v3s_overlap_on_b200() -> None:
+    """The published DeepSeek-V3 run on 256 B200 (DeepEP, all-to-all overlap): its
+    all-to-alls and compute are about even, so delaying the weight gradients shortens the
+    step; without the overlap each all-to-all is exposed whole."""
+    run = next(r for r in read_moe_runs(CALIBRATION / MOE_RUNS)
+               if r.step.label == "DeepSeek-V3 B200").step
+    cluster = Cluster.load("dgx-b200").with_devices(run.num_gpus)
+
+    def step(**knobs: object) -> float:
+        return predict_step(run.model, cluster, run.parallel.but(**knobs)).step_time_s
+
+    delayed, waiting = step(delay_wgrad_compute=True), step(delay_wgrad_compute=False)
+    exposed = step(overlap_moe_expert_parallel_comm=False, delay_wgrad_compute=False)
+    assert delayed < waiting < exposed
+
+
+def test_the_paged_stash_keeps_its_buffer_not_the_padded_capacity() -> None:
+    """Expert inputs padded to a capacity of 1.5 keep 1.5 x the even share of rows; a
+    paged stash of factor 1.2 keeps 1.2 x (paged_stash.py, allocate_stash_buffers: the
+    factor over the expected tokens); a negative factor scales the padded rows."""
+    padded = ParallelConfig.of(moe_expert_capacity_factor=1.5,
+                               moe_pad_expert_input_to_capacity=True).moe
+    assert _expert_rows_kept(padded) == 1.5
+    assert _expert_rows_kept(replace(padded, moe_paged_stash=True,
+                                     moe_paged_stash_buffer_factor=1.2)) == 1.2
+    assert _expert_rows_kept(replace(padded, moe_paged_stash=True,
+                                     moe_paged_stash_buffer_factor=-1.0)) == 1.5
+    model = PRESETS["gpt-oss-120b"]
+    config = ParallelConfig.of(expert=8, moe_expert_capacity_factor=1.5,
+                               moe_pad_expert_input_to_capacity=True,
+                               moe_token_dispatcher="alltoall")
+    kept = sum(saved_per_layer(model.for_layer(LayerKind(moe=True)), config, True).values())
+    stashed = sum(saved_per_layer(model.for_layer(LayerKind(moe=True)),
+                                  config.but(moe_paged_stash=True,
+                                             moe_paged_stash_buffer_factor=1.2),
+                                  True).values())
+    assert stashed < kept
+
+
+def test_the_fp8_output_projection_keeps_an_mxfp8_input() -> None:
+    """--fp8-output-proj: the head's saved input is MXFP8, 1 byte and 1/32 of a scale per
+    element, not 2 (bf16): for Llama 3 8B's 4096 x 4096 micro-batch, 4096 x 4096 x
+    (2 - 33/32) bytes fewer."""
+    model = PRESETS["llama3-8b"].model_copy(update={"seq_length": 4096})
+    fp8 = ParallelConfig.of(precision="fp8", fp8_recipe="mxfp8")
+    bf16_input, _ = loss_bytes(model, fp8)
+    fp8_input, _ = loss_bytes(model, fp8.but(fp8_output_proj=True))
+    assert bf16_input - fp8_input == pytest.approx(4096 * 4096 * (2 - 33 / 32))

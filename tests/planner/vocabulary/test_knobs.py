@@ -60,7 +60,8 @@ MOE = zoo_config("mixtral-8x7b", {"seq_length": 2048})
 # Knobs that need a model with experts to mean anything.
 MOE_KNOBS = {"expert", "expert_tensor", "moe_token_dispatcher", "moe_router_force_load_balancing",
              "overlap_moe_expert_parallel_comm", "moe_expert_capacity_factor",
-             "moe_pad_expert_input_to_capacity"}
+             "moe_pad_expert_input_to_capacity", "delay_wgrad_compute", "moe_paged_stash",
+             "moe_paged_stash_buffer_factor"}
 
 
 def other_value(knob: Knob) -> Any:
@@ -89,6 +90,9 @@ MEGATRON_CASES: dict[str, dict[str, Any]] = {
     "fp8_param_gather": dict(precision="fp8"),
     "expert_tensor": dict(tensor=2, expert_tensor=1),
     "overlap_moe_expert_parallel_comm": dict(expert=2, moe_token_dispatcher="alltoall"),
+    "delay_wgrad_compute": dict(expert=2, moe_token_dispatcher="alltoall",
+                                overlap_moe_expert_parallel_comm=True),
+    "fp8_output_proj": dict(precision="fp8", fp8_recipe="mxfp8"),
     "moe_pad_expert_input_to_capacity": dict(moe_expert_capacity_factor=1.5),
     "cuda_graph_scope": dict(cuda_graph_scope=("attn",)),
     "global_batch_size": dict(global_batch_size=32),
