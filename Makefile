@@ -44,7 +44,22 @@ $(CONFORMANCE): $(STAMP)
 		|| echo "megatron-core not installed: Megatron-LM's own parser checks will skip"
 	touch $(CONFORMANCE)
 
-conformance: $(CONFORMANCE)
+# TorchTitan 0.3 (its dataclass configs, after pytorch/torchtitan#2386), whose pins clash
+# with TorchTitan 0.2's above: a venv of its own that sees .venv's torch 2.13.0 through a .pth
+# file and installs with --no-deps what `import torchtitan.trainer` needs, so nothing can move
+# torch (tests/planner/export/test_torchtitan_config.py; about 1.3 GB once, most of it triton
+# and pyarrow, which its modules import). Optional: where the install fails those checks skip.
+TITAN03 := $(VENV)/torchtitan-0.3
+$(TITAN03)/.installed: $(STAMP)
+	test -x $(TITAN03)/bin/python || $(PYTHON) -m venv $(TITAN03)
+	$(BIN)/python -c 'import site; print(site.getsitepackages()[0])' \
+		> "$$($(TITAN03)/bin/python -c 'import site; print(site.getsitepackages()[0])')/tessel-main.pth"
+	$(TITAN03)/bin/python -m pip install -q --no-deps torchtitan==0.3.0 spmd_types==0.2.3 tyro \
+		docstring_parser typeguard torchdata tensorboard triton datasets multiprocess pyarrow \
+		dill xxhash || echo "TorchTitan 0.3 not installed: its conformance checks will skip"
+	touch $@
+
+conformance: $(CONFORMANCE) $(TITAN03)/.installed
 
 test: venv browser conformance
 	$(BIN)/ruff check .

@@ -7,6 +7,10 @@ writes each engine's files into DIR (`planner.export.engines`) and prints one li
 engine: the files written, or why that engine cannot run the plan (and no file). Both
 values are checked as the command line is read, so that no search is thrown away for a
 misspelt engine or a folder that cannot be written.
+
+TorchTitan's files are in its current form by default (0.3: a config function,
+`planner.export.torchtitan_config`); `--torchtitan-version 0.2` writes 0.2's TOML job
+config (`planner.export.torchtitan`) instead.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ if TYPE_CHECKING:
     from planner.vocabulary.plan import Plan
 
 FLAG = "--emit"
+TORCHTITAN_VERSIONS = ("0.3", "0.2")
+"""TorchTitan's config forms --emit writes: 0.3's Python config (the default), 0.2's TOML."""
 
 
 def engine_list(text: str) -> list[str]:
@@ -73,26 +79,32 @@ def add_emit_flags(parser: argparse.ArgumentParser) -> None:
         help="with --emit pytorch, for a graph plan: torchrun restarts the job with the "
         "nodes present (--nnodes from MIN:MAX ranks), and the job re-plans for the ranks "
         "it finds and resumes from its last checkpoint, resharded")
+    version = parser.add_argument(
+        "--torchtitan-version", choices=TORCHTITAN_VERSIONS, default=TORCHTITAN_VERSIONS[0],
+        help="with --emit torchtitan: the form of the config written, 0.3 (default: a "
+        "config function, torchtitan_config.py) or 0.2 (a TOML job config, torchtitan.toml)")
     given = parser.get_default("training_flags") or ()
     parser.set_defaults(training_flags=(*given, (FLAG, action.dest, action.default),
-                                        ("--elastic", elastic.dest, elastic.default)))
+                                        ("--elastic", elastic.dest, elastic.default),
+                                        ("--torchtitan-version", version.dest,
+                                         version.default)))
 
 
 def emit(plan: Plan, engines: list[str], folder: str | Path, console: Console,
-         model: TransformerConfig | None = None,
-         elastic: Elastic | None = None) -> dict[str, list[Path]]:
+         model: TransformerConfig | None = None, elastic: Elastic | None = None,
+         torchtitan_version: str = TORCHTITAN_VERSIONS[0]) -> dict[str, list[Path]]:
     """Write each engine's files for `plan` (of `model`'s shape, which the TorchTitan and
-    PyTorch exports need; `elastic`: how an elastic job restarts) into `folder` and print
-    one line per engine; {engine: paths written}, [] for an engine that cannot run the
-    plan."""
-    from planner.export.engines import Refusal, engine_files
+    PyTorch exports need; `elastic`: how an elastic job restarts; `torchtitan_version`:
+    TorchTitan's config form) into `folder` and print one line per engine; {engine: paths
+    written}, [] for an engine that cannot run the plan."""
+    from planner.export.engines import Refusal
 
     folder = Path(folder).expanduser()
     check_output_folder(FLAG, str(folder))
     written: dict[str, list[Path]] = {}
     for name in engines:
         try:
-            files = engine_files(name, plan, model, elastic)
+            files = _engine_files(name, plan, model, elastic, torchtitan_version)
         except Refusal as why:
             written[name] = []
             console.print(f"{name}: no file: {why}", highlight=False, markup=False,
@@ -111,12 +123,33 @@ def emit(plan: Plan, engines: list[str], folder: str | Path, console: Console,
     return written
 
 
+def _engine_files(name: str, plan: Plan, model: TransformerConfig | None,
+                  elastic: Elastic | None, torchtitan_version: str) -> dict[str, str]:
+    """`engine_files`, TorchTitan's in the form asked for. engine_files writes 0.2's TOML
+    and refuses what TorchTitan cannot run (graph plans, --elastic, its own rules); the 0.3
+    form is written from the same plan after those checks, with 0.3's own."""
+    from planner.export.engines import Refusal, engine_files
+    from planner.export.torchtitan_config import torchtitan_next_files
+
+    files = engine_files(name, plan, model, elastic)
+    if name != "torchtitan" or torchtitan_version == "0.2":
+        return files
+    try:
+        return torchtitan_next_files(plan, model)
+    except ValueError as error:
+        raise Refusal(str(error)) from None
+
+
 def emit_if_asked(args: argparse.Namespace, plan: Plan, model: TransformerConfig | None,
                   console: Console) -> None:
     """With --emit, write the engines' files for `plan` (see `emit`); none for a plan that
     does not fit in device memory (the command then says so and exits 2)."""
     asked = getattr(args, "emit", None)
     elastic = getattr(args, "elastic", None)
+    version = getattr(args, "torchtitan_version", TORCHTITAN_VERSIONS[0])
+    if version != TORCHTITAN_VERSIONS[0] and not (asked and "torchtitan" in asked[0]):
+        raise UsageError(f"--torchtitan-version {version} says which TorchTitan config "
+                         "--emit writes: give --emit torchtitan DIR as well")
     if elastic is not None and not asked:
         raise UsageError("--elastic says how an emitted job restarts: give --emit pytorch "
                          "DIR as well")
@@ -136,4 +169,4 @@ def emit_if_asked(args: argparse.Namespace, plan: Plan, model: TransformerConfig
                       highlight=False)
         return
     engines, folder = asked
-    emit(plan, engines, folder, console, model, elastic)
+    emit(plan, engines, folder, console, model, elastic, version)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from planner.vocabulary.parallel import FixedKnobs
 from planner.cli.errors import UsageError
@@ -104,14 +105,31 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
         "gives --nnodes and --nproc-per-node, or the job config's degrees give it (no -1)",
     )
     parser.add_argument(
-        "--torchtitan", metavar="JOB.toml",
-        help="predict a TorchTitan 0.2 job config (the TOML its trainer reads with "
-        "--job.config_file; `plan --emit torchtitan` writes one) instead of a launch line",
+        "--torchtitan", metavar="CONFIG",
+        help="predict a TorchTitan job instead of a launch line: a config of TorchTitan "
+        "0.3's registries by name (llama3_8b, ...), a config module FILE.py[:FUNCTION] "
+        "(read, never run; `plan --emit torchtitan` writes one) or a 0.2 job config "
+        "FILE.toml; TorchTitan's overrides (--parallelism.tensor_parallel_degree 8) after --",
     )
     parser.add_argument(
         "--args-file", metavar="FILE",
         help="a launch script or command (continuations, comments, shell variables and a "
         "torchrun prefix allowed) holding the flags",
+    )
+    parser.add_argument(
+        "--env", action="append", default=[], type=environment_pair, metavar="NAME=VALUE",
+        help="a variable set before --args-file's script runs, as the shell's environment "
+        "(repeatable; e.g. --env SLURM_NNODES=8): the script reads it as bash would",
+    )
+    parser.add_argument(
+        "--script-arg", action="append", default=[], metavar="VALUE",
+        help="a positional parameter of --args-file's script ($1, $2, ... in order; "
+        "repeatable); unset unless given",
+    )
+    parser.add_argument(
+        "--explain-args", action="store_true",
+        help="print each word the training command received and the line of the launch "
+        "script it came from (and the variable it came through) before the prediction",
     )
     parser.add_argument("--top", type=whole(1, MAX_TOP), default=3,
                         help="best plans of the search to list (default 3)")
@@ -136,24 +154,28 @@ def run_predict(args: argparse.Namespace) -> int:
     """Predict the launch line, search the best plan for the same model, cluster and
     batch, print both and the difference, and write them as JSON."""
     from planner.cli.console import console
-    from planner.megatron import megatron_run, parse_megatron_flags
+    from planner.megatron import megatron_run
     from planner.plans.transformer_plan import training_plan
 
     if args.torchtitan is not None:
         return _predict_torchtitan(args, console)
     launch = _launch_line(args)
-    parsed = parse_megatron_flags(launch.flags)
-    gpus = _world_size(args, launch)
+    if args.explain_args:
+        print_launch_words(launch, console)
+    parsed = _parsed(args, launch)
+    gpus, launch_notes = _world_size(args, launch)
     cluster = _cluster(args, gpus, f"the launch line's {gpus} processes")
     run = megatron_run(parsed, gpus)
     _check_on_cluster(parsed, run, cluster)
     name = Path(launch.script).stem if launch.script else "pretrain_gpt"
     launched = training_plan(name, run.model, cluster, run.parallel, run.layers_per_stage,
                              chunk_layers=run.chunk_layers)
+    launched = launched.model_copy(update={"provenance": launched.provenance.model_copy(
+        update={"launch_argv": launch.argv})})
     totals = wants_totals(args)
     if totals:
         launched = with_totals([launched], run.model, cluster, args)[0]
-    given = Given("launch line", "flag", run.notes, run.ignored)
+    given = Given("launch line", "flag", launch_notes + run.notes, run.ignored)
     print_given(launched, given, cluster, console)
     if totals:
         print_totals([launched], console, None)
@@ -167,7 +189,7 @@ def run_predict(args: argparse.Namespace) -> int:
         _print_comparison(launched, best, cluster, args.space, console, given, [
             describe_change(c["flag"], c["launch_line"], c["best"]) for c in changes])
     if args.json:
-        write_json(args.json, json.dumps(_report(launched, run, best, changes), indent=2),
+        write_json(args.json, json.dumps(_report(launched, given, best, changes), indent=2),
                    "prediction")
     return 0
 
@@ -176,18 +198,18 @@ def _predict_torchtitan(args: argparse.Namespace, console: Console) -> int:
     """`run_predict` for a TorchTitan job config: the file is read and checked before any
     other work, the run predicted as TorchTitan runs it, the search priced under the same
     engine, and the TOML keys that change listed."""
-    from planner.torchtitan import load_job_config, torchtitan_job
+    from planner.torchtitan.next_job import load_job
     from planner.plans.transformer_plan import training_plan
 
     source = args.torchtitan
-    if args.flags or args.args_file is not None:
-        raise UsageError("--torchtitan reads a TorchTitan job config, and Megatron-LM's "
-                         "flags (after -- or --args-file) start another run; give one of "
-                         "the two")
+    if args.args_file is not None:
+        raise UsageError("--torchtitan reads a TorchTitan job, and --args-file a Megatron-LM "
+                         "launch line, which starts another run; give one of the two")
     if args.space != "megatron":
         raise UsageError("--space auto gives stages meshes of their own, which TorchTitan "
                          "cannot run; drop --space with --torchtitan")
-    job = torchtitan_job(load_job_config(source), args.gpus, source)
+    # The words after -- are TorchTitan's own command-line overrides of the config.
+    job = load_job(source, args.flags, args.gpus)
     if job.num_gpus > MAX_GPUS:
         raise UsageError(f"{source}: its degrees make {job.num_gpus:,} GPUs, more than the "
                          f"{MAX_GPUS:,} Tessel plans")
@@ -206,7 +228,7 @@ def _predict_torchtitan(args: argparse.Namespace, console: Console) -> int:
                        console) if args.search else []
     if totals and best:
         best = with_totals(best, job.model, cluster, args)
-    changes = key_changes(launched, best[0], job.model) if best else []
+    changes = key_changes(launched, best[0], job.model, job.release) if best else []
     if args.search:
         _print_comparison(launched, best, cluster, args.space, console, given, [
             describe_change(c["key"], c["job_config"], c["best"], toml=True)
@@ -229,12 +251,23 @@ def _check_job_on_cluster(job: TorchTitanJob, cluster: Cluster, source: str) -> 
     if needed in device.peak_tflops:
         return
     setting = {"fp8": "model.converters [\"quantize.linear.float8\"]",
-               "mxfp8": "model.converters [\"quantize.linear.mx\"]",
+               "mxfp8": "model.converters [\"quantize.linear.mx\"]" if job.release == "0.2"
+               else "MXFP8LinearConverter",
                "bf16": 'training.mixed_precision_param "bfloat16"',
                "fp32": 'training.mixed_precision_param "float32"'}[needed]
     has = ", ".join(sorted(device.peak_tflops))
     raise UsageError(f"{source}: {setting} needs {needed} tensor cores, which {device.name} "
                      f"lacks ({has}); change it or the cluster")
+
+
+def environment_pair(text: str) -> tuple[str, str]:
+    """--env's NAME=VALUE, checked as argparse reads it."""
+    name, equals, value = text.partition("=")
+    if not equals or not name.isidentifier() or not name.isascii():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not NAME=VALUE; give the variable and its value, e.g. --env "
+            "SLURM_NNODES=8")
+    return name, value
 
 
 def _launch_line(args: argparse.Namespace) -> LaunchLine:
@@ -243,6 +276,10 @@ def _launch_line(args: argparse.Namespace) -> LaunchLine:
 
     given = split_launcher(args.flags)
     if args.args_file is None:
+        for flag, values in (("--env", args.env), ("--script-arg", args.script_arg)):
+            if values:
+                raise UsageError(f"{flag} sets what a launch script reads; give the script "
+                                 "with --args-file, or drop it")
         if not given.flags:
             raise UsageError(
                 "plan predict needs a launch line: put pretrain_gpt.py's flags after -- "
@@ -259,7 +296,7 @@ def _launch_line(args: argparse.Namespace) -> LaunchLine:
         why = getattr(error, "strerror", None) or "not text"
         raise UsageError(f"--args-file {args.args_file!r} cannot be read ({why}); give "
                          "the path of the launch script") from None
-    from_file = launch_words(text)
+    from_file = launch_words(text, dict(args.env), args.script_arg, args.args_file)
     if from_file.launcher and given.launcher:
         raise UsageError(
             f"both --args-file {args.args_file!r} and the words after -- start a launcher; "
@@ -267,17 +304,47 @@ def _launch_line(args: argparse.Namespace) -> LaunchLine:
         )
     first = from_file if from_file.launcher else given
     return LaunchLine(flags=from_file.flags + given.flags, script=first.script,
-                      launcher=first.launcher, world_size=first.world_size)
+                      launcher=first.launcher, world_size=first.world_size,
+                      flag_words=from_file.flag_words + given.flag_words,
+                      per_node=first.per_node, nodes_set_by=first.nodes_set_by)
 
 
-def _world_size(args: argparse.Namespace, launch: LaunchLine) -> int:
-    """--gpus, or the launcher's world size; they must agree when both are given."""
-    started = launch.world_size
+def _parsed(args: argparse.Namespace, launch: LaunchLine) -> MegatronArgs:
+    """The flags as Megatron-LM parses them; an error about one word of a launch script
+    names the script's line that word was written on."""
+    from planner.megatron import LaunchLineError, parse_megatron_flags
+
+    try:
+        return parse_megatron_flags(launch.flags)
+    except LaunchLineError as error:
+        written = next((w for w in launch.flag_words if w.text == error.word and w.line), None)
+        if written is None or args.args_file is None:
+            raise
+        raise LaunchLineError(f"{args.args_file}, line {written.line}: {error}") from None
+
+
+def _world_size(args: argparse.Namespace, launch: LaunchLine) -> tuple[int, list[str]]:
+    """--gpus, or the launcher's world size, and a note where --gpus changes the node count
+    a script sets through a variable (`NNODES=${SLURM_NNODES:-1}`): the nodes then are
+    --gpus / --nproc-per-node. A node count the launch line writes out must agree."""
+    started, notes = launch.world_size, []
     if args.gpus is not None and started is not None and args.gpus != started:
-        raise UsageError(
-            f"--gpus {args.gpus} but the launch line's torchrun starts {started} processes "
-            "(--nnodes x --nproc-per-node); make them agree or drop --gpus"
-        )
+        per_node = launch.per_node
+        if launch.nodes_set_by is None or per_node is None:
+            raise UsageError(
+                f"--gpus {args.gpus} but the launch line's torchrun starts {started} processes "
+                "(--nnodes x --nproc-per-node); make them agree or drop --gpus"
+            )
+        if args.gpus % per_node:
+            raise UsageError(
+                f"--gpus {args.gpus} is not a whole number of the launch line's nodes of "
+                f"{per_node} processes (torchrun --nproc-per-node {per_node}); give a multiple "
+                f"of {per_node}")
+        notes.append(
+            f"--gpus {args.gpus}: the script's torchrun starts {started // per_node} node(s) of "
+            f"{per_node} (set by {launch.nodes_set_by}); read as {args.gpus // per_node} nodes "
+            f"of {per_node}, the degrees as written")
+        started = args.gpus
     gpus = args.gpus or started
     if gpus is None:
         raise UsageError(
@@ -287,7 +354,32 @@ def _world_size(args: argparse.Namespace, launch: LaunchLine) -> int:
     if gpus > MAX_GPUS:
         raise UsageError(f"the launch line's torchrun starts {gpus:,} processes, more than "
                          f"the {MAX_GPUS:,} GPUs Tessel plans; check --nnodes")
-    return gpus
+    return gpus, notes
+
+
+def print_launch_words(launch: LaunchLine, console: Console) -> None:
+    """--explain-args: each flag of the training command, its value, the line of the launch
+    script it was written on, and where a value came from when elsewhere (a variable set
+    on another line, --env)."""
+    table = Table(title=f"What {launch.script or 'the training script'} receives",
+                  title_justify="left")
+    table.add_column("line", justify="right", no_wrap=True)
+    table.add_column("flag", no_wrap=True)
+    table.add_column("value (from)", overflow="fold")
+    rows: list[tuple[str, str, list[str], list[str]]] = []
+    for word in launch.flag_words:
+        if word.text.startswith("-") or not rows:
+            rows.append((str(word.line) if word.line else "--", word.text, [], []))
+            continue
+        rows[-1][2].append(word.text)
+        source = (f"{word.via}, line {word.line}" if word.via and word.line
+                  else f"--env {word.via}" if word.via else "")
+        if source and source not in rows[-1][3]:
+            rows[-1][3].append(source)
+    for line, flag, values, sources in rows:
+        origin = f" (from {'; '.join(sources)})" if sources else ""
+        table.add_row(line, flag, Text(" ".join(values) + origin))
+    console.print(table)
 
 
 def _cluster(args: argparse.Namespace, gpus: int, source: str) -> Cluster:
@@ -467,12 +559,21 @@ def _values(flags: list[str]) -> dict[str, str]:
     return {flag: value for flag, _, value in (entry.partition(" ") for entry in flags)}
 
 
-def key_changes(launched: Plan, best: Plan, model: TransformerConfig) -> list[dict[str, Any]]:
+def key_changes(launched: Plan, best: Plan, model: TransformerConfig,
+                release: str = "0.2") -> list[dict[str, Any]]:
     """The TorchTitan keys (dotted, as its command line names them) whose value differs
-    between the job config as Tessel writes it for the two plans, so that they compare key
-    by key: each as {"key", "job_config", "best"}, an absent key's value None."""
+    between the job config as Tessel writes it for the two plans in `release`'s form
+    ("0.2" or "0.3"), so that they compare key by key: each as {"key", "job_config",
+    "best"}, an absent key's value None."""
     from planner.export.torchtitan import job_config, torchtitan_incompatibility
+    from planner.export.torchtitan_config import next_incompatibility, next_settings
 
+    if release != "0.2":
+        if next_incompatibility(best, model) is not None:
+            return []
+        old, new = (next_settings(plan, model) for plan in (launched, best))
+        return [{"key": key, "job_config": old.get(key), "best": new.get(key)}
+                for key in dict.fromkeys([*old, *new]) if old.get(key) != new.get(key)]
     if torchtitan_incompatibility(best, model) is not None:
         return []
     old, new = (_dotted(job_config(plan, model)) for plan in (launched, best))
@@ -509,14 +610,14 @@ def _short(value: Any) -> str:
 
 
 def _report(
-    launched: Plan, run: MegatronRun, best: list[Plan], changes: list[dict[str, str | None]]
+    launched: Plan, given: Given, best: list[Plan], changes: list[dict[str, str | None]]
 ) -> dict[str, Any]:
     """The JSON of a prediction: both plans (as `plan --json` writes a Plan) and the
     comparison."""
     return {
         "launch_line": json.loads(launched.to_json()),
-        "notes": run.notes,
-        "ignored_flags": run.ignored,
+        "notes": given.notes,
+        "ignored_flags": given.ignored,
         "best": [json.loads(plan.to_json()) for plan in best],
         "speed_up": speed_up(launched, best[0]) if best else None,
         "flags_changed": changes,

@@ -17,8 +17,20 @@ run. Three steps, one module each:
 `rules` holds what TorchTitan decides for a layout (FSDP2 or DDP), which the search and
 the exporter follow too, so that a plan's exported file predicts as the plan did.
 
+TorchTitan 0.3's form (a `Trainer.Config` from a config function, pytorch/torchtitan#2386)
+is read through the same reader (`next_job.load_job` takes `--torchtitan` in every form):
+
+- `next_keys`: 0.3's fields, as 0.2's keys with the renames, drops and additions written
+  out;
+- `registry`: the registry config functions Tessel knows by name (values copied from
+  torchtitan 0.3.0) and the models they build;
+- `config_module`: a config module of one's own, its literals read with `ast`, never run;
+- `overrides`: TorchTitan's command-line overrides, for both releases;
+- `next_job`: a 0.3 config's run, through `parallel_config`.
+
 Every mistake is one `JobConfigError` (`errors`) naming the file and the key. Modules
-import one way: `job` -> `parallel_config` -> `keys` -> `errors`; `rules` imports nothing.
+import one way: `next_job` -> `config_module` -> `registry` -> `next_keys` -> `keys`;
+`next_job` -> `job` -> `parallel_config` -> `keys` -> `errors`; `rules` imports nothing.
 """
 
 from planner.torchtitan.errors import JobConfigError

@@ -53,11 +53,15 @@ class TorchTitanJob:
     """Defaults worth saying out loud (TorchTitan's own, where the file is silent)."""
     ignored: list[str]
     """The keys given that change neither time nor memory, by their dotted names."""
+    model_name: str | None = None
+    """The plan's name of the model where it is not the flavor's Llama 3 preset."""
+    release: str = RELEASE
+    """The TorchTitan release whose config was read: "0.2" (TOML) or "0.3" (Python)."""
 
     @property
     def preset(self) -> str:
-        """The zoo preset of the model (llama3-8b, ...)."""
-        return FLAVORS[self.flavor]
+        """The model's name in plans: its zoo preset (llama3-8b, deepseek-v3, ...)."""
+        return self.model_name or FLAVORS[self.flavor]
 
 
 def load_job_config(path: str) -> dict[str, Any]:

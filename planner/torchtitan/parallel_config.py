@@ -146,8 +146,9 @@ def parallel_config(
     if zero == 3 and pp > 1 and policy == "default":
         notes.append('fsdp_reshard_after_forward "default": under pipeline parallelism '
                      "TorchTitan keeps each block's gathered weights from forward to backward")
+    experts = _experts(v, model, d.shard, cp, tp)
     config = ParallelConfig.of(
-        tensor=tp, pipeline=pp, data=d.dims.data, context=cp,
+        **experts, tensor=tp, pipeline=pp, data=d.dims.data, context=cp,
         # TorchTitan's tensor parallelism always shards norms over the sequence.
         sequence_parallel=tp > 1, micro_batch_size=micro, global_batch_size=batch,
         recompute=recompute, recompute_every=every, zero_stage=zero, schedule=schedule,
@@ -222,6 +223,26 @@ def _degrees(
                       "data_parallel_shard_degree (FSDP) instead")
     dims = ParallelDims(pipeline=pp, data=replicate * shard, context=cp, tensor=tp)
     return _Degrees(dims, shard, 3 if fsdp else 0)
+
+
+def _experts(v: _Values, model: TransformerConfig, shard: int, cp: int,
+             tp: int) -> dict[str, Any]:
+    """The expert knobs of a mixture of experts (none for a dense model, whose expert keys
+    TorchTitan documents as having no effect). TorchTitan 0.3 (ParallelDims: `efsdp =
+    dp_shard x cp x tp / ep`) spreads experts over the shard x context x tensor ranks, as
+    Tessel folds them, each expert whole (no expert tensor parallelism), tokens sent by
+    all-to-all (its "standard" dispatch); debug.moe_force_load_balance routes them evenly."""
+    if not model.is_moe:
+        return {}
+    ep = v.whole(P + "expert_parallel_degree")
+    folded = shard * cp * tp
+    if folded % ep or (model.num_experts or 1) % ep:
+        raise v.error(f"{P}expert_parallel_degree {ep} must divide both the model's "
+                      f"{model.num_experts} experts and data_parallel_shard_degree x "
+                      f"context x tensor = {folded} ranks (TorchTitan's rule); choose a "
+                      "divisor of both")
+    return {"expert": ep, "expert_tensor": 1, "moe_token_dispatcher": "alltoall",
+            "moe_router_force_load_balancing": v.flag("debug.moe_force_load_balance")}
 
 
 def _product(named: dict[str, int]) -> str:

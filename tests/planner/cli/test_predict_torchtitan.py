@@ -289,15 +289,18 @@ def test_the_searchs_best_plans_round_trip(tmp_path: Path, capsys) -> None:
             same_prediction(round_trip(plan, tmp_path, capsys), plan)
 
 
-def test_plan_emit_torchtitan_round_trips(tmp_path: Path, capsys) -> None:
+@pytest.mark.parametrize("version, config", [
+    ("0.3", "torchtitan_config.py:tessel_plan"), ("0.2", "torchtitan.toml")])
+def test_plan_emit_torchtitan_round_trips(version: str, config: str, tmp_path: Path,
+                                          capsys) -> None:
     out, plan_json = tmp_path / "out", tmp_path / "plan.json"
     assert cli.main(["llama3-8b", "--gpus", "16", "--global-batch-size", "64", "--cluster",
                      CLUSTER, "--engine", "torchtitan", "--space", "megatron", "--top", "1",
-                     "--emit", "torchtitan", str(out), "--json", str(plan_json)]) == 0
+                     "--emit", "torchtitan", str(out), "--torchtitan-version", version,
+                     "--json", str(plan_json)]) == 0
     capsys.readouterr()
     planned = json.loads(plan_json.read_text())
-    report, _ = predict(["--torchtitan", str(out / "torchtitan.toml"), "--no-search"],
-                        tmp_path, capsys)
+    report, _ = predict(["--torchtitan", str(out / config), "--no-search"], tmp_path, capsys)
     read = report["job_config"]
     assert read["run"]["engine"] == planned["run"]["engine"] == "torchtitan"
     assert read["predicted"] == planned["predicted"]

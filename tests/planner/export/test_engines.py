@@ -593,7 +593,8 @@ def test_cli_emit_writes_every_engine_or_says_why(tmp_path: Path, capsys) -> Non
     assert lines[0].startswith("megatron: no file: Megatron-LM cannot run this plan: ZeRO")
     written = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert written == sorted(["ds_config.json", "deepspeed.sh", "pytorch_train.py",
-                              "ray_train.py", "slurm.sh", "torchtitan.sh", "torchtitan.toml"])
+                              "ray_train.py", "slurm.sh", "torchtitan.sh",
+                              "torchtitan_config.py"])
 
 
 @pytest.mark.parametrize(("engines", "fragment"), [
