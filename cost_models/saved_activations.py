@@ -241,12 +241,16 @@ def _moe_saved(model: TransformerConfig, parallel: ParallelConfig, n: float, e: 
 
 def _expert_rows_kept(moe: Moe) -> float:
     """The routed rows whose activations the experts keep, over an even share: the padded
-    capacity where inputs are padded to it, else 1; under --moe-paged-stash, the paged
+    capacity where inputs are padded to it, or HybridEP's rank budget, else 1; under
+    --moe-paged-stash, the paged
     buffer, sized at its factor of the expected (unpadded) tokens, or of the padded ones
     for a negative factor (megatron/core/transformer/moe/paged_stash.py,
     allocate_stash_buffers; experts.py stashes the grouped MLP's saved tensors into it)."""
     cap = moe.moe_expert_capacity_factor
     padded = cap if moe.moe_pad_expert_input_to_capacity and cap else 1.0
+    # HybridEP's static rank budget sizes the permuted rows' buffers, kept for backward
+    # (--moe-expert-rank-capacity-factor).
+    padded = max(padded, moe.moe_expert_rank_capacity_factor or 1.0)
     if not moe.moe_paged_stash:
         return padded
     factor = moe.moe_paged_stash_buffer_factor

@@ -24,8 +24,12 @@ SCORE_FREE_ATTENTION = ("flash", "fused")
 # the same pass); current (tensorwise) scaling reads the tensor once more for its amax
 # first; block scaling (mxfp8, blockwise) writes a row-wise and a column-wise copy, the
 # two layouts the forward and the weight-gradient matmuls read (Transformer Engine's
-# recipes). Weights are cast once per step, not per micro-batch, and are not counted.
-FP8_CAST_BYTES = {"delayed": 3, "tensorwise": 5, "mxfp8": 4, "blockwise": 4}
+# recipes); row-wise scaling (torchao's "rowwise" recipe, Float8LinearConfig.from_recipe_name)
+# casts the 16-bit input twice, scaled along rows for the forward matmul and along columns
+# for the weight gradient's, each reading 16 bits and writing 8 with its amax reduction fused
+# into the cast (torch.compile, which TorchTitan's float8 runs under). Weights are cast once
+# per step, not per micro-batch, and are not counted.
+FP8_CAST_BYTES = {"delayed": 3, "tensorwise": 5, "mxfp8": 4, "blockwise": 4, "rowwise": 6}
 FP8_EXEMPT = ("router", "q up", "kv up")
 """Projections with no cast of their own under fp8: the router runs in fp32 outside
 Transformer Engine's fp8 autocast (Megatron-Core's TopKRouter, --moe-router-dtype), and

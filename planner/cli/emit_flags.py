@@ -140,19 +140,26 @@ def _engine_files(name: str, plan: Plan, model: TransformerConfig | None,
         raise Refusal(str(error)) from None
 
 
-def emit_if_asked(args: argparse.Namespace, plan: Plan, model: TransformerConfig | None,
-                  console: Console) -> None:
-    """With --emit, write the engines' files for `plan` (see `emit`); none for a plan that
-    does not fit in device memory (the command then says so and exits 2)."""
+def check_emit_flags(args: argparse.Namespace) -> None:
+    """UsageError, before any work, for --elastic or --torchtitan-version without the
+    --emit they qualify."""
     asked = getattr(args, "emit", None)
-    elastic = getattr(args, "elastic", None)
     version = getattr(args, "torchtitan_version", TORCHTITAN_VERSIONS[0])
     if version != TORCHTITAN_VERSIONS[0] and not (asked and "torchtitan" in asked[0]):
         raise UsageError(f"--torchtitan-version {version} says which TorchTitan config "
                          "--emit writes: give --emit torchtitan DIR as well")
-    if elastic is not None and not asked:
+    if getattr(args, "elastic", None) is not None and not asked:
         raise UsageError("--elastic says how an emitted job restarts: give --emit pytorch "
                          "DIR as well")
+
+
+def emit_if_asked(args: argparse.Namespace, plan: Plan, model: TransformerConfig | None,
+                  console: Console) -> None:
+    """With --emit, write the engines' files for `plan` (see `emit`); none for a plan that
+    does not fit in device memory (the command then says so and exits 2)."""
+    check_emit_flags(args)
+    asked = getattr(args, "emit", None)
+    elastic = getattr(args, "elastic", None)
     if not asked:
         return
     if elastic is not None:
@@ -169,4 +176,5 @@ def emit_if_asked(args: argparse.Namespace, plan: Plan, model: TransformerConfig
                       highlight=False)
         return
     engines, folder = asked
-    emit(plan, engines, folder, console, model, elastic, version)
+    emit(plan, engines, folder, console, model, elastic,
+         getattr(args, "torchtitan_version", TORCHTITAN_VERSIONS[0]))

@@ -3,17 +3,19 @@ TorchTitan job config starts, and the best plan the search finds for the same mo
 cluster and global batch.
 
     plan predict --cluster dgx-h100 --gpus 512 -- --num-layers 80 --hidden-size 8192 ...
-    plan predict --cluster dgx-h100 --args-file launch.sh [-- --micro-batch-size 2]
+    plan predict --cluster dgx-h100 --args-file launch.sh [--env NNODES=8] [--explain-args]
+    plan predict --cluster dgx-h100 --gpus 64 --torchtitan llama3_70b [-- --parallelism...]
     plan predict --cluster dgx-h100 --torchtitan llama3_8b.toml [--gpus 64]
 
-The launch line is read as Megatron-LM reads it (`planner/megatron/`), the job config as
-TorchTitan 0.2 reads it (`planner/torchtitan/`): the engine's own defaults for everything
-absent, its rules, what changes neither time nor memory ignored. The output is `plan`'s:
-step time, tokens/s, model and hardware TFLOP/s, MFU, memory per GPU, allocated and
-reserved (a run that would not fit is called out, not refused) and the breakdown; then the
-best plans of the search, priced as the same engine runs them (the run's precision kept,
-every other knob free), the speed-up of the best and the Megatron-LM flags or TorchTitan
-keys that change. --json writes both plans and the comparison.
+The launch line (or script, evaluated as bash runs it by `planner/shell/`) is read as
+Megatron-LM reads it (`planner/megatron/`), a TorchTitan job (0.3's registry config or
+config module, 0.2's TOML) as TorchTitan reads it (`planner/torchtitan/`): the engine's own
+defaults for everything absent, its rules, what changes neither time nor memory ignored.
+The output is `plan`'s: step time, tokens/s, model and hardware TFLOP/s, MFU, memory per
+GPU, allocated and reserved (a run that would not fit is called out, not refused) and the
+breakdown; then the best plans of the search, priced as the same engine runs them (the
+run's precision kept, every other knob free), the speed-up of the best and the Megatron-LM
+flags or TorchTitan keys that change. --json writes both plans and the comparison.
 """
 
 from __future__ import annotations
@@ -197,7 +199,7 @@ def run_predict(args: argparse.Namespace) -> int:
 def _predict_torchtitan(args: argparse.Namespace, console: Console) -> int:
     """`run_predict` for a TorchTitan job config: the file is read and checked before any
     other work, the run predicted as TorchTitan runs it, the search priced under the same
-    engine, and the TOML keys that change listed."""
+    engine, and the job config's keys that change listed."""
     from planner.torchtitan.next_job import load_job
     from planner.plans.transformer_plan import training_plan
 
@@ -527,7 +529,7 @@ def _print_comparison(
                   + (f"; the {given.label} does not fit)" if not launched.predicted.fits
                      else ")"), highlight=False)
     if changes:
-        what = "TOML keys" if titan else "flags"
+        what = "keys" if titan else "flags"
         console.print(f"{what} that change: " + "; ".join(changes), highlight=False,
                       soft_wrap=True)
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable
 from rich.console import Console
 from rich.table import Table
 
+from planner.cli.emit_flags import check_emit_flags
 from planner.cli.errors import UsageError
 from planner.cli.model_args import load
 from planner.cli.output import shell_lines
@@ -38,6 +39,7 @@ def run_training(args: argparse.Namespace, cluster: Cluster, console: Console) -
     """Predict (all of tensor, pipeline and micro-batch given) or search, print the plans
     and write the best as JSON. Every knob is checked against the model and the cluster
     before any search; UsageError when the best plan does not fit or nothing does."""
+    check_emit_flags(args)
     loaded = load(args)
     # A model of one's own, or a transformer whose operators the intra-op ILP shards: its
     # traced graph is planned.

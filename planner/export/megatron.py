@@ -77,6 +77,9 @@ def megatron_incompatibility(
         return "the DualPipeV schedule (Megatron-LM runs 1F1B or interleaved 1F1B)"
     if sharding.sequence_parallel and dims.tensor == 1:
         return "sequence parallelism without tensor parallelism"
+    if parallel.numerics.precision == "fp8" and parallel.numerics.fp8_recipe == "rowwise":
+        # --fp8-recipe's choices: tensorwise, delayed, mxfp8, blockwise, custom.
+        return "row-wise fp8 scaling (Megatron-LM's --fp8-recipe has no rowwise)"
     if dims.expert > 1 and dims.tensor > 1 and not sharding.sequence_parallel:
         return "expert with tensor parallelism but no sequence parallelism"
     recomputation = parallel.recomputation

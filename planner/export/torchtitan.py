@@ -61,6 +61,7 @@ FP8_RECIPES = {  # the plan's recipe -> (TorchTitan's converter, its recipe name
     "delayed": ("quantize.linear.float8", "tensorwise"),
     "tensorwise": ("quantize.linear.float8", "tensorwise"),
     "mxfp8": ("quantize.linear.mx", "mxfp8_cublas"),
+    "rowwise": ("quantize.linear.float8", "rowwise"),
 }
 """TorchTitan 0.2 scales fp8 per tensor at each step (torchao dropped delayed scaling), or
 per 32-element block with MX formats; it has no 128-element blockwise recipe."""

@@ -48,6 +48,7 @@ IMPORTS = {
     "CrossEntropyLoss": "torchtitan.components.loss",
     "default_adamw": "torchtitan.components.optimizer",
     "MXFP8LinearConverter": "torchtitan.components.quantization",
+    "Float8LinearConverter": "torchtitan.components.quantization",
     "CompileConfig": "torchtitan.config", "ParallelismConfig": "torchtitan.config",
     "TrainingConfig": "torchtitan.config",
     "FullAC": "torchtitan.distributed.activation_checkpoint",
@@ -68,9 +69,10 @@ def next_incompatibility(plan: Plan, model: TransformerConfig | None) -> str | N
     if plan.recompute == "full" and run is not None and run.recompute_every > 1:
         return (f"TorchTitan {RELEASE} checkpoints every block or none, not one in every "
                 f"{run.recompute_every}; emit with --torchtitan-version 0.2")
-    if plan.precision == "fp8" and (run is None or run.fp8_recipe != "mxfp8"):
-        return (f"TorchTitan {RELEASE} scales float8 per row, which Tessel does not price; "
-                "plan with --fp8-recipe mxfp8, or emit with --torchtitan-version 0.2")
+    if plan.precision == "fp8" and (run is None or run.fp8_recipe not in ("mxfp8", "rowwise")):
+        return (f"TorchTitan {RELEASE} scales float8 per row (or per MX block), not per "
+                "tensor; plan with --fp8-recipe rowwise (mxfp8 on Blackwell), or emit with "
+                "--torchtitan-version 0.2")
     return None
 
 
@@ -86,9 +88,13 @@ def next_settings(plan: Plan, model: TransformerConfig) -> dict[str, Any]:
         "dataloader.dataset": "c4",
     }
     if tables["model"].get("converters"):
-        settings["model.converters"] = [("MXFP8LinearConverter", {
-            "model_compile_enabled": "model" in tables.get("compile", {}).get("components",
-                                                                              [])})]
+        compiled = "model" in tables.get("compile", {}).get("components", [])
+        converter = "MXFP8LinearConverter" if plan.run and plan.run.fp8_recipe == "mxfp8" \
+            else "Float8LinearConverter"
+        fields: dict[str, Any] = {"model_compile_enabled": compiled}
+        if converter == "Float8LinearConverter":
+            fields["recipe_name"] = "rowwise"
+        settings["model.converters"] = [(converter, fields)]
     for section in ("training", "parallelism", "compile"):
         for name, value in tables.get(section, {}).items():
             key = f"{section}.{name}"

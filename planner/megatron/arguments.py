@@ -129,7 +129,7 @@ class MegatronParser(argparse.ArgumentParser):
             raise LaunchLineError(
                 f"the launch line uses {word}, a shell variable its text does not set; set "
                 "it in the launch script or write its flags out")
-        one_value = self._after_one_value(word)
+        one_value = None if word.startswith("-") else self._after_one_value(word)
         if one_value is not None:
             flag, value = one_value
             raise LaunchLineError(

@@ -53,7 +53,13 @@ _NEEDS = {knob.megatron.name: knob.needs
 # --moe-mlp-glu-interleave-size (the fused GLU's weight layout), --te-rng-tracker,
 # --moe-router-padding-for-quantization (each expert's rows padded to the fp8 GEMMs' alignment)),
 # --moe-paged-stash-page-size (the stash's granularity) and --moe-paged-stash-buffer-size-
-# factor-cpu (pinned host memory for a stash that overflows; no device memory).
+# factor-cpu (pinned host memory for a stash that overflows; no device memory);
+# --moe-pad-experts-for-cuda-graph-inference (the router drops and pads at decode time only:
+# TransformerConfig's docstring); --reuse-grad-buf-for-mxfp8-param-ag (the mxfp8 weights'
+# all-gather lands in the gradient buffer instead of the persistent parameter buffer that
+# otherwise backs the same weights, megatron/core/distributed/param_and_grad_buffer.py: the
+# bytes held are the same). --moe-expert-rank-capacity-factor (HybridEP's static rank budget)
+# is a knob: it sizes the experts' kept activations.
 
 # Flags Megatron-LM itself refuses, with the one to use instead.
 _RETIRED = {

@@ -80,7 +80,8 @@ def ranked_plans(
     return [
         training_plan(name, model, cluster, candidate.parallel,
                       list(candidate.layers_per_stage), candidate.stages, collectives,
-                      prediction, parameter_names)
+                      prediction, parameter_names,
+                      list(candidate.chunk_layers) if candidate.chunk_layers else None)
         for candidate, prediction in result.ranked[:top]
     ]
 

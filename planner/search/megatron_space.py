@@ -33,8 +33,8 @@ from planner.vocabulary.parallel import (
     Recompute,
 )
 from planner.vocabulary.parallel_dims import ParallelDims
-from planner.vocabulary.schedules import runs_on, schedule_info
-from planner.torchtitan.rules import zero_stages
+from planner.vocabulary.schedules import V_SHAPED, runs_on, schedule_info
+from planner.torchtitan.rules import part_layers, rank_of_part, zero_stages
 
 if TYPE_CHECKING:
     from cost_models.layer_collectives import LayerCollectives
@@ -71,6 +71,9 @@ class Candidate:
     stages: tuple[StageLayout, ...] | None = None
     """Each stage's mesh, when stages differ (Alpa's space); None: all stages share
     `parallel`'s data x tensor mesh."""
+    chunk_layers: tuple[int, ...] | None = None
+    """Layers of each model chunk in model order, where the chunks differ (TorchTitan's
+    split of a depth its chunks do not divide); None: equal chunks."""
 
 
 @dataclass
@@ -309,9 +312,13 @@ def _schedules(
         # (what the runtime runs) refuse them.
         return []
     chunks = [fixed["virtual_pipeline"]] if "virtual_pipeline" in fixed else VIRTUAL_STAGES
-    options = [("interleaved", v) for v in chunks if m % p == 0 and (num_layers // p) % v == 0]
+    # TorchTitan splits any depth over its model parts (`_splits`); Megatron-LM's chunks
+    # must divide a stage's layers.
+    titan = fixed.get("engine") == "torchtitan"
+    options = [("interleaved", v) for v in chunks
+               if m % p == 0 and (titan or (num_layers // p) % v == 0)]
     if runs_on("dualpipev", fixed.get("engine")) and 2 in chunks and m >= 2 * p \
-            and (num_layers // p) % 2 == 0:
+            and (titan or (num_layers // p) % 2 == 0):
         options.append(("dualpipev", 2))
     if "virtual_pipeline" not in fixed:
         options = [("1f1b", 1), *options] + ([("gpipe", 1)] if space == "auto" else [])
@@ -325,9 +332,10 @@ def enumerate_megatron(
     recomputes = [fixed["recompute"]] if "recompute" in fixed else list(RECOMPUTE)
     for layout in _layouts(model, cluster, gbs, fixed):
         for config in _knob_choices(layout, model, gbs, fixed, "megatron", cluster):
-            for split in _splits(model, config):
+            for split, chunk_layers in _splits(model, config):
                 for recompute in recomputes:
-                    yield Candidate(configure(config, recompute), split)
+                    yield Candidate(configure(config, recompute), split,
+                                    chunk_layers=chunk_layers)
 
 
 def configure(config: ParallelConfig, recompute: Recompute) -> ParallelConfig:
@@ -338,11 +346,26 @@ def configure(config: ParallelConfig, recompute: Recompute) -> ParallelConfig:
     return config.but(recompute=recompute)
 
 
-def _splits(model: TransformerConfig, config: ParallelConfig) -> list[tuple[int, ...]]:
-    splits = megatron_stage_splits(model.num_layers, config.dims.pipeline)
-    if config.pipelining.virtual_pipeline > 1:
+def _splits(model: TransformerConfig, config: ParallelConfig
+            ) -> list[tuple[tuple[int, ...], tuple[int, ...] | None]]:
+    """(layers of each stage, of each model chunk where chunks differ): Megatron-LM's
+    splits (equal chunks under interleaving); under TorchTitan, model chunks that do not
+    divide the layers split as TorchTitan splits them (`part_layers`: DeepSeek-V3's 61
+    layers under DualPipeV), each stage the sum of the chunks it runs."""
+    p, v = config.dims.pipeline, config.pipelining.virtual_pipeline
+    if config.execution.engine == "torchtitan" and v > 1 and model.num_layers % (p * v):
+        chunks = part_layers(model.num_layers, p * v)
+        if chunks is None or 0 in chunks:
+            return []
+        v_shaped = config.pipelining.schedule in V_SHAPED
+        stages = [0] * p
+        for part, count in enumerate(chunks):
+            stages[rank_of_part(part, p, v_shaped)] += count
+        return [(tuple(stages), tuple(chunks))]
+    splits = megatron_stage_splits(model.num_layers, p)
+    if v > 1:
         splits = [s for s in splits if len(set(s)) == 1]
-    return splits
+    return [(split, None) for split in splits]
 
 
 def search_megatron(
@@ -368,12 +391,13 @@ def search_megatron(
             memory_knobs = config.but(moe_token_dispatcher="allgather",
                                       overlap_moe_expert_parallel_comm=False)
             others = memory_knobs.but(micro_batch_size=1)
-            for split in _splits(model, config):
+            for split, chunk_layers in _splits(model, config):
                 if config.batch.micro_batch_size >= too_large.get((others, split), gbs + 1):
                     continue
                 fitting = False
                 for recompute in recomputes:
-                    candidate = Candidate(configure(config, recompute), split)
+                    candidate = Candidate(configure(config, recompute), split,
+                                          chunk_layers=chunk_layers)
                     evaluated += 1
                     key = (memory_knobs, split, recompute)
                     if key not in fitted:

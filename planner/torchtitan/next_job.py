@@ -201,12 +201,15 @@ def _converters(converters: list[Any], source: str) -> dict[str, Any]:
                                  "[MXFP8LinearConverter.Config()]")
         name, fields = converter
         if name == "Float8LinearConverter":
-            recipe = fields.get("recipe_name", "rowwise")
-            raise JobConfigError(
-                f'{source}: Float8LinearConverter (recipe_name "{recipe}") scales fp8 per '
-                f"row, TorchTitan {RELEASE}'s only float8 scaling, which Tessel cannot price "
-                "yet (it prices per-tensor and MX scaling); drop the converter, or use "
-                "MXFP8LinearConverter on Blackwell")
+            # 0.2's float8 table, at 0.3's only scalings (rowwise, rowwise_with_gw_hp),
+            # the output layer named as 0.2 names it.
+            keys |= {"model.converters": ["quantize.linear.float8"],
+                     "quantize.linear.float8.recipe_name": fields.get("recipe_name",
+                                                                      "rowwise"),
+                     "quantize.linear.float8.filter_fqns": [
+                         "output" if fqn == "lm_head" else fqn
+                         for fqn in fields.get("filter_fqns", [])]}
+            continue
         if name != "MXFP8LinearConverter":
             raise JobConfigError(f"{source}: {name} changes matmuls Tessel cannot price yet "
                                  "(it prices fp8 linears of MXFP8LinearConverter); remove it")

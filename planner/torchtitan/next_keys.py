@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner.torchtitan.keys import IGNORED, JOB_CONFIG, READ, Key
+from planner.vocabulary.knobs import KNOBS, spelt
 
 RELEASE = "0.3"
 SOURCE = "torchtitan 0.3.0 (PyPI)"
@@ -37,8 +38,11 @@ FREE_SECTIONS = ("hf_assets_path", "dump_folder", "profiler", "metrics", "tokeni
 CHECKED_SECTIONS = ("training", "parallelism", "compile", "comm", "debug",
                     "activation_checkpoint")
 
-RENAMED = {  # 0.3 key -> the 0.2 key of the same setting
-    "compile.enable_async_tensor_parallel": "parallelism.enable_async_tensor_parallel",
+RENAMED = {  # 0.3 key -> the 0.2 key of the same setting: the knobs' (the registry's
+    # TorchTitan 0.3 spellings that are another field), and the others'
+    **{next_key: KNOBS[name].torchtitan.key for name, spelling in spelt("torchtitan_next").items()
+       if (next_key := spelling.key) != getattr(KNOBS[name].torchtitan, "key", next_key)
+       and next_key.split(".")[0] in CHECKED_SECTIONS},
     "activation_checkpoint.force_recompute_mm_shapes_by_fqns":
         "activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns",
 }

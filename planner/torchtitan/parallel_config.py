@@ -34,6 +34,7 @@ from planner.vocabulary.parallel import RESHARD_POLICIES, ParallelConfig
 from planner.vocabulary.schedules import V_SHAPED, schedule_info
 from planner.torchtitan.errors import JobConfigError
 from planner.torchtitan.keys import shown
+from planner.torchtitan.rules import part_layers, rank_of_part
 
 if TYPE_CHECKING:
     from planner.models.config import TransformerConfig
@@ -331,10 +332,7 @@ def _pipeline(
     counts = _layer_counts(v, parts, num_layers)
     if len(set(counts)) == 1:
         return schedule, virtual, None, None
-    # Part c runs on rank c % pipeline (pipeline_module_split's "loop" style), or in V
-    # order under DualPipeV (its "v" style): rank r holds parts r and 2 pp - 1 - r.
-    owner = [2 * pp - 1 - c if schedule in V_SHAPED and c >= pp else c % pp
-             for c in range(len(counts))]
+    owner = [rank_of_part(c, pp, schedule in V_SHAPED) for c in range(len(counts))]
     return schedule, virtual, [sum(n for n, at in zip(counts, owner) if at == rank)
                                for rank in range(pp)], counts if virtual > 1 else None
 
@@ -409,21 +407,16 @@ def _generated_parts(
     if stages == 1:
         return [["tok_embeddings", *(f"layers.{i}" for i in range(num_layers)), "norm",
                  "output"]]
-    effective = num_layers + first + last
-    each, extra = divmod(effective, stages)
-    if each == 0 or first > each or last > each:
+    counts = part_layers(num_layers, stages, first, last)
+    if counts is None:
         raise v.error(f"{stages} pipeline stages of {num_layers} layers (the embedding and "
                       f"output weighing {first} and {last}) leave a stage without its share "
                       "(TorchTitan refuses it); use fewer stages")
     parts, layer = [], 0
-    for stage in range(stages):
-        size = each + (stage < extra)
+    for stage, count in enumerate(counts):
         names = ["tok_embeddings"] if stage == 0 else []
-        size -= first if stage == 0 else last if stage == stages - 1 else 0
-        for _ in range(size):
-            if layer < num_layers:
-                names.append(f"layers.{layer}")
-                layer += 1
+        names += [f"layers.{i}" for i in range(layer, layer + count)]
+        layer += count
         parts.append(names + (["norm", "output"] if stage == stages - 1 else []))
     return parts
 
@@ -505,10 +498,10 @@ def _precision(v: _Values, shard: int, notes: list[str]) -> tuple[str, str, bool
     if recipe not in (None, "tensorwise", "rowwise", "rowwise_with_gw_hp"):
         raise v.error(f"{table}recipe_name = {shown(recipe)} must be tensorwise, rowwise or "
                       "rowwise_with_gw_hp")
-    if recipe is not None and recipe != "tensorwise":
-        raise v.error(f'{table}recipe_name = "{recipe}": row-wise scaling changes the '
-                      "matmuls and casts, which Tessel cannot price yet; use tensorwise "
-                      "(leave recipe_name unset)")
+    if recipe == "rowwise_with_gw_hp":
+        raise v.error(f'{table}recipe_name = "{recipe}": weight gradients in 16 bits beside '
+                      "fp8 matmuls is a mix Tessel cannot price yet; use rowwise or "
+                      "tensorwise")
     gather = v.flag(table + "enable_fsdp_float8_all_gather")
     if gather and recipe is not None:
         raise v.error(f"{table}enable_fsdp_float8_all_gather = true with recipe_name "
@@ -519,6 +512,11 @@ def _precision(v: _Values, shard: int, notes: list[str]) -> tuple[str, str, bool
         # Float8LinearConverter: fp8 all-gathers only where the shard degree is above 1.
         notes.append("enable_fsdp_float8_all_gather has no effect: data_parallel_shard_degree "
                      "is 1")
+    if recipe == "rowwise":
+        notes.append("row-wise float8 is priced by its casts (two per input, rows and "
+                     "columns) at the fp8 matmul efficiency fitted on per-tensor runs; no "
+                     "published row-wise run was there to check it")
+        return "fp8", "rowwise", False
     return "fp8", "tensorwise", gather and shard > 1
 
 

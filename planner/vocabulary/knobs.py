@@ -52,7 +52,7 @@ from planner.vocabulary.parallel import (
 )
 from planner.vocabulary.schedules import SCHEDULE_TABLE, SCHEDULES
 
-TORCHTITAN_NEXT = "0.3+"
+TORCHTITAN_NEXT = "0.3"
 """TorchTitan's releases since its config refactor (pytorch/torchtitan#2386, commit 9810191,
 February 2026): a job is a `Trainer.Config` dataclass from a model's `config_registry`,
 overridden on the command line by the same dotted names (`--parallelism.tensor_parallel_
@@ -294,8 +294,9 @@ KNOBS: dict[str, Knob] = _knobs(
          torchtitan=_engine("model.converters", "a float8 or mx converter for fp8; "
                             "training.mixed_precision_param",
                             reads=("training.mixed_precision_param",)),
-         torchtitan_next=_engine("model_converters.converters",
-                                 "Float8LinearConverter / MXLinearConverter configs"),
+         torchtitan_next=_engine("model_registry(converters=...)",
+                                 "Float8LinearConverter.Config() or MXFP8LinearConverter."
+                                 "Config() for fp8; training.mixed_precision_param"),
          deepspeed=_engine("bf16.enabled", "or fp16.enabled", reads=("fp16.enabled",))),
     Knob("overlap_param_gather", "run.overlap_param_gather", "bool",
          "gather the distributed optimizer's weights during the next forward (--no-... "
@@ -307,7 +308,9 @@ KNOBS: dict[str, Knob] = _knobs(
          negatable=True, memory=False, cli=_flag("--tp-comm-overlap"),
          megatron=_switch("--tp-comm-overlap"),
          torchtitan=_engine(_TT + "enable_async_tensor_parallel",
-                            "with tensor parallelism, compiled")),
+                            "with tensor parallelism, compiled"),
+         torchtitan_next=_engine("compile.enable_async_tensor_parallel",
+                                 "with tensor parallelism, compiled")),
     Knob("attention_backend", "run.attention_backend", "str",
          "attention kernels: flash or fused keep no score matrix; local (Megatron-LM's own, "
          "fused softmax) and unfused write the s x s scores; auto (default): flash where "
@@ -328,13 +331,15 @@ KNOBS: dict[str, Knob] = _knobs(
          megatron=_engine("--recompute-num-layers", "with full recomputation")),
     Knob("fp8_recipe", "run.fp8_recipe", "str",
          "with --precision fp8: how scales are found (delayed, tensorwise = current "
-         "scaling, mxfp8 on Blackwell, blockwise)", choices=FP8_RECIPES, memory=False,
+         "scaling, mxfp8 on Blackwell, blockwise, rowwise = torchao's per-row scaling, "
+         "TorchTitan's)", choices=FP8_RECIPES, memory=False,
          cli=_flag("--fp8-recipe"),
          megatron=_engine("--fp8-recipe", "with fp8"),
          torchtitan=_engine("quantize.linear.float8.recipe_name", "tensorwise: float8's "
                             "converter; mxfp8: mx's", reads=("quantize.linear.mx.recipe_name",)),
-         torchtitan_next=_engine("model_converters.converters", "the converter config's "
-                                 "recipe_name")),
+         torchtitan_next=_engine("model_registry(converters=...)",
+                                 "rowwise: Float8LinearConverter.Config(recipe_name); mxfp8: "
+                                 "MXFP8LinearConverter.Config(); no per-tensor scaling")),
     Knob("moe_token_dispatcher", "run.moe_token_dispatcher", "str",
          "how tokens reach their experts (default: searched)", choices=MOE_DISPATCHERS,
          cli=_flag("--moe-token-dispatcher-type"),
@@ -382,6 +387,11 @@ KNOBS: dict[str, Knob] = _knobs(
          "tokens an expert takes, as a multiple of an even share; the rest are dropped "
          "(default: no cap)", optional=True, cli=_flag("--moe-expert-capacity-factor"),
          megatron=_engine("--moe-expert-capacity-factor", "MoE models; negative: no cap")),
+    Knob("moe_expert_rank_capacity_factor", "run.moe_expert_rank_capacity_factor", "float",
+         "HybridEP's static budget of a rank's routed rows, over an even share: the experts' "
+         "input buffers and kept activations are that size (default: sized to the tokens)",
+         optional=True, time=False,
+         megatron=_flag("--moe-expert-rank-capacity-factor", note="flex dispatcher, hybridep")),
     Knob("cuda_graph_scope", "run.cuda_graph_scope", "tuple",
          "parts of each layer in CUDA graphs (Megatron-LM's; moe_preprocess runs the "
          "dispatcher without its host copy)", choices=CUDA_GRAPH_SCOPES,
@@ -465,9 +475,7 @@ KNOBS: dict[str, Knob] = _knobs(
          megatron=_engine("--fp8-param-gather", "with fp8", switch=True),
          torchtitan=_engine("quantize.linear.float8.enable_fsdp_float8_all_gather",
                             "FSDP2 over two or more shards, tensorwise"),
-         torchtitan_next=_engine("model_converters.converters",
-                                 "Float8LinearConverter.Config(enable_fsdp_float8_all_"
-                                 "gather=True)")),
+         torchtitan_next=_engine("none", "0.3's row-wise float8 gathers 16-bit weights")),
 )
 
 # The Megatron-LM flags Tessel knows but does not price: each refused when given at a

@@ -24,7 +24,7 @@ Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp8", "fp32"]
 AttentionBackend = Literal["auto", "flash", "fused", "unfused", "local"]
 RecomputeMethod = Literal["uniform", "block"]
-Fp8Recipe = Literal["delayed", "tensorwise", "mxfp8", "blockwise"]
+Fp8Recipe = Literal["delayed", "tensorwise", "mxfp8", "blockwise", "rowwise"]
 MoeDispatcher = Literal["allgather", "alltoall", "flex"]
 Engine = Literal["megatron", "torchtitan", "tessel"]
 ReshardPolicy = Literal["default", "always", "never"]
@@ -109,7 +109,8 @@ class Numerics:
     fp8_recipe: Fp8Recipe = "delayed"
     """How fp8 scales are found (--fp8-recipe): delayed (from an amax history), tensorwise
     (current scaling: one extra pass over each tensor), mxfp8 or blockwise (a scale per
-    block, computed in the cast; mxfp8 needs Blackwell tensor cores)."""
+    block, computed in the cast; mxfp8 needs Blackwell tensor cores), rowwise (torchao's
+    per-row scaling, TorchTitan 0.3's float8)."""
     fp8_param_gather: bool = False
     """Gather fp8 weights rather than bf16 ones (Megatron-LM's --fp8-param-gather,
     TorchTitan's enable_fsdp_float8_all_gather)."""
@@ -213,6 +214,11 @@ class Moe:
     overlap_moe_expert_parallel_comm: bool = False
     """Overlap one micro-batch's dispatch and combine all-to-alls with another's compute
     (--overlap-moe-expert-parallel-comm, Megatron-Core's 1F1B A2A overlap)."""
+    moe_expert_rank_capacity_factor: float | None = None
+    """HybridEP's static budget of routed rows per rank, over an even share
+    (--moe-expert-rank-capacity-factor; megatron/core/transformer/moe/token_dispatcher.py:
+    num_permuted_tokens = tokens x top-k x factor): the experts' input buffers, and the
+    activations they keep, are that many rows; the grouped GEMMs run the rows routed."""
     moe_paged_stash: bool = False
     """Keep the routed experts' saved activations in a paged buffer sized to the tokens
     actually routed rather than at the padded capacity (--moe-paged-stash, for full-

@@ -310,6 +310,9 @@ class RunSettings(_Model):
     fp8_param_gather: bool = Field(default=False, description="fp8 weights gathered.")
     fp8_output_proj: bool = Field(default=False, description="The output layer's matmul "
                                   "in fp8 (MXFP8).")
+    moe_expert_rank_capacity_factor: float | None = Field(
+        default=None, gt=0, description="HybridEP's static budget of a rank's routed rows "
+        "over an even share; None: sized to the tokens.")
     moe_paged_stash: bool = Field(default=False, description="Experts' saved activations "
                                   "kept in a paged buffer of the tokens routed.")
     moe_paged_stash_buffer_factor: float = Field(

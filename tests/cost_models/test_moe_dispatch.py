@@ -197,6 +197,17 @@ def test_the_paged_stash_keeps_its_buffer_not_the_padded_capacity() -> None:
     assert stashed < kept
 
 
+def test_hybridep_rank_budget_sizes_the_kept_rows_and_the_stash_undercuts_it() -> None:
+    """--moe-expert-rank-capacity-factor 1.5 (token_dispatcher.py: num_permuted_tokens =
+    tokens x top-k x 1.5) keeps 1.5 x the even share; the recipes' paged stash of 1.2 keeps
+    1.2 x, the saving their full-iteration graphs are after."""
+    budget = ParallelConfig.of(moe_expert_rank_capacity_factor=1.5).moe
+    assert _expert_rows_kept(budget) == 1.5
+    assert _expert_rows_kept(replace(budget, moe_paged_stash=True,
+                                     moe_paged_stash_buffer_factor=1.2)) == 1.2
+    assert _expert_rows_kept(ParallelConfig.of().moe) == 1.0
+
+
 def test_the_fp8_output_projection_keeps_an_mxfp8_input() -> None:
     """--fp8-output-proj: the head's saved input is MXFP8, 1 byte and 1/32 of a scale per
     element, not 2 (bf16): for Llama 3 8B's 4096 x 4096 micro-batch, 4096 x 4096 x

@@ -118,8 +118,9 @@ def test_plan_emit_torchtitan_round_trips_in_both_forms(
     ({"recompute": "full", "recompute_every": 2},
      "TorchTitan 0.3 checkpoints every block or none, not one in every 2; emit with "
      "--torchtitan-version 0.2"),
-    ({"precision": "fp8"}, "TorchTitan 0.3 scales float8 per row, which Tessel does not "
-     "price; plan with --fp8-recipe mxfp8, or emit with --torchtitan-version 0.2"),
+    ({"precision": "fp8"},  # titan(): per-tensor scaling
+     "TorchTitan 0.3 scales float8 per row (or per MX block), not per tensor; plan with "
+     "--fp8-recipe rowwise (mxfp8 on Blackwell), or emit with --torchtitan-version 0.2"),
 ])
 def test_what_0_3_cannot_run_as_priced_is_refused(knobs: dict, fragment: str) -> None:
     plan = training_plan("llama3-8b", get_preset("llama3-8b"),
@@ -129,13 +130,12 @@ def test_what_0_3_cannot_run_as_priced_is_refused(knobs: dict, fragment: str) ->
 
 
 def test_torchtitan_version_without_emit_torchtitan_is_refused(capsys) -> None:
-    """Checks: exit 2, the last line saying what is missing (checked once the plan is
-    made, as --elastic is)."""
+    """Checks: exit 2, one line saying what is missing, before any planning."""
     assert cli.main(["llama3-8b", "--gpus", "8", "--global-batch-size", "64", "--cluster",
                      CLUSTER, "--top", "1", "--torchtitan-version", "0.2"]) == 2
-    last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last == ("error: --torchtitan-version 0.2 says which TorchTitan config --emit "
-                    "writes: give --emit torchtitan DIR as well")
+    assert capsys.readouterr().out.strip() == (
+        "error: --torchtitan-version 0.2 says which TorchTitan config --emit writes: give "
+        "--emit torchtitan DIR as well")
 
 
 # ------------------------------------------------- TorchTitan 0.3's own config classes

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
 import importlib.util
 import math
 import sys
@@ -310,9 +311,10 @@ BAD = {
                               "[training]\nseq_len = 100\n", "must be a multiple of"),
     "unpriced key": (LLAMA8 + "[training]\nenable_cpu_offload = true\n",
                      "training.enable_cpu_offload = true changes where parameters"),
-    "rowwise float8": (LLAMA8 + 'converters = ["quantize.linear.float8"]\n'
-                       '[quantize.linear.float8]\nrecipe_name = "rowwise"\n',
-                       "row-wise scaling"),
+    "float8 with 16-bit weight gradients": (
+        LLAMA8 + 'converters = ["quantize.linear.float8"]\n'
+        '[quantize.linear.float8]\nrecipe_name = "rowwise_with_gw_hp"\n',
+        "weight gradients in 16 bits beside fp8 matmuls"),
     "float8's old name": (LLAMA8 + 'converters = ["float8"]\n',
                           'registers it as "quantize.linear.float8"'),
     "converters as text": (LLAMA8 + 'converters = "quantize.linear.float8"\n',
@@ -363,3 +365,35 @@ def test_each_refused_key_names_what_it_changes() -> None:
     for key, spec in JOB_CONFIG.items():
         assert spec.effect in (READ, IGNORED) or (spec.neutral and spec.neutral[0] ==
                                                   spec.default), key
+
+
+# (layers, model parts) of the pipelines the search and the reader split as TorchTitan does.
+SPLITS = [(61, 4), (61, 16), (94, 8), (32, 8), (80, 6), (126, 32), (27, 4)]
+
+
+def test_model_parts_are_split_as_torchtitans_own_function_splits_them() -> None:
+    """Checks: `rules.part_layers` against torchtitan 0.3.0's _generate_llm_fqn_per_model_
+    part, run in its environment (the embedding and output weighing a layer each)."""
+    import subprocess
+
+    from planner.torchtitan.rules import part_layers
+    from tests.planner.export.torchtitan03_env import PYTHON, SKIP
+
+    if not PYTHON.exists():
+        pytest.skip(SKIP)
+    probe = ("import json, sys\n"
+             "from torchtitan.distributed.pipeline_parallel import "
+             "_generate_llm_fqn_per_model_part as split\n"
+             "print(json.dumps([[sum(n.startswith('layers.') for n in part) for part in "
+             "split(parts, layers)] for layers, parts in json.loads(sys.argv[1])]))")
+    done = subprocess.run([str(PYTHON), "-c", probe, json.dumps(SPLITS)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-500:]
+    assert json.loads(done.stdout) == [part_layers(layers, parts) for layers, parts in SPLITS]
+
+
+def test_v_shaped_parts_run_in_v_order() -> None:
+    from planner.torchtitan.rules import rank_of_part
+
+    assert [rank_of_part(c, 4, True) for c in range(8)] == [0, 1, 2, 3, 3, 2, 1, 0]
+    assert [rank_of_part(c, 4, False) for c in range(8)] == [0, 1, 2, 3, 0, 1, 2, 3]

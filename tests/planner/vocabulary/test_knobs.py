@@ -61,7 +61,7 @@ MOE = zoo_config("mixtral-8x7b", {"seq_length": 2048})
 MOE_KNOBS = {"expert", "expert_tensor", "moe_token_dispatcher", "moe_router_force_load_balancing",
              "overlap_moe_expert_parallel_comm", "moe_expert_capacity_factor",
              "moe_pad_expert_input_to_capacity", "delay_wgrad_compute", "moe_paged_stash",
-             "moe_paged_stash_buffer_factor"}
+             "moe_paged_stash_buffer_factor", "moe_expert_rank_capacity_factor"}
 
 
 def other_value(knob: Knob) -> Any:
