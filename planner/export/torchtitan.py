@@ -289,16 +289,22 @@ def torchtitan_files(plan: Plan, model: TransformerConfig | None) -> dict[str, s
               f"({plan.cluster}), as Tessel planned it.\n"
               "# hf_assets_path: the tokenizer (and weights) of the model, downloaded with "
               "TorchTitan's scripts/download_hf_assets.py.\n\n")
-    words = launch_words(plan)
-    script = [
+    return {CONFIG_FILE: header + toml_text(job_config(plan, model)),
+            LAUNCH_FILE: launch_script(plan, launch_words(plan), RELEASE)}
+
+
+def launch_script(plan: Plan, words: list[str], release: str, setup: tuple[str, ...] = ()
+                  ) -> str:
+    """The launch file of TorchTitan `release`: run on every node, the allocator settings
+    the plan was priced with, `setup` lines, then the torchrun line `words`."""
+    return "\n".join([
         "#!/bin/bash",
-        f"# TorchTitan {RELEASE}: run on every node, MASTER_ADDR set to the first node's "
+        f"# TorchTitan {release}: run on every node, MASTER_ADDR set to the first node's "
         "address.",
         "set -euo pipefail",
         ': "${MASTER_ADDR:?set MASTER_ADDR to the first node\'s address}"',
+        *setup,
         *allocator_exports(plan),
         " ".join(w if w.startswith("$") else shlex.quote(w) for w in words),
         "",
-    ]
-    return {CONFIG_FILE: header + toml_text(job_config(plan, model)),
-            LAUNCH_FILE: "\n".join(script)}
+    ])

@@ -28,11 +28,11 @@ config module) to the plan's prediction.
 from __future__ import annotations
 
 import json
-import shlex
 from typing import Any
 
-from planner.export.torchrun import allocator_exports
-from planner.export.torchtitan import job_config, launch_words, torchtitan_incompatibility
+from planner.export.torchtitan import (
+    job_config, launch_script, launch_words, torchtitan_incompatibility,
+)
 from planner.models.config import TransformerConfig
 from planner.torchtitan.next_keys import RELEASE, RENAMED
 from planner.vocabulary.plan import Plan
@@ -198,17 +198,7 @@ def torchtitan_next_files(plan: Plan, model: TransformerConfig | None) -> dict[s
     words = launch_words(plan)
     words = words[:words.index("--job.config_file")] + ["--module", MODULE,
                                                         "--config", FUNCTION]
-    script = [
-        "#!/bin/bash",
-        f"# TorchTitan {RELEASE}: run on every node, MASTER_ADDR set to the first node's "
-        "address.",
-        "set -euo pipefail",
-        ': "${MASTER_ADDR:?set MASTER_ADDR to the first node\'s address}"',
-        f"# --module {MODULE}: {CONFIG_FILE}, next to this script.",
-        'export PYTHONPATH="$(cd "$(dirname "$0")" && pwd)${PYTHONPATH:+:$PYTHONPATH}"',
-        *allocator_exports(plan),
-        " ".join(w if w.startswith("$") else shlex.quote(w) for w in words),
-        "",
-    ]
+    setup = (f"# --module {MODULE}: {CONFIG_FILE}, next to this script.",
+             'export PYTHONPATH="$(cd "$(dirname "$0")" && pwd)${PYTHONPATH:+:$PYTHONPATH}"')
     return {CONFIG_FILE: config_text(plan, next_settings(plan, model)),
-            LAUNCH_FILE: "\n".join(script)}
+            LAUNCH_FILE: launch_script(plan, words, RELEASE, setup)}

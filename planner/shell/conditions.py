@@ -72,32 +72,29 @@ def _integer(word: Word, parameters: Parameters, arithmetic: bool) -> int | None
     return int(text) if re.fullmatch(r"[+-]?\d+", text) else None
 
 
-class _DoubleBracket:
-    """`[[ ... ]]` over its unexpanded words."""
+class _Logic:
+    """`!`, and, or and parentheses over primaries (`_primary`): `[[ ]]`'s `&&` / `||`, or
+    `test`'s `-a` / `-o`; and binds tighter than or."""
 
-    def __init__(self, words: Sequence[Raw], parameters: Parameters) -> None:
+    AND, OR = "&&", "||"
+
+    def __init__(self, words: Sequence[Raw | Word], parameters: Parameters) -> None:
         self.words, self.parameters, self.at = list(words), parameters, 0
 
     def _peek(self, ahead: int = 0) -> str | None:
         at = self.at + ahead
         return self.words[at].text if at < len(self.words) else None
 
-    def run(self) -> bool | None:
-        value = self._or()
-        if self.at != len(self.words):
-            return None
-        return value
-
     def _or(self) -> bool | None:
         value = self._and()
-        while self._peek() == "||":
+        while self._peek() == self.OR:
             self.at += 1
             value = _or(value, self._and())
         return value
 
     def _and(self) -> bool | None:
         value = self._not()
-        while self._peek() == "&&":
+        while self._peek() == self.AND:
             self.at += 1
             value = _and(value, self._not())
         return value
@@ -108,16 +105,31 @@ class _DoubleBracket:
             return _not(self._not())
         return self._primary()
 
+    def _group(self) -> bool | None:
+        """`( ... )`, the cursor on its opening word."""
+        self.at += 1
+        value = self._or()
+        if self._peek() == ")":
+            self.at += 1
+        return value
+
+    def _primary(self) -> bool | None:
+        raise NotImplementedError
+
+
+class _DoubleBracket(_Logic):
+    """`[[ ... ]]` over its unexpanded words."""
+
+    def run(self) -> bool | None:
+        value = self._or()
+        return value if self.at == len(self.words) else None
+
     def _primary(self) -> bool | None:
         first = self._peek()
         if first is None:
             return None
         if first == "(":
-            self.at += 1
-            value = self._or()
-            if self._peek() == ")":
-                self.at += 1
-            return value
+            return self._group()
         if first in _UNARY and self._peek(1) not in (None, "&&", "||", ")") \
                 and self._peek(1) not in _BINARY:
             self.at += 2
@@ -198,56 +210,33 @@ def _binary_single(left: Word, op: str, right: Word, parameters: Parameters) -> 
     return None
 
 
-class _SingleBracket:
+class _SingleBracket(_Logic):
     """`[ ... ]` of five or more arguments: -o looser than -a, then !, ( ), tests."""
 
-    def __init__(self, args: list[Word], parameters: Parameters) -> None:
-        self.args, self.parameters, self.at = args, parameters, 0
+    AND, OR = "-a", "-o"
 
-    def _peek(self, ahead: int = 0) -> str | None:
-        at = self.at + ahead
-        return self.args[at].text if at < len(self.args) else None
+    def __init__(self, args: Sequence[Word], parameters: Parameters) -> None:
+        super().__init__(args, parameters)
+        self.args = list(args)
+        """The arguments, expanded (`words`, typed as what they are)."""
 
     def run(self) -> bool | None:
         value = self._or()
-        return value if self.at == len(self.args) else False
-
-    def _or(self) -> bool | None:
-        value = self._and()
-        while self._peek() == "-o":
-            self.at += 1
-            value = _or(value, self._and())
-        return value
-
-    def _and(self) -> bool | None:
-        value = self._not()
-        while self._peek() == "-a":
-            self.at += 1
-            value = _and(value, self._not())
-        return value
-
-    def _not(self) -> bool | None:
-        if self._peek() == "!":
-            self.at += 1
-            return _not(self._not())
-        return self._primary()
+        return value if self.at == len(self.words) else False
 
     def _primary(self) -> bool | None:
         first = self._peek()
         if first is None:
             return False
         if first == "(":
-            self.at += 1
-            value = self._or()
-            if self._peek() == ")":
-                self.at += 1
-            return value
+            return self._group()
+        args = self.args
         if first in _UNARY and self._peek(1) is not None:
             self.at += 2
-            return _unary(first, self.args[self.at - 1], self.parameters)
+            return _unary(first, args[self.at - 1], self.parameters)
         if self._peek(1) in _BINARY and self._peek(2) is not None:
             self.at += 3
-            return _binary_single(self.args[self.at - 3], self.args[self.at - 2].text,
-                                  self.args[self.at - 1], self.parameters)
+            return _binary_single(args[self.at - 3], args[self.at - 2].text,
+                                  args[self.at - 1], self.parameters)
         self.at += 1
-        return _unary("-n", self.args[self.at - 1], self.parameters)
+        return _unary("-n", args[self.at - 1], self.parameters)

@@ -521,17 +521,9 @@ def _basename(text: str) -> str:
     return PurePosixPath(text).name if text else text
 
 
-def _simple_commands(node: object, functions: Mapping[str, Command],
-                     seen: frozenset[str] = frozenset()) -> Iterator[Simple]:
+def _simple_commands(node: object, functions: Mapping[str, Command]) -> Iterator[Simple]:
     """Every simple command inside `node` (called functions' included), unexpanded."""
-    if isinstance(node, Simple):
-        yield node
-        name = node.words[0].text if node.words else ""
-        if name in functions and name not in seen:
-            yield from _simple_commands(functions[name], functions, seen | {name})
-        return
-    for child in _children(node):
-        yield from _simple_commands(child, functions, seen)
+    return (child for child in _walk(node, functions) if isinstance(child, Simple))
 
 
 def _children(node: object) -> Iterator[object]:

@@ -26,11 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from planner.torchtitan.errors import JobConfigError
+from planner.torchtitan.job import read_named_file
 from planner.torchtitan.next_keys import CHECKED_SECTIONS, CHECKPOINTING, FREE_SECTIONS, NEXT_KEYS
 from planner.torchtitan.registry import CONFIGS
 
-# Largest file read: a config module is a few KiB; this bounds the work.
-MAX_BYTES = 1 << 20
 # Constructors of a checked section's config (torchtitan/config/configs.py).
 SECTIONS = {"TrainingConfig": "training", "ParallelismConfig": "parallelism",
             "CompileConfig": "compile", "CommConfig": "comm", "DebugConfig": "debug"}
@@ -88,16 +87,7 @@ def read_config_module(spec: str) -> tuple[dict[str, Any], str]:
     one function) and the name it is known by; JobConfigError (one line) otherwise."""
     path_text, _, function = spec.partition(".py:")
     path_text = path_text + ".py" if function else spec
-    path = Path(path_text).expanduser()
-    try:
-        if path.stat().st_size > MAX_BYTES:
-            raise JobConfigError(f"--torchtitan {spec!r} is over {MAX_BYTES >> 20} MiB; give "
-                                 "the config module")
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as error:
-        why = getattr(error, "strerror", None) or "not text"
-        raise JobConfigError(f"--torchtitan {path_text!r} cannot be read ({why}); give the "
-                             "path of a TorchTitan config module") from None
+    text = read_named_file(path_text, "a TorchTitan config module")
     try:
         tree = ast.parse(text, filename=path_text)
     except SyntaxError as error:

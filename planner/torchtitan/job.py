@@ -64,19 +64,25 @@ class TorchTitanJob:
         return self.model_name or FLAVORS[self.flavor]
 
 
-def load_job_config(path: str) -> dict[str, Any]:
-    """The TOML tables of the file at `path` (as typed); JobConfigError, in one line, when
-    it cannot be read or is not TOML."""
+def read_named_file(path: str, what: str) -> str:
+    """The text of the file --torchtitan names (`path` as typed); JobConfigError, in one
+    line naming it and `what` it should be, when it is over MAX_BYTES or cannot be read."""
     target = Path(path).expanduser()
     try:
         if target.stat().st_size > MAX_BYTES:
             raise JobConfigError(f"--torchtitan {path!r} is over {MAX_BYTES >> 20} MiB; give "
-                                 "the job config's TOML file")
-        text = target.read_text()
+                                 f"{what}")
+        return target.read_text()
     except (OSError, UnicodeDecodeError) as error:
         why = getattr(error, "strerror", None) or "not text"
         raise JobConfigError(f"--torchtitan {path!r} cannot be read ({why}); give the path "
-                             "of the job config TorchTitan reads (--job.config_file)") from None
+                             f"of {what}") from None
+
+
+def load_job_config(path: str) -> dict[str, Any]:
+    """The TOML tables of the file at `path` (as typed); JobConfigError, in one line, when
+    it cannot be read or is not TOML."""
+    text = read_named_file(path, "the job config TorchTitan reads (--job.config_file)")
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
