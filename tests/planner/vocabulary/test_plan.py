@@ -5,10 +5,13 @@ writes validating as that one schema."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
+import planner.vocabulary.plan as schema
 from planner import cli
 from planner.vocabulary.plan_migration import migrate_v1
 from planner.vocabulary.plan import (
@@ -341,3 +344,15 @@ def test_a_plan_naming_a_value_no_knob_takes_is_refused_on_load(
     with pytest.raises(ValueError) as error:
         Plan.from_json(json.dumps(data))
     assert path[-1] in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_schema_doc_lists_every_field_of_the_plans_models() -> None:
+    """docs/plan-schema.md has a row for every field of the Plan and the models it holds,
+    in its section and in order (a knob added to RunSettings is documented there too)."""
+    text = (Path(__file__).resolve().parents[3] / "docs" / "plan-schema.md").read_text()
+    text = text.split("## The plan check report")[0]
+    for name, body in re.findall(r"^### (\w+)\n(.*?)(?=^#{2,3} |\Z)", text, re.M | re.S):
+        model = getattr(schema, name)
+        assert isinstance(model, type) and issubclass(model, BaseModel)
+        rows = re.findall(r"^\| `(\w+)` \|", body, re.M)
+        assert rows == list(model.model_fields), name
