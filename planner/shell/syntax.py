@@ -337,22 +337,28 @@ def _line_at(text: str, at: int) -> int:
     return text.count("\n", 0, at) + 1
 
 
+def _past(text: str, at: int, single_quotes: bool) -> int:
+    """Index past the character or quoted construct at `at`: an escape, a quote ('...'
+    only where `single_quotes` count, as outside double quotes), backquotes or a
+    $-construct."""
+    char = text[at]
+    if char == "\\":
+        return at + 2
+    if char == "'" and single_quotes:
+        return end_of_single_quoted(text, at)
+    if char == '"':
+        return end_of_double_quoted(text, at)
+    if char == "`":
+        return end_of_backquoted(text, at)
+    if char == "$":
+        return end_of_dollar(text, at)
+    return at + 1
+
+
 def end_of_word(text: str, at: int) -> int:
     """Index just past the word that starts at `at` (up to an unquoted metacharacter)."""
     while at < len(text) and text[at] not in _METACHARACTERS:
-        char = text[at]
-        if char == "\\":
-            at += 2
-        elif char == "'":
-            at = end_of_single_quoted(text, at)
-        elif char == '"':
-            at = end_of_double_quoted(text, at)
-        elif char == "`":
-            at = end_of_backquoted(text, at)
-        elif char == "$":
-            at = end_of_dollar(text, at)
-        else:
-            at += 1
+        at = _past(text, at, single_quotes=True)
     return min(at, len(text))
 
 
@@ -369,17 +375,9 @@ def end_of_double_quoted(text: str, at: int) -> int:
     """Index just past the "..." that starts at `at`."""
     start, at = at, at + 1
     while at < len(text):
-        char = text[at]
-        if char == '"':
+        if text[at] == '"':
             return at + 1
-        if char == "\\":
-            at += 2
-        elif char == "$":
-            at = end_of_dollar(text, at)
-        elif char == "`":
-            at = end_of_backquoted(text, at)
-        else:
-            at += 1
+        at = _past(text, at, single_quotes=False)
     raise ShellError(f'line {_line_at(text, start)}: the quote " opened here is not closed; '
                      "close it")
 

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.megatron.arguments import parse_megatron_flags
-from planner.megatron.errors import LaunchLineError
-from planner.megatron.run import MegatronRun, megatron_run
+from tests.planner.megatron.test_run import error_of, run_of
 
 SHAPE = ("--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 "
          "--max-position-embeddings 2048 --vocab-size 32768 --micro-batch-size 1 --bf16 "
@@ -32,16 +30,6 @@ LLAMA3_8B_FP8 = """
 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather
 --vocab-size 128256
 """
-
-
-def run_of(flags: str, world: int = 8) -> MegatronRun:
-    return megatron_run(parse_megatron_flags(flags.split()), world)
-
-
-def error_of(flags: str, world: int = 8) -> str:
-    with pytest.raises(LaunchLineError) as caught:
-        run_of(flags, world)
-    return str(caught.value)
 
 
 def test_nvidias_llama3_8b_fp8_example_runs_without_sequence_parallelism() -> None:
