@@ -105,9 +105,18 @@ def _check_known(command: Ran, source: str) -> None:
     if word is not None:
         raise LaunchLineError(
             f"{source}, line {word.line or command.line}: {word.unknown} reaches {where}; "
-            "Tessel never runs the script's commands, so write the value out (or give the "
-            "variable with --env NAME=VALUE)"
-        )
+            + _fix(word.unknown))
+
+
+def _fix(why: str) -> str:
+    """What to do about a value Tessel cannot know, by what made it unknown."""
+    if "`source " in why:
+        return ("Tessel reads the one script, not the files it sources: write the values it "
+                "takes from them into the script")
+    if "`eval`" in why:
+        return "Tessel does not evaluate eval's text: write the command out"
+    return ("Tessel never runs the script's commands, so write the value out (or give the "
+            "variable with --env NAME=VALUE)")
 
 
 def split_launcher(words: Sequence[str]) -> LaunchLine:

@@ -134,6 +134,10 @@ HOSTILE_FLAG = "touch PWNED; echo 8"
      "that runs pretrain_gpt.py, or only its flags"),
     ("torchrun pretrain_gpt.py --num-layers 2\ntorchrun pretrain_gpt.py --num-layers 4\n",
      "launch.sh runs 2 training commands (lines 1, 2); keep the one to predict"),
+    ("TP=2\nsource cluster.env\ntorchrun pretrain_gpt.py --tensor-model-parallel-size $TP\n",
+     "launch.sh, line 3: $TP (`source cluster.env` on line 2, a file Tessel does not read may "
+     "set it) reaches the training command on line 3; Tessel reads the one script, not the "
+     "files it sources: write the values it takes from them into the script"),
     ("source env.sh\ntorchrun pretrain_gpt.py `touch PWNED`\n",
      "launch.sh, line 2: the command substitution `touch PWNED` on line 2, which Tessel does "
      "not run reaches the training command on line 2"),
