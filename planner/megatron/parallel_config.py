@@ -527,14 +527,17 @@ def _cuda_graphs(args: MegatronArgs) -> bool:
 
 
 def _graph_scope(args: MegatronArgs) -> tuple[str, ...]:
-    """--cuda-graph-scope's parts of a layer, where they are not whole layers ("full" or
-    "full_iteration", or no scope, graph whole layers)."""
-    scope = tuple(args.values.cuda_graph_scope_deprecated or ())
+    """--cuda-graph-modules' parts of a layer (or the deprecated --cuda-graph-scope's,
+    which validate_args copies into it), where they are not whole layers ("full" or
+    "full_iteration", or none, graph whole layers)."""
+    dest = "cuda_graph_modules" if args.given("cuda_graph_modules") \
+        else "cuda_graph_scope_deprecated"
+    scope = tuple(getattr(args.values, dest) or ())
     if not scope or {"full", "full_iteration"} & set(scope):
         return ()
     unknown = [part for part in scope if part not in CUDA_GRAPH_SCOPES]
     if unknown:
         raise LaunchLineError(
-            f"{args.flag('cuda_graph_scope_deprecated')} {' '.join(unknown)} is not a part "
+            f"{args.flag(dest)} {' '.join(unknown)} is not a part "
             f"Tessel prices; use {', '.join(CUDA_GRAPH_SCOPES)}")
     return scope

@@ -396,8 +396,9 @@ KNOBS: dict[str, Knob] = _knobs(
          "parts of each layer in CUDA graphs (Megatron-LM's; moe_preprocess runs the "
          "dispatcher without its host copy)", choices=CUDA_GRAPH_SCOPES,
          cli=_flag("--cuda-graph-scope"),
-         megatron=_engine("--cuda-graph-scope", "with --cuda-graph-impl transformer_engine",
-                          dest="cuda_graph_scope_deprecated")),
+         megatron=_engine("--cuda-graph-scope", "with --cuda-graph-impl transformer_engine; "
+                          "read from --cuda-graph-modules too, its current spelling",
+                          dest="cuda_graph_scope_deprecated", reads=("cuda_graph_modules",))),
     Knob("cuda_graphs", "run.cuda_graphs", "bool",
          "capture each layer in CUDA graphs (local or transformer_engine), so small kernels "
          "are not bound by the host's launches; none (default) leaves them eager",

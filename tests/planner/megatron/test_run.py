@@ -254,3 +254,12 @@ def test_a_bad_pipeline_layout_is_one_line(layout: str, fragment: str) -> None:
     assert "places every layer" in error_of(
         flags + " --pipeline-model-parallel-size 4 --pipeline-model-parallel-layout E|t*5|t*5|L"
         " --decoder-first-pipeline-num-layers 2")
+
+
+def test_cuda_graph_modules_is_read_as_the_deprecated_scope_is() -> None:
+    # --cuda-graph-modules is the current spelling; validate_args copies the deprecated
+    # --cuda-graph-scope into it (megatron/training/arguments.py).
+    graphs = " --bf16 --cuda-graph-impl transformer_engine"
+    for flag in ("--cuda-graph-modules", "--cuda-graph-scope"):
+        run = run_of(f"{SHAPE}{graphs} {flag} attn mlp")
+        assert run.parallel.execution.cuda_graph_scope == ("attn", "mlp") and not run.ignored
