@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from torchtitan03_env import config_manager
+from torchtitan03_env import config_managers
 
 from planner import cli
 from planner.export.torchtitan_config import (
@@ -141,15 +141,34 @@ def test_torchtitan_version_without_emit_torchtitan_is_refused(capsys) -> None:
 # ------------------------------------------------- TorchTitan 0.3's own config classes
 
 
+REGISTRY_BUILT = [n for n in CONFIGS if n != "llama3_405b"]
+"""The registry configs TorchTitan 0.3 builds here (llama3_405b's float8 needs torchao)."""
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """What TorchTitan 0.3's ConfigManager builds of each emitted config (by case) and each
+    registry config (by name), in one process of its environment."""
+    jobs = []
+    for case in PLANNED:
+        folder = tmp_path_factory.mktemp(case)
+        plan = plan_of(case)
+        (folder / CONFIG_FILE).write_text(
+            torchtitan_next_files(plan, get_preset(plan.model))[CONFIG_FILE])
+        jobs.append((folder, ["--module", MODULE, "--config", FUNCTION]))
+    for name in REGISTRY_BUILT:
+        jobs.append((tmp_path_factory.mktemp(name),
+                     ["--module", CONFIGS[name].settings["model.module"], "--config", name]))
+    return dict(zip([*PLANNED, *REGISTRY_BUILT], config_managers(jobs)))
+
+
 @pytest.mark.parametrize("case", list(PLANNED))
-def test_torchtitans_config_manager_builds_the_emitted_config(case: str,
-                                                              tmp_path: Path) -> None:
+def test_torchtitans_config_manager_builds_the_emitted_config(
+        case: str, built: dict[str, dict[str, Any]]) -> None:
     """Checks: ConfigManager(--module torchtitan_config --config tessel_plan) builds the
     Trainer.Config, with the plan's degrees, batch, sequence, checkpointing and model."""
-    plan = plan_of(case)
-    (tmp_path / CONFIG_FILE).write_text(
-        torchtitan_next_files(plan, get_preset(plan.model))[CONFIG_FILE])
-    built = config_manager(tmp_path, "--module", MODULE, "--config", FUNCTION)
+    plan, built = plan_of(case), built[case]
+    assert "error" not in built, built.get("error")
     q, p = plan.parallel, built["parallelism"]
     data = p["data_parallel_replicate_degree"] * p["data_parallel_shard_degree"]
     assert (p["tensor_parallel_degree"], p["pipeline_parallel_degree"],
@@ -162,15 +181,15 @@ def test_torchtitans_config_manager_builds_the_emitted_config(case: str,
     assert built["compile"]["enable_async_tensor_parallel"] == plan.run.tp_comm_overlap
 
 
-@pytest.mark.parametrize("name", [n for n in CONFIGS if n != "llama3_405b"])
+@pytest.mark.parametrize("name", REGISTRY_BUILT)
 def test_torchtitans_config_manager_builds_the_registry_configs_as_tessel_holds_them(
-        name: str, tmp_path: Path) -> None:
+        name: str, built: dict[str, dict[str, Any]]) -> None:
     """Checks: each registry config Tessel knows (but llama3_405b, whose float8 converter
     needs torchao), built by TorchTitan 0.3, has the degrees, batch, sequence, compile,
     checkpointing, loss and model of Tessel's table (TorchTitan's default where the table
     has none)."""
-    settings = CONFIGS[name].settings
-    built = config_manager(tmp_path, "--module", settings["model.module"], "--config", name)
+    settings, built = CONFIGS[name].settings, built[name]
+    assert "error" not in built, built.get("error")
     for key, value in built["parallelism"].items():
         assert settings.get(f"parallelism.{key}", value) == value, key
     for section in ("training", "compile"):

@@ -28,22 +28,34 @@ PYTHON = ROOT / ".venv" / "torchtitan-0.3" / "bin" / "python"
 SKIP = "TorchTitan 0.3's environment .venv/torchtitan-0.3 is absent (see tests/planner/" \
        "export/torchtitan03_env.py to create it)"
 
-# Runs in TorchTitan 0.3's environment: its ConfigManager on --module/--config (and
-# overrides), the fields the tests compare printed as JSON.
+# Runs in TorchTitan 0.3's environment, once for many configs (its import is most of the
+# time): ConfigManager on each job's --module/--config (and overrides), with the job's
+# folder importable and the previous job's module forgotten; the fields the tests compare,
+# or the last line of what it refused with, printed as one JSON list.
 _PROBE = """
-import dataclasses, json, sys
-sys.path.insert(0, sys.argv[1])
+import dataclasses, importlib, json, sys, traceback
 from torchtitan.config import ConfigManager
-config = ConfigManager().parse_args(sys.argv[2:])
 section = lambda s: {f.name: getattr(s, f.name) for f in dataclasses.fields(s)}
-print(json.dumps({
-    "training": section(config.training), "parallelism": section(config.parallelism),
-    "compile": section(config.compile),
-    "activation_checkpoint": type(config.activation_checkpoint).__qualname__,
-    "loss": type(config.loss).__qualname__,
-    "model": [config.model_spec.name, config.model_spec.flavor],
-    "hf_assets_path": config.hf_assets_path,
-}, default=str))
+results = []
+for folder, args in json.loads(sys.argv[1]):
+    sys.path.insert(0, folder)
+    for name in [m for m in sys.modules if m.split(".")[0] == args[args.index("--module") + 1]]:
+        del sys.modules[name]
+    importlib.invalidate_caches()
+    try:
+        config = ConfigManager().parse_args(args)
+        results.append({
+            "training": section(config.training), "parallelism": section(config.parallelism),
+            "compile": section(config.compile),
+            "activation_checkpoint": type(config.activation_checkpoint).__qualname__,
+            "loss": type(config.loss).__qualname__,
+            "model": [config.model_spec.name, config.model_spec.flavor],
+            "hf_assets_path": config.hf_assets_path,
+        })
+    except BaseException as error:  # ConfigManager refuses by raising or exiting
+        results.append({"error": (traceback.format_exception_only(error) or ["?"])[-1]})
+    sys.path.remove(folder)
+print(json.dumps(results, default=str))
 """
 
 
@@ -55,12 +67,21 @@ def source_root() -> Path:
     return found[0]
 
 
-def config_manager(folder: Path, *args: str) -> dict[str, Any]:
-    """What TorchTitan 0.3's ConfigManager makes of `args` (--module M --config F ...),
-    with `folder` importable; AssertionError with its last line when it refuses."""
+def config_managers(jobs: list[tuple[Path, list[str]]]) -> list[dict[str, Any]]:
+    """What TorchTitan 0.3's ConfigManager makes of each job's args (--module M --config F
+    ...), with its folder importable, in one process: {"error": its last line} where it
+    refuses. A skip where the environment is absent."""
     if not PYTHON.exists():
         pytest.skip(SKIP)
-    done = subprocess.run([str(PYTHON), "-c", _PROBE, str(folder), *args],
-                          capture_output=True, text=True, timeout=300, cwd=folder)
+    done = subprocess.run(
+        [str(PYTHON), "-c", _PROBE, json.dumps([[str(f), list(a)] for f, a in jobs])],
+        capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, (done.stderr.strip().splitlines() or ["?"])[-1]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def config_manager(folder: Path, *args: str) -> dict[str, Any]:
+    """`config_managers` of one job; AssertionError with its last line when it refuses."""
+    [built] = config_managers([(folder, list(args))])
+    assert "error" not in built, built.get("error")
+    return built
