@@ -25,21 +25,25 @@ from planner.shell import Ran, ShellError, Word, evaluate_script
 class LaunchLine:
     """The flags a training script gets, and what the launcher says about the world."""
 
-    flags: list[str]
-    """The script's command-line words, in order."""
+    flag_words: tuple[Word, ...]
+    """The script's command-line words, in order, with where each was written (line,
+    variable), for --explain-args."""
     script: str | None = None
     """The training script (`pretrain_gpt.py`), when the line names one."""
     launcher: list[str] = field(default_factory=list)
     """The launcher's words before the script (`torchrun --nnodes 8 ...`)."""
     world_size: int | None = None
     """Processes the launcher starts (--nnodes x --nproc-per-node), when it says."""
-    flag_words: tuple[Word, ...] = ()
-    """The flags with where each was written (line, variable), for --explain-args."""
     per_node: int | None = None
     """torchrun's --nproc-per-node, when it gives one."""
     nodes_set_by: str | None = None
     """Where a script sets torchrun's node count through a variable ("NNODES on line 9"),
     a default `--gpus` may change; None when the launch line writes it out."""
+
+    @property
+    def flags(self) -> list[str]:
+        """The script's command-line words, in order."""
+        return [word.text for word in self.flag_words]
 
     @property
     def argv(self) -> list[str]:
@@ -70,7 +74,7 @@ def launch_words(text: str, environment: Mapping[str, str] | None = None,
             "the script or line that runs pretrain_gpt.py, or only its flags"
         )
     _check_known(Ran(tuple(flags), 0, "flags"), source)
-    return LaunchLine(flags=[w.text for w in flags], flag_words=tuple(flags))
+    return LaunchLine(tuple(flags))
 
 
 def _training_command(scripts: list[Ran], source: str) -> Ran:
@@ -131,7 +135,7 @@ def _from_words(words: list[Word]) -> LaunchLine:
     while words and _is_assignment(words[0].text):
         words = words[1:]
     if not words or words[0].text.startswith("-"):
-        return LaunchLine(flags=[w.text for w in words], flag_words=tuple(words))
+        return LaunchLine(tuple(words))
     index = next((i for i, word in enumerate(words) if word.text.endswith(".py")), None)
     if index is None:
         raise LaunchLineError(
@@ -145,10 +149,9 @@ def _from_words(words: list[Word]) -> LaunchLine:
     set_by = None
     if nodes is not None and nodes.via and world is not None:
         set_by = f"{nodes.via} on line {nodes.line}" if nodes.line else f"--env {nodes.via}"
-    return LaunchLine(flags=[w.text for w in words[index + 1:]], script=words[index].text,
+    return LaunchLine(tuple(words[index + 1:]), script=words[index].text,
                       launcher=[w.text for w in launcher], world_size=world,
-                      flag_words=tuple(words[index + 1:]), per_node=per_node_count,
-                      nodes_set_by=set_by)
+                      per_node=per_node_count, nodes_set_by=set_by)
 
 
 def _is_assignment(word: str) -> bool:

@@ -6,11 +6,12 @@ returns what it runs (the command that runs a Python script, with its words as b
 expands them, each knowing the line it came from), never running a command: a command
 substitution, a loop, `source` or `eval` leave what they touch unknown, named with its
 line, for the reader of the training command to refuse. Modules import one way:
-`evaluator` -> `conditions` -> `words` -> `arithmetic` -> `parameters` / `syntax`.
+`evaluator` -> `conditions` -> `words` -> `arithmetic` -> `parameters`;
+`evaluator` -> `static` -> `syntax` -> `lexer`.
 """
 
 from planner.shell.evaluator import Ran, ScriptRun, evaluate_script
 from planner.shell.parameters import Word
-from planner.shell.syntax import ShellError
+from planner.shell.lexer import ShellError
 
 __all__ = ["Ran", "ScriptRun", "ShellError", "Word", "evaluate_script"]

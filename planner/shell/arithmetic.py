@@ -14,7 +14,7 @@ import re
 from typing import Callable
 
 from planner.shell.parameters import Parameters, Word
-from planner.shell.syntax import ShellError
+from planner.shell.lexer import ShellError
 
 _TOKEN = re.compile(r"\s*(?:(?P<number>0[xX][0-9a-fA-F]+|\d+#[0-9a-zA-Z@_]+|\d+)"
                     r"|(?P<name>[A-Za-z_][A-Za-z0-9_]*)"

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from planner.shell.arithmetic import Unknown, evaluate
 from planner.shell.parameters import Parameters, Word
-from planner.shell.syntax import Raw
+from planner.shell.lexer import Raw
 from planner.shell.words import expand_pattern, expand_text
 
 _FILE_TESTS = frozenset("-a -b -c -d -e -f -g -h -k -p -r -s -t -u -w -x -G -L -N -O -S".split())

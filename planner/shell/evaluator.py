@@ -18,14 +18,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import Callable, Iterator, Literal, Mapping, Sequence
+from typing import Callable, Literal, Mapping, Sequence
 
 from planner.shell.arithmetic import Unknown, evaluate
 from planner.shell.conditions import double_bracket, single_bracket
 from planner.shell.parameters import Parameters, Variable, Word
+from planner.shell.lexer import DECLARATIONS, Raw, ShellError, is_name
+from planner.shell.static import assigned_names, simple_commands
 from planner.shell.syntax import (
-    AndOr, Arith, Assign, Case, Command, FunctionDef, Group, If, Loop, Pipeline, Raw,
-    Sequence as Commands, ShellError, Simple, Test, is_name, parse,
+    AndOr, Arith, Assign, Case, Command, FunctionDef, Group, If, Loop, Pipeline,
+    Sequence as Commands, Simple, Test, parse,
 )
 from planner.shell.words import expand, expand_pattern, expand_text
 
@@ -42,8 +44,14 @@ _MENTIONS = frozenset({
 })
 # Words that run the command after them: read through.
 _PREFIXES = frozenset({"exec", "command", "builtin", "nohup", "time", "env"})
-_DECLARATIONS = frozenset({"export", "declare", "typeset", "local", "readonly"})
 _MOST_CALLS = 64
+# The shell's own commands that change what the evaluator knows, by the method that
+# carries each out.
+_BUILTINS = {"unset": "_unset", "shift": "_shift", "set": "_set", "exit": "_exit",
+             "return": "_return", "source": "_source", ".": "_source", "eval": "_eval",
+             "let": "_let", "test": "_test", "[": "_test", "read": "_read",
+             "mapfile": "_read", "readarray": "_read", "getopts": "_read",
+             "printf": "_printf"}
 
 
 @dataclass(frozen=True)
@@ -249,14 +257,14 @@ class _Evaluator:
 
     def _loop(self, node: Loop, state: _State) -> Status:
         why = f"the {node.kind} loop on line {node.line}, which Tessel does not run"
-        names = set(_assigned(node.body, state.functions))
+        names = set(assigned_names(node.body, state.functions))
         if node.variable:
             names.add(node.variable)
         if node.head is not None:
-            names |= set(_assigned(node.head, state.functions))
+            names |= set(assigned_names(node.head, state.functions))
         for name in sorted(names):
             state.parameters.taint(name, f"${name}, set in {why}", node.line)
-        for simple in _simple_commands(node.body, state.functions):
+        for simple in simple_commands(node.body, state.functions):
             texts = [raw.text for raw in simple.words]
             if texts and _basename(texts[0]) not in _MENTIONS and any(
                     ".py" in text for text in texts):
@@ -289,17 +297,11 @@ class _Evaluator:
                 if not args:
                     return 0
             return self._run(args, env, node, state)
-        if name in _DECLARATIONS:
+        if name in DECLARATIONS:
             return self._declare(name, args, node, state)
-        builtin = {
-            "unset": self._unset, "shift": self._shift, "set": self._set,
-            "exit": self._exit, "return": self._return, "source": self._source,
-            ".": self._source, "eval": self._eval, "let": self._let, "test": self._test,
-            "[": self._test, "read": self._read, "mapfile": self._read,
-            "readarray": self._read, "getopts": self._read, "printf": self._printf,
-        }.get(name)
+        builtin = _BUILTINS.get(name)
         if builtin is not None and not words[0].unknown:
-            return builtin(args, node, state)
+            return getattr(self, builtin)(args, node, state)
         if name in (":", "true"):
             return 0
         if name == "false":
@@ -519,81 +521,6 @@ def _unknown(command: Ran, why: str) -> Ran:
 
 def _basename(text: str) -> str:
     return PurePosixPath(text).name if text else text
-
-
-def _simple_commands(node: object, functions: Mapping[str, Command]) -> Iterator[Simple]:
-    """Every simple command inside `node` (called functions' included), unexpanded."""
-    return (child for child in _walk(node, functions) if isinstance(child, Simple))
-
-
-def _children(node: object) -> Iterator[object]:
-    if isinstance(node, Commands):
-        yield from node.items
-    elif isinstance(node, AndOr):
-        yield node.first
-        yield from (pipeline for _, pipeline in node.rest)
-    elif isinstance(node, Pipeline):
-        yield from node.commands
-    elif isinstance(node, If):
-        for condition, body in node.clauses:
-            yield condition
-            yield body
-        if node.otherwise is not None:
-            yield node.otherwise
-    elif isinstance(node, Case):
-        yield from (body for _, body in node.items)
-    elif isinstance(node, Loop):
-        if node.head is not None:
-            yield node.head
-        yield node.body
-    elif isinstance(node, (Group, FunctionDef)):
-        yield node.body
-    elif isinstance(node, Arith):
-        yield node.expression
-
-
-_ARITH_TARGET = re.compile(r"([A-Za-z_]\w*)\s*(?:[-+*/%&|^]|<<|>>)?=(?!=)|"
-                           r"([A-Za-z_]\w*)\s*(?:\+\+|--)|(?:\+\+|--)\s*([A-Za-z_]\w*)")
-_DEFAULT_TARGET = re.compile(r"\$\{([A-Za-z_]\w*):?=")
-
-
-def _assigned(node: object, functions: Mapping[str, Command]) -> Iterator[str]:
-    """The names a part of a script may assign, read from its text (for loops, which
-    are not run)."""
-    for child in _walk(node, functions):
-        if isinstance(child, Simple):
-            for assign in child.assigns if not child.words else ():
-                yield assign.name
-            for assign in child.declared:
-                yield assign.name
-            texts = [raw.text for raw in child.words]
-            if texts and texts[0] in ("read", "mapfile", "readarray", "getopts", "let",
-                                      "printf", "unset") + tuple(_DECLARATIONS):
-                yield from (t for t in texts[1:] if is_name(t))
-                if texts[0] == "let":
-                    for text in texts[1:]:
-                        yield from _arith_targets(text)
-            for raw in child.words + tuple(a.value for a in child.assigns if a.value):
-                yield from _DEFAULT_TARGET.findall(raw.text)
-        elif isinstance(child, Raw):
-            yield from _arith_targets(child.text)
-
-
-def _arith_targets(text: str) -> Iterator[str]:
-    for match in _ARITH_TARGET.finditer(text):
-        yield next(name for name in match.groups() if name)
-
-
-def _walk(node: object, functions: Mapping[str, Command],
-          seen: frozenset[str] = frozenset()) -> Iterator[object]:
-    yield node
-    if isinstance(node, Simple):
-        name = node.words[0].text if node.words else ""
-        if name in functions and name not in seen:
-            yield from _walk(functions[name], functions, seen | {name})
-        return
-    for child in _children(node):
-        yield from _walk(child, functions, seen)
 
 
 def evaluate_script(text: str, environment: Mapping[str, str] | None = None,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from planner.shell.arithmetic import Unknown, evaluate
 from planner.shell.parameters import Parameters, Variable, Word
-from planner.shell.syntax import (
+from planner.shell.lexer import (
     Raw, ShellError, end_of_backquoted, end_of_balanced, end_of_double_quoted,
     end_of_single_quoted, is_name,
 )
