@@ -8,8 +8,10 @@ parallelism wherever tensors are split, the distributed optimizer with gradient 
 and weight gathering overlapped, tensor-parallel communication overlap where the device
 runs it, one micro-batch unless the row says, and the least recomputation that fits. A
 row's step time is its batch's tokens over its throughput (NeMo), or its model FLOPs over
-its model TFLOP/s (Megatron-Core, which reports no tokens): Megatron's FLOP count is the
-one `cost_models.step_time` counts, 72 B s l h^2 (1 + s / 6h + V / 12 h l) per step.
+its model TFLOP/s (Megatron-Core, which reports no tokens) in the count the table was
+published with (July 2024, before Megatron-LM halved the causal attention term): the full
+score matrix, 72 B s l h^2 (1 + s / 6h + V / 12 h l) per step
+(`model_flops.megatron_flops_per_token(model, causal=False)`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cost_models.efficiency_fit import MeasuredStep
+from cost_models.model_flops import megatron_flops_per_token
 from cost_models.step_time import predict_step
 from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
@@ -76,7 +79,7 @@ def read_megatron_core(path: str | Path) -> list[PublishedRun]:
             global_batch_size=int(row["global_batch"]), precision="bf16", zero_stage=1),
             cluster)
         parallel = least_recompute(model, cluster.with_devices(gpus), parallel)
-        flops = model_flops(model, parallel, cluster.with_devices(gpus))
+        flops = published_flops(model, parallel)
         seconds = flops / (float(row["tflops_per_gpu"]) * 1e12 * gpus)
         step = MeasuredStep(model, parallel, gpus, seconds, row["size"], line)
         runs.append(PublishedRun("megatron-core", "dgx-h100", "BF16", row["size"], step))
@@ -139,10 +142,11 @@ def least_recompute(model: TransformerConfig, cluster: Cluster,
     return parallel.but(recompute="full")
 
 
-def model_flops(model: TransformerConfig, parallel: ParallelConfig, cluster: Cluster) -> float:
-    """Model FLOPs of one step (no recomputation), as Megatron counts them."""
-    prediction = predict_step(model, cluster, parallel)
-    return prediction.model_tflops_per_gpu * 1e12 * prediction.step_time_s * cluster.num_devices
+def published_flops(model: TransformerConfig, parallel: ParallelConfig) -> float:
+    """Model FLOPs of one step as Megatron-Core's table counts them: Megatron-LM's count
+    before its causal halving (commit 8873b55d6a, March 2025), the full score matrix."""
+    tokens = parallel.batch.global_batch_size * model.seq_length
+    return tokens * megatron_flops_per_token(model, causal=False)
 
 
 def _rows(path: str | Path) -> list[tuple[int, dict[str, str]]]:

@@ -38,7 +38,7 @@ from cost_models.data_parallel import data_parallel_comm, hidden
 from planner.vocabulary.efficiency import Efficiency
 from cost_models.kernel_time import Pass, pass_seconds
 from cost_models.layer_mix import layer_variants
-from cost_models.model_flops import model_flops_utilization, step_flops
+from cost_models.model_flops import MODEL_FLOPS_COUNT, model_flops_utilization, step_flops
 from cost_models.pipeline_timing import StagePhases, pipeline_time
 from cost_models.moe_dispatch import expert_split, host_sync, moe_layer_comm
 from cost_models.saved_activations import activation_element_bytes as activation_bytes
@@ -98,13 +98,16 @@ class StepPrediction:
     tokens_per_s: float
     """Tokens trained per second over the whole cluster."""
     model_tflops_per_gpu: float
-    """Model FLOPs (3x the forward, no recomputation) per second per GPU, in TFLOP/s."""
+    """Model FLOPs per second per GPU, in TFLOP/s, as Megatron-LM counts them today
+    (`model_flops.megatron_flops_per_token`: causal attention scores halved, no router, no
+    recomputation), the count NeMo, Megatron-Bridge and Megatron-LM's logs report."""
     hardware_tflops_per_gpu: float
-    """FLOPs executed per second per GPU, recomputed forwards included (as Megatron-LM
-    reports), in TFLOP/s."""
+    """FLOPs the priced kernels execute per second per GPU, in TFLOP/s
+    (`model_flops.step_flops`): causal attention's unmasked half, sliding windows' bands,
+    the router, and the forwards recomputation replays."""
     mfu: float
-    """Model FLOPs utilization: model TFLOP/s over the device's dense peak at the matmul
-    precision (bf16 unless fp8 was chosen)."""
+    """Model FLOPs utilization: model TFLOP/s (Megatron-LM's count) over the device's dense
+    peak at the matmul precision (bf16 unless fp8 was chosen)."""
     memory_gib_per_gpu: float
     """Peak memory of the fullest GPU, framework reserve included, in GiB."""
     fits: bool
@@ -117,6 +120,8 @@ class StepPrediction:
     memory_breakdown_gib: dict[str, float] = field(default_factory=dict)
     """The fullest GPU's peak by kind, in GiB: weights, gradients, optimizer, activations
     by kind, working buffers, memory outside the allocator."""
+    flops_count: str = MODEL_FLOPS_COUNT
+    """How `model_tflops_per_gpu` and `mfu` count FLOPs (`model_flops.MODEL_FLOPS_COUNT`)."""
 
     def to_dict(self) -> dict:
         return asdict(self)

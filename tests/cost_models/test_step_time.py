@@ -33,14 +33,16 @@ def a100(gpus: int) -> Cluster:
 
 
 def test_model_flops_are_megatrons_formula() -> None:
-    """Narayanan et al. 2021, eq. 3: 72 B s l h^2 (1 + s/6h + V/(12 h l)) per step for
-    the model (no recomputation); full recomputation executes 96 instead of 72 on the
-    layers (their eq. with the extra forward)."""
+    """Narayanan et al. 2021, eq. 3, as Megatron-LM counts it since 8873b55d6a (the
+    attention scores' term halved for the causal mask): 72 B s l h^2 (1 + s/12h +
+    V/(12 h l)) per step for the model (no recomputation); full recomputation executes
+    96 instead of 72 on the layers (their eq. with the extra forward), the causal
+    attention kernels their unmasked half."""
     p = predict_step(GPT3_175B, a100(512), MEGATRON_175B)
     b, s, layers, h, v = 1536, 2048, 96, 12288, 51200
-    model = 72 * b * s * layers * h * h * (1 + s / (6 * h) + v / (12 * h * layers))
+    model = 72 * b * s * layers * h * h * (1 + s / (12 * h) + v / (12 * h * layers))
     assert p.model_tflops_per_gpu * 1e12 * p.step_time_s * 512 == pytest.approx(model, rel=1e-9)
-    layer_part = 72 * b * s * layers * h * h * (1 + s / (6 * h))
+    layer_part = 72 * b * s * layers * h * h * (1 + s / (12 * h))
     hardware = model + layer_part / 3
     assert p.hardware_tflops_per_gpu * 1e12 * p.step_time_s * 512 == pytest.approx(
         hardware, rel=1e-9
