@@ -20,7 +20,8 @@ from passes.lower import RankProgram
 from passes.strategies import enumerate_strategies
 from passes.program import TracedProgram
 from passes.trace import trace
-from planner.vocabulary.cluster import Cluster, calibration_of, step_time_band
+from planner.vocabulary.cluster import Cluster, calibration_of
+from planner.vocabulary.evidence import prediction_band
 from planner.plans.graph_plan import graph_plan
 from planner.search.graph_knobs import GraphKnobs
 from planner.search.graph_space import search_graph
@@ -125,7 +126,8 @@ def _assemble(
             communication_s=solution.communication_s,
             memory_gib_per_gpu=solution.memory_bytes / 2**30,
             fits=solution.memory_bytes <= cluster.usable_memory_bytes,
-        ).with_band(*step_time_band(cluster.device)),
+        ).with_band(prediction_band("tessel", None, cluster.device.name,
+                                    cluster.device.calibration is not None)),
         provenance=Provenance(model_spec=name, cluster=cluster.name, cost_source=cost_source,
                               calibration=calibration_of(cluster.device),
                               tessel_version=tessel_version()),

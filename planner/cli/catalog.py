@@ -11,7 +11,7 @@ from rich.table import Table
 
 from planner.cli.console import console
 from planner.cli.output import write_json
-from planner.vocabulary.cluster import UNCALIBRATED_STEP_TIME_RATIO, step_time_band
+from planner.vocabulary.evidence import UNCALIBRATED, prediction_band
 
 
 def add_catalog_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,8 +70,12 @@ def _experts(config: Any) -> str:
 
 
 def _band(device: Any) -> str:
-    """A device's step-time band as percentages: '-5/+5%'."""
-    low, high = step_time_band(device) if device is not None else UNCALIBRATED_STEP_TIME_RATIO
+    """The band of a dense Megatron-LM run on a calibrated device: '-5/+5%'."""
+    band = prediction_band("megatron", None, device.name, calibrated=True)
+    return _span(band.low, band.high)
+
+
+def _span(low: float, high: float) -> str:
     return f"{(low - 1) * 100:+.0f}/{(high - 1) * 100:+.0f}%"
 
 
@@ -117,14 +121,16 @@ def run_clusters(args: argparse.Namespace) -> int:
             _figure(cluster.inter_node.bandwidth_gbs),
         )
     console.print(table)
-    # Whether each preset's efficiency was fitted, to what, and the band its fit leaves
-    # (measured over predicted step time, 10th to 90th percentile): every prediction's band.
-    console.print("calibration (band: measured / predicted step time on the fitted runs):")
+    # Whether each preset's efficiency was fitted and to what; the band of a dense
+    # Megatron-LM prediction on it (every kind's: `plan calibration`).
+    console.print("calibration (band: measured / predicted step time of a dense Megatron-LM "
+                  "run, from the published runs of its GPU generation; `plan calibration`):")
     for name, cluster in clusters.items():
         if cluster.device.calibration is not None:
             console.print(f"  {name} ({_band(cluster.device)}): "
                           f"{calibration_of(cluster.device)}")
     others = [name for name, cluster in clusters.items() if cluster.device.calibration is None]
-    console.print(f"  uncalibrated ({_band(None)}, stated): {', '.join(others)}")
+    console.print(f"  uncalibrated (at least {_span(*UNCALIBRATED)}, typical efficiency): "
+                  f"{', '.join(others)}")
     _write_json(args.json, {name: c.model_dump() for name, c in clusters.items()})
     return 0

@@ -10,6 +10,7 @@
     plan predict --cluster C [--gpus N] --torchtitan JOB.toml
     plan profile [--output tessel-profile.json] [--ranks 2,4] [--max-bytes 16MiB]
     plan calibrate CSV [--cluster C]
+    plan calibration [--kind ENGINE,FAMILY,GENERATION] [--rows] [--refresh]
     plan models [--json PATH]
     plan clusters [--json PATH]
     plan --help, plan COMMAND --help   every command (COMMANDS), each one's flags
@@ -33,6 +34,7 @@ import threading
 from typing import Callable, NamedTuple, NoReturn, Sequence
 
 from planner.cli.calibrate import add_calibrate_arguments
+from planner.cli.calibration import add_calibration_arguments
 from planner.cli.catalog import add_catalog_arguments
 from planner.cli.console import console
 from planner.cli.emit_flags import add_emit_flags
@@ -167,6 +169,14 @@ COMMANDS: dict[str, Command] = {
             "plan calibrate", "Fit a cluster preset's efficiency parameters to measured step "
             "times.", add_calibrate_arguments,
         ), "planner.cli.calibrate", "run_calibrate"),
+    "calibration": Command(
+        "how sure predictions are: the band of each kind of run and its evidence",
+        lambda: _parser(
+            "plan calibration", "List the band of measured over predicted step time of "
+            "every kind of run (engine x model family x GPU generation) with the published "
+            "runs it rests on, each held out of the fit that predicted it.",
+            add_calibration_arguments,
+        ), "planner.cli.calibration", "run_calibration"),
 }
 # Flags that name where output goes: checked before any work, so none is thrown away.
 _OUTPUT_FILES = {"json": "--json", "output": "--output"}

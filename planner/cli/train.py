@@ -319,22 +319,15 @@ def print_summary(plan: Plan, console: Console, label: str = "best") -> None:
         f"{b.pipeline_comm_s:.3f} + bubble {b.bubble_s:.3f} + exposed data-parallel comm "
         f"{b.data_parallel_comm_s:.3f} + optimizer {b.optimizer_s:.3f}; "
         f"{p.model_tflops_per_gpu:.0f} model TFLOP/s per GPU "
-        f"({p.hardware_tflops_per_gpu:.0f} with recomputation)",
+        f"({p.hardware_tflops_per_gpu:.0f} executed, recomputation included)",
         highlight=False,
     )
-    if p.step_time_band_s is not None:
+    if p.step_time_band_s is not None and p.band is not None:
         low, high = p.step_time_band_s
         console.print(
             f"expect a measured step of {low:.3f}-{high:.3f} s "
             f"({p.model_tflops_per_gpu * p.step_time_s / high:.0f}-"
             f"{p.model_tflops_per_gpu * p.step_time_s / low:.0f} model TFLOP/s per GPU): "
-            f"{plan.cluster}'s {_calibration_words(plan)}",
+            f"{p.band.words()} (`plan calibration`)",
             highlight=False,
         )
-
-
-def _calibration_words(plan: Plan) -> str:
-    """Where a plan's band comes from, in a few words."""
-    if plan.provenance.calibration.startswith("uncalibrated"):
-        return "efficiency is uncalibrated (typical values), so the band is a wide stated one"
-    return "calibration runs fall within this band (10th-90th percentile; `plan clusters`)"

@@ -15,8 +15,9 @@ from passes.stage_graph import (
     routes,
 )
 from cost_models.memory import state_element_bytes
-from cost_models.model_flops import model_flops_utilization
-from planner.vocabulary.cluster import Cluster, calibration_of, step_time_band
+from cost_models.model_flops import TRACED_FLOPS_COUNT, model_flops_utilization
+from planner.vocabulary.cluster import Cluster, calibration_of
+from planner.vocabulary.evidence import prediction_band
 from planner.vocabulary.mesh_axes import logical_axes
 from planner.vocabulary.plan import (
     CollectiveStats,
@@ -88,7 +89,9 @@ def graph_plan(candidate: Candidate, cluster: Cluster, name: str,
             model_tflops_per_gpu=flops / step / devices / 1e12 if step else None,
             mfu=model_flops_utilization(flops, step, devices, cluster.device, precision)
             if step else None,
-        ).with_band(*step_time_band(cluster.device)),
+            flops_count=TRACED_FLOPS_COUNT if step else None,
+        ).with_band(prediction_band("tessel", None, cluster.device.name,
+                                    cluster.device.calibration is not None)),
         provenance=Provenance(model_spec=model_spec or name, model_shape=model_shape or {},
                               cluster=cluster.name,
                               cost_source="analytical",

@@ -26,7 +26,8 @@ from cost_models.step_time import (
     stage_phases,
 )
 from cost_models.training_collectives import by_kind, rank_collectives
-from planner.vocabulary.cluster import Cluster, calibration_of, step_time_band
+from planner.vocabulary.cluster import Cluster, calibration_of
+from planner.vocabulary.evidence import prediction_band
 from planner.export.megatron import (
     megatron_flags,
     megatron_incompatibility,
@@ -187,7 +188,9 @@ def _plan(
         precision=parallel.numerics.precision, stages=stages,
         predicted=Predicted(**values, compute_s=breakdown.compute_s,
                             communication_s=communication, breakdown=breakdown,
-                            ).with_band(*step_time_band(cluster.device)),
+                            ).with_band(prediction_band(
+                                parallel.execution.engine, model, cluster.device.name,
+                                cluster.device.calibration is not None)),
         megatron_flags=flags, megatron_incompatibility=incompatibility,
         provenance=Provenance(model_spec=name, cluster=cluster.name,
                               calibration=calibration_of(cluster.device),

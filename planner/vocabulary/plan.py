@@ -25,6 +25,7 @@ from typing import Any, Iterable, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from planner.vocabulary.evidence import Band
 from planner.vocabulary.placement_text import placement_pieces
 from planner.models.config import TransformerConfig
 from planner.vocabulary.parallel_dims import ParallelDims
@@ -353,33 +354,49 @@ class Predicted(_Model):
         default_factory=dict, description="The fullest device's peak by kind, GiB.")
     tokens_per_s: float | None = Field(default=None, description="Tokens per second over the "
                                        "cluster (training plans).")
-    model_tflops_per_gpu: float | None = Field(default=None, description="Model TFLOP/s per "
-                                               "GPU.")
+    model_tflops_per_gpu: float | None = Field(
+        default=None, description="Model TFLOP/s per GPU, FLOPs counted as flops_count says.")
     hardware_tflops_per_gpu: float | None = Field(
-        default=None, description="Executed TFLOP/s per GPU, recomputation included."
-    )
+        default=None, description="TFLOP/s per GPU the priced kernels execute: causal "
+        "attention's unmasked half, sliding windows' bands, the router, recomputation "
+        "included (training plans).")
     mfu: float | None = Field(
         default=None,
-        description="Model FLOPs utilization of the dense peak at the matmul precision.",
+        description="Model FLOPs utilization of the dense peak at the matmul precision, "
+        "model FLOPs counted as flops_count says.",
     )
+    flops_count: str | None = Field(
+        default=None, description="How model_tflops_per_gpu and mfu count FLOPs: "
+        "'megatron-lm causal' (training plans: Megatron-LM's num_floating_point_operations "
+        "since commit 8873b55d6a, attention scores halved for the causal mask, no router, "
+        "what NeMo and Megatron-Bridge report) or 'traced' (graph plans: 3x the traced "
+        "forward's matmuls and elementwise ops).")
     breakdown: Breakdown | None = Field(default=None, description="Where the step time goes.")
     step_time_band_s: tuple[float, float] | None = Field(
         default=None, description="The step time a run may measure, [low, high]: the "
-        "prediction times the 10th and 90th percentile of measured over predicted on the "
-        "cluster preset's calibration runs (a wide stated band when uncalibrated).",
+        "prediction times the band of measured over predicted step time that the published "
+        "runs of its kind (engine x model family x GPU generation) leave when each is held "
+        "out of the fit that predicts it (`band`).",
     )
     tokens_per_s_band: tuple[float, float] | None = Field(
         default=None, description="Tokens per second over the same band, [low, high].",
+    )
+    band: Band | None = Field(
+        default=None, description="The evidence the band rests on: the kind of run, its "
+        "published runs and how the band was drawn from their held-out errors, or the "
+        "measured kind it was borrowed from (`plan calibration` lists every kind).",
     )
 
     @property
     def memory_bytes_per_device(self) -> float:
         return self.memory_gib_per_gpu * 2**30
 
-    def with_band(self, low: float, high: float) -> Predicted:
-        """This prediction with its bands for measured / predicted step time in
-        [low, high]."""
-        update: dict = {"step_time_band_s": (self.step_time_s * low, self.step_time_s * high)}
+    def with_band(self, band: Band) -> Predicted:
+        """This prediction with `band` (measured over predicted step time in [low, high])
+        and the step time and tokens per second it spans."""
+        low, high = band.low, band.high
+        update: dict = {"step_time_band_s": (self.step_time_s * low, self.step_time_s * high),
+                        "band": band}
         if self.tokens_per_s is not None:
             update["tokens_per_s_band"] = (self.tokens_per_s / high, self.tokens_per_s / low)
         return self.model_copy(update=update)
