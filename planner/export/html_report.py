@@ -92,6 +92,7 @@ def render_report(plans: list[Plan], model: TransformerConfig, cluster: Cluster,
         f"<h1>{_e(title)}</h1>",
         f'<div class="sub">{_e(_subtitle(best, len(plans)))}</div>',
         _cards(best, cluster),
+        _band_note(best),
         _timeline_section(data["timeline"]),
         _memory_section(data["memory"]),
         _breakdown_section(data["breakdown"], best),
@@ -140,6 +141,15 @@ def _cards(plan: Plan, cluster: Cluster) -> str:
     return '<div class="cards">' + "".join(
         f"<div class=card><b>{_e(value)}</b><span>{_e(words)}</span></div>"
         for value, words in cards) + "</div>"
+
+
+def _band_note(plan: Plan) -> str:
+    """Where the step-time band comes from: its kind of run's evidence, in one line."""
+    band = plan.predicted.band
+    if band is None:
+        return ""
+    return (f'<p class="note">How sure: {_e(band.words())} (measured over predicted step '
+            "time; <code>plan calibration</code> lists every kind).</p>")
 
 
 def _figure(chart: str, caption: str) -> str:

@@ -103,6 +103,9 @@ def test_the_175b_report_agrees_with_its_plan(reports) -> None:
     assert len(plans) == 5 and plans[0]["step_s"] == plan.predicted.step_time_s
     assert [p["step_s"] for p in plans] == sorted(p["step_s"] for p in plans)
     assert data["totals"] is None
+    # The band says how sure it is: GPT-3 on A100 is dense Megatron-LM on Ampere, measured.
+    assert "How sure: Megatron-LM, dense on Ampere: " in page.read_text()
+    assert f"{plan.predicted.band.rows:,} published runs" in page.read_text()
 
 
 def test_the_whole_run_report_shows_time_cost_and_failures(reports) -> None:
