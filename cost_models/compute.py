@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from cost_models.power import clock_fraction
 from planner.vocabulary.cluster import DeviceSpec
 
 # torch dtype -> key of DeviceSpec.peak_tflops. Only dtypes datasheets quote a peak for.
@@ -33,12 +34,13 @@ def dtype_key(dtype: torch.dtype) -> str:
 def op_time(flops: float, bytes_moved: float, device: DeviceSpec, dtype: str) -> float:
     """Roofline time in seconds: max(flops / peak FLOP/s, bytes / memory bandwidth).
 
-    `dtype` is a `dtype_key`; a key the device lists no peak for uses its fp32 peak.
+    `dtype` is a `dtype_key`; a key the device lists no peak for uses its fp32 peak. The
+    peak is the one the device's power limit leaves (`cost_models.power`).
     """
     if flops < 0 or bytes_moved < 0:
         raise ValueError(f"flops and bytes_moved must be >= 0, got {flops} and {bytes_moved}")
     peaks = device.peak_tflops
-    peak_flops = peaks.get(dtype, peaks["fp32"]) * 1e12
+    peak_flops = peaks.get(dtype, peaks["fp32"]) * 1e12 * clock_fraction(device)
     bandwidth = device.memory_bandwidth_gbs * 1e9
     return max(flops / peak_flops, bytes_moved / bandwidth)
 

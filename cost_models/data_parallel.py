@@ -1,6 +1,8 @@
 """The data-parallel collectives of a step left exposed: gradient reduction (all-reduce,
 or reduce-scatter under ZeRO), the updated weights' all-gather, and ZeRO-3's gathers per
-micro-batch, each hidden where Megatron-LM's bucketed overlap runs it beside compute.
+micro-batch, each hidden where Megatron-LM's bucketed overlap runs it beside compute, or
+where FSDP2's per-block gathers and reduce-scatters run beside TorchTitan's blocks
+(`fsdp2_comm`).
 """
 
 from __future__ import annotations
@@ -19,12 +21,16 @@ DDP_BUCKET_PARAMETERS_PER_RANK = 1_000_000
 
 def data_parallel_comm(
     params: float, parallel: ParallelConfig, cluster: Cluster, kernels: Pass, layers: int,
-    replayed: int,
+    replayed: int, block_params: float | None = None,
 ) -> float:
     """Exposed gradient reduction (and weight gathering) of a stage whose ranks hold
-    `params` parameters, `layers` layers of `kernels` each, `replayed` of them recomputed
-    in backward: what bucketed overlap with the last backward (and the next forward)
-    leaves exposed."""
+    `params` parameters, `layers` layers of `kernels` each (of `block_params` parameters;
+    default an even share), `replayed` of them recomputed in backward: what bucketed
+    overlap with the last backward (and the next forward) leaves exposed, or under
+    TorchTitan's FSDP2 what its per-block overlap leaves (`fsdp2_comm`)."""
+    if parallel.execution.engine == "torchtitan" and parallel.sharding.zero_stage == 3:
+        block = params / max(layers, 1) if block_params is None else block_params
+        return fsdp2_comm(params, block, parallel, cluster, kernels, layers, replayed)
     d = parallel.dims.data
     if d == 1:
         return 0.0
@@ -71,3 +77,75 @@ def hidden(seconds: float, window: float, tail: float, slowdown: float) -> float
     the compute it slows while it runs beside it."""
     exposed = max(seconds - window, min(tail, seconds))
     return exposed + slowdown * (seconds - exposed)
+
+
+def fsdp2_comm(
+    params: float, block_params: float, parallel: ParallelConfig, cluster: Cluster,
+    kernels: Pass, layers: int, replayed: int,
+) -> float:
+    """Exposed time of FSDP2's collectives in a TorchTitan step, and of the copies it runs on
+    the compute stream (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py and
+    _fsdp_collectives.py; TorchTitan's apply_fsdp, parallelisms/parallelize_llama.py
+    @9dec370): each block is one FSDP unit, gathered in one all-gather of its bf16 (or, with
+    float8 all-gather, fp8) weights and reduce-scattered in one fp32 reduce-scatter
+    (MixedPrecisionPolicy reduce_dtype float32, TorchTitan's only choice then); the root
+    (embedding, final norm, output) is another. All-gathers run on their own stream: in
+    forward the next block's is issued while the current block computes (implicit
+    prefetch), in backward one block ahead (explicit prefetch); reduce-scatters run on a
+    third stream beside the next block's backward. Exposed: the root's and the first block's
+    gathers in forward, the root's again when backward starts (it is resharded after
+    forward; TorchTitan keeps the last block gathered), the first block's and the root's
+    reduce-scatters after the last backward, what overruns the compute, and the slowdown of
+    the compute they run beside (`hidden`). On the compute stream: each gather's copy-out
+    from the gathered buffer into the parameters (read and write); on the reduce-scatter
+    stream, each reduce-scatter's copy-in of the bf16 gradients into its fp32 input.
+
+    Sharded over the data x context ranks (TorchTitan's dp_shard_cp mesh). Per step: without
+    a pipeline every micro-batch gathers for its forward and (if resharded after forward)
+    again for its backward, and reduce-scatters; under a pipeline `PipelineStage` keeps the
+    gradients and their gathered weights until the last micro-batch: m + 1 gathers (one if
+    kept after forward) and one reduce-scatter."""
+    group = parallel.dims.data * parallel.dims.context
+    if group == 1:
+        return 0.0
+    stride, device = parallel.dims.tensor, cluster.device
+    numerics = parallel.numerics
+    gathered = 1 if numerics.precision == "fp8" and numerics.fp8_param_gather else \
+        memory.state_element_bytes(numerics.precision).params
+    reduced = 4 if numerics.main_grads_dtype == "fp32" else 2
+    bandwidth = device.memory_bandwidth_gbs * 1e9 * device.efficiency.memory
+    slowdown = device.efficiency.overlap_slowdown
+
+    def gather(n: float) -> float:
+        return group_collective_time("all_gather", n * gathered, group, stride, cluster)
+
+    def reduce(n: float) -> float:  # with its copy-in of the bf16 gradients
+        return group_collective_time("reduce_scatter", n * reduced, group, stride, cluster) \
+            + n * (2 + reduced) / bandwidth
+
+    root = max(params - layers * block_params, 0.0)
+    others = max(layers - 1, 0)  # blocks but one, each its own collective
+    m, pipelined = parallel.num_micro_batches, parallel.dims.pipeline > 1
+    policy = parallel.sharding.fsdp_reshard_after_forward
+    kept = policy == "never" or (policy == "default" and pipelined)
+    forwards = 1 if pipelined and kept else m  # forwards that gather
+    backwards = 1 if pipelined else m  # backwards that reduce-scatter
+    # Forward: the root's and the first block's gathers wait; each other block's runs
+    # beside the block before it.
+    forward = forwards * hidden(
+        gather(root) + layers * gather(block_params), others * kernels.forward,
+        gather(root) + gather(block_params), slowdown)
+    # Backward: unless kept, the root (resharded after forward) is gathered again before
+    # the output layer's backward, and every block but the last (which TorchTitan never
+    # reshards) beside the block after it; each block's reduce-scatter runs beside the
+    # block before it, the first block's and the root's after the last compute.
+    regathered = 0.0 if kept else root + others * block_params
+    first = 0.0 if kept else gather(root)
+    backward = backwards * hidden(
+        first + (0.0 if kept else others * gather(block_params)) + reduce(root)
+        + layers * reduce(block_params),
+        layers * kernels.backward + replayed * kernels.recompute,
+        first + reduce(block_params) + reduce(root), slowdown)
+    copies = 2 * gathered * (forwards * (root + layers * block_params)
+                             + backwards * regathered) / bandwidth
+    return forward + backward + copies

@@ -133,7 +133,8 @@ def loss_bytes(model: TransformerConfig, parallel: ParallelConfig) -> tuple[floa
     Megatron-LM's vocab-parallel cross-entropy, TorchTitan's loss parallelism; whole in
     Tessel's runtime, which gathers the logits) and keep the fp32 softmax (Megatron, in
     place) or log-softmax (torch) of the logits, 4 s b v / t, with the head's input; at the
-    peak the bf16 logits and (torch) the fp32 copy they were cast to are alive beside it.
+    peak the bf16 logits and (torch) the fp32 copy they were cast to are alive beside it,
+    or under TorchTitan's loss parallelism three fp32 copies, in its backward.
     A compiled loss (TorchTitan's compile.components "loss") keeps the bf16 logits."""
     x = layer_shape(model, parallel)
     e = activation_element_bytes(parallel.numerics.precision)
@@ -152,6 +153,15 @@ def loss_bytes(model: TransformerConfig, parallel: ParallelConfig) -> tuple[floa
         # write no fp32 copy of the logits; AOTAutograd's partitioner saves the bf16 logits
         # (and a log-sum-exp per token) for the backward, which writes their bf16 gradient.
         return e * logits + head_input, e * logits
+    if split > 1:
+        # Loss parallelism (TorchTitan's default under tensor parallelism): the loss runs
+        # as DTensor's handlers (torch/distributed/tensor/parallel/loss.py), which follow
+        # torch._decomp's unfused decomposition. Forward, `_log_softmax` holds the fp32
+        # copy of the logits, `x - max` and `exp(x - max)` beside the bf16 logits (14 bytes
+        # a logit); backward, `_nll_loss_and_log_softmax_backward` returns
+        # `(zeros_like(x) + exp(x)) * grad_output` beside the saved fp32 log-probabilities:
+        # four fp32 copies, 16 bytes a logit, 12 beyond what the forward saved.
+        return FP32_BYTES * logits + head_input, 3 * FP32_BYTES * logits
     return FP32_BYTES * logits + head_input, (e + FP32_BYTES) * logits
 
 

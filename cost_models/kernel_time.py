@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.vocabulary.efficiency import Efficiency
+from cost_models.power import clock_fraction
 from cost_models.transformer_ops import ACTIVATION_BYTES, Attention, Matmul, Memory, Op
 from planner.vocabulary.cluster import DeviceSpec
 
@@ -29,7 +30,9 @@ def kernel_seconds(
     Transformer Engine runs them), attention and memory kernels in bf16, or in fp16 on a
     device without bf16 (a V100), where mixed precision is fp16 throughout."""
     peaks = device.peak_tflops
-    peak = peaks.get("bf16", peaks.get("fp16", peaks["fp32"])) * 1e12
+    # Compute peaks at the clock a power cap leaves (`cost_models.power`; 1 without one).
+    clock = clock_fraction(device)
+    peak = peaks.get("bf16", peaks.get("fp16", peaks["fp32"])) * 1e12 * clock
     bandwidth = device.memory_bandwidth_gbs * 1e9 * efficiency.memory
     overhead = efficiency.kernel_overhead_us * 1e-6
     if isinstance(op, Memory):
@@ -39,7 +42,7 @@ def kernel_seconds(
         return work / (peak * efficiency.attention) + overhead
     if op.name in ("scores", "context"):
         precision = "bf16"  # attention multiplies activations in 16 bits, fp8 or not
-    matmul_peak = device.peak_tflops.get(precision, peak / 1e12) * 1e12
+    matmul_peak = peaks[precision] * 1e12 * clock if precision in peaks else peak
     fp8 = precision == "fp8" and "fp8" in device.peak_tflops
     fraction = efficiency.matmul_fraction(op.m, op.n, op.k, fp8)
     if op.name in EXPERT_GEMMS:

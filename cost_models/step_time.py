@@ -64,6 +64,12 @@ from cost_models.transformer_ops import (
     projections,
     selective_kernels,
 )
+from cost_models.torchtitan_kernels import (
+    fp8_weight_casts,
+    torchtitan_efficiency,
+    torchtitan_head_ops,
+    torchtitan_layer_ops,
+)
 from planner.vocabulary.cluster import Cluster, DeviceSpec
 
 if TYPE_CHECKING:
@@ -153,13 +159,20 @@ def _price_head(
     bf16 head puts DeepSeek-V3 on B200 17% under its published throughput, beyond what the
     MoE fit absorbs, so it waits for a recalibration of the head.)"""
     seq = model.seq_length / parallel.dims.context
-    head = head_ops(model, parallel.batch.micro_batch_size, seq, tensor)
+    precision = parallel.numerics.precision
+    if parallel.execution.engine == "torchtitan":
+        # Its eager norm and loss; its float8 leaves the output layer in bf16
+        # (torchtitan/float8.py @9dec370: module_filter_fn skips "output").
+        head = torchtitan_head_ops(model, parallel.batch.micro_batch_size, seq, tensor,
+                                   parallel.execution.compile_loss)
+        precision = "bf16" if precision == "fp8" else precision
+    else:
+        head = head_ops(model, parallel.batch.micro_batch_size, seq, tensor)
     if model.mtp_num_layers:
         head += model.mtp_num_layers * mtp_ops(model, parallel.batch.micro_batch_size, seq, tensor,
                                                expert_split(model, parallel))
-    return Pass(pass_seconds(head, device, device.efficiency, parallel.numerics.precision),
-                pass_seconds(head, device, device.efficiency, parallel.numerics.precision,
-                             backward=True))
+    return Pass(pass_seconds(head, device, device.efficiency, precision),
+                pass_seconds(head, device, device.efficiency, precision, backward=True))
 
 
 _LAYER_PASSES: IdentityMemo[tuple[Pass, Pass]] = IdentityMemo(MAX_MEMO)
@@ -215,12 +228,24 @@ def _price_layer(
     device, eff = cluster.device, cluster.device.efficiency
     seq = model.seq_length / parallel.dims.context
     split = expert_split(model, parallel) if model.is_moe else None
-    ops = layer_ops(model, parallel.batch.micro_batch_size, seq, parallel.dims.tensor,
-                    parallel.sharding.sequence_parallel, attention_backend(parallel, flash),
-                    parallel.dims.context, split)
+    shape = (model, parallel.batch.micro_batch_size, seq, parallel.dims.tensor,
+             parallel.sharding.sequence_parallel, attention_backend(parallel, flash),
+             parallel.dims.context, split)
+    titan = parallel.execution.engine == "torchtitan"
+    if titan:
+        # TorchTitan's own memory kernels (eager, or fused per block by torch.compile) and
+        # PyTorch's SDPA in place of Transformer Engine's cuDNN attention, which TE runs
+        # on Hopper and newer (the devices with fp8 peaks).
+        ops = torchtitan_layer_ops(*shape, compiled=parallel.execution.compile)
+        eff = torchtitan_efficiency(eff, cudnn_attention="fp8" in device.peak_tflops)
+    else:
+        ops = layer_ops(*shape)
     precision, graphed = parallel.numerics.precision, parallel.execution.cuda_graphs
     if precision == "fp8":
         ops += fp8_casts(ops, parallel.numerics.fp8_recipe)
+        if titan:
+            ops += fp8_weight_casts(ops, parallel.dims.data * parallel.dims.context,
+                                    parallel.numerics.fp8_param_gather)
     residual = eff.layer_overhead_us * 1e-6
     forward = pass_seconds(ops, device, eff, precision, graphed=graphed) + residual
     backward = pass_seconds(ops, device, eff, precision, backward=True, graphed=graphed) \
@@ -380,7 +405,8 @@ def predict_stages(
     reductions = {(params[i], id(local[i][0]), stages[i].layers): i for i in range(p)}
     data_s = max(
         data_parallel_comm(params[i], local[i][0], cluster, local[i][1], stages[i].layers,
-                           recomputed_layers(parallel, stages[i].layers))
+                           recomputed_layers(parallel, stages[i].layers),
+                           sum(layer_parameters(model, local[i][0])))
         for i in reductions.values()
     )
     optimizer_s = max(

@@ -1,4 +1,5 @@
-"""The kernels of one transformer layer on one GPU, as Megatron-LM runs them.
+"""The kernels of one transformer layer on one GPU, as Megatron-LM runs them (where
+TorchTitan's differ: `cost_models.torchtitan_kernels`).
 
 A layer is a list of matmuls (with their m, n, k on one tensor-parallel rank), fused
 attention, and memory-bound kernels (norms, activations, residual adds, softmax) with the
@@ -6,6 +7,7 @@ bytes they move. Shapes follow Megatron-LM's tensor parallelism (Shoeybi et al. 
 the q/k/v and MLP input projections are split by output columns, the attention output
 and MLP output projections by input rows, attention by heads. Mixture-of-experts layers
 run each token through `moe_top_k` experts (Fedus et al. 2021; Jiang et al. 2024).
+Megatron-LM runs Transformer Engine's fused norm, activation and cross-entropy kernels.
 
 Activations are bf16/fp16 (2 bytes), as in mixed-precision training.
 """
@@ -336,3 +338,4 @@ def every_other_matmul_replayed(config: TransformerConfig, ops: list[Op]) -> lis
 def forward_flops(ops: list[Op]) -> float:
     """FLOPs of the matmuls and attention of a kernel list (memory kernels count 0)."""
     return sum(op.flops for op in ops if not isinstance(op, Memory))
+

@@ -126,6 +126,27 @@ class DeviceSpec(_Config):
         "tensor-parallel communication with matmuls on it (--tp-comm-overlap: Hopper and "
         "newer NVIDIA GPUs); the search turns it on where it runs.",
     )
+    rated_power_w: float | None = Field(
+        default=None, gt=0, description="Board power (TDP) at which the peaks above are "
+        "quoted, W (700 for an H100 SXM5); needed with power_limit_w.",
+    )
+    power_limit_w: float | None = Field(
+        default=None, gt=0, description="Board power limit the GPUs ran at when set below "
+        "rated_power_w (nvidia-smi --power-limit), W: clocks fall to hold it, and with them "
+        "the compute-bound kernels' speed (cost_models/power.py); None: the rated power.",
+    )
+
+    @model_validator(mode="after")
+    def _check_power(self) -> DeviceSpec:
+        if self.power_limit_w is None:
+            return self
+        if self.rated_power_w is None:
+            raise ValueError("power_limit_w needs rated_power_w, the power the peaks are "
+                             "quoted at")
+        if self.power_limit_w > self.rated_power_w:
+            raise ValueError(f"power_limit_w ({self.power_limit_w} W) must not exceed "
+                             f"rated_power_w ({self.rated_power_w} W)")
+        return self
 
     @field_validator("peak_tflops")
     @classmethod

@@ -6,8 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from cost_models.engine_memory import loss_bytes, model_state
-from cost_models.published_memory import predict, read_runs
+from cost_models.engine_memory import FRAGMENTATION, loss_bytes, model_state
+from cost_models.published_memory import (
+    fragmentation_fit,
+    fragmentation_leave_one_out,
+    fragmentation_rows,
+    predict,
+    read_runs,
+)
 from cost_models.step_time import predict_step
 from planner.vocabulary.cluster import Cluster
 from planner.models.presets import get_preset
@@ -90,3 +96,31 @@ def test_a_compiled_loss_keeps_the_bf16_logits() -> None:
     assert loss_bytes(model, eager) == (4 * logits + head_input, 6 * logits)
     compiled = eager.but(compile_loss=True)
     assert loss_bytes(model, compiled) == (2 * logits + head_input, 2 * logits)
+
+
+def test_torchtitans_fragmentation_is_their_fit_and_predicts_each_row_left_out() -> None:
+    # FRAGMENTATION['torchtitan'] is the fit on TorchTitan's three dense Llama 3.1 8B rows;
+    # refitted on two, it predicts the third's reserved peak within 10% too.
+    rows = fragmentation_rows([predict(run) for run in read_runs()[0]])
+    assert [row.run.line for row in rows] == [2, 3, 4]
+    assert fragmentation_fit(rows) == pytest.approx(FRAGMENTATION["torchtitan"], abs=5e-4)
+    held_out = fragmentation_leave_one_out()
+    assert [run.line for run, _, _ in held_out] == [2, 3, 4]
+    for run, shipped, left_out in held_out:
+        assert shipped == pytest.approx(run.measured_gib, rel=0.10)
+        assert left_out == pytest.approx(run.measured_gib, rel=0.10)
+        assert left_out != shipped
+
+
+def test_loss_parallelism_holds_four_fp32_copies_of_the_logits_shard() -> None:
+    # DTensor's loss-parallel backward, (zeros_like(x) + exp(x)) * grad, beside the saved
+    # fp32 log-probabilities: 16 bytes a logit of the rank's vocabulary shard at its peak.
+    model = get_preset("llama3-70b")
+    titan = ParallelConfig.of(engine="torchtitan", tensor=8, sequence_parallel=True,
+                              micro_batch_size=16)
+    logits = 16 * model.seq_length * model.vocab_size / 8
+    head_input = 2 * 16 * model.seq_length * model.hidden_size
+    assert loss_bytes(model, titan) == (4 * logits + head_input, 12 * logits)
+    # Megatron-LM's vocab-parallel cross-entropy works in place.
+    megatron = ParallelConfig.of(tensor=8, sequence_parallel=True, micro_batch_size=16)
+    assert sum(loss_bytes(model, megatron)) < sum(loss_bytes(model, titan)) - 8 * logits
