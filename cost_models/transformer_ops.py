@@ -59,7 +59,8 @@ class Attention:
 
     name: str
     flops: float
-    """FLOPs of QK^T and AV over the full (unmasked) score matrix, as Megatron counts."""
+    """FLOPs of QK^T and AV over the full (unmasked) score matrix; a causal kernel skips the
+    masked half (`causal`), which `kernel_time` prices and `model_flops` counts."""
     causal: bool = True
 
 
