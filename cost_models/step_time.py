@@ -246,10 +246,12 @@ def _price_layer(
         if titan:
             ops += fp8_weight_casts(ops, parallel.dims.data * parallel.dims.context,
                                     parallel.numerics.fp8_param_gather)
-    residual = eff.layer_overhead_us * 1e-6
-    forward = pass_seconds(ops, device, eff, precision, graphed=graphed) + residual
-    backward = pass_seconds(ops, device, eff, precision, backward=True, graphed=graphed) \
-        + 2 * residual
+    if model.softmax_type != "vanilla":
+        # Attention sinks run outside the flash kernels vanilla softmax gets
+        # (`Efficiency.sink_attention`).
+        eff = eff.model_copy(update={"attention": eff.attention * eff.sink_attention})
+    forward = pass_seconds(ops, device, eff, precision, graphed=graphed)
+    backward = pass_seconds(ops, device, eff, precision, backward=True, graphed=graphed)
     # Selective recomputation replays the attention core in Megatron-LM (and Tessel's
     # runtime); TorchTitan's op-level checkpointing replays every other matmul and the
     # memory-bound kernels instead.

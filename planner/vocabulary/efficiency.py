@@ -44,6 +44,15 @@ class Efficiency(BaseModel):
         default=0.55, gt=0, le=1,
         description="Fraction of peak FLOP/s fused (flash) attention reaches.",
     )
+    sink_attention: float = Field(
+        default=1.0, gt=0, le=1,
+        description="Fraction of fused attention's efficiency that attention with learned "
+        "softmax offsets (attention sinks, --softmax-type learnable: GPT-OSS) reaches. "
+        "FlashAttention has no sink kernels; Transformer Engine runs them in "
+        "cuDNN's sink kernels (TE 2.8, PR #2148: cuDNN 9.13.1 and later, 16-bit only, so "
+        "fp8 attention falls back) or in its unfused attention where cuDNN is older (TE "
+        "issue #2318). Fitted to the published MoE runs (cost_models/moe_calibration.py).",
+    )
     memory: float = Field(
         default=0.75, gt=0, le=1,
         description="Fraction of memory bandwidth that elementwise and normalization "
@@ -52,14 +61,6 @@ class Efficiency(BaseModel):
     kernel_overhead_us: float = Field(
         default=4.0, ge=0,
         description="Fixed GPU time per kernel (ramp-up and tail), in microseconds.",
-    )
-    layer_overhead_us: float = Field(
-        default=0.0, ge=0,
-        description="GPU time each transformer layer's forward loses beyond its kernels' "
-        "(twice that in backward), in microseconds: a fitted residual of runs that lose "
-        "time per layer the model does not explain (Blackwell's, see "
-        "cost_models/preset_calibration.py), charged per layer so that layers of many "
-        "small kernels (MoE, MLA) do not pay it per kernel.",
     )
     dispatch_us: float = Field(
         default=0.0, ge=0,
@@ -85,7 +86,8 @@ class Efficiency(BaseModel):
         description="Fraction of a dense matmul's efficiency (at the same shape) that the "
         "grouped GEMM of a rank's experts reaches: Transformer Engine's GroupedLinear runs "
         "one GEMM per local expert on several streams, whose shapes vary with the routing. "
-        "Fitted to the published MoE runs (cost_models/moe_calibration.py).",
+        "The published MoE runs (cost_models/moe_calibration.py) put it at 1 on Hopper "
+        "(bf16, fp8) and Blackwell (MXFP8) alike once attention sinks are priced.",
     )
     alltoall_bandwidth: float = Field(
         default=1.0, gt=0, le=1,

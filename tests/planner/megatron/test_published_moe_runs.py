@@ -111,13 +111,15 @@ GPT_OSS_H100 = """torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py \\
 
 # GPT_OSS_120B_PRETRAIN_CONFIG_GB200_FP8_MX_V2 (@c270efc50): one stage, ep 64, micro
 # batch 4, HybridEP (flex), A2A overlap, a full-iteration CUDA graph, MXFP8; the graph
-# pads expert inputs to a capacity of 1.5 (set_full_iter_cg_configs), written with
-# Megatron-LM's capacity flags.
+# gives HybridEP a static budget of 1.5 x each rank's even share of routed rows and keeps
+# the experts' activations in a paged stash (set_full_iter_cg_configs:
+# moe_expert_rank_capacity_factor 1.5, moe_paged_stash; the grouped GEMMs run the rows
+# routed, not Megatron-LM's --moe-pad-expert-input-to-capacity).
 GPT_OSS_GB200 = """torchrun --nnodes 16 --nproc-per-node 4 pretrain_gpt.py \\
   """ + _GPT_OSS + """--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep \\
   --overlap-moe-expert-parallel-comm --pipeline-model-parallel-size 1 \\
   --expert-model-parallel-size 64 --micro-batch-size 4 --cuda-graph-impl full_iteration \\
-  --moe-expert-capacity-factor 1.5 --moe-pad-expert-input-to-capacity \\
+  --moe-expert-rank-capacity-factor 1.5 --moe-paged-stash \\
   --bf16 --fp8-format e4m3 --fp8-recipe mxfp8 --fp8-param-gather \\
   """ + _COMMON_MOE
 
