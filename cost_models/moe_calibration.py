@@ -180,7 +180,7 @@ def run_cluster(run: MoeRun, values: dict[str, float] | None = None) -> Cluster:
     MoE parameters `values` over the preset's."""
     cluster = Cluster.load(run.preset).with_devices(run.step.num_gpus)
     if run.scale_up_domain is not None:
-        cluster = cluster.model_copy(update={"devices_per_node": run.scale_up_domain})
+        cluster = cluster.with_segments(run.scale_up_domain // cluster.devices_per_host)
     if values:
         cluster = cluster.with_efficiency(cluster.device.efficiency.model_copy(update=values))
     return cluster

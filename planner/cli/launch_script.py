@@ -40,10 +40,9 @@ def launch_line(args: argparse.Namespace) -> LaunchLine:
 
     given = split_launcher(args.flags)
     if args.args_file is None:
-        for flag, values in (("--env", args.env), ("--script-arg", args.script_arg)):
-            if values:
-                raise UsageError(f"{flag} sets what a launch script reads; give the script "
-                                 "with --args-file, or drop it")
+        if args.script_arg:
+            raise UsageError("--script-arg sets what a launch script reads; give the script "
+                             "with --args-file, or drop it")
         if not given.flags:
             raise UsageError(
                 "plan predict needs a launch line: put pretrain_gpt.py's flags after -- "
@@ -69,7 +68,8 @@ def launch_line(args: argparse.Namespace) -> LaunchLine:
     first = from_file if from_file.launcher else given
     return LaunchLine(from_file.flag_words + given.flag_words, script=first.script,
                       launcher=first.launcher, world_size=first.world_size,
-                      per_node=first.per_node, nodes_set_by=first.nodes_set_by)
+                      per_node=first.per_node, nodes_set_by=first.nodes_set_by,
+                      environment=from_file.environment + given.environment)
 
 
 def parsed_flags(args: argparse.Namespace, launch: LaunchLine) -> MegatronArgs:

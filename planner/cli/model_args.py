@@ -39,6 +39,7 @@ def add_mesh_arguments(parser: argparse.ArgumentParser) -> None:
         help="cluster preset or YAML/JSON file (default cpu; `plan clusters` lists presets)",
     )
     add_headroom_argument(parser)
+    add_segment_argument(parser)
     parser.add_argument(
         "--time-limit", type=seconds(0.0, MAX_TIME_LIMIT_S), default=60.0,
         help="seconds for choosing the shardings: enumerating strategies, building and "
@@ -112,9 +113,25 @@ def add_headroom_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_segment_argument(parser: argparse.ArgumentParser) -> None:
+    """--segment: the job's hosts placed in segments, each inside one scale-up domain."""
+    parser.add_argument(
+        "--segment", type=whole(1, 1024), default=None, metavar="HOSTS",
+        help="the job's hosts are placed in segments of HOSTS hosts, each inside one "
+        "scale-up domain (Slurm's --segment on NVL72 racks: --segment 16 runs 256 GB200s "
+        "as four racks of 64); default: domains filled in order",
+    )
+
+
 def load_cluster(args: argparse.Namespace) -> Cluster:
-    """--cluster with the --memory-headroom asked for; UsageError naming the flag."""
+    """--cluster with the --segment and --memory-headroom asked for; UsageError naming
+    the flag."""
     cluster = Cluster.load(args.cluster)
+    if getattr(args, "segment", None) is not None:
+        try:
+            cluster = cluster.with_segments(args.segment)
+        except ValueError as error:
+            raise UsageError(f"--segment {args.segment}: {error}") from None
     if not args.memory_headroom:
         return cluster
     try:

@@ -36,7 +36,7 @@ from planner.cli.errors import UsageError
 from planner.cli.launch_script import (
     environment_pair, launch_line, parsed_flags, print_launch_words, world_size,
 )
-from planner.cli.model_args import add_headroom_argument, load_cluster
+from planner.cli.model_args import add_headroom_argument, add_segment_argument, load_cluster
 from planner.cli.parallel_flags import MAX_TOP
 from planner.cli.output import write_json
 from planner.cli.parsing import Parser, whole
@@ -101,6 +101,7 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
         "lists the presets)",
     )
     add_headroom_argument(parser)
+    add_segment_argument(parser)
     parser.add_argument(
         "--gpus", type=whole(1, MAX_GPUS),
         help="GPUs of the run (the world size); optional when the launch line's torchrun "
@@ -120,8 +121,9 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--env", action="append", default=[], type=environment_pair, metavar="NAME=VALUE",
-        help="a variable set before --args-file's script runs, as the shell's environment "
-        "(repeatable; e.g. --env SLURM_NNODES=8): the script reads it as bash would",
+        help="a variable of the environment the run starts in (repeatable): --args-file's "
+        "script reads it as bash would (--env SLURM_NNODES=8), and Megatron-LM's processes "
+        "inherit it (--env CUDA_DEVICE_MAX_CONNECTIONS=1 serializes its streams)",
     )
     parser.add_argument(
         "--script-arg", action="append", default=[], metavar="VALUE",
@@ -167,7 +169,7 @@ def run_predict(args: argparse.Namespace) -> int:
     parsed = parsed_flags(args, launch)
     gpus, launch_notes = world_size(args, launch)
     cluster = _cluster(args, gpus, f"the launch line's {gpus} processes")
-    run = megatron_run(parsed, gpus)
+    run = megatron_run(parsed, gpus, {**dict(args.env), **dict(launch.environment)})
     _check_on_cluster(parsed, run, cluster)
     name = Path(launch.script).stem if launch.script else "pretrain_gpt"
     launched = training_plan(name, run.model, cluster, run.parallel, run.layers_per_stage,

@@ -39,6 +39,9 @@ class LaunchLine:
     nodes_set_by: str | None = None
     """Where a script sets torchrun's node count through a variable ("NNODES on line 9"),
     a default `--gpus` may change; None when the launch line writes it out."""
+    environment: tuple[tuple[str, str], ...] = ()
+    """The variables the training command sets for itself (its `NAME=value` prefix), which
+    Megatron-LM's processes inherit."""
 
     @property
     def flags(self) -> list[str]:
@@ -66,7 +69,7 @@ def launch_words(text: str, environment: Mapping[str, str] | None = None,
     if scripts:
         command = _training_command(scripts, source)
         _check_known(command, source)
-        return _from_words(list(command.words))
+        return _from_words(list(command.words), command.env)
     flags = [word for command in run.commands for word in command.words]
     if not flags and run.others:
         raise LaunchLineError(
@@ -131,11 +134,15 @@ def split_launcher(words: Sequence[str]) -> LaunchLine:
     return _from_words([Word(word, 0) for word in words])
 
 
-def _from_words(words: list[Word]) -> LaunchLine:
+def _from_words(words: list[Word], prefix: Sequence[str] = ()) -> LaunchLine:
+    """The launch line of a command's words (after its `prefix` assignments)."""
+    assignments = list(prefix)
     while words and _is_assignment(words[0].text):
+        assignments.append(words[0].text)
         words = words[1:]
+    environment = tuple(tuple(text.split("=", 1)) for text in assignments)
     if not words or words[0].text.startswith("-"):
-        return LaunchLine(tuple(words))
+        return LaunchLine(tuple(words), environment=environment)
     index = next((i for i, word in enumerate(words) if word.text.endswith(".py")), None)
     if index is None:
         raise LaunchLineError(
@@ -151,7 +158,7 @@ def _from_words(words: list[Word]) -> LaunchLine:
         set_by = f"{nodes.via} on line {nodes.line}" if nodes.line else f"--env {nodes.via}"
     return LaunchLine(tuple(words[index + 1:]), script=words[index].text,
                       launcher=[w.text for w in launcher], world_size=world,
-                      per_node=per_node_count, nodes_set_by=set_by)
+                      per_node=per_node_count, nodes_set_by=set_by, environment=environment)
 
 
 def _is_assignment(word: str) -> bool:

@@ -31,20 +31,15 @@ SYSTEMS = {"GB200 NVL72": "gb200-nvl72", "H100 SXM 80GB": "dgx-h100"}
 """The file's systems -> Tessel's presets."""
 SHELL_QUOTING = ("'", '"', "\\")
 """Characters a line of argparse words never holds but shell text would."""
-RECIPE_ENVIRONMENT: dict[tuple[str, str], dict[str, object]] = {
+RECIPE_ENVIRONMENT: dict[tuple[str, str], dict[str, str]] = {
     # The H100 DeepSeek-V3 recipe runs with CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-Bridge
     # @067f987d src/megatron/bridge/perf_recipes/deepseek/h100/deepseek_v3.py,
     # deepseek_v3_pretrain_1024gpu_h100_fp8cs_config; at the row's commit fa0315ae2,
     # src/megatron/bridge/recipes/run_plugins.py sets it to 1 for tensor parallelism on
-    # GPUs before Blackwell): one hardware queue takes every stream's kernels in launch
-    # order, so the combined 1F1B schedule's all-to-alls cannot run beside the other
-    # micro-batch's compute. Megatron-LM warns of it (megatron/training/arguments.py:
-    # "For Hopper and before, try not to use tensor model parallelism ... with
-    # overlap_moe_expert_parallel_comm"). Priced as run without the overlap, whose delayed
-    # weight gradients then change no time.
-    ("DeepSeek-V3", "H100 SXM 80GB"): {"overlap_moe_expert_parallel_comm": False,
-                                       "delay_wgrad_compute": False},
+    # GPUs before Blackwell); `megatron_run` prices what that does.
+    ("DeepSeek-V3", "H100 SXM 80GB"): {"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
 }
+"""The environment each recipe's launcher started Megatron-LM's processes with."""
 
 
 def recipe_words(line: str) -> list[str]:
@@ -76,10 +71,11 @@ def _recipe_run(row: dict[str, str], line: int) -> MoeRun:
         raise ValueError(f"{where}: metric {row['metric']!r} is not tok/s/GPU.")
     gpus, throughput = int(row["num_gpus"]), float(row["value"])
     try:
-        run = megatron_run(parse_megatron_flags(recipe_words(row["megatron_flags"])), gpus)
+        run = megatron_run(parse_megatron_flags(recipe_words(row["megatron_flags"])), gpus,
+                           RECIPE_ENVIRONMENT.get((row["model"], row["gpu"])))
     except ValueError as error:  # LaunchLineError is one
         raise ValueError(f"{where}: {error}") from None
-    parallel = run.parallel.but(**RECIPE_ENVIRONMENT.get((row["model"], row["gpu"]), {}))
+    parallel = run.parallel
     tokens = parallel.batch.global_batch_size * run.model.seq_length
     step = MeasuredStep(model=run.model, parallel=parallel, num_gpus=gpus,
                         seconds=tokens / (throughput * gpus),

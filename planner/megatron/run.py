@@ -8,7 +8,7 @@ rules, and the flags given that change neither time nor memory are listed as ign
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 from planner.megatron.errors import LaunchLineError
 from planner.megatron.model_shape import model_config
@@ -63,18 +63,39 @@ class MegatronRun:
     """The flags given that change neither time nor memory, as typed."""
 
 
-def megatron_run(args: MegatronArgs, world_size: int) -> MegatronRun:
+def megatron_run(args: MegatronArgs, world_size: int,
+                 environment: Mapping[str, str] | None = None) -> MegatronRun:
     """The model and parallel configuration Megatron-LM runs for `args` on `world_size`
-    GPUs: its defaults for everything absent, its `validate_args` rules checked.
-    LaunchLineError, naming the flag as typed, for anything it would refuse or that Tessel
-    cannot price."""
+    GPUs, its processes started with `environment` (what the launch sets: `--env`, a
+    command's `NAME=value` prefix): its defaults for everything absent, its `validate_args`
+    rules checked. LaunchLineError, naming the flag as typed, for anything it would refuse
+    or that Tessel cannot price."""
     refuse_unpriced(args)
     notes: list[str] = []
     _check_valueless(args, notes)
     model = model_config(args, notes)
     parallel, layers, chunks = parallel_config(args, model, world_size, notes)
+    parallel = _as_environment_runs(parallel, environment or {}, notes)
     ignored = [flag for dest, flag in args.typed.items() if dest not in _READ]
     return MegatronRun(model, parallel, layers, chunks, notes, ignored)
+
+
+def _as_environment_runs(parallel: ParallelConfig, environment: Mapping[str, str],
+                         notes: list[str]) -> ParallelConfig:
+    """`parallel` as the processes' environment lets it run. CUDA_DEVICE_MAX_CONNECTIONS=1
+    (which Megatron-LM asks for to order tensor-parallel communication before compute, and
+    Megatron-Bridge's recipes set on GPUs before Blackwell: src/megatron/bridge/recipes/
+    run_plugins.py @fa0315ae2) gives every CUDA stream one hardware queue, so kernels run in
+    launch order: the combined 1F1B schedule's all-to-alls cannot run beside the other
+    micro-batch's compute (Megatron-LM's arguments.py warns against the EP overlap there).
+    It is priced as run without the overlap, whose delayed weight gradients then change no
+    time."""
+    if environment.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1" \
+            or not parallel.moe.overlap_moe_expert_parallel_comm:
+        return parallel
+    notes.append("CUDA_DEVICE_MAX_CONNECTIONS=1 runs every stream's kernels in launch order: "
+                 "--overlap-moe-expert-parallel-comm hides no all-to-all (priced without it)")
+    return parallel.but(overlap_moe_expert_parallel_comm=False, delay_wgrad_compute=False)
 
 
 def _check_valueless(args: MegatronArgs, notes: list[str]) -> None:

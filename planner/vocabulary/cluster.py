@@ -306,6 +306,22 @@ class Cluster(_Config):
         _check_size(num_devices, self.devices_per_host, self.devices_per_node, self.name)
         return self.model_copy(update={"num_devices": num_devices})
 
+    def with_segments(self, hosts: int) -> Cluster:
+        """A copy whose jobs are placed in segments of `hosts` hosts, each inside one
+        scale-up domain, so that each segment is the domain a job's ranks see. Slurm's
+        `--segment` asks for this on block topologies (slurm.conf topology/block;
+        Megatron-Bridge's launcher sets it on GB200 NVL72: segments of up to 18 trays,
+        scripts/performance/utils/executors.py @067f987d): 256 GB200s as four racks of 64
+        instead of three racks and 40 GPUs of a fourth. ValueError when a segment does not
+        fit in a domain."""
+        devices = hosts * self.devices_per_host
+        if hosts < 1 or devices > self.devices_per_node:
+            raise ValueError(
+                f"a segment of {hosts} hosts is {devices} devices, more than the "
+                f"{self.devices_per_node} of one {self.name} scale-up domain; use at most "
+                f"{self.devices_per_node // self.devices_per_host} hosts")
+        return self.model_copy(update={"devices_per_node": devices})
+
     @property
     def usable_memory_bytes(self) -> float:
         """Bytes of one device a plan may use: its memory less the headroom kept free."""

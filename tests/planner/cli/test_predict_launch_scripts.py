@@ -156,8 +156,9 @@ def test_a_script_tessel_cannot_know_is_one_line_and_nothing_runs(
     (["--args-file", str(MIXTRAL), "--env", "SLURM_NNODES"],
      "--env 'SLURM_NNODES' is not NAME=VALUE; give the variable and its value, e.g. --env "
      "SLURM_NNODES=8"),
-    (["--gpus", "8", "--env", "A=1", "--", "--num-layers", "2"],
-     "--env sets what a launch script reads; give the script with --args-file, or drop it"),
+    (["--gpus", "8", "--script-arg", "1", "--", "--num-layers", "2"],
+     "--script-arg sets what a launch script reads; give the script with --args-file, or "
+     "drop it"),
 ])
 def test_env_is_checked_before_any_work(argv: list[str], message: str, capsys) -> None:  # type: ignore[no-untyped-def]
     assert message in refused(argv, capsys)

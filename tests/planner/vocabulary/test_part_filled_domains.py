@@ -234,3 +234,24 @@ def test_torchrun_starts_four_processes_on_each_of_64_trays(gb200_256: Cluster) 
     args = _parsed(command)
     assert (args.nnodes, args.nproc_per_node) == ("64", "4")
 
+
+
+def test_slurm_segments_keep_a_group_of_32_on_one_rack(gb200_256: Cluster) -> None:
+    # Filled in order, the third group of 32 (ranks 64-95) straddles racks 0 and 1; in
+    # segments of 16 trays (Slurm's --segment 16) each rack holds 64 and no group straddles.
+    assert gb200_256.spans_domains(group_stride=1, group_size=32)
+    segmented = Cluster.load("gb200-nvl72").with_segments(16).with_devices(256)
+    assert (segmented.devices_per_node, segmented.num_nodes) == (64, 4)
+    assert not segmented.spans_domains(group_stride=1, group_size=32)
+    with pytest.raises(ValueError, match="more than the 72 of one gb200-nvl72 scale-up domain; "
+                       "use at most 18 hosts"):
+        Cluster.load("gb200-nvl72").with_segments(19)
+
+
+def test_a_segment_larger_than_a_rack_is_one_line_naming_the_flag(capsys) -> None:
+    argv = ["llama3-70b", "--cluster", "gb200-nvl72", "--gpus", "256",
+            "--global-batch-size", "512", "--segment", "19"]
+    assert cli.main(argv) == 2
+    said = capsys.readouterr()
+    text = (said.out + said.err).strip()
+    assert text.startswith("error: --segment 19: a segment of 19 hosts is 76 devices")
