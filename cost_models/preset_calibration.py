@@ -177,8 +177,3 @@ def held_out_runs(runs: list[PublishedRun], fit: PresetFit) -> list[PublishedRun
     presets = (fit.preset, *fit.borrowers)
     return [r for r in runs if r.source == "nemo" and r.preset in presets]
 
-
-def step_time_ratio(predicted: np.ndarray, measured: np.ndarray) -> tuple[float, float]:
-    """10th and 90th percentile of measured over predicted: the band of a prediction."""
-    ratio = np.asarray(measured) / np.asarray(predicted)
-    return float(np.quantile(ratio, 0.1)), float(np.quantile(ratio, 0.9))

@@ -129,4 +129,5 @@ def _generation(preset: str) -> str:
 
 
 def _file_of(run: moe_calibration.MoeRun) -> str:
-    return "moe_recipes.csv" if "recipe" in run.notes else moe_calibration.MOE_RUNS
+    return "moe_recipes.csv" if run.notes.startswith("recipe flag line") \
+        else moe_calibration.MOE_RUNS

@@ -53,38 +53,21 @@ class _Config(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
-UNCALIBRATED_STEP_TIME_RATIO = (0.8, 1.5)
-"""Measured over predicted step time that a prediction on uncalibrated efficiency may be
-off by: analytical models before calibration erred by 20-50% on published Megatron-LM runs
-(Tessel's own, mostly optimistic; Calculon's ~4% only after fitting), so the band is
-wide and leans towards slower than predicted."""
-
-
 class Calibration(_Config):
-    """Where a device's efficiency comes from and how well it predicts what it was fitted to."""
+    """Where a device's efficiency comes from. How well predictions on it hold is the
+    evidence's (`planner.vocabulary.evidence`; `plan calibration`), per kind of run."""
 
     data: str = Field(description="The measurements the efficiency was fitted to (and which "
                       "rows only checked it), in words.")
-    step_time_ratio: tuple[float, float] = Field(
-        description="10th and 90th percentile of measured over predicted step time on those "
-        "measurements: a prediction's band is [low, high] x its step time.",
-    )
 
-    @field_validator("step_time_ratio")
+    @model_validator(mode="before")
     @classmethod
-    def _check_band(cls, band: tuple[float, float]) -> tuple[float, float]:
-        low, high = band
-        if not 0 < low <= high:
-            raise ValueError(f"must be 0 < low <= high, got {list(band)}")
-        return band
-
-
-def step_time_band(device: DeviceSpec) -> tuple[float, float]:
-    """The (low, high) factors a step time predicted on `device` may be off by: its
-    calibration's residuals, or the uncalibrated band."""
-    if device.calibration is None:
-        return UNCALIBRATED_STEP_TIME_RATIO
-    return device.calibration.step_time_ratio
+    def _drop_the_old_band(cls, values: Any) -> Any:
+        # Cluster files written before the evidence carried `step_time_ratio`, the band of
+        # the fitted rows; the band is the evidence's now, so an old file loads without it.
+        if isinstance(values, dict) and "step_time_ratio" in values:
+            values = {k: v for k, v in values.items() if k != "step_time_ratio"}
+        return values
 
 
 def calibration_of(device: DeviceSpec) -> str:

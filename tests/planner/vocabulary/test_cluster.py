@@ -374,3 +374,17 @@ def test_plan_with_a_garbage_cluster_exits_2_in_one_line(
     file = _write(tmp_path, data)
     output = one_line_error(["demo:mlp", "--mesh", "2", "--cluster", str(file)])
     assert fragment in output and str(file) in output
+
+
+def test_a_cluster_file_with_the_old_band_still_loads(tmp_path) -> None:
+    # Files written before the bands came from the evidence held `step_time_ratio` under
+    # calibration: it is dropped on load, and the band is the evidence's.
+    import yaml
+
+    data = Cluster.load("dgx-h100").model_dump(mode="json")
+    data["device"]["calibration"]["step_time_ratio"] = [0.95, 1.05]
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(data))
+    loaded = Cluster.load(str(path))
+    assert loaded.device.calibration is not None
+    assert "step_time_ratio" not in loaded.device.calibration.model_dump()
