@@ -22,8 +22,10 @@ from planner.cli.output import write_json
 from planner.vocabulary.evidence import (
     EVIDENCE_FILE,
     FAMILIES,
+    GENERATIONS,
     Band,
     band_for,
+    generation_of,
     shipped_bands,
 )
 
@@ -32,7 +34,8 @@ def add_calibration_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kind", metavar="ENGINE,FAMILY,GENERATION",
                         help="the band of one kind of run, e.g. torchtitan,moe,blackwell "
                         "(engines: megatron, torchtitan, deepspeed, tessel; families: "
-                        f"{', '.join(FAMILIES)}; generations: ampere, hopper, blackwell, ...)")
+                        f"{', '.join(FAMILIES)}; generations: {', '.join(GENERATIONS)}, "
+                        "or a GPU's name)")
     parser.add_argument("--rows", action="store_true",
                         help="also list every published run with its held-out error")
     parser.add_argument("--refresh", action="store_true",
@@ -49,7 +52,8 @@ def _kind(text: str) -> tuple[str, str, str]:
                          "--kind torchtitan,dense,hopper")
     if parts[1] not in FAMILIES:
         raise UsageError(f"--kind {text}: the family must be one of {', '.join(FAMILIES)}")
-    return parts[0], parts[1], parts[2]
+    generation = parts[2] if parts[2] in GENERATIONS else generation_of(parts[2])
+    return parts[0], parts[1], generation
 
 
 def _span(band: Band) -> str:

@@ -26,15 +26,17 @@ from planner.models.config import TransformerConfig
 Family = Literal["dense", "moe", "mla"]
 FAMILIES: tuple[Family, ...] = ("dense", "moe", "mla")
 EVIDENCE_FILE = Path(__file__).resolve().parent.parent / "presets" / "evidence.json"
-GENERATIONS = ("volta", "ampere", "hopper", "blackwell")
+GENERATIONS = ("volta", "ampere", "hopper", "blackwell", "blackwell-ultra")
 """NVIDIA's data-centre generations in order: a kind's nearest evidence is the nearest
 generation's. Other devices (AMD, Gaudi, CPUs) are their own generation, far from all."""
-# Device names (`DeviceSpec.name`) to their generation: the chips' product names.
+# Device names (`DeviceSpec.name`) to their generation: the chips' product names, the
+# first match wins (B300 and GB300 are Blackwell Ultra: more fp4, more HBM, other clocks).
 _GENERATION_NAMES = (
     ("volta", r"V100"),
     ("ampere", r"A100|A800|A40|A30|A10\b|A6000|RTX 30|RTX 3090"),
     ("hopper", r"H100|H200|H800|H20\b|GH200"),
-    ("blackwell", r"B100|B200|B300|GB200|GB300|RTX 50|Blackwell"),
+    ("blackwell-ultra", r"B300|GB300|Blackwell.?Ultra"),
+    ("blackwell", r"B100|B200|GB200|RTX 50|Blackwell"),
 )
 UNSEEN_WIDENING = 2.0
 """How much wider (in log space, each side) the band of a kind with no published run is
@@ -79,7 +81,7 @@ class Band(BaseModel):
 def kind_words(engine: str, family: str, generation: str) -> str:
     """'Megatron-LM, MoE on Blackwell'."""
     what = {"dense": "dense", "moe": "MoE", "mla": "MLA+MoE"}.get(family, family)
-    where = generation.capitalize() if generation in GENERATIONS else generation
+    where = generation.replace("-", " ").title() if generation in GENERATIONS else generation
     return f"{ENGINE_NAMES.get(engine, engine)}, {what} on {where}"
 
 

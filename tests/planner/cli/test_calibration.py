@@ -32,6 +32,11 @@ def test_a_kind_nothing_measured_borrows_a_wider_band(capsys, monkeypatch) -> No
     out = capsys.readouterr().out
     assert "DeepSpeed, MoE on Blackwell: no published run;" in out
     assert "widened 2x" in out
+    # A GPU's name is read as its generation: MoE on B300 borrows MoE on Blackwell's.
+    assert cli.main(["calibration", "--kind", "megatron,moe,B300"]) == 0
+    out = capsys.readouterr().out
+    assert "Megatron-LM, MoE on Blackwell Ultra: no published run;" in out
+    assert "the band of Megatron-LM, MoE on Blackwell (2 runs) widened 2x" in out
 
 
 @pytest.mark.parametrize("kind, message", [

@@ -35,6 +35,7 @@ def test_families_and_generations_are_read_from_models_and_device_names() -> Non
                                        "GB200-Blackwell", "B200-180GB", "V100-SXM2-16GB")] \
         == ["ampere", "hopper", "hopper", "blackwell", "blackwell", "volta"]
     assert generation_of("MI300X-192GB") == "mi300x-192gb"
+    assert generation_of("GB300-NVL72") == generation_of("B300") == "blackwell-ultra"
 
 
 def test_a_measured_kind_gets_its_own_band() -> None:
@@ -76,7 +77,8 @@ def test_every_kind_without_rows_prints_a_wider_band_than_its_source() -> None:
     measured = {b.kind: b for b in shipped}
     for engine in ("megatron", "torchtitan", "deepspeed", "tessel"):
         for family in ("dense", "moe", "mla"):
-            for generation in ("ampere", "hopper", "blackwell", "volta", "mi300x-192gb"):
+            for generation in ("ampere", "hopper", "blackwell", "blackwell-ultra", "volta",
+                               "mi300x-192gb"):
                 band = band_for(engine, family, generation)
                 if band.rows:
                     continue
