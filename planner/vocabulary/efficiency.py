@@ -10,7 +10,9 @@ end to end for GPT-3-sized models; Narayanan et al. 2021, Table 1).
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Efficiency(BaseModel):
@@ -112,6 +114,16 @@ class Efficiency(BaseModel):
         default=0.80, gt=0, le=1,
         description="Fraction of the scale-out bandwidth per device collectives reach.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_retired_fields(cls, values: Any) -> Any:
+        # `layer_overhead_us`, a per-layer residual of the Blackwell dense fit, was retired
+        # when Blackwell's fp8 GEMM rate was fitted in its place (issue 43); a cluster file
+        # written before still loads, the residual no longer charged.
+        if isinstance(values, dict) and "layer_overhead_us" in values:
+            values = {k: v for k, v in values.items() if k != "layer_overhead_us"}
+        return values
 
     def matmul_fraction(self, m: float, n: float, k: float, fp8: bool = False) -> float:
         """Fraction of peak a matmul of shape (m x k) @ (k x n) reaches (of the fp8 peak

@@ -378,13 +378,16 @@ def test_plan_with_a_garbage_cluster_exits_2_in_one_line(
 
 def test_a_cluster_file_with_the_old_band_still_loads(tmp_path) -> None:
     # Files written before the bands came from the evidence held `step_time_ratio` under
-    # calibration: it is dropped on load, and the band is the evidence's.
+    # calibration, and Blackwell's `layer_overhead_us` under efficiency: both are dropped on
+    # load (the band is the evidence's; the residual is no longer charged).
     import yaml
 
     data = Cluster.load("dgx-h100").model_dump(mode="json")
     data["device"]["calibration"]["step_time_ratio"] = [0.95, 1.05]
+    data["device"]["efficiency"]["layer_overhead_us"] = 1342.0  # retired in issue 43
     path = tmp_path / "old.yaml"
     path.write_text(yaml.safe_dump(data))
     loaded = Cluster.load(str(path))
     assert loaded.device.calibration is not None
     assert "step_time_ratio" not in loaded.device.calibration.model_dump()
+    assert loaded.device.efficiency == Cluster.load("dgx-h100").device.efficiency
