@@ -123,7 +123,8 @@ def _subtitle(plan: Plan, count: int) -> str:
 
 def _cards(plan: Plan, cluster: Cluster) -> str:
     p = plan.predicted
-    band = (f"measured {p.step_time_band_s[0]:.2f}-{p.step_time_band_s[1]:.2f} s"
+    # The band is what a run may measure, predicted: not a measurement.
+    band = (f"expect {p.step_time_band_s[0]:.2f}-{p.step_time_band_s[1]:.2f} s"
             if p.step_time_band_s else "step time")
     cards = [
         (f"{p.step_time_s:.3f} s", f"step ({band})"),

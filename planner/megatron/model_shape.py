@@ -40,7 +40,11 @@ def model_config(args: MegatronArgs, notes: list[str]) -> TransformerConfig:
     if ffn is None:
         # Megatron-LM's default: 4h, or for swiglu 2/3 of it rounded down to 64.
         ffn = int(4 * h * 2 / 3 / 64) * 64 if v.swiglu else 4 * h
-    experts = v.num_experts or None  # Megatron-LM reads --num-experts 0 as dense
+    experts = v.num_experts or None
+    if v.num_experts == 0:
+        # validate_args: "if args.num_experts == 0: args.num_experts = None".
+        notes.append(f"{args.flag('num_experts')} 0: Megatron-LM builds no experts (it reads "
+                     "0 as none), a dense model")
     fields: dict[str, Any] = {
         "num_layers": args.count("num_layers"), "hidden_size": h,
         "num_attention_heads": heads, "seq_length": args.count("seq_length"),
@@ -80,7 +84,7 @@ def model_config(args: MegatronArgs, notes: list[str]) -> TransformerConfig:
     else:
         _drop_expert_width(args, notes)
     if v.mtp_num_layers:
-        fields["mtp_num_layers"] = v.mtp_num_layers
+        fields["mtp_num_layers"] = args.count("mtp_num_layers")
     _check_positions(args, fields, notes)
     try:
         return TransformerConfig(**fields)

@@ -181,6 +181,14 @@ class RunCosts(_Config):
     devices_per_system: int = Field(gt=0, description="GPUs that system_power_w feeds.")
     power_source: str = Field(description="Where the power figures come from.")
 
+    @field_validator("gpu_hour_usd")
+    @classmethod
+    def _check_prices(cls, prices: tuple[float, float]) -> tuple[float, float]:
+        low, high = prices
+        if not 0 <= low <= high:
+            raise ValueError(f"must be 0 <= low <= high USD per GPU-hour, got {list(prices)}")
+        return prices
+
     @property
     def default_price(self) -> float:
         """The middle of the price range."""

@@ -105,6 +105,7 @@ def test_the_175b_report_agrees_with_its_plan(reports) -> None:
     assert data["totals"] is None
     # The band says how sure it is: GPT-3 on A100 is dense Megatron-LM on Ampere, measured.
     assert "How sure: Megatron-LM, dense on Ampere: " in page.read_text()
+    assert "step (expect " in page.read_text()  # a predicted band, not a measurement
     assert f"{plan.predicted.band.rows:,} published runs" in page.read_text()
 
 

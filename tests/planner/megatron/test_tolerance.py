@@ -123,3 +123,16 @@ def test_an_expert_width_without_experts_is_ignored_only_beside_dense_layers() -
     assert error_of(SHAPE + " --moe-ffn-hidden-size 512") == (
         "--moe-ffn-hidden-size sizes experts, and the line has no --num-experts, which "
         "Megatron-Core refuses; add --num-experts or drop it")
+
+
+def test_zero_experts_are_none_as_megatron_reads_them_said_in_a_note() -> None:
+    # validate_args: "if args.num_experts == 0: args.num_experts = None".
+    run = run_of(SHAPE + " --num-experts 0")
+    assert run.model.num_experts is None
+    assert "--num-experts 0: Megatron-LM builds no experts (it reads 0 as none), a dense " \
+        "model" in run.notes
+
+
+def test_an_unbounded_mtp_depth_is_refused_as_plan_refuses_it() -> None:
+    assert error_of(SHAPE + " --mtp-num-layers 100000000") == (
+        "--mtp-num-layers 100000000 must be from 1 to 1,024; give a count in range")

@@ -391,3 +391,16 @@ def test_a_cluster_file_with_the_old_band_still_loads(tmp_path) -> None:
     assert loaded.device.calibration is not None
     assert "step_time_ratio" not in loaded.device.calibration.model_dump()
     assert loaded.device.efficiency == Cluster.load("dgx-h100").device.efficiency
+
+
+@pytest.mark.parametrize("prices", [[-2.0, 3.0], [5.0, 4.0]])
+def test_a_price_range_below_zero_or_upside_down_is_refused(tmp_path, prices) -> None:
+    # A negative price made "$-2 per GPU-hour" and --objective cost rank plans by it.
+    import yaml
+
+    data = Cluster.load("dgx-h100").model_dump(mode="json")
+    data["run_costs"]["gpu_hour_usd"] = prices
+    path = tmp_path / "priced.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ValueError, match=r"must be 0 <= low <= high USD per GPU-hour"):
+        Cluster.load(str(path))
