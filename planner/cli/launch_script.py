@@ -7,6 +7,7 @@ and --explain-args' table of each flag and where it was written."""
 from __future__ import annotations
 
 import argparse
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,7 +52,12 @@ def launch_line(args: argparse.Namespace) -> LaunchLine:
         return given
     path = Path(args.args_file).expanduser()
     try:
-        if path.stat().st_size > MAX_ARGS_FILE_BYTES:
+        status = path.stat()
+        # Only a regular file: a FIFO would block the read forever, /dev/zero never end it.
+        if not stat.S_ISREG(status.st_mode):
+            raise UsageError(f"--args-file {args.args_file!r} is not a regular file (a pipe, "
+                             "a device or a folder); give the launch script")
+        if status.st_size > MAX_ARGS_FILE_BYTES:
             raise UsageError(f"--args-file {args.args_file!r} is over "
                              f"{MAX_ARGS_FILE_BYTES >> 20} MiB; give the launch script")
         text = path.read_text()

@@ -7,6 +7,7 @@ the parallel configuration is TorchTitan's (`parallel_config`), its engine "torc
 
 from __future__ import annotations
 
+import stat
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,7 +70,12 @@ def read_named_file(path: str, what: str) -> str:
     line naming it and `what` it should be, when it is over MAX_BYTES or cannot be read."""
     target = Path(path).expanduser()
     try:
-        if target.stat().st_size > MAX_BYTES:
+        status = target.stat()
+        # Only a regular file: a FIFO would block the read forever, /dev/zero never end it.
+        if not stat.S_ISREG(status.st_mode):
+            raise JobConfigError(f"--torchtitan {path!r} is not a regular file (a pipe, a "
+                                 f"device or a folder); give {what}")
+        if status.st_size > MAX_BYTES:
             raise JobConfigError(f"--torchtitan {path!r} is over {MAX_BYTES >> 20} MiB; give "
                                  f"{what}")
         return target.read_text()

@@ -10,6 +10,7 @@ ask for unbounded work, garbage data files accepted, and misspelt flags.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -153,6 +154,14 @@ ESCAPED_TRACEBACKS = {
 }
 
 HANGS_AND_UNBOUNDED_WORK = {
+    # A FIFO blocked the read forever; /dev/zero ran it out of memory.
+    "args-file-a-fifo": (["predict", *H100, "--gpus", "8", "--args-file", "launch.fifo"],
+                         ["--args-file 'launch.fifo' is not a regular file (a pipe, a device "
+                          "or a folder); give the launch script"]),
+    "torchtitan-dev-zero": (["predict", *H100, "--gpus", "8", "--torchtitan", "/dev/zero"],
+                            ["--torchtitan '/dev/zero' is not a config Tessel knows"]),
+    "torchtitan-a-fifo": (["predict", *H100, "--gpus", "8", "--torchtitan", "job.toml"],
+                          ["--torchtitan 'job.toml' is not a regular file"]),
     "four-mesh-axes": (["demo:mlp", "--mesh", "2x2x2x2", "--time-limit", "5"],
                        ["--mesh 2x2x2x2 has 4 axes", "at most 3"]),
     "mesh-beyond-the-cluster": (["demo:mlp", "--mesh", "1000000"],
@@ -311,6 +320,8 @@ def _workdir(tmp_path, monkeypatch):
     """Run each case in a folder holding the bad files the cases name."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "plain-file").write_text("not a folder\n")
+    os.mkfifo(tmp_path / "launch.fifo")  # nothing ever writes them: a read would block
+    os.mkfifo(tmp_path / "job.toml")
     (tmp_path / "badfield").mkdir()
     (tmp_path / "badfield" / "config.json").write_text(
         json.dumps({"model_type": "llama", "hidden_size": "wide", "num_hidden_layers": [2]})
