@@ -90,6 +90,12 @@ def _degree_problems(
         problems.append(
             f"{FLAG['expert']} {e} x {FLAG['expert_tensor']} {etp} x {FLAG['pipeline']} {p} "
             f"must divide the {n} GPUs")
+    if etp and model.num_experts and (n % etp or model.expert_ffn_size % etp):
+        # Each expert's MLP splits by columns over its expert-tensor group (Megatron-Core's
+        # expert TP), which must tile the GPUs.
+        problems.append(
+            f"{FLAG['expert_tensor']} {etp} must divide the {n} GPUs and the experts' "
+            f"{model.expert_ffn_size}-wide MLP")
     if e > 1 and not model.num_experts:
         problems.append(
             f"{FLAG['expert']} {e} needs a mixture-of-experts model, and this one is dense "

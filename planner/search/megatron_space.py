@@ -443,6 +443,9 @@ def devices_needed(
                          zero_stage=1)
     n = cluster.num_devices * 2
     while n <= limit:
+        # Past one host a size must fill whole hosts (7 GPUs of a DGX double to 16, not 14).
+        if n > cluster.devices_per_host:
+            n = -(-n // cluster.devices_per_host) * cluster.devices_per_host
         if search_megatron(model, cluster.with_devices(n), gbs, relieved).ranked:
             return n
         n *= 2

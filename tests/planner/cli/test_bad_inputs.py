@@ -26,6 +26,17 @@ MIXTRAL = ["mixtral-8x7b", *H100, "--gpus", "64", "--global-batch-size", "256"]
 
 # (argv, fragments the one line must contain)
 KNOB_VALUES = {
+    "expert-tensor-divides-nothing": (["qwen3-30b-a3b", *H100, "--gpus", "16",
+                                       "--global-batch-size", "64",
+                                       "--expert-tensor-parallel-size", "3"],
+                                      ["--expert-tensor-parallel-size 3 must divide the 16 "
+                                       "GPUs and the experts' 768-wide MLP"]),
+    # Part of a node that fits nothing: the least size named, not "14 devices would leave a
+    # node part-filled" (the search doubled 7 to a size no DGX has).
+    "part-of-a-node-fits-nothing": (["deepseek-v3", *H100, "--gpus", "7",
+                                     "--global-batch-size", "64"],
+                                    ["deepseek-v3 does not fit on 7 x H100-SXM5-80GB",
+                                     "it needs at least 256 GPUs of this kind"]),
     "tensor-divides-nothing": ([*GPT3, "--tensor-model-parallel-size", "5"],
                                ["--tensor-model-parallel-size 5 must divide the 96 attention "
                                 "heads and the 8 GPUs of a node"]),
