@@ -326,6 +326,13 @@ def _qwen3_moe(config: Any) -> dict[str, Any]:
     use_sliding_window puts the window on every layer (Qwen3MoeAttention)."""
     _no_attention_bias(config)
     layers, step = config.num_hidden_layers, config.decoder_sparse_step
+    for name, value in (("decoder_sparse_step", step),
+                        ("num_experts_per_tok", config.num_experts_per_tok)):
+        # transformers divides the layer index by the step, and routes each token to
+        # num_experts_per_tok experts: 0 is no model it builds.
+        if not isinstance(value, int) or value < 1:
+            raise HFConfigError(f"qwen3_moe config: field {name!r} is {value!r}; it must be "
+                                "a whole number from 1.")
     dense = set(config.mlp_only_layers or [])
     pattern = [int(i not in dense and (i + 1) % step == 0) for i in range(layers)]
     return dict(qk_layernorm=True, attention_dropout=_dropout(config), hidden_dropout=0.0,
