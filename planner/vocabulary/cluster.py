@@ -36,7 +36,7 @@ from pydantic import (
     model_validator,
 )
 
-from planner.vocabulary.efficiency import Efficiency
+from planner.vocabulary.efficiency import Efficiency, without_retired
 
 _FILE_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -65,9 +65,7 @@ class Calibration(_Config):
     def _drop_the_old_band(cls, values: Any) -> Any:
         # Cluster files written before the evidence carried `step_time_ratio`, the band of
         # the fitted rows; the band is the evidence's now, so an old file loads without it.
-        if isinstance(values, dict) and "step_time_ratio" in values:
-            values = {k: v for k, v in values.items() if k != "step_time_ratio"}
-        return values
+        return without_retired(values, "step_time_ratio")
 
 
 def calibration_of(device: DeviceSpec) -> str:

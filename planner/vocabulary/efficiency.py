@@ -121,9 +121,7 @@ class Efficiency(BaseModel):
         # `layer_overhead_us`, a per-layer residual of the Blackwell dense fit, was retired
         # when Blackwell's fp8 GEMM rate was fitted in its place (issue 43); a cluster file
         # written before still loads, the residual no longer charged.
-        if isinstance(values, dict) and "layer_overhead_us" in values:
-            values = {k: v for k, v in values.items() if k != "layer_overhead_us"}
-        return values
+        return without_retired(values, "layer_overhead_us")
 
     def matmul_fraction(self, m: float, n: float, k: float, fp8: bool = False) -> float:
         """Fraction of peak a matmul of shape (m x k) @ (k x n) reaches (of the fp8 peak
@@ -132,3 +130,11 @@ class Efficiency(BaseModel):
         for d in (m, n, k):
             fraction *= d / (d + self.matmul_half_dim)
         return fraction
+
+
+def without_retired(values: Any, *fields: str) -> Any:
+    """A config's raw `values` less the retired `fields` (a `mode="before"` validator's
+    input: a dict, or anything pydantic will reject by itself)."""
+    if not isinstance(values, dict):
+        return values
+    return {k: v for k, v in values.items() if k not in fields}
