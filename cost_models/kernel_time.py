@@ -34,7 +34,7 @@ def kernel_seconds(
     clock = clock_fraction(device)
     peak = peaks.get("bf16", peaks.get("fp16", peaks["fp32"])) * 1e12 * clock
     bandwidth = device.memory_bandwidth_gbs * 1e9 * efficiency.memory
-    overhead = efficiency.kernel_overhead_us * 1e-6
+    overhead = efficiency.kernel_overhead_us * 1e-6 * getattr(op, "launches", 1)
     if isinstance(op, Memory):
         return op.bytes / bandwidth + overhead
     if isinstance(op, Attention):
@@ -58,13 +58,13 @@ def backward_seconds(
     """Backward time of one kernel: input and weight gradients of a matmul, attention's
     backward kernel, twice the bytes of a memory kernel."""
     if isinstance(op, Matmul):
-        grad_input = Matmul(op.name, op.m, op.k, op.n, op.count)
+        grad_input = Matmul(op.name, op.m, op.k, op.n, op.count, op.launches)
         return kernel_seconds(grad_input, device, efficiency, precision) + \
             weight_gradient_seconds(op, device, efficiency, precision)
     if isinstance(op, Attention):
         scaled = Attention(op.name, op.flops * ATTENTION_BACKWARD_FACTOR, op.causal)
         return kernel_seconds(scaled, device, efficiency)
-    return kernel_seconds(Memory(op.name, 2 * op.bytes), device, efficiency)
+    return kernel_seconds(Memory(op.name, 2 * op.bytes, op.launches), device, efficiency)
 
 
 def weight_gradient_seconds(
@@ -76,8 +76,8 @@ def weight_gradient_seconds(
     gradient where weight gradients are delayed (--delay-wgrad-compute)."""
     if not isinstance(op, Matmul):
         return 0.0
-    return kernel_seconds(Matmul(op.name, op.k, op.n, op.m, op.count), device, efficiency,
-                          precision)
+    return kernel_seconds(Matmul(op.name, op.k, op.n, op.m, op.count, op.launches), device,
+                          efficiency, precision)
 
 
 def pass_seconds(
@@ -92,7 +92,8 @@ def pass_seconds(
     gpu = sum(timer(op, device, efficiency, precision) for op in ops)
     if graphed:
         return gpu
-    launches = sum(2 if backward and isinstance(op, Matmul) else 1 for op in ops)
+    launches = sum((2 if backward and isinstance(op, Matmul) else 1) * getattr(op, "launches", 1)
+                   for op in ops)
     return max(gpu, launches * efficiency.dispatch_us * 1e-6)
 
 

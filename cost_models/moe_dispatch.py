@@ -259,7 +259,8 @@ def expert_split(model: TransformerConfig, parallel: ParallelConfig) -> ExpertSp
     included (`expected_load`)."""
     shards = parallel.dims.tensor if parallel.sharding.sequence_parallel else 1
     etp = parallel.dims.expert_tensor_degree if shards > 1 else parallel.dims.tensor
-    split = ExpertSplit(expert_tensor=etp, sequence_shards=shards, expert=parallel.dims.expert)
+    split = ExpertSplit(expert_tensor=etp, sequence_shards=shards, expert=parallel.dims.expert,
+                        grouped_gemm=parallel.moe.moe_grouped_gemm)
     tokens = parallel.batch.micro_batch_size * model.seq_length / parallel.dims.context
     rows = tokens * model.moe_top_k * split.routed_share
     return replace(split, load=expected_load(rows, parallel.dims.expert, parallel))

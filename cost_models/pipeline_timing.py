@@ -204,7 +204,9 @@ def pipeline_time(schedule: str, stages: Sequence[StagePhases] | Sequence[float]
     else:
         raise ValueError(f"no pipeline time for schedule {schedule!r}; the planner prices "
                          f"{', '.join(SCHEDULES)}")
-    return PipelineTime(seconds, seconds - m * totals[slowest], slowest)
+    # The fill and drain cannot be negative; one stage's pipeline leaves a rounding residue
+    # of the sum above (printed as a bubble of -0.000 s).
+    return PipelineTime(seconds, max(0.0, seconds - m * totals[slowest]), slowest)
 
 
 Interval = tuple[Action, float, float]

@@ -47,6 +47,8 @@ class Matmul:
     n: float
     k: float
     count: float = 1
+    launches: float = 1
+    """Kernels the products run as: 1 batched or grouped, `count` one after another."""
 
     @property
     def flops(self) -> float:
@@ -70,6 +72,8 @@ class Memory:
 
     name: str
     bytes: float
+    launches: float = 1
+    """Kernels the bytes are moved by (one per expert without grouped GEMMs)."""
 
 
 Op = Matmul | Attention | Memory
@@ -129,6 +133,9 @@ class ExpertSplit:
     """Expert-parallel degree: each rank holds num_experts / expert experts."""
     load: float = 1.0
     """Tokens of the busiest rank over an even share (`cost_models.moe_dispatch`)."""
+    grouped_gemm: bool = True
+    """One grouped GEMM per projection over the rank's experts; False: each expert's GEMMs
+    and activation run as kernels of their own (`Moe.moe_grouped_gemm`)."""
 
     @property
     def routed_share(self) -> float:
@@ -199,6 +206,7 @@ def _mlp_ops(config: TransformerConfig, tokens: float, tensor: int,
     routed = tokens * config.moe_top_k * split.routed_share
     f = config.expert_ffn_size / split.expert_tensor
     routing = tokens / split.sequence_shards
+    launches = 1 if split.grouped_gemm else local
     ops: list[Op] = [
         Matmul("router", routing, experts, h),
         # Scores, top-k and the permutation of each (token, expert) row to its expert's
@@ -207,10 +215,14 @@ def _mlp_ops(config: TransformerConfig, tokens: float, tensor: int,
         Memory("router top-k", 3 * routing * experts * 4),
         Memory("permute", 2 * 2 * routed * h * ACTIVATION_BYTES),
         # One grouped GEMM over the rank's experts: each product is as small as one
-        # expert's share of the tokens (what sets its efficiency).
-        Matmul("expert input", routed / local, inputs * f, h, count=local),
-        Memory("expert activation", (inputs + 1) * routed * f * ACTIVATION_BYTES),
-        Matmul("expert output", routed / local, h, f, count=local),
+        # expert's share of the tokens (what sets its efficiency). Without grouped GEMMs
+        # Megatron-Core's SequentialMLP runs each local expert's MLP in turn
+        # (megatron/core/transformer/moe/experts.py: a loop over local_experts), so each
+        # expert's GEMMs and activation are kernels of their own.
+        Matmul("expert input", routed / local, inputs * f, h, count=local, launches=launches),
+        Memory("expert activation", (inputs + 1) * routed * f * ACTIVATION_BYTES,
+               launches=launches),
+        Matmul("expert output", routed / local, h, f, count=local, launches=launches),
     ]
     if config.moe_shared_expert_intermediate_size:
         ops += _dense_mlp_ops("shared expert", tokens,
@@ -261,7 +273,7 @@ def fp8_casts(ops: list[Op], recipe: str) -> list[Op]:
     kernel per matmul over its activation input (backward: the gradient's cast, priced
     as twice the bytes like every memory kernel)."""
     per_element = FP8_CAST_BYTES[recipe]
-    return [Memory(f"{op.name} fp8 cast", op.m * op.k * op.count * per_element)
+    return [Memory(f"{op.name} fp8 cast", op.m * op.k * op.count * per_element, op.launches)
             for op in projections(ops) if op.name not in FP8_EXEMPT]
 
 
@@ -332,7 +344,8 @@ def every_other_matmul_replayed(config: TransformerConfig, ops: list[Op]) -> lis
         if isinstance(op, Memory):
             kept.append(op)
         elif isinstance(op, Matmul) and replayed.get(op.name, 0.0) > 0:
-            kept.append(Matmul(op.name, op.m, op.n * replayed[op.name], op.k, op.count))
+            kept.append(Matmul(op.name, op.m, op.n * replayed[op.name], op.k, op.count,
+                               op.launches))
     return kept
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -37,6 +38,10 @@ from planner.vocabulary.plan import (
 )
 from runtime.graph_pipeline import StagedTrainer
 from runtime.trainer import ShardedTrainer, training_state
+
+logger = logging.getLogger("planner")
+"""What `parallelize` tells the user about the plan it runs (warnings reach stderr without
+any logging set up: Python's last-resort handler)."""
 
 
 @dataclass
@@ -190,6 +195,7 @@ def parallelize(
     plan = plan_on_rank_0(make, device_type)
     program = planned[0].program if planned else program
     trainer = ShardedTrainer(RankProgram(program, plan, mesh), training_state(model))
+    _say_why_replicated(plan)
     return plan, trainer
 
 
@@ -210,8 +216,17 @@ def _parallelize_graph(
         lambda: plan_graph(model, example_inputs, gpus, cluster, global_batch_size, loss_fn,
                            micro_batch_size, knobs=knobs),
         device_type)
+    _say_why_replicated(plan)
     return plan, StagedTrainer(plan, model, example_inputs, loss_fn, training_state(model),
                                device_type)
+
+
+def _say_why_replicated(plan: Plan) -> None:
+    """On rank 0, a warning (the `planner` logger's) for each stage every rank of which
+    computes all of it: why, in the planner's prices (`Plan.replicated_notes`)."""
+    if dist.get_rank() == 0:
+        for note in plan.replicated_notes():
+            logger.warning(note)
 
 
 def plan_graph(

@@ -133,20 +133,41 @@ def graph_knobs(args: argparse.Namespace) -> GraphKnobs:
 
 
 def describe(plan: Plan) -> str:
-    """'4L:2x2(rc) + 12L:2x2 mb8' — each stage's layers and logical mesh, (rc) where it
-    recomputes."""
+    """'4L:2x2 dp(rc) + 12L:2x2 3/20 mb8' — each stage's layers and logical mesh, how it
+    splits the work (`_split`), (rc) where it recomputes."""
     stages = " + ".join(f"{s.layers[1] - s.layers[0]}L:{'x'.join(map(str, s.mesh_shape))}"
-                        + ("(rc)" if s.recompute else "") for s in plan.stages)
+                        + _split(s) + ("(rc)" if s.recompute else "") for s in plan.stages)
     return f"{stages} mb{plan.micro_batch_size}"
+
+
+def _split(stage) -> str:
+    """How a stage splits its work: ' N/M' where N of its M parameters are sharded, ' dp'
+    where it splits values but no parameter, ' rep' where every rank computes all of it
+    (' rep+gather' where its input arrives split and is gathered first); '' on one
+    device."""
+    if stage.num_devices == 1:
+        return ""
+    placements = list(stage.parameters.values())
+    sharded = sum("S" in placement for placement in placements)
+    if sharded:
+        return f" {sharded}/{len(placements)}"
+    shardings = [stage.operators] if stage.operators is not None else stage.layer_operators
+    if any(placement is not None and placement.strip("R")
+           for operators in shardings for node in operators.nodes.values()
+           for placement in node.outputs):
+        return " dp"
+    split_input = any(placement.strip("R") for operators in shardings
+                      for placement in operators.inputs.values())
+    return " rep+gather" if split_input else " rep"
 
 
 def print_graph_plans(plans: list[Plan], console: Console) -> None:
     best = plans[0]
     table = Table(title=f"{best.model} on {best.num_gpus} x {best.cluster}, global batch "
                         f"{best.global_batch_size}")
-    for column in ("#", "stages (layers:logical mesh, rc: recomputed)", "step s",
+    for column in ("#", "stages", "step s",
                    "TFLOP/s/GPU", "MFU", "MiB/device"):
-        table.add_column(column, justify="left" if column.startswith("stages") else "right")
+        table.add_column(column, justify="left" if column == "stages" else "right")
     for rank, plan in enumerate(plans, 1):
         p = plan.predicted
         table.add_row(str(rank), describe(plan), f"{p.step_time_s:.4f}",
@@ -154,6 +175,9 @@ def print_graph_plans(plans: list[Plan], console: Console) -> None:
                       "-" if p.mfu is None else f"{p.mfu:.1%}",
                       f"{p.memory_gib_per_gpu * 1024:.2f}")
     console.print(table)
+    console.print("stages: layers:logical mesh and how each splits its work (rep: every rank "
+                  "computes all of it; dp: values split, no parameter; N/M: N of its M "
+                  "parameters sharded), rc: recomputed", highlight=False)
     shards = Table(title="best plan: parameter placements per stage (first 8 of each)")
     for column in ("stage", "devices", "parameter", "placement"):
         shards.add_column(column)
@@ -167,6 +191,8 @@ def print_graph_plans(plans: list[Plan], console: Console) -> None:
                   f"step {best.predicted.step_time_s:.4f} s, "
                   f"{best.predicted.memory_gib_per_gpu * 1024:.2f} MiB per device",
                   highlight=False)
+    for note in best.replicated_notes():
+        console.print(note, highlight=False)
 
 
 def run_graph_training(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster,

@@ -154,6 +154,8 @@ def print_plan(planned) -> None:
             f"{solver.gap:.0%} optimality gap; raise --time-limit for a better plan",
             highlight=False,
         )
+    for note in plan.replicated_notes():
+        console.print(note, highlight=False)
     if plan.operators.fallback_ops:
         ops = ", ".join(sorted({f.op for f in plan.operators.fallback_ops}))
         console.print(f"[yellow]replicated (no sharding rule):[/yellow] {ops}")

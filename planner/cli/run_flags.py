@@ -122,9 +122,10 @@ def run_assumptions(args: argparse.Namespace, cluster: Cluster) -> RunAssumption
 
 
 def objective_key(objective: str | None) -> Any:
-    """Sort key of a plan with totals under `objective` (fitting plans first)."""
+    """Sort key of a plan with totals under `objective` (fitting plans first, then those
+    whose reserved memory fits too, as the search ranks them)."""
     def key(plan: Any) -> tuple:
         totals = plan.training
         value = (totals.expected_cost_usd if objective == "cost" else totals.expected_days)
-        return (not plan.predicted.fits, value)
+        return (not plan.predicted.fits, not plan.predicted.reserved_fits, value)
     return key

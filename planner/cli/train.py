@@ -25,7 +25,7 @@ from planner.cli.run_flags import objective_key, wants_totals
 from planner.cli.whole_run import emit_totals_and_json, fewer_gpu_plans, with_totals
 from planner.vocabulary.cluster import Cluster
 from planner.search.knobs import FLAG, check_knobs, default_precision
-from planner.vocabulary.parallel import FixedKnobs, ParallelConfig
+from planner.vocabulary.parallel import KNOB_NAMES, FixedKnobs, ParallelConfig
 from planner.models.config import TransformerConfig
 from planner.vocabulary.plan import Plan
 from planner.plans.transformer_plan import plan_training
@@ -257,7 +257,48 @@ def layout(plan: Plan) -> str:
     parts += [f"v{q.virtual_pipeline}"] if q.virtual_pipeline > 1 \
         and plan.schedule != "dualpipev" else []
     parts += [plan.schedule] if plan.schedule in ("gpipe", "dualpipev") else []
+    parts += [split] if (split := _layer_split(plan)) else []
     return " ".join(parts)
+
+
+def _layer_split(plan: Plan) -> str:
+    """'L3,9x6,4': each stage's layers, first to last, repeats counted, where the stages
+    hold different numbers of layers ('' where they hold the same)."""
+    counts = [stage.layers[1] - stage.layers[0] for stage in plan.stages]
+    if len(set(counts)) <= 1:
+        return ""
+    runs: list[list[int]] = []
+    for count in counts:
+        if runs and runs[-1][0] == count:
+            runs[-1][1] += 1
+        else:
+            runs.append([count, 1])
+    return "L" + ",".join(f"{count}x{times}" if times > 1 else str(count)
+                          for count, times in runs)
+
+
+def distinct_layouts(plans: list[Plan]) -> list[str]:
+    """Each plan's `layout`, with the knobs that tell apart plans whose layouts read the
+    same ('moe_token_dispatcher=alltoall'), so that no two rows of a table print alike."""
+    labels = [layout(plan) for plan in plans]
+    rows = [(label, plan.recompute) for label, plan in zip(labels, plans)]
+    for row in set(rows):
+        same = [i for i, other in enumerate(rows) if other == row]
+        if len(same) < 2:
+            continue
+        names = [name for name in sorted(KNOB_NAMES)
+                 if len({repr(plans[i].parallel.knob(name)) for i in same}) > 1]
+        for i in same:
+            labels[i] += "".join(f" {name}={_shown(plans[i].parallel.knob(name))}"
+                                 for name in names)
+    return labels
+
+
+def _shown(value: object) -> str:
+    """A knob's value as a table cell: tuples joined by commas, None as 'none'."""
+    if isinstance(value, (tuple, list)):
+        return ",".join(map(str, value)) or "none"
+    return "none" if value is None else str(value)
 
 
 def print_training_plans(plans: list[Plan], console: Console, megatron: bool = True) -> None:
@@ -270,11 +311,12 @@ def print_training_plans(plans: list[Plan], console: Console, megatron: bool = T
     columns = ("#", "layout", "recompute", "step s", "MFU", "GiB/GPU")
     for column in columns:
         justify = "left" if column in ("layout", "recompute") else "right"
-        table.add_column(column, justify=justify, no_wrap=True)
-    for rank, plan in enumerate(plans, 1):
+        # The layout wraps at its spaces; the numbers never do.
+        table.add_column(column, justify=justify, no_wrap=column != "layout")
+    for rank, (plan, label) in enumerate(zip(plans, distinct_layouts(plans)), 1):
         p = plan.predicted
         table.add_row(
-            str(rank), layout(plan), plan.recompute, f"{p.step_time_s:.3f}", f"{p.mfu:.1%}",
+            str(rank), label, plan.recompute, f"{p.step_time_s:.3f}", f"{p.mfu:.1%}",
             f"{p.memory_gib_per_gpu:.1f}" + ("" if p.fits else " !"),
         )
     console.print(table)
@@ -290,6 +332,7 @@ def print_training_plans(plans: list[Plan], console: Console, megatron: bool = T
             console.print("[yellow]fits allocated, not reserved:[/yellow] fragmentation may "
                           "run it out of memory; it may need "
                           "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", highlight=False)
+        _note_faster_past_the_reserve(plans, console)
     if not megatron:
         return
     if best.megatron_flags:
@@ -304,6 +347,24 @@ def print_training_plans(plans: list[Plan], console: Console, megatron: bool = T
                       soft_wrap=True, markup=False)
     else:
         console.print(f"not runnable by Megatron-LM: {best.megatron_incompatibility}")
+
+
+def _note_faster_past_the_reserve(plans: list[Plan], console: Console) -> None:
+    """One line on the fastest plan of the table that is faster than the best but ranks
+    below it because what the caching allocator would reserve exceeds the device."""
+    best = plans[0].predicted
+    faster = [(rank, plan) for rank, plan in enumerate(plans, 1)
+              if not plan.predicted.reserved_fits and plan.predicted.fits
+              and plan.predicted.step_time_s < best.step_time_s]
+    if not best.reserved_fits or not faster:
+        return
+    rank, plan = min(faster, key=lambda item: item[1].predicted.step_time_s)
+    p = plan.predicted
+    console.print(
+        f"faster but ranked below: #{rank} ({p.step_time_s:.3f} s) allocates "
+        f"{p.memory_gib_per_gpu:.1f} GiB and would reserve {p.reserved_gib_per_gpu:.1f} GiB, "
+        "more than the device holds: it may run out of memory through fragmentation (try it "
+        "with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)", highlight=False)
 
 
 def print_summary(plan: Plan, console: Console, label: str = "best") -> None:

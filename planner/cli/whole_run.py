@@ -5,6 +5,7 @@ failure-adjusted totals (`planner.plans.totals`), plans ranked by `--objective`,
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Callable
 
 from rich.console import Console
@@ -12,7 +13,7 @@ from rich.table import Table
 
 from planner.cli.emit_flags import emit_if_asked
 from planner.cli.errors import UsageError
-from planner.cli.output import write_json
+from planner.cli.output import STDOUT, write_json
 from planner.cli.run_flags import objective_key, run_assumptions
 from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
@@ -67,12 +68,25 @@ def emit_totals_and_json(args: argparse.Namespace, plans: list[Plan],
                          model: TransformerConfig | None, console: Console,
                          totals: bool) -> None:
     """What `plan` writes after its table of plans: the best plan's launch files (--emit),
-    the whole run of each plan (`totals`: where asked) and the best plan's JSON (--json)."""
+    the whole run of each plan (`totals`: where asked), and with --json the best plan's
+    JSON (a `Plan`, which `Plan.from_json` reads) and, where the table ranked more than one,
+    every plan of the table, best first, as a list beside it (`ranked_path`)."""
     emit_if_asked(args, plans[0], model, console)
     if totals:
         print_totals(plans, console, args.objective)
     if args.json:
         write_json(args.json, plans[0].to_json(), "plan")
+        if len(plans) > 1 and args.json != STDOUT:
+            ranked = ",\n".join(plan.to_json() for plan in plans)
+            write_json(ranked_path(args.json), f"[\n{ranked}\n]",
+                       f"the {len(plans)} ranked plans")
+
+
+def ranked_path(path: str) -> str:
+    """Where --json PATH writes the ranked plans: PATH with '.ranked' before its suffix
+    (plan.json -> plan.ranked.json)."""
+    file = Path(path)
+    return str(file.with_name(f"{file.stem}.ranked{file.suffix or '.json'}"))
 
 
 def print_totals(plans: list[Plan], console: Console, objective: str | None) -> None:

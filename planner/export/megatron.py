@@ -42,7 +42,7 @@ def spelt_flags(parallel: ParallelConfig, *names: str) -> list[str]:
 _PLACED = frozenset({
     "tensor", "pipeline", "context", "expert", "micro_batch_size", "zero_stage",
     "sequence_parallel", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
-    "moe_router_force_load_balancing", "overlap_moe_expert_parallel_comm"})
+    "moe_router_force_load_balancing", "overlap_moe_expert_parallel_comm", "moe_grouped_gemm"})
 _OTHER_KNOBS = tuple(name for name, spelling in spelt("megatron").items()
                      if not spelling.engine and name not in _PLACED)
 
@@ -193,7 +193,7 @@ def _expert_flags(model: TransformerConfig, parallel: ParallelConfig) -> list[st
     if parallel.moe.moe_expert_capacity_factor is not None:
         flags += spelt_flags(parallel, "moe_expert_capacity_factor",
                              "moe_pad_expert_input_to_capacity")
-    return flags + spelt_flags(parallel, "overlap_moe_expert_parallel_comm")
+    return flags + spelt_flags(parallel, "moe_grouped_gemm", "overlap_moe_expert_parallel_comm")
 
 
 def layer_pattern_text(pattern: int | list[int]) -> str:

@@ -30,7 +30,10 @@ def parallel_config(
     v = args.values
     t, p, c, e = (_plain(args, name) for name in _DEGREE_KNOBS)
     data = _data_parallel(args, model, world, t, p, c, e)
-    plain = {name: _plain(args, name) for name in PLAIN if name not in _DEGREE_KNOBS}
+    # A flag of the experts on a model without any is ignored by Megatron-LM: the knob
+    # keeps its default, as a plan of the model has it.
+    plain = {name: _plain(args, name) for name in PLAIN if name not in _DEGREE_KNOBS
+             and (KNOBS[name].needs != "experts" or model.num_experts)}
     plain["sequence_parallel"] = _sequence_parallel(args, t, notes)
     micro = plain["micro_batch_size"]
     batch = args.count("global_batch_size") or micro * data  # Megatron-LM's default

@@ -32,7 +32,7 @@ _NEEDS = {knob.megatron.name: knob.needs
           for knob in UNPRICED_FLAGS.values() if knob.megatron is not None and knob.needs}
 # Not in UNPRICED, on purpose: kernel choices that do the same work (fusions, TE's
 # communication-overlap variants, --deterministic-mode, grouped GEMMs, bucket sizes other
-# than --ddp-bucket-size (a knob), --moe-grouped-gemm, --moe-permute-fusion, --moe-router-fusion,
+# than --ddp-bucket-size (a knob), --moe-permute-fusion, --moe-router-fusion,
 # --moe-router-dtype, the flex dispatcher's backend), which calibrated efficiencies absorb;
 # training-signal settings that move no bytes and no FLOPs (--moe-aux-loss-coeff,
 # --moe-router-load-balancing-type, --moe-router-enable-expert-bias and its update rate,
@@ -45,6 +45,7 @@ _NEEDS = {knob.megatron.name: knob.needs
 # megatron/training/argument_utils.py sets gated_linear_unit), shared experts, --moe-layer-freq, MTP
 # layers, --expert-tensor-parallel-size, expert capacity, forced balance and the expert all-to-all
 # overlap, which cost_models prices, with --delay-wgrad-compute (the overlap's schedule),
+# --moe-grouped-gemm (its absence: one GEMM and activation kernel per expert in turn),
 # --moe-paged-stash and its --moe-paged-stash-buffer-size-factor-cuda (expert activations kept)
 # and --fp8-output-proj (the head's saved input): knobs of the registry.
 # The 2026 recipes' other flags (tests/planner/megatron/recipes), on purpose too: kernel and

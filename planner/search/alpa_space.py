@@ -35,6 +35,7 @@ from planner.search.megatron_space import (
     Candidate,
     Progress,
     SearchResult,
+    rank_key,
     run_settings,
     search_megatron,
     tensor_degrees,
@@ -84,7 +85,7 @@ def search_auto(
     # on every run; the DP may rediscover a configuration the Megatron space already holds.
     stage_plans = [pair for _, pair in sorted(ranked + more, key=lambda item: item[0])]
     unique = {c: (c, p) for c, p in result.ranked + stage_plans}
-    result.ranked = sorted(unique.values(), key=lambda item: item[1].step_time_s)
+    result.ranked = sorted(unique.values(), key=lambda item: rank_key(item[1]))
     result.evaluated += evaluated + more_evaluated
     result.timings = {"megatron_space_s": megatron_s, "stage_dp_s": dp_s + more_s}
     return result

@@ -26,6 +26,7 @@ from passes.strategies import NodeStrategies, Source, Strategy, output_value, so
 from passes.program import TracedProgram
 from planner.search.buckets import Bucket, bucket_transfers
 from planner.search.move_prices import IMPOSSIBLE_S, CommModel, interned
+from planner.search.replicated import replicated_reason
 from planner.vocabulary.cluster import Cluster
 from planner.search.elimination import lower_bound, solve_by_elimination
 from planner.search.lp_fixing import solve_with_fixing
@@ -76,6 +77,9 @@ class IntraOpSolution:
 
     buckets: list[Bucket] = field(default_factory=list)
     """Gradient (and loss) all-reduces coalesced into buckets; not in `transfers`."""
+    replicated: str = ""
+    """Where every rank computes the whole step: why, in the ILP's prices
+    (`planner.search.replicated`); '' otherwise."""
 
     def collectives(self) -> list[tuple[str, str, int]]:
         """(phase, kind, bytes) of every collective of one training step."""
@@ -233,6 +237,7 @@ def plan_intra_op(
         assignment,
         num_variables=num_variables,
         buckets=buckets,
+        replicated=replicated_reason(program, table, choices, compute, communication, comm),
     )
 
 

@@ -81,11 +81,18 @@ class SearchResult:
     """The best configurations found, best first, and how the search went."""
 
     ranked: list[tuple[Candidate, StepPrediction]]
-    """Configurations that fit, fastest first."""
+    """Configurations that fit, in `rank_key` order."""
     evaluated: int = 0
     """Configurations whose step time was predicted."""
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds spent per phase."""
+
+
+def rank_key(prediction: StepPrediction) -> tuple[bool, float]:
+    """How fitting configurations rank: those whose reserved memory fits the device too
+    first (one that fits only what it allocates may run out of memory through the caching
+    allocator's fragmentation), fastest first within each."""
+    return (not prediction.reserved_fits, prediction.step_time_s)
 
 
 def _powers_of_two_dividing(n: int, limit: int) -> list[int]:
@@ -373,7 +380,8 @@ def search_megatron(
     flash_attention: bool = True, progress: Progress | None = None,
     collectives: LayerCollectives | None = None,
 ) -> SearchResult:
-    """The Megatron space, each layout with the least recomputation that fits."""
+    """The Megatron space, each layout with the least recomputation that fits (and, where
+    that one's reserved memory does not, also the least whose reserved memory fits)."""
     start = time.perf_counter()
     recomputes = [fixed["recompute"]] if "recompute" in fixed else list(RECOMPUTE)
     ranked: list[tuple[Candidate, StepPrediction]] = []
@@ -405,15 +413,18 @@ def search_megatron(
                                                   flash_attention, list(split))
                     fitting = fitted[key]
                     if fitting:
-                        ranked.append((candidate, predict_step(
-                            model, cluster, candidate.parallel, flash_attention, list(split),
-                            collectives)))
-                        break  # more recomputation would only be slower
+                        prediction = predict_step(model, cluster, candidate.parallel,
+                                                  flash_attention, list(split), collectives)
+                        ranked.append((candidate, prediction))
+                        if prediction.reserved_fits:
+                            break  # more recomputation would only be slower
+                        # More recomputation may keep the caching allocator's reserve
+                        # within the device too (`rank_key` ranks that plan first).
                 if not fitting:
                     too_large[others, split] = config.batch.micro_batch_size
         if progress:
             progress(index + 1, len(layouts))
-    ranked.sort(key=lambda item: item[1].step_time_s)
+    ranked.sort(key=lambda item: rank_key(item[1]))
     return SearchResult(ranked, evaluated, {"search_s": time.perf_counter() - start})
 
 
@@ -421,12 +432,13 @@ def best_exhaustive(
     model: TransformerConfig, cluster: Cluster, gbs: int, fixed: FixedKnobs,
     flash_attention: bool = True,
 ) -> tuple[Candidate, StepPrediction] | None:
-    """The fastest fitting configuration of the whole Megatron space, by brute force."""
+    """The first fitting configuration of the whole Megatron space in `rank_key` order, by
+    brute force."""
     best = None
     for candidate in enumerate_megatron(model, cluster, gbs, fixed):
         prediction = predict_step(model, cluster, candidate.parallel, flash_attention,
                                   list(candidate.layers_per_stage))
-        if prediction.fits and (best is None or prediction.step_time_s < best[1].step_time_s):
+        if prediction.fits and (best is None or rank_key(prediction) < rank_key(best[1])):
             best = (candidate, prediction)
     return best
 

@@ -57,6 +57,7 @@ def operator_shardings(
             FallbackOp(node=n, op=nodes[n].op, module=nodes[n].module)
             for n in fallback_nodes(table)
         ],
+        replicated=solution.replicated,
         solver=SolverReport(
             backend="SCIP",
             status=solution.assignment.status,

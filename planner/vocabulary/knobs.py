@@ -139,8 +139,9 @@ class Knob:
     neutral: tuple[Any, ...] = ()
     """Unpriced flags: Megatron-LM values besides its default that change nothing."""
     needs: str = ""
-    """Unpriced flags: what the flag acts on, without which Megatron-LM ignores it
-    (fp8, experts, context parallelism); empty: always."""
+    """What the flag acts on, without which Megatron-LM ignores it (fp8, experts, context
+    parallelism): an unpriced flag is then not refused, a knob of the experts not read;
+    empty: always."""
 
     @property
     def default(self) -> Any:
@@ -371,6 +372,10 @@ KNOBS: dict[str, Knob] = _knobs(
          "gradients, so the backward all-to-alls wait for the input gradients only and "
          "run beside the weight gradients", memory=False,
          megatron=_switch("--delay-wgrad-compute")),
+    Knob("moe_grouped_gemm", "run.moe_grouped_gemm", "bool",
+         "run a rank's experts as one grouped GEMM per projection; off, one expert after "
+         "another (a GEMM and an activation kernel each)", memory=False, needs="experts",
+         megatron=_switch("--moe-grouped-gemm")),
     Knob("moe_paged_stash", "run.moe_paged_stash", "bool",
          "keep the experts' saved activations in a paged buffer sized to the tokens routed, "
          "not the padded capacity (full-iteration CUDA graphs)", time=False,

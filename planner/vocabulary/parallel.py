@@ -230,6 +230,10 @@ class Moe:
     """Under the all-to-all overlap, run each slot's weight gradients apart from its input
     gradients (--delay-wgrad-compute), so the backward all-to-alls wait for the input
     gradients only and the weight gradients run beneath them."""
+    moe_grouped_gemm: bool = True
+    """Run a rank's experts as one grouped GEMM per projection (--moe-grouped-gemm:
+    Megatron-Core's TEGroupedMLP; TorchTitan's grouped_mm), or, off (Megatron-LM's default),
+    one expert after another (SequentialMLP): a GEMM and an activation kernel per expert."""
 
 
 @dataclass(frozen=True)

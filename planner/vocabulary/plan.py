@@ -131,6 +131,9 @@ class OperatorShardings(_Model):
     fallback_ops: list[FallbackOp] = Field(
         default_factory=list, description="Ops with no sharding rule, run replicated."
     )
+    replicated: str = Field(
+        default="", description="Where every rank computes the whole step (every value "
+        "replicated, no collective): why, in the ILP's own prices; empty otherwise.")
     solver: SolverReport
 
 
@@ -288,6 +291,9 @@ class RunSettings(_Model):
     delay_wgrad_compute: bool = Field(
         default=False, description="Weight gradients computed apart from input gradients, "
         "beneath the expert all-to-alls.")
+    moe_grouped_gemm: bool = Field(
+        default=True, description="A rank's experts run as one grouped GEMM per "
+        "projection; false: one GEMM per expert in turn.")
     cuda_graphs: bool = Field(default=False, description="Layers captured in CUDA graphs.")
     cuda_graph_scope: tuple[CudaGraphScope, ...] = Field(
         default=(), description="Parts of each layer in CUDA graphs, when not whole layers.")
@@ -558,6 +564,17 @@ class Plan(_Model):
                 f"{len(self.stages)} stages); plan with --mesh for them"
             )
         return self.stages[0].operators
+
+    def replicated_notes(self) -> list[str]:
+        """Why each stage whose every rank computes all of it does so (the ILP's
+        `OperatorShardings.replicated`), 'stage i: ' first where there are several stages."""
+        notes = []
+        for index, stage in enumerate(self.stages):
+            shardings = [stage.operators] * (stage.operators is not None) + stage.layer_operators
+            if shardings and all(operators.replicated for operators in shardings):
+                prefix = f"stage {index}: " if len(self.stages) > 1 else ""
+                notes.append(prefix + shardings[0].replicated)
+        return notes
 
     @property
     def cost_source(self) -> str:

@@ -46,24 +46,34 @@ def _forbid_pickled_objects() -> Callable[[], None]:
 
 
 def _train_with_parallelize(rank: int, world: int, batches):
+    import logging
+
     import planner
 
     _forbid_pickled_objects()
     model, inputs = _model()
+    told: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: told.append(record.getMessage())
+    logging.getLogger("planner").addHandler(handler)
     plan, trainer = planner.parallelize(model, inputs, mesh_shape=(world,), cluster="cpu")
     losses = [trainer.step(*batch) for batch in batches]
-    return plan.to_json(), losses, trainer.full_parameters()
+    return plan.to_json(), losses, trainer.full_parameters(), told
 
 
 def test_parallelize_trains_like_one_process() -> None:
     generator = torch.Generator().manual_seed(1)
     batches = [(torch.randn(8, 32, generator=generator),) for _ in range(3)]
     results = run_on_ranks(_train_with_parallelize, 2, batches)
-    plans = {plan for plan, _, _ in results}
+    plans = {plan for plan, _, _, _ in results}
     assert len(plans) == 1, "every rank runs the plan rank 0 made"
+    # The tiny MLP on gloo is best replicated, and rank 0 (only) says why, with the numbers.
+    [told], nothing = results[0][3], results[1][3]
+    assert told.startswith("replicated: each of the 2 ranks computes the whole step") \
+        and not nothing
     model, _ = _model()
     reference_losses, reference_params = train_single_process(model, None, batches)
-    for _, losses, params in results:
+    for _, losses, params, _ in results:
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference_losses))
         for name, value in reference_params.items():
             torch.testing.assert_close(params[name], value, rtol=1e-4, atol=1e-5)

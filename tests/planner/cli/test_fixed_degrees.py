@@ -58,3 +58,42 @@ def test_memory_headroom_keeps_every_plan_that_much_below_the_device(
     captured = capsys.readouterr()
     assert "--memory-headroom 90: 90 GiB is all of a H100-SXM5-80GB's 79.6 GiB" in " ".join(
         (captured.out + captured.err).split())
+
+
+def test_rows_that_would_read_alike_say_what_differs_and_json_keeps_the_ranking(
+        tmp_path: Path, capsys) -> None:
+    """DeepSeek-V3 in fp8 on 1,024 H100s: plans of the same degrees that split the 61
+    layers differently name their split, and the plan ranked first reserves no more than
+    the device holds (it ranked a plan reserving 84 GiB of 79.6 second); --json writes the
+    best Plan and the table's plans beside it."""
+    out = tmp_path / "plan.json"
+    code = main(["deepseek-v3", "--cluster", "dgx-h100", "--gpus", "1024",
+                 "--global-batch-size", "4096", "--precision", "fp8", "--top", "8",
+                 "--json", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0
+    rows: list[str] = []
+    for line in text.splitlines():  # a layout may wrap onto a line of its own
+        cells = line.split("│")
+        if line.startswith("│ ") and cells[1].strip().isdigit():
+            rows.append(cells[2].strip())
+        elif line.startswith("│ ") and rows and not cells[1].strip():
+            rows[-1] += " " + cells[2].strip()
+    assert len(rows) == 8 and len(set(rows)) == 8, rows
+    assert any(" L" in row for row in rows)  # an uneven split, e.g. L6,8x6,7
+    plans = json.loads((tmp_path / "plan.ranked.json").read_text())
+    assert len(plans) == 8 and plans[0] == json.loads(out.read_text())
+    assert all(plan["predicted"]["reserved_fits"] for plan in plans)
+
+
+def test_a_faster_plan_past_the_reserve_is_named_below_the_best(capsys) -> None:
+    """Meta's 405B degrees without recomputation allocate 79.2 GiB and would reserve 86.5:
+    the plan with full recomputation ranks first, and the faster one is named."""
+    code = main([*LLAMA_405B[:-1], "5", "--tensor-model-parallel-size", "8",
+                 "--pipeline-model-parallel-size", "16", "--micro-batch-size", "1",
+                 "--context-parallel-size", "1"])
+    flat = " ".join(capsys.readouterr().out.split())
+    assert code == 0
+    assert "│ 1 │ t8 p16 d128 mb1 sp zero1 │ full" in flat.replace("L7,8x14,7 ", "")
+    assert "faster but ranked below: #4 (8.256 s) allocates 79.2 GiB and would reserve " \
+        "86.5 GiB, more than the device holds" in flat

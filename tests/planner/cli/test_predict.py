@@ -123,7 +123,8 @@ CASES = {
         64, f"{MIXTRAL} {LLAMA_FORM} --moe-ffn-hidden-size 14336 --bf16 "
             "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
             "--expert-model-parallel-size 4 --sequence-parallel --use-distributed-optimizer "
-            "--moe-token-dispatcher-type alltoall --micro-batch-size 1 --global-batch-size 256",
+            "--moe-token-dispatcher-type alltoall --moe-grouped-gemm --micro-batch-size 1 "
+            "--global-batch-size 256",
         f"mixtral {MIXTRAL} --ffn-hidden-size 14336 --precision bf16 "
         "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
         # Megatron-LM's experts split over the tensor ranks unless told otherwise.
@@ -384,5 +385,6 @@ def test_a_moe_launch_line_reads_every_moe_flag(tmp_path: Path, capsys) -> None:
     assert (q.dims.expert, q.dims.expert_tensor_degree, q.moe.moe_router_force_load_balancing,
             q.moe.moe_expert_capacity_factor, q.moe.moe_token_dispatcher) == (8, 1, True, 1.25,
                                                                               "flex")
-    assert {"--moe-grouped-gemm", "--moe-permute-fusion", "--moe-router-dtype",
-            "--moe-aux-loss-coeff", "--mscale"} <= set(run.ignored)
+    assert {"--moe-permute-fusion", "--moe-router-dtype", "--moe-aux-loss-coeff",
+            "--mscale"} <= set(run.ignored)
+    assert q.moe.moe_grouped_gemm and "--moe-grouped-gemm" not in run.ignored

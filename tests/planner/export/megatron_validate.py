@@ -6,7 +6,8 @@ Reads JSON from stdin: a list of {"argv": [...], "env": {...}}; prints one JSON 
 
 Three things stand in for a GPU machine, each needed only to read arguments on a CPU:
 - `WORLD_SIZE` (torchrun sets it) and the script's own exports are in the environment;
-- `get_device_arch_version` (a CUDA device query) answers 9, a Hopper GPU;
+- `get_device_arch_version` and `torch.cuda.get_device_capability` (CUDA device queries;
+  the latter for --moe-grouped-gemm's check) answer 9, a Hopper GPU;
 - the two Python 3.12 names megatron-core 0.17+ imports exist on 3.11 (`typing.override`
   from typing_extensions) and its triton kernels for MoE paged stashing, which nothing in
   argument handling calls, are not compiled (triton is a GPU package).
@@ -37,6 +38,7 @@ def validate(argv: list[str], env: dict[str, str]) -> dict:
     import megatron.training.arguments as arguments
 
     arguments.get_device_arch_version = lambda: 9
+    arguments.torch.cuda.get_device_capability = lambda *device: (9, 0)
     saved = dict(os.environ)
     os.environ.update(env)
     sys.argv = argv
