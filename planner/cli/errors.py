@@ -32,11 +32,13 @@ def one_line(error: BaseException) -> str:
         where = f" {error.filename!r}" if error.filename else ""
         text = f"cannot use{where}: {error.strerror}"
     else:
-        text = " ".join(str(error).split()) or type(error).__name__
+        text = " ".join(str(error).split())
     ours = type(error).__module__.partition(".")[0] in _PACKAGES
     if not (ours or isinstance(error, (ValueError, OSError))):
-        text = f"{type(error).__name__}: {text} (rerun with --debug for the traceback)"
-    return text
+        # Named once where it says nothing more ("MemoryError", not "MemoryError: MemoryError").
+        named = f"{type(error).__name__}: {text}" if text else type(error).__name__
+        text = f"{named} (rerun with --debug for the traceback)"
+    return text or type(error).__name__
 
 
 def report_failure(error: BaseException, console: Console, debug: bool) -> int:

@@ -7,8 +7,6 @@ and --explain-args' table of each flag and where it was written."""
 from __future__ import annotations
 
 import argparse
-import stat
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -17,12 +15,10 @@ from rich.text import Text
 
 from planner.cli.errors import UsageError
 from planner.search.megatron_space import MAX_GPUS
+from planner.user_files import read_user_file
 
 if TYPE_CHECKING:
     from planner.megatron import LaunchLine, MegatronArgs
-
-# Largest --args-file read: a launch script is a few KiB; this bounds the work.
-MAX_ARGS_FILE_BYTES = 1 << 20
 
 
 def environment_pair(text: str) -> tuple[str, str]:
@@ -50,21 +46,8 @@ def launch_line(args: argparse.Namespace) -> LaunchLine:
                 "(plan predict --cluster C --gpus N -- --num-layers ...) or give --args-file"
             )
         return given
-    path = Path(args.args_file).expanduser()
-    try:
-        status = path.stat()
-        # Only a regular file: a FIFO would block the read forever, /dev/zero never end it.
-        if not stat.S_ISREG(status.st_mode):
-            raise UsageError(f"--args-file {args.args_file!r} is not a regular file (a pipe, "
-                             "a device or a folder); give the launch script")
-        if status.st_size > MAX_ARGS_FILE_BYTES:
-            raise UsageError(f"--args-file {args.args_file!r} is over "
-                             f"{MAX_ARGS_FILE_BYTES >> 20} MiB; give the launch script")
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as error:
-        why = getattr(error, "strerror", None) or "not text"
-        raise UsageError(f"--args-file {args.args_file!r} cannot be read ({why}); give "
-                         "the path of the launch script") from None
+    text = read_user_file(args.args_file, f"--args-file {args.args_file!r}",
+                          "the launch script")
     from_file = launch_words(text, dict(args.env), args.script_arg, args.args_file)
     if from_file.launcher and given.launcher:
         raise UsageError(

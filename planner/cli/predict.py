@@ -365,7 +365,8 @@ def _best_plans(
     from planner.plans.transformer_plan import ranked_plans
     from planner.search import search
 
-    with Progress(console=console, transient=True) as progress:
+    # A progress bar only where someone watches: piped, it would leave a blank line.
+    with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task(f"searching the {args.space} space", total=None)
         fixed = FixedKnobs({knob: parallel.knob(knob) for knob in kept})
         result = search(model, cluster, parallel.batch.global_batch_size, fixed, args.space,

@@ -141,7 +141,8 @@ def _plan_with_progress(
     """`planner.plans.transformer_plan.plan_training`, with a progress bar."""
     from rich.progress import Progress
 
-    with Progress(console=console, transient=True) as progress:
+    # A progress bar only where someone watches: piped, it would leave a blank line.
+    with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task(f"searching {args.space} space", total=None)
 
         def advance(done: int, total: int) -> None:

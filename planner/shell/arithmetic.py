@@ -3,9 +3,10 @@
 The operators of bash(1) ARITHMETIC EVALUATION with C's precedence: unary + - ! ~, **,
 * / %, + -, << >>, comparisons, == !=, & ^ |, && ||, ?:, assignments (= += -= *= /= %=)
 and ++ / --. Names are variables (unset or empty: 0; a variable's text is itself
-evaluated, as bash does); division truncates toward zero, as C's. `$`-expansions are done
-before (`planner.shell.words`). A value Tessel cannot know makes the result unknown
-(`Unknown`), never a guess.
+evaluated, as bash does); division truncates toward zero, as C's. Every value is a 64-bit
+signed integer that wraps around, as bash's intmax_t does: `2 ** 2 ** 40` is 0, not a
+number of 2^40 bits. `$`-expansions are done before (`planner.shell.words`). A value
+Tessel cannot know makes the result unknown (`Unknown`), never a guess.
 """
 
 from __future__ import annotations
@@ -28,6 +29,17 @@ _LEVELS: tuple[tuple[str, ...], ...] = (
 _ASSIGNMENTS = ("=", "+=", "-=", "*=", "/=", "%=", "<<=", ">>=", "&=", "|=", "^=", "**=")
 # Depth of a variable's text evaluated as arithmetic inside another (bash: 1024).
 _MOST_NESTED = 64
+_BITS = 64
+_MODULUS = 1 << _BITS
+# Digits of bash's bases up to 64 (bash(1), ARITHMETIC EVALUATION); up to base 36 a
+# letter of either case is the same digit.
+_DIGITS = {char: value for value, char in enumerate(
+    "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ@_")}
+
+
+def _wrapped(value: int) -> int:
+    """`value` as a 64-bit signed integer (two's complement wrap-around)."""
+    return (value + (_MODULUS >> 1)) % _MODULUS - (_MODULUS >> 1)
 
 
 class Unknown(Exception):
@@ -45,13 +57,15 @@ def _truncated(a: int, b: int, op: str, line: int) -> int:
     return quotient if op == "/" else a - b * quotient
 
 
+# A shift counts modulo 64, as x86-64 shifts bash's intmax_t.
 _BINARY: dict[str, Callable[[int, int], int]] = {
     "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
-    "<<": lambda a, b: a << b, ">>": lambda a, b: a >> b, "&": lambda a, b: a & b,
+    "<<": lambda a, b: a << (b % _BITS), ">>": lambda a, b: a >> (b % _BITS),
+    "&": lambda a, b: a & b,
     "|": lambda a, b: a | b, "^": lambda a, b: a ^ b, "<": lambda a, b: int(a < b),
     "<=": lambda a, b: int(a <= b), ">": lambda a, b: int(a > b),
     ">=": lambda a, b: int(a >= b), "==": lambda a, b: int(a == b),
-    "!=": lambda a, b: int(a != b), "**": lambda a, b: a ** b,
+    "!=": lambda a, b: int(a != b),
 }
 
 
@@ -132,33 +146,37 @@ class _Evaluator:
 
     def _apply(self, op: str, a: int, b: int) -> int:
         if op in ("/", "%"):
-            return _truncated(a, b, op, self.line)
+            return _wrapped(_truncated(a, b, op, self.line))
         if op == "&&":
             return int(bool(a) and bool(b))
         if op == "||":
             return int(bool(a) or bool(b))
-        return _BINARY[op](a, b)
+        if op == "**":
+            return self._raised(a, b)
+        return _wrapped(_BINARY[op](a, b))
 
     def _power(self) -> int:
         base = self._unary()
         if self._peek() == "**":
             self._take()
-            exponent = self._power()
-            if exponent < 0:
-                raise ShellError(f"line {self.line}: a negative exponent in arithmetic")
-            return base ** exponent
+            return self._raised(base, self._power())
         return base
+
+    def _raised(self, base: int, exponent: int) -> int:
+        if exponent < 0:
+            raise ShellError(f"line {self.line}: a negative exponent in arithmetic")
+        return _wrapped(pow(base, exponent, _MODULUS))
 
     def _unary(self) -> int:
         op = self._peek()
         if op in ("+", "-", "!", "~"):
             self._take()
             value = self._unary()
-            return {"+": value, "-": -value, "!": int(not value), "~": ~value}[op]
+            return _wrapped({"+": value, "-": -value, "!": int(not value), "~": ~value}[op])
         if op in ("++", "--"):
             self._take()
             name = self._take()[1]
-            value = self._variable(name) + (1 if op == "++" else -1)
+            value = _wrapped(self._variable(name) + (1 if op == "++" else -1))
             self._store(name, value)
             return value
         return self._postfix()
@@ -176,7 +194,7 @@ class _Evaluator:
                              "bash expects a number")
         value = self._variable(text)
         if self._peek() in ("++", "--"):
-            self._store(text, value + (1 if self._take()[1] == "++" else -1))
+            self._store(text, _wrapped(value + (1 if self._take()[1] == "++" else -1)))
         return value
 
     def _variable(self, name: str) -> int:
@@ -197,17 +215,26 @@ class _Evaluator:
 
 
 def _number(text: str, line: int) -> int:
-    try:
-        if text.lower().startswith("0x"):
-            return int(text, 16)
-        if "#" in text:
-            base, _, digits = text.partition("#")
-            return int(digits, int(base))
-        if len(text) > 1 and text.startswith("0"):
-            return int(text, 8)
-        return int(text)
-    except ValueError:
-        raise ShellError(f"line {line}: {text!r} is not a number bash reads") from None
+    """A constant as bash reads it (0x hex, 0 octal, BASE#digits), wrapped to 64 bits:
+    digit by digit, so that no constant however long makes a huge integer."""
+    if text[:2].lower() == "0x":
+        base, digits = 16, text[2:]
+    elif "#" in text:
+        base_text, _, digits = text.partition("#")
+        base = int(base_text) if len(base_text) <= 2 else 0
+    elif len(text) > 1 and text.startswith("0"):
+        base, digits = 8, text[1:]
+    else:
+        base, digits = 10, text
+    if not 2 <= base <= 64:
+        raise ShellError(f"line {line}: {text!r} has a base bash does not read (2 to 64)")
+    value = 0
+    for char in digits:
+        digit = _DIGITS.get(char.lower() if base <= 36 else char, _MODULUS)
+        if digit >= base:
+            raise ShellError(f"line {line}: {text!r} is not a number bash reads")
+        value = (value * base + digit) % _MODULUS
+    return _wrapped(value)
 
 
 def evaluate(text: str, parameters: Parameters, line: int) -> int:

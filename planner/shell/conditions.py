@@ -151,8 +151,7 @@ class _DoubleBracket(_Logic):
             right = expand_text(right_raw, self.parameters)
             if right.unknown or right.machine:
                 return None
-            pattern = expand_pattern(right_raw, self.parameters)
-            matched = re.fullmatch(pattern, left.text, re.DOTALL) is not None
+            matched = expand_pattern(right_raw, self.parameters).matches(left.text)
             return matched if op != "!=" else not matched
         right = expand_text(right_raw, self.parameters)
         if op in _NUMERIC:

@@ -96,6 +96,10 @@ class _State:
     calls: int = 0
 
     def copy(self) -> _State:
+        # Copied where both sides of an `if` are followed: each slot is text copied.
+        self.parameters.budget.spend_text(
+            len(self.parameters.variables) + len(self.functions) + len(self.ran)
+            + len(self.others))
         return _State(self.parameters.copy(), dict(self.functions), list(self.ran),
                       list(self.others), [dict(frame) for frame in self.locals], self.calls)
 
@@ -142,6 +146,9 @@ class _Evaluator:
         return status
 
     def _command(self, node: Command, state: _State) -> Status:
+        budget = state.parameters.budget
+        budget.line = node.line
+        budget.spend_steps(1)
         if isinstance(node, Simple):
             return self._simple(node, state)
         if isinstance(node, If):
@@ -194,8 +201,7 @@ class _Evaluator:
                                           for _, body in node.items] + [lambda s: 0], why)
         for patterns, body in node.items:
             for pattern in patterns:
-                if re.fullmatch(expand_pattern(pattern, state.parameters), subject.text,
-                                re.DOTALL):
+                if expand_pattern(pattern, state.parameters).matches(subject.text):
                     return self.run(body, state)
         return 0
 
@@ -222,6 +228,10 @@ class _Evaluator:
 
     def _merge(self, state: _State, ways: list[_State], why: str) -> None:
         names = set().union(*(way.parameters.variables for way in ways))
+        known = len(state.ran)
+        added = [way.ran[known:] for way in ways]
+        state.parameters.budget.spend_steps(
+            len(names) + sum(len(way.others) + len(more) for way, more in zip(ways, added)))
         first = ways[0].parameters
         for name in sorted(names):
             values = [way.parameters.variables.get(name) for way in ways]
@@ -238,20 +248,18 @@ class _Evaluator:
             None)
         for way in ways:
             state.functions.update(way.functions)
-        known = len(state.ran)
-        added = [way.ran[known:] for way in ways]
         if all(commands == added[0] for commands in added):
             state.ran += added[0]
         else:
-            seen: list[Ran] = []
-            for commands in added:
-                for command in commands:
-                    if command not in seen:
-                        seen.append(command)
+            seen = dict.fromkeys(command for commands in added for command in commands)
             state.ran += [_unknown(command, f"it runs only on one side of {why}")
                           for command in seen]
+        named = set(state.others)
         for way in ways:
-            state.others += [name for name in way.others if name not in state.others]
+            for name in way.others:
+                if name not in named:
+                    named.add(name)
+                    state.others.append(name)
 
     # -- loops -------------------------------------------------------------------------------
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from planner.shell.limits import Budget, check_length
+
 
 @dataclass(frozen=True)
 class Word:
@@ -63,10 +65,12 @@ class Parameters:
     unset_unknown: str | None = None
     """Why a variable the script has not set may be set anyway (a `source`d file, an
     `eval`); None: unset is unset."""
+    budget: Budget = field(default_factory=Budget)
+    """What the whole evaluation has spent of its limits, shared by every copy."""
 
     def copy(self) -> Parameters:
         return Parameters(dict(self.variables), list(self.positional), self.script_name,
-                          self.unset_unknown)
+                          self.unset_unknown, self.budget)
 
     def get(self, name: str, line: int) -> Variable | None:
         """The variable `name` (positional and special ones included); None when unset."""
@@ -92,8 +96,17 @@ class Parameters:
         return None
 
     def set(self, name: str, values: tuple[Word, ...], array: bool = False) -> None:
-        self.variables[name] = Variable(tuple(replace(w, via=w.via or name) for w in values)
-                                        if not array else values, array)
+        """Sets `name`; ShellError where a string is longer than a word can be or the
+        script's text comes to more than its limit (`planner.shell.limits`)."""
+        line = values[-1].line if values else 0
+        if array:  # its items were checked as they were expanded; each slot is copied
+            self.budget.spend_text(len(values), line)
+            self.variables[name] = Variable(values, array)
+            return
+        size = sum(len(w.text) for w in values)
+        check_length(size, line)
+        self.budget.spend_text(size, line)
+        self.variables[name] = Variable(tuple(replace(w, via=w.via or name) for w in values))
 
     def unset(self, name: str) -> None:
         self.variables.pop(name, None)

@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass, replace
 
 from planner.shell.arithmetic import Unknown, evaluate
+from planner.shell.globs import Pattern, replace_matches, tokens_of
+from planner.shell.limits import check_length
 from planner.shell.parameters import Parameters, Variable, Word
 from planner.shell.lexer import (
     Raw, ShellError, end_of_backquoted, end_of_balanced, end_of_double_quoted,
@@ -277,8 +279,7 @@ class _Expansion:
         # ("${X:-"a b"}" is `a b`).
         pieces = self.pieces(operand, False)
         word = _combine(pieces, self.line)
-        text = "".join(p.text if p.items is None else " ".join(w.text for w in p.items)
-                       for p in pieces)
+        text = _joined_text(pieces, self.line)
         all_quoted = bool(pieces) and all(p.quoted for p in pieces)
         return _Piece(text, quoted or all_quoted, split=not quoted and not all_quoted
                       and not word.unknown, word=replace(word, text=text))
@@ -293,11 +294,10 @@ class _Expansion:
                              f"{word.text}, which Tessel does not know; write the value out")
         text = word.text
         if op in ("^^", ",,", "^", ","):
-            if op == "^^":
-                return text.upper()
-            if op == ",,":
-                return text.lower()
-            return (text[:1].upper() if op == "^" else text[:1].lower()) + text[1:]
+            changed = text.upper() if op == "^^" else text.lower() if op == ",," else (
+                text[:1].upper() if op == "^" else text[:1].lower()) + text[1:]
+            check_length(len(changed), self.line)  # "ß".upper() is "SS"
+            return changed
         if op == ":":
             start_text, _, count_text = operand.partition(":")
             start = evaluate(self.text(Raw(start_text, self.line)).text,
@@ -312,71 +312,53 @@ class _Expansion:
             pattern_text, _, replacement_text = operand.partition("/")
             pattern = self.pattern(Raw(pattern_text, self.line))
             replacement = self.text(Raw(replacement_text, self.line)).text
-            if op == "/#":
-                pattern = "^(?:" + pattern + ")"
-            elif op == "/%":
-                pattern = "(?:" + pattern + ")$"
-            return re.sub(pattern, lambda _: replacement, text, count=0 if op == "//" else 1)
-        pattern = re.compile(self.pattern(Raw(operand, self.line)), re.DOTALL)
-        cuts = range(len(text) + 1)
+            return replace_matches(pattern, text, replacement, op)
+        pattern = self.pattern(Raw(operand, self.line))
         if op in ("#", "##"):
-            order = cuts if op == "#" else reversed(cuts)
-            cut = next((i for i in order if pattern.fullmatch(text[:i])), 0)
-            return text[cut:]
-        order = reversed(cuts) if op == "%" else cuts
-        cut = next((i for i in order if pattern.fullmatch(text[i:])), len(text))
-        return text[:cut]
+            cut = pattern.prefix(text, longest=op == "##")
+            return text if cut is None else text[cut:]
+        cut = pattern.suffix(text, longest=op == "%%")
+        return text if cut is None else text[:len(text) - cut]
 
     # -- words ------------------------------------------------------------------------------
 
     def words(self, raw: Raw) -> list[Word]:
-        return _fields(self.pieces(raw.text, False), raw.line)
+        words = _fields(self.pieces(raw.text, False), raw.line)
+        self.parameters.budget.spend_steps(len(words), raw.line)
+        self.parameters.budget.spend_text(sum(len(w.text) for w in words), raw.line)
+        return words
 
     def text(self, raw: Raw) -> Word:
         """The word as one text: no splitting (assignment values, [[ ]] operands)."""
         pieces = self.pieces(raw.text, False)
         word = _combine(pieces, raw.line)
-        return replace(word, text="".join(
-            p.text if p.items is None else " ".join(w.text for w in p.items) for p in pieces))
+        text = _joined_text(pieces, raw.line)
+        self.parameters.budget.spend_text(len(text), raw.line)
+        return replace(word, text=text)
 
-    def pattern(self, raw: Raw) -> str:
-        """The word as a regular expression of its glob pattern: quoted characters match
-        themselves, unquoted *, ? and [...] are patterns."""
-        parts = []
-        for piece in self.pieces(raw.text, False):
-            text = piece.text if piece.items is None else " ".join(w.text for w in piece.items)
-            parts.append(re.escape(text) if piece.quoted else _glob(text))
-        return "".join(parts)
+    def pattern(self, raw: Raw) -> Pattern:
+        """The word as a glob pattern: quoted characters match themselves, unquoted *, ?
+        and [...] are patterns."""
+        pieces = self.pieces(raw.text, False)
+        tokens = [token for piece in pieces for token in tokens_of(
+            _joined_text([piece], raw.line), piece.quoted)]
+        return Pattern.of(tokens, self.parameters.budget, raw.line)
 
 
-def _glob(text: str) -> str:
-    """A glob pattern as a regular expression (bash(1), Pattern Matching)."""
-    out, at = [], 0
-    while at < len(text):
-        char = text[at]
-        if char == "*":
-            out.append(".*")
-        elif char == "?":
-            out.append(".")
-        elif char == "[" and "]" in text[at + 2:]:
-            end = text.index("]", at + 2)
-            inner = text[at + 1:end]
-            if inner[:1] in ("!", "^"):
-                inner = "^" + inner[1:]
-            out.append("[" + inner.replace("\\", "\\\\") + "]")
-            at = end
-        elif char == "\\" and at + 1 < len(text):
-            at += 1
-            out.append(re.escape(text[at]))
-        else:
-            out.append(re.escape(char))
-        at += 1
-    return "".join(out)
+def _joined_text(pieces: list[_Piece], line: int) -> str:
+    """The pieces as one text, an array's items joined by a space; ShellError, before
+    joining, where it would be longer than a word can be."""
+    check_length(sum(len(p.text) if p.items is None else
+                     sum(len(w.text) for w in p.items) + max(len(p.items) - 1, 0)
+                     for p in pieces), line)
+    return "".join(p.text if p.items is None else " ".join(w.text for w in p.items)
+                   for p in pieces)
 
 
 def _joined(items: tuple[Word, ...], quoted: bool, line: int) -> _Piece:
     """"${A[*]}" / "$*": the items joined by a space, one word."""
     unknown = next((w.unknown for w in items if w.unknown), None)
+    check_length(sum(len(w.text) for w in items) + max(len(items) - 1, 0), line)
     text = " ".join(w.text for w in items)
     return _Piece(text, quoted, word=Word(text, line, unknown=unknown,
                                           machine=any(w.machine for w in items)))
@@ -445,6 +427,7 @@ def _split_into(piece: _Piece, add, close) -> None:  # type: ignore[no-untyped-d
 
 
 def _field(pieces: list[_Piece], line: int) -> Word:
+    check_length(sum(len(p.text) for p in pieces), line)
     text = "".join(p.text for p in pieces)
     with_words = [p for p in pieces if p.word is not None]
     if len(pieces) == 1 and with_words:
@@ -471,6 +454,6 @@ def expand_text(raw: Raw, parameters: Parameters) -> Word:
     return _Expansion(parameters, raw.line).text(raw)
 
 
-def expand_pattern(raw: Raw, parameters: Parameters) -> str:
-    """`raw` as a regular expression of the glob pattern it expands to."""
+def expand_pattern(raw: Raw, parameters: Parameters) -> Pattern:
+    """The glob pattern `raw` expands to."""
     return _Expansion(parameters, raw.line).pattern(raw)

@@ -90,12 +90,15 @@ def read_config_module(spec: str) -> tuple[dict[str, Any], str]:
     text = read_named_file(path_text, "a TorchTitan config module")
     try:
         tree = ast.parse(text, filename=path_text)
+        reader = _Reader(path_text, tree)
+        name = function or reader.only_function()
+        value = reader.call_function(name, tree)
     except SyntaxError as error:
         raise JobConfigError(f"{path_text}:{error.lineno}: not Python ({error.msg}); give a "
                              "TorchTitan config module") from None
-    reader = _Reader(path_text, tree)
-    name = function or reader.only_function()
-    value = reader.call_function(name, tree)
+    except (RecursionError, MemoryError):  # Python's parser: nesting past its own limits
+        raise JobConfigError(f"{path_text} nests expressions deeper than Python parses; "
+                             "give a TorchTitan config module") from None
     if not isinstance(value, _Trainer):
         raise JobConfigError(f"{path_text}: {name}() returns no Trainer.Config; return "
                              "the config, as TorchTitan's config functions do")
@@ -202,7 +205,7 @@ class _Reader:
             left, right = self.value(node.left, names), self.value(node.right, names)
             if _number(left) and _number(right) and not (
                     isinstance(node.op, (ast.FloorDiv, ast.Div)) and right == 0):
-                return _ARITHMETIC[type(node.op)](left, right)
+                return self._bounded(node, _ARITHMETIC[type(node.op)](left, right))
         if isinstance(node, ast.BoolOp):
             values = [self.value(v, names) for v in node.values]
             return all(values) if isinstance(node.op, ast.And) else any(values)
@@ -224,6 +227,14 @@ class _Reader:
             return self._call(node, names)
         raise self.error(node, f"{_construct(node)} is not a literal Tessel can read (nothing "
                          "in a config is run); write the value itself")
+
+    def _bounded(self, node: ast.AST, result: Any) -> Any:
+        """`result`, refused where it is an integer beyond 64 bits: no setting is, and a
+        name squared forty times over would not end (a number of 2^40 digits)."""
+        if isinstance(result, int) and abs(result) >= 1 << 63:
+            raise self.error(node, f"{_construct(node)} comes to a number beyond 64 bits; "
+                                   "no TorchTitan setting is that large")
+        return result
 
     def _read_attribute(self, node: ast.Attribute, names: dict[str, Any]) -> Any:
         path = _attribute_path(node)

@@ -7,15 +7,14 @@ the parallel configuration is TorchTitan's (`parallel_config`), its engine "torc
 
 from __future__ import annotations
 
-import stat
 import tomllib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from planner.torchtitan.errors import JobConfigError
 from planner.torchtitan.keys import RELEASE, flatten, shown
 from planner.torchtitan.parallel_config import parallel_config
+from planner.user_files import UserFileError, parse_nested, read_user_file
 
 if TYPE_CHECKING:
     from planner.models.config import TransformerConfig
@@ -27,8 +26,6 @@ FLAVORS = {"8B": "llama3-8b", "70B": "llama3-70b", "405B": "llama3-405b"}
 # Its other flavors: debug shapes, and attention kernels Tessel does not price.
 OTHER_FLAVORS = ("debugmodel", "debugmodel_flex_attn", "debugmodel_varlen_attn", "8B_flex",
                  "8B_varlen")
-# Largest file read: a job config is a few KiB; this bounds the work.
-MAX_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -67,22 +64,12 @@ class TorchTitanJob:
 
 def read_named_file(path: str, what: str) -> str:
     """The text of the file --torchtitan names (`path` as typed); JobConfigError, in one
-    line naming it and `what` it should be, when it is over MAX_BYTES or cannot be read."""
-    target = Path(path).expanduser()
+    line naming it and `what` it should be, when it is not a regular file, over
+    `planner.user_files.MAX_BYTES` or cannot be read."""
     try:
-        status = target.stat()
-        # Only a regular file: a FIFO would block the read forever, /dev/zero never end it.
-        if not stat.S_ISREG(status.st_mode):
-            raise JobConfigError(f"--torchtitan {path!r} is not a regular file (a pipe, a "
-                                 f"device or a folder); give {what}")
-        if status.st_size > MAX_BYTES:
-            raise JobConfigError(f"--torchtitan {path!r} is over {MAX_BYTES >> 20} MiB; give "
-                                 f"{what}")
-        return target.read_text()
-    except (OSError, UnicodeDecodeError) as error:
-        why = getattr(error, "strerror", None) or "not text"
-        raise JobConfigError(f"--torchtitan {path!r} cannot be read ({why}); give the path "
-                             f"of {what}") from None
+        return read_user_file(path, f"--torchtitan {path!r}", what)
+    except UserFileError as error:
+        raise JobConfigError(str(error)) from None
 
 
 def load_job_config(path: str) -> dict[str, Any]:
@@ -90,7 +77,9 @@ def load_job_config(path: str) -> dict[str, Any]:
     it cannot be read or is not TOML."""
     text = read_named_file(path, "the job config TorchTitan reads (--job.config_file)")
     try:
-        return tomllib.loads(text)
+        return parse_nested(tomllib.loads, text, f"--torchtitan {path!r}")
+    except UserFileError as error:
+        raise JobConfigError(str(error)) from None
     except tomllib.TOMLDecodeError as error:
         raise JobConfigError(f"--torchtitan {path!r} is not TOML ({error}); give the job "
                              "config TorchTitan reads (--job.config_file)") from None

@@ -36,6 +36,7 @@ from pydantic import (
     model_validator,
 )
 
+from planner.user_files import parse_nested, read_user_file
 from planner.vocabulary.efficiency import Efficiency, without_retired
 
 _FILE_SUFFIXES = (".yaml", ".yml", ".json")
@@ -403,22 +404,14 @@ class Cluster(_Config):
 
     @classmethod
     def _from_file(cls, path: Path) -> Cluster:
-        if not path.is_file():
-            raise ValueError(f"Cluster file {str(path)!r} does not exist.")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise ValueError(
-                f"Cluster file {str(path)!r} is not text (not UTF-8); give a YAML or JSON file."
-            ) from None
-        return cls._from_text(
-            text, f"cluster file {str(path)!r}", is_json=path.suffix.lower() == ".json"
-        )
+        source = f"cluster file {str(path)!r}"
+        text = read_user_file(path, source, "a YAML or JSON cluster file")
+        return cls._from_text(text, source, is_json=path.suffix.lower() == ".json")
 
     @classmethod
     def _from_text(cls, text: str, source: str, *, is_json: bool) -> Cluster:
         try:
-            data: Any = json.loads(text) if is_json else yaml.safe_load(text)
+            data: Any = parse_nested(json.loads if is_json else yaml.safe_load, text, source)
         except (json.JSONDecodeError, yaml.YAMLError) as err:
             raise ValueError(f"Cannot parse {source}: {err}") from None
         if not isinstance(data, dict):

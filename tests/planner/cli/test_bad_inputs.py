@@ -325,6 +325,88 @@ FACTORIES_AND_CHECK_FLAGS = {
 FAMILIES = {**KNOB_VALUES, **ESCAPED_TRACEBACKS, **HANGS_AND_UNBOUNDED_WORK, **GARBAGE,
             **MISSPELT, **GRAPH_PLANS, **FACTORIES_AND_CHECK_FLAGS}
 
+# Issue 44's inputs that hung or answered wrong, a case of each kind: argv -> the exact line.
+PREDICT = ["predict", *H100, "--gpus", "8"]
+LAUNCH = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers {layers} --hidden-size 256 "
+          "--num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 "
+          "--micro-batch-size 1 --global-batch-size 8 --vocab-size 1000\n")
+HUNG_OR_ANSWERED_WRONG = {
+    # FIFOs blocked the read forever.
+    "cluster-a-fifo": ([*SMALL[:3], "--cluster", "cluster.fifo.yaml", *SMALL[5:]],
+                       "cluster file 'cluster.fifo.yaml' is not a regular file (a pipe, a "
+                       "device or a folder); give a YAML or JSON cluster file"),
+    # /dev/zero, by name or through a link, read until memory ran out; a file of 2 GiB is
+    # refused after reading 1 MiB of it.
+    "args-file-dev-zero": ([*PREDICT, "--args-file", "/dev/zero"],
+                           "--args-file '/dev/zero' is not a regular file (a pipe, a device "
+                           "or a folder); give the launch script"),
+    "torchtitan-a-link-to-dev-zero": ([*PREDICT, "--torchtitan", "zero.toml"],
+                                      "--torchtitan 'zero.toml' is not a regular file (a "
+                                      "pipe, a device or a folder); give the job config "
+                                      "TorchTitan reads (--job.config_file)"),
+    "args-file-of-2-gib": ([*PREDICT, "--args-file", "huge.sh"],
+                           "--args-file 'huge.sh' is over 1 MiB, the most Tessel reads of one "
+                           "file; give the launch script"),
+    # Expansion bombs: a value doubled 40 times (MemoryError), functions calling functions
+    # ten times over, seven deep (ten million commands).
+    "args-file-doubling-40-times": (
+        [*PREDICT, "--args-file", "doubling.sh"],
+        "doubling.sh: line 19: a value of 262,144 characters, longer than the 131,072 (128 "
+        "KiB) Linux passes as one word to a command (MAX_ARG_STRLEN); Tessel stops there; "
+        "Tessel reads the script as bash would, without running it"),
+    "args-file-calls-fanning-out": (
+        [*PREDICT, "--args-file", "fanning.sh"],
+        "fanning.sh: line 1: reading the script takes more than 500,000 steps (commands, "
+        "values copied at each `if` Tessel cannot decide, characters matched against a "
+        "pattern; a launch script takes a few hundred); Tessel stops there; Tessel reads the "
+        "script as bash would, without running it"),
+    # Unbounded counts: 2 ** 2 ** 40 is 0 in bash's 64 bits (it was a 2^40-bit number).
+    "args-file-power-tower": ([*PREDICT, "--args-file", "tower.sh"],
+                              "--num-layers 0 must be from 1 to 16,384; give a count in range"),
+    "args-file-31-digit-layers": ([*PREDICT, "--args-file", "digits.sh"],
+                                  "--num-layers 1000000000000000000000000000000 must be from 1 "
+                                  "to 16,384; give a count in range"),
+    "predict-mtp-depth": ([*PREDICT, "--", *LAUNCH.format(layers=4).split()[3:],
+                           "--mtp-num-layers", "100000000"],
+                          "--mtp-num-layers 100000000 must be from 1 to 1,024; give a count "
+                          "in range"),
+    "torchtitan-a-name-squared-40-times": ([*PREDICT, "--torchtitan", "squared.py:job"],
+                                           "squared.py:3: binop `a * a` comes to a number "
+                                           "beyond 64 bits; no TorchTitan setting is that "
+                                           "large"),
+    # Zero experts: a dense plan with exit 0.
+    "hf-zero-experts-per-token": (["hf:experts0.json", *SMALL[1:]],
+                                  "qwen3_moe config: field 'num_experts_per_tok' is 0; it "
+                                  "must be a whole number from 1."),
+    # Negative prices: "$-2 per GPU-hour", and --objective cost ranked by them.
+    "cluster-negative-price": ([*SMALL[:1], "--cluster", "priced.yaml", *SMALL[3:]],
+                               "Invalid cluster file 'priced.yaml': run_costs.gpu_hour_usd: "
+                               "must be 0 <= low <= high USD per GPU-hour, got [-2.0, 3.0]."),
+    # Late flag checks: the whole search ran, then the flag was refused.
+    "elastic-without-emit": ([*SMALL, "--elastic", "1:8"],
+                             "--elastic says how an emitted job restarts: give --emit pytorch "
+                             "DIR as well"),
+    # Unclear exception names: RecursionError, ZeroDivisionError, int()'s digit limit.
+    "cluster-nested-200000-deep": ([*SMALL[:1], "--cluster", "nested.json", *SMALL[3:]],
+                                   "cluster file 'nested.json' nests arrays or tables deeper "
+                                   "than 100 levels (a config nests a few); fix the file"),
+    "cluster-yaml-nested": ([*SMALL[:1], "--cluster", "nested.yaml", *SMALL[3:]],
+                            "cluster file 'nested.yaml' nests arrays or tables deeper than 100 "
+                            "levels (a config nests a few); fix the file"),
+    "torchtitan-nested": ([*PREDICT, "--torchtitan", "nested.toml"],
+                          "--torchtitan 'nested.toml' nests arrays or tables deeper than 100 "
+                          "levels (a config nests a few); fix the file"),
+    "torchtitan-module-nested": ([*PREDICT, "--torchtitan", "nested.py:job"],
+                                 "nested.py nests expressions deeper than Python parses; give "
+                                 "a TorchTitan config module"),
+    "cluster-5000-digits": ([*SMALL[:1], "--cluster", "digits.json", *SMALL[3:]],
+                            "cluster file 'digits.json' holds a number of more than 4,300 "
+                            "digits; fix the file"),
+    "hf-decoder-sparse-step-0": (["hf:sparse-step0.json", *SMALL[1:]],
+                                 "qwen3_moe config: field 'decoder_sparse_step' is 0; it must "
+                                 "be a whole number from 1."),
+}
+
 
 @pytest.fixture(autouse=True)
 def _workdir(tmp_path, monkeypatch):
@@ -333,6 +415,7 @@ def _workdir(tmp_path, monkeypatch):
     (tmp_path / "plain-file").write_text("not a folder\n")
     os.mkfifo(tmp_path / "launch.fifo")  # nothing ever writes them: a read would block
     os.mkfifo(tmp_path / "job.toml")
+    _hung_or_answered_wrong(tmp_path)
     (tmp_path / "badfield").mkdir()
     (tmp_path / "badfield" / "config.json").write_text(
         json.dumps({"model_type": "llama", "hidden_size": "wide", "num_hidden_layers": [2]})
@@ -347,6 +430,37 @@ def _workdir(tmp_path, monkeypatch):
     (tmp_path / "big.yaml").write_text(preset.replace("num_devices: 8", "num_devices: 64"))
     (tmp_path / "inf-profile.json").write_text(json.dumps({"memory": [[64, float("inf")]]}))
     monkeypatch.setattr(cli.console, "_width", 80)  # a pipe's width, however run
+
+
+def _hung_or_answered_wrong(folder: Path) -> None:
+    """The files of HUNG_OR_ANSWERED_WRONG."""
+    os.mkfifo(folder / "cluster.fifo.yaml")
+    os.symlink("/dev/zero", folder / "zero.toml")
+    with open(folder / "huge.sh", "wb") as sparse:
+        sparse.truncate(2 << 30)  # 2 GiB that take no disk and no time
+    (folder / "doubling.sh").write_text('A=x\n' + 'A="$A$A"\n' * 40 + LAUNCH.format(layers="$A"))
+    (folder / "fanning.sh").write_text("".join(
+        f"{name}() {{ {' '.join([callee + ';'] * 10)} }}\n"
+        for name, callee in zip("bcdefgh", "abcdefg")).replace("b() {", "a() { :; }\nb() {")
+        + "h\n" + LAUNCH.format(layers=4))
+    (folder / "tower.sh").write_text("L=$(( 2 ** 2 ** 40 ))\n" + LAUNCH.format(layers="$L"))
+    (folder / "digits.sh").write_text(LAUNCH.format(layers=10 ** 30))
+    (folder / "squared.py").write_text("def job():\n    a = 99999999999\n"
+                                       + "    a = a * a\n" * 40 + "    return a\n")
+    (folder / "nested.py").write_text("def job():\n    return " + "1+" * 100_000 + "1\n")
+    (folder / "nested.json").write_text("[" * 200_000 + "]" * 200_000)
+    (folder / "nested.yaml").write_text("- " * 5_000 + "x\n")
+    (folder / "nested.toml").write_text("a = " + "[" * 5_000 + "]" * 5_000 + "\n")
+    (folder / "digits.json").write_text('{"num_devices": ' + "9" * 5_000 + "}")
+    qwen3 = {"model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 96,
+             "moe_intermediate_size": 16, "num_experts": 8, "num_experts_per_tok": 2,
+             "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "head_dim": 16, "vocab_size": 128, "max_position_embeddings": 64}
+    (folder / "experts0.json").write_text(json.dumps({**qwen3, "num_experts_per_tok": 0}))
+    (folder / "sparse-step0.json").write_text(json.dumps({**qwen3, "decoder_sparse_step": 0}))
+    preset = (Path(cli.__file__).parents[1] / "presets" / "dgx-h100.yaml").read_text()
+    (folder / "priced.yaml").write_text(preset.replace("gpu_hour_usd: [2.99, 6.88]",
+                                                       "gpu_hour_usd: [-2, 3]"))
 
 
 def run(argv: list[str], capsys) -> tuple[int, str]:
@@ -371,6 +485,15 @@ def test_a_bad_input_gets_one_line_and_exit_2(case: str, capsys) -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", list(HUNG_OR_ANSWERED_WRONG))
+def test_an_input_that_hung_or_answered_wrong_gets_its_one_line(case: str, capsys) -> None:
+    argv, line = HUNG_OR_ANSWERED_WRONG[case]
+    code, output = run(argv, capsys)
+    assert code == 2
+    assert output.strip() == f"error: {line}"
+
+
+@pytest.mark.timeout(60)
 def test_an_interrupt_exits_130_in_one_line(capsys) -> None:
     code, output = run([f"{RAISING}:interrupted", "--mesh", "2"], capsys)
     assert code == 130
@@ -390,6 +513,19 @@ def test_an_unexpected_failure_is_named_in_one_line(capsys, monkeypatch) -> None
     assert output.strip().splitlines() == [
         "error: TypeError: unsupported operand (rerun with --debug for the traceback)"
     ]
+
+
+def test_a_failure_that_says_nothing_is_named_once(capsys, monkeypatch) -> None:
+    # Issue 44 saw "error: MemoryError: MemoryError".
+    import planner.cli.catalog as catalog
+
+    def exhausted(args):
+        raise MemoryError
+
+    monkeypatch.setattr(catalog, "run_models", exhausted)
+    code, output = run(["models"], capsys)
+    assert code == 2
+    assert output.strip() == "error: MemoryError (rerun with --debug for the traceback)"
 
 
 @pytest.mark.timeout(60)
@@ -414,6 +550,15 @@ def test_no_work_is_done_before_an_output_path_is_refused(capsys, monkeypatch) -
                         lambda *a, **k: pytest.fail("trained before checking --json"))
     assert run(["profile", "--output", "/proc/self/p.json"], capsys)[0] == 2
     assert run(["check", "demo:mlp", "--mesh", "2", "--json", "/proc/self/c.json"], capsys)[0] == 2
+
+
+def test_elastic_without_emit_is_refused_before_the_search(capsys, monkeypatch) -> None:
+    """It ran the whole search, printed the plan, then failed (issue 44)."""
+    import planner.cli.train
+
+    monkeypatch.setattr(planner.cli.train, "plan_from_flags",
+                        lambda *a, **k: pytest.fail("searched before checking --elastic"))
+    assert run([*SMALL, "--elastic", "1:8"], capsys)[0] == 2
 
 
 def test_a_refused_output_path_leaves_no_file(capsys, tmp_path) -> None:

@@ -216,6 +216,24 @@ torchrun pretrain_gpt.py --n $N --m $M
 OLD_STYLE="--seq-length 1024   --micro-batch-size 2"
 torchrun pretrain_gpt.py $OLD_STYLE "$OLD_STYLE"x
 """, {}, []),
+    # Bash's arithmetic is 64-bit and wraps around: 2 ** 2 ** 40 is 0, not 2^40 bits.
+    "arithmetic-wraps-at-64-bits": ("""
+BIG=$(( 2 ** 63 )) TOWER=$(( 2 ** 2 ** 40 )) SHIFT=$(( 1 << 65 )) NEG=$(( -5 >> 70 ))
+WIDE=$(( 99999999999999999999 )) HEX=$(( 0x1ffffffffffffffff )) B64=$(( 64#zZ@_ ))
+MIN=$(( (-9223372036854775807 - 1) / -1 )) POW=$(( 3 ** 100 )) LOW=$(( 36#Zz ))
+torchrun pretrain_gpt.py $BIG $TOWER $SHIFT $NEG $WIDE $HEX $B64 $MIN $POW $LOW
+""", {}, []),
+    # Leftmost-longest matches, the null pattern, an empty value; and patterns of several
+    # stars on 1,000 characters (a regular expression of them took 26 s).
+    "patterns-matched-as-bash-matches-them": ("""
+A=abc E= B=aXbXc C=abab
+LONG=""" + "a" * 1000 + """
+case $LONG in *a*a*a*b) K=matched ;; *) K=unmatched ;; esac
+[[ $LONG == *a*a*b ]] || T=unmatched
+torchrun pretrain_gpt.py "${A//*/x}" "${A/b*/x}" "${A/#/x}" "${A/%/x}" "${A//""/x}" \\
+    "[${E//*/x}]" "${B//[a-c]/_}" "${B/%X*/}" "${B/#*X/}" "${C//a*b/x}" "${B//\\?/q}" \\
+    "${LONG//*a*a*b/x}" "${LONG%%*b}" "${LONG#a*b}" $K $T
+""", {}, []),
 }
 
 
