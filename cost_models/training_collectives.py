@@ -27,6 +27,9 @@ They follow the runtime (`runtime/`), which composes torch's pieces the Megatron
   for the backward (the parameters stay gathered between micro-batches' backwards), and
   one reduce-scatter per step. Buffers hold dim 0 padded to a multiple of the shards.
 - A tied embedding's two copies (first and last stage) all-reduce their gradients once.
+- Per-head QK norms (Qwen3's), replicated over the tensor ranks while each rank normalizes
+  only its heads, all-reduce their gradients over the tensor ranks once per step, all of
+  the rank's in one (Megatron-LM's finalize_model_grads).
 - Expert parallelism: ``allgather`` dispatch all-gathers tokens and routing weights over the
   expert group and reduce-scatters the outputs (backward: the mirror); ``alltoall`` sends
   counts, tokens and outputs with all-to-alls whose sizes depend on the routing (their
@@ -122,10 +125,12 @@ def rank_collectives(
     last = len(layout.chunks) - 1
     m = layout.num_micro_batches
     kinds = model.layer_kinds()
+    held: list[ParameterLayout] = []
     for c in mine:
         first_chunk, last_chunk = c == 0, c == last
         layers = layout.chunks[c]
         params = chunk_parameters(model, layers, first_chunk, last_chunk)
+        held += params
         num_layers = layers[1] - layers[0]
         for index in range(*layers):  # dense and MoE layers apart
             out += _scaled(layer_collectives(model.for_layer(kinds[index]), layout), m)
@@ -138,6 +143,7 @@ def rank_collectives(
         out += _pipeline(model, layout, c, pp_rank)
         out += _zero(layout, params)
     out += _tied_embedding(model, layout, pp_rank)
+    out += _head_norm_gradients(model, layout, held)
     return [c for c in out if c.count]
 
 
@@ -288,6 +294,22 @@ def _norm_gradients(
     times = 1 if layout.data * layout.context > 1 else layout.num_micro_batches
     nbytes = model.hidden_size * layout.gradient_bytes
     return [Collective("all_reduce", "tp", "backward", norms * per_norm * times, nbytes)]
+
+
+def _head_norm_gradients(
+    model: TransformerConfig, layout: RankLayout, params: list[ParameterLayout]
+) -> list[Collective]:
+    """Per-head QK norms (not multi-latent attention's latent norms, whose inputs'
+    gradients are reduced before them) are replicated over the tensor ranks, each of which
+    normalizes only its heads: one all-reduce per step of all the rank's norms' gradients
+    (after ZeRO's reduce-scatter: each rank's shards)."""
+    if layout.tensor == 1 or not model.qk_layernorm or model.multi_latent_attention:
+        return []
+    shards = layout.data * layout.context
+    numel = sum(math.prod(local_shape(p, layout.tensor, shards, layout.zero_stage))
+                for p in params if ".attn.q_norm." in p.name or ".attn.k_norm." in p.name)
+    return [Collective("all_reduce", "tp", "gradient_sync", 1 if numel else 0,
+                       numel * layout.gradient_bytes)]
 
 
 def _layer_context_parallel(model: TransformerConfig, layout: RankLayout) -> list[Collective]:

@@ -2,9 +2,10 @@
 (DCP), reshardable between plans, and the bookkeeping that makes a resumed run exact.
 
 A checkpoint is a folder ``ROOT/step-00000008``: DCP's files (one per rank and a
-``.metadata``), plus ``tessel-checkpoint.json``, which rank 0 writes only after the whole
-save completed; `latest_checkpoint(ROOT)` returns the newest folder that has it, so a save
-cut short by a dying rank is never resumed from.
+``.metadata``), plus ``tessel-checkpoint.json``, which rank 0 writes right after DCP's
+``.metadata``, itself written only once every rank's part is on disk;
+`latest_checkpoint(ROOT)` returns the newest folder that has it, so a save cut short by a
+dying rank is never resumed from (`cut_short(ROOT)` names such folders).
 
 What a checkpoint holds, all under the model's own parameter names (``layers.3.mlp.fc1.
 weight``, whatever pipeline stage, tensor or data-parallel shard holds it), so loading it
@@ -129,6 +130,22 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     return None if best is None else best[1]
 
 
+def cut_short(root: str | Path) -> list[Path]:
+    """Checkpoint folders under `root` newer than its latest complete one that were never
+    completed: saves a dying rank cut short (or still being written), oldest first."""
+    latest = latest_checkpoint(root)
+    newest = -1 if latest is None else step_of(latest)
+    folders = Path(root).glob(f"{STEP_PREFIX}*") if Path(root).is_dir() else []
+    return sorted((path for path in folders if not (path / MARKER).is_file()
+                   and step_of(path) > newest), key=step_of)
+
+
+def step_of(folder: Path) -> int:
+    """The step a checkpoint's ``step-N`` folder name says (-1 for another name)."""
+    digits = folder.name.removeprefix(STEP_PREFIX)
+    return int(digits) if digits.isdigit() else -1
+
+
 def _rank_entry(notes: dict[str, Any] | None) -> str:
     """This rank's own state as JSON text (DCP stores it as one opaque entry)."""
     rng = base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()
@@ -144,21 +161,30 @@ def _checkpoint_state(trainer: TrainerState, step: int, notes: dict[str, Any] | 
 
 
 def _write_marker(directory: Path, step: int, world_size: int) -> None:
-    """Rank 0, after every rank's part is written (DCP's metadata is written last, by rank
-    0, once all ranks reported): written to a temporary name and renamed, so a reader
-    never sees half of it."""
+    """Written to a temporary name and renamed, so a reader never sees half of it."""
     text = json.dumps({"step": step, "world_size": world_size, "time": time.time()})
     partial = directory / f".{MARKER}.partial"
     partial.write_text(text + "\n")
     os.replace(partial, directory / MARKER)
 
 
-def _writer(directory: Path):
-    """DCP's writer of `directory`; a folder left by a save that a dying rank cut short
-    (no marker) is written over."""
+def _writer(directory: Path, step: int):
+    """DCP's writer of `directory`, which marks the checkpoint complete as soon as DCP's
+    own ``.metadata`` is written: by the coordinator (rank 0), once every rank's part is
+    on disk. Marked there, not when the save returns: DCP then still sends the outcome
+    to every rank, which fails where a peer has just died, and a save complete on disk
+    would be left unmarked ("none yet" beside a folder holding every shard). A folder
+    left by a save that a dying rank cut short (no marker) is written over."""
     from torch.distributed.checkpoint import FileSystemWriter
 
-    return FileSystemWriter(str(directory), overwrite=True)
+    world_size = dist.get_world_size()
+
+    class MarkingWriter(FileSystemWriter):
+        def finish(self, metadata, results) -> None:
+            super().finish(metadata, results)
+            _write_marker(directory, step, world_size)
+
+    return MarkingWriter(str(directory), overwrite=True)
 
 
 def save(
@@ -170,9 +196,7 @@ def save(
     import torch.distributed.checkpoint as dcp
 
     directory = step_directory(root, step)
-    dcp.save(_checkpoint_state(trainer, step, notes), storage_writer=_writer(directory))
-    if dist.get_rank() == 0:
-        _write_marker(directory, step, dist.get_world_size())
+    dcp.save(_checkpoint_state(trainer, step, notes), storage_writer=_writer(directory, step))
     dist.barrier()  # nobody looks for the marker before it is there
     return directory
 
@@ -204,19 +228,10 @@ class AsyncCheckpointer:
             bound_timeouts([self.group])  # else 30 minutes, and a stuck writer holds exit
         directory = step_directory(root, step)
         state = _checkpoint_state(trainer, step, notes)
-        future = dcp.async_save(state, storage_writer=_writer(directory),
+        future = dcp.async_save(state, storage_writer=_writer(directory, step),
                                 process_group=self.group)
         if not isinstance(future, Future):  # torch's newer zero-overhead response
             future = future.upload_completion
-        world = dist.get_world_size()
-
-        def mark(done: Future) -> None:
-            if done.exception() is None:
-                _write_marker(directory, step, world)
-
-        if dist.get_rank() == 0:
-            # DCP's coordinator finishes (writes the metadata) only after every rank wrote.
-            future.add_done_callback(mark)
         self.pending, self._writing = future, directory
         return directory
 

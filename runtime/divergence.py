@@ -11,11 +11,14 @@ steps before a spike and skipped 200-500 batches). What to do (`--on-divergence`
 - rollback: load the newest complete checkpoint and go on from it, skipping the batch
   that diverged (every batch is a function of its index, so the run then equals one
   process that never saw that batch);
-- stop: end the job with one line naming the step, the reason and the last checkpoint.
+- stop: end the job with one line naming the step, the reason, the rank that saw it and
+  the last checkpoint.
 
 Every rank must take the same decision, though only the last stage sees the loss: the
-ranks agree through the rendezvous store (two counters per step), not a collective, so
-the collectives a plan predicts stay what runs.
+ranks agree through the rendezvous store (a counter per step, and the reason of each rank
+that saw the step diverge), not a collective, so the collectives a plan predicts stay
+what runs. `policies_line` says what each policy would do with a step, for a run that
+met a diverging step with none.
 """
 
 from __future__ import annotations
@@ -29,10 +32,13 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
-__all__ = ["DivergenceGuard", "DivergencePolicy", "Diverged"]
+__all__ = ["DivergenceGuard", "DivergencePolicy", "Diverged", "policies_line"]
 
 Action = Literal["skip", "rollback", "stop"]
 ACTIONS: tuple[Action, ...] = ("skip", "rollback", "stop")
+
+
+GRADIENT_NOT_FINITE = "a gradient is not finite"
 
 
 class Diverged(RuntimeError):
@@ -60,8 +66,12 @@ class DivergenceGuard:
     """One rank's judge of each step, agreeing with its peers through `store`."""
 
     def __init__(self, policy: DivergencePolicy, store: dist.Store, world_size: int,
-                 attempt: int) -> None:
+                 attempt: int, rank: int | None = None) -> None:
+        """`rank`: this rank (default: its rank in the default process group, else 0)."""
         self.policy, self.store, self.world_size = policy, store, world_size
+        if rank is None:
+            rank = dist.get_rank() if dist.is_initialized() else 0
+        self.rank = rank
         self.prefix = f"divergence/attempt{attempt}"
         self.recent: deque[float] = deque(maxlen=policy.window)
         self.rounds = 0
@@ -71,7 +81,7 @@ class DivergenceGuard:
         if loss is not None and not math.isfinite(loss):
             return f"loss {loss} is not finite"
         if any(not bool(torch.isfinite(g).all()) for g in grads):
-            return "a gradient is not finite"
+            return GRADIENT_NOT_FINITE
         if loss is not None and len(self.recent) >= 3:
             mean = sum(self.recent) / len(self.recent)
             if loss > self.policy.spike_factor * mean:
@@ -80,17 +90,43 @@ class DivergenceGuard:
         return None
 
     def judge(self, loss: float | None, grads: list[torch.Tensor]) -> str | None:
-        """The step's verdict, the same on every rank: a reason it diverged (this rank's,
-        or that a peer saw it), or None to apply it."""
+        """The step's verdict, the same on every rank: why it diverged and on which rank
+        ("loss nan is not finite on rank 3 (rank 0 too)"), or None to apply it. A loss
+        is named before gradients (which follow a bad loss back through every stage),
+        then the lowest rank."""
         reason = self.local_reason(loss, grads)
         self.rounds += 1
         key = f"{self.prefix}/round{self.rounds}"
-        self.store.add(f"{key}/diverged", int(reason is not None))
+        if reason is not None:
+            self.store.set(f"{key}/rank{self.rank}", reason)
         self.store.add(f"{key}/arrived", 1)
         while self.store.add(f"{key}/arrived", 0) < self.world_size:
             time.sleep(0.002)
-        if reason is None and self.store.add(f"{key}/diverged", 0):
-            reason = "a peer's loss or gradients diverged"
-        if reason is None and loss is not None:
-            self.recent.append(loss)
-        return reason
+        seen = {r: self.store.get(f"{key}/rank{r}").decode() for r in range(self.world_size)
+                if self.store.check([f"{key}/rank{r}"])}
+        if not seen:
+            if loss is not None:
+                self.recent.append(loss)
+            return None
+        first = min(seen, key=lambda r: (seen[r] == GRADIENT_NOT_FINITE, r))
+        rest = [str(r) for r in sorted(seen) if r != first]
+        too = f" (rank{'s' * (len(rest) > 1)} {', '.join(rest)} too)" if rest else ""
+        return f"{seen[first]} on rank {first}{too}"
+
+
+def policies_line(step: int, checkpoint_every: int) -> str:
+    """What each `--on-divergence` policy does with step `step` (0-based) that diverged,
+    in a run checkpointing every `checkpoint_every` steps (0: never), in one line."""
+    # The checkpoint saved after `k * every` steps is the newest before step `step`.
+    saved = step // checkpoint_every * checkpoint_every if checkpoint_every else 0
+    if saved:
+        rollback = (f"rollback reloads the checkpoint of step {saved} and goes on without "
+                    f"batch {step}")
+    elif step:
+        rollback = (f"rollback needs a checkpoint from before step {step} (--checkpoint-every "
+                    f"{step} or less)")
+    else:
+        rollback = "rollback has no checkpoint from before step 0 to go back to"
+    return (f"--on-divergence skip drops step {step}'s update and goes on; {rollback}; "
+            f"stop ends the job at step {step}, naming it")
+

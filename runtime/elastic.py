@@ -12,6 +12,14 @@ the failed rank's connection (and it stops the other workers before they report)
 rank writes its own exception to a file, and `launch` picks the earliest one that is not a
 lost connection.
 
+What the ranks print (torch's own logs, such as a pipeline schedule's account of the
+exception it caught, warnings, a rank's own lines) goes to a file per rank and attempt,
+not to the terminal: the RankError of a failed run carries all of it, with every rank's
+traceback, in `output`; a run that completes removes it with the rest of its temporary
+folder. (Each rank points its own file descriptors 1 and 2 at its file: torch's
+``redirects`` need the parent's ``sys.stdout`` to be a file, which under a notebook or
+pytest's capture it is not.)
+
 Nothing listens beyond loopback: the rendezvous is torch's dynamic rendezvous over a
 `FileStore` in a private temporary directory (backend ``tessel-file``, registered here),
 the agent's shared TCPStore is turned off (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``), the
@@ -30,6 +38,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import time
 import traceback
@@ -47,7 +56,7 @@ from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRen
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from runtime.faults import LAUNCHER_REPORTS_ENV
+from runtime.faults import LAST_GOOD, LAUNCHER_REPORTS_ENV
 from runtime.flight_recorder import FLIGHT_DIR_ENV
 from runtime.local_ranks import (
     RankError,
@@ -123,10 +132,12 @@ def launch(
         log.setLevel(level)
     try:
         results = elastic_launch(config, _worker)(
-            fn, str(tmp / "store"), collective_timeout_s, args
+            fn, str(tmp / "store"), collective_timeout_s, args, str(tmp / "output")
         )
     except ChildFailedError as error:
-        raise _root_cause(error, tmp, checkpoint_root) from None
+        failure = _root_cause(error, tmp, checkpoint_root)
+        failure.output = _ranks_output(tmp)
+        raise failure from None
     finally:
         tempfile.tempdir = system_tmp
         for log, level in levels.items():
@@ -161,41 +172,70 @@ def _root_cause(
     last = max((r["attempt"] for r in reports), default=0)
     current = [r for r in reports if r["attempt"] == last]
     hung = [r for r in current if r.get("hung")]
-    if hung:
-        # Peers timed out waiting for ranks that never entered the collective (named from
-        # the flight records); those ranks were then stopped by the agent.
-        report = min(hung, key=lambda r: r["time_ns"])
-        rank = report["hung"][0]
-        # "rank 0 timed out within 5 s: rank 2 never entered ...": from "rank 2" on.
-        said = report["summary"].removeprefix("PeerLost: ").split(": ", 1)[-1]
-        return RankError(said, rank)
     first_hand = [r for r in current if not any(m in r["summary"] for m in _SECOND_HAND)]
     reported = {r["rank"] for r in current}
     silent = {rank: f for rank, f in error.failures.items() if rank not in reported}
     # Ranks that peers saw gone (`runtime.faults.PeerLost`), for when the agent saw only
     # the peers fail.
     lost = sorted({r for report in current for r in report.get("lost", [])} - reported)
-    if first_hand or (current and not silent and not lost):
+    if hung:
+        # Peers timed out waiting for ranks that never entered the collective (named from
+        # the flight records); those ranks were then stopped by the agent.
+        report = min(hung, key=lambda r: r["time_ns"])
+        # "rank 0 timed out within 5 s: rank 2 never entered ...": from "rank 2" on.
+        said = report["summary"].removeprefix("PeerLost: ").split(": ", 1)[-1]
+        found = RankError(said, report["hung"][0], report["traceback"])
+    elif first_hand or (current and not silent and not lost):
         report = min(first_hand or current, key=lambda r: r["time_ns"])
         rank = report["rank"]
-        found = RankError(f"rank {rank} failed: {report['summary']}", rank,
-                          report["traceback"])
+        # A step that diverged under --on-divergence stop stops every rank alike: the
+        # line names the step and the rank whose loss or gradients diverged.
+        summary = report["summary"]
+        said = summary.removeprefix("Diverged: ") if summary.startswith("Diverged: ") \
+            else f"rank {rank} failed: {summary}"
+        found = RankError(said, rank, report["traceback"])
     elif silent or not lost:
         rank, failure = min((silent or error.failures).items())
         summary = " ".join(str(failure.message).split()) or f"exit code {failure.exitcode}"
-        found = RankError(f"rank {rank} failed: {summary}", rank, "", failure.exitcode)
+        # The step its peers lost it in, where one said.
+        steps = [r["step"] for r in current if rank in r.get("lost", []) and
+                 r.get("step") is not None]
+        when = f" in step {min(steps)}" if steps else ""
+        found = RankError(f"rank {rank} failed{when}: {summary}", rank, "", failure.exitcode)
     else:
         rank = lost[0]
         seen = min((r for r in current if rank in r.get("lost", [])), key=lambda r: r["time_ns"])
         found = RankError(f"rank {rank} failed without a word; "
                           f"{seen['summary'].removeprefix('PeerLost: ')}", rank)
-    if checkpoint_root is not None and "last good checkpoint:" not in found.args[0]:
+    if checkpoint_root is not None:
         from runtime.checkpoint import latest_checkpoint
 
+        # Looked for here, once every rank has stopped, rather than as the rank that
+        # reported saw it: a save still being written then may have completed since.
         latest = latest_checkpoint(checkpoint_root)
-        found.args = (f"{found.args[0]}; last good checkpoint: "
+        found.args = (f"{found.args[0].split(LAST_GOOD)[0]}{LAST_GOOD}"
                       f"{latest if latest is not None else 'none yet'}",)
     return found
+
+
+def _ranks_output(tmp: Path) -> str:
+    """What every rank printed (its stdout and stderr, `_print_to_file`) and the exception
+    it raised, attempt by attempt and rank by rank, each under a header; empty when they
+    printed and raised nothing."""
+    logs = {(int(attempt), int(rank)): path for path in (tmp / "output").glob("rank*.log")
+            for rank, attempt in [path.stem.removeprefix("rank").split(".attempt")]}
+    reports = {(r["attempt"], r["rank"]): r for p in (tmp / "store.errors").glob("rank*.json")
+               if (r := _read_report(p)) is not None}
+    parts = []
+    for attempt, rank in sorted(set(logs) | set(reports)):
+        text = logs[attempt, rank].read_text(errors="replace").rstrip() \
+            if (attempt, rank) in logs else ""
+        if text:
+            parts.append(f"== attempt {attempt}, rank {rank}: printed ==\n{text}\n")
+        if (attempt, rank) in reports:
+            parts.append(f"== attempt {attempt}, rank {rank}: raised ==\n"
+                         f"{reports[attempt, rank]['traceback'].rstrip()}\n")
+    return "\n".join(parts)
 
 
 def _read_report(path: Path) -> dict | None:
@@ -216,7 +256,8 @@ def _report(folder: Path, rank: int, attempt: int, error: BaseException) -> None
     report = {"rank": rank, "attempt": attempt, "summary": summary,
               "traceback": traceback.format_exc(), "time_ns": time.time_ns(),
               # runtime.faults.PeerLost's
-              "lost": list(getattr(error, "lost", [])), "hung": list(getattr(error, "hung", []))}
+              "lost": list(getattr(error, "lost", [])), "hung": list(getattr(error, "hung", [])),
+              "step": getattr(error, "step", None)}
     # Written whole and renamed: the agent may stop this rank (SIGTERM) mid-write, after a
     # peer failed, and must never read half a report.
     final = folder / f"rank{rank}.attempt{attempt}.json"
@@ -225,9 +266,29 @@ def _report(folder: Path, rank: int, attempt: int, error: BaseException) -> None
     partial.replace(final)
 
 
-def _worker(fn, store_path: str, collective_timeout_s: float, args) -> Any:
+def _print_to_file(folder: Path, rank: int, attempt: str) -> None:
+    """Send this process's standard output and error (its file descriptors 1 and 2, so
+    C++ and child processes' output too) to ``folder/rankR.attemptA.log``."""
+    folder.mkdir(exist_ok=True)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    log = os.open(folder / f"rank{rank}.attempt{attempt}.log",
+                  os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    # Python's own streams, anew on those descriptors (the parent's may not be files).
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+
+
+def _worker(fn, store_path: str, collective_timeout_s: float, args, output_dir: str) -> Any:
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    _print_to_file(Path(output_dir), rank, attempt)
     loopback = loopback_interface()
     os.environ.update(GLOO_SOCKET_IFNAME=loopback, NCCL_SOCKET_IFNAME=loopback)
     torch.set_num_threads(1)  # each rank gets a share of the cores; oversubscribed gloo crawls

@@ -185,11 +185,22 @@ def reduce_expert_gradients(module: nn.Module, mesh: DeviceMesh, dp: int) -> Non
         buckets.setdefault(f".{name}".split(EXPERT_MARK)[0], []).append(grad)
     for grads in buckets.values():
         if edp.size() > 1:
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat, group=edp.get_group())
-            offset = 0
-            for g in grads:
-                g.copy_(flat[offset : offset + g.numel()].view_as(g))
-                offset += g.numel()
+            all_reduce_bucket(grads, edp.get_group())
         for g in grads:
             g.div_(dp)
+
+
+def all_reduce_bucket(grads: list[torch.Tensor], group: dist.ProcessGroup) -> None:
+    """`grads` (local shards of DTensor gradients taken as they are) summed over `group`
+    in place, with one all-reduce of them flattened together: a gradient bucket, as
+    Megatron-LM reduces them. Nothing is issued for no gradients; every rank of `group`
+    must pass the same shapes in the same order."""
+    local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+    if not local:
+        return
+    flat = torch.cat([g.reshape(-1) for g in local])
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for g in local:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()

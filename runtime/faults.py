@@ -9,10 +9,12 @@ of the gloo notes). `bound_timeouts` gives a rank's subgroups the default group'
 Named: `FaultWatch` learns every rank's host and process id once (one all-gather of two
 integers). When a step fails it looks at which peers on this host are gone (no process,
 or a zombie its launcher has not reaped yet) and raises `PeerLost`: one line naming them,
-the step, and the last complete checkpoint (as its caller describes it). A
-peer on another host cannot be looked at from here; then, or when every peer is alive
-(a hang), the message says so. An error that is no fault (every peer alive, no timeout)
-is raised unchanged.
+the step, and the last complete checkpoint (as its caller describes it). When every peer
+is alive (a hang) the ranks' flight records name the one that never entered a collective
+(`runtime.flight_recorder`), whether this rank timed out or saw a connection close (a
+peer's own timeout closes its connections). A peer on another host cannot be looked at
+from here; then the message says so. An error that is no fault (every peer alive, no
+timeout, no hang recorded) is raised unchanged.
 """
 
 from __future__ import annotations
@@ -30,7 +32,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-__all__ = ["FaultWatch", "PeerLost", "bound_timeouts", "collective_timeout"]
+__all__ = ["LAST_GOOD", "FaultWatch", "PeerLost", "bound_timeouts", "collective_timeout"]
+
+LAST_GOOD = "; last good checkpoint: "
+"""How a fault's one line ends, before the checkpoint the job can resume from."""
 
 # How long a rank that saw a collective fail looks for the peer that caused it: a peer
 # that raised first is still exiting when its closed connection is seen.
@@ -43,17 +48,20 @@ _COMMUNICATION_WORDS = (*_TIMEOUT_WORDS, "connection", "broken pipe", "peer", "g
 class PeerLost(RuntimeError):
     """A step failed because a peer died or stopped answering; the message is one line.
     `lost`: the peers seen gone; `hung`: those alive that never entered the collective
-    this rank waited in (`runtime.flight_recorder`)."""
+    this rank waited in (`runtime.flight_recorder`); `step`: the step that failed."""
 
-    def __init__(self, message: str, lost: list[int], hung: list[int] | None = None) -> None:
+    def __init__(self, message: str, lost: list[int], hung: list[int] | None = None,
+                 step: int | None = None) -> None:
         super().__init__(message)
-        self.lost, self.hung = lost, hung or []
+        self.lost, self.hung, self.step = lost, hung or [], step
 
 
 def collective_timeout() -> timedelta | None:
     """The default process group's timeout (what `init_process_group` was given); None
-    for a backend that keeps none (the fake one planning uses)."""
+    for a backend that keeps none (the fake one planning uses), or without a group."""
     group = dist.group.WORLD
+    if group is None:
+        return None
     for device in group._device_types:
         try:
             return group._get_backend(device).options._timeout
@@ -137,21 +145,27 @@ class FaultWatch:
         suspect = any(isinstance(e, dist.DistError) for e in _chain(error)) or any(
             word in f"{type(error).__name__.lower()} {text}" for word in _COMMUNICATION_WORDS)
         lost, all_seen = self.lost_peers(self.look_s if suspect else 0.0)
-        where = f"in step {step}; last good checkpoint: {self.last_checkpoint()}"
+        where = f"in step {step}{LAST_GOOD}{self.last_checkpoint()}"
+        timed_out = any(word in text for word in _TIMEOUT_WORDS)
+        # Every peer alive: the flight records say which one hangs. A peer's own timeout
+        # closes its connections, so this rank may see a closed connection rather than a
+        # timeout, before any process is gone.
+        named = _hung_peers() if suspect and all_seen and not lost else None
+        if named is not None and (timed_out or named[1]):
+            line, hung = named
+            timeout = collective_timeout()
+            within = f" within {timeout.total_seconds():g} s" if timeout else ""
+            seen = f"timed out{within}" if timed_out else "lost its connection to a peer"
+            message = f"rank {self.rank} {seen}: {line}{LAST_GOOD}{self.last_checkpoint()}"
+            _say(message)
+            return PeerLost(message, [], hung, step)
         if lost:
             names = ", ".join(f"{r} (process {self.peers[r][1]} is gone)" for r in lost)
             plural = "s" if len(lost) > 1 else ""
             message = f"rank {self.rank} lost rank{plural} {names} {where}"
-        elif any(word in text for word in _TIMEOUT_WORDS):
+        elif timed_out:
             timeout = collective_timeout()
             within = f" within {timeout.total_seconds():g} s" if timeout else ""
-            named = _hung_peers() if all_seen else None
-            if named is not None:
-                line, hung = named
-                message = (f"rank {self.rank} timed out{within}: {line}; last good "
-                           f"checkpoint: {self.last_checkpoint()}")
-                _say(message)
-                return PeerLost(message, [], hung)
             who = ("every peer's process is alive: one hangs" if all_seen
                    else "a peer on another host hangs or is lost")
             message = f"rank {self.rank}: a peer did not answer{within} ({who}) {where}"
@@ -162,7 +176,7 @@ class FaultWatch:
         else:
             return error
         _say(message)
-        return PeerLost(message, lost)
+        return PeerLost(message, lost, step=step)
 
     @contextmanager
     def step(self, index: int) -> Iterator[None]:

@@ -7,7 +7,8 @@ recorder``) keeps such a ring per rank for NCCL and dumps it on a timeout; gloo 
 `FlightRecorder` is a dispatch mode that sees every collective the rank issues (as
 `runtime.comm_counter.CommCounter` does) and appends one line per collective to a file of
 its own: the process group's name and ranks, the collective's sequence number on that
-group (the n-th this rank entered there), its kind and the training step. Collectives on
+group (the n-th this rank entered there), its kind, the training step and the time.
+Collectives on
 one group are entered in the same order on each member, so the n-th on a group is the
 same collective everywhere; a rank that is blocked makes no further entries, so its last
 line is where it waits. A functional collective also records when its wait returned
@@ -96,7 +97,7 @@ class FlightRecorder(TorchDispatchMode):
         self._maybe_stall()
         seq = self.sequence[group] = self.sequence.get(group, 0) + 1
         self._write({"group": group, "ranks": ranks, "seq": seq, "kind": kind,
-                     "step": self.step})
+                     "step": self.step, "time": time.time()})
         out = func(*args, **kwargs)
         if isinstance(out, torch.Tensor):  # a functional collective: waited on later
             self._pending[id(out)] = (group, seq)
@@ -145,36 +146,79 @@ def _span(ranks: list[int]) -> str:
     return ", ".join(map(str, ranks))
 
 
+# Point-to-point kinds: a pipeline's batched sends and receives are entered in another
+# order on each side, so their sequence numbers on a pair's group do not pair up.
+_POINT_TO_POINT = frozenset({"send", "recv"})
+
+
 def diagnose(records: dict[int, list[dict]]) -> tuple[str, list[int]] | None:
-    """(one line, the ranks blamed) for a hang seen in `records`: the collective the most
-    ranks wait in (the last they entered, not left) and the members of its group that
-    never entered it; or that every member entered it and none came out. None when no
-    rank waits in a collective."""
+    """(one line, the ranks blamed) for a hang seen in `records`, or None when no rank
+    waits in a collective.
+
+    A rank is blamed when it never entered a collective a peer entered while it waits in
+    none itself (its last collective was left, or every member of it entered it): it is
+    stuck outside communication, and its peers wait for it, directly or through a third
+    rank (a pipeline's receive waits on a stage that waits on the stuck rank). Of several
+    such collectives, the one the most ranks wait in is named, then the one a peer entered
+    first (the first the stuck rank failed to join). Without one: the collective the most
+    ranks wait in, and the members that never entered it; or that every member entered it
+    and none came out."""
     entered: dict[int, dict[str, int]] = {}
-    waiting: dict[tuple[str, int], list[int]] = {}
-    about: dict[tuple[str, int], dict] = {}
+    waiting: dict[int, dict] = {}
     for rank, entries in records.items():
         counts = entered.setdefault(rank, {})
-        left = set()
-        for e in entries:
-            if e.get("left"):
-                left.add((e["group"], e["seq"]))
-            else:
-                counts[e["group"]] = max(counts.get(e["group"], 0), e["seq"])
-        last = next((e for e in reversed(entries) if not e.get("left")), None)
-        if last is not None and (last["group"], last["seq"]) not in left:
-            key = (last["group"], last["seq"])
-            waiting.setdefault(key, []).append(rank)
-            about[key] = last
+        left = {(e["group"], e["seq"]) for e in entries if e.get("left")}
+        starts = [e for e in entries if not e.get("left")]
+        for e in starts:
+            counts[e["group"]] = max(counts.get(e["group"], 0), e["seq"])
+        if starts and (starts[-1]["group"], starts[-1]["seq"]) not in left:
+            waiting[rank] = starts[-1]
     if not waiting:
         return None
-    key = max(waiting, key=lambda k: len(waiting[k]))
-    e, waiters = about[key], sorted(waiting[key])
-    members = e.get("ranks") or sorted(records)
-    what = f"{e['kind']} #{e['seq']} on ranks {_span(members)} (step {e['step']})"
-    missing = sorted(r for r in members if entered.get(r, {}).get(key[0], 0) < key[1])
-    if missing:
-        who = f"rank{'s' * (len(missing) > 1)} {_span(missing)}"
-        return (f"{who} never entered {what}, in which rank{'s' * (len(waiters) > 1)} "
-                f"{_span(waiters)} waited"), missing
+
+    def missing(e: dict) -> list[int]:
+        members = e.get("ranks") or sorted(records)
+        return sorted(r for r in members if entered.get(r, {}).get(e["group"], 0) < e["seq"])
+
+    def blocked(rank: int) -> bool:
+        e = waiting.get(rank)
+        return e is not None and (e["kind"] in _POINT_TO_POINT or bool(missing(e)))
+
+    def waiters(e: dict) -> list[int]:
+        return sorted(r for r, w in waiting.items()
+                      if (w["group"], w["seq"]) == (e["group"], e["seq"]))
+
+    def entrants(e: dict) -> list[int]:
+        return sorted(r for r, counts in entered.items() if counts.get(e["group"], 0) >= e["seq"])
+
+    held_up: dict[tuple[str, int], dict] = {}
+    for e in (e for entries in records.values() for e in entries if not e.get("left")):
+        key = (e["group"], e["seq"])
+        if e["kind"] in _POINT_TO_POINT or not any(not blocked(r) for r in missing(e)):
+            continue
+        if key not in held_up or e.get("time", 0.0) < held_up[key].get("time", 0.0):
+            held_up[key] = e  # as its first entrant entered it
+    if held_up:
+        e = min(held_up.values(),
+                key=lambda e: (-len(waiters(e)), e["step"], e.get("time", 0.0), e["seq"]))
+        stuck = [r for r in missing(e) if not blocked(r)]
+        return _never_entered(_what(e, e.get("ranks") or sorted(records)), stuck,
+                              waiters(e) or entrants(e))
+    e = min((waiting[r] for r in sorted(waiting)),
+            key=lambda e: (-len(waiters(e)), e["step"], e["seq"]))
+    what = _what(e, e.get("ranks") or sorted(records))
+    if missing(e):
+        return _never_entered(what, missing(e), waiters(e))
     return f"every rank of {what} entered it and none left it", []
+
+
+def _what(e: dict, members: list[int]) -> str:
+    """'all_gather #7 on ranks 2, 3 (step 1)'."""
+    return f"{e['kind']} #{e['seq']} on ranks {_span(members)} (step {e['step']})"
+
+
+def _never_entered(what: str, missing: list[int], waiters: list[int]
+                   ) -> tuple[str, list[int]]:
+    who = f"rank{'s' * (len(missing) > 1)} {_span(missing)}"
+    return (f"{who} never entered {what}, in which rank{'s' * (len(waiters) > 1)} "
+            f"{_span(waiters)} waited"), missing

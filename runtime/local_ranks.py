@@ -54,17 +54,19 @@ class RankError(RuntimeError):
 
     The message is one line; `rank_traceback` is the rank's full traceback text (empty for
     a rank that died without a word), `exitcode` the process's exit code where it exited
-    (negative: killed by that signal).
+    (negative: killed by that signal), `output` what every rank printed and raised, where
+    the launcher kept it aside (`runtime.elastic.launch`; empty otherwise).
     """
 
     def __init__(
         self, message: str, rank: int | None, rank_traceback: str = "",
-        exitcode: int | None = None,
+        exitcode: int | None = None, output: str = "",
     ) -> None:
         super().__init__(message)
         self.rank = rank
         self.rank_traceback = rank_traceback
         self.exitcode = exitcode
+        self.output = output
 
 
 def loopback_interface() -> str:

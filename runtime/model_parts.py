@@ -6,11 +6,18 @@ counting) is the same for every model and lives in `runtime.pipeline_trainer`.
 `ZooParts` runs the zoo transformer (`runtime.stages`); `HFParts` runs a Hugging Face
 decoder's own transformers modules (`runtime.hf`, imported only then, as importing
 transformers takes seconds). `model_parts` picks one.
+
+What each runs of its model is stated once, as `Rule`s (`rules`): `check` refuses a plan
+that breaks one (each rank, and `plan check` before any rank starts), and `needs` gives
+the knobs the runtime runs one value of for the model, which `plan check` fixes before
+it searches, so that it never picks a plan a rank would refuse.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -18,9 +25,61 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from planner.models.config import TransformerConfig
 from runtime.parallelize import apply_recompute, apply_tensor_parallel
-from runtime.spec import RunSpec
+from runtime.spec import RunSpec, runtime_dispatcher
 from runtime.experts import apply_expert_parallel
 from runtime.stages import build_reference, build_stage, force_load_balancing, materialize
+
+
+# A plan knob (`planner.vocabulary.knobs`) -> its value in a RunSpec, as the runtime runs it.
+_SPEC_KNOBS: dict[str, Callable[[RunSpec], Any]] = {
+    "tensor": lambda spec: spec.degrees.tp,
+    "context": lambda spec: spec.degrees.cp,
+    "expert": lambda spec: spec.expert,
+    "sequence_parallel": lambda spec: spec.sequence_parallel,
+    "moe_token_dispatcher": lambda spec: spec.expert_dispatcher,
+}
+# How the runtime runs a knob's value given to the planner (DeepEP's flex dispatcher: as
+# all-to-all, `runtime.spec.runtime_dispatcher`).
+_AS_RUN: dict[str, Callable[[Any], Any]] = {"moe_token_dispatcher": runtime_dispatcher}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One limit of what the runtime trains of a model, and why (`reason`, a clause).
+
+    It applies to the plans `when` names (None: every plan). With a `knob` (a plan knob's
+    name, `planner.vocabulary.knobs`), the runtime runs only its `value` there, which the
+    planner fixes before it searches; without one, it runs none of them (none at all,
+    for a model it never runs)."""
+
+    reason: str
+    knob: str | None = None
+    value: Any = None
+    when: Callable[[RunSpec], bool] | None = None
+
+    def broken_by(self, spec: RunSpec) -> bool:
+        """Whether `spec` asks for what the rule says the runtime does not run."""
+        if self.when is not None and not self.when(spec):
+            return False
+        return self.knob is None or _SPEC_KNOBS[self.knob](spec) != self.value
+
+    def allows(self, value: Any) -> bool:
+        """Whether the runtime runs this rule's knob at `value` (as given to the planner:
+        the flex dispatcher runs as all-to-all)."""
+        return _AS_RUN.get(self.knob or "", lambda v: v)(value) == self.value
+
+
+def _only(knob: str, value: Any, reason: str,
+          when: Callable[[RunSpec], bool] | None = None) -> Rule:
+    return Rule(reason, knob=knob, value=value, when=when)
+
+
+def _when(when: Callable[[RunSpec], bool], reason: str) -> Rule:
+    return Rule(reason, when=when)
+
+
+def _never(reason: str) -> Rule:
+    return Rule(reason)
 
 
 class ZooParts:
@@ -29,22 +88,46 @@ class ZooParts:
     def __init__(self, config: TransformerConfig) -> None:
         self.config = config
 
-    def check(self, spec: RunSpec) -> None:
-        """Raise ValueError if `spec` asks for what this model cannot run."""
-        c, problems = self.config, []
-        if c.qk_layernorm and spec.degrees.tp > 1:
-            problems.append("QK layer norm under tensor parallelism (its weight's gradient "
-                            "sums over the ranks' heads) is not run yet")
-        if c.mtp_num_layers and spec.sequence_parallel:
-            problems.append("multi-token prediction with sequence parallelism is not run yet")
+    def rules(self) -> list[Rule]:
+        """What the runtime runs of this model (`Rule`), in the order refusals name them."""
+        c, rules = self.config, []
+        if c.qk_layernorm:
+            rules.append(_only("tensor", 1, "QK layer norm under tensor parallelism (its "
+                               "weight's gradient sums over the ranks' heads) is not run yet "
+                               "on a zoo model"))
+        if c.mtp_num_layers:
+            rules.append(_only("sequence_parallel", False, "multi-token prediction with "
+                               "sequence parallelism is not run yet"))
         if c.mtp_num_layers and c.position_embedding == "learned":
-            problems.append("multi-token prediction with learned positions is not run yet")
+            rules.append(_never("multi-token prediction with learned positions is not run yet"))
         if c.beyond_zoo():
-            problems.append(f"{', '.join(c.beyond_zoo())} describe a Hugging Face "
-                            "architecture the zoo transformer does not build; train it from "
-                            "its hf: config")
+            rules.append(_never(f"{', '.join(c.beyond_zoo())} describe a Hugging Face "
+                                "architecture the zoo transformer does not build; train it "
+                                "from its hf: config"))
+        return rules
+
+    def check(self, spec: RunSpec) -> None:
+        """Raise ValueError, naming every rule broken, if `spec` asks for what the runtime
+        does not run of this model."""
+        problems = [rule.reason for rule in self.rules() if rule.broken_by(spec)]
         if problems:
             raise ValueError("; ".join(problems) + ".")
+
+    def needs(self) -> list[Rule]:
+        """The knobs the runtime runs one value of for this model (rules with a `knob`),
+        for the planner to fix before it searches; ValueError where no plan of the model
+        runs."""
+        never = [rule.reason for rule in self.rules()
+                 if rule.knob is None and rule.when is None]
+        if never:
+            raise ValueError("; ".join(never) + ".")
+        return [rule for rule in self.rules() if rule.knob is not None]
+
+    def reduce_replicated_gradients(self, stages: list[nn.Module], tp_mesh: DeviceMesh) -> None:
+        """Sum over `tp_mesh` the gradients of parameters replicated over the tensor ranks
+        whose ranks each see part of the input (none here: the zoo's sequence-parallel
+        norms are DTensors, whose gradients DTensor sums; its QK norms are not run under
+        tensor parallelism)."""
 
     def build_stage(self, layers: tuple[int, int], first: bool, last: bool) -> nn.Module:
         """Layers [first, last) on the meta device, embeddings / head on the end stages."""
@@ -104,41 +187,51 @@ class HFParts(ZooParts):
         if wrong:
             raise ValueError(f"the model shape differs from the Hugging Face config's: {wrong}")
 
-    def check(self, spec: RunSpec) -> None:
+    def rules(self) -> list[Rule]:
         model_type = self.hf_config.model_type
         moe = model_type in self.stages.MOE_FAMILIES
-        if spec.degrees.cp > 1 or (spec.expert > 1 and not moe):
-            raise ValueError(
-                "context parallelism, and expert parallelism of other than Mixtral, "
-                "Qwen3-MoE and DeepSeek-V3, run on zoo models only, not on a Hugging Face "
-                "model yet"
-            )
-        tp = spec.degrees.tp > 1
-        if tp and model_type in ("qwen3", "qwen3_moe"):
-            raise ValueError(f"tensor parallelism of a Hugging Face {model_type} (its QK "
-                             "norms' gradients sum over the ranks' heads) is not run yet")
-        if tp and model_type == "mixtral":
-            raise ValueError("tensor parallelism of a Hugging Face mixtral (its fused experts "
-                             "split over the tensor ranks) is not run yet; run it with "
-                             "--tensor-model-parallel-size 1")
-        if tp and moe and spec.expert == 1:
-            raise ValueError("tensor parallelism of a Hugging Face DeepSeek-V3 runs with "
-                             "expert parallelism (its experts split over the tensor ranks, "
-                             "dispatched all-to-all); expert parallelism 1 is not run yet")
-        if tp and moe and spec.expert_dispatcher != "alltoall":
-            raise ValueError("a Hugging Face MoE model runs the alltoall token dispatcher")
-        if tp and not moe and spec.zero_stage >= 1:
-            from runtime.hf.layout import per_head_fusions
+        rules = [_only("context", 1, "context parallelism runs on zoo models only, not on a "
+                       "Hugging Face model yet")]
+        if moe:
+            return rules + [
+                # (Without expert parallelism no token is dispatched.)
+                _only("moe_token_dispatcher", "alltoall", "a Hugging Face MoE model runs the "
+                      "alltoall token dispatcher", when=lambda spec: spec.expert > 1),
+                _when(lambda spec: spec.degrees.tp > 1 and spec.expert == 1,
+                      f"tensor parallelism of a Hugging Face {model_type} runs with expert "
+                      "parallelism (its experts split over the tensor ranks, dispatched "
+                      "all-to-all); expert parallelism 1 is not run yet"),
+            ]
+        rules.append(_only("expert", 1, "expert parallelism runs on zoo models and on the "
+                           "Hugging Face Mixtral, Qwen3-MoE and DeepSeek-V3 only"))
+        fused, unsplit = self._tensor_layout
+        if unsplit:
+            rules.append(_only("tensor", 1, unsplit))
+        elif fused:
+            # FSDP2 would cut a rank's [q_t; k_t; v_t] into row chunks that straddle
+            # q, k and v, which no DTensor placement states (and GPT-2's Conv1D,
+            # split on its other dim, gathers back out of order).
+            rules.append(_when(
+                lambda spec: spec.degrees.tp > 1 and spec.zero_stage >= 1,
+                f"a Hugging Face {model_type}'s fused {', '.join(fused)}, split per head "
+                "under tensor parallelism, is not also ZeRO-sharded yet; run it with "
+                "--zero-stage 0 or --tensor-model-parallel-size 1"))
+        return rules
 
-            fused = per_head_fusions(self.hf_config)
-            if fused:
-                # FSDP2 would cut a rank's [q_t; k_t; v_t] into row chunks that straddle
-                # q, k and v, which no DTensor placement states (and GPT-2's Conv1D,
-                # split on its other dim, gathers back out of order).
-                raise ValueError(
-                    f"a Hugging Face {model_type}'s fused {', '.join(fused)}, split per head "
-                    "under tensor parallelism, is not also ZeRO-sharded yet; run it with "
-                    "--zero-stage 0 or --tensor-model-parallel-size 1")
+    @cached_property
+    def _tensor_layout(self) -> tuple[list[str], str]:
+        """A dense decoder layer's fused linears split per head or per half under tensor
+        parallelism (`runtime.hf.layout.per_head_fusions`), and why tensor parallelism
+        does not split the layer ('' where it does)."""
+        from runtime.hf.layout import per_head_fusions
+
+        try:
+            return per_head_fusions(self.hf_config), ""
+        except ValueError as error:
+            return [], str(error).rstrip(".")
+
+    def reduce_replicated_gradients(self, stages: list[nn.Module], tp_mesh: DeviceMesh) -> None:
+        self.tp.reduce_head_norm_gradients(stages, tp_mesh)
 
     def expert_parallel(self, stage: nn.Module, mesh: DeviceMesh, dispatcher: str) -> None:
         self.experts.apply_hf_expert_parallel(stage, mesh, dispatcher)

@@ -89,6 +89,7 @@ class PipelineTrainer(checkpoint.Checkpointing):
         self.config, self.spec, self.hf_config = config, spec, hf_config
         parts = model_parts(config, hf_config)
         parts.check(spec)
+        self.parts = parts
         self.mesh = mesh if mesh is not None else build_mesh(spec.degrees)
         coordinate = self.mesh.get_coordinate()
         assert coordinate is not None
@@ -255,6 +256,10 @@ class PipelineTrainer(checkpoint.Checkpointing):
         if self.activations is not None:
             self.saved_activations = self.activations.per_micro_batch()
         self._sum_tied_embedding_gradients()
+        # Replicated parameters each tensor rank sees part of (a Hugging Face model's QK
+        # norms, on the rank's heads): one all-reduce of their gradients, Megatron's
+        # finalize_model_grads.
+        self.parts.reduce_replicated_gradients(list(self.modules.values()), self.mesh["tp"])
         if self.expert_mesh is not None:
             for module in self.modules.values():
                 reduce_expert_gradients(module, self.expert_mesh, self.spec.degrees.dp)

@@ -214,7 +214,12 @@ def from_training_plan(plan) -> RunSpec:
 
 
 def _dispatcher(run: object) -> str:
-    """The token dispatcher the runtime runs for a plan's settings: DeepEP's flex moves
-    what all-to-all does, and torch runs the all-to-all."""
-    chosen = getattr(run, "moe_token_dispatcher", "allgather")
+    """The token dispatcher the runtime runs for a plan's settings."""
+    return runtime_dispatcher(getattr(run, "moe_token_dispatcher", "allgather"))
+
+
+def runtime_dispatcher(chosen: str) -> str:
+    """The token dispatcher the runtime runs for the plan's `chosen` one (Megatron-LM's
+    --moe-token-dispatcher-type): DeepEP's flex moves what all-to-all does, and torch runs
+    the all-to-all."""
     return "alltoall" if chosen in ("alltoall", "flex") else "allgather"

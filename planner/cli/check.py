@@ -130,19 +130,26 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
     # Priced as the runtime below runs it: its activations, not Megatron-LM's. (A graph
     # plan above is Tessel's runtime's by construction: it takes no engine.)
     args.engine = "tessel"
-    plans, model, loaded = plan_from_flags(args, cluster, console, top=1, loaded=loaded)
-    print_training_plans(plans, console)
-    from runtime.local_ranks import RankError
-    from runtime.spec import from_training_plan
-
-    plan = plans[0]
-    spec = from_training_plan(plan)
     hf_config = None
     if loaded.hf_path is not None:
         from planner.models.huggingface import load_hf_config
 
         hf_config = load_hf_config(loaded.hf_path).to_dict()
-    _refuse_what_the_runtime_cannot_run(args, model, spec, hf_config)
+        loaded = _as_transformers_builds(loaded)
+    # What the runtime runs of this model fixes knobs before the search, and of the
+    # plans ranked the best it runs is the one trained: no rank refuses it.
+    parts = _fix_what_the_runtime_dictates(args, loaded, hf_config)
+    plans, model, loaded = plan_from_flags(args, cluster, console, top=RUNNABLE_CANDIDATES,
+                                           loaded=loaded)
+    plan, spec = _refuse_what_the_runtime_cannot_run(args, plans, parts)
+    if not faults_given(args):  # a fault run is read for its verdict: the plan follows it
+        print_training_plans([plan], console)
+    from planner.checks.training_check import routing_note
+    from runtime.local_ranks import RankError
+
+    if routing_note(plan):
+        console.print(f"note: {routing_note(plan)}", highlight=False, soft_wrap=True)
+
     with _checkpoint_folder(args) as folder:
         resilience = _resilience(args, folder) if faults_given(args) else None
         try:
@@ -151,12 +158,13 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
                                 args.max_restarts)
         except RankError as error:
             if resilience is None:
+                print_ranks_output(error, args)
                 raise
             if args.elastic is None or args.elastic[0] >= plan.num_gpus:
                 # An injected fault (or a divergence stopped on) ended the job, with no
-                # restart left: the check ran and failed; the line says where and why.
-                console.print(f"[red]FAILED[/red]: {escape(str(error))}", highlight=False,
-                              soft_wrap=True)
+                # restart left: the check ran and failed; its lines say where, why, and
+                # where the job would resume.
+                print_fault_failure(error, plan, args, folder)
                 return 1
             plan, spec, report = _go_on_elastic(args, cluster, loaded, model, plan, error,
                                                 resilience, hf_config)
@@ -166,25 +174,43 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
     note = "not compared: transformers' own modules" if hf_config is not None else ""
     comparison = compare(plan, report.coordinates, report.collectives, report.local_bytes,
                          report.steps_run, report.saved_activations, note)
-    print_training_check(report, comparison, plan, args.steps)
-    if resilience is not None or report.stragglers:
-        print_restarts(report, args)
+    if resilience is not None:
+        print_fault_check(report, comparison, plan, args)
+    else:
+        print_training_check(report, comparison, plan, args.steps)
+        if report.stragglers:
+            print_restarts(report, args)
     passed = report.passed(RELATIVE_TOLERANCE) and comparison.passed
     if args.json:
         _write_report(args.json, training_report(plan, report, comparison, passed))
     return 0 if passed else 1
 
 
-def _refuse_what_the_runtime_cannot_run(args: argparse.Namespace, model, spec,
-                                        hf_config) -> None:
-    """UsageError (one line, before any rank starts) for a plan the runtime cannot run
-    on this model: the check each rank would make, made here."""
-    from runtime.model_parts import model_parts
+def _refuse_what_the_runtime_cannot_run(args: argparse.Namespace, plans, parts):
+    """The best of the ranked `plans` that the runtime runs on this model (`parts`), and
+    its RunSpec: the check each rank would make, made here; a note where faster plans
+    were passed over. UsageError (one line, before any rank starts) where it runs none."""
+    from planner.cli.train import layout
+    from runtime.spec import from_training_plan
 
-    try:
-        model_parts(model, hf_config).check(spec)
-    except ValueError as error:
-        raise UsageError(f"{args.model}: the runtime cannot train this plan: {error}") from None
+    refused: list[tuple[object, str]] = []
+    for plan in plans:
+        try:
+            spec = from_training_plan(plan)
+            parts.check(spec)
+        except ValueError as error:
+            refused.append((plan, str(error)))
+            continue
+        if refused:
+            best, why = refused[0]
+            faster = (f"the {len(refused)} faster plans" if len(refused) > 1
+                      else "the faster plan")
+            console.print(f"note: the runtime does not run {faster} ({layout(best)}: "
+                          f"{why.rstrip('.')}); checking the best it runs",
+                          highlight=False, soft_wrap=True)
+        return plan, spec
+    what = "this plan" if len(plans) == 1 else f"any of the {len(plans)} best plans"
+    raise UsageError(f"{args.model}: the runtime cannot train {what}: {refused[0][1]}")
 
 
 def _train(args: argparse.Namespace, model, plan, spec, hf_config, resilience,
@@ -282,12 +308,16 @@ def print_restarts(report, args: argparse.Namespace) -> None:
     stragglers named and the batches skipped on divergence."""
     for rank, times in sorted(report.stragglers.items()):
         console.print(f"straggler: rank {rank} worked {times:.1f}x as long as its peers "
-                      "(per predicted stage time)", highlight=False)
+                      "(per predicted stage time)", highlight=False, soft_wrap=True)
     if report.skipped:
         console.print(f"diverged: batch{'es' * (len(report.skipped) > 1)} "
                       f"{', '.join(map(str, report.skipped))} skipped (--on-divergence "
-                      f"{args.on_divergence}); the reference skipped the same", highlight=False)
-    every = f"every {args.checkpoint_every} steps" if args.checkpoint_every else "never"
+                      f"{args.on_divergence}); the reference skipped the same", highlight=False,
+                      soft_wrap=True)
+    if not (args.checkpoint_every or args.kill_rank is not None or report.attempt):
+        return  # nothing saved, killed or restarted
+    every = ("every step" if args.checkpoint_every == 1 else
+             f"every {args.checkpoint_every} steps" if args.checkpoint_every else "never")
     line = f"checkpoints: {every}"
     if args.kill_rank is not None:
         line += f"; rank {args.kill_rank} was killed (SIGKILL) at step {args.kill_at_step}"
@@ -296,7 +326,11 @@ def print_restarts(report, args: argparse.Namespace) -> None:
                  if report.resumed_from is not None else "from the start (no checkpoint yet)")
         line += (f"; the job restarted {report.attempt} time{'s' * (report.attempt > 1)} "
                  f"and resumed {start}; every step's loss is compared with one process")
-    console.print(line, highlight=False)
+    elif report.resumed_from is not None:  # --elastic: a new job on the ranks left
+        line += (f"; the re-planned job went on from the checkpoint of step "
+                 f"{report.resumed_from}, resharded; every step's loss is compared with one "
+                 "process")
+    console.print(line, highlight=False, soft_wrap=True)
 
 
 def print_training_check(report, comparison: PlanComparison, plan, steps: int) -> None:
@@ -333,15 +367,11 @@ def print_training_check(report, comparison: PlanComparison, plan, steps: int) -
         console.print(memory)
     if comparison.activations:
         console.print(_activation_table(comparison.activations, report.coordinates, firsts))
-    passed = report.passed(RELATIVE_TOLERANCE) and comparison.passed
-    verdict = "[green]PASSED[/green]" if passed else "[red]FAILED[/red]"
-    state = "match" if comparison.passed else "differ"
-    console.print(
-        f"{verdict}: losses within {report.loss_max_rel_error:.3e} (relative), parameters "
-        f"within {report.parameter_rel_error:.3e} (relative norm) of one process; "
-        f"collectives, held bytes and saved activations {state} the plan's",
-        highlight=False,
-    )
+    console.print(training_verdict(report, comparison), highlight=False)
+    if (diverged := first_non_finite_loss(report)) is not None:
+        from runtime.divergence import policies_line
+
+        console.print(policies_line(diverged[0], 0), highlight=False)
     for line in comparison.mismatches:
         console.print(f"  {line}", highlight=False)
 
@@ -406,3 +436,210 @@ def _write_report(path: str, report: PlanCheckReport) -> None:
     """The check's JSON report (`planner.checks.check_report`: one model for every kind)."""
     report.to_json(path)
     console.print(f"report written to {path}")
+
+
+# Ranked plans `plan check` looks through for the best one its runtime runs on the model.
+RUNNABLE_CANDIDATES = 32
+
+
+def _as_transformers_builds(loaded):
+    """An hf: model as transformers' own causal LM builds it, which is what the runtime
+    trains (`planner.models.hf_shape.as_transformers_builds`), with a note where that
+    leaves part of the config out of the plan."""
+    from dataclasses import replace as with_fields
+
+    from planner.models.hf_shape import as_transformers_builds
+
+    built, note = as_transformers_builds(loaded.config)
+    if not note:
+        return loaded
+    console.print(f"note: {note}", highlight=False, soft_wrap=True)
+    return with_fields(loaded, config=built)
+
+
+def _fix_what_the_runtime_dictates(args: argparse.Namespace, loaded, hf_config):
+    """The runtime's parts for the model (`runtime.model_parts`). Before the search, each
+    knob the runtime runs one value of for this model (`needs`) is fixed at it, in one
+    note line; a flag given with another value is refused in one line, as is a model the
+    runtime runs no plan of (UsageError)."""
+    from planner.cli.train import transformer_config
+    from planner.search.knobs import FLAG
+    from runtime.model_parts import model_parts
+
+    shape = transformer_config(loaded)
+    try:
+        parts = model_parts(shape, hf_config)
+        needs = parts.needs()
+    except ValueError as error:
+        raise UsageError(f"{args.model}: the runtime cannot train this model: "
+                         f"{str(error).rstrip('.')}") from None
+    fixed = []
+    for rule in needs:
+        given = getattr(args, rule.knob)
+        if given is None and rule.knob in _MOE_KNOBS and not shape.num_experts:
+            continue  # the search varies no MoE knob of a dense model
+        if given is None:
+            setattr(args, rule.knob, rule.value)
+            fixed.append(f"{_as_flag(FLAG[rule.knob], rule.value)} ({rule.reason})")
+        elif not rule.allows(given):
+            raise UsageError(
+                f"{_as_flag(FLAG[rule.knob], given)}: {rule.reason}; give "
+                f"{_as_flag(FLAG[rule.knob], rule.value)} or leave it to plan check")
+    if fixed:
+        console.print(f"note: fixed for the search, as the runtime runs this model: "
+                      f"{'; '.join(fixed)}", highlight=False, soft_wrap=True)
+    return parts
+
+
+# Knobs of a mixture of experts (a dense model's search keeps them at their defaults).
+_MOE_KNOBS = ("expert", "moe_token_dispatcher")
+
+
+def _as_flag(flag: str, value) -> str:
+    """A knob's value as its flag is typed: '--context-parallel-size 1', a switch bare
+    or negated ('--sequence-parallel', 'no --sequence-parallel')."""
+    if isinstance(value, bool):
+        return flag if value else f"no {flag}"
+    return f"{flag} {value}"
+
+
+# -- the output of a check given a fault flag: its verdict first, in at most 20 lines ------
+
+MISMATCH_LINES = 5
+"""Mismatches a fault run prints (the rest: --json)."""
+
+
+def print_fault_plan(plan, args: argparse.Namespace) -> None:
+    """The plan a fault run trained, in one line (its tables: without the fault flags)."""
+    from planner.cli.train import layout
+
+    console.print(f"plan: {layout(plan)}, {plan.schedule} schedule, on {plan.num_gpus} gloo "
+                  f"ranks for {args.steps} steps (predicted step "
+                  f"{plan.predicted.step_time_s:.3f} s; its tables: plan check without the "
+                  "fault flags)", highlight=False, soft_wrap=True)
+
+
+def print_fault_check(report, comparison: PlanComparison, plan,
+                      args: argparse.Namespace) -> None:
+    """A fault run that completed: the verdict first, then what the faults did (restarts,
+    stragglers, skipped batches), the first mismatches and the plan; every table goes to
+    --json."""
+    from runtime.divergence import policies_line
+
+    console.print(training_verdict(report, comparison, _injected(args)), highlight=False,
+                  soft_wrap=True)
+    if (diverged := first_non_finite_loss(report)) is not None:
+        console.print(policies_line(diverged[0], args.checkpoint_every or 0),
+                      highlight=False, soft_wrap=True)
+    print_restarts(report, args)
+    for line in comparison.mismatches[:MISMATCH_LINES]:
+        console.print(f"  {line}", highlight=False, soft_wrap=True)
+    if len(comparison.mismatches) > MISMATCH_LINES:
+        console.print(f"  and {len(comparison.mismatches) - MISMATCH_LINES} more (--json "
+                      "lists them all)", highlight=False)
+    print_fault_plan(plan, args)
+    if not args.json:
+        console.print("every step's loss, collective and held byte: --json PATH",
+                      highlight=False)
+
+
+def print_fault_failure(error, plan, args: argparse.Namespace, folder: str) -> None:
+    """A fault run that failed (a rank lost, hung or stopped on divergence, no restart
+    left): what failed and where, the checkpoint the job would resume from, where the
+    ranks' own output went, and the plan."""
+    from runtime.faults import LAST_GOOD
+
+    cause = str(error).split(LAST_GOOD)[0]
+    injected = f" ({_injected(args)})" if _injected(args) else ""
+    console.print(f"[red]FAILED[/red]: {escape(cause)}{escape(injected)}",
+                  highlight=False, soft_wrap=True)
+    console.print(f"would resume from: {escape(resume_point(folder, args))}", highlight=False,
+                  soft_wrap=True)
+    print_ranks_output(error, args)
+    print_fault_plan(plan, args)
+
+
+def resume_point(folder: str, args: argparse.Namespace) -> str:
+    """Where a job checkpointing into `folder` as the flags ask would resume, and how."""
+    from runtime.checkpoint import cut_short, latest_checkpoint, step_of
+
+    if not args.checkpoint_every:
+        return "the start (the run saves no checkpoint: --checkpoint-every K saves one)"
+    kept = "" if args.checkpoint_dir is not None else \
+        "; a temporary folder, removed at exit: --checkpoint-dir DIR keeps it"
+    latest = latest_checkpoint(folder)
+    if latest is not None:
+        return (f"{latest} (the checkpoint of step {step_of(latest)}{kept}); --max-restarts "
+                "1 restarts the job from it by itself")
+    short = [path.name for path in cut_short(folder)]
+    cut = f"; {', '.join(short)} {'were' if len(short) > 1 else 'was'} cut short by the " \
+        "failure" if short else ""
+    return f"the start (no checkpoint was complete yet{cut}{kept})"
+
+
+def print_ranks_output(error, args: argparse.Namespace) -> None:
+    """What the ranks printed and raised (`RankError.output`), kept off the terminal by
+    the launcher: printed with --debug, else written to a log file named in one line."""
+    text = getattr(error, "output", "")
+    if not text:
+        return
+    if getattr(args, "debug", False):
+        console.print(text.rstrip("\n"), highlight=False, markup=False, soft_wrap=True)
+        return
+    with tempfile.NamedTemporaryFile("w", prefix="tessel-check-ranks-", suffix=".log",
+                                     delete=False) as log:
+        log.write(text)
+    console.print(f"the ranks' output and tracebacks ({len(text.splitlines()):,} lines): "
+                  f"{log.name} (--debug prints them instead)", highlight=False,
+                  soft_wrap=True, markup=False)
+
+
+def _injected(args: argparse.Namespace) -> str:
+    """'injected: --kill-rank 1 --kill-at-step 4': the faults the flags inject ('' for
+    none)."""
+    flags = [f"--{name.replace('_', '-')} {getattr(args, name)}"
+             for name in ("kill_rank", "kill_at_step", "stall_rank", "stall_at_step",
+                          "slow_rank", "slow_factor", "nan_at_step")
+             if getattr(args, name, None) is not None]
+    return f"injected: {' '.join(flags)}" if flags else ""
+
+
+def first_non_finite_loss(report) -> tuple[int, float] | None:
+    """(step, loss) of the first step whose loss is NaN or infinite, or None."""
+    return next(((step, loss) for step, loss in enumerate(report.losses)
+                 if loss is not None and not math.isfinite(loss)), None)
+
+
+def _loss_ranks(report) -> tuple[str, str]:
+    """('rank 3', '') or ('ranks 2, 3', why): the ranks whose loss a step's loss is (the
+    last pipeline stage's, one per data-parallel shard; the check keeps their mean)."""
+    last = max(coords["pp"] for coords in report.coordinates)
+    ranks = [rank for rank, coords in enumerate(report.coordinates) if coords["pp"] == last
+             and coords.get("tp", 0) == 0 and coords.get("cp", 0) == 0]
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}", ""
+    return (f"ranks {', '.join(map(str, ranks))}",
+            "the mean of the last stage's data-parallel ranks' losses")
+
+
+def training_verdict(report, comparison: PlanComparison, injected: str = "") -> str:
+    """The check of a training plan in one line: PASSED or FAILED, how far the run is
+    from one process and whether it ran as planned; a loss that became NaN or infinite
+    is named with its step and rank (an error over it would say nothing)."""
+    passed = report.passed(RELATIVE_TOLERANCE) and comparison.passed
+    verdict = "[green]PASSED[/green]" if passed else "[red]FAILED[/red]"
+    state = "match" if comparison.passed else "differ"
+    planned = f"collectives, held bytes and saved activations {state} the plan's"
+    diverged = first_non_finite_loss(report)
+    if diverged is not None:
+        step, loss = diverged
+        reference = report.reference_losses[step]
+        ranks, mean = _loss_ranks(report)
+        said = "; ".join(filter(None, (mean, injected, "one process: " + (
+            f"{reference:.8f}" if reference is not None else "skipped"))))
+        return (f"{verdict}: the loss became {loss} at step {step} on {ranks} ({said}) and "
+                f"training went on with it (no --on-divergence); {planned}")
+    return (f"{verdict}: losses within {report.loss_max_rel_error:.3e} (relative), "
+            f"parameters within {report.parameter_rel_error:.3e} (relative norm) of one "
+            f"process{f' ({injected})' if injected else ''}; {planned}")
+

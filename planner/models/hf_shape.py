@@ -12,10 +12,13 @@ zoo shape.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
+
+from planner.user_files import UserFileError, parse_nested, read_user_file
 
 # Longest default trace sequence: configs state their maximum context (128k for Llama 3),
 # far beyond what pretraining uses; --seq-length overrides it.
@@ -58,13 +61,17 @@ def read_config_fields(path: str | Path) -> tuple[Path, dict[str, Any]]:
     file = Path(path).expanduser()
     if file.is_dir():
         file = file / "config.json"
-    if not file.is_file():
+    if not file.exists():
         raise HFConfigError(
             f"Hugging Face config {str(path)!r} does not exist; give the path of a "
             "config.json file or of the directory that holds it."
         )
     try:
-        fields = json.loads(file.read_text())
+        # Bounded: a regular file of at most 1 MiB, nesting at most 100 deep.
+        fields = parse_nested(json.loads, read_user_file(file, str(file), "a config.json"),
+                              str(file))
+    except UserFileError as error:
+        raise HFConfigError(str(error)) from None
     except json.JSONDecodeError as error:
         raise HFConfigError(
             f"{file} is not valid JSON ({error.msg} at line {error.lineno}, column "
@@ -201,6 +208,23 @@ def to_transformer_config(config: Any, seq_length: int | None = None) -> Any:
         )
     fields = {**_llama_fields(config, seq), **_FAMILY_FIELDS[config.model_type](config)}
     return _validated(config, fields)
+
+
+def as_transformers_builds(config: Any) -> tuple[Any, str]:
+    """`config` as transformers' own causal LM builds the model, for a plan that runs on
+    its modules (Tessel's runtime: `plan check` of an hf: model), and a note saying what
+    that leaves out of the config ('' where nothing): transformers' DeepseekV3ForCausalLM
+    builds no multi-token-prediction layer, so the plan counts none (Megatron-LM builds
+    the config's num_nextn_predict_layers, and `plan` counts them)."""
+    mtp = getattr(config, "num_mtp_layers", 0) or 0
+    if getattr(config, "model_type", None) != "deepseek_v3" or not mtp:
+        return config, ""
+    built = copy.copy(config)
+    built.num_mtp_layers = 0  # DeepseekV3Config's name for num_nextn_predict_layers
+    return built, (f"transformers' DeepseekV3ForCausalLM builds no multi-token-prediction "
+                   f"layer, so the plan counts none of the config's {mtp} "
+                   f"(num_nextn_predict_layers; Megatron-LM builds them, and `plan` counts "
+                   "them)")
 
 
 def _validated(config: Any, fields: dict[str, Any]) -> Any:

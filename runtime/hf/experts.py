@@ -1,6 +1,6 @@
 """Mixture-of-experts blocks of a Hugging Face decoder (transformers' fused-expert MoE
-blocks: Qwen3-MoE's, DeepSeek-V3's) under expert parallelism, and forced load balancing of
-their routers.
+blocks: Mixtral's, Qwen3-MoE's, DeepSeek-V3's) under expert parallelism, and forced load
+balancing of their routers.
 
 `HFExpertParallelMoE` holds a rank's experts (split over the ``ep`` axis, and over the
 tensor ranks too under tensor parallelism) and dispatches tokens all-to-all

@@ -274,6 +274,10 @@ class HFStageModule(nn.Module):
         self.scatter_sequence: nn.Module | None = None
         # Set by tensor parallelism: layout of the tied head's input.
         self.head_input_layout = None
+        # Set by tensor parallelism: the norms inside the attention, run on the rank's
+        # heads, whose gradients sum over the tensor ranks (`runtime.hf.tensor_parallel.
+        # reduce_head_norm_gradients`). A plain list: they stay registered where they are.
+        self.head_norms: list[nn.Module] = []
 
     @property
     def trunk(self) -> nn.Module:

@@ -5,8 +5,15 @@ same torch styles the zoo's `runtime.parallelize.apply_tensor_parallel` uses, so
 collectives: one input gather or gradient reduction per sublayer, one output reduction);
 every stage then gets the vocabulary-parallel embedding, the column-parallel LM head with
 gathered logits (or the tied head) and, under sequence parallelism, the sequence-parallel
-final norm. DeepSeek-V3's multi-latent attention and experts get the zoo's layout of them
-(`_deepseek_v3_tensor_parallel`).
+final norm. The mixtures of experts (Mixtral, Qwen3-MoE) get that layout of their
+attention and the zoo's of their experts (`_mlp_styles`); DeepSeek-V3's multi-latent
+attention and experts get the zoo's layout of them (`_deepseek_v3_tensor_parallel`).
+
+Norms inside the attention (Qwen3's per-head QK norms) are replicated over the tensor
+ranks while each rank normalizes only its own heads, so each rank's gradient of their
+weights is a partial sum: `reduce_head_norm_gradients` sums them over the tensor ranks
+once per step, in one all-reduce of all of them, as Megatron-LM's finalize_model_grads
+all-reduces the q_layernorm and k_layernorm gradients over the tensor-parallel group.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
@@ -25,9 +33,10 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from runtime.experts import all_reduce_bucket
 from runtime.hf.experts import HFExpertParallelMoE
-from runtime.hf.layout import block_layout, block_plan, local_heads
-from runtime.hf.stages import HFStageModule
+from runtime.hf.layout import BlockLayout, block_layout, block_plan, is_linear, local_heads
+from runtime.hf.stages import MOE_FAMILIES, HFStageModule
 from runtime.parallelize import SequenceScatter
 from runtime.stages import sum_gradient_over
 
@@ -49,13 +58,58 @@ def apply_hf_tensor_parallel(
         raise ValueError(
             f"tensor parallelism {tp} must divide the {config.num_attention_heads} heads "
             f"and {kv_heads} key/value heads of the {config.model_type} config")
+    moe = config.model_type in MOE_FAMILIES
+    seq = Shard(1) if sequence_parallel else Replicate()
     layout = None
     for block in stage.layers.values():
-        # Every layer of a family is built alike (windows differ only in their masks).
-        layout = layout or block_layout(block, config, stage.rotary)
-        parallelize_module(block, tp_mesh, block_plan(layout, sequence_parallel))
+        # Every layer of a family is built alike (windows differ only in their masks); a
+        # mixture of experts' MLP is a dense MLP or the experts, laid out apart.
+        layout = layout or (_layout_beside_the_mlp(block, config, stage.rotary) if moe
+                            else block_layout(block, config, stage.rotary))
+        plan = block_plan(layout, sequence_parallel)
+        if moe:
+            plan.update(_mlp_styles(block.mlp, seq, sequence_parallel))
+        parallelize_module(block, tp_mesh, plan)
         local_heads(block, layout, tp)
+        stage.head_norms += _head_norms(block, layout)
     _ends_tensor_parallel(stage, tp_mesh, sequence_parallel)
+
+
+def _layout_beside_the_mlp(block: nn.Module, config: Any, rotary: nn.Module | None
+                           ) -> BlockLayout:
+    """`block_layout` of a mixture of experts' decoder layer without its MLP (the experts'
+    routing does not run on the meta device): its attention and its own norms."""
+    mlp = block.mlp
+    block.mlp = nn.Identity()
+    try:
+        return block_layout(block, config, rotary)
+    finally:
+        block.mlp = mlp
+
+
+def _head_norms(block: nn.Module, layout: BlockLayout) -> list[nn.Module]:
+    """The modules with parameters inside the layer's attention other than its linears:
+    per-head norms (Qwen3's q_norm and k_norm), replicated over the tensor ranks and run
+    on each rank's heads."""
+    norms = []
+    for sublayer in layout.sublayers:
+        if sublayer.attention is not None:
+            attention = block.get_submodule(sublayer.attention)
+            norms += [m for m in attention.modules()
+                      if not is_linear(m) and any(True for _ in m.parameters(recurse=False))]
+    return norms
+
+
+def reduce_head_norm_gradients(stages: list[nn.Module], tp_mesh: DeviceMesh) -> None:
+    """The gradients of every stage's per-head norms (`_head_norms`) summed over the
+    tensor ranks: one all-reduce of all of them flattened (Megatron-LM's coalesced
+    all-reduce of the q_layernorm and k_layernorm gradients). Call it after the step's
+    last backward (and data-parallel reduction), on every rank of the tensor group."""
+    if tp_mesh.size() == 1:
+        return
+    grads = [param.grad for stage in stages for norm in getattr(stage, "head_norms", ())
+             for param in norm.parameters() if param.grad is not None]
+    all_reduce_bucket(grads, tp_mesh.get_group())
 
 
 def _ends_tensor_parallel(
@@ -115,36 +169,45 @@ def _deepseek_v3_tensor_parallel(
         q_up = "self_attn.q_proj" if attn.q_proj is not None else "self_attn.q_b_proj"
         plan = {q_up: ColwiseParallel(), "self_attn.kv_b_proj": ColwiseParallel(),
                 "self_attn.o_proj": RowwiseParallel(output_layouts=seq)}
-        mlp = block.mlp
-        if isinstance(mlp, HFExpertParallelMoE):
-            mlp.tensor_parallel()
-            plan.update(_mlp_plan("mlp.shared_experts.", Replicate(), reduce_input=False))
-        elif hasattr(mlp, "experts"):
-            raise ValueError("tensor parallelism of a Hugging Face MoE model runs with "
-                             "expert parallelism (--expert-model-parallel-size > 1)")
-        else:
-            plan.update(_mlp_plan("mlp.", seq, reduce_input=True))
+        plan.update(_mlp_styles(block.mlp, seq, sequence_parallel))
         if sequence_parallel:
             # The sequence shards gathered for attention (its input's gradient is whole:
-            # the latents' are reduced, so backward only slices it) and for the MoE block
-            # (its output cut back to shards: backward all-gathers), as the zoo's MLA and
-            # MoE blocks under sequence parallelism.
+            # the latents' are reduced, so backward only slices it), as the zoo's MLA
+            # under sequence parallelism.
             plan["self_attn"] = PrepareModuleInput(
                 input_kwarg_layouts={"hidden_states": seq},
                 desired_input_kwarg_layouts={"hidden_states": Replicate()},
                 use_local_output=True)
             plan["input_layernorm"] = SequenceParallel()
             plan["post_attention_layernorm"] = SequenceParallel()
-            if isinstance(mlp, HFExpertParallelMoE):
-                plan["mlp"] = PrepareModuleInputOutput(
-                    input_layouts=(seq,), desired_input_layouts=(Replicate(),),
-                    use_local_input=True, output_layouts=(Replicate(),),
-                    desired_output_layouts=(seq,), use_local_output=True)
         parallelize_module(block, tp_mesh, plan)
         rope = config.qk_rope_head_dim
         attn.kv_a_proj_with_mqa.register_forward_hook(
             lambda module, args, out, rope=rope: _rotary_key_gradient_summed(out, rope, tp_mesh))
     _ends_tensor_parallel(stage, tp_mesh, sequence_parallel)
+
+
+def _mlp_styles(mlp: nn.Module, seq, sequence_parallel: bool) -> dict[str, Any]:
+    """A mixture of experts' MLP under tensor parallelism, as the zoo's: a dense MLP as
+    Llama's (one input reduction); the experts each split over the tensor ranks (here:
+    `HFExpertParallelMoE.tensor_parallel`), the router replicated, a shared expert
+    column- then row-parallel, and under sequence parallelism the block's input gathered
+    and its output cut back to shards (backward: an all-gather)."""
+    if not isinstance(mlp, HFExpertParallelMoE):
+        if hasattr(mlp, "experts"):
+            raise ValueError("tensor parallelism of a Hugging Face MoE model runs with "
+                             "expert parallelism (--expert-model-parallel-size > 1)")
+        return _mlp_plan("mlp.", seq, reduce_input=True)
+    mlp.tensor_parallel()
+    plan: dict[str, Any] = {}
+    if mlp.shared_experts is not None:  # DeepSeek-V3's
+        plan.update(_mlp_plan("mlp.shared_experts.", Replicate(), reduce_input=False))
+    if sequence_parallel:
+        plan["mlp"] = PrepareModuleInputOutput(
+            input_layouts=(seq,), desired_input_layouts=(Replicate(),),
+            use_local_input=True, output_layouts=(Replicate(),),
+            desired_output_layouts=(seq,), use_local_output=True)
+    return plan
 
 
 def _mlp_plan(prefix: str, seq, reduce_input: bool) -> dict[str, Any]:

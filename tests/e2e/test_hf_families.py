@@ -1,20 +1,21 @@
-"""Hugging Face decoders of five families trained through transformers' own modules on 8
+"""Hugging Face decoders of seven families trained through transformers' own modules on 8
 real gloo ranks, each as its training Plan says: Qwen2 (q/k/v biases, sliding windows on
 some layers), Mistral (a sliding window on every layer), GPT-NeoX (fused per-head
 query_key_value, parallel residual, partial rotary, LayerNorm with bias, GELU), Gemma 2
 (sandwich norms, attention and final-logit soft-capping, alternating windows, scaled
-embedding, (1 + w) RMSNorm, tied head), Phi-3 (fused qkv_proj and gate_up_proj) and GPT-2
-(Conv1D layers with a fused c_attn, learned positions, tied head), tiny configs (4 layers,
-hidden 64, 4 heads, sequence 16; windows of 8, so they mask), under
-pp2 x tp2 x dp2 with 1F1B and under dp8 with ZeRO-3. Every plan trains as one process
-does (losses and parameters within 1e-4), every rank issues exactly the collectives the
-Plan predicts (count and bytes per kind) and holds exactly the parameters, gradients and
-optimizer state it predicts. Gemma 2 and GPT-2 also run tp2 x dp4 with sequence
-parallelism, Qwen3 dp8 with ZeRO-3, and Mixtral ep2 x pp2 and ep4 in dp8 with ZeRO-3
-(all-to-all dispatch, forced balance). The 8 ranks start once for all seventeen plans
-(importing torch and transformers in 8 processes costs more than the plans' steps). Then
-`plan check` of a model type the runtime cannot train: one line, exit 2, no rank started;
-and of a config that leaves its size to transformers' defaults: one line, exit 2."""
+embedding, (1 + w) RMSNorm, tied head), Phi-3 (fused qkv_proj and gate_up_proj), GPT-2
+(Conv1D layers with a fused c_attn, learned positions, tied head) and Qwen3 (per-head QK
+norms, whose gradients sum over the tensor ranks), tiny configs (4 layers, hidden 64, 4
+heads, sequence 16; windows of 8, so they mask), under pp2 x tp2 x dp2 with 1F1B and
+under dp8 with ZeRO-3. Every plan trains as one process does (losses and parameters
+within 1e-4), every rank issues exactly the collectives the Plan predicts (count and
+bytes per kind) and holds exactly the parameters, gradients and optimizer state it
+predicts. Gemma 2 and GPT-2 also run tp2 x dp4 with sequence parallelism, and Mixtral
+ep2 x pp2 and ep4 in dp8 with ZeRO-3 (all-to-all dispatch, forced balance). The 8 ranks
+start once for all eighteen plans (importing torch and transformers in 8 processes costs
+more than the plans' steps). Then `plan check` of a model type the runtime cannot train:
+one line, exit 2, no rank started; and of a config that leaves its size to transformers'
+defaults: one line, exit 2."""
 
 from __future__ import annotations
 
@@ -64,9 +65,9 @@ MIXTRAL = {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], **_
            "sliding_window": 8}
 # Experts dispatched all-to-all with forced balance: all-to-all bytes are known.
 _FORCED = dict(moe_token_dispatcher="alltoall", moe_router_force_load_balancing=True)
-QWEN3 = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], **_SHAPE,
-         "num_key_value_heads": 2, "head_dim": 16, "tie_word_embeddings": False,
-         "rope_theta": 1e4}
+FAMILIES["qwen3"] = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], **_SHAPE,
+                     "num_key_value_heads": 2, "head_dim": 16, "tie_word_embeddings": False,
+                     "rope_theta": 1e4}
 # name -> the plan's fixed knobs
 LAYOUTS = {
     "pp2-tp2-dp2-1f1b": dict(pipeline=2, tensor=2, global_batch_size=8, zero_stage=0,
@@ -74,13 +75,11 @@ LAYOUTS = {
     "dp8-zero3": dict(pipeline=1, tensor=1, global_batch_size=8, zero_stage=3),
 }
 # Beyond every family under every layout: Gemma 2's four norms per layer on sequence
-# shards (each norm's gradient reduced over the tensor ranks), Qwen3 (QK norms; not
-# tensor-parallel yet) under ZeRO-3, GPT-2 with sequence parallelism, Mixtral with expert
-# parallelism. name -> (hf config, the plan's fixed knobs)
+# shards (each norm's gradient reduced over the tensor ranks), GPT-2 with sequence
+# parallelism, Mixtral with expert parallelism. name -> (hf config, the plan's fixed knobs)
 MORE_RUNS = {
     "gemma2/tp2-dp4-sequence-parallel": (FAMILIES["gemma2"], dict(
         pipeline=1, tensor=2, global_batch_size=8, zero_stage=0, sequence_parallel=True)),
-    "qwen3/dp8-zero3": (QWEN3, LAYOUTS["dp8-zero3"]),
     # GPT-2's learned positions added before the scatter to sequence shards, its Conv1D
     # layers split on their transposed dims.
     "gpt2/tp2-dp4-sequence-parallel": (FAMILIES["gpt2"], dict(

@@ -7,11 +7,15 @@ does (losses and parameters within 1e-4), every rank issues exactly the collecti
 Plan predicts, kind by kind in count and bytes, all-to-all included, and holds the model
 state (parameters, gradients, optimizer state; expert and non-expert) the Plan predicts,
 within 1%. The same launch of the 8 ranks trains a tiny DeepSeek-V3 from an hf: config
-through transformers' own modules under ep2 x tp2 x pp2 (with sequence parallelism; and
-without it and without a query latent), planned and checked the same way. Then `plan
-check` itself of a tiny Qwen3-MoE and of a tiny DeepSeek-V3 from hf: configs (ep2 x pp2 x
-expert-data 2), and of the hf: DeepSeek-V3 under ep2 x tp2 x pp2 with sequence
-parallelism."""
+with one MTP layer (which transformers does not build, nor the plan count) through
+transformers' own modules under ep2 x tp2 x pp2 (with sequence parallelism; and without
+it and without a query latent) and ep4 x dp2 with ZeRO-1, and a tiny Qwen3-MoE under ep2 x
+tp2 (its QK norms' gradients summed over the tensor ranks) without forced balance, planned
+and checked the same way. Then `plan check` itself of the hf: Qwen3-MoE under ep2 x tp2 x
+pp2 and of the hf: DeepSeek-V3 under ep2 x tp2 x pp2 and ep4 x dp2, with forced balance;
+and of a tiny hf: Mixtral on 2 and 4 ranks with no dispatcher given (the runtime's
+all-to-all is fixed before the search) and no forced balance, where the routing decides
+the all-to-all bytes (`planner.checks.training_check.routing_note`)."""
 
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
 from planner.vocabulary.parallel import ParallelConfig
 from planner.plans.transformer_plan import training_plan
-from planner.checks.training_check import MEMORY_TOLERANCE, compare
+from planner.checks.training_check import MEMORY_TOLERANCE, PlanComparison, compare
 from runtime.elastic import launch
 from runtime.spec import from_training_plan
 from planner.checks.training_check import merge_results, relative_errors, train_reference
@@ -58,7 +62,14 @@ HF_DEEPSEEK_V3 = {  # DeepseekV3ForCausalLM: MLA, a dense first layer, shared ex
     "qk_rope_head_dim": 8, "v_head_dim": 8, "qk_nope_head_dim": 8, "n_group": 4,
     "topk_group": 2, "num_experts_per_tok": 2, "first_k_dense_replace": 1,
     "norm_topk_prob": True, "max_position_embeddings": 64, "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": False, "rope_interleave": True, "num_nextn_predict_layers": 0,
+    "tie_word_embeddings": False, "rope_interleave": True, "num_nextn_predict_layers": 1,
+}
+HF_MIXTRAL = {  # MixtralForCausalLM: 4 experts, top-2, no shared expert
+    "model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "hidden_size": 64,
+    "intermediate_size": 32, "num_local_experts": 4, "num_experts_per_tok": 2,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "vocab_size": 128, "max_position_embeddings": 64, "tie_word_embeddings": False,
+    "rms_norm_eps": 1e-6,
 }
 
 
@@ -70,27 +81,35 @@ LAYOUTS = {
 # The hf: DeepSeek-V3 in the same launch, through transformers' own modules: ep2 x tp2 x
 # pp2 with sequence parallelism (what Megatron-LM requires with experts and tensor
 # parallelism), and without it with MLA's queries straight from the hidden states (no
-# query latent); and ep4 x dp2 with ZeRO-1. name -> (hf config, layout, sequence parallelism)
+# query latent); and ep4 x dp2 with ZeRO-1. The hf: Qwen3-MoE under ep2 x tp2 x dp4
+# with sequence parallelism, routed as its router chooses (no forced balance).
+# name -> (hf config, layout, sequence parallelism, forced balance)
 HF_LAYOUTS = {
-    "hf-ep2-tp2-pp2-sp": (HF_DEEPSEEK_V3, "ep2-tp2-pp2", True),
+    "hf-ep2-tp2-pp2-sp": (HF_DEEPSEEK_V3, "ep2-tp2-pp2", True, True),
     "hf-ep2-tp2-pp2-no-q-latent": ({**HF_DEEPSEEK_V3, "q_lora_rank": None}, "ep2-tp2-pp2",
-                                   False),
-    "hf-ep4-dp2-zero1": (HF_DEEPSEEK_V3, "ep4-dp2-zero1", False),
+                                   False, True),
+    "hf-ep4-dp2-zero1": (HF_DEEPSEEK_V3, "ep4-dp2-zero1", False, True),
+    "hf-qwen3-moe-ep2-tp2-routed": (HF_QWEN3_MOE, "ep2-tp2-dp4", True, False),
+}
+LAYOUTS_HF_ONLY = {
+    "ep2-tp2-dp4": dict(tensor=2, pipeline=1, expert=2, global_batch_size=8, zero_stage=0),
 }
 
 
 def _hf_shape(fields: dict) -> TransformerConfig:
+    """The zoo shape `plan check` plans an hf: config as: as transformers builds it."""
     from transformers import CONFIG_MAPPING
 
-    from planner.models.hf_shape import to_transformer_config
+    from planner.models.hf_shape import as_transformers_builds, to_transformer_config
 
-    return to_transformer_config(CONFIG_MAPPING[fields["model_type"]].from_dict(fields), 16)
+    built, _ = as_transformers_builds(CONFIG_MAPPING[fields["model_type"]].from_dict(fields))
+    return to_transformer_config(built, 16)
 
 
-def _plan(knobs: dict, config: TransformerConfig = DEEPSEEK_V3_TINY):
+def _plan(knobs: dict, config: TransformerConfig = DEEPSEEK_V3_TINY, forced: bool = True):
     parallel = ParallelConfig.of(
         **knobs, micro_batch_size=1, precision="fp32", engine="tessel",
-        moe_token_dispatcher="alltoall", moe_router_force_load_balancing=True,
+        moe_token_dispatcher="alltoall", moe_router_force_load_balancing=forced,
     )
     return training_plan("deepseek-v3-tiny", config,
                          Cluster.load("cpu").with_devices(GPUS), parallel)
@@ -125,13 +144,17 @@ def test_tiny_deepseek_v3_plans_train_as_one_process_and_as_predicted() -> None:
     tensor ranks too, Megatron's default expert tensor degree) and ep4 x dp2 with ZeRO-1,
     in one launch of the 8 ranks."""
     runs = {name: (DEEPSEEK_V3_TINY, _plan(knobs), None) for name, knobs in LAYOUTS.items()}
-    for name, (fields, layout, sequence) in HF_LAYOUTS.items():
+    for name, (fields, layout, sequence, forced) in HF_LAYOUTS.items():
         config = _hf_shape(fields)
-        runs[name] = (config, _plan({**LAYOUTS[layout], "sequence_parallel": sequence},
-                                    config), fields)
+        knobs = {**LAYOUTS, **LAYOUTS_HF_ONLY}[layout]
+        runs[name] = (config, _plan({**knobs, "sequence_parallel": sequence}, config, forced),
+                      fields)
     specs = {name: from_training_plan(plan) for name, (_, plan, _) in runs.items()}
-    assert all(spec.force_balance and spec.expert_dispatcher == "alltoall"
-               for spec in specs.values())
+    assert all(spec.expert_dispatcher == "alltoall" for spec in specs.values())
+    assert [name for name, spec in specs.items() if not spec.force_balance] == [
+        "hf-qwen3-moe-ep2-tp2-routed"]
+    # The hf: DeepSeek-V3's MTP layer is not built, nor counted.
+    assert runs["hf-ep4-dp2-zero1"][0].mtp_num_layers == 0
     results = launch(_train_each, GPUS, [(config, specs[name], hf)
                                          for name, (config, _, hf) in runs.items()])
     for index, (name, (config, plan, hf)) in enumerate(runs.items()):
@@ -149,9 +172,12 @@ def test_tiny_deepseek_v3_plans_train_as_one_process_and_as_predicted() -> None:
                              [r["collectives"] for r in ranks],
                              [r["local_bytes"] for r in ranks], STEPS)
         assert comparison.passed, (name, comparison.mismatches)
-        # Every rank's collectives equal the Plan's, the all-to-all dispatch included (on
-        # the last pipeline stage, which holds the MoE layer and the MTP layer's).
-        assert comparison.measured == comparison.predicted
+        if specs[name].force_balance:
+            # Every rank's collectives equal the Plan's, the all-to-all dispatch included
+            # (on the last pipeline stage, which holds the MoE layer and the MTP layer's).
+            assert comparison.measured == comparison.predicted
+        else:  # the routing moved bytes, not counts: compare's group sums and bounds
+            _assert_routed_as_compared(comparison, ("all_to_all", "all_reduce"))
         last = plan.parallel.pipeline - 1
         assert all(kinds["all_to_all"]["count"] > 0
                    for kinds, r in zip(comparison.measured, ranks) if r["coords"]["pp"] == last)
@@ -174,13 +200,34 @@ def test_tiny_deepseek_v3_plans_train_as_one_process_and_as_predicted() -> None:
         assert held[-1] > 0
 
 
-# model -> the flags beyond the shared ones, and the plan's (expert, pipeline, tensor, data)
+def _assert_routed_as_compared(comparison, routed: tuple[str, ...]) -> None:
+    """Every rank's count of every kind and bytes of every kind the routing does not
+    decide as predicted; a rank's all-to-all bytes at least the Plan's (it sends its own
+    tokens' copies), and some rank's above them (the routing was not even)."""
+    pairs = list(zip(comparison.measured, comparison.predicted))
+    for measured, predicted in pairs:
+        assert {k: v["count"] for k, v in measured.items()} == \
+            {k: v["count"] for k, v in predicted.items()}
+        assert all(measured[k] == predicted[k] for k in measured if k not in routed)
+        assert measured["all_to_all"]["bytes"] >= predicted["all_to_all"]["bytes"]
+    assert any(m["all_to_all"] != p["all_to_all"] for m, p in pairs)
+
+
+# model -> its flags beyond the shared ones, and the plan's (expert, pipeline, tensor, data)
 HF_CHECKS = {
-    "qwen3_moe": (["--tensor-model-parallel-size", "1"], (2, 2, 1, 4)),
-    "deepseek_v3": (["--tensor-model-parallel-size", "1"], (2, 2, 1, 4)),
     # Megatron-LM's sequence parallelism with experts and tensor parallelism (the
-    # plan's default there); each expert split over the tensor ranks.
-    "deepseek_v3_tp2": (["--tensor-model-parallel-size", "2", "--sequence-parallel"],
+    # plan's default there); each expert split over the tensor ranks, the QK norms'
+    # gradients summed over them: ep2 x tp2 x pp2.
+    "qwen3_moe_tp2": (["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size",
+                       "2", "--sequence-parallel", "--expert-model-parallel-size", "2"],
+                      (2, 2, 2, 2)),
+    # With its MTP layer left out, as transformers builds it: ep4 x dp2 with ZeRO-1, and
+    # ep2 x tp2 x pp2.
+    "deepseek_v3": (["--pipeline-model-parallel-size", "1", "--tensor-model-parallel-size",
+                     "1", "--expert-model-parallel-size", "4", "--zero-stage", "1"],
+                    (4, 1, 1, 8)),
+    "deepseek_v3_tp2": (["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size",
+                         "2", "--sequence-parallel", "--expert-model-parallel-size", "2"],
                         (2, 2, 2, 2)),
 }
 
@@ -188,11 +235,11 @@ HF_CHECKS = {
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("case", list(HF_CHECKS))
 def test_plan_check_of_a_hugging_face_moe_with_forced_balance(case, tmp_path, capsys) -> None:
-    """`plan check hf:config.json` of a tiny Qwen3-MoE and a tiny DeepSeek-V3 through
-    transformers' own modules (fused experts split over the expert-parallel ranks on dim
-    0), ep2 x pp2 x expert-data 2 on 8 ranks, and of the DeepSeek-V3 under ep2 x tp2 x pp2
-    with sequence parallelism, all-to-all dispatch with forced balance: as one process,
-    every collective and held byte as the Plan predicts."""
+    """`plan check hf:config.json` of a tiny Qwen3-MoE under ep2 x tp2 x pp2 and a tiny
+    DeepSeek-V3 with one MTP layer under ep4 x dp2 with ZeRO-1 and ep2 x tp2 x pp2,
+    through transformers' own modules (fused experts split over the expert-parallel ranks
+    on dim 0, and over the tensor ranks), on 8 ranks, all-to-all dispatch with forced
+    balance: as one process, every collective and held byte as the Plan predicts."""
     from planner import cli
 
     flags, degrees = HF_CHECKS[case]
@@ -203,12 +250,13 @@ def test_plan_check_of_a_hugging_face_moe_with_forced_balance(case, tmp_path, ca
     report = tmp_path / "check.json"
     code = cli.main([
         "check", f"hf:{config}", "--seq-length", "16", "--gpus", "8",
-        "--global-batch-size", "8", "--pipeline-model-parallel-size", "2", *flags,
-        "--expert-model-parallel-size", "2",
+        "--global-batch-size", "8", *flags,
         "--moe-token-dispatcher-type", "alltoall", "--moe-router-force-load-balancing",
         "--steps", "2", "--json", str(report)])
     out = capsys.readouterr().out
     assert code == 0, out
+    if model == "deepseek_v3":
+        assert "note: transformers' DeepseekV3ForCausalLM builds no multi-token-" in out
     data = json.loads(report.read_text())
     plan, check, comparison = data["plan"], data["details"]["check"], data["details"]["comparison"]
     assert plan["run"]["moe_router_force_load_balancing"]
@@ -216,6 +264,7 @@ def test_plan_check_of_a_hugging_face_moe_with_forced_balance(case, tmp_path, ca
     assert (parallel["expert"], parallel["pipeline"], parallel["tensor"],
             parallel["data"]) == degrees
     assert parallel["sequence_parallel"] == (parallel["tensor"] > 1)
+    assert data["plan"]["architecture"]["mtp_num_layers"] == 0
     assert check["loss_max_rel_error"] < 1e-4 and check["parameter_rel_error"] < 1e-4
     assert comparison["passed"] and comparison["measured"] == comparison["predicted"]
     assert all(kinds["all_to_all"]["count"] > 0 for kinds in comparison["measured"])
@@ -223,3 +272,97 @@ def test_plan_check_of_a_hugging_face_moe_with_forced_balance(case, tmp_path, ca
     # sharded, should the plan choose ZeRO-1).
     rows = [r for r in comparison["memory"] if not r["note"]]
     assert len(rows) >= 2 * 8 and all(r["measured"] == r["predicted"] for r in rows)
+
+
+# ranks -> flags beyond the shared ones (no dispatcher, no forced balance), and the plan's
+# (expert, tensor, data)
+MIXTRAL_CHECKS = {
+    2: (["--expert-model-parallel-size", "2"], (2, 1, 2)),
+    4: (["--expert-model-parallel-size", "2", "--tensor-model-parallel-size", "2"],
+        (2, 2, 2)),
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("gpus", list(MIXTRAL_CHECKS))
+def test_plan_check_of_a_hugging_face_mixtral_as_its_router_routes(gpus, tmp_path,
+                                                                  capsys) -> None:
+    """`plan check hf:mixtral.json` with expert parallelism and no dispatcher given, on 2
+    ranks (ep2) and on 4 (ep2 x tp2: each expert split over the tensor ranks): the
+    all-to-all dispatcher the runtime runs is fixed before the search, and the plan passes
+    as its router routes: as one process, every count of every collective, every byte
+    the routing does not decide and every held byte as predicted, the routed bytes as
+    `compare` bounds and sums them (a note says how)."""
+    from planner import cli
+
+    flags, degrees = MIXTRAL_CHECKS[gpus]
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(HF_MIXTRAL))
+    report = tmp_path / "check.json"
+    code = cli.main(["check", f"hf:{config}", "--seq-length", "16", "--gpus", str(gpus),
+                     "--global-batch-size", "4", *flags, "--steps", "2",
+                     "--json", str(report)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "--moe-token-dispatcher-type alltoall (a Hugging Face MoE model runs" in out
+    assert "note: the routing decides each rank's all-to-all bytes" in out
+    data = json.loads(report.read_text())
+    plan, check = data["plan"], data["details"]["check"]
+    assert plan["run"]["moe_token_dispatcher"] == "alltoall"
+    assert not plan["run"]["moe_router_force_load_balancing"]
+    p = plan["parallel"]
+    assert (p["expert"], p["tensor"], p["data"]) == degrees
+    assert check["loss_max_rel_error"] < 1e-4 and check["parameter_rel_error"] < 1e-4
+    comparison = PlanComparison(**{k: data["details"]["comparison"][k]
+                                   for k in ("measured", "predicted", "mismatches")})
+    assert comparison.passed
+    _assert_routed_as_compared(comparison, ("all_to_all", "all_reduce"))
+    rows = [r for r in data["details"]["comparison"]["memory"] if not r["note"]]
+    assert len(rows) >= 2 * gpus and all(r["measured"] == r["predicted"] for r in rows)
+
+
+def test_routed_bytes_are_compared_as_the_routing_allows() -> None:
+    """Without forced balance (no processes): a rank's all-to-all bytes pass between the
+    Plan's and the most its experts can receive, and fail outside; the experts' tensor-
+    parallel all-reduce bytes pass when their expert-parallel group's sum is the Plan's
+    however they split, and fail otherwise; counts are compared rank by rank."""
+    from planner.checks.training_check import routing_note
+
+    config = _hf_shape(HF_MIXTRAL)
+    plan = training_plan("mixtral", config, Cluster.load("cpu").with_devices(4),
+                         ParallelConfig.of(tensor=2, expert=2, global_batch_size=4,
+                                           micro_batch_size=2, zero_stage=0,
+                                           sequence_parallel=True, precision="fp32",
+                                           engine="tessel", moe_token_dispatcher="alltoall"))
+    assert "summed over each expert-parallel group" in routing_note(plan)
+    coords = [{"pp": 0, "dp": r // 2, "cp": 0, "tp": r % 2} for r in range(4)]
+    predicted = compare(plan, coords, [{}] * 4, [{}] * 4, STEPS).predicted
+
+    def mismatches(change) -> list[str]:
+        measured = json.loads(json.dumps(predicted))
+        change(measured)
+        return compare(plan, coords, measured, [{}] * 4, STEPS).mismatches
+
+    a2a = predicted[1]["all_to_all"]["bytes"]
+    reduced = predicted[0]["all_reduce"]["bytes"]
+
+    def shifted(m):  # rank 0 and rank 2 (an expert-parallel group) swap 1,024 B
+        m[0]["all_reduce"]["bytes"] += 1024
+        m[2]["all_reduce"]["bytes"] -= 1024
+        m[1]["all_to_all"]["bytes"] = 2 * a2a  # every token to rank 1's experts
+
+    assert mismatches(shifted) == []
+    assert mismatches(lambda m: m[1]["all_to_all"].update(bytes=a2a - 8)) == [
+        f"rank 1 all_to_all: measured {a2a - 8:,} B; the routing allows {a2a:,} to "
+        f"{2 * a2a:,} B"]
+    assert mismatches(lambda m: m[3]["all_to_all"].update(bytes=2 * a2a + 8)) != []
+    assert mismatches(lambda m: m[0]["all_reduce"].update(bytes=reduced + 1024)) == [
+        f"ranks 0, 2 all_reduce: measured {2 * reduced + 1024:,} B together; predicted "
+        f"{2 * reduced:,} B"]
+    assert mismatches(lambda m: m[2]["all_to_all"].update(count=0))[0].startswith(
+        "rank 2 all_to_all: measured 0 x")
+    forced = plan.model_copy(update={"run": plan.run.model_copy(
+        update={"moe_router_force_load_balancing": True})})
+    assert routing_note(forced) == ""
+    assert compare(forced, coords, [{k: dict(v) for k, v in r.items()} for r in predicted],
+                   [{}] * 4, STEPS).passed

@@ -13,9 +13,10 @@ from datetime import timedelta
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from planner.models.config import TransformerConfig
-from runtime.checkpoint import MARKER, latest_checkpoint, step_directory
+from runtime.checkpoint import MARKER, cut_short, latest_checkpoint, step_directory
 from runtime.elastic import launch
 from runtime.faults import FaultWatch, PeerLost
 from runtime.local_ranks import RankError, run_on_ranks
@@ -123,6 +124,35 @@ def test_latest_checkpoint_skips_a_save_cut_short(tmp_path) -> None:
         if complete:
             (folder / MARKER).write_text(json.dumps({"step": step, "world_size": 2}))
     assert latest_checkpoint(tmp_path) == step_directory(tmp_path, 4)
+    assert cut_short(tmp_path) == [step_directory(tmp_path, 6)]
+
+
+def test_a_save_whole_on_disk_is_marked_though_a_peer_dies_before_dcp_answers(
+        tmp_path, monkeypatch) -> None:
+    """DCP's coordinator writes ``.metadata`` once every rank's part is on disk, then sends
+    the outcome to every rank; a peer that has just died fails that send, and the save
+    raises. The checkpoint is whole: it is marked, and a restarted job resumes from it."""
+    from torch import nn
+    from torch.distributed.checkpoint.utils import _DistWrapper
+
+    from runtime.checkpoint import ModulesState, save
+
+    def peer_gone(self, obj):
+        raise RuntimeError("Connection closed by peer [127.0.0.1]:1")
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1),
+                            rank=0, world_size=1)
+    try:
+        model = nn.Linear(4, 2)
+        state = ModulesState({0: model}, torch.optim.AdamW(model.parameters()))
+        monkeypatch.setattr(_DistWrapper, "broadcast_object", peer_gone)
+        with pytest.raises(RuntimeError, match="Connection closed by peer"):
+            save(state, tmp_path / "ck", step=2)
+    finally:
+        dist.destroy_process_group()
+    assert (step_directory(tmp_path / "ck", 2) / ".metadata").is_file()
+    assert latest_checkpoint(tmp_path / "ck") == step_directory(tmp_path / "ck", 2)
+    assert cut_short(tmp_path / "ck") == []
 
 
 def _watch(peers: dict[int, int], root=None) -> FaultWatch:
@@ -169,6 +199,32 @@ def test_a_rank_names_the_peer_whose_process_is_gone(tmp_path, monkeypatch) -> N
         child.wait()
 
 
+def test_a_closed_connection_with_every_peer_alive_is_read_in_the_flight_records(
+        tmp_path, monkeypatch) -> None:
+    """A peer's own timeout closes its connections: this rank sees a closed connection,
+    not a timeout, while every process is alive; the flight records name the rank that
+    hangs."""
+    from runtime.flight_recorder import FLIGHT_DIR_ENV
+
+    tp = [0, 1, 2]
+    for rank, seqs in ((0, (1, 2)), (1, (1, 2)), (2, (1,))):
+        (tmp_path / f"rank{rank}.attempt0.jsonl").write_text("".join(
+            json.dumps({"group": "0", "ranks": tp, "seq": seq, "kind": "all_reduce",
+                        "step": seq}) + "\n" for seq in seqs))
+    monkeypatch.setenv(FLIGHT_DIR_ENV, str(tmp_path))
+    alive = subprocess.Popen(["sleep", "30"])
+    try:
+        seen = _watch({0: 1, 1: alive.pid, 2: alive.pid}).explain(
+            RuntimeError("Connection closed by peer [127.0.0.1]:1"), 2)
+    finally:
+        alive.kill()
+        alive.wait()
+    assert isinstance(seen, PeerLost) and seen.hung == [2] and seen.step == 2
+    assert str(seen) == ("rank 0 lost its connection to a peer: rank 2 never entered "
+                         "all_reduce #2 on ranks 0-2 (step 2), in which ranks 0, 1 waited; "
+                         "last good checkpoint: none (not checkpointing)")
+
+
 @pytest.mark.timeout(120)
 def test_a_killed_rank_is_named_with_the_last_good_checkpoint(tmp_path) -> None:
     """No restart left: the job fails fast, naming the killed rank and the checkpoint it
@@ -201,6 +257,56 @@ def test_a_rank_only_its_peers_saw_die_is_the_one_named(tmp_path) -> None:
     failure = ProcessFailure(local_rank=0, pid=41, exitcode=1, error_file="")
     error = _root_cause(ChildFailedError("fn", {0: failure}), tmp_path)
     assert error.rank == 1 and str(error) == f"rank 1 failed without a word; {seen}"
+
+
+def test_a_killed_rank_is_named_with_the_step_its_peer_lost_it_in(tmp_path) -> None:
+    """The agent saw rank 1 killed; rank 0 said in which step it lost it. The checkpoint
+    is the one on disk once every rank stopped, not the one rank 0 saw (a save was still
+    being written then)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from runtime.elastic import _report, _root_cause
+
+    try:
+        raise PeerLost("rank 0 lost rank 1 (process 42 is gone) in step 3; last good "
+                       "checkpoint: none yet", [1], step=3)
+    except PeerLost as error:
+        _report(tmp_path / "store.errors", 0, 0, error)
+    folder = step_directory(tmp_path / "ck", 2)
+    folder.mkdir(parents=True)
+    (folder / MARKER).write_text(json.dumps({"step": 2, "world_size": 2}))
+    killed = ProcessFailure(local_rank=1, pid=42, exitcode=-9, error_file="")
+    error = _root_cause(ChildFailedError("fn", {1: killed}), tmp_path, tmp_path / "ck")
+    assert error.rank == 1 and str(error) == (
+        f"rank 1 failed in step 3: Signal 9 (SIGKILL) received by PID 42; last good "
+        f"checkpoint: {folder}")
+
+
+def test_a_step_stopped_on_divergence_is_named_as_such(tmp_path) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from runtime.divergence import Diverged
+    from runtime.elastic import _ranks_output, _report, _root_cause
+
+    for rank in (0, 1):
+        try:
+            raise Diverged("step 2: loss nan is not finite on rank 1 (rank 0 too); stopped "
+                           "(--on-divergence stop); last good checkpoint: none yet")
+        except Diverged as error:
+            _report(tmp_path / "store.errors", rank, 0, error)
+    failures = {r: ProcessFailure(local_rank=r, pid=40 + r, exitcode=1, error_file="")
+                for r in (0, 1)}
+    error = _root_cause(ChildFailedError("fn", failures), tmp_path)
+    assert str(error) == ("step 2: loss nan is not finite on rank 1 (rank 0 too); stopped "
+                          "(--on-divergence stop); last good checkpoint: none yet")
+    # What each rank printed, then what it raised, attempt by attempt.
+    (tmp_path / "output").mkdir()
+    (tmp_path / "output" / "rank1.attempt0.log").write_text("E schedule caught it\n")
+    said = _ranks_output(tmp_path)
+    assert said.index("== attempt 0, rank 0: raised ==") < said.index(
+        "== attempt 0, rank 1: printed ==\nE schedule caught it\n") < said.index(
+        "== attempt 0, rank 1: raised ==\nTraceback (most recent call last):")
+    assert said.count("Diverged: step 2") == 2
 
 
 def test_a_half_written_report_is_read_as_a_rank_without_a_word(tmp_path) -> None:

@@ -228,19 +228,79 @@ def test_hf_deepseek_v3_experts_split_over_expert_and_tensor_ranks(fake_world) -
     assert not isinstance(attn.kv_a_proj_with_mqa.weight, DTensor)
 
 
-def test_hf_moe_tensor_parallelism_not_run_is_refused() -> None:
-    qwen = {"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 4,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-            "vocab_size": 128, "num_experts": 8, "moe_intermediate_size": 16,
-            "tie_word_embeddings": False}
+HF_QWEN3_MOE = {"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 4,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                "vocab_size": 128, "num_experts": 8, "moe_intermediate_size": 16,
+                "tie_word_embeddings": False}
+
+
+def test_what_the_runtime_runs_of_a_hugging_face_moe_is_stated_once() -> None:
+    """Qwen3-MoE under tensor parallelism runs with expert parallelism and the all-to-all
+    dispatcher (flex runs as all-to-all): the knobs the planner fixes (`needs`) and the
+    plans every rank refuses (`check`) come from the same rules."""
     spec = RunSpec(degrees=ParallelDims(pipeline=1, data=2, tensor=2, expert=2),
                    chunks=even_chunks(4, 1), micro_batch_size=1, num_micro_batches=1,
                    expert_dispatcher="alltoall")
-    shape = to_transformer_config(transformers.Qwen3MoeConfig.from_dict(qwen), 16)
-    with pytest.raises(ValueError, match="qwen3_moe"):
-        model_parts(shape, qwen).check(spec)
+    shape = to_transformer_config(transformers.Qwen3MoeConfig.from_dict(HF_QWEN3_MOE), 16)
+    parts = model_parts(shape, HF_QWEN3_MOE)
+    parts.check(spec)
+    assert [(rule.knob, rule.value) for rule in parts.needs()] == [
+        ("context", 1), ("moe_token_dispatcher", "alltoall")]
+    dispatcher = parts.needs()[1]
+    assert dispatcher.allows("flex") and not dispatcher.allows("allgather")
+    with pytest.raises(ValueError, match="expert parallelism 1 is not run yet"):
+        parts.check(replace(spec, degrees=replace(spec.degrees, expert=1)))
+    with pytest.raises(ValueError, match="runs the alltoall token dispatcher"):
+        parts.check(replace(spec, expert_dispatcher="allgather"))
     shape = to_transformer_config(
         transformers.DeepseekV3Config.from_dict(HF_DEEPSEEK_V3), seq_length=16)
     with pytest.raises(ValueError, match="expert parallelism 1 is not run"):
         model_parts(shape, HF_DEEPSEEK_V3).check(
             replace(spec, degrees=replace(spec.degrees, expert=1)))
+    # A dense family: one expert degree, and its tensor-parallel layout probed once.
+    llama = model_parts(SHAPE, HF_LLAMA)
+    assert [(rule.knob, rule.value) for rule in llama.needs()] == [("context", 1),
+                                                                   ("expert", 1)]
+
+
+def test_a_zoo_model_the_runtime_never_runs_is_refused_whatever_the_plan() -> None:
+    """QK layer norm fixes the zoo's tensor degree at 1; multi-token prediction with
+    learned positions runs under no plan: `needs` refuses it, naming why."""
+    from planner.models.config import TransformerConfig
+
+    base = dict(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=128,
+                seq_length=16)
+    qk = model_parts(TransformerConfig(**base, qk_layernorm=True))
+    assert [(rule.knob, rule.value) for rule in qk.needs()] == [("tensor", 1)]
+    learned = model_parts(TransformerConfig(**base, mtp_num_layers=1,
+                                            position_embedding="learned"))
+    with pytest.raises(ValueError, match="multi-token prediction with learned positions"):
+        learned.needs()
+
+
+def test_hf_qwen3_moe_splits_heads_and_experts_and_sums_its_qk_norms(fake_world) -> None:
+    """Rank 3 of dp2.tp2 with ep2 (expert rank 1, tensor rank 1): its heads' q/k/v rows,
+    experts 4-7 each split over the tensor ranks, and every layer's q_norm and k_norm
+    held whole and listed for the gradient sum over the tensor ranks."""
+    from runtime.experts import expert_mesh
+
+    fake_world(3, 4)
+    mesh = build_mesh(ParallelDims(data=2, tensor=2))
+    shape = to_transformer_config(transformers.Qwen3MoeConfig.from_dict(HF_QWEN3_MOE), 16)
+    parts = model_parts(shape, HF_QWEN3_MOE)
+    stage = parts.build_stage((0, 4), True, True)
+    parts.expert_parallel(stage, expert_mesh(mesh, 2), "alltoall")
+    parts.tensor_parallel(stage, mesh["tp"], True)
+    parts.materialize(stage, seed=0)
+    full = dict(parts.reference(seed=0).named_parameters())
+    layer = stage.layers["1"]
+    q = layer.self_attn.q_proj.weight
+    assert isinstance(q, DTensor) and torch.equal(
+        q.to_local(), full["model.layers.1.self_attn.q_proj.weight"][32:])
+    gate_up = full["model.layers.1.mlp.experts.gate_up_proj"][4:]
+    want = torch.cat([gate_up[:, 8:16], gate_up[:, 24:32]], dim=1)
+    assert torch.equal(layer.mlp.experts.gate_up_proj.to_local(), want)
+    assert stage.head_norms == [
+        m for i in range(4) for m in (stage.layers[str(i)].self_attn.q_norm,
+                                      stage.layers[str(i)].self_attn.k_norm)]
+    assert not isinstance(layer.self_attn.q_norm.weight, DTensor)

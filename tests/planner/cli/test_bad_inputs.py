@@ -402,6 +402,12 @@ HUNG_OR_ANSWERED_WRONG = {
     "cluster-5000-digits": ([*SMALL[:1], "--cluster", "digits.json", *SMALL[3:]],
                             "cluster file 'digits.json' holds a number of more than 4,300 "
                             "digits; fix the file"),
+    "hf-nested-200000-deep": (["hf:nested.json", *SMALL[1:]],
+                              "nested.json nests arrays or tables deeper than 100 levels (a "
+                              "config nests a few); fix the file"),
+    "hf-a-link-to-dev-zero": (["hf:zero/config.json", *SMALL[1:]],
+                              "zero/config.json is not a regular file (a pipe, a device or a "
+                              "folder); give a config.json"),
     "hf-decoder-sparse-step-0": (["hf:sparse-step0.json", *SMALL[1:]],
                                  "qwen3_moe config: field 'decoder_sparse_step' is 0; it must "
                                  "be a whole number from 1."),
@@ -436,6 +442,8 @@ def _hung_or_answered_wrong(folder: Path) -> None:
     """The files of HUNG_OR_ANSWERED_WRONG."""
     os.mkfifo(folder / "cluster.fifo.yaml")
     os.symlink("/dev/zero", folder / "zero.toml")
+    (folder / "zero").mkdir()
+    os.symlink("/dev/zero", folder / "zero" / "config.json")
     with open(folder / "huge.sh", "wb") as sparse:
         sparse.truncate(2 << 30)  # 2 GiB that take no disk and no time
     (folder / "doubling.sh").write_text('A=x\n' + 'A="$A$A"\n' * 40 + LAUNCH.format(layers="$A"))
