@@ -9,6 +9,7 @@ nothing else is left in the temporary folder."""
 from __future__ import annotations
 
 import json
+import sys
 import math
 import re
 import tempfile
@@ -16,6 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fault_output import verdict_first  # noqa: E402
 
 from planner import cli
 
@@ -35,15 +39,6 @@ def check(tmp_path: Path, capsys, *argv: str, shape: list[str] = SHAPE
     printed = capsys.readouterr().out
     return (code, " ".join(printed.split()),
             json.loads(report.read_text()) if report.exists() else None, printed.splitlines())
-
-
-def verdict_first(lines: list[str], verdict: str) -> str:
-    """The line that starts with `verdict` (PASSED or FAILED), which must be within the
-    first 5 of at most 20 lines."""
-    assert len(lines) <= 20, "\n".join(lines)
-    first = next(i for i, line in enumerate(lines) if line.startswith(("PASSED", "FAILED")))
-    assert first < 5 and lines[first].startswith(verdict), "\n".join(lines)
-    return lines[first]
 
 
 @pytest.mark.timeout(120)

@@ -7,9 +7,13 @@ the checkpoint the job would resume from. Either way the verdict comes within th
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fault_output import verdict_first  # noqa: E402
 
 from planner import cli
 
@@ -17,15 +21,6 @@ SHAPE = ["gpt", "--num-layers", "4", "--hidden-size", "64", "--num-attention-hea
          "--vocab-size", "256", "--seq-length", "16"]
 PP2_ON_2 = [*SHAPE, "--gpus", "2", "--global-batch-size", "4",
             "--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "1"]
-
-
-def verdict_first(lines: list[str], verdict: str) -> str:
-    """The line that starts with `verdict` (PASSED or FAILED), which must be within the
-    first 5 of at most 20 lines."""
-    assert len(lines) <= 20, "\n".join(lines)
-    first = next(i for i, line in enumerate(lines) if line.startswith(("PASSED", "FAILED")))
-    assert first < 5 and lines[first].startswith(verdict), "\n".join(lines)
-    return lines[first]
 
 
 @pytest.mark.timeout(180)
