@@ -19,6 +19,7 @@ from typing import Callable
 
 import numpy as np
 
+from planner.user_files import NotTextError, UserFileError, read_user_file
 from planner.vocabulary.efficiency import Efficiency
 from cost_models.step_time import predict_step
 from planner.vocabulary.cluster import Cluster
@@ -63,6 +64,8 @@ BOUNDS = {
 # Nelder-Mead iterations a fit may run: each evaluates the step-time model on every row,
 # so more than this would run for days without improving a converged simplex.
 MAX_ITERATIONS = 100_000
+MEASUREMENTS_BYTES = 64 << 20
+"""The most read of a measurements CSV (vTrain's 1,549 rows are 120 KiB)."""
 # vTrain's columns: the whole numbers (shape, degrees, batch sizes) and the measured time.
 WHOLE_COLUMNS = ("# GPUs", "global batch", "micro batch", "hidden size", "attention heads",
                  "# layers", "sequence length", "tensor parallelism", "data parallelism",
@@ -102,13 +105,15 @@ def read_measurements(path: str | Path) -> list[MeasuredStep]:
     time, a positive finite number), and rows whose degrees do not fit their GPUs.
     """
     try:
-        text = Path(path).read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError:
-        raise ValueError(
-            f"{path} is not a text CSV file (it is not UTF-8); export the measurements as CSV."
-        ) from None
-    except OSError as error:
-        raise ValueError(f"cannot read {path}: {error.strerror or error}.") from None
+        # Bounded as every file a user names is (`planner.user_files`), at a size that
+        # holds hundreds of thousands of rows (vTrain's 1,549 are 120 KiB).
+        text = read_user_file(path, str(path), "a CSV of measured steps",
+                              limit=MEASUREMENTS_BYTES).removeprefix("\ufeff")
+    except NotTextError:
+        raise ValueError(f"{path} is not a text CSV file (it is not UTF-8); export the "
+                         "measurements as CSV.") from None
+    except UserFileError as error:
+        raise ValueError(str(error)) from None
     reader = csv.DictReader(text.splitlines(keepends=True))
     header = reader.fieldnames
     if not header:

@@ -39,6 +39,7 @@ from pydantic import (
 )
 
 from cost_models.comm import COLLECTIVE_KINDS, check_kind
+from planner.user_files import NotTextError, UserFileError, read_user_file
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -54,6 +55,8 @@ MAX_BYTES = 16 * GIB
 MAX_DIM = 16384
 MAX_REPETITIONS = 1000
 MAX_THREADS = 1024
+PROFILE_BYTES = 256 * MIB
+"""The most read of a profile database (one of a model's ops and collectives is a few MiB)."""
 # The fields of `ProfileSettings` that count something, with their bounds.
 _COUNT_RANGES = {"max_dim": (MIN_DIM, MAX_DIM), "repetitions": (1, MAX_REPETITIONS),
                  "threads": (1, MAX_THREADS)}
@@ -309,17 +312,22 @@ class ProfileDatabase(_Model):
         """
         file = Path(path)
         again = f"measure it again with `plan profile --output {path}`"
-        if not file.is_file():
+        if not file.exists():
             raise ValueError(
                 f"Profile database {str(path)!r} does not exist; measure one with "
                 f"`plan profile --output {path}`."
             )
         try:
-            database = cls.model_validate_json(file.read_bytes())
-        except OSError as error:
-            raise ValueError(
-                f"Cannot read profile database {str(path)!r}: {error.strerror or error}."
-            ) from None
+            # Bounded as every file a user names is (`planner.user_files`): a regular
+            # file of at most PROFILE_BYTES (a profile of a model's ops is a few MiB).
+            text = read_user_file(file, f"Profile database {str(path)!r}",
+                                  "one `plan profile` wrote", limit=PROFILE_BYTES)
+            database = cls.model_validate_json(text)
+        except NotTextError:
+            raise ValueError(f"Profile database {str(path)!r} is not JSON (it is not UTF-8 "
+                             f"text); {again}.") from None
+        except UserFileError as error:
+            raise ValueError(f"{error}.") from None
         except ValidationError as error:
             raise ValueError(
                 f"Profile database {str(path)!r} {_problem(error)}; {again}."

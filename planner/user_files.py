@@ -32,6 +32,11 @@ class UserFileError(ValueError):
     """A file the user named that Tessel does not read; the message names it and why."""
 
 
+class NotTextError(UserFileError):
+    """A file the user named that is not UTF-8 text (a caller may word it as its format's
+    error: not JSON, not a CSV)."""
+
+
 def read_user_file(path: str | Path, named: str, give: str, limit: int = MAX_BYTES) -> str:
     """The text of the file at `path`; UserFileError, in one line starting with `named`
     (the file as the user gave it, e.g. "--args-file 'run.sh'") and ending "give `give`",
@@ -62,7 +67,7 @@ def read_user_file(path: str | Path, named: str, give: str, limit: int = MAX_BYT
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
-        raise UserFileError(f"{named} is not text (not UTF-8); give {give}") from None
+        raise NotTextError(f"{named} is not text (not UTF-8); give {give}") from None
 
 
 def parse_nested(parse: Callable[[str], T], text: str, named: str) -> T:

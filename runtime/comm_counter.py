@@ -6,8 +6,10 @@ reduce-scatters, the pipeline schedules' sends and receives (counted as ``send``
 ``recv``), broadcasts and all-to-alls. (`CommDebugMode` misses point-to-point ops and
 breaks inside pipeline schedules.) Bytes follow the plan's convention: the larger of the
 collective's local input and output buffers, so they compare one to one with
-`Plan.communication`. Dispatch modes are thread-local: collectives issued on another
-thread are not seen.
+`Plan.communication`; an all-to-all counts what the rank sends (its input; NCCL's
+accounting), which is the same where its splits are even and, where the router sets them,
+sums over the group to a figure no routing changes. Dispatch modes are thread-local:
+collectives issued on another thread are not seen.
 """
 
 from __future__ import annotations
@@ -74,8 +76,9 @@ class CommCounter(TorchDispatchMode):
         out = func(*args, **kwargs)
         kind = collective_kind(func)
         if kind is not None:
-            nbytes = (max(_nbytes(args[0]), _nbytes(out)) if func in _KINDS
-                      else max(_total(args[0]), _total(args[1])))
+            nbytes = _sent(func, args) if kind == "all_to_all" else (
+                max(_nbytes(args[0]), _nbytes(out)) if func in _KINDS
+                else max(_total(args[0]), _total(args[1])))
             ranks = _group_ranks(func, args)
             self.counts[kind] += 1
             self.bytes[kind] += nbytes
@@ -138,6 +141,12 @@ def _group_ranks(func, args: tuple) -> tuple[int, ...] | None:
         return None if group is None else tuple(dist.get_process_group_ranks(group))
     except (RuntimeError, ValueError):
         return None
+
+
+def _sent(func, args: tuple) -> int:
+    """Bytes an all-to-all sends: the functional op's input (its first argument), the
+    eager ops' input buffers (their second: they take (output, input))."""
+    return _nbytes(args[0]) if func in _KINDS else _total(args[1])
 
 
 def _total(value: object) -> int:

@@ -13,14 +13,11 @@ shards, which the 1% memory tolerance absorbs).
 
 Where the routing decides bytes (experts dispatched all-to-all without forced load
 balancing, `routing_note`), the Plan's figure is the even routing's, and the comparison
-stays exact where the routing cannot move it: every rank's count of every kind; the
-bytes of the experts' tensor-parallel all-reduces summed over each expert-parallel group
-(every pair a group's ranks route reaches exactly one of the group's experts). A rank's
-all-to-all bytes are the larger of what it sends (its own tokens' copies: the even
-routing's figure) and what it receives, so they lie between the Plan's figure and the
-most the rank's experts can receive (every token of the group routed to as many of them
-as it may be: `_most_routed`); a sum over the group is no more exact than that (ranks
-that receive less than they send count what they send).
+stays exact where the routing cannot move it: every rank's count of every kind, and the
+bytes of the all-to-alls and of the experts' tensor-parallel all-reduces summed over each
+expert-parallel group. Every (token, expert) pair a group's ranks route is sent once to
+its expert's rank and once back (`runtime.comm_counter` counts an all-to-all by what a
+rank sends), and reaches exactly one of the group's experts, whatever the router chose.
 """
 
 from __future__ import annotations
@@ -174,59 +171,40 @@ def routing_note(plan: Plan) -> str:
     routed = _routed_kinds(plan)
     if not routed:
         return ""
-    also = (" and the experts' tensor-parallel all-reduce bytes summed over each "
-            "expert-parallel group" if "all_reduce" in routed else "")
-    return ("the routing decides each rank's all-to-all bytes (--moe-router-force-load-"
-            "balancing makes them exact per rank): counts are compared rank by rank"
-            f"{also}, and each rank's all-to-all bytes between the even routing's (the "
-            "plan's) and the most its experts can receive")
+    kinds = ("all-to-all and the experts' tensor-parallel all-reduce bytes"
+             if "all_reduce" in routed else "all-to-all bytes")
+    return (f"the routing decides each rank's {kinds} (--moe-router-force-load-balancing "
+            "makes them exact per rank): counts are compared rank by rank, those bytes "
+            "summed over each expert-parallel group")
 
 
-def _routed_kinds(plan: Plan) -> dict[str, str]:
-    """Kind -> how its bytes are compared ('bounded' per rank, or 'group': summed over each
-    expert-parallel group), for the kinds whose bytes the routing decides: those of an
-    all-to-all expert dispatch without forced balance; empty otherwise."""
+def _routed_kinds(plan: Plan) -> tuple[str, ...]:
+    """The kinds whose bytes the routing decides, compared summed over each
+    expert-parallel group: those of an all-to-all expert dispatch without forced balance;
+    empty otherwise."""
     model, p, run = plan.architecture, plan.parallel, plan.run
     if model is None or p is None or run is None or not model.num_experts or p.expert == 1:
-        return {}
+        return ()
     if run.moe_router_force_load_balancing or \
             runtime_dispatcher(run.moe_token_dispatcher) != "alltoall":
-        return {}
+        return ()
     # Under tensor parallelism each expert all-reduces the rows routed to it.
-    return {"all_to_all": "bounded", **({"all_reduce": "group"} if p.tensor > 1 else {})}
-
-
-def _most_routed(plan: Plan) -> float:
-    """How many times its own tokens' copies (the even routing's all-to-all) a rank's
-    experts can receive at most: every token of its expert group routed to as many of
-    them as it may be (top-k of distinct experts)."""
-    model, ep = plan.architecture, plan.parallel.expert
-    assert model is not None and model.num_experts and model.moe_top_k
-    k = model.moe_top_k
-    return max(1.0, ep * min(k, model.num_experts // ep) / k)
+    return ("all_to_all", "all_reduce") if p.tensor > 1 else ("all_to_all",)
 
 
 def _routed_mismatches(plan: Plan, coordinates: list[dict[str, int]],
-                       result: PlanComparison, routed: dict[str, str]) -> list[str]:
-    """The bytes of the `routed` kinds (`_routed_kinds`), compared as the routing allows:
-    each rank's all-to-all bytes between the Plan's and `_most_routed` times them, and the
-    all-reduce bytes of each expert-parallel group together."""
+                       result: PlanComparison, routed: tuple[str, ...]) -> list[str]:
+    """The bytes of the `routed` kinds (`_routed_kinds`) of each expert-parallel group
+    together, against the Plan's."""
     lines, ep = [], plan.parallel.expert
     groups: dict[tuple[int, ...], list[int]] = {}
     for rank, c in enumerate(coordinates):
         # Expert-parallel ranks: `ep` consecutive data-parallel ranks (runtime.experts).
         groups.setdefault((c["pp"], c.get("cp", 0), c["tp"], c["dp"] // ep), []).append(rank)
     zero = {"count": 0, "bytes": 0}
-    for kind, how in routed.items():
+    for kind in routed:
         got = [m.get(kind, zero)["bytes"] for m in result.measured]
         want = [p.get(kind, zero)["bytes"] for p in result.predicted]
-        if how == "bounded":
-            most = _most_routed(plan)
-            lines += [f"rank {rank} {kind}: measured {got[rank]:,} B; the routing allows "
-                      f"{want[rank]:,} to {round(want[rank] * most):,} B"
-                      for rank in range(len(got))
-                      if not want[rank] <= got[rank] <= want[rank] * most]
-            continue
         for ranks in groups.values():
             measured, predicted = sum(got[r] for r in ranks), sum(want[r] for r in ranks)
             if measured != predicted:

@@ -91,7 +91,7 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
     runs it (engine tessel), train the best plan on N local gloo ranks and the same steps
     in one process, and compare the losses and parameters with one process and the
     collectives, held bytes and bytes saved for backward with the Plan's."""
-    from planner.cli.train import plan_from_flags, print_training_plans
+    from planner.cli.train import as_transformers_build_it, plan_from_flags, print_training_plans
 
     if args.mesh is not None:
         raise UsageError("--mesh checks an operator-level plan and --gpus a training plan; "
@@ -135,7 +135,7 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
         from planner.models.huggingface import load_hf_config
 
         hf_config = load_hf_config(loaded.hf_path).to_dict()
-        loaded = _as_transformers_builds(loaded)
+        loaded = as_transformers_build_it(loaded, console)
     # What the runtime runs of this model fixes knobs before the search, and of the
     # plans ranked the best it runs is the one trained: no rank refuses it.
     parts = _fix_what_the_runtime_dictates(args, loaded, hf_config)
@@ -150,6 +150,7 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
     if routing_note(plan):
         console.print(f"note: {routing_note(plan)}", highlight=False, soft_wrap=True)
 
+    elastic_story: list[str] = []  # --elastic: the lost rank and the re-plan
     with _checkpoint_folder(args) as folder:
         resilience = _resilience(args, folder) if faults_given(args) else None
         try:
@@ -167,7 +168,7 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
                 print_fault_failure(error, plan, args, folder)
                 return 1
             plan, spec, report = _go_on_elastic(args, cluster, loaded, model, plan, error,
-                                                resilience, hf_config)
+                                                resilience, hf_config, parts, elastic_story)
     # A restarted job's collectives are counted over the steps its last attempt ran.
     # A Hugging Face model runs transformers' own modules, which save other tensors than
     # the zoo's decoder the Plan counts (its rotary tables once per stage, for one).
@@ -175,7 +176,7 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
     comparison = compare(plan, report.coordinates, report.collectives, report.local_bytes,
                          report.steps_run, report.saved_activations, note)
     if resilience is not None:
-        print_fault_check(report, comparison, plan, args)
+        print_fault_check(report, comparison, plan, args, elastic_story)
     else:
         print_training_check(report, comparison, plan, args.steps)
         if report.stragglers:
@@ -191,6 +192,23 @@ def _refuse_what_the_runtime_cannot_run(args: argparse.Namespace, plans, parts):
     its RunSpec: the check each rank would make, made here; a note where faster plans
     were passed over. UsageError (one line, before any rank starts) where it runs none."""
     from planner.cli.train import layout
+
+    runnable, refused = _best_runnable(plans, parts)
+    if runnable is None:
+        what = "this plan" if len(plans) == 1 else f"any of the {len(plans)} best plans"
+        raise UsageError(f"{args.model}: the runtime cannot train {what}: {refused[0][1]}")
+    if refused:
+        best, why = refused[0]
+        faster = f"the {len(refused)} faster plans" if len(refused) > 1 else "the faster plan"
+        console.print(f"note: the runtime does not run {faster} ({layout(best)}: "
+                      f"{why.rstrip('.')}); checking the best it runs",
+                      highlight=False, soft_wrap=True)
+    return runnable
+
+
+def _best_runnable(plans, parts):
+    """((plan, RunSpec) of the first of `plans` the runtime runs on the model `parts`
+    states, or None; the plans before it, each with why the runtime refuses it)."""
     from runtime.spec import from_training_plan
 
     refused: list[tuple[object, str]] = []
@@ -201,16 +219,8 @@ def _refuse_what_the_runtime_cannot_run(args: argparse.Namespace, plans, parts):
         except ValueError as error:
             refused.append((plan, str(error)))
             continue
-        if refused:
-            best, why = refused[0]
-            faster = (f"the {len(refused)} faster plans" if len(refused) > 1
-                      else "the faster plan")
-            console.print(f"note: the runtime does not run {faster} ({layout(best)}: "
-                          f"{why.rstrip('.')}); checking the best it runs",
-                          highlight=False, soft_wrap=True)
-        return plan, spec
-    what = "this plan" if len(plans) == 1 else f"any of the {len(plans)} best plans"
-    raise UsageError(f"{args.model}: the runtime cannot train {what}: {refused[0][1]}")
+        return (plan, spec), refused
+    return None, refused
 
 
 def _train(args: argparse.Namespace, model, plan, spec, hf_config, resilience,
@@ -229,29 +239,35 @@ def _train(args: argparse.Namespace, model, plan, spec, hf_config, resilience,
 
 
 def _go_on_elastic(args: argparse.Namespace, cluster: Cluster, loaded, model, lost_plan,
-                   error, resilience, hf_config):
+                   error, resilience, hf_config, parts, story: list[str]):
     """--elastic: rank `error.rank` is lost for good. Re-plan for the most ranks left
-    (down to MIN) that a plan fits, and train it from the newest checkpoint, which
-    `runtime.checkpoint` reshards onto the new plan: (plan, spec, report)."""
+    (down to MIN) that a plan the runtime runs (`parts`) fits, and train it from the newest
+    checkpoint, which `runtime.checkpoint` reshards onto the new plan: (plan, spec,
+    report). What happened is added to `story`, printed after the verdict."""
+    import io
+
+    from rich.console import Console
+
     from planner.cli.train import layout, plan_from_flags
+    from runtime.faults import LAST_GOOD
 
     low = args.elastic[0]
-    console.print(f"{escape(str(error))}: rank {error.rank} is lost; re-planning for the "
-                  f"{lost_plan.num_gpus - 1} ranks left (--elastic {low}:{args.elastic[1]})",
-                  highlight=False, soft_wrap=True)
+    cause = str(error).split(LAST_GOOD)[0].rstrip("; ")
+    story.append(f"lost: {cause}; rank {error.rank} is gone for good (--elastic "
+                 f"{low}:{args.elastic[1]})")
+    quiet = Console(file=io.StringIO())  # the re-plan's search line would come first
     for world in range(lost_plan.num_gpus - 1, low - 1, -1):
         try:
             plans, _, _ = plan_from_flags(argparse.Namespace(**{**vars(args), "gpus": world}),
-                                        cluster, console, top=8, loaded=loaded)
+                                        cluster, quiet, top=8, loaded=loaded)
         except UsageError:
             continue
-        runnable = next(((candidate, spec) for candidate in plans
-                         if (spec := _runnable_spec(candidate)) is not None), None)
-        if runnable is None:  # the runtime runs stages of one shape
+        runnable, _ = _best_runnable(plans, parts)
+        if runnable is None:  # e.g. the runtime runs stages of one shape
             continue
         plan, spec = runnable
-        console.print(f"re-planned on {world} ranks: {layout(plan)} (was "
-                      f"{layout(lost_plan)} on {lost_plan.num_gpus})", highlight=False)
+        story.append(f"re-planned on {world} ranks: {layout(plan)} (was {layout(lost_plan)} "
+                     f"on {lost_plan.num_gpus})")
         # The faults were injected into the lost run; the rest goes on without them.
         resumed = replace(resilience, kill_rank=None, kill_at_step=None, stall=None,
                           slow=None, nan_at_step=None)
@@ -261,16 +277,6 @@ def _go_on_elastic(args: argparse.Namespace, cluster: Cluster, loaded, model, lo
     raise UsageError(f"--elastic {low}:{args.elastic[1]}: no plan fits on {low} to "
                      f"{lost_plan.num_gpus - 1} ranks with the knobs given; widen MIN:MAX or "
                      "give fewer knobs")
-
-
-def _runnable_spec(plan):
-    """`plan`'s RunSpec, or None where the runtime cannot run it."""
-    from runtime.spec import from_training_plan
-
-    try:
-        return from_training_plan(plan)
-    except ValueError:
-        return None
 
 
 def _resilience(args: argparse.Namespace, folder: str):
@@ -442,21 +448,6 @@ def _write_report(path: str, report: PlanCheckReport) -> None:
 RUNNABLE_CANDIDATES = 32
 
 
-def _as_transformers_builds(loaded):
-    """An hf: model as transformers' own causal LM builds it, which is what the runtime
-    trains (`planner.models.hf_shape.as_transformers_builds`), with a note where that
-    leaves part of the config out of the plan."""
-    from dataclasses import replace as with_fields
-
-    from planner.models.hf_shape import as_transformers_builds
-
-    built, note = as_transformers_builds(loaded.config)
-    if not note:
-        return loaded
-    console.print(f"note: {note}", highlight=False, soft_wrap=True)
-    return with_fields(loaded, config=built)
-
-
 def _fix_what_the_runtime_dictates(args: argparse.Namespace, loaded, hf_config):
     """The runtime's parts for the model (`runtime.model_parts`). Before the search, each
     knob the runtime runs one value of for this model (`needs`) is fixed at it, in one
@@ -520,14 +511,16 @@ def print_fault_plan(plan, args: argparse.Namespace) -> None:
 
 
 def print_fault_check(report, comparison: PlanComparison, plan,
-                      args: argparse.Namespace) -> None:
-    """A fault run that completed: the verdict first, then what the faults did (restarts,
-    stragglers, skipped batches), the first mismatches and the plan; every table goes to
-    --json."""
+                      args: argparse.Namespace, story: list[str] = ()) -> None:
+    """A fault run that completed: the verdict first, then what the faults did (an
+    elastic run's lost rank and re-plan: `story`; restarts, stragglers, skipped batches),
+    the first mismatches and the plan; every table goes to --json."""
     from runtime.divergence import policies_line
 
     console.print(training_verdict(report, comparison, _injected(args)), highlight=False,
                   soft_wrap=True)
+    for line in story:
+        console.print(escape(line), highlight=False, soft_wrap=True)
     if (diverged := first_non_finite_loss(report)) is not None:
         console.print(policies_line(diverged[0], args.checkpoint_every or 0),
                       highlight=False, soft_wrap=True)

@@ -23,13 +23,24 @@ _SUFFIXES = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
 MAX_ITERS = 1 << 40
 
 
+MAX_TRAIN_TOKENS = 1e16
+"""The most --train-tokens takes: 10,000T, hundreds of times the largest published
+pretraining runs (Llama 3 15.6T, Qwen3 36T); beyond it a run's days are no plan."""
+
+
 def tokens(text: str) -> float:
-    """'1T', '300B', '15.6T', '2e12' -> a token count (argparse type)."""
+    """'1T', '300B', '15.6T', '2e12' -> a token count (argparse type), up to
+    `MAX_TRAIN_TOKENS`."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([kKmMbBgGtT]?)\s*", text)
     if not match or float(match.group(1)) <= 0:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a token count; write e.g. 1T, 300B or 2e12")
-    return float(match.group(1)) * _SUFFIXES[match.group(2).upper()]
+    count = float(match.group(1)) * _SUFFIXES[match.group(2).upper()]
+    if not count <= MAX_TRAIN_TOKENS:  # inf (1e999) included
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is more than 10,000T tokens, the most a run's totals are counted for; "
+            "give fewer")
+    return count
 
 
 def positive(text: str) -> float:

@@ -47,6 +47,8 @@ def run_training(args: argparse.Namespace, cluster: Cluster, console: Console) -
         from planner.cli.graph import run_graph_training
 
         return run_graph_training(args, loaded, cluster, console)
+    if args.engine == "tessel":  # Tessel's runtime trains the model transformers builds
+        loaded = as_transformers_build_it(loaded, console)
     plans, model, _ = plan_from_flags(args, cluster, console, loaded=loaded)
     totals = wants_totals(args)
     if totals:
@@ -107,6 +109,23 @@ def _refuse_what_does_not_fit(plan: Plan, cluster: Cluster) -> None:
             f"{cluster.device.name}; relax a knob (recomputation, micro-batch, ZeRO stage) or "
             "leave it to the search"
         )
+
+
+def as_transformers_build_it(loaded: LoadedModel, console: Console) -> LoadedModel:
+    """An hf: model as transformers' own causal LM builds it, which is what Tessel's
+    runtime trains (`planner.models.hf_shape.as_transformers_builds`), with a note where
+    that leaves part of the config out of the plan; any other model as it is."""
+    from dataclasses import replace as with_fields
+
+    from planner.models.hf_shape import as_transformers_builds
+
+    if loaded.hf_path is None:
+        return loaded
+    built, note = as_transformers_builds(loaded.config)
+    if not note:
+        return loaded
+    console.print(f"note: {note}", highlight=False, soft_wrap=True)
+    return with_fields(loaded, config=built)
 
 
 def transformer_config(loaded: LoadedModel) -> TransformerConfig:

@@ -215,7 +215,7 @@ def as_transformers_builds(config: Any) -> tuple[Any, str]:
     its modules (Tessel's runtime: `plan check` of an hf: model), and a note saying what
     that leaves out of the config ('' where nothing): transformers' DeepseekV3ForCausalLM
     builds no multi-token-prediction layer, so the plan counts none (Megatron-LM builds
-    the config's num_nextn_predict_layers, and `plan` counts them)."""
+    the config's num_nextn_predict_layers, and a plan for it counts them)."""
     mtp = getattr(config, "num_mtp_layers", 0) or 0
     if getattr(config, "model_type", None) != "deepseek_v3" or not mtp:
         return config, ""
@@ -223,8 +223,8 @@ def as_transformers_builds(config: Any) -> tuple[Any, str]:
     built.num_mtp_layers = 0  # DeepseekV3Config's name for num_nextn_predict_layers
     return built, (f"transformers' DeepseekV3ForCausalLM builds no multi-token-prediction "
                    f"layer, so the plan counts none of the config's {mtp} "
-                   f"(num_nextn_predict_layers; Megatron-LM builds them, and `plan` counts "
-                   "them)")
+                   f"(num_nextn_predict_layers; Megatron-LM builds them, and a plan for it "
+                   "counts them)")
 
 
 def _validated(config: Any, fields: dict[str, Any]) -> Any:

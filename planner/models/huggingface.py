@@ -84,7 +84,44 @@ def load_hf_config(path: str | Path) -> Any:
         # in many ways (strict-dataclass errors in transformers 5 are no ValueError).
         raise _field_error(file, error) from None
     _refuse_unstated_size(file, model_type, fields, config)
+    _refuse_unbounded_size(file, config)
     return config
+
+
+# Fields that size a model, each a whole number from 1 up to the most its Megatron-LM flag
+# takes (`planner.models.flags.VALUE_FLAGS`, by the zoo field it becomes): beyond that no
+# plan is meaningful, and a planner handed 10**30 layers would build a list of them.
+_BOUNDED_FIELDS = {
+    "num_hidden_layers": "--num-layers", "n_layer": "--num-layers",
+    "hidden_size": "--hidden-size", "n_embd": "--hidden-size",
+    "num_attention_heads": "--num-attention-heads", "n_head": "--num-attention-heads",
+    "num_key_value_heads": "--num-query-groups", "intermediate_size": "--ffn-hidden-size",
+    "n_inner": "--ffn-hidden-size", "vocab_size": "--vocab-size",
+    "max_position_embeddings": "--max-position-embeddings", "n_positions":
+    "--max-position-embeddings", "head_dim": "--kv-channels",
+    "num_local_experts": "--num-experts", "num_experts": "--num-experts",
+    "n_routed_experts": "--num-experts", "num_experts_per_tok": "--moe-router-topk",
+    "moe_intermediate_size": "--moe-ffn-hidden-size", "q_lora_rank": "--q-lora-rank",
+    "kv_lora_rank": "--kv-lora-rank", "qk_nope_head_dim": "--qk-head-dim",
+    "qk_rope_head_dim": "--qk-pos-emb-head-dim", "v_head_dim": "--v-head-dim",
+}
+
+
+def _refuse_unbounded_size(file: Path, config: Any) -> None:
+    """HFConfigError, in one line naming the field, for a size field (`_BOUNDED_FIELDS`)
+    that is not a whole number from 1 to its flag's most; absent or null fields are the
+    family's to default."""
+    from planner.models.flags import VALUE_FLAGS
+
+    for name, flag in _BOUNDED_FIELDS.items():
+        value = config.__dict__.get(name)
+        if value is None:
+            continue
+        most = VALUE_FLAGS[flag][1]
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+            shown = one_line(repr(value), 40)
+            raise HFConfigError(f"{file}: field {name!r} is {shown}; it must be a whole "
+                                f"number from 1 to {most:,} (the most {flag} takes).")
 
 
 # The fields that size a model: left out, transformers' defaults (a model of its own

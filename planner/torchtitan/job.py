@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from planner.torchtitan.errors import JobConfigError
 from planner.torchtitan.keys import RELEASE, flatten, shown
-from planner.torchtitan.parallel_config import parallel_config
+from planner.torchtitan.parallel_config import MOST, parallel_config
 from planner.user_files import UserFileError, parse_nested, read_user_file
 
 if TYPE_CHECKING:
@@ -93,10 +93,7 @@ def torchtitan_job(tables: dict[str, Any], gpus: int | None, source: str) -> Tor
     notes: list[str] = []
     flavor, model = _model(keys.values, keys.given, source, notes)
     parallel, layers, chunks = parallel_config(keys, model, gpus, source, notes)
-    steps = keys.values["training.steps"]
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise JobConfigError(f"{source}: training.steps = {shown(steps)} must be a whole "
-                             "number >= 1")
+    steps = training_steps(keys.values["training.steps"], source)
     dims = parallel.dims
     return TorchTitanJob(flavor, model, parallel, layers, chunks,
                          dims.model_parallel * dims.data, steps, notes, keys.ignored)
@@ -129,3 +126,12 @@ def _model(
     # TorchTitan's Llama 3 takes its vocabulary (128256) and shape from the flavor, and
     # its positions (RoPE, no table) from the sequence length.
     return flavor, zoo_config(FLAVORS[flavor], {"seq_length": seq})
+
+
+def training_steps(steps: Any, source: str) -> int:
+    """training.steps as a run's optimizer steps: a whole number from 1 to `MOST`;
+    JobConfigError, naming `source`, for any other value."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MOST:
+        raise JobConfigError(f"{source}: training.steps = {shown(steps)} must be a whole "
+                             f"number from 1 to {MOST:,}")
+    return steps

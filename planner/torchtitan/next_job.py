@@ -24,7 +24,12 @@ from typing import Any
 
 from planner.torchtitan.config_module import read_config_module
 from planner.torchtitan.errors import JobConfigError
-from planner.torchtitan.job import TorchTitanJob, load_job_config, torchtitan_job
+from planner.torchtitan.job import (
+    TorchTitanJob,
+    load_job_config,
+    torchtitan_job,
+    training_steps,
+)
 from planner.torchtitan.keys import JOB_CONFIG, READ, flatten, shown
 from planner.torchtitan.next_keys import (
     CHECKPOINTING,
@@ -83,10 +88,8 @@ def next_job(settings: dict[str, Any], gpus: int | None, source: str) -> TorchTi
     except JobConfigError as error:
         raise JobConfigError(_renamed(str(error))) from None
     _check_graphs(settings, parallel.dims.pipeline, parallel.dims.tensor, source, notes)
-    steps = settings.get("training.steps", JOB_CONFIG["training.steps"].default)
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise JobConfigError(f"{source}: training.steps = {shown(steps)} must be a whole "
-                             "number >= 1")
+    steps = training_steps(settings.get("training.steps",
+                                        JOB_CONFIG["training.steps"].default), source)
     ignored = [key for key in settings if _ignored(key)]
     dims = parallel.dims
     return TorchTitanJob(flavor, model, parallel, layers, chunks,

@@ -36,6 +36,10 @@ from planner.torchtitan.errors import JobConfigError
 from planner.torchtitan.keys import shown
 from planner.torchtitan.rules import part_layers, rank_of_part
 
+MOST = (1 << 31) - 1
+"""The most any count of a job config takes (degrees, batch sizes, steps): int32's, which
+every one of them fits many times over; 10**21 sequences a batch is no job to plan."""
+
 if TYPE_CHECKING:
     from planner.models.config import TransformerConfig
     from planner.torchtitan.keys import Flattened
@@ -81,10 +85,12 @@ class _Values:
         return JobConfigError(f"{self.source}: {text}")
 
     def whole(self, key: str, least: int = 1, also: tuple[int, ...] = ()) -> int:
+        """The whole number at `key`, from `least` to `MOST` (or one of `also`)."""
         value = self.values[key]
-        if isinstance(value, bool) or not isinstance(value, int) or (
+        if isinstance(value, bool) or not isinstance(value, int) or value > MOST or (
                 value < least and value not in also):
-            allowed = " or ".join([f"a whole number >= {least}", *map(str, also)])
+            allowed = " or ".join([f"a whole number from {least} to {MOST:,}",
+                                   *map(str, also)])
             raise self.error(f"{key} = {shown(value)} must be {allowed}")
         return value
 

@@ -119,10 +119,13 @@ def test_a_nan_loss_rolls_back_and_skips_its_batch(tmp_path, capsys) -> None:
 
 @pytest.mark.timeout(180)
 def test_a_rank_lost_for_good_is_replanned_around(tmp_path, capsys) -> None:
-    code, out, report, _ = check(tmp_path, capsys, "--steps", "6", "--checkpoint-every", "1",
-                                 "--kill-rank", "1", "--kill-at-step", "3", "--elastic", "2:4")
+    code, out, report, lines = check(tmp_path, capsys, "--steps", "6", "--checkpoint-every",
+                                     "1", "--kill-rank", "1", "--kill-at-step", "3",
+                                     "--elastic", "2:4")
     assert code == 0 and report["passed"], out
-    assert "rank 1 is lost; re-planning for the 3 ranks left" in out
+    # The verdict first, then the lost rank and the re-plan.
+    verdict_first(lines, "PASSED")
+    assert "rank 1 is gone for good (--elastic 2:4) re-planned on 3 ranks:" in out
     plan = report["plan"]
     assert plan["num_gpus"] == 3 and len(report["ranks"]) == 3
     check_ = report["details"]["check"]

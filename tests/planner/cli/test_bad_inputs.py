@@ -376,8 +376,22 @@ HUNG_OR_ANSWERED_WRONG = {
                                            "large"),
     # Zero experts: a dense plan with exit 0.
     "hf-zero-experts-per-token": (["hf:experts0.json", *SMALL[1:]],
-                                  "qwen3_moe config: field 'num_experts_per_tok' is 0; it "
-                                  "must be a whole number from 1."),
+                                  "experts0.json: field 'num_experts_per_tok' is 0; it must "
+                                  "be a whole number from 1 to 1,024 (the most "
+                                  "--moe-router-topk takes)."),
+    # A size field beyond any plan: 10**30 layers hung (a list of them was built); no
+    # heads divided by zero.
+    "hf-unbounded-layers": (["hf:layers-1e30.json", *SMALL[1:]],
+                            "layers-1e30.json: field 'num_hidden_layers' is "
+                            "1000000000000000000000000000000; it must be a whole number from 1 "
+                            "to 16,384 (the most --num-layers takes)."),
+    # A token count past any run: 1e999 raised OverflowError; 1e30 was counted.
+    "train-tokens-1e999": ([*SMALL, "--train-tokens", "1e999"],
+                           "--train-tokens '1e999' is more than 10,000T tokens, the most a "
+                           "run's totals are counted for; give fewer"),
+    "hf-zero-heads": (["hf:heads0.json", *SMALL[1:]],
+                      "heads0.json: field 'num_attention_heads' is 0; it must be a whole "
+                      "number from 1 to 16,384 (the most --num-attention-heads takes)."),
     # Negative prices: "$-2 per GPU-hour", and --objective cost ranked by them.
     "cluster-negative-price": ([*SMALL[:1], "--cluster", "priced.yaml", *SMALL[3:]],
                                "Invalid cluster file 'priced.yaml': run_costs.gpu_hour_usd: "
@@ -393,6 +407,18 @@ HUNG_OR_ANSWERED_WRONG = {
     "cluster-yaml-nested": ([*SMALL[:1], "--cluster", "nested.yaml", *SMALL[3:]],
                             "cluster file 'nested.yaml' nests arrays or tables deeper than 100 "
                             "levels (a config nests a few); fix the file"),
+    # Counts past any job: 10**23 steps and 10**21 sequences a batch were predicted.
+    "torchtitan-steps-1e23": ([*PREDICT, "--torchtitan", "steps.toml"],
+                              "steps.toml: training.steps = 100000000000000000000000 must be a "
+                              "whole number from 1 to 2,147,483,647"),
+    "torchtitan-batch-1e21": ([*PREDICT, "--torchtitan", "batch.toml"],
+                              "batch.toml: training.local_batch_size = 1000000000000000000000 "
+                              "must be a whole number from 1 to 2,147,483,647"),
+    # A profile database that is a device: it was read as missing.
+    "profile-a-link-to-dev-zero": (["demo:mlp", "--mesh", "2", "--profile", "zero.toml"],
+                                   "Profile database 'zero.toml' is not a regular file (a "
+                                   "pipe, a device or a folder); give one `plan profile` "
+                                   "wrote."),
     "torchtitan-nested": ([*PREDICT, "--torchtitan", "nested.toml"],
                           "--torchtitan 'nested.toml' nests arrays or tables deeper than 100 "
                           "levels (a config nests a few); fix the file"),
@@ -459,6 +485,9 @@ def _hung_or_answered_wrong(folder: Path) -> None:
     (folder / "nested.json").write_text("[" * 200_000 + "]" * 200_000)
     (folder / "nested.yaml").write_text("- " * 5_000 + "x\n")
     (folder / "nested.toml").write_text("a = " + "[" * 5_000 + "]" * 5_000 + "\n")
+    llama8 = '[model]\nname = "llama3"\nflavor = "8B"\n'
+    (folder / "steps.toml").write_text(llama8 + f"[training]\nsteps = {10**23}\n")
+    (folder / "batch.toml").write_text(llama8 + f"[training]\nlocal_batch_size = {10**21}\n")
     (folder / "digits.json").write_text('{"num_devices": ' + "9" * 5_000 + "}")
     qwen3 = {"model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 96,
              "moe_intermediate_size": 16, "num_experts": 8, "num_experts_per_tok": 2,
@@ -466,6 +495,8 @@ def _hung_or_answered_wrong(folder: Path) -> None:
              "head_dim": 16, "vocab_size": 128, "max_position_embeddings": 64}
     (folder / "experts0.json").write_text(json.dumps({**qwen3, "num_experts_per_tok": 0}))
     (folder / "sparse-step0.json").write_text(json.dumps({**qwen3, "decoder_sparse_step": 0}))
+    (folder / "layers-1e30.json").write_text(json.dumps({**qwen3, "num_hidden_layers": 10**30}))
+    (folder / "heads0.json").write_text(json.dumps({**qwen3, "num_attention_heads": 0}))
     preset = (Path(cli.__file__).parents[1] / "presets" / "dgx-h100.yaml").read_text()
     (folder / "priced.yaml").write_text(preset.replace("gpu_hour_usd: [2.99, 6.88]",
                                                        "gpu_hour_usd: [-2, 3]"))

@@ -154,8 +154,8 @@ def test_an_hf_deepseek_v3_is_planned_without_the_mtp_layer_transformers_does_no
     built, note = as_transformers_builds(config)
     assert note == ("transformers' DeepseekV3ForCausalLM builds no multi-token-prediction "
                     "layer, so the plan counts none of the config's 1 "
-                    "(num_nextn_predict_layers; Megatron-LM builds them, and `plan` counts "
-                    "them)")
+                    "(num_nextn_predict_layers; Megatron-LM builds them, and a plan for it "
+                    "counts them)")
     assert to_transformer_config(built, 16).mtp_num_layers == 0
     assert to_transformer_config(config, 16).mtp_num_layers == 1  # as `plan` reads it
     assert config.num_mtp_layers == 1  # the config itself is left as read
@@ -166,3 +166,13 @@ def test_an_hf_deepseek_v3_is_planned_without_the_mtp_layer_transformers_does_no
                         "4", "--expert-model-parallel-size", "2"))
     assert launched.value.config.mtp_num_layers == 0
     assert _notes(capsys.readouterr().out)[0] == f"note: {note}"
+    # `plan --engine tessel` (Tessel's runtime) counts what transformers builds too;
+    # `plan` for Megatron-LM the config's MTP layer.
+    config_file = tmp_path / "dsv3.json"
+    config_file.write_text(json.dumps(DEEPSEEK_V3_MTP))
+    for engine, layers in (("tessel", 0), ("megatron", 1)):
+        out = tmp_path / f"{engine}.json"
+        assert cli.main([f"hf:{config_file}", "--seq-length", "16", "--gpus", "4",
+                         "--global-batch-size", "4", "--engine", engine, "--top", "1",
+                         "--json", str(out)]) == 0
+        assert json.loads(out.read_text())["architecture"]["mtp_num_layers"] == layers
