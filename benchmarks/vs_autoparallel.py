@@ -11,7 +11,10 @@ BERT, ViT, T5, MoE, MLP-mixer; 1-D and 2-D meshes of 4 and 8 devices), alternate
    with AutoParallel's chosen parameter placements pinned, which prices AutoParallel's
    layout in Tessel's cost model: the best completion of it with identical blocks tied,
    as AutoParallel ties them (the yardstick for Tessel's tied plan), and untied (a lower
-   bound on the step of any plan with those placements).
+   bound on the step of any plan with those placements);
+3. Tessel's own default plan, the one `plan model.py:factory --mesh M` gives a user
+   (`planner.api.plan_model`: unconstrained, untied, the default time limit), in a fresh
+   process of its own: its wall time from the process's start and its solver status.
 
 Each row prints the wall time of both processes (imports, trace, strategies, the ILP's
 build and solve: what a user waits for), variables, solver status and gap, the ratio, and
@@ -203,7 +206,24 @@ def compare(spec: ModelSpec, peer_python: str) -> dict:
     peer = side(peer_python, "autoparallel", spec)
     ours = side(sys.executable, "tessel", spec,
                 {"pinned": peer.get("parameter_placements")})
-    return {"model": spec.name, "autoparallel": peer, "tessel": ours}
+    default = side(sys.executable, "default", spec)
+    return {"model": spec.name, "autoparallel": peer, "tessel": ours, "default": default}
+
+
+def run_default(spec: ModelSpec) -> dict:
+    """Tessel's default plan of `spec` (`plan_model` as `plan --mesh` calls it): the time
+    from this process's start to the plan, and the ILP's size, status and gap."""
+    from model_family import build
+
+    from planner.api import plan_model
+
+    model, example = build(spec)
+    planned = plan_model(model, (example,), spec.mesh, "cpu")
+    solver = planned.plan.operators.solver
+    return {"planned_s": time.perf_counter() - PROCESS_START, "status": solver.status,
+            "gap": solver.gap, "variables": solver.num_variables,
+            "solve_s": solver.solve_time_s,
+            "step_s": planned.plan.predicted.step_time_s}
 
 
 def _fmt_s(x: float | None) -> str:
@@ -218,10 +238,11 @@ def _after_export_ratio(row: dict) -> float:
 
 
 def print_row(row: dict) -> None:
-    peer, ours = row["autoparallel"], row["tessel"]
-    if "error" in peer or "error" in ours:
+    peer, ours, default = row["autoparallel"], row["tessel"], row["default"]
+    if "error" in peer or "error" in ours or "error" in default:
         print(f"{row['model']:<44} failed: AP {peer.get('error', 'ok')} | "
-              f"Tessel {ours.get('error', 'ok')}", flush=True)
+              f"Tessel {ours.get('error', 'ok')} | default {default.get('error', 'ok')}",
+              flush=True)
         return
     like = ours["like_autoparallel"]
     ratio = ours["planned_s"] / peer["planned_s"]
@@ -235,11 +256,14 @@ def print_row(row: dict) -> None:
           f"{like['objective_s'] * 1e3:8.3f} {pinned_ms}{bound_ms} | free {ours['free']['status']} "
           f"{ours['free']['gap']:.1%} {ours['free']['solve_s']:.2f}s | untied "
           f"{ours['like_untied']['solve_s']:.2f}s "
-          f"{ours['like_untied']['objective_s'] * 1e3:.3f}", flush=True)
+          f"{ours['like_untied']['objective_s'] * 1e3:.3f} | default {default['status']} "
+          f"{default['gap']:.1%} {default['planned_s']:.1f}s "
+          f"({default['planned_s'] / peer['planned_s']:.2f} of AP)", flush=True)
 
 
 def summarize(rows: list[dict]) -> None:
-    done = [r for r in rows if "error" not in r["autoparallel"] and "error" not in r["tessel"]]
+    done = [r for r in rows if all("error" not in r[k]
+                                   for k in ("autoparallel", "tessel", "default"))]
     if not done:
         print("no model planned by both")
         return
@@ -269,6 +293,13 @@ def summarize(rows: list[dict]) -> None:
     optimal = sum(r["tessel"]["like_autoparallel"]["status"] == "OPTIMAL" for r in done)
     print(f"Tessel gap median {statistics.median(gaps):.2%} worst {max(gaps):.2%}; "
           f"optimal on {optimal}")
+    default_s = [r["default"]["planned_s"] for r in done]
+    default_ok = sum(r["default"]["status"] == "OPTIMAL" for r in done)
+    print(f"Tessel's default plan (unconstrained, untied, default time limit): optimal on "
+          f"{default_ok} of {len(done)}; time s median {statistics.median(default_s):.1f} "
+          f"(AutoParallel's {statistics.median(ap_s):.1f}) worst "
+          f"{max(d / a for d, a in zip(default_s, ap_s)):.2f}x AutoParallel's time for its "
+          "model")
     for layout, which in (("autoparallel_layout", "blocks tied as it ties them"),
                           ("autoparallel_layout_untied", "untied, a lower bound")):
         for measure in ("objective_s", "step_s"):
@@ -286,7 +317,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--only", help="run only models whose name contains this")
     parser.add_argument("--peer-python", default=PEER_PYTHON)
     parser.add_argument("--json", help="write the rows here")
-    parser.add_argument("--side", choices=("autoparallel", "tessel"), help=argparse.SUPPRESS)
+    parser.add_argument("--side", choices=("autoparallel", "tessel", "default"),
+                        help=argparse.SUPPRESS)
     parser.add_argument("--payload", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.side:
@@ -294,6 +326,8 @@ def main(argv: list[str]) -> int:
         spec = spec_from_dict(payload["spec"])
         if args.side == "autoparallel":
             answer = run_autoparallel(spec)
+        elif args.side == "default":
+            answer = run_default(spec)
         else:
             import torch._functorch.aot_autograd
 
@@ -310,7 +344,7 @@ def main(argv: list[str]) -> int:
              if not args.only or args.only in s.name]
     print(f"{'model':<44} {'AP vars':>8} {'status':>8} {'AP s':>7} | {'T vars':>7} "
           f"{'status':>8} {'gap':>6} {'solve':>6} {'T s':>7} | ratio  own | "
-          f"{'T ms':>8} {'AP ms':>8} | unconstrained | like AP, untied")
+          f"{'T ms':>8} {'AP ms':>8} | unconstrained | like AP, untied | default plan")
     print("(times: process start to the plan under AutoParallel's constraints; own: the "
           "ratio of the times after the joint export; ms: the ILP's objective, Tessel's "
           "plan vs the best with AutoParallel's placements)")

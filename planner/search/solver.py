@@ -306,7 +306,12 @@ def build_model(solver, problem: AssignmentProblem, scale: float, integral: bool
                 _constraint(solver, -1.0, math.inf,
                             [(y, 1.0), (x[u][i], -1.0), (x[v][j], -1.0)])
         objective.SetCoefficient(y, shared.cost * scale)
-    if math.isfinite(problem.memory_limit):
+    # A limit no assignment reaches (a caller that checks memory itself passes 2^70 bytes)
+    # constrains nothing: its row, in units of the limit, would hold coefficients of 1e-21
+    # beside the one-hot rows' 1, which the LP solver warns of ("Constraint matrix has
+    # largest absolute value 1 and smallest non-zero absolute value 3.38813e-21").
+    most = sum(float(m.max()) for m in problem.node_memory if len(m))
+    if math.isfinite(problem.memory_limit) and most > problem.memory_limit:
         # The LP's row in units of the limit: PDLP measures its residuals against the
         # rows' bounds, and one of 2.5e10 bytes beside the one-hot rows' 1 let it call
         # x = 0 optimal at its first iterate (hf llama, 2x2).

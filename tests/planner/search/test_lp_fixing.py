@@ -88,3 +88,44 @@ def test_a_chain_under_a_memory_limit_of_gigabytes_is_bounded_at_its_optimum() -
     for v, reduced in enumerate(relaxation.reduced_costs):
         near = np.flatnonzero(reduced <= 1e-6 * best.objective)
         assert best.choices[v] in near
+
+
+def test_a_memory_limit_no_assignment_reaches_adds_no_row_and_no_solver_warning(capfd) -> None:
+    """A caller that checks memory itself passes a limit of 2^70 bytes: in units of the
+    limit its row held coefficients of 1e-21, and PDLP warned ("Constraint matrix has
+    largest absolute value 1 and smallest non-zero absolute value 3.38813e-21"). The row
+    constrains nothing, so it is left out: the same bound, no warning; a limit that binds
+    keeps its row and moves the bound."""
+    from planner.search.lp_fixing import lp_relaxation
+
+    rng = np.random.default_rng(0)
+    n = 50
+    costs = [rng.random(4) for _ in range(n)]
+    memory = [np.array([4.0, 8.0, 1e6, 2e9]) for _ in range(n)]
+    edges = [(v, v + 1, rng.random((4, 4))) for v in range(n - 1)]
+    unbounded = AssignmentProblem(costs, memory, edges, memory_limit=2.0 ** 70)
+    bound = lp_relaxation(unbounded, 10).bound
+    assert "WARNING" not in capfd.readouterr().err
+    assert bound == pytest.approx(lp_relaxation(
+        AssignmentProblem(costs, memory, edges), 10).bound, rel=1e-6)
+    # Room for the two smallest choices only (8 B a node): the others are out of reach.
+    binding = AssignmentProblem(costs, memory, edges, memory_limit=8.0 * n)
+    assert lp_relaxation(binding, 10).bound > bound + 1e-3
+
+
+def test_a_solve_stopped_short_reports_its_gap_against_the_lp_bound() -> None:
+    """The narrowed ILP stopped in its root reports its own bound near 0 (a gap of 99.6%
+    on the 2x4 T5 of benchmarks/vs_autoparallel.py, seed 0); the LP relaxation's bound
+    holds for every assignment, so the gap reported is the smaller of the two."""
+    from planner.search.lp_fixing import _proven_gap
+    from planner.search.solver import Assignment
+
+    problem = random_problem(3)
+    choices = [0] * len(problem.node_costs)
+    objective = evaluate(problem, choices)
+    stopped = Assignment(choices, objective, 0.996, "FEASIBLE", 60.0)
+    assert _proven_gap(stopped, problem, choices, 0.998 * objective) == pytest.approx(0.002)
+    # The solver's own gap where it is the smaller, and an optimum's as it is.
+    assert _proven_gap(stopped, problem, choices, 0.0) == 0.996
+    optimal = Assignment(choices, objective, 0.0, "OPTIMAL", 1.0)
+    assert _proven_gap(optimal, problem, choices, 0.5 * objective) == 0.0
