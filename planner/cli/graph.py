@@ -151,7 +151,7 @@ def _split(stage) -> str:
     sharded = sum("S" in placement for placement in placements)
     if sharded:
         return f" {sharded}/{len(placements)}"
-    shardings = [stage.operators] if stage.operators is not None else stage.layer_operators
+    shardings = stage.shardings
     if any(placement is not None and placement.strip("R")
            for operators in shardings for node in operators.nodes.values()
            for placement in node.outputs):

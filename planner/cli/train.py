@@ -8,6 +8,7 @@ with --json the `Plan` of the best (`planner/vocabulary/plan.py`).
 
 from __future__ import annotations
 
+import itertools
 import argparse
 import shlex
 from typing import TYPE_CHECKING, Callable
@@ -287,12 +288,7 @@ def _layer_split(plan: Plan) -> str:
     counts = [stage.layers[1] - stage.layers[0] for stage in plan.stages]
     if len(set(counts)) <= 1:
         return ""
-    runs: list[list[int]] = []
-    for count in counts:
-        if runs and runs[-1][0] == count:
-            runs[-1][1] += 1
-        else:
-            runs.append([count, 1])
+    runs = [(count, len(list(run))) for count, run in itertools.groupby(counts)]
     return "L" + ",".join(f"{count}x{times}" if times > 1 else str(count)
                           for count, times in runs)
 

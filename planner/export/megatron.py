@@ -11,6 +11,7 @@ tensor degree) follow Megatron-LM's rules below.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -201,12 +202,7 @@ def layer_pattern_text(pattern: int | list[int]) -> str:
     quoted for the shell: [0, 0, 0, 1, 1] -> '([0]*3+[1]*2)'; a number as itself."""
     if isinstance(pattern, int):
         return str(pattern)
-    runs: list[list[int]] = []
-    for value in pattern:
-        if runs and runs[-1][0] == value:
-            runs[-1][1] += 1
-        else:
-            runs.append([value, 1])
+    runs = [(value, len(list(run))) for value, run in itertools.groupby(pattern)]
     return "'(" + "+".join(f"[{value}]*{count}" for value, count in runs) + ")'"
 
 

@@ -219,6 +219,12 @@ class Stage(_Model):
         "before that micro-batch's backward.",
     )
 
+    @property
+    def shardings(self) -> list[OperatorShardings]:
+        """What the intra-op ILP chose for the stage: its one program's (`operators`) or
+        each layer's (`layer_operators`); empty where it chose nothing."""
+        return [self.operators] * (self.operators is not None) + self.layer_operators
+
 
 class ParallelDegrees(_Model):
     """The plan's degrees (`planner.vocabulary.parallel_dims.ParallelDims`, `dims`) with the knobs
@@ -570,7 +576,7 @@ class Plan(_Model):
         `OperatorShardings.replicated`), 'stage i: ' first where there are several stages."""
         notes = []
         for index, stage in enumerate(self.stages):
-            shardings = [stage.operators] * (stage.operators is not None) + stage.layer_operators
+            shardings = stage.shardings
             if shardings and all(operators.replicated for operators in shardings):
                 prefix = f"stage {index}: " if len(self.stages) > 1 else ""
                 notes.append(prefix + shardings[0].replicated)
@@ -597,8 +603,7 @@ class Plan(_Model):
             for k in [*stage.communication, *stage.communication_once]
         ] + [
             k for stage in self.stages
-            for operators in [stage.operators] * (stage.operators is not None)
-            + stage.layer_operators
+            for operators in stage.shardings
             for table in operators.communication_by_phase.values() for k in table
         ]
         for kind in kinds:
@@ -664,7 +669,7 @@ def _check_stage(index: int, stage: Stage) -> None:
         raise ValueError(f"{where}: {len(stage.layer_operators)} layer_operators listed for "
                          f"layers {list(stage.layers)}")
     placements = list(stage.parameters.items())
-    for operators in [stage.operators] * (stage.operators is not None) + stage.layer_operators:
+    for operators in stage.shardings:
         placements += list(operators.inputs.items())
         for node, sharding in operators.nodes.items():
             placements += [(f"{node} input", p) for p in sharding.inputs]

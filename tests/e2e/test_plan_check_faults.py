@@ -159,7 +159,7 @@ def test_a_nan_on_a_data_parallel_last_stage_names_the_ranks_whose_mean_it_is() 
     from rich.text import Text
 
     from planner.checks.training_check import PlanComparison
-    from planner.cli.check import training_verdict
+    from planner.cli.fault_report import training_verdict
 
     check_ = _pp2_dp2_check([5.5, math.inf, math.nan], [5.5, 5.4, 5.3])
     comparison = PlanComparison([{}] * 4, [{}] * 4, mismatches=["rank 2 send: 1 x, not 2 x"])
@@ -173,7 +173,7 @@ def test_a_nan_on_a_data_parallel_last_stage_names_the_ranks_whose_mean_it_is() 
 def test_where_a_failed_job_would_resume_from(tmp_path) -> None:
     from argparse import Namespace
 
-    from planner.cli.check import resume_point
+    from planner.cli.fault_report import resume_point
     from runtime.checkpoint import MARKER, step_directory
 
     for step in (2, 3):
@@ -196,7 +196,7 @@ def test_the_ranks_output_goes_to_a_log_named_in_one_line_or_with_debug_to_the_s
         tmp_path, capsys, monkeypatch) -> None:
     from argparse import Namespace
 
-    from planner.cli.check import print_ranks_output
+    from planner.cli.fault_report import print_ranks_output
     from runtime.local_ranks import RankError
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
