@@ -28,6 +28,7 @@ from planner.search.graph_knobs import GraphKnobs
 from planner.search.graph_space import search_graph
 from planner.search.intra_op import IntraOpSolution, plan_intra_op
 from planner.search.shardings import operator_shardings, stats
+from planner.search.solver import DEFAULT_TIME_LIMIT_S
 from planner.vocabulary.mesh_axes import logical_axes
 from planner.vocabulary.plan import (
     Plan,
@@ -70,7 +71,7 @@ def plan_model(
     loss_fn: Callable[..., torch.Tensor] | None = None,
     name: str | None = None,
     mesh: DeviceMesh | None = None,
-    time_limit_s: float = 60.0,
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     profile: str | Path | ProfileDatabase | None = None,
 ) -> PlannedModel:
     """Trace `model` and choose a sharding of its training step over `mesh_shape`, within

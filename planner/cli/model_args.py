@@ -13,6 +13,7 @@ from planner.megatron.arguments import layer_pattern
 from planner.models.flags import NORMALIZATION, POSITION_EMBEDDING, SWITCHES, VALUE_FLAGS
 from planner.models.sources import ACCEPTED_FORMS, LoadedModel
 from planner.models.config import TransformerConfig
+from planner.search.solver import DEFAULT_TIME_LIMIT_S
 
 # Longest --time-limit: a day. Planning that needs more is not planning in seconds.
 MAX_TIME_LIMIT_S = 86400.0
@@ -41,9 +42,10 @@ def add_mesh_arguments(parser: argparse.ArgumentParser) -> None:
     add_headroom_argument(parser)
     add_segment_argument(parser)
     parser.add_argument(
-        "--time-limit", type=seconds(0.0, MAX_TIME_LIMIT_S), default=60.0,
+        "--time-limit", type=seconds(0.0, MAX_TIME_LIMIT_S), default=DEFAULT_TIME_LIMIT_S,
         help="seconds for choosing the shardings: enumerating strategies, building and "
-        "solving the ILP (default 60; the best plan found by then is kept); with --gpus, "
+        f"solving the ILP (default {DEFAULT_TIME_LIMIT_S:g}, a safety net: solves end sooner "
+        "when proven optimal; the best plan found by then is kept); with --gpus, "
         "each layer's or stage's ILP's solver limit",
     )
     parser.add_argument(

@@ -20,8 +20,8 @@ any optimum. So, before `solver.solve_ilp`:
    Wolsey, Integer and Combinatorial Optimization, 1988; SCIP applies it inside its
    search, Achterberg, Constraint Integer Programming, 2007).
 
-The exact ILP then solves what is left from the incumbent, and its optimum is the
-problem's; where the incumbent is already within the solver's gap of the bound, it is the
+The exact ILP (SCIP's, HiGHS's from `HIGHS_FROM` variables) then solves what is left from
+the incumbent, and its optimum is the problem's; where the incumbent is already within the solver's gap of the bound, it is the
 answer. What fixing keeps and saves on benchmarks/vs_autoparallel.py's family:
 docs/graph-plans.md, "Measured".
 """
@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.search.elimination import ilp_variables
+from planner.search.highs_mip import solve_highs
 from planner.search.presolve import restrict
 from planner.search.solver import (
     RELATIVE_GAP, Assignment, AssignmentProblem, InfeasibleError, build_model, capped,
@@ -52,6 +53,11 @@ TAKEN = 1e-3
 
 LP_SHARE = 0.25
 """Most of the time limit the LP relaxation, then RENS, may each take."""
+
+HIGHS_FROM = 50_000
+"""ILP variables from which the exact ILP is HiGHS's (`highs_mip`) rather than SCIP's: the
+root LP is then most of a solve, and HiGHS's dual simplex the faster (docs/graph-plans.md,
+"Measured")."""
 
 SMALLEST = 20_000
 """ILP variables (`elimination.ilp_variables`) below which the ILP is solved as it is:
@@ -132,7 +138,7 @@ def solve_with_fixing(problem: AssignmentProblem, time_limit_s: float = 30.0,
     fits = memory_of(problem, greedy) <= problem.memory_limit
     relaxation = lp_relaxation(capped(problem, greedy), time_limit_s * LP_SHARE)
     if relaxation is None or not math.isfinite(relaxation.bound):
-        return solve_ilp(problem, time_limit_s, backend, incumbent=greedy)
+        return _exact(problem, _left(start, time_limit_s), backend, greedy)
     near = SUPPORT * abs(relaxation.bound)
     support = [_with(np.flatnonzero((x > TAKEN) | (r <= near)), i)
                for x, r, i in zip(relaxation.values, relaxation.reduced_costs, greedy)]
@@ -146,19 +152,28 @@ def solve_with_fixing(problem: AssignmentProblem, time_limit_s: float = 30.0,
     except (InfeasibleError, RuntimeError):  # nothing within the support, or not in time
         pass
     if incumbent is None:
-        return solve_ilp(problem, _left(start, time_limit_s), backend, incumbent=greedy)
+        return _exact(problem, _left(start, time_limit_s), backend, greedy)
     ceiling = evaluate(problem, incumbent)
     if ceiling - relaxation.bound <= RELATIVE_GAP * abs(ceiling):  # proven by the bound
         return Assignment(incumbent, ceiling, 0.0, "OPTIMAL", time.perf_counter() - start)
     slack = ceiling - relaxation.bound + 1e-9 * abs(ceiling)
     kept = [_with(np.flatnonzero(r <= slack), i)
             for r, i in zip(relaxation.reduced_costs, incumbent)]
-    solved = solve_ilp(restrict(problem, kept), _left(start, time_limit_s), backend,
-                       incumbent=_within(kept, incumbent))
+    solved = _exact(restrict(problem, kept), _left(start, time_limit_s), backend,
+                    _within(kept, incumbent))
     choices = [int(kept[v][i]) for v, i in enumerate(solved.choices)]
     return Assignment(choices, solved.objective, _proven_gap(solved, problem, choices,
                                                              relaxation.bound),
                       solved.status, time.perf_counter() - start, solved.solver)
+
+
+def _exact(problem: AssignmentProblem, time_limit_s: float, backend: str,
+           incumbent: list[int]) -> Assignment:
+    """The exact ILP from `incumbent`: SCIP's (or `backend`'s), HiGHS's where SCIP is asked
+    for and the ILP has `HIGHS_FROM` variables or more."""
+    if backend == "SCIP" and ilp_variables(problem) >= HIGHS_FROM:
+        return solve_highs(problem, time_limit_s, incumbent)
+    return solve_ilp(problem, time_limit_s, backend, incumbent=incumbent)
 
 
 def _proven_gap(solved: Assignment, problem: AssignmentProblem, choices: list[int],

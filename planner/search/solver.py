@@ -29,6 +29,12 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 
+DEFAULT_TIME_LIMIT_S = 600.0
+"""Seconds the choice of shardings may take unless told (`plan --time-limit`,
+`planner.api.plan_model`): a safety net, not where a solve stops; the largest untied ILPs
+of benchmarks/vs_autoparallel.py's family end OPTIMAL well inside it (docs/graph-plans.md,
+"Measured")."""
+
 # Stop when the incumbent is proven within this fraction of the optimum (the default,
 # 1e-4, would let the solver ignore the memory tie-breaks in the objective).
 RELATIVE_GAP = 1e-7

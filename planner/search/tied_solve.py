@@ -38,6 +38,12 @@ nothing is time lost, so it is cut off at about what a mid-sized exact ILP takes
 cases: docs/graph-plans.md, "Measured")."""
 
 
+BOUND_ILP_VARIABLES = 200_000
+"""Most ILP variables of a pairwise bound solved by the ILP (where elimination declines
+it): past this the bound's ILP cannot end in `BOUND_ILP_S`, and its time is lost to the
+exact solve (a 2x4 T5's 322k variables: 9 s; docs/graph-plans.md, "Measured")."""
+
+
 def solve_tied(problem: AssignmentProblem, groups: list[list[int]], time_limit_s: float,
                backend: str, eliminate: Callable = solve_by_elimination,
                ilp: Callable = solve_with_fixing) -> tuple[Assignment, int]:
@@ -64,6 +70,8 @@ def solve_tied(problem: AssignmentProblem, groups: list[list[int]], time_limit_s
         nonlocal eliminated
         solved = eliminate(bound)
         eliminated = eliminated or solved is not None
+        if solved is None and ilp_variables(bound) >= BOUND_ILP_VARIABLES:
+            return None
         if solved is None:  # the ILP, for a while: the rest is the exact solve's
             solved = ilp(bound, time_limit_s=min(time_limit_s / 2, BOUND_ILP_S),
                          backend=backend)
