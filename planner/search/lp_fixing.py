@@ -22,8 +22,8 @@ any optimum. So, before `solver.solve_ilp`:
 
 The exact ILP (SCIP's, HiGHS's from `HIGHS_FROM` variables) then solves what is left from
 the incumbent, and its optimum is the problem's; where the incumbent is already within the
-solver's gap of the bound, it is the answer. What fixing keeps and saves on benchmarks/vs_autoparallel.py's family:
-docs/graph-plans.md, "Measured".
+solver's gap of the bound, it is the answer. What fixing keeps and saves on
+benchmarks/vs_autoparallel.py's family: docs/graph-plans.md, "Measured".
 """
 
 from __future__ import annotations
