@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from planner.search.solver import DEFAULT_TIME_LIMIT_S
+
 ROOT = Path(__file__).resolve().parent.parent
 ROWS = (
     ("demo:gpt", "2x2"),
@@ -53,8 +55,8 @@ def run(model: str, mesh: str, time_limit: float) -> dict:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--time-limit", type=float, default=60.0,
-                        help="plan's --time-limit for every row (seconds)")
+    parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S,
+                        help="plan's --time-limit for every row (seconds; default plan's)")
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)
     rows = []

@@ -23,6 +23,10 @@ from planner.search.solver import (
 )
 
 
+HIGHS_OPTIONS: dict[str, object] = {"output_flag": False, "mip_rel_gap": RELATIVE_GAP}
+"""HiGHS's settings: quiet, and the same optimality gap as SCIP's (`solver.RELATIVE_GAP`)."""
+
+
 def solve_highs(problem: AssignmentProblem, time_limit_s: float,
                 incumbent: list[int] | None = None) -> Assignment:
     """The optimal assignment by HiGHS, from `incumbent` (by default the greedy answer),
@@ -40,9 +44,9 @@ def solve_highs(problem: AssignmentProblem, time_limit_s: float,
     model = linear_solver_pb2.MPModelProto()
     builder.ExportModelToProto(model)
     highs = highspy.Highs()
-    highs.setOptionValue("output_flag", False)
+    for option, value in HIGHS_OPTIONS.items():
+        highs.setOptionValue(option, value)
     highs.setOptionValue("time_limit", max(0.1, time_limit_s - (time.perf_counter() - start)))
-    highs.setOptionValue("mip_rel_gap", RELATIVE_GAP)
     highs.passModel(_as_highs_lp(model, highspy))
     chosen = np.array([vars_v[hint[v]].index() for v, vars_v in enumerate(x)], dtype=np.int32)
     highs.setSolution(len(chosen), chosen, np.ones(len(chosen)))
