@@ -23,8 +23,11 @@ from planner.search.solver import (
 )
 
 
-HIGHS_OPTIONS: dict[str, object] = {"output_flag": False, "mip_rel_gap": RELATIVE_GAP}
-"""HiGHS's settings: quiet, and the same optimality gap as SCIP's (`solver.RELATIVE_GAP`)."""
+HIGHS_OPTIONS: dict[str, object] = {"output_flag": False, "mip_rel_gap": RELATIVE_GAP,
+                                    "threads": 1}
+"""HiGHS's settings: quiet, the same optimality gap as SCIP's (`solver.RELATIVE_GAP`), and
+one thread: its MIP search runs one worker anyway, and a thread pool started in a process
+that then forks (the layer table's workers, `workers`) would be missing in the children."""
 
 
 def solve_highs(problem: AssignmentProblem, time_limit_s: float,
