@@ -7,73 +7,47 @@ HiGHS's dual simplex solves it several times faster than SoPlex does inside SCIP
 restarts then apply reduced-cost fixing again each time cuts raise the bound (the
 measurements: docs/graph-plans.md, "Measured").
 
-The model is built once with OR-Tools' coefficient API (`build_model`, the formulation
-every backend shares) and handed to HiGHS as arrays.
+`solver.solve_ilp(..., backend="HIGHS")` builds the model once with OR-Tools'
+coefficient API (the formulation every backend shares) and hands it here, as arrays.
 """
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
-from planner.search.solver import (
-    RELATIVE_GAP, Assignment, AssignmentProblem, InfeasibleError, build_model, capped,
-    cost_scale, evaluate, memory_of, solve_greedy,
-)
-
-
-HIGHS_OPTIONS: dict[str, object] = {"output_flag": False, "mip_rel_gap": RELATIVE_GAP,
-                                    "threads": 1}
-"""HiGHS's settings: quiet, the same optimality gap as SCIP's (`solver.RELATIVE_GAP`), and
+HIGHS_OPTIONS: dict[str, object] = {"output_flag": False, "threads": 1}
+"""HiGHS's settings (the optimality gap is the caller's, `solver.RELATIVE_GAP`): quiet, and
 one thread: its MIP search runs one worker anyway, and a thread pool started in a process
 that then forks (the layer table's workers, `workers`) would be missing in the children."""
 
 
-def solve_highs(problem: AssignmentProblem, time_limit_s: float,
-                incumbent: list[int] | None = None) -> Assignment:
-    """The optimal assignment by HiGHS, from `incumbent` (by default the greedy answer),
-    with `solver.solve_ilp`'s statuses: OPTIMAL, FEASIBLE (out of time, with the gap to
-    HiGHS's bound) or GREEDY (out of time before a solution; the incumbent)."""
+def run_highs(builder, x: list[list], hint: list[int], time_limit_s: float,
+              relative_gap: float) -> tuple[str, list[np.ndarray], float]:
+    """Solve the model built in the OR-Tools solver `builder` (node variables `x`) with
+    HiGHS from `hint`: `solver._run_ortools`'s status, values and bound."""
     import highspy
-    from ortools.linear_solver import linear_solver_pb2, pywraplp
+    from ortools.linear_solver import linear_solver_pb2
 
-    start = time.perf_counter()
-    hint = solve_greedy(problem) if incumbent is None else incumbent
-    original, problem = problem, capped(problem, hint)
-    scale = cost_scale(problem)
-    builder = pywraplp.Solver.CreateSolver("SCIP")
-    x = build_model(builder, problem, scale, integral=True)
     model = linear_solver_pb2.MPModelProto()
     builder.ExportModelToProto(model)
     highs = highspy.Highs()
     for option, value in HIGHS_OPTIONS.items():
         highs.setOptionValue(option, value)
-    highs.setOptionValue("time_limit", max(0.1, time_limit_s - (time.perf_counter() - start)))
+    highs.setOptionValue("time_limit", float(time_limit_s))
+    highs.setOptionValue("mip_rel_gap", relative_gap)
     highs.passModel(_as_highs_lp(model, highspy))
     chosen = np.array([vars_v[hint[v]].index() for v, vars_v in enumerate(x)], dtype=np.int32)
     highs.setSolution(len(chosen), chosen, np.ones(len(chosen)))
     highs.run()
-    problem = original  # objectives are reported uncapped
-    status = highs.getModelStatus()
-    if status == highspy.HighsModelStatus.kInfeasible:
-        raise InfeasibleError("no sharding fits the per-device memory limit")
+    if highs.getModelStatus() == highspy.HighsModelStatus.kInfeasible:
+        return "INFEASIBLE", [], 0.0
     info = highs.getInfo()
     if info.primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
-        if memory_of(problem, hint) > problem.memory_limit:
-            raise RuntimeError(
-                f"the ILP solver found no solution within {time_limit_s:g} s; raise the time limit"
-            )
-        return Assignment(hint, evaluate(problem, hint), 1.0, "GREEDY",
-                          time.perf_counter() - start, solver="HiGHS")
-    values = np.asarray(highs.getSolution().col_value)
-    choices = [int(np.argmax(values[[var.index() for var in vars_v]])) for vars_v in x]
-    objective = evaluate(problem, choices)
-    optimal = status == highspy.HighsModelStatus.kOptimal
-    bound = info.mip_dual_bound / scale
-    gap = 0.0 if optimal else max(0.0, objective - bound) / max(abs(objective), 1e-12)
-    return Assignment(choices, objective, gap, "OPTIMAL" if optimal else "FEASIBLE",
-                      time.perf_counter() - start, solver="HiGHS")
+        return "NONE", [], 0.0
+    columns = np.asarray(highs.getSolution().col_value)
+    values = [columns[[var.index() for var in vars_v]] for vars_v in x]
+    optimal = highs.getModelStatus() == highspy.HighsModelStatus.kOptimal
+    return "OPTIMAL" if optimal else "FEASIBLE", values, info.mip_dual_bound
 
 
 def _as_highs_lp(model, highspy):

@@ -35,7 +35,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.search.elimination import ilp_variables
-from planner.search.highs_mip import solve_highs
 from planner.search.presolve import restrict
 from planner.search.solver import (
     RELATIVE_GAP, Assignment, AssignmentProblem, InfeasibleError, build_model, capped,
@@ -171,9 +170,8 @@ def _exact(problem: AssignmentProblem, time_limit_s: float, backend: str,
            incumbent: list[int]) -> Assignment:
     """The exact ILP from `incumbent`: SCIP's (or `backend`'s), HiGHS's where SCIP is asked
     for and the ILP has `HIGHS_FROM` variables or more."""
-    if backend == "SCIP" and ilp_variables(problem) >= HIGHS_FROM:
-        return solve_highs(problem, time_limit_s, incumbent)
-    return solve_ilp(problem, time_limit_s, backend, incumbent=incumbent)
+    large = backend == "SCIP" and ilp_variables(problem) >= HIGHS_FROM
+    return solve_ilp(problem, time_limit_s, "HIGHS" if large else backend, incumbent=incumbent)
 
 
 def _proven_gap(solved: Assignment, problem: AssignmentProblem, choices: list[int],

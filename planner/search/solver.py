@@ -219,22 +219,62 @@ def solve_ilp(
     problem: AssignmentProblem, time_limit_s: float = 30.0, backend: str = "SCIP",
     incumbent: list[int] | None = None,
 ) -> Assignment:
-    """Solve with an OR-Tools MIP backend (SCIP or CBC), within a time limit, from
-    `incumbent` (by default the greedy answer): with a time limit the answer is never
-    worse than it."""
+    """Solve with an OR-Tools MIP backend (SCIP or CBC) or HiGHS ("HIGHS",
+    `highs_mip`), within a time limit, from `incumbent` (by default the greedy answer):
+    with a time limit the answer is never worse than it."""
     from ortools.linear_solver import pywraplp
 
     start = time.perf_counter()
-    solver = pywraplp.Solver.CreateSolver(backend)
+    solver = pywraplp.Solver.CreateSolver("SCIP" if backend == "HIGHS" else backend)
     if solver is None:
-        raise RuntimeError(f"OR-Tools has no {backend} backend; use SCIP or CBC")
-    solver.SetTimeLimit(int(time_limit_s * 1000))
-    if backend == "SCIP":
-        solver.SetSolverSpecificParametersAsString(SCIP_PARAMETERS)
+        raise RuntimeError(f"OR-Tools has no {backend} backend; use SCIP, CBC or HIGHS")
     hint = solve_greedy(problem) if incumbent is None else incumbent
     original, problem = problem, capped(problem, hint)
     scale = cost_scale(problem)
     x = build_model(solver, problem, scale, integral=True)
+    if backend == "HIGHS":
+        from planner.search.highs_mip import run_highs
+
+        status, values, bound = run_highs(
+            solver, x, hint, max(0.1, time_limit_s - (time.perf_counter() - start)),
+            RELATIVE_GAP)
+    else:
+        status, values, bound = _run_ortools(solver, x, hint, time_limit_s, backend)
+    problem = original  # objectives are reported uncapped
+    if status == "INFEASIBLE":
+        raise InfeasibleError("no sharding fits the per-device memory limit")
+    name = "HiGHS" if backend == "HIGHS" else "ILP"
+    if status == "NONE":
+        if memory_of(problem, hint) > problem.memory_limit:
+            raise RuntimeError(
+                f"the ILP solver found no solution within {time_limit_s:g} s; raise the time limit"
+            )
+        # Out of time before a first incumbent: the greedy answer, with an unknown gap.
+        return Assignment(hint, evaluate(problem, hint), 1.0, "GREEDY",
+                          time.perf_counter() - start, solver=name)
+    choices = [int(np.argmax(v)) for v in values]
+    objective = evaluate(problem, choices)
+    if status != "OPTIMAL":
+        # Stopped by the time limit: the solver may not have used the hint as its incumbent.
+        greedy = evaluate(problem, hint)
+        if greedy < objective and memory_of(problem, hint) <= problem.memory_limit:
+            choices, objective = hint, greedy
+    bound /= scale
+    gap = 0.0 if status == "OPTIMAL" else max(0.0, objective - bound) / max(abs(objective), 1e-12)
+    return Assignment(choices, objective, gap, status, time.perf_counter() - start,
+                      solver=name)
+
+
+def _run_ortools(solver, x: list[list], hint: list[int], time_limit_s: float,
+                 backend: str) -> tuple[str, list[np.ndarray], float]:
+    """Solve the built model with OR-Tools' `backend` from `hint`: the status (OPTIMAL,
+    FEASIBLE, INFEASIBLE, or NONE where no solution was found), each node's variables'
+    values and the solver's bound, in the model's units."""
+    from ortools.linear_solver import pywraplp
+
+    solver.SetTimeLimit(int(time_limit_s * 1000))
+    if backend == "SCIP":
+        solver.SetSolverSpecificParametersAsString(SCIP_PARAMETERS)
     solver.SetHint(
         [var for vars_v in x for var in vars_v],
         [1.0 if i == hint[v] else 0.0 for v, vars_v in enumerate(x) for i in range(len(vars_v))],
@@ -242,36 +282,12 @@ def solve_ilp(
     parameters = pywraplp.MPSolverParameters()
     parameters.SetDoubleParam(parameters.RELATIVE_MIP_GAP, RELATIVE_GAP)
     status = solver.Solve(parameters)
-    problem = original  # objectives are reported uncapped
-    if status == pywraplp.Solver.INFEASIBLE:
-        raise InfeasibleError("no sharding fits the per-device memory limit")
-    if status not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
-        if memory_of(problem, hint) > problem.memory_limit:
-            raise RuntimeError(
-                f"the ILP solver found no solution within {time_limit_s:g} s; raise the time limit"
-            )
-        # Out of time before a first incumbent: the greedy answer, with an unknown gap.
-        return Assignment(hint, evaluate(problem, hint), 1.0, "GREEDY", time.perf_counter() - start)
-    choices = [int(np.argmax([var.solution_value() for var in vars_v])) for vars_v in x]
-    objective = evaluate(problem, choices)
-    if status != pywraplp.Solver.OPTIMAL:
-        # Stopped by the time limit: SCIP may not have used the hint as its incumbent.
-        greedy = evaluate(problem, hint)
-        if greedy < objective and memory_of(problem, hint) <= problem.memory_limit:
-            choices, objective = hint, greedy
-    bound = solver.Objective().BestBound() / scale
-    gap = (
-        0.0
-        if status == pywraplp.Solver.OPTIMAL
-        else max(0.0, objective - bound) / max(abs(objective), 1e-12)
-    )
-    return Assignment(
-        choices,
-        objective,
-        gap,
-        "OPTIMAL" if status == pywraplp.Solver.OPTIMAL else "FEASIBLE",
-        time.perf_counter() - start,
-    )
+    named = {pywraplp.Solver.OPTIMAL: "OPTIMAL", pywraplp.Solver.FEASIBLE: "FEASIBLE",
+             pywraplp.Solver.INFEASIBLE: "INFEASIBLE"}.get(status, "NONE")
+    if named not in ("OPTIMAL", "FEASIBLE"):
+        return named, [], 0.0
+    values = [np.array([var.solution_value() for var in vars_v]) for vars_v in x]
+    return named, values, solver.Objective().BestBound()
 
 
 def build_model(solver, problem: AssignmentProblem, scale: float, integral: bool) -> list[list]:

@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 
 import planner.search.lp_fixing as lp_fixing
-from planner.search.highs_mip import solve_highs
 from planner.search.solver import (
-    InfeasibleError, evaluate, memory_of, solve_brute_force, solve_greedy,
+    InfeasibleError, evaluate, memory_of, solve_brute_force, solve_greedy, solve_ilp,
 )
 from tests.planner.search.test_shared_reads import _with_reads
 from tests.planner.search.test_solver import random_problem
@@ -24,9 +23,9 @@ def test_highs_finds_the_brute_force_optimum(seed: int) -> None:
         best = solve_brute_force(problem).objective
     except InfeasibleError:
         with pytest.raises(InfeasibleError):
-            solve_highs(problem, 10.0)
+            solve_ilp(problem, 10.0, "HIGHS")
         return
-    solved = solve_highs(problem, 10.0)
+    solved = solve_ilp(problem, 10.0, "HIGHS")
     assert (solved.status, solved.solver, solved.gap) == ("OPTIMAL", "HiGHS", 0.0)
     assert solved.objective == pytest.approx(best)
     assert evaluate(problem, solved.choices) == pytest.approx(best)
@@ -38,7 +37,7 @@ def test_out_of_time_highs_keeps_the_incumbent_it_was_handed() -> None:
     keeps it), never worse."""
     problem = random_problem(5, min_nodes=6, max_nodes=6)
     incumbent = solve_greedy(problem)
-    solved = solve_highs(problem, 0.0, incumbent)
+    solved = solve_ilp(problem, 0.0, "HIGHS", incumbent)
     assert solved.objective <= evaluate(problem, incumbent) + 1e-12
 
 
