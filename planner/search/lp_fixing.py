@@ -30,11 +30,14 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Callable
 
 import numpy as np
 
+from planner.search import bucket_split
 from planner.search.elimination import ilp_variables
+from planner.search.forked_call import BothEnds, start_forked
 from planner.search.presolve import restrict
 from planner.search.solver import (
     RELATIVE_GAP, Assignment, AssignmentProblem, InfeasibleError, build_model, capped,
@@ -57,6 +60,17 @@ HIGHS_FROM = 50_000
 """ILP variables from which the exact ILP is HiGHS's (`highs_mip`) rather than SCIP's: the
 root LP is then most of a solve, and HiGHS's dual simplex the faster (docs/graph-plans.md,
 "Measured")."""
+
+SPLIT_GAP = 0.01
+"""The gap between the LP bound and the incumbent (RENS's) above which the problem is split
+on its shared costs (`bucket_split`) rather than narrowed whole: there most of the gap is
+the buckets' (the 2x4 ViT of benchmarks/vs_autoparallel.py's seed 1: 3.0%, split 2.4x
+faster), while on a gap of 0.2% (seed 0's 2x4 T5) the eight subproblems cost more than
+the one (docs/graph-plans.md, "Measured")."""
+
+SPLIT_SHARED_COSTS = 3
+"""Most shared costs the problem is split on (2^k LP relaxations): one per mesh axis and one
+over both, on a 2-D mesh."""
 
 SMALLEST = 20_000
 """ILP variables (`elimination.ilp_variables`) below which the ILP is solved as it is:
@@ -133,37 +147,117 @@ def solve_with_fixing(problem: AssignmentProblem, time_limit_s: float = 30.0,
     if ilp_variables(problem) < smallest:
         return solve_ilp(problem, time_limit_s, backend)
     start = time.perf_counter()
+    deadline = start + time_limit_s
     greedy = solve_greedy(problem)
-    fits = memory_of(problem, greedy) <= problem.memory_limit
     relaxation = lp_relaxation(capped(problem, greedy), time_limit_s * LP_SHARE)
     if relaxation is None or not math.isfinite(relaxation.bound):
-        return _exact(problem, _left(start, time_limit_s), backend, greedy)
+        return _exact(problem, _left(deadline), backend, greedy)
+    incumbent = _rens(problem, relaxation, greedy, deadline, backend)
+    if incumbent is None:
+        return _exact(problem, _left(deadline), backend, greedy)
+    ceiling = evaluate(problem, incumbent)
+    if (0 < len(problem.shared_costs) <= SPLIT_SHARED_COSTS
+            and ceiling - relaxation.bound > SPLIT_GAP * abs(ceiling)):
+        solved = _split(problem, incumbent, deadline, backend)
+    else:
+        solved = _fixed(problem, relaxation, incumbent, math.inf, deadline, backend)
+    return replace(solved, solve_time_s=time.perf_counter() - start)
+
+
+def _rens(problem: AssignmentProblem, relaxation: LpRelaxation, greedy: list[int],
+          deadline: float, backend: str) -> list[int] | None:
+    """The better of `greedy` (where it fits the memory limit) and the optimum of the
+    choices the LP solution takes or prices near its bound (RENS); None if neither."""
+    incumbent = greedy if memory_of(problem, greedy) <= problem.memory_limit else None
     near = SUPPORT * abs(relaxation.bound)
     support = [_with(np.flatnonzero((x > TAKEN) | (r <= near)), i)
                for x, r, i in zip(relaxation.values, relaxation.reduced_costs, greedy)]
-    incumbent = greedy if fits else None
     try:
-        rens = solve_ilp(restrict(problem, support), _left(start, time_limit_s) * LP_SHARE,
+        rens = solve_ilp(restrict(problem, support), _left(deadline) * LP_SHARE,
                          backend, incumbent=_within(support, greedy))
         found = [int(support[v][i]) for v, i in enumerate(rens.choices)]
         if incumbent is None or evaluate(problem, found) < evaluate(problem, incumbent):
             incumbent = found
     except (InfeasibleError, RuntimeError):  # nothing within the support, or not in time
         pass
-    if incumbent is None:
-        return _exact(problem, _left(start, time_limit_s), backend, greedy)
-    ceiling = evaluate(problem, incumbent)
+    return incumbent
+
+
+def _fixed(problem: AssignmentProblem, relaxation: LpRelaxation, incumbent: list[int],
+           ceiling: float, deadline: float, backend: str) -> Assignment:
+    """The exact ILP on the choices whose reduced costs leave them under the better of
+    `incumbent`'s objective and `ceiling` (an objective known elsewhere to be reached)."""
+    start = time.perf_counter()
+    ceiling = min(ceiling, evaluate(problem, incumbent))
     if ceiling - relaxation.bound <= RELATIVE_GAP * abs(ceiling):  # proven by the bound
-        return Assignment(incumbent, ceiling, 0.0, "OPTIMAL", time.perf_counter() - start)
+        return Assignment(incumbent, evaluate(problem, incumbent), 0.0, "OPTIMAL",
+                          time.perf_counter() - start)
     slack = ceiling - relaxation.bound + 1e-9 * abs(ceiling)
     kept = [_with(np.flatnonzero(r <= slack), i)
             for r, i in zip(relaxation.reduced_costs, incumbent)]
-    solved = _exact(restrict(problem, kept), _left(start, time_limit_s), backend,
+    solved = _exact(restrict(problem, kept), _left(deadline), backend,
                     _within(kept, incumbent))
     choices = [int(kept[v][i]) for v, i in enumerate(solved.choices)]
     return Assignment(choices, solved.objective, _proven_gap(solved, problem, choices,
                                                              relaxation.bound),
                       solved.status, time.perf_counter() - start, solved.solver)
+
+
+def _split(problem: AssignmentProblem, incumbent: list[int], deadline: float,
+           backend: str) -> Assignment:
+    """The optimum over the subproblems with the shared costs decided (`bucket_split`):
+    each one's LP relaxation first, then, cheapest bound first, the narrowed ILP of those
+    whose bound and up-front costs stay under the best objective found so far."""
+    start = time.perf_counter()
+    best, ceiling = incumbent, evaluate(problem, incumbent)
+    paid_sets = bucket_split.paid_sets(problem)
+    decided = [bucket_split.decided(problem, paid, penalty=ceiling) for paid in paid_sets]
+    greedy = [solve_greedy(part) for part in decided]
+    relaxations = _relaxations([capped(p, g) for p, g in zip(decided, greedy)], deadline)
+    parts = [(bucket_split.upfront(problem, paid) + (-math.inf if r is None else r.bound),
+              paid, part, r, g)
+             for paid, part, r, g in zip(paid_sets, decided, relaxations, greedy)]
+    floors = []  # lower bounds of the parts not solved to optimality
+    for floor, paid, part, relaxation, greedy in sorted(parts, key=lambda p: p[0]):
+        if floor >= ceiling - RELATIVE_GAP * abs(ceiling):
+            break  # this part and every later one cost at least the best found
+        upfront = bucket_split.upfront(problem, paid)
+        try:
+            if relaxation is None or not math.isfinite(relaxation.bound):
+                solved = _exact(part, _left(deadline), backend, greedy)
+            else:
+                own = _rens(part, relaxation, greedy, deadline, backend)
+                solved = (_exact(part, _left(deadline), backend, greedy) if own is None else
+                          _fixed(part, relaxation, own, ceiling - upfront, deadline, backend))
+        except InfeasibleError:  # no assignment of this part fits the memory limit
+            continue
+        total = evaluate(problem, solved.choices)
+        if total < ceiling:
+            best, ceiling = solved.choices, total
+        if solved.status != "OPTIMAL":
+            floors.append(max(floor, upfront + solved.objective * (1 - solved.gap)))
+    bound = min([ceiling, *floors])
+    gap = 0.0 if ceiling <= 0 else max(0.0, (ceiling - bound) / ceiling)
+    return Assignment(best, ceiling, gap, "OPTIMAL" if gap <= RELATIVE_GAP else "FEASIBLE",
+                      time.perf_counter() - start, "ILP")
+
+
+def _relaxations(problems: list[AssignmentProblem],
+                 deadline: float) -> list[LpRelaxation | None]:
+    """Each problem's LP relaxation, on both cores: a forked child takes problems from the
+    back of the list while this process takes them from the front."""
+    ends = BothEnds(len(problems))
+
+    def solve_from(next_index: Callable[[], int | None]) -> dict[int, LpRelaxation | None]:
+        solved = {}
+        while (i := next_index()) is not None:
+            solved[i] = lp_relaxation(problems[i], _left(deadline) * LP_SHARE)
+        return solved
+
+    from_back = start_forked(solve_from, ends.back)
+    solved = solve_from(ends.front)
+    solved.update(from_back())
+    return [solved[i] for i in range(len(problems))]
 
 
 def _exact(problem: AssignmentProblem, time_limit_s: float, backend: str,
@@ -198,5 +292,5 @@ def _within(kept: list[np.ndarray], choices: list[int]) -> list[int]:
     return [int(np.searchsorted(k, i)) for k, i in zip(kept, choices)]
 
 
-def _left(start: float, time_limit_s: float) -> float:
-    return max(0.1, time_limit_s - (time.perf_counter() - start))
+def _left(deadline: float) -> float:
+    return max(0.1, deadline - time.perf_counter())

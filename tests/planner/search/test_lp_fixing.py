@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from planner.search import lp_fixing
 from planner.search.lp_fixing import dual_bound, lp_relaxation, solve_with_fixing
 from planner.search.solver import (
     AssignmentProblem, InfeasibleError, evaluate, memory_of, solve_brute_force,
@@ -149,3 +150,19 @@ def test_the_familys_largest_model_plans_without_a_solver_warning(capfd) -> None
     printed = capfd.readouterr()
     assert not re.search(r"warning|^W\d{4} ", printed.out + printed.err,
                          re.IGNORECASE | re.MULTILINE)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_split_on_its_shared_costs_the_ilp_keeps_the_brute_force_optimum(
+    seed: int, monkeypatch
+) -> None:
+    monkeypatch.setattr(lp_fixing, "SPLIT_GAP", -1.0)  # split whatever the LP's gap
+    problem = _with_reads(seed) if seed % 2 else random_problem(seed, max_nodes=7)
+    try:
+        best = solve_brute_force(problem).objective
+    except InfeasibleError:
+        return
+    solved = solve_with_fixing(problem, smallest=0)
+    assert solved.status == "OPTIMAL"
+    assert evaluate(problem, solved.choices) == pytest.approx(best)
+    assert memory_of(problem, solved.choices) <= problem.memory_limit
