@@ -22,8 +22,11 @@ any optimum. So, before `solver.solve_ilp`:
 
 The exact ILP (SCIP's, HiGHS's from `HIGHS_FROM` variables) then solves what is left from
 the incumbent, and its optimum is the problem's; where the incumbent is already within the
-solver's gap of the bound, it is the answer. What fixing keeps and saves on
-benchmarks/vs_autoparallel.py's family: docs/graph-plans.md, "Measured".
+solver's gap of the bound, it is the answer. Where the bound is more than `SPLIT_GAP` under
+the incumbent, the gap is the shared costs' (a bucket's latency paid in part by a fractional
+solution): the problem is split on which of them are paid (`bucket_split`), and steps 1-4
+run on each part whose bound can still beat the best assignment found. What fixing keeps
+and saves on benchmarks/vs_autoparallel.py's family: docs/graph-plans.md, "Measured".
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from planner.search.forked_call import BothEnds, start_forked
 from planner.search.presolve import restrict
 from planner.search.solver import (
     RELATIVE_GAP, Assignment, AssignmentProblem, InfeasibleError, build_model, capped,
-    cost_scale, evaluate, memory_of, solve_greedy, solve_ilp,
+    cost_scale, evaluate, memory_of, solve_greedy, solve_ilp, triggered,
 )
 
 SUPPORT = 1e-4
@@ -62,11 +65,14 @@ root LP is then most of a solve, and HiGHS's dual simplex the faster (docs/graph
 "Measured")."""
 
 SPLIT_GAP = 0.01
-"""The gap between the LP bound and the incumbent (RENS's) above which the problem is split
-on its shared costs (`bucket_split`) rather than narrowed whole: there most of the gap is
-the buckets' (the 2x4 ViT of benchmarks/vs_autoparallel.py's seed 1: 3.0%, split 2.4x
-faster), while on a gap of 0.2% (seed 0's 2x4 T5) the eight subproblems cost more than
-the one (docs/graph-plans.md, "Measured")."""
+"""How much less than the incumbent (RENS's) the LP solution may pay for the shared costs
+the incumbent triggers, as a fraction of its objective, before the problem is split on them
+(`bucket_split`) rather than narrowed whole. The 2x4 ViT of benchmarks/vs_autoparallel.py's
+seed 1 (3.8%: it pays 0.43, 0.14 and 0.43 of three buckets) solves in 30 s split, 98 s
+whole. Under it: seed 0's 2x4 T5 (0.14%; split, its eight parts' LPs took 98 s on one core
+and its parts' ILPs 20-43 s each, where the whole takes 120 s), and, at 0%, seed 7's 2x4 ViT
+under AutoParallel's memory cap, whose 4.4% gap is the cap's (split 191 s, whole 47 s;
+docs/graph-plans.md, "Measured")."""
 
 SPLIT_SHARED_COSTS = 3
 """Most shared costs the problem is split on (2^k LP relaxations): one per mesh axis and one
@@ -88,6 +94,9 @@ class LpRelaxation:
     """reduced_costs[v][i]: an assignment where node v takes i costs at least bound + it."""
     values: list[np.ndarray]
     """values[v][i]: the LP solution's x_{v,i}."""
+    shared: np.ndarray
+    """shared[n]: the LP solution's share of shared cost n paid (1 in any assignment that
+    triggers it)."""
 
 
 def dual_bound(objective: np.ndarray, rows: np.ndarray, columns: np.ndarray,
@@ -137,7 +146,9 @@ def lp_relaxation(problem: AssignmentProblem, time_limit_s: float) -> LpRelaxati
     return LpRelaxation(
         (bound + model.objective_offset) / scale,
         [np.array([reduced[var.index()] for var in vars_v]) / scale for vars_v in x],
-        [np.array([var.solution_value() for var in vars_v]) for vars_v in x])
+        [np.array([var.solution_value() for var in vars_v]) for vars_v in x],
+        np.array([solver.LookupVariable(f"shared{n}").solution_value()
+                  for n in range(len(problem.shared_costs))]))
 
 
 def solve_with_fixing(problem: AssignmentProblem, time_limit_s: float = 30.0,
@@ -155,13 +166,21 @@ def solve_with_fixing(problem: AssignmentProblem, time_limit_s: float = 30.0,
     incumbent = _rens(problem, relaxation, greedy, deadline, backend)
     if incumbent is None:
         return _exact(problem, _left(deadline), backend, greedy)
-    ceiling = evaluate(problem, incumbent)
     if (0 < len(problem.shared_costs) <= SPLIT_SHARED_COSTS
-            and ceiling - relaxation.bound > SPLIT_GAP * abs(ceiling)):
+            and _underpaid(problem, relaxation, incumbent)
+            > SPLIT_GAP * abs(evaluate(problem, incumbent))):
         solved = _split(problem, incumbent, deadline, backend)
     else:
         solved = _fixed(problem, relaxation, incumbent, math.inf, deadline, backend)
     return replace(solved, solve_time_s=time.perf_counter() - start)
+
+
+def _underpaid(problem: AssignmentProblem, relaxation: LpRelaxation,
+               incumbent: list[int]) -> float:
+    """How much less than `incumbent` the LP solution pays for the shared costs the
+    incumbent triggers."""
+    return sum(shared.cost * (1.0 - paid) for shared, paid, hit in zip(
+        problem.shared_costs, relaxation.shared, triggered(problem, incumbent)) if hit)
 
 
 def _rens(problem: AssignmentProblem, relaxation: LpRelaxation, greedy: list[int],
@@ -209,7 +228,7 @@ def _split(problem: AssignmentProblem, incumbent: list[int], deadline: float,
     each one's LP relaxation first, then, cheapest bound first, the narrowed ILP of those
     whose bound and up-front costs stay under the best objective found so far."""
     start = time.perf_counter()
-    best, ceiling = incumbent, evaluate(problem, incumbent)
+    best, ceiling, found_by = incumbent, evaluate(problem, incumbent), "ILP"
     paid_sets = bucket_split.paid_sets(problem)
     decided = [bucket_split.decided(problem, paid, penalty=ceiling) for paid in paid_sets]
     greedy = [solve_greedy(part) for part in decided]
@@ -233,13 +252,13 @@ def _split(problem: AssignmentProblem, incumbent: list[int], deadline: float,
             continue
         total = evaluate(problem, solved.choices)
         if total < ceiling:
-            best, ceiling = solved.choices, total
+            best, ceiling, found_by = solved.choices, total, solved.solver
         if solved.status != "OPTIMAL":
             floors.append(max(floor, upfront + solved.objective * (1 - solved.gap)))
     bound = min([ceiling, *floors])
     gap = 0.0 if ceiling <= 0 else max(0.0, (ceiling - bound) / ceiling)
     return Assignment(best, ceiling, gap, "OPTIMAL" if gap <= RELATIVE_GAP else "FEASIBLE",
-                      time.perf_counter() - start, "ILP")
+                      time.perf_counter() - start, found_by)
 
 
 def _relaxations(problems: list[AssignmentProblem],

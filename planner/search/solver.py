@@ -128,14 +128,19 @@ def evaluate(problem: AssignmentProblem, choices: list[int]) -> float:
     """Total cost of an assignment."""
     cost = sum(float(c[i]) for c, i in zip(problem.node_costs, choices))
     cost += sum(float(m[choices[u], choices[v]]) for u, v, m in problem.edges)
-    for shared in problem.shared_costs:
-        by_node = any(choices[v] == i for v, i in shared.node_triggers)
-        by_edge = any(
-            choices[problem.edges[k][0]] == i and choices[problem.edges[k][1]] == j
-            for k, i, j in shared.edge_triggers
-        )
-        cost += shared.cost if by_node or by_edge else 0.0
+    cost += sum(shared.cost for shared, paid in zip(problem.shared_costs,
+                                                    triggered(problem, choices)) if paid)
     return cost + sum(read.cost(choices) for read in problem.reads)
+
+
+def triggered(problem: AssignmentProblem, choices: list[int]) -> list[bool]:
+    """For each shared cost of the problem: whether the assignment triggers it."""
+    return [
+        any(choices[v] == i for v, i in shared.node_triggers)
+        or any(choices[problem.edges[k][0]] == i and choices[problem.edges[k][1]] == j
+               for k, i, j in shared.edge_triggers)
+        for shared in problem.shared_costs
+    ]
 
 
 def memory_of(problem: AssignmentProblem, choices: list[int]) -> float:
