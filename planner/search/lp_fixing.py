@@ -44,7 +44,7 @@ from planner.search.forked_call import BothEnds, start_forked
 from planner.search.presolve import restrict
 from planner.search.solver import (
     RELATIVE_GAP, Assignment, AssignmentProblem, InfeasibleError, build_model, capped,
-    cost_scale, evaluate, memory_of, solve_greedy, solve_ilp, triggered,
+    cost_scale, evaluate, memory_of, shared_variable, solve_greedy, solve_ilp, triggered,
 )
 
 SUPPORT = 1e-4
@@ -147,7 +147,7 @@ def lp_relaxation(problem: AssignmentProblem, time_limit_s: float) -> LpRelaxati
         (bound + model.objective_offset) / scale,
         [np.array([reduced[var.index()] for var in vars_v]) / scale for vars_v in x],
         [np.array([var.solution_value() for var in vars_v]) for vars_v in x],
-        np.array([solver.LookupVariable(f"shared{n}").solution_value()
+        np.array([solver.LookupVariable(shared_variable(n)).solution_value()
                   for n in range(len(problem.shared_costs))]))
 
 

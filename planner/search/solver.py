@@ -321,7 +321,8 @@ def build_model(solver, problem: AssignmentProblem, scale: float, integral: bool
     for n, read in enumerate(problem.reads):
         _add_read(solver, objective, n, x, read, scale)
     for n, shared in enumerate(problem.shared_costs):
-        y = solver.BoolVar(f"shared{n}") if integral else solver.NumVar(0.0, 1.0, f"shared{n}")
+        name = shared_variable(n)
+        y = solver.BoolVar(name) if integral else solver.NumVar(0.0, 1.0, name)
         for v, i in shared.node_triggers:
             _constraint(solver, 0.0, math.inf, [(y, 1.0), (x[v][i], -1.0)])
         for k, i, j in shared.edge_triggers:
@@ -351,6 +352,11 @@ def build_model(solver, problem: AssignmentProblem, scale: float, integral: bool
         ])
     objective.SetMinimization()
     return x
+
+
+def shared_variable(n: int) -> str:
+    """The name `build_model` gives shared cost n's variable (paid: 1, or its LP share)."""
+    return f"shared{n}"
 
 
 def capped(problem: AssignmentProblem, incumbent: list[int]) -> AssignmentProblem:
