@@ -22,11 +22,12 @@ any optimum. So, before `solver.solve_ilp`:
 
 The exact ILP (SCIP's, HiGHS's from `HIGHS_FROM` variables) then solves what is left from
 the incumbent, and its optimum is the problem's; where the incumbent is already within the
-solver's gap of the bound, it is the answer. Where the bound is more than `SPLIT_GAP` under
-the incumbent, the gap is the shared costs' (a bucket's latency paid in part by a fractional
-solution): the problem is split on which of them are paid (`bucket_split`), and steps 1-4
-run on each part whose bound can still beat the best assignment found. What fixing keeps
-and saves on benchmarks/vs_autoparallel.py's family: docs/graph-plans.md, "Measured".
+solver's gap of the bound, it is the answer. Where the LP solution pays for the shared costs
+the incumbent triggers `SPLIT_GAP` of its objective less than it does (a bucket's latency
+paid in part by a fractional solution), the problem is split on which of them are paid
+(`bucket_split`), and steps 1-4 run on each part whose bound can still beat the best
+assignment found. What fixing keeps and saves on benchmarks/vs_autoparallel.py's family:
+docs/graph-plans.md, "Measured".
 """
 
 from __future__ import annotations
