@@ -162,8 +162,6 @@ def solve_with_fixing(problem: AssignmentProblem, time_limit_s: float = 30.0,
     deadline = start + time_limit_s
     greedy = solve_greedy(problem)
     relaxation = lp_relaxation(capped(problem, greedy), time_limit_s * LP_SHARE)
-    if relaxation is None or not math.isfinite(relaxation.bound):
-        return _exact(problem, _left(deadline), backend, greedy)
     incumbent = _rens(problem, relaxation, greedy, deadline, backend)
     if incumbent is None:
         return _exact(problem, _left(deadline), backend, greedy)
@@ -184,10 +182,13 @@ def _underpaid(problem: AssignmentProblem, relaxation: LpRelaxation,
         problem.shared_costs, relaxation.shared, triggered(problem, incumbent)) if hit)
 
 
-def _rens(problem: AssignmentProblem, relaxation: LpRelaxation, greedy: list[int],
+def _rens(problem: AssignmentProblem, relaxation: LpRelaxation | None, greedy: list[int],
           deadline: float, backend: str) -> list[int] | None:
     """The better of `greedy` (where it fits the memory limit) and the optimum of the
-    choices the LP solution takes or prices near its bound (RENS); None if neither."""
+    choices the LP solution takes or prices near its bound (RENS); None if neither, or
+    where the LP found no bound (nothing to narrow by)."""
+    if relaxation is None or not math.isfinite(relaxation.bound):
+        return None
     incumbent = greedy if memory_of(problem, greedy) <= problem.memory_limit else None
     near = SUPPORT * abs(relaxation.bound)
     support = [_with(np.flatnonzero((x > TAKEN) | (r <= near)), i)
@@ -208,10 +209,10 @@ def _fixed(problem: AssignmentProblem, relaxation: LpRelaxation, incumbent: list
     """The exact ILP on the choices whose reduced costs leave them under the better of
     `incumbent`'s objective and `ceiling` (an objective known elsewhere to be reached)."""
     start = time.perf_counter()
-    ceiling = min(ceiling, evaluate(problem, incumbent))
+    objective = evaluate(problem, incumbent)
+    ceiling = min(ceiling, objective)
     if ceiling - relaxation.bound <= RELATIVE_GAP * abs(ceiling):  # proven by the bound
-        return Assignment(incumbent, evaluate(problem, incumbent), 0.0, "OPTIMAL",
-                          time.perf_counter() - start)
+        return Assignment(incumbent, objective, 0.0, "OPTIMAL", time.perf_counter() - start)
     slack = ceiling - relaxation.bound + 1e-9 * abs(ceiling)
     kept = [_with(np.flatnonzero(r <= slack), i)
             for r, i in zip(relaxation.reduced_costs, incumbent)]
@@ -234,29 +235,25 @@ def _split(problem: AssignmentProblem, incumbent: list[int], deadline: float,
     decided = [bucket_split.decided(problem, paid, penalty=ceiling) for paid in paid_sets]
     greedy = [solve_greedy(part) for part in decided]
     relaxations = _relaxations([capped(p, g) for p, g in zip(decided, greedy)], deadline)
-    parts = [(bucket_split.upfront(problem, paid) + (-math.inf if r is None else r.bound),
-              paid, part, r, g)
-             for paid, part, r, g in zip(paid_sets, decided, relaxations, greedy)]
-    floors = []  # lower bounds of the parts not solved to optimality
-    for floor, paid, part, relaxation, greedy in sorted(parts, key=lambda p: p[0]):
-        if floor >= ceiling - RELATIVE_GAP * abs(ceiling):
+    upfront = [bucket_split.upfront(problem, paid) for paid in paid_sets]
+    floors = [u + (-math.inf if r is None else r.bound) for u, r in zip(upfront, relaxations)]
+    unproven = []  # lower bounds of the parts not solved to optimality
+    for n in sorted(range(len(paid_sets)), key=floors.__getitem__):
+        if floors[n] >= ceiling - RELATIVE_GAP * abs(ceiling):
             break  # this part and every later one cost at least the best found
-        upfront = bucket_split.upfront(problem, paid)
+        part, relaxation = decided[n], relaxations[n]
         try:
-            if relaxation is None or not math.isfinite(relaxation.bound):
-                solved = _exact(part, _left(deadline), backend, greedy)
-            else:
-                own = _rens(part, relaxation, greedy, deadline, backend)
-                solved = (_exact(part, _left(deadline), backend, greedy) if own is None else
-                          _fixed(part, relaxation, own, ceiling - upfront, deadline, backend))
+            own = _rens(part, relaxation, greedy[n], deadline, backend)
+            solved = (_exact(part, _left(deadline), backend, greedy[n]) if own is None else
+                      _fixed(part, relaxation, own, ceiling - upfront[n], deadline, backend))
         except InfeasibleError:  # no assignment of this part fits the memory limit
             continue
         total = evaluate(problem, solved.choices)
         if total < ceiling:
             best, ceiling, found_by = solved.choices, total, solved.solver
         if solved.status != "OPTIMAL":
-            floors.append(max(floor, upfront + solved.objective * (1 - solved.gap)))
-    bound = min([ceiling, *floors])
+            unproven.append(max(floors[n], upfront[n] + solved.objective * (1 - solved.gap)))
+    bound = min([ceiling, *unproven])
     gap = 0.0 if ceiling <= 0 else max(0.0, (ceiling - bound) / ceiling)
     return Assignment(best, ceiling, gap, "OPTIMAL" if gap <= RELATIVE_GAP else "FEASIBLE",
                       time.perf_counter() - start, found_by)
