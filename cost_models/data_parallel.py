@@ -21,16 +21,20 @@ DDP_BUCKET_PARAMETERS_PER_RANK = 1_000_000
 
 def data_parallel_comm(
     params: float, parallel: ParallelConfig, cluster: Cluster, kernels: Pass, layers: int,
-    replayed: int, block_params: float | None = None,
+    replayed: int, block_params: float | None = None, trained: float | None = None,
 ) -> float:
     """Exposed gradient reduction (and weight gathering) of a stage whose ranks hold
     `params` parameters, `layers` layers of `kernels` each (of `block_params` parameters;
     default an even share), `replayed` of them recomputed in backward: what bucketed
     overlap with the last backward (and the next forward) leaves exposed, or under
-    TorchTitan's FSDP2 what its per-block overlap leaves (`fsdp2_comm`)."""
+    TorchTitan's FSDP2 what its per-block overlap leaves (`fsdp2_comm`). `trained`: the
+    parameters with gradients (default all; a LoRA stage's adapters), the only ones
+    reduced and, once updated, gathered; ZeRO-3 gathers every parameter each pass."""
     if parallel.execution.engine == "torchtitan" and parallel.sharding.zero_stage == 3:
         block = params / max(layers, 1) if block_params is None else block_params
-        return fsdp2_comm(params, block, parallel, cluster, kernels, layers, replayed)
+        return fsdp2_comm(params, block, parallel, cluster, kernels, layers, replayed,
+                          1.0 if trained is None else trained / max(params, 1.0))
+    all_params, params = params, params if trained is None else trained
     d = parallel.dims.data
     if d == 1:
         return 0.0
@@ -57,7 +61,7 @@ def data_parallel_comm(
         # gathers in all, as `cost_models.training_collectives` counts them. FSDP
         # prefetches them beside the compute, as bucketed reduction does.
         reduce += parallel.num_micro_batches * group_collective_time(
-            "all_gather", params * element.params, d, stride, cluster
+            "all_gather", all_params * element.params, d, stride, cluster
         )
     slowdown = cluster.device.efficiency.overlap_slowdown
     if parallel.overlap.overlap_grad_reduce:
@@ -81,7 +85,7 @@ def hidden(seconds: float, window: float, tail: float, slowdown: float) -> float
 
 def fsdp2_comm(
     params: float, block_params: float, parallel: ParallelConfig, cluster: Cluster,
-    kernels: Pass, layers: int, replayed: int,
+    kernels: Pass, layers: int, replayed: int, trained_share: float = 1.0,
 ) -> float:
     """Exposed time of FSDP2's collectives in a TorchTitan step, and of the copies it runs on
     the compute stream (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py and
@@ -120,6 +124,7 @@ def fsdp2_comm(
         return group_collective_time("all_gather", n * gathered, group, stride, cluster)
 
     def reduce(n: float) -> float:  # with its copy-in of the bf16 gradients
+        n *= trained_share  # only trained parameters have gradients
         return group_collective_time("reduce_scatter", n * reduced, group, stride, cluster) \
             + n * (2 + reduced) / bandwidth
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from cost_models import memory
+from cost_models.adapters import NF4_BYTES, layer_split
 from cost_models.saved_activations import activation_element_bytes, layer_shape
 from planner.models.config import TransformerConfig
 from planner.vocabulary.parallel import ParallelConfig
@@ -80,6 +81,33 @@ def model_state(
         gradients=dense.gradients + kinds["gradients"],
         optimizer=dense.optimizer + kinds["optimizer"],
         experts=(kinds["weights"], kinds["gradients"], kinds["optimizer"])), gathered
+
+
+def adapter_state(
+    model: TransformerConfig, params: float, layers: int, parallel: ParallelConfig,
+    expert_params: float = 0.0,
+) -> tuple[memory.ModelStateBytes, float]:
+    """`model_state` of a LoRA or QLoRA stage (`cost_models.adapters`): its `layers`
+    layers' adapters trained under the engine's rules, and the frozen base (`params` and
+    `expert_params` of it on this GPU) held as 16-bit weights, or under QLoRA the adapted
+    linears' weights in NF4, with no gradient and no optimizer state; ZeRO-3 (FSDP2)
+    shards the frozen base too."""
+    adapted, adapters, expert_adapted, expert_adapters = layer_split(model, parallel)
+    trained, gathered = model_state(layers * adapters, 0.0, 0.0, parallel,
+                                    layers * expert_adapters)
+    base = activation_element_bytes(parallel.numerics.precision)
+    weights = base * (params + expert_params)
+    if parallel.finetuning.finetune == "qlora":
+        quantized = layers * (adapted + expert_adapted)
+        weights -= (base - NF4_BYTES) * quantized
+        # Each linear's base is dequantized to 16 bits for its matmul, one at a time: the
+        # largest, an MLP projection, is about a third of a layer's adapted weights.
+        gathered += base * max(adapted, expert_adapted) / 3
+    if parallel.sharding.zero_stage == 3:
+        weights /= parallel.dims.data * parallel.dims.context
+    return memory.ModelStateBytes(
+        weights=weights + trained.weights, gradients=trained.gradients,
+        optimizer=trained.optimizer, experts=trained.experts, frozen=weights), gathered
 
 
 @lru_cache(maxsize=4096)

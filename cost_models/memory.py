@@ -16,6 +16,10 @@ Every function is pure arithmetic on plain numbers. A plan whose `MemoryBreakdow
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cost_models.offload import OffloadBytes
 
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 
@@ -44,6 +48,8 @@ class ModelStateBytes:
     """fp32 master weights plus Adam's two moments (K = 12 bytes per parameter)."""
     experts: tuple[float, float, float] = (0.0, 0.0, 0.0)
     """Of the weights, gradients and optimizer state, the routed experts' bytes."""
+    frozen: float = 0.0
+    """Of the weights, those of a frozen base (LoRA, QLoRA), trained by no one."""
     total: float = field(init=False)
     """weights + gradients + optimizer."""
 
@@ -150,6 +156,15 @@ class MemoryBreakdown:
     counted them."""
     expert_state: tuple[float, float, float] = (0.0, 0.0, 0.0)
     """Of the weights, gradients and optimizer state, the routed experts' bytes."""
+    frozen: float = 0.0
+    """Of the weights, a frozen base's (LoRA, QLoRA): the rest are the adapters'."""
+    host: float = 0.0
+    """Host memory this GPU's offloaded state and activations take (`cost_models.offload`);
+    not part of `total`."""
+    nvme: float = 0.0
+    """NVMe capacity its offloaded state takes; not part of `total`."""
+    offloaded: OffloadBytes | None = None
+    """What its offload keeps off the GPU and moves per step, or None."""
     total: float = field(init=False)
     """Everything that must fit: the allocated peak and the memory outside the allocator."""
 
@@ -188,6 +203,11 @@ def breakdown_gib(peak: MemoryBreakdown, by_kind: bool = True) -> dict[str, floa
         ("optimizer", peak.optimizer))}
     if any(peak.expert_state):
         parts |= {f"experts' {kind}": bytes_ for kind, bytes_ in experts.items()}
+    if peak.frozen:
+        parts = {"frozen weights": peak.frozen,
+                 "adapters": parts.pop("weights") - peak.frozen,
+                 **{f"adapters' {kind}": parts.pop(kind) for kind in ("gradients", "optimizer")},
+                 **parts}
     if peak.activation_kinds and by_kind:
         parts |= {f"activations: {kind}": bytes_ for kind, bytes_ in peak.activation_kinds}
     else:

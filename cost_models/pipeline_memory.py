@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from cost_models import engine_memory, graph_pool, memory, pipeline_schedule
+from cost_models import engine_memory, graph_pool, memory, offload, pipeline_schedule
+from cost_models.adapters import adapters_trained, layer_split
 from cost_models.saved_activations import (
     checkpoint_bytes,
     saved_per_layer,
@@ -144,8 +145,9 @@ def fits_memory(
     pricing its time: a search's first question, as most layouts it tries do not fit."""
     parallel = parallel.resolve(cluster.num_devices)
     stages = uniform_stages(model, parallel, layers_per_stage)
-    return stages_peak_memory(model, cluster, parallel, stages, flash_attention).fits(
-        cluster.usable_memory_bytes)
+    peak = stages_peak_memory(model, cluster, parallel, stages, flash_attention)
+    return peak.fits(cluster.usable_memory_bytes) and offload.host_fits(
+        peak.host, peak.nvme, cluster)
 
 
 def uniform_stages(
@@ -220,10 +222,25 @@ def stage_memory(
     layers' activations, by the rules of the engine that runs it
     (`cost_models.engine_memory`, `cost_models.saved_activations`)."""
     other, expert = layer_parameters(model, parallel)
-    state, gathered = engine_memory.model_state(
-        params, other + expert, max(params - layers * other, 0), parallel, expert_params)
+    if adapters_trained(parallel.finetuning):
+        state, gathered = engine_memory.adapter_state(model, params, layers, parallel,
+                                                      expert_params)
+    else:
+        state, gathered = engine_memory.model_state(
+            params, other + expert, max(params - layers * other, 0), parallel, expert_params)
     kinds, working = stage_activations(model, parallel, layers, index, num_stages,
                                        num_micro_batches, flash)
+    host = nvme = 0.0
+    moved_bytes = None
+    if offload.offloads(parallel):
+        in_flight = pipeline_schedule.in_flight(
+            parallel.pipelining.schedule, num_stages, index, num_micro_batches,
+            parallel.pipelining.virtual_pipeline)
+        state, gathered, kinds, moved = _offloaded(
+            model, parallel, state, gathered, kinds, layers, params + expert_params,
+            in_flight)
+        host, nvme = moved.host_bytes, moved.nvme_bytes
+        moved_bytes = moved
     activations = sum(kinds.values())
     pool = 0.0
     if graph_pool.graphed(parallel):
@@ -241,7 +258,48 @@ def stage_memory(
         graph_pool=pool,
         activation_kinds=tuple(kinds.items()),
         expert_state=state.experts,
+        frozen=state.frozen,
+        host=host,
+        nvme=nvme,
+        offloaded=moved_bytes,
     )
+
+
+def _offloaded(
+    model: TransformerConfig, parallel: ParallelConfig, state: memory.ModelStateBytes,
+    gathered: float, kinds: dict[str, float], layers: int, params: float, in_flight: int,
+) -> tuple[memory.ModelStateBytes, float, dict[str, float], offload.OffloadBytes]:
+    """One GPU's state, working buffers and kept activations with what `parallel` offloads
+    taken off it (`cost_models.offload`), and what goes to the host and NVMe."""
+    shards = parallel.dims.data * parallel.dims.context
+    trained = params if not adapters_trained(parallel.finetuning) else \
+        layers * sum(layer_split(model, parallel)[1::2])
+    owned = trained / shards if parallel.sharding.zero_stage >= 1 else trained
+    per_layer = sum(kinds.values()) / max(layers * in_flight, 1)
+    stage = offload.StageState(
+        optimizer_parameters=owned, optimizer_bytes=state.optimizer,
+        gradient_bytes=state.gradients, weight_shard_bytes=state.weights,
+        activation_bytes_per_layer=per_layer, layers=layers)
+    moved = offload.offload_bytes(stage, parallel, in_flight)
+    config = parallel.offload
+    f = config.optimizer_offload_fraction if config.offload_optimizer != "none" else 0.0
+    keep_grads = 1 - f if parallel.sharding.zero_stage >= 2 else 1.0
+    weights = state.weights
+    if config.offload_params != "none":
+        # Only the layer computing and the one prefetched are on the GPU, gathered (the
+        # torchtitan engine's FSDP2 rules count its gathered blocks already).
+        weights = 0.0
+        if parallel.execution.engine != "torchtitan":
+            gathered += 2 * state.weights * shards / max(layers, 1)
+    offloaded = min(config.offload_activation_layers, layers)
+    if offloaded:
+        # The offloaded layers' activations leave but for one layer's staging buffer.
+        share = 1 - (offloaded - 1) / layers if offloaded < layers else 1 / layers
+        kinds = {kind: bytes_ * share for kind, bytes_ in kinds.items()}
+    return memory.ModelStateBytes(
+        weights=weights, gradients=state.gradients * keep_grads,
+        optimizer=state.optimizer * (1 - f), experts=state.experts,
+        frozen=state.frozen if weights else 0.0), gathered, kinds, moved
 
 
 def stage_activations(

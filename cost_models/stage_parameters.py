@@ -16,6 +16,9 @@ context-parallel ones, which see other tokens), padding dim 0 to a multiple of t
 dim already split by tensor parallelism is split again, which DTensor writes as a strided
 shard (`_S(0,t)`). ZeRO-0 keeps parameters whole on every data-parallel rank. Experts
 under expert parallelism are left out of ZeRO: each lives on one rank of its expert group.
+
+A frozen parameter (the base under LoRA and QLoRA, `cost_models.finetuned_parameters`)
+holds no gradient and no optimizer state, and may be stored in fewer bytes (QLoRA's NF4).
 """
 
 from __future__ import annotations
@@ -42,6 +45,11 @@ class ParameterLayout:
     final norm, head)."""
     expert: int | None = None
     """The expert index, for an expert's parameter."""
+    frozen: bool = False
+    """Not trained (the base under LoRA): no gradient, no optimizer state."""
+    element_bytes: float | None = None
+    """Bytes an element is stored in where not the training precision's (QLoRA's NF4
+    base, `cost_models.adapters.NF4_BYTES`)."""
 
 
 _CHUNKS: IdentityMemo[list[ParameterLayout]] = IdentityMemo(1024)
@@ -85,6 +93,11 @@ def _chunk_parameters(
             out += _layer(model, group + ".block", model.mtp_kind(), group)
             out += _norm(model, group + ".final_norm", group)
     return out
+
+
+def layer_parameter_layouts(model: TransformerConfig, kind: LayerKind) -> list[ParameterLayout]:
+    """The parameters of one layer of `kind` (named ``layers.0.``)."""
+    return _layer(model, "layers.0", kind)
 
 
 def _layer(
@@ -234,15 +247,23 @@ def rank_state_bytes(
 ) -> tuple[int, int, int]:
     """(parameters, gradients, optimizer state) bytes the first rank of a stage holds
     during a step: parameters gathered over the data axis but under ZeRO-3, gradients
-    sharded from ZeRO-2, optimizer state from ZeRO-1; of the experts, one rank's share."""
+    sharded from ZeRO-2, optimizer state from ZeRO-1; of the experts, one rank's share;
+    a frozen parameter only its own bytes (in NF4 where it is stored so)."""
     mine = (num_experts or 0) // expert_parallel
     totals = [0, 0, 0]
+    packed = 0.0  # weights stored in a fraction of a byte per element (NF4)
     for p in params:
         if p.expert is not None and p.expert >= mine:
             continue  # another expert-parallel rank's expert (equal shapes: same bytes)
         whole = math.prod(local_shape(p, tensor, 1, 0, expert_parallel))
         shard = math.prod(local_shape(p, tensor, data_shards, zero_stage, expert_parallel))
-        totals[0] += (shard if zero_stage >= 3 else whole) * element.params
+        stored = shard if zero_stage >= 3 else whole
+        if p.element_bytes is None:
+            totals[0] += stored * element.params
+        else:
+            packed += stored * p.element_bytes
+        if p.frozen:
+            continue
         totals[1] += (shard if zero_stage >= 2 else whole) * element.grads
         totals[2] += (shard if zero_stage >= 1 else whole) * element.optimizer
-    return totals[0], totals[1], totals[2]
+    return totals[0] + math.ceil(packed), totals[1], totals[2]

@@ -35,8 +35,11 @@ from cost_models.identity_memo import IdentityMemo
 from cost_models import engine_memory, memory
 from cost_models.comm import group_collective_time
 from cost_models.data_parallel import data_parallel_comm, hidden
+from cost_models.offload import host_fits, offload_time
+from cost_models import adapters
+from cost_models.adapters import adapter_ops, adapters_trained, layer_split
 from planner.vocabulary.efficiency import Efficiency
-from cost_models.kernel_time import Pass, pass_seconds
+from cost_models.kernel_time import Pass, pass_seconds, weight_gradient_seconds
 from cost_models.layer_mix import layer_variants
 from cost_models.model_flops import MODEL_FLOPS_COUNT, model_flops_utilization, step_flops
 from cost_models.pipeline_timing import StagePhases, pipeline_time
@@ -126,6 +129,15 @@ class StepPrediction:
     memory_breakdown_gib: dict[str, float] = field(default_factory=dict)
     """The fullest GPU's peak by kind, in GiB: weights, gradients, optimizer, activations
     by kind, working buffers, memory outside the allocator."""
+    offload_s: float = 0.0
+    """What offload adds (`cost_models.offload`): the CPU's Adam step, NVMe swaps, and
+    the copies compute does not hide."""
+    host_memory_gib_per_host: float = 0.0
+    """Host memory the offloaded state and activations of one host's GPUs take, GiB."""
+    nvme_gb_per_step: float = 0.0
+    """Bytes one host reads from and writes to NVMe per step, GB."""
+    pcie_gb_per_step: float = 0.0
+    """Bytes one GPU moves over its host link per step, both directions, GB."""
     flops_count: str = MODEL_FLOPS_COUNT
     """How `model_tflops_per_gpu` and `mfu` count FLOPs (`model_flops.MODEL_FLOPS_COUNT`)."""
 
@@ -187,7 +199,8 @@ def _layer_knobs(parallel: ParallelConfig) -> tuple:
     dims = parallel.dims
     return (dims.tensor, dims.context, dims.expert, dims.expert_tensor,
             parallel.batch.micro_batch_size, parallel.recomputation, parallel.numerics,
-            parallel.sharding, parallel.overlap, parallel.execution, parallel.moe)
+            parallel.sharding, parallel.overlap, parallel.execution, parallel.moe,
+            parallel.finetuning)
 
 
 def _layer_pass(
@@ -252,6 +265,18 @@ def _price_layer(
         eff = eff.model_copy(update={"attention": eff.attention * eff.sink_attention})
     forward = pass_seconds(ops, device, eff, precision, graphed=graphed)
     backward = pass_seconds(ops, device, eff, precision, backward=True, graphed=graphed)
+    if adapters_trained(parallel.finetuning):
+        # A frozen base computes no weight gradients; the adapters (and QLoRA's
+        # dequantization of each base weight before its matmuls) run beside it.
+        backward -= sum(weight_gradient_seconds(op, device, eff, precision)
+                        for op in projections(ops))
+        extra = adapter_ops(model, parallel, seq)
+        dequantize = pass_seconds(extra.dequantize, device, eff, precision, graphed=graphed)
+        scale = adapters.ADAPTER_TIME_SCALE
+        forward += scale * pass_seconds(extra.matmuls, device, eff, precision,
+                                        graphed=graphed) + dequantize
+        backward += scale * pass_seconds(extra.matmuls, device, eff, precision, backward=True,
+                                         graphed=graphed) + dequantize
     # Selective recomputation replays the attention core in Megatron-LM (and Tessel's
     # runtime); TorchTitan's op-level checkpointing replays every other matmul and the
     # memory-bound kernels instead.
@@ -341,6 +366,7 @@ def rank_layout(
         expert_dispatcher="allgather" if parallel.moe.moe_token_dispatcher == "allgather"
         else "alltoall",
         gradient_bytes=MAIN_GRAD_BYTES,
+        finetuning=parallel.finetuning,
     )
 
 
@@ -404,22 +430,33 @@ def predict_stages(
     pipeline_s, slowest = pipeline.seconds, pipeline.slowest
 
     params = stage_parameters(model, stages, parallel)
+    trained = [trained_parameters(model, local[i][0], params[i], stages[i].layers)
+               for i in range(p)]
     reductions = {(params[i], id(local[i][0]), stages[i].layers): i for i in range(p)}
     data_s = max(
         data_parallel_comm(params[i], local[i][0], cluster, local[i][1], stages[i].layers,
                            recomputed_layers(parallel, stages[i].layers),
-                           sum(layer_parameters(model, local[i][0])))
+                           sum(layer_parameters(model, local[i][0])), trained[i])
         for i in reductions.values()
     )
-    optimizer_s = max(
-        params[i] / (stages[i].data if parallel.sharding.zero_stage >= 1 else 1)
+    offload = parallel.offload
+    on_gpu = 1 - offload.optimizer_offload_fraction \
+        if offload.offload_optimizer != "none" else 1.0
+    optimizer_s = on_gpu * max(
+        trained[i] / (stages[i].data if parallel.sharding.zero_stage >= 1 else 1)
         for i in range(p)
     ) * ADAM_BYTES_PER_PARAMETER / (device.memory_bandwidth_gbs * 1e9 * eff.memory)
-    step = pipeline_s + data_s + optimizer_s
 
     replays = sum(recomputed_layers(parallel, stage.layers) for stage in stages)
     model_flops, hardware_flops = step_flops(model, parallel, replays)
     worst_memory = stages_peak_memory(model, cluster, parallel, stages, flash_attention)
+    offload_s = 0.0
+    moved = worst_memory.offloaded
+    if moved is not None:
+        offload_s = max(
+            offload_time(moved, parallel, cluster, m, phases[i].forward, phases[i].backward,
+                         stages[i].layers).total for i in range(p))
+    step = pipeline_s + data_s + optimizer_s + offload_s
     return StepPrediction(
         step_time_s=step,
         compute_s=m * compute[slowest],
@@ -434,11 +471,28 @@ def predict_stages(
         mfu=model_flops_utilization(model_flops, step, num_gpus, device,
                                     parallel.numerics.precision),
         memory_gib_per_gpu=worst_memory.total / 2**30,
-        fits=worst_memory.fits(cluster.usable_memory_bytes),
+        fits=worst_memory.fits(cluster.usable_memory_bytes)
+        and host_fits(worst_memory.host, worst_memory.nvme, cluster),
+        offload_s=offload_s,
+        host_memory_gib_per_host=worst_memory.host * min(
+            cluster.devices_per_host, num_gpus) / 2**30,
+        nvme_gb_per_step=0.0 if moved is None else min(cluster.devices_per_host, num_gpus)
+        * (moved.nvme_bytes_read(m) + moved.nvme_write) / 1e9,
+        pcie_gb_per_step=0.0 if moved is None else moved.pcie_bytes(m) / 1e9,
         reserved_gib_per_gpu=(worst_memory.reserved + worst_memory.reserve) / 2**30,
         reserved_fits=worst_memory.reserved_fits(cluster.usable_memory_bytes),
         memory_breakdown_gib=memory.breakdown_gib(worst_memory),
     )
+
+
+def trained_parameters(model: TransformerConfig, parallel: ParallelConfig, params: float,
+                       layers: int) -> float:
+    """Of the `params` one GPU of a stage of `layers` layers holds, those trained: all, or
+    under LoRA and QLoRA the adapters alone (`cost_models.adapters`)."""
+    if not adapters_trained(parallel.finetuning):
+        return params
+    _, adapters, _, expert_adapters = layer_split(model, parallel)
+    return layers * (adapters + expert_adapters)
 
 
 def stage_phases(

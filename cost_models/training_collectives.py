@@ -36,6 +36,16 @@ They follow the runtime (`runtime/`), which composes torch's pieces the Megatron
   bytes are the even-routing expectation, exact under forced balance). Expert gradients
   are all-reduced over the expert-data-parallel ranks, one bucket per MoE block.
 
+- LoRA and QLoRA (`runtime.adapters`): the base is frozen, so only the adapters'
+  gradients are reduced over the data-parallel ranks (a unit of only frozen parameters
+  reduces nothing), and the frozen norms', tied embedding's and QK norms' gradients are
+  not reduced at all. The adapter factor whole on every tensor rank (A beside a
+  column-parallel linear, B beside a row-parallel one) gets a partial gradient there,
+  which DTensor all-reduces over the tensor ranks: once per step where ZeRO's hooks
+  accumulate the gradients, else once per micro-batch. No gradient reaches the first
+  chunk's embedding output or its first layer's input, so their backward reductions are
+  not issued (nor, when only the MLP is adapted, that layer's attention output's).
+
 Bytes follow `runtime.comm_counter`: the larger of a collective's local input and output.
 """
 
@@ -45,14 +55,16 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
+from cost_models.adapters import adapters_trained
+from cost_models.finetuned_parameters import finetuned_chunk
 from cost_models.stage_parameters import (
     ParameterLayout,
-    chunk_parameters,
     local_shape,
     padded_numel,
     sharded_by_zero,
 )
 from planner.models.config import TransformerConfig
+from planner.vocabulary.parallel import Finetuning
 from planner.vocabulary.parallel_dims import ParallelDims
 
 SHAPE_AGREEMENT_BYTES = 4
@@ -78,6 +90,33 @@ class Collective:
 
 
 @dataclass(frozen=True)
+class GradientFlow:
+    """Which of a layer's activations a gradient reaches in backward: all of them, but
+    where only frozen parameters come before (under LoRA, the first chunk's first layer:
+    its input is the frozen embedding's output)."""
+
+    attention_input: bool = True
+    keys_values: bool = True
+    attention_output: bool = True
+    mlp_input: bool = True
+    mlp_output: bool = True
+
+
+ALL_GRADIENTS = GradientFlow()
+
+
+def first_layer_flow(targets: tuple[str, ...]) -> GradientFlow:
+    """The gradients of a first layer whose input needs none (LoRA over a frozen
+    embedding), with adapters beside the `targets` linears: from the attention's output
+    on where attention is adapted, else from the MLP's output."""
+    attention = bool({"linear_qkv", "linear_proj"} & set(targets))
+    mlp = bool({"linear_fc1", "linear_fc2"} & set(targets))
+    return GradientFlow(attention_input=False, keys_values="linear_qkv" in targets,
+                        attention_output=attention, mlp_input=attention,
+                        mlp_output=attention or mlp)
+
+
+@dataclass(frozen=True)
 class RankLayout:
     """What of a training plan decides one pipeline rank's collectives."""
 
@@ -98,6 +137,13 @@ class RankLayout:
     gradient_bytes: int = 4
     """Bytes of a gradient element as it is reduced (fp32 main gradients under mixed
     precision, as Megatron-LM reduces them)."""
+    finetuning: Finetuning = Finetuning()
+    """What is trained: every weight, or (LoRA, QLoRA) adapters over a frozen base."""
+
+    @property
+    def adapters(self) -> bool:
+        """Whether only adapters are trained, over a frozen base."""
+        return adapters_trained(self.finetuning)
 
     @property
     def tensor(self) -> int:
@@ -129,16 +175,20 @@ def rank_collectives(
     for c in mine:
         first_chunk, last_chunk = c == 0, c == last
         layers = layout.chunks[c]
-        params = chunk_parameters(model, layers, first_chunk, last_chunk)
+        params = finetuned_chunk(model, layers, first_chunk, last_chunk, layout.finetuning)
         held += params
         num_layers = layers[1] - layers[0]
         for index in range(*layers):  # dense and MoE layers apart
-            out += _scaled(layer_collectives(model.for_layer(kinds[index]), layout), m)
+            flow = ALL_GRADIENTS
+            if layout.adapters and first_chunk and index == layers[0]:
+                flow = first_layer_flow(layout.finetuning.lora_targets)
+            out += _scaled(layer_collectives(model.for_layer(kinds[index]), layout, flow), m)
         out += _scaled(end_collectives(model, layout, first_chunk, last_chunk), m)
         if last_chunk:
             out += _scaled(_mtp_collectives(model, layout), m)
-        if layout.tensor > 1 and layout.sequence_parallel:
+        if layout.tensor > 1 and layout.sequence_parallel and not layout.adapters:
             out += _norm_gradients(model, layout, num_layers, last_chunk)
+        out += _adapter_gradients(layout, params)
         out += _expert_gradients(model, layout, params)
         out += _pipeline(model, layout, c, pp_rank)
         out += _zero(layout, params)
@@ -147,11 +197,15 @@ def rank_collectives(
     return [c for c in out if c.count]
 
 
-def layer_collectives(model: TransformerConfig, layout: RankLayout) -> list[Collective]:
+def layer_collectives(
+    model: TransformerConfig, layout: RankLayout, flow: GradientFlow = ALL_GRADIENTS,
+) -> list[Collective]:
     """The tensor-, context- and expert-parallel collectives of one transformer layer for
     one micro-batch: phase forward, backward, or recompute (the forward rerun in
-    backward). What the step-time model prices per layer."""
-    return [*_layer_tensor_parallel(model, layout), *_layer_context_parallel(model, layout),
+    backward); the backward ones of the activations `flow` says a gradient reaches.
+    What the step-time model prices per layer."""
+    return [*_layer_tensor_parallel(model, layout, flow),
+            *_layer_context_parallel(model, layout, flow),
             *_layer_expert_dispatch(model, layout)]
 
 
@@ -167,7 +221,9 @@ def end_collectives(
     out = []
     if first:
         out.append(Collective("all_reduce", "tp", "forward", 1, hidden))
-        if sp:  # the embedding's output cut to sequence shards: backward all-gathers
+        if sp and not layout.adapters:
+            # The embedding's output cut to sequence shards: backward all-gathers (a
+            # frozen embedding's output gets no gradient).
             out.append(Collective("all_gather", "tp", "backward", 1, hidden))
     if last:
         logits = _tokens(model, layout) * model.vocab_size * layout.element_bytes
@@ -205,7 +261,9 @@ def _hidden_bytes(model: TransformerConfig, layout: RankLayout) -> int:
     return _tokens(model, layout) * model.hidden_size * layout.element_bytes
 
 
-def _layer_tensor_parallel(model: TransformerConfig, layout: RankLayout) -> list[Collective]:
+def _layer_tensor_parallel(
+    model: TransformerConfig, layout: RankLayout, flow: GradientFlow = ALL_GRADIENTS,
+) -> list[Collective]:
     if layout.tensor == 1:
         return []
     hidden = _hidden_bytes(model, layout)
@@ -214,12 +272,15 @@ def _layer_tensor_parallel(model: TransformerConfig, layout: RankLayout) -> list
     # reduced) once, its output reduced. Multi-latent attention reduces its latents'
     # gradients instead of its input's (runtime.stages.StageMLAttention).
     dense = 1 if model.is_moe else 2
-    reduced_inputs = dense - model.multi_latent_attention
+    reduced_inputs = (flow.attention_input and not model.multi_latent_attention) + \
+        (flow.mlp_input and not model.is_moe)
+    # Under sequence parallelism each output's reduce-scatter gathers its gradient back.
+    scattered_outputs = flow.attention_output + (flow.mlp_output and not model.is_moe)
     if sp:
         out = [Collective("all_gather", "tp", "forward", dense, hidden),
                Collective("reduce_scatter", "tp", "forward", dense, hidden),
                Collective("reduce_scatter", "tp", "backward", reduced_inputs, hidden),
-               Collective("all_gather", "tp", "backward", dense, hidden)]
+               Collective("all_gather", "tp", "backward", scattered_outputs, hidden)]
         if full:  # rerun: the block inputs' gathers and the attention output's scatter
             out += [Collective("all_gather", "tp", "recompute", dense, hidden),
                     Collective("reduce_scatter", "tp", "recompute", 1, hidden)]
@@ -248,15 +309,16 @@ def _layer_tensor_parallel(model: TransformerConfig, layout: RankLayout) -> list
         # a rank's tokens under even routing (exact under forced balance).
         rows = hidden * layout.expert if gathered else \
             hidden * model.moe_top_k * layout.expert // model.num_experts
+        grads = int(flow.mlp_input)  # the experts' inputs' gradients
         out += [Collective("all_reduce", "tp", "forward", experts, rows),
-                Collective("all_reduce", "tp", "backward", experts * inputs, rows)]
+                Collective("all_reduce", "tp", "backward", experts * inputs * grads, rows)]
         shared = 1 if model.moe_shared_expert_intermediate_size else 0
         # The shared expert the same way, on the rank's own tokens.
         out += [Collective("all_reduce", "tp", "forward", shared, hidden),
-                Collective("all_reduce", "tp", "backward", shared * inputs, hidden)]
+                Collective("all_reduce", "tp", "backward", shared * inputs * grads, hidden)]
         if sp:  # the MLP input gathered; its output cut to sequence shards (backward: gather)
             out += [Collective("all_gather", "tp", "forward", 1, hidden),
-                    Collective("all_gather", "tp", "backward", 1, hidden)]
+                    Collective("all_gather", "tp", "backward", int(flow.mlp_output), hidden)]
         if full:
             out += [Collective("all_reduce", "tp", "recompute", experts, rows),
                     Collective("all_reduce", "tp", "recompute", shared, hidden)]
@@ -296,6 +358,20 @@ def _norm_gradients(
     return [Collective("all_reduce", "tp", "backward", norms * per_norm * times, nbytes)]
 
 
+def _adapter_gradients(layout: RankLayout, params: list[ParameterLayout]) -> list[Collective]:
+    """Under tensor parallelism, the trained factors whole on every tensor rank (LoRA's A
+    beside a column-parallel linear, B beside a row-parallel one: `cost_models.adapters`)
+    get partial gradients, each rank's from its part of the linear: DTensor all-reduces
+    each one, once per step where ZeRO's hooks accumulate the gradients before they are
+    reduced, else once per micro-batch."""
+    if layout.tensor == 1 or not layout.adapters:
+        return []
+    times = 1 if layout.data * layout.context > 1 else layout.num_micro_batches
+    return [Collective("all_reduce", "tp", "gradient_sync", times,
+                       math.prod(p.shape) * layout.gradient_bytes)
+            for p in params if not p.frozen and p.tensor_dim is None]
+
+
 def _head_norm_gradients(
     model: TransformerConfig, layout: RankLayout, params: list[ParameterLayout]
 ) -> list[Collective]:
@@ -303,7 +379,8 @@ def _head_norm_gradients(
     gradients are reduced before them) are replicated over the tensor ranks, each of which
     normalizes only its heads: one all-reduce per step of all the rank's norms' gradients
     (after ZeRO's reduce-scatter: each rank's shards)."""
-    if layout.tensor == 1 or not model.qk_layernorm or model.multi_latent_attention:
+    if layout.tensor == 1 or not model.qk_layernorm or model.multi_latent_attention \
+            or layout.adapters:  # frozen under LoRA
         return []
     shards = layout.data * layout.context
     numel = sum(math.prod(local_shape(p, layout.tensor, shards, layout.zero_stage))
@@ -312,14 +389,16 @@ def _head_norm_gradients(
                        numel * layout.gradient_bytes)]
 
 
-def _layer_context_parallel(model: TransformerConfig, layout: RankLayout) -> list[Collective]:
+def _layer_context_parallel(
+    model: TransformerConfig, layout: RankLayout, flow: GradientFlow = ALL_GRADIENTS,
+) -> list[Collective]:
     if layout.context == 1:
         return []
     kv_heads = model.num_kv_heads // layout.tensor
     gathered = (layout.micro_batch_size * kv_heads * model.seq_length * model.head_dim
                 * layout.element_bytes)
     out = [Collective("all_gather", "cp", "forward", 2, gathered),
-           Collective("reduce_scatter", "cp", "backward", 2, gathered)]
+           Collective("reduce_scatter", "cp", "backward", 2 * flow.keys_values, gathered)]
     if layout.recompute == "full":
         out.append(Collective("all_gather", "cp", "recompute", 2, gathered))
     return out
@@ -366,6 +445,8 @@ def _expert_gradients(
     mine = model.num_experts // ep
     buckets: dict[str, int] = defaultdict(int)
     for p in params:
+        if p.frozen:
+            continue
         if p.expert is not None and p.expert < mine:  # equal shapes on every rank
             buckets[p.group] += math.prod(local_shape(p, layout.tensor, 1, 0))
     return [Collective("all_reduce", "edp", "gradient_sync", 1, n * layout.gradient_bytes)
@@ -425,15 +506,20 @@ def _zero(layout: RankLayout, params: list[ParameterLayout]) -> list[Collective]
             groups[p.group].append(p)
     out = []
     for members in groups.values():
+        # Only trained parameters' gradients are reduced (none, in a unit of frozen ones).
+        trained = [p for p in members if not p.frozen]
         if layout.zero_stage == 0:
-            numel = sum(math.prod(local_shape(p, layout.tensor, 1, 0)) for p in members)
-            out.append(Collective("all_reduce", "dp", "gradient_sync", 1, numel * g))
+            numel = sum(math.prod(local_shape(p, layout.tensor, 1, 0)) for p in trained)
+            out.append(Collective("all_reduce", "dp", "gradient_sync", int(bool(trained)),
+                                  numel * g))
             continue
         assert all(sharded_by_zero(p, layout.zero_stage, layout.expert) for p in members)
         numel = sum(padded_numel(p, layout.tensor, shards) for p in members)
+        reduced = sum(padded_numel(p, layout.tensor, shards) for p in trained)
         gathers = m + 1 if layout.zero_stage == 3 else 1
         out += [Collective("all_gather", "dp", "forward", gathers, numel * e),
-                Collective("reduce_scatter", "dp", "gradient_sync", 1, numel * g)]
+                Collective("reduce_scatter", "dp", "gradient_sync", int(bool(trained)),
+                           reduced * g)]
     return out
 
 
@@ -442,6 +528,8 @@ def _tied_embedding(
 ) -> list[Collective]:
     ranks = layout.chunk_ranks
     shared = model.tie_embeddings or model.mtp_num_layers > 0  # MTP embeds on the last
+    if layout.adapters:  # a frozen embedding has no gradient to share
+        return []
     if not shared or ranks[0] == ranks[-1] or pp_rank not in (ranks[0], ranks[-1]):
         return []
     embed = ParameterLayout("embed.weight", (model.vocab_size, model.hidden_size), 0, "root")

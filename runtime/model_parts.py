@@ -23,7 +23,9 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from cost_models.finetuned_parameters import finetuned_chunk
 from planner.models.config import TransformerConfig
+from runtime.adapters import add_adapters
 from runtime.parallelize import apply_recompute, apply_tensor_parallel
 from runtime.spec import RunSpec, runtime_dispatcher
 from runtime.experts import apply_expert_parallel
@@ -82,6 +84,18 @@ def _never(reason: str) -> Rule:
     return Rule(reason)
 
 
+def _finetuning_rules(what: str | None) -> list[Rule]:
+    """What the runtime runs of fine-tuning: LoRA on `what` is not run where given (a
+    clause naming the model's part it does not adapt yet); QLoRA never."""
+    rules = [_when(lambda spec: spec.finetune == "qlora",
+                   "QLoRA's 4-bit NF4 base (dequantized to bf16 for each matmul) is not run "
+                   "by this runtime, which trains in fp32 to compare with one process; "
+                   "check the same plan with --finetune lora")]
+    if what is not None:
+        rules.append(_when(lambda spec: spec.adapters, f"LoRA on {what} is not run yet"))
+    return rules
+
+
 class ZooParts:
     """The zoo transformer of `config` (`planner.models.transformer.Transformer`)."""
 
@@ -104,7 +118,11 @@ class ZooParts:
             rules.append(_never(f"{', '.join(c.beyond_zoo())} describe a Hugging Face "
                                 "architecture the zoo transformer does not build; train it "
                                 "from its hf: config"))
-        return rules
+        unadapted = [what for what, present in (
+            ("a mixture of experts", c.is_moe), ("multi-latent attention",
+                                                  c.multi_latent_attention),
+            ("multi-token prediction", c.mtp_num_layers > 0)) if present]
+        return rules + _finetuning_rules(" or ".join(unadapted) or None)
 
     def check(self, spec: RunSpec) -> None:
         """Raise ValueError, naming every rule broken, if `spec` asks for what the runtime
@@ -140,6 +158,16 @@ class ZooParts:
     def recompute(self, stage: nn.Module, mode: str) -> None:
         """Full (every block) or selective (attention cores) recomputation."""
         apply_recompute(stage, mode)
+
+    def fine_tune(self, module: nn.Module, spec: RunSpec, layers: tuple[int, int],
+                  first: bool, last: bool, tp_mesh: DeviceMesh | None = None,
+                  seed: int = 0) -> None:
+        """Under LoRA: `module` (the stage of `layers`, with the embeddings if `first`
+        and the head if `last`; or the whole model) frozen, with the adapters its Plan
+        lists beside its linears (`runtime.adapters`); else nothing."""
+        if spec.adapters:
+            params = finetuned_chunk(self.config, layers, first, last, spec.finetuning)
+            add_adapters(module, params, spec.finetuning, tp_mesh, seed)
 
     def materialize(self, stage: nn.Module, seed: int) -> None:
         """Give the meta stage this rank's shards of the initial values."""
@@ -191,7 +219,8 @@ class HFParts(ZooParts):
         model_type = self.hf_config.model_type
         moe = model_type in self.stages.MOE_FAMILIES
         rules = [_only("context", 1, "context parallelism runs on zoo models only, not on a "
-                       "Hugging Face model yet")]
+                       "Hugging Face model yet"),
+                 *_finetuning_rules("a Hugging Face model's own modules")]
         if moe:
             return rules + [
                 # (Without expert parallelism no token is dispatched.)

@@ -166,7 +166,7 @@ def keep_gradients_sharded(module: nn.Module) -> None:
     replaces the parameters and with them their hooks.
     """
     for param in module.parameters():
-        if isinstance(param, DTensor):
+        if isinstance(param, DTensor) and param.requires_grad:  # (not a frozen base's)
             param.register_post_accumulate_grad_hook(_grad_like_param)
 
 

@@ -120,6 +120,9 @@ class PipelineTrainer(checkpoint.Checkpointing):
             if self.expert_mesh is not None:
                 parts.expert_parallel(stage, self.expert_mesh, spec.expert_dispatcher)
             parts.tensor_parallel(stage, self.mesh["tp"], spec.sequence_parallel)
+            # LoRA: the base frozen, adapters beside its linears (before FSDP2 wraps them).
+            parts.fine_tune(stage, spec, spec.chunks[index], first=index == 0,
+                            last=index == spec.num_stages - 1, tp_mesh=self.mesh["tp"])
             if not spec.sequence_parallel:
                 slice_stage_boundaries(stage, self.mesh["tp"], first=index == 0,
                                        last=index == spec.num_stages - 1)
@@ -169,7 +172,9 @@ class PipelineTrainer(checkpoint.Checkpointing):
         )
         self.embedding_group = self._embedding_group()
         self.parameters = [p for m in self.modules.values() for p in m.parameters()]
-        self.optimizer = make_optimizer(self.parameters, optimizer)
+        # Trained parameters only: a frozen base (LoRA) has no optimizer state.
+        self.optimizer = make_optimizer([p for p in self.parameters if p.requires_grad],
+                                        optimizer)
         self.held: dict[str, int] = {}
         self.steps_done = 0
         # A hang in any of this rank's groups fails within the default group's timeout.
@@ -206,8 +211,8 @@ class PipelineTrainer(checkpoint.Checkpointing):
         """Both copies of a tied embedding get the sum of their gradients, so both take the
         same step: added locally when one rank holds both, else one all-reduce over the
         embedding group per shard."""
-        if not self._shared_embedding or self.spec.num_stages == 1:
-            return
+        if not self._shared_embedding or self.spec.num_stages == 1 or self.spec.adapters:
+            return  # (a frozen embedding has no gradient)
         grads = []
         for module in self.modules.values():
             if module.embed is not None:

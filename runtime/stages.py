@@ -30,6 +30,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from torch.utils.checkpoint import checkpoint
 
 from planner.models.config import TransformerConfig
+from runtime.adapters import initial_adapter
 from planner.models.transformer import (
     Attention,
     Block,
@@ -52,8 +53,11 @@ CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."
 def init_parameter(name: str, shape: torch.Size | tuple[int, ...], seed: int) -> torch.Tensor:
     """The initial value of parameter `name` (a full-model name): biases zero, norm scales
     one, every matrix and embedding N(0, 0.02) (GPT-2's init) from a generator keyed by the
-    seed and the name."""
+    seed and the name; LoRA's adapter factors as LoRA initializes them."""
     name = clean_name(name)
+    adapter = initial_adapter(name, shape, seed)  # LoRA's A and B (runtime.adapters)
+    if adapter is not None:
+        return adapter
     leaf = name.rsplit(".", 1)[-1]
     module = name.rsplit(".", 2)[-2] if name.count(".") >= 1 else ""
     if leaf == "bias":

@@ -256,11 +256,14 @@ def train_reference(
     hf_config: dict[str, Any] | None = None, skipped: frozenset[int] = frozenset(),
 ) -> tuple[list[float | None], dict[str, torch.Tensor]]:
     """The same steps in one process: whole model (the zoo's, or with `hf_config`
-    transformers' own causal LM), whole batch, never seeing the batches `skipped` (their
-    losses None). Returns the losses and the final parameters."""
+    transformers' own causal LM; under LoRA frozen, with the same adapters), whole batch,
+    never seeing the batches `skipped` (their losses None). Returns the losses and the
+    final parameters."""
     parts = model_parts(config, hf_config)
     model = parts.reference(seed, spec.force_balance)
-    opt = make_optimizer(list(model.parameters()), optimizer)
+    # LoRA: the same adapters, the base frozen.
+    parts.fine_tune(model, spec, (0, config.num_layers), True, True, seed=seed)
+    opt = make_optimizer([p for p in model.parameters() if p.requires_grad], optimizer)
     losses: list[float | None] = []
     for index, (tokens, targets) in enumerate(batches(config, spec, steps, seed)):
         if index in skipped:

@@ -114,6 +114,12 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
             f"--precision {args.precision}: plan check trains in fp32, where the ranks and "
             "one process agree to rounding; drop --precision"
         )
+    if getattr(args, "finetune", None) == "qlora":
+        raise UsageError(
+            "--finetune qlora: plan check trains in fp32, and QLoRA's 4-bit NF4 base is "
+            "dequantized to bf16; check the same plan with --finetune lora (its adapters "
+            "and their collectives are QLoRA's)"
+        )
     check_fault_flags(args, args.gpus)
     if args.engine not in (None, "tessel"):
         raise UsageError(
@@ -181,6 +187,9 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
     # A Hugging Face model runs transformers' own modules, which save other tensors than
     # the zoo's decoder the Plan counts (its rotary tables once per stage, for one).
     note = "not compared: transformers' own modules" if hf_config is not None else ""
+    if spec.adapters:  # (cost_models.saved_activations counts a base that is trained)
+        note = "not compared: the Plan does not count what LoRA's frozen base and " \
+            "adapters save yet"
     comparison = compare(plan, report.coordinates, report.collectives, report.local_bytes,
                          report.steps_run, report.saved_activations, note)
     if resilience is not None:

@@ -14,7 +14,7 @@ import argparse
 from typing import Any
 
 from planner.cli.errors import UsageError
-from planner.cli.parsing import whole
+from planner.cli.parsing import number, whole
 from planner.cli.run_flags import positive
 from planner.vocabulary.cluster import MAX_DEVICES
 from planner.vocabulary.knobs import KNOBS, Knob, Spelling, knob_value
@@ -52,6 +52,8 @@ def _options(knob: Knob) -> dict[str, Any]:
         return options | dict(nargs="+", choices=knob.choices)
     if knob.choices:
         return options | dict(type=int if knob.type == "int" else None, choices=knob.choices)
+    if knob.type == "float" and knob.span is not None:
+        return options | dict(type=number(*knob.span))
     if knob.type == "float":
         return options | dict(type=positive)
     return options | dict(type=whole(1, knob.most or MAX_DEVICES))

@@ -64,6 +64,7 @@ def run_training(args: argparse.Namespace, cluster: Cluster, console: Console) -
         if args.objective:
             plans = sorted(plans, key=objective_key(args.objective))[:args.top]
     print_training_plans(plans, console)
+    warn_slow_nvme(plans[0], cluster, console)
     emit_totals_and_json(args, plans, model, console, totals)
     _refuse_what_does_not_fit(plans[0], cluster.with_devices(args.gpus))
     write_report_if_asked(args, plans, model, cluster, console, layout)
@@ -84,7 +85,7 @@ def plan_from_flags(
         raise UsageError(f"--gpus {args.gpus}: {error}") from None
     loaded = loaded or load(args)
     model = transformer_config(loaded)
-    knobs = fixed_knobs(args, model.num_layers)
+    knobs = deepspeed_degrees(args, fixed_knobs(args, model.num_layers), console)
     check_knobs(knobs, model, cluster, args.global_batch_size, args.space)
     if "precision" not in knobs:
         knobs = knobs.but(precision=default_precision(cluster))
@@ -100,6 +101,27 @@ def plan_from_flags(
                               for k, v in result.timings.items()),
                   highlight=False)
     return plans, model, loaded
+
+
+def deepspeed_degrees(args: argparse.Namespace, knobs: FixedKnobs,
+                      console: Console) -> FixedKnobs:
+    """`knobs`, with tensor, pipeline and expert parallelism fixed off where `--emit`
+    writes DeepSpeed's files and no engine's that run them: DeepSpeed alone runs data
+    parallelism, ZeRO (with its offload) and Ulysses sequence parallelism
+    (`planner.export.deepspeed`), so that is the space searched; UsageError where such a
+    degree was given above 1."""
+    engines = args.emit[0] if getattr(args, "emit", None) else []
+    if "deepspeed" not in engines or {"megatron", "torchtitan"} & set(engines):
+        return knobs
+    given = [f"{FLAG[name]} {knobs[name]}" for name in ("tensor", "pipeline", "expert")
+             if knobs.get(name, 1) > 1]
+    if given:
+        raise UsageError(f"--emit deepspeed runs data parallelism, ZeRO and Ulysses sequence "
+                         f"parallelism, not {', '.join(given)}; drop it or add megatron to "
+                         "--emit")
+    console.print("--emit deepspeed: searching what DeepSpeed runs (data parallelism, ZeRO "
+                  "with offload, Ulysses sequence parallelism)", highlight=False)
+    return knobs.but(**{name: knobs.get(name, 1) for name in ("tensor", "pipeline", "expert")})
 
 
 def _refuse_what_does_not_fit(plan: Plan, cluster: Cluster) -> None:
@@ -254,6 +276,12 @@ def _no_fit(
             more = (f"with {_as_typed('schedule', knobs, args)} no cluster of this kind up "
                     f"to {MAX_GPUS} GPUs fits it"
                     + (f", without it at least {least} GPUs do" if least else ""))
+    from planner.search import offload_candidates
+
+    if offload_candidates(cluster, knobs):
+        # The search tried offload too; the GPU count is what the model needs without it.
+        more = ("even with its state offloaded to the host and NVMe; without offload "
+                + more.removeprefix("it "))
     return (
         f"no plan fits: {args.model} does not fit on {cluster.num_devices} x "
         f"{cluster.device.name} ({cluster.device.memory_gib:g} GiB) with global batch "
@@ -325,16 +353,18 @@ def print_training_plans(plans: list[Plan], console: Console, megatron: bool = T
     table = Table(title=f"{best.model} on {best.num_gpus} x {best.cluster}, global batch "
                         f"{best.global_batch_size}")
     columns = ("#", "layout", "recompute", "step s", "MFU", "GiB/GPU")
+    if any(offloaded(plan) for plan in plans):
+        columns += ("offload",)
     for column in columns:
         justify = "left" if column in ("layout", "recompute") else "right"
         # The layout wraps at its spaces; the numbers never do.
         table.add_column(column, justify=justify, no_wrap=column != "layout")
     for rank, (plan, label) in enumerate(zip(plans, distinct_layouts(plans)), 1):
         p = plan.predicted
-        table.add_row(
-            str(rank), label, plan.recompute, f"{p.step_time_s:.3f}", f"{p.mfu:.1%}",
-            f"{p.memory_gib_per_gpu:.1f}" + ("" if p.fits else " !"),
-        )
+        cells = [str(rank), label, plan.recompute, f"{p.step_time_s:.3f}", f"{p.mfu:.1%}",
+                 f"{p.memory_gib_per_gpu:.1f}" + ("" if p.fits else " !")]
+        table.add_row(*cells, *([offloaded(plan, short=True) or "-"]
+                                if "offload" in columns else []))
     console.print(table)
     print_summary(best, console)
     p = best.predicted
@@ -349,6 +379,8 @@ def print_training_plans(plans: list[Plan], console: Console, megatron: bool = T
                           "run it out of memory; it may need "
                           "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", highlight=False)
         _note_faster_past_the_reserve(plans, console)
+    if best.run is not None and (offloaded(best) or best.run.finetune in ("lora", "qlora")):
+        print_offload(best, console)
     if not megatron:
         return
     if best.megatron_flags:
@@ -363,6 +395,63 @@ def print_training_plans(plans: list[Plan], console: Console, megatron: bool = T
                       soft_wrap=True, markup=False)
     else:
         console.print(f"not runnable by Megatron-LM: {best.megatron_incompatibility}")
+
+
+def offloaded(plan: Plan, short: bool = False) -> str:
+    """What `plan` keeps off the GPU, in a few words ('optimizer: cpu, activations: 4
+    layers'), or `short` for a table cell ('opt:cpu act:4'); '' where nothing."""
+    run = plan.run
+    if run is None:
+        return ""
+    parts = []
+    if run.offload_optimizer != "none":
+        share = f" ({run.optimizer_offload_fraction:.0%})" \
+            if run.optimizer_offload_fraction < 1 else ""
+        parts.append(("opt:", "optimizer: ", f"{run.offload_optimizer}{share}"))
+    if run.offload_params != "none":
+        parts.append(("par:", "parameters: ", run.offload_params))
+    if run.offload_activation_layers:
+        layers = run.offload_activation_layers
+        parts.append(("act:", "activations: ", f"{layers}" if short else f"{layers} layers"))
+    if short:
+        return " ".join(tag + value.replace(" ", "") for tag, _, value in parts)
+    return ", ".join(word + value for _, word, value in parts)
+
+
+def print_offload(plan: Plan, console: Console) -> None:
+    """The best plan's memory per GPU by kind (frozen weights and adapters apart under
+    LoRA), and where its offloaded state goes with what it moves per step."""
+    p = plan.predicted
+    kinds = ", ".join(f"{kind} {gib:.1f}" for kind, gib in p.memory_breakdown_gib.items()
+                      if gib >= 0.05)
+    console.print(f"memory per GPU by kind (GiB): {kinds}", highlight=False)
+    where = offloaded(plan)
+    if where:
+        breakdown = p.breakdown
+        assert breakdown is not None
+        console.print(
+            f"offload: {where}; host memory {p.host_memory_gib_per_host:.0f} GiB per host, "
+            f"NVMe {p.nvme_gb_per_step:.0f} GB per host and PCIe {p.pcie_gb_per_step:.1f} "
+            f"GB per GPU a step; it adds {breakdown.offload_s:.3f} s a step",
+            highlight=False)
+
+
+def warn_slow_nvme(plan: Plan, cluster: Cluster, console: Console) -> None:
+    """A warning (not a refusal) where `plan` offloads to NVMe on hosts whose drives read
+    below `offload.NVME_MIN_READ_GBS`: what the offload adds to each step, and its share."""
+    from cost_models.offload import NVME_MIN_READ_GBS
+
+    run, host, breakdown = plan.run, cluster.host, plan.predicted.breakdown
+    if run is None or host is None or breakdown is None or host.nvme_read_gbs is None:
+        return
+    if "nvme" not in (run.offload_optimizer, run.offload_params) \
+            or host.nvme_read_gbs >= NVME_MIN_READ_GBS:
+        return
+    share = breakdown.offload_s / plan.predicted.step_time_s
+    console.print(f"[yellow]warning:[/yellow] {cluster.name}'s NVMe reads "
+                  f"{host.nvme_read_gbs:g} GB/s per host, below the {NVME_MIN_READ_GBS:g} GB/s "
+                  f"NVMe offload needs: it adds {breakdown.offload_s:.2f} s to each step "
+                  f"({share:.0%} of it)", highlight=False)
 
 
 def _note_faster_past_the_reserve(plans: list[Plan], console: Console) -> None:
@@ -394,7 +483,8 @@ def print_summary(plan: Plan, console: Console, label: str = "best") -> None:
         f"micro-batches; step {p.step_time_s:.3f} s = compute {b.compute_s:.3f} + "
         f"tensor/context comm {b.tensor_parallel_comm_s:.3f} + pipeline comm "
         f"{b.pipeline_comm_s:.3f} + bubble {b.bubble_s:.3f} + exposed data-parallel comm "
-        f"{b.data_parallel_comm_s:.3f} + optimizer {b.optimizer_s:.3f}; "
+        f"{b.data_parallel_comm_s:.3f} + optimizer {b.optimizer_s:.3f}"
+        + (f" + offload {b.offload_s:.3f}" if b.offload_s else "") + "; "
         f"{p.model_tflops_per_gpu:.0f} model TFLOP/s per GPU "
         f"({p.hardware_tflops_per_gpu:.0f} executed, recomputation included)",
         highlight=False,

@@ -1,16 +1,25 @@
 """DeepSpeed: `ds_config.json` and its launch line (`deepspeed.sh`) for a Plan.
 
-DeepSpeed on its own runs data parallelism with ZeRO: the config carries the ZeRO stage,
-the precision, the micro-batch, the gradient accumulation and the train batch, which
-DeepSpeed requires to agree (train batch = micro-batch x accumulation x data-parallel
-ranks, checked by its `DeepSpeedConfig` in the tests). A plan with tensor, pipeline,
-context or expert parallelism is refused in one line: DeepSpeed's pipeline engine needs
-the model rewritten as a `PipelineModule` and it has no tensor- or context-parallel
-training layers of its own (Megatron-DeepSpeed adds them with Megatron-LM's flags of a
-2023 fork; the Megatron-LM export runs such plans). So is fp8: its config has no fp8
-training. The Plan has no offload knob, so the config offloads nothing. Each knob's key is
-the knob registry's (`planner.vocabulary.knobs`); ZeRO 1-3 also carry the gradient
-overlap and every other knob a zero_optimization key spells, where the plan sets it.
+DeepSpeed on its own runs data parallelism with ZeRO and its offload, and Ulysses sequence
+parallelism for a plan's context degree. The config carries the ZeRO stage, the precision,
+the micro-batch, the gradient accumulation and the train batch, which DeepSpeed requires
+to agree (train batch = micro-batch x accumulation x data-parallel ranks, checked by its
+`DeepSpeedConfig` in the tests); each knob's key is the knob registry's
+(`planner.vocabulary.knobs`), and ZeRO 1-3 carry the gradient overlap and every other knob
+a zero_optimization key spells, where the plan sets it.
+
+- Offload is ZeRO-Offload's and ZeRO-Infinity's: `offload_optimizer` and `offload_param`
+  with the plan's device, pinned host buffers, and for NVMe a placeholder path
+  (`NVME_PATH`) with DeepSpeed's default buffer counts and sizes.
+- A context degree is Ulysses (Jacobs et al. 2023, `sequence_parallel_size`; the model's
+  attention wrapped in `deepspeed.sequence.layer.DistributedAttention`, as Snowflake's
+  Arctic long-sequence training runs it beside ZeRO-3 and offload). Tessel prices it as
+  Megatron-LM's ring exchange of keys and values, which moves bytes of the same order per
+  layer; the band does not know the difference.
+- Tensor, pipeline and expert parallelism are refused in one line: DeepSpeed's pipeline
+  engine needs the model rewritten as a `PipelineModule`, and its AutoTP training and
+  expert layers need the model's code (the Megatron-LM export runs such plans). So is fp8
+  (its config has no fp8 training), and so are LoRA adapters (they are the model's, `peft`).
 
 Recomputation is the model's business under DeepSpeed (`deepspeed.checkpointing` or
 `torch.utils.checkpoint` around each block); the launch script says which the plan uses.
@@ -23,7 +32,7 @@ import shlex
 from typing import Any
 
 from planner.vocabulary.knobs import KNOBS, engine_value, plan_value, spelt
-from planner.vocabulary.plan import Plan
+from planner.vocabulary.plan import Plan, RunSettings
 
 # The knobs DeepSpeed's config keys spell (the knob registry's: `planner.vocabulary.knobs`),
 # and those of its zero_optimization section `ds_config` places nowhere else (ZeRO 1-3).
@@ -31,7 +40,9 @@ KEY = {name: spelling.key for name, spelling in spelt("deepspeed").items()}
 _OTHER_ZERO_KNOBS = tuple(
     name for name, spelling in spelt("deepspeed").items() if not spelling.engine
     and spelling.key.startswith("zero_optimization.")
-    and name not in ("zero_stage", "overlap_grad_reduce"))
+    and name not in ("zero_stage", "overlap_grad_reduce", "optimizer_offload_fraction"))
+NVME_PATH = "/local_nvme"
+"""Where the NVMe offload's swap files go: a placeholder for the node's NVMe mount."""
 
 CONFIG_FILE = "ds_config.json"
 LAUNCH_FILE = "deepspeed.sh"
@@ -47,15 +58,22 @@ def deepspeed_incompatibility(plan: Plan) -> str | None:
         return "it is an operator-level plan (no data-parallel degree or batch)"
     if plan.mesh_axes == ["device"]:
         return "its pipeline stages run on different meshes"
-    model_parallel = {"tensor": q.tensor, "pipeline": q.pipeline, "context": q.context,
-                      "expert": q.expert}
+    model_parallel = {"tensor": q.tensor, "pipeline": q.pipeline, "expert": q.expert}
     used = [f"{name} {size}" for name, size in model_parallel.items() if size > 1]
     if used:
         return (f"DeepSpeed alone runs data parallelism and ZeRO, not {' x '.join(used)} "
-                "parallelism (its pipeline needs a PipelineModule rewrite and it has no "
-                "tensor-parallel layers): use --emit megatron")
+                "parallelism (its pipeline needs a PipelineModule rewrite, its AutoTP and "
+                "expert layers the model's code): use --emit megatron")
     if plan.precision == "fp8":
         return "DeepSpeed's config has no fp8 training: plan with --precision bf16"
+    run = plan.run
+    if run is not None and run.offload_activation_layers:
+        return "activation offload is Megatron-LM's (--cpu-offloading-num-layers)"
+    if run is not None and run.offload_optimizer != "none" and q.zero_stage == 0:
+        return "ZeRO-Offload needs ZeRO stage 1 or more: plan with --zero-stage 1"
+    if run is not None and run.finetune in ("lora", "qlora"):
+        return (f"{run.finetune} adapters are the model's (peft), not DeepSpeed's config: "
+                "use --emit pytorch")
     return None
 
 
@@ -74,6 +92,8 @@ def ds_config(plan: Plan) -> dict[str, Any]:
             value = plan_value(plan, name)
             if value is not None and value != KNOBS[name].default:
                 zero[_zero_key(name)] = engine_value(spelt("deepspeed")[name], value)
+    if run is not None:
+        zero |= _offload_sections(run)
     config: dict[str, Any] = {
         KEY["global_batch_size"]: plan.global_batch_size,
         KEY["micro_batch_size"]: plan.micro_batch_size,
@@ -82,6 +102,11 @@ def ds_config(plan: Plan) -> dict[str, Any]:
         "zero_optimization": zero,
         "steps_per_print": 10,
     }
+    if q.context > 1:
+        # Ulysses: each sequence split over `context` ranks, attention's heads exchanged by
+        # all-to-alls (deepspeed.sequence.layer.DistributedAttention); DeepSpeed's data-
+        # parallel world is the ranks over this degree.
+        config["sequence_parallel_size"] = q.context
     if plan.precision == "bf16":
         config["bf16"] = {"enabled": True}
     elif plan.precision == "fp16":
@@ -89,10 +114,31 @@ def ds_config(plan: Plan) -> dict[str, Any]:
     return config
 
 
+def _offload_sections(run: RunSettings) -> dict[str, Any]:
+    """zero_optimization's offload_optimizer and offload_param sections of the plan's
+    offload (DeepSpeed's DeepSpeedZeroOffloadOptimizerConfig and ...ParamConfig): pinned
+    host memory, NVMe swap files under `NVME_PATH`, DeepSpeed's default buffers."""
+    sections: dict[str, Any] = {}
+    if run.offload_optimizer != "none":
+        section: dict[str, Any] = {"device": run.offload_optimizer, "pin_memory": True}
+        if run.offload_optimizer == "nvme":
+            section |= {"nvme_path": NVME_PATH, "buffer_count": 4}
+        if run.optimizer_offload_fraction < 1:
+            section["ratio"] = run.optimizer_offload_fraction
+        sections[_zero_key("offload_optimizer")] = section
+    if run.offload_params != "none":
+        section = {"device": run.offload_params, "pin_memory": True}
+        if run.offload_params == "nvme":
+            section |= {"nvme_path": NVME_PATH, "buffer_count": 5, "buffer_size": 100_000_000,
+                        "max_in_cpu": 1_000_000_000}
+        sections[_zero_key("offload_params")] = section
+    return sections
+
+
 def _zero_key(name: str) -> str:
     """The key of knob `name` in the config's zero_optimization section (ZeRO 1-3 only,
     where DeepSpeed's buckets and overlap apply)."""
-    return KEY[name].removeprefix("zero_optimization.")
+    return KEY[name].removeprefix("zero_optimization.").removesuffix(".device")
 
 
 def launch_words(plan: Plan) -> list[str]:

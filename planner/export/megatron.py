@@ -68,6 +68,18 @@ def megatron_incompatibility(
     model chunk's layers where the embedding or loss take a layer's place."""
     dims, sharding, moe = parallel.dims, parallel.sharding, parallel.moe
     p, schedule = dims.pipeline, parallel.pipelining.schedule
+    finetune, offload = parallel.finetuning.finetune, parallel.offload
+    if finetune in ("lora", "qlora"):
+        # Megatron-LM's arguments have no adapters; Megatron-Bridge's PEFT adds them.
+        return (f"{finetune} adapters (Megatron-LM has none; Megatron-Bridge's PEFT LoRA "
+                "runs them: use --emit pytorch or --emit deepspeed)")
+    if offload.offload_optimizer == "nvme" or offload.offload_params != "none":
+        return "offload to NVMe or of parameters (Megatron-LM offloads optimizer state and " \
+               "activations to the CPU only)"
+    if offload.offload_activation_layers and (
+            p > 1 or parallel.recomputation.recompute != "none"):
+        # Megatron-Core's TransformerConfig.__post_init__ refuses both with cpu_offloading.
+        return "activation offload with pipeline stages or recomputation"
     if sharding.zero_stage > 1:
         return f"ZeRO stage {sharding.zero_stage} (Megatron-LM shards optimizer state only)"
     if schedule == "gpipe" and p > 1:
@@ -260,6 +272,15 @@ def megatron_flags(
     if parallel.numerics.exp_avg_dtype == "bf16":
         flags += ["--use-precision-aware-optimizer", "--exp-avg-dtype bf16",
                   "--exp-avg-sq-dtype bf16"]
+    if parallel.offload.offload_optimizer == "cpu":
+        # Megatron-LM's validate_args: the hybrid device optimizer reuses the precision-
+        # aware optimizer's code path; the copies overlap the CPU's step.
+        flags += [_flag("offload_optimizer"), "--overlap-cpu-optimizer-d2h-h2d"]
+        if parallel.numerics.exp_avg_dtype != "bf16":
+            flags.append("--use-precision-aware-optimizer")
+    if parallel.offload.offload_activation_layers:
+        flags.append(f"{_flag('offload_activation_layers')} "
+                     f"{parallel.offload.offload_activation_layers}")
     flags += spelt_flags(parallel, "attention_backend", "tensor", "pipeline", "context",
                          "micro_batch_size", "global_batch_size", "expert")
     # Megatron-LM splits experts over the tensor ranks unless told: written where not.

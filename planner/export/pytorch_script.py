@@ -17,6 +17,22 @@ experimental context manager around SDPA calls), an output layer tied to the emb
 across pipeline stages (pipelining does not keep the two copies equal), fp16 (needs loss
 scaling) and fp8 (needs torchao).
 
+Offload is FSDP2's: with the optimizer and the parameters both offloaded to the CPU (ZeRO-3)
+`fully_shard` gets `offload_policy=CPUOffloadPolicy()`, which keeps the sharded parameters
+and their gradients on the host and runs the optimizer step there; the process group then
+has a gloo backend for CPU tensors beside NCCL, as TorchTitan's `enable_cpu_offload` sets
+it up. One offload without the other, a fraction of the optimizer, NVMe (DeepSpeed's) and
+activations (Megatron-LM's) are refused in one line.
+
+LoRA is the script's own, a few lines and no peft (so the file runs where torch does): every
+weight frozen; each targeted linear gains factors `lora_a` (rank x in, kaiming-uniform) and
+`lora_b` (out x rank, zeros) and a forward hook adding (alpha / rank) B A x, placed before
+tensor parallelism's output hook. The factors are added after `parallelize_module` (torch's
+ColwiseParallel would split every parameter under the linear by rows) and before
+`fully_shard`, split over the tensor ranks as the Plan lists them (`cost_models.adapters`):
+beside a column-parallel linear A whole and B by rows, beside a row-parallel one A by
+columns and B whole. QLoRA is refused: its 4-bit NF4 base needs torchao or bitsandbytes.
+
 The tests import the script and build rank 0's mesh, chunks and schedule with torch itself
 on a fake process group of the plan's size.
 """
@@ -29,7 +45,7 @@ from string import Template
 
 from planner.vocabulary.placement_text import placement_pieces
 from planner.models.config import TransformerConfig
-from planner.vocabulary.plan import Plan
+from planner.vocabulary.plan import Plan, RunSettings
 
 FILE = "pytorch_train.py"
 TORCH_SCHEDULE_CLASSES = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe",
@@ -60,6 +76,30 @@ def pytorch_incompatibility(plan: Plan, model: TransformerConfig | None) -> str 
         looped = ", ".join(TORCH_SCHEDULE_CLASSES)
         return (f"the script lays chunks out in loop order for {looped}; "
                 f"{plan.schedule} runs them in V order: use --emit torchtitan")
+    return _offload_or_adapters(plan.run)
+
+
+def _offload_or_adapters(run: RunSettings | None) -> str | None:
+    """Why the script cannot run the plan's offload or adapters (one line), or None: its
+    offload is FSDP2's CPUOffloadPolicy (parameters, gradients and optimizer step on the
+    host together), its adapters LoRA's over a 16-bit base."""
+    if run is None:
+        return None
+    if run.offload_activation_layers:
+        return ("activation offload is Megatron-LM's (--cpu-offloading-num-layers): use "
+                "--emit megatron")
+    if "nvme" in (run.offload_optimizer, run.offload_params):
+        return "NVMe offload is ZeRO-Infinity's: use --emit deepspeed"
+    if run.offload_optimizer != run.offload_params:
+        return ("FSDP2's CPUOffloadPolicy puts parameters, gradients and the optimizer step "
+                "on the host together: plan with both --offload-optimizer cpu and "
+                "--offload-params cpu, or neither (--emit deepspeed offloads one alone)")
+    if run.offload_optimizer == "cpu" and run.optimizer_offload_fraction < 1:
+        return ("FSDP2's CPUOffloadPolicy moves all of the optimizer's state to the host, not "
+                "a fraction (--optimizer-offload-fraction is Megatron-LM's: --emit megatron)")
+    if run.finetune == "qlora":
+        return ("QLoRA's 4-bit NF4 base needs torchao or bitsandbytes beyond torch's own "
+                "pieces: plan with --finetune lora")
     return None
 
 
@@ -77,10 +117,21 @@ def tensor_parallel_layout(plan: Plan) -> dict[str, str]:
         if not (name.startswith(prefix) and name.endswith(".weight")):
             continue
         kind, argument = placement_pieces(text)[axis]
-        if kind == "S":
-            module = name[len(prefix):-len(".weight")]
+        module = name[len(prefix):-len(".weight")]
+        if kind == "S" and module.rsplit(".", 1)[-1] not in ("lora_a", "lora_b"):
             layout[module] = {"0": "colwise", "1": "rowwise"}[argument]
     return layout
+
+
+def lora_linears(plan: Plan) -> tuple[str, ...]:
+    """The names of the linears the plan's LoRA adapts (the zoo transformer's, for each of
+    its targets: `cost_models.adapters.TARGET_LINEARS`); empty without LoRA."""
+    from cost_models.adapters import TARGET_LINEARS
+
+    run = plan.run
+    if run is None or run.finetune != "lora":
+        return ()
+    return tuple(name for target in run.lora_targets for name in TARGET_LINEARS[target])
 
 
 def pytorch_files(plan: Plan, model: TransformerConfig | None) -> dict[str, str]:
@@ -98,6 +149,10 @@ def pytorch_files(plan: Plan, model: TransformerConfig | None) -> dict[str, str]
     runs = (f"torch.distributed.pipelining ({TORCH_SCHEDULE_CLASSES[plan.schedule or '1f1b']})"
             if q.pipeline > 1 else
             f"gradient accumulation over {plan.num_micro_batches} micro-batches")
+    run = plan.run
+    offload = run is not None and run.offload_optimizer == run.offload_params == "cpu"
+    linears = lora_linears(plan)
+    lora = run is not None and bool(linears)
     values = {
         "WHAT": what,
         "ZERO_WORDS": zero,
@@ -115,6 +170,20 @@ def pytorch_files(plan: Plan, model: TransformerConfig | None) -> dict[str, str]
         "GLOBAL": str(plan.global_batch_size),
         "SCHEDULE": TORCH_SCHEDULE_CLASSES[plan.schedule or "1f1b"],
         "STEPS": str(plan.training.steps if plan.training else DEFAULT_STEPS),
+        "OFFLOAD": repr(offload),
+        "OFFLOAD_WORDS": ("\n- CPUOffloadPolicy: parameters, gradients and the optimizer "
+                          "step on the host;" if offload else ""),
+        "LORA_WORDS": "" if not lora else "\n" + "\n  ".join(textwrap.wrap(
+            f"- LoRA, the script's own (no peft): rank {run.lora_rank}, alpha "
+            f"{run.lora_alpha:g}, adapters beside {', '.join(run.lora_targets)}; every "
+            "other weight frozen;", 88, break_on_hyphens=False)),
+        "LORA_CONSTANTS": "" if not lora else Template(_LORA_CONSTANTS).substitute(
+            LINEARS=_wrapped(repr(linears), 72), RANK=str(run.lora_rank),
+            ALPHA=repr(float(run.lora_alpha))),
+        "LORA_FUNCTIONS": _LORA_FUNCTIONS if lora else "",
+        "DISTRIBUTE": ", distribute_tensor" if lora else "",
+        "LORA_APPLY": _LORA_APPLY if lora else "",
+        "LORA_INIT": _LORA_INIT if lora else "",
     }
     return {FILE: Template(_SCRIPT).substitute(values)}
 
@@ -135,7 +204,7 @@ def _literal(mapping: dict) -> str:
 _SCRIPT = '''"""$WHAT, as Tessel planned it, with torch's own pieces:
 - DeviceMesh: pp x dp x tp;
 - parallelize_module: tensor parallelism;
-- fully_shard: FSDP2, $ZERO_WORDS;
+- fully_shard: FSDP2, $ZERO_WORDS;$OFFLOAD_WORDS$LORA_WORDS
 - $RUNS.
 
     torchrun --nproc-per-node GPUS_PER_HOST --nnodes HOSTS ... pytorch_train.py
@@ -153,9 +222,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
 from torch.distributed.pipelining import PipelineStage, $SCHEDULE
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard$DISTRIBUTE
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -176,7 +250,10 @@ SEQUENCE_PARALLEL = $SEQUENCE_PARALLEL
 # ZeRO-3 gathers parameters again in backward; otherwise FSDP2 keeps them from forward to
 # backward, with gradients and optimizer state sharded (ZeRO-2).
 RESHARD_AFTER_FORWARD = $RESHARD
-RECOMPUTE = $RECOMPUTE
+# FSDP2's CPU offload: sharded parameters and gradients kept on the host, the optimizer
+# step run there, each block's shards copied to the GPU for its all-gather.
+CPU_OFFLOAD = $OFFLOAD
+${LORA_CONSTANTS}RECOMPUTE = $RECOMPUTE
 PARAM_DTYPE = $DTYPE
 MICRO_BATCH_SIZE, MICRO_BATCHES, GLOBAL_BATCH_SIZE = $MICRO, $MICRO_BATCHES, $GLOBAL
 STEPS, LOG_EVERY = $STEPS, 10
@@ -246,19 +323,23 @@ def tensor_parallel(chunk: nn.Module, tp: DeviceMesh) -> None:
         parallelize_module(chunk, tp, head)
 
 
+${LORA_FUNCTIONS}
 def parallelize(chunk: nn.Module, mesh: DeviceMesh) -> nn.Module:
     if mesh["tp"].size() > 1:
         tensor_parallel(chunk, mesh["tp"])
-    for name, block in list(chunk.layers.items()):
+${LORA_APPLY}    for name, block in list(chunk.layers.items()):
         if RECOMPUTE == "full":
             chunk.layers[name] = checkpoint_wrapper(block)
         elif RECOMPUTE == "selective":
             block.attn.recompute_core = True  # recompute softmax(QK^T)V only
     policy = MixedPrecisionPolicy(param_dtype=PARAM_DTYPE, reduce_dtype=torch.float32)
+    # Pinned host memory needs a GPU; a CPU smoke test offloads unpinned.
+    offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if CPU_OFFLOAD \\
+        else OffloadPolicy()
     for block in chunk.layers.values():
-        fully_shard(block, mesh=mesh["dp"], mp_policy=policy,
+        fully_shard(block, mesh=mesh["dp"], mp_policy=policy, offload_policy=offload,
                     reshard_after_forward=RESHARD_AFTER_FORWARD)
-    return fully_shard(chunk, mesh=mesh["dp"], mp_policy=policy,
+    return fully_shard(chunk, mesh=mesh["dp"], mp_policy=policy, offload_policy=offload,
                        reshard_after_forward=RESHARD_AFTER_FORWARD)
 
 
@@ -285,37 +366,43 @@ def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
 
-def clip_gradients(params: list[nn.Parameter], mesh: DeviceMesh, max_norm: float) -> None:
+def clip_gradients(params: list[nn.Parameter], mesh: DeviceMesh, max_norm: float,
+                   device: torch.device) -> None:
     """Clip by the norm of the whole model's gradients: summed per device mesh (DTensor
-    reduces each over its own mesh), then over the pipeline ranks."""
+    reduces each over its own mesh), then over the pipeline ranks; reduced on `device`,
+    the compute device (CPU-offloaded gradients are on the host)."""
     by_mesh: dict = {}
     for param in params:
         if param.grad is not None:
             key = param.grad.device_mesh if isinstance(param.grad, DTensor) else None
             by_mesh.setdefault(key, []).append(param.grad)
-    squares = torch.zeros((), device=params[0].device if params else None)
+    squares = torch.zeros((), device=device)
     for grads in by_mesh.values():
         norm = torch.nn.utils.get_total_norm(grads)
-        squares = squares + (norm.full_tensor() if isinstance(norm, DTensor) else norm) ** 2
+        if isinstance(norm, DTensor):
+            norm = DTensor.from_local(norm.to_local().to(device), norm.device_mesh,
+                                      norm.placements).full_tensor()
+        squares = squares + norm.to(device) ** 2
     if mesh["pp"].size() > 1:
         dist.all_reduce(squares, group=mesh["pp"].get_group())
     scale = (max_norm / (squares.sqrt() + 1e-6)).clamp(max=1.0)
     for grads in by_mesh.values():  # one mesh at a time: DTensor ops stay on one mesh
         for grad in grads:
-            grad.mul_(scale)
+            grad.mul_(scale.to(grad.device))
 
 
 def main() -> None:
     cuda = torch.cuda.is_available()  # else CPU processes on gloo: a smoke test
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo")
+    if not dist.is_initialized():  # CPU offload: gloo for the host's tensors beside NCCL
+        dist.init_process_group(("cuda:nccl,cpu:gloo" if CPU_OFFLOAD else "nccl") if cuda
+                                else "gloo")
     if cuda:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     mesh, mine, chunks, schedule = build(device.type)
-    for chunk in chunks:
-        init_weights(chunk, device)
-    params = [p for chunk in chunks for p in chunk.parameters()]
+    for chunk in chunks:  # FSDP2 keeps offloaded shards on the host: made there
+        init_weights(chunk, torch.device("cpu") if CPU_OFFLOAD else device)
+${LORA_INIT}    params = [p for chunk in chunks for p in chunk.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=3e-4, weight_decay=0.1)
     data = batches(device, SHAPE["vocab_size"], SHAPE["seq_length"])
     first, last = 0 in mine, len(CHUNKS) - 1 in mine
@@ -334,7 +421,7 @@ def main() -> None:
             inputs = (tokens,) if first else ()
             schedule.step(*inputs, target=labels if last else None, losses=losses)
             step_loss = torch.stack(losses).mean() if losses else None
-        clip_gradients(params, mesh, max_norm=1.0)
+        clip_gradients(params, mesh, max_norm=1.0, device=device)
         optimizer.step()
         optimizer.zero_grad()
         if step_loss is not None and step % LOG_EVERY == 0 and reports:
@@ -344,4 +431,74 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+'''
+
+_LORA_CONSTANTS = '''# LoRA: the linears adapted (by module name), the adapters' rank and alpha.
+LORA_LINEARS = $LINEARS
+LORA_RANK, LORA_ALPHA = $RANK, $ALPHA
+'''
+
+_LORA_FUNCTIONS = '''def add_lora(chunk: nn.Module, tp: DeviceMesh) -> None:
+    \"\"\"LoRA (Hu et al. 2021), this script's own: every weight frozen; each linear of
+    LORA_LINEARS gains factors lora_a (rank x in) and lora_b (out x rank) and returns
+    W x + LORA_ALPHA / LORA_RANK * B A x. Run after tensor parallelism (ColwiseParallel
+    would split every parameter under the linear by rows) and before fully_shard: beside a
+    column-parallel W, A whole and B split by rows like W; beside a row-parallel W, A split
+    by columns like W and B whole, so the adapter's output joins W's column shard, or its
+    partial sum before W's all-reduce.\"\"\"
+    for param in chunk.parameters():
+        param.requires_grad_(False)
+    splits = {"colwise": (Replicate(), Shard(0)), "rowwise": (Shard(1), Replicate())}
+    for block in chunk.layers.values():
+        for name, linear in list(block.named_modules()):
+            if name.rsplit(".", 1)[-1] not in LORA_LINEARS or not isinstance(linear, nn.Linear):
+                continue
+            split = splits.get(TP_LAYOUT.get(name)) if tp.size() > 1 else None
+            shapes = ((LORA_RANK, linear.in_features), (linear.out_features, LORA_RANK))
+            for index, (factor, shape) in enumerate(zip(("lora_a", "lora_b"), shapes)):
+                weight = torch.empty(shape, device=linear.weight.device)
+                if split is not None:
+                    weight = distribute_tensor(weight, tp, [split[index]], src_data_rank=None)
+                module = nn.Linear(shape[1], shape[0], bias=False, device="meta")
+                module.weight = nn.Parameter(weight)
+                linear.register_module(factor, module)
+            linear.register_forward_hook(lora_forward, prepend=True)
+
+
+def lora_forward(linear: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+    \"\"\"W x plus the adapter's (alpha / rank) B A x, on the input and output as tensor
+    parallelism holds them inside the linear (this hook runs before its output hook).\"\"\"
+    return output + LORA_ALPHA / LORA_RANK * linear.lora_b(linear.lora_a(args[0]))
+
+
+def init_lora(chunk: nn.Module, seed: int = 0) -> None:
+    \"\"\"LoRA's initial adapters, after init_weights (which may load a trained base): A
+    kaiming-uniform (nn.Linear's own init), B zeros, so the first step's loss is the
+    base's. Every rank draws the same full A (its generator keyed by the seed and the
+    factor's name) and keeps its shard.\"\"\"
+    import math
+    import zlib
+
+    with torch.no_grad():
+        for name, param in chunk.named_parameters():
+            if not name.endswith((".lora_a.weight", ".lora_b.weight")):
+                continue
+            full = torch.zeros(param.shape)
+            if name.endswith(".lora_a.weight"):
+                key = seed * 1_000_003 + zlib.crc32(name.encode())
+                nn.init.kaiming_uniform_(full, a=math.sqrt(5),
+                                         generator=torch.Generator().manual_seed(key))
+            if isinstance(param, DTensor):
+                full = distribute_tensor(full, param.device_mesh, param.placements,
+                                         src_data_rank=None).to_local()
+                param = param.to_local()
+            param.copy_(full)
+
+
+'''
+
+_LORA_APPLY = '''    add_lora(chunk, mesh["tp"])  # beside the tensor-parallel linears, before FSDP2
+'''
+
+_LORA_INIT = '''        init_lora(chunk)
 '''

@@ -22,6 +22,11 @@ maps:
 - recomputation: full -> `full` (every k-th block: layer-level selective "k");
   selective -> per-op selective (`op`); none -> `none`.
 - tensor parallelism always runs with sequence parallelism in TorchTitan.
+- offload: FSDP2's CPUOffloadPolicy (`training.enable_cpu_offload`) where the plan offloads
+  both the optimizer and the parameters to the CPU (ZeRO-3); one without the other, NVMe,
+  a fraction of the optimizer or activations are refused, and so are LoRA and QLoRA
+  adapters (0.2 has none; 0.3's LoRAConverter adapts the fused wqkv with one adapter where
+  Tessel prices one per projection): `--emit pytorch` writes them.
 
 A plan priced as TorchTitan runs it (engine "torchtitan": `plan --engine torchtitan`)
 holds only what TorchTitan runs, and its file carries every knob (FSDP2's reshard policy,
@@ -41,7 +46,7 @@ from typing import Any
 from planner.export.torchrun import RDZV_PORT, allocator_exports
 from planner.models.config import TransformerConfig
 from planner.vocabulary.knobs import KNOBS, engine_value, plan_value, spelt
-from planner.vocabulary.plan import Plan
+from planner.vocabulary.plan import Plan, RunSettings
 from planner.torchtitan.rules import DDP, FSDP, zero_stages
 
 CONFIG_FILE = "torchtitan.toml"
@@ -93,8 +98,40 @@ def torchtitan_incompatibility(plan: Plan, model: TransformerConfig | None) -> s
         return "TorchTitan trains in bf16 or fp32, not fp16"
     if plan.precision == "fp8" and plan.run and plan.run.fp8_recipe not in FP8_RECIPES:
         return f"TorchTitan {RELEASE} has no {plan.run.fp8_recipe} fp8 recipe"
+    why = _offload_or_adapters(plan.run)
+    if why is not None:
+        return why
     if plan.run is not None and plan.run.engine == "torchtitan":
         return _not_as_torchtitan_runs(plan)
+    return None
+
+
+def _offload_or_adapters(run: RunSettings | None) -> str | None:
+    """Why TorchTitan cannot run the plan's offload or adapters (one line), or None. Its
+    one offload is FSDP2's CPUOffloadPolicy (training.enable_cpu_offload, applied in
+    apply_fsdp): the sharded parameters, their gradients and the whole optimizer step on
+    the host, together."""
+    if run is None:
+        return None
+    if run.offload_activation_layers:
+        return ("TorchTitan offloads no activations (--cpu-offloading-num-layers is "
+                "Megatron-LM's): use --emit megatron")
+    if "nvme" in (run.offload_optimizer, run.offload_params):
+        return ("TorchTitan offloads to host memory only (FSDP2's CPUOffloadPolicy), not "
+                "NVMe: ZeRO-Infinity's NVMe offload is DeepSpeed's (--emit deepspeed)")
+    if run.offload_optimizer != run.offload_params:
+        return ("FSDP2's CPUOffloadPolicy (training.enable_cpu_offload) puts parameters, "
+                "gradients and the optimizer step on the host together: plan with both "
+                "--offload-optimizer cpu and --offload-params cpu, or neither")
+    if run.offload_optimizer == "cpu" and run.optimizer_offload_fraction < 1:
+        return ("FSDP2's CPUOffloadPolicy moves all of the optimizer's state to the host, not "
+                "a fraction: plan without --optimizer-offload-fraction")
+    if run.finetune in ("lora", "qlora"):
+        # 0.2 has no adapters; 0.3's LoRAConverter gives the fused wqkv one adapter where
+        # Tessel prices one per projection, and adapts no grouped experts.
+        return (f"{run.finetune} adapters are not written for TorchTitan (0.2 has none; "
+                "0.3's LoRAConverter adapts its fused wqkv with one adapter, not one per "
+                "projection as priced): use --emit pytorch")
     return None
 
 
@@ -142,6 +179,11 @@ def _not_as_torchtitan_runs(plan: Plan) -> str | None:
 def _key(name: str) -> str:
     """The key of knob `name` in TorchTitan's [parallelism] table."""
     return KEY[name].removeprefix("parallelism.")
+
+
+def _training_key(name: str) -> str:
+    """The key of knob `name` in TorchTitan's [training] table."""
+    return KEY[name].removeprefix("training.")
 
 
 def model_parts(plan: Plan) -> list[list[str]]:
@@ -207,6 +249,10 @@ def job_config(plan: Plan, model: TransformerConfig) -> dict[str, dict[str, Any]
         "parallelism": parallelism,
         "activation_checkpoint": activation,
     }
+    if run is not None and run.offload_optimizer == run.offload_params == "cpu":
+        # FSDP2's CPUOffloadPolicy: sharded parameters, gradients and optimizer step on
+        # the host (the plan holds both offloads, under FSDP2: ZeRO-3).
+        tables["training"][_training_key("offload_optimizer")] = True
     async_tp = run is not None and run.tp_comm_overlap and q.tensor > 1
     # Each block compiled (async tensor parallelism is a compile pass), the loss compiled.
     components = (["model"] if async_tp or (run is not None and run.compile) else []) \

@@ -19,7 +19,9 @@ with what 0.3 changed:
 - CUDA graphs of the step are on by default in 0.3 and Tessel prices the step eager:
   `disable_cuda_graphs=True` is written;
 - the loss is plain cross-entropy (CrossEntropyLoss), as priced (the registry's
-  ChunkedLossWrapper keeps less of the logits).
+  ChunkedLossWrapper keeps less of the logits);
+- FSDP2's CPU offload keeps 0.2's name: `TrainingConfig(enable_cpu_offload=True)`
+  (torchtitan/config/configs.py), applied in `apply_fsdp_to_decoder` as CPUOffloadPolicy.
 
 `plan predict --torchtitan torchtitan_config.py` reads the file back (with `ast`, as any
 config module) to the plan's prediction.

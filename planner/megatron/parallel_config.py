@@ -78,6 +78,8 @@ def parallel_config(
         cuda_graph_scope=_graph_scope(args),
         recompute_modules=tuple(v.recompute_modules or ("core_attn",)),
         main_grads_dtype=grads, exp_avg_dtype=moments,
+        offload_optimizer=_optimizer_offload(args),
+        offload_activation_layers=_offloaded_layers(args, model),
         fp8_param_gather=bool(v.fp8_param_gather) and v.fp8 is not None,
     )
     try:
@@ -438,6 +440,29 @@ def _recomputation(
             f"{args.flag('recompute_num_layers')} {count} must be from 1 to the {most} "
             "layers of a pipeline stage; change it")
     return "full", method, count
+
+
+def _offloaded_layers(args: MegatronArgs, model: TransformerConfig) -> int:
+    """--cpu-offloading-num-layers: 0 (Megatron-LM's default) offloads none; Megatron-Core
+    takes fewer than the model's layers (TransformerConfig.__post_init__)."""
+    layers = args.values.cpu_offloading_num_layers or 0
+    if not 0 <= layers < model.num_layers:
+        raise LaunchLineError(
+            f"{args.flag('cpu_offloading_num_layers')} {layers} must be from 0 to "
+            f"{model.num_layers - 1} (fewer than the model's layers)")
+    return layers
+
+
+def _optimizer_offload(args: MegatronArgs) -> str:
+    """--optimizer-cpu-offload: the optimizer's state and step on the CPU, which Megatron-LM
+    runs only with --use-precision-aware-optimizer (validate_args)."""
+    if not args.values.optimizer_cpu_offload:
+        return "none"
+    if not args.values.use_precision_aware_optimizer:
+        raise LaunchLineError(
+            f"{args.flag('optimizer_cpu_offload')} needs --use-precision-aware-optimizer, "
+            "whose code path Megatron-LM's hybrid device optimizer reuses; add it")
+    return "cpu"
 
 
 def _optimizer_state(args: MegatronArgs) -> tuple[str, str]:

@@ -15,7 +15,10 @@ from typing import Callable
 
 from cost_models.layer_collectives import LayerCollectives
 from cost_models.memory import breakdown_gib, state_element_bytes
-from cost_models.stage_parameters import chunk_parameters, placement, rank_state_bytes
+from cost_models.finetuned_parameters import finetuned_chunk
+from cost_models.stage_parameters import placement, rank_state_bytes
+from cost_models.offload import offloads
+from cost_models.adapters import adapters_trained
 from cost_models.pipeline_memory import StageLayout, even_split, stage_memories
 from cost_models.pipeline_schedule import stage_rank
 from cost_models.saved_activations import tessel_counted, tessel_stage_bytes
@@ -190,7 +193,9 @@ def _plan(
                             communication_s=communication, breakdown=breakdown,
                             ).with_band(prediction_band(
                                 parallel.execution.engine, model, cluster.device.name,
-                                cluster.device.calibration is not None)),
+                                cluster.device.calibration is not None,
+                                offload_or_adapters=offloads(parallel)
+                                or adapters_trained(parallel.finetuning))),
         megatron_flags=flags, megatron_incompatibility=incompatibility,
         provenance=Provenance(model_spec=name, cluster=cluster.name,
                               calibration=calibration_of(cluster.device),
@@ -210,8 +215,10 @@ def _with_contents(
     last = len(chunks) - 1
     schedule = parallel.pipelining.schedule
     owner = tuple(stage_rank(c, num_stages, schedule) for c in range(len(chunks)))
+    # Under LoRA and QLoRA the base frozen and the adapters beside it.
     params = [p for c, layers in enumerate(chunks) if owner[c] == index
-              for p in chunk_parameters(model, layers, c == 0, c == last)]
+              for p in finetuned_chunk(model, layers, c == 0, c == last,
+                                       parallel.finetuning)]
     zero, expert = parallel.sharding.zero_stage, parallel.dims.expert
     shards = layout.data * parallel.dims.context
     # The stage's own mesh, with the sequences of one micro-batch split over its replicas.

@@ -46,6 +46,66 @@ def search(
     fixed = FixedKnobs({"precision": cluster.device.default_precision, **fixed})
     if flash_attention is None:  # as the device runs attention
         flash_attention = cluster.device.flash_attention
+    result = _search_space(model, cluster, gbs, fixed, space, progress, flash_attention,
+                           collectives)
+    if result.ranked or not offload_candidates(cluster, fixed):
+        return result
+    # Nothing fits on the GPUs: the same space with state kept off them, least offload
+    # first, each setting searched whole; the fastest plan of the first that fits wins
+    # (offload given as knobs is never varied).
+    for offload in offload_candidates(cluster, fixed):
+        tried = _search_space(model, cluster, gbs, fixed.but(**offload), space, progress,
+                              flash_attention, collectives)
+        result.evaluated += tried.evaluated
+        for phase, seconds in tried.timings.items():
+            result.timings[phase] = result.timings.get(phase, 0.0) + seconds
+        if tried.ranked:
+            result.ranked = tried.ranked
+            break
+    return result
+
+
+OFFLOAD_STEPS: tuple[dict[str, str | int], ...] = (
+    {"offload_optimizer": "cpu"},
+    {"offload_optimizer": "cpu", "offload_params": "cpu", "zero_stage": 3},
+    {"offload_optimizer": "nvme", "offload_params": "cpu", "zero_stage": 3},
+    {"offload_optimizer": "cpu", "offload_params": "nvme", "zero_stage": 3},
+    {"offload_optimizer": "nvme", "offload_params": "nvme", "zero_stage": 3},
+)
+"""Offload the search tries when nothing fits, least first: the optimizer's state to the
+host (ZeRO-Offload), then ZeRO-3's parameters too (ZeRO-Infinity), then NVMe for the one
+that does not fit the host, then for both."""
+
+
+def offload_candidates(cluster: Cluster, fixed: FixedKnobs) -> list[dict[str, str | int]]:
+    """The offload settings `search` tries when nothing fits: `OFFLOAD_STEPS` the cluster
+    can hold (NVMe only with its figures) and the fixed knobs allow; none where offload is
+    fixed, the cluster has no host figures, or the engine does not offload (Megatron-LM
+    moves only the optimizer's state, to the CPU)."""
+    if cluster.host is None or any(name in fixed for name in (
+            "offload_optimizer", "offload_params", "optimizer_offload_fraction")):
+        return []
+    nvme = cluster.host.nvme_read_gbs is not None and cluster.host.nvme_write_gbs is not None
+    steps = []
+    for step in OFFLOAD_STEPS:
+        if "nvme" in step.values() and not nvme:
+            continue
+        if fixed.get("zero_stage", step.get("zero_stage")) != step.get(
+                "zero_stage", fixed.get("zero_stage")):
+            continue
+        if fixed.get("engine") in ("megatron", "torchtitan") and step.get("offload_params"):
+            continue  # parameters offload is DeepSpeed's ZeRO-Infinity (and FSDP2's CPU
+            # offload, which TorchTitan runs only with the optimizer's, both to the CPU)
+        steps.append(step)
+    return steps
+
+
+def _search_space(
+    model: TransformerConfig, cluster: Cluster, gbs: int, fixed: FixedKnobs,
+    space: SearchSpace, progress: Progress | None, flash_attention: bool,
+    collectives: LayerCollectives | None,
+) -> SearchResult:
+    """`search` in one space, with the knobs `fixed`."""
     # TorchTitan, like Megatron-LM, runs every stage on one mesh: Alpa's stages of meshes of
     # their own are not plans it can run.
     # Alpa's stage DP lays experts out over no expert-parallel group of their own (its

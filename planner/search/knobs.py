@@ -38,6 +38,7 @@ def check_knobs(
             f"{cluster.device.name} lacks; use one it has ({has}) or a newer cluster"
         )
     problems += _run_problems(knobs, model, cluster, precision)
+    problems += _offload_problems(knobs, model, cluster, precision)
     problems += _schedule_problems(knobs, model, space)
     engine = knobs.get("engine", "megatron")
     problems += [f"{FLAG.get(name, name)} is {' and '.join(KNOBS[name].engines)}'s, not "
@@ -166,6 +167,54 @@ def _run_problems(knobs: FixedKnobs, model: TransformerConfig, cluster: Cluster,
         problems.append(f"{FLAG['overlap_moe_expert_parallel_comm']} overlaps expert "
                         f"all-to-alls: it needs {FLAG['expert']} above 1, the alltoall or flex "
                         f"dispatcher and no full recomputation (Megatron-LM's rule)")
+    return problems
+
+
+def _offload_problems(knobs: FixedKnobs, model: TransformerConfig, cluster: Cluster,
+                      precision: str) -> list[str]:
+    """Offload and fine-tuning settings the cluster, the model or the other knobs rule out."""
+    problems = []
+    fraction = knobs.get("optimizer_offload_fraction")
+    if fraction is not None and not 0 <= fraction <= 1:
+        problems.append(f"{FLAG['optimizer_offload_fraction']} {fraction:g} must be within "
+                        "[0, 1]: the share of the optimizer's state on the CPU")
+    elif fraction is not None and fraction < 1 and knobs.get("offload_optimizer") != "cpu":
+        problems.append(f"{FLAG['optimizer_offload_fraction']} {fraction:g} splits the "
+                        f"optimizer between CPU and GPU; add {FLAG['offload_optimizer']} cpu")
+    targets = [knobs.get(name) for name in ("offload_optimizer", "offload_params")]
+    offloaded = [t for t in targets if t not in (None, "none")]
+    if offloaded or knobs.get("offload_activation_layers"):
+        host = cluster.host
+        if host is None:
+            problems.append(f"cluster {cluster.name!r} has no host figures (host memory, "
+                            "PCIe, NVMe), so offload cannot be priced; add a host: section "
+                            "to its file")
+        elif "nvme" in offloaded and (host.nvme_read_gbs is None or host.nvme_write_gbs
+                                      is None or host.nvme_tb is None):
+            problems.append(f"offload to nvme needs the cluster's NVMe figures, and "
+                            f"{cluster.name!r} has none; add host.nvme_read_gbs, "
+                            "nvme_write_gbs and nvme_tb to its file, or offload to cpu")
+    if knobs.get("offload_params", "none") != "none" and knobs.get("zero_stage", 3) != 3:
+        problems.append(f"{FLAG['offload_params']} {knobs['offload_params']} offloads ZeRO-3's "
+                        f"parameter shards; it needs {FLAG['zero_stage']} 3")
+    layers = knobs.get("offload_activation_layers")
+    if layers is not None and layers >= model.num_layers:
+        problems.append(f"{FLAG['offload_activation_layers']} {layers} must be fewer than the "
+                        f"model's {model.num_layers} layers")
+    finetune = knobs.get("finetune", "none")
+    adapters = finetune in ("lora", "qlora")
+    given = [FLAG[name] for name in ("lora_rank", "lora_alpha", "lora_targets") if name in knobs]
+    if given and not adapters:
+        problems.append(f"{', '.join(given)} set the adapters of --finetune lora or qlora; "
+                        "add one or drop them")
+    rank = knobs.get("lora_rank")
+    if rank is not None and not 1 <= rank <= model.hidden_size:
+        problems.append(f"{FLAG['lora_rank']} {rank} must be from 1 to the hidden size "
+                        f"({model.hidden_size})")
+    if finetune == "qlora" and precision not in ("bf16", "fp16"):
+        problems.append(f"--finetune qlora dequantizes its 4-bit base to bf16 or fp16 for each "
+                        f"matmul, and {FLAG['precision']} {precision} has no 4-bit path; use "
+                        "--precision bf16")
     return problems
 
 

@@ -105,8 +105,9 @@ JOB_CONFIG: dict[str, Key] = {
     "training.seq_len": _read(2048),
     "training.max_norm": _ignored(1.0),
     "training.steps": _read(10000),
-    "training.enable_cpu_offload": _unpriced(
-        False, "where parameters, gradients and optimizer state live (FSDP's CPU offload)"),
+    # FSDP2's CPUOffloadPolicy (apply_fsdp): parameters, gradients and the optimizer step
+    # on the host, read as offload_optimizer and offload_params cpu.
+    "training.enable_cpu_offload": _read(False),
     "training.dtype": _unpriced(
         "float32", "the bytes of parameters, gradients and optimizer state (all in bf16, "
         "no fp32 copy)"),

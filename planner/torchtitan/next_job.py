@@ -213,6 +213,11 @@ def _converters(converters: list[Any], source: str) -> dict[str, Any]:
                          "output" if fqn == "lm_head" else fqn
                          for fqn in fields.get("filter_fqns", [])]}
             continue
+        if name == "LoRAConverter":
+            raise JobConfigError(f"{source}: LoRAConverter gives the fused wqkv one adapter "
+                                 "where Tessel prices one per projection, which Tessel "
+                                 "cannot price yet; remove it (plan --finetune lora, "
+                                 "--emit pytorch, writes LoRA of its own)")
         if name != "MXFP8LinearConverter":
             raise JobConfigError(f"{source}: {name} changes matmuls Tessel cannot price yet "
                                  "(it prices fp8 linears of MXFP8LinearConverter); remove it")

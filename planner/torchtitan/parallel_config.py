@@ -21,6 +21,8 @@ code that sets it (torchtitan 0.2.2):
   parallelism unless disabled; async TP needs compile (`maybe_enable_async_tp`).
 - float8 (`Float8LinearConverter`): tensorwise scaling, fp8 all-gathers only over a shard
   degree above 1 and without a recipe name.
+- CPU offload (`training.enable_cpu_offload`, `apply_fsdp`): FSDP2's CPUOffloadPolicy,
+  parameters, gradients and the optimizer step on the host together, under FSDP2 only.
 """
 
 from __future__ import annotations
@@ -154,6 +156,7 @@ def parallel_config(
         notes.append('fsdp_reshard_after_forward "default": under pipeline parallelism '
                      "TorchTitan keeps each block's gathered weights from forward to backward")
     experts = _experts(v, model, d.shard, cp, tp)
+    offload = _offload(v, zero)
     config = ParallelConfig.of(
         **experts, tensor=tp, pipeline=pp, data=d.dims.data, context=cp,
         # TorchTitan's tensor parallelism always shards norms over the sequence.
@@ -166,6 +169,7 @@ def parallel_config(
         tp_comm_overlap=async_tp, precision=precision, fp8_recipe=recipe,
         engine="torchtitan", fsdp_reshard_after_forward=policy, compile=compiled,
         compile_loss=compiled_loss, fp8_param_gather=fp8_gather,
+        offload_optimizer=offload, offload_params=offload,
     )
     try:
         return config.resolve(d.dims.world_size), layers, chunks
@@ -250,6 +254,22 @@ def _experts(v: _Values, model: TransformerConfig, shard: int, cp: int,
                       "divisor of both")
     return {"expert": ep, "expert_tensor": 1, "moe_token_dispatcher": "alltoall",
             "moe_router_force_load_balancing": v.flag("debug.moe_force_load_balance")}
+
+
+def _offload(v: _Values, zero: int) -> str:
+    """Where training.enable_cpu_offload keeps the optimizer's state and the parameters:
+    FSDP2's CPUOffloadPolicy (`apply_fsdp`) puts the sharded parameters, their gradients
+    and the optimizer step on the host, all together ("cpu" for both), under FSDP2 only;
+    "none" without it."""
+    key = KEY["offload_optimizer"]
+    if not v.flag(key):
+        return "none"
+    if zero != 3:
+        raise v.error(f"{key} = true without FSDP2 (data_parallel_shard_degree x "
+                      "context_parallel_degree is 1): TorchTitan applies CPUOffloadPolicy in "
+                      "apply_fsdp only, yet builds the model on the CPU; shard the "
+                      f"data-parallel ranks ({P}data_parallel_shard_degree) or remove it")
+    return "cpu"
 
 
 def _product(named: dict[str, int]) -> str:

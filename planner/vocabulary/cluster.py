@@ -163,6 +163,29 @@ class LinkSpec(_Config):
     )
 
 
+class HostSpec(_Config):
+    """One host's memory, PCIe and NVMe: where offloaded state lives and how fast it moves
+    (`cost_models.offload`)."""
+
+    memory_gib: float = Field(gt=0, description="Host (CPU) memory of one host, GiB.")
+    memory_bandwidth_gbs: float = Field(
+        gt=0, description="Host memory bandwidth of all its sockets, GB/s (channels x "
+        "transfer rate x 8 bytes): what the CPU's Adam step and the GPUs' copies share.")
+    cpu_cores: int = Field(gt=0, description="CPU cores of one host, all sockets.")
+    pcie_gbs: float = Field(
+        gt=0, description="Host-to-GPU link of one GPU, GB/s per direction (PCIe x16 at its "
+        "generation's rate, or NVLink-C2C's share on a Grace host).")
+    nvme_read_gbs: float | None = Field(
+        default=None, gt=0, description="Sequential read bandwidth of the host's NVMe "
+        "drives together (RAID-0 over them), GB/s; None: no NVMe figures (NVMe offload is "
+        "refused).")
+    nvme_write_gbs: float | None = Field(
+        default=None, gt=0, description="Sequential write bandwidth of those drives, GB/s.")
+    nvme_tb: float | None = Field(
+        default=None, gt=0, description="Capacity of those drives, TB.")
+    source: str = Field(description="Where the host figures come from.")
+
+
 class RunCosts(_Config):
     """What a cluster's GPU-hour costs, how often its GPUs fail and what they draw."""
 
@@ -228,6 +251,10 @@ class Cluster(_Config):
     run_costs: RunCosts | None = Field(
         default=None, description="Price per GPU-hour, failure rate and power, with their "
         "sources: what a whole run's totals need (--train-tokens).",
+    )
+    host: HostSpec | None = Field(
+        default=None, description="Each host's memory, PCIe and NVMe, with their sources: "
+        "what offloading to the CPU or NVMe needs (None: offload cannot be priced).",
     )
     memory_headroom_gib: float = Field(
         default=0.0, ge=0, description="GiB of each device a plan must leave free: a plan "

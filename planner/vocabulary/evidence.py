@@ -150,14 +150,33 @@ erred by 20-50% on published Megatron-LM runs (Tessel's own, mostly optimistic),
 band is wide and leans towards slower than predicted."""
 
 
+FINETUNE_OFFLOAD = (0.73, 1.62)
+"""Measured over predicted step time of the published fine-tuning and offload runs
+(`benchmarks/finetune_accuracy.py`: torchtune's LoRA and QLoRA on an RTX 4090 and its 70B
+full fine-tune with CPU offload, Megatron-Bridge's 70B SFT and LoRA, DeepSpeed's ZeRO-3
+offload at 1,024 A100; the adapter rows held out of the one fit): the least a band spans
+for a plan that offloads or trains adapters, whose mechanisms the pre-training runs of
+its kind never measured. tests/planner/vocabulary/test_evidence.py holds it to the rows."""
+
+
 def prediction_band(engine: str, model: TransformerConfig | None, device_name: str,
-                    calibrated: bool, bands: tuple[Band, ...] | None = None) -> Band:
+                    calibrated: bool, bands: tuple[Band, ...] | None = None,
+                    offload_or_adapters: bool = False) -> Band:
     """The band of a prediction for `model` (None: a traced module) run by `engine` on a
     device named `device_name`; `calibrated`: whether the device's efficiency was fitted
     (`DeviceSpec.calibration`). A device with typical efficiency is priced with numbers no
     published run checked: its kind counts as unmeasured, and its band spans at least
-    `UNCALIBRATED`."""
+    `UNCALIBRATED`. A plan that offloads or trains adapters (`offload_or_adapters`) spans
+    at least `FINETUNE_OFFLOAD`, the fine-tuning and offload runs' errors."""
     band = band_for(engine, family_of(model), generation_of(device_name), bands)
+    if offload_or_adapters:
+        low, high = min(band.low, FINETUNE_OFFLOAD[0]), max(band.high, FINETUNE_OFFLOAD[1])
+        if (low, high) != (band.low, band.high):
+            band = band.model_copy(update={
+                "low": low, "high": high,
+                "method": f"{band.method}, widened for offload or adapters to what the "
+                          "published fine-tuning and offload runs span "
+                          "(benchmarks/finetune_accuracy.py)"})
     if calibrated:
         return band
     return band.model_copy(update={

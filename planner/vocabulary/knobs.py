@@ -40,8 +40,11 @@ from planner.vocabulary.parallel import (
     ATTENTION_BACKENDS,
     CUDA_GRAPH_SCOPES,
     ENGINES,
+    FINETUNES,
     FP8_RECIPES,
+    LORA_TARGETS,
     MOE_DISPATCHERS,
+    OFFLOAD_TARGETS,
     PRECISIONS,
     RECOMPUTE,
     RECOMPUTE_METHODS,
@@ -128,6 +131,8 @@ class Knob:
     """A bool flag with a --no- spelling that fixes it off; otherwise given means on."""
     most: int | None = None
     """The largest value of an int knob on the command line; None: the most devices."""
+    span: tuple[float, float] | None = None
+    """The range of a float knob's values on the command line; None: any positive."""
     engines: tuple[str, ...] = ENGINES
     """The engines that run it at a value other than its default: a knob fixed under
     another engine is refused by `planner.search.knobs.check_knobs`, and one off its
@@ -423,6 +428,54 @@ KNOBS: dict[str, Knob] = _knobs(
          optional=True, memory=False, most=1 << 40, engines=("megatron",),
          cli=_flag("--ddp-bucket-size"), megatron=_flag("--ddp-bucket-size"),
          deepspeed=_flag("zero_optimization.reduce_bucket_size", note="ZeRO 1-3")),
+    Knob("offload_optimizer", "run.offload_optimizer", "str",
+         "where the optimizer's state lives and its step runs: none (the GPU), cpu "
+         "(gradients to the host, Adam on its cores, weights back) or nvme (the state read "
+         "from and written to NVMe every step)", choices=OFFLOAD_TARGETS,
+         cli=_flag("--offload-optimizer"),
+         megatron=_engine("--optimizer-cpu-offload", "cpu only; with "
+                          "--use-precision-aware-optimizer", switch=True,
+                          table=(("cpu", True), ("none", False)),
+                          reads=("use_precision_aware_optimizer",)),
+         torchtitan=_engine("training.enable_cpu_offload", "cpu, with offload_params cpu: "
+                            "FSDP2's CPUOffloadPolicy moves both"),
+         deepspeed=_engine("zero_optimization.offload_optimizer.device",
+                           "with pin_memory, nvme_path, buffer sizes")),
+    Knob("optimizer_offload_fraction", "run.optimizer_offload_fraction", "float",
+         "with --offload-optimizer cpu: the share of the optimizer's state and step on the "
+         "CPU, the rest on the GPU, within [0, 1]", span=(0.0, 1.0),
+         cli=_flag("--optimizer-offload-fraction"),
+         megatron=_flag("--optimizer-offload-fraction"),
+         deepspeed=_flag("zero_optimization.offload_optimizer.ratio", note="ZeRO-3")),
+    Knob("offload_params", "run.offload_params", "str",
+         "where ZeRO-3's parameter shards live between uses: none (the GPU), cpu or nvme, "
+         "fetched for every forward and backward pass (needs --zero-stage 3)",
+         choices=OFFLOAD_TARGETS, cli=_flag("--offload-params"),
+         torchtitan=_engine("training.enable_cpu_offload", "cpu, with offload_optimizer "
+                            "cpu: FSDP2's CPUOffloadPolicy moves both"),
+         deepspeed=_engine("zero_optimization.offload_param.device",
+                           "with pin_memory, nvme_path, buffer sizes")),
+    Knob("offload_activation_layers", "run.offload_activation_layers", "int",
+         "layers whose saved activations are copied to the host in forward and back in "
+         "backward, behind the next layer's compute (one pipeline stage, no recomputation)",
+         most=1 << 20, engines=("megatron",), cli=_flag("--cpu-offloading-num-layers"),
+         megatron=_engine("--cpu-offloading-num-layers", "0: none")),
+    Knob("finetune", "run.finetune", "str",
+         "none (pre-training), full (every weight fine-tuned), lora (rank-r adapters over "
+         "a frozen 16-bit base) or qlora (adapters over a 4-bit NF4 base)",
+         choices=FINETUNES, cli=_flag("--finetune"), tessel=_flag("finetune")),
+    Knob("lora_rank", "run.lora_rank", "int",
+         "with --finetune lora or qlora: the adapters' rank (at least 1, at most the "
+         "hidden size)", cli=_flag("--lora-rank"), tessel=_flag("lora_rank"), most=1 << 20),
+    Knob("lora_alpha", "run.lora_alpha", "float",
+         "with --finetune lora or qlora: the adapters' scale alpha / rank (no effect on "
+         "time or memory)", time=False, memory=False, cli=_flag("--lora-alpha"),
+         tessel=_flag("lora_alpha")),
+    Knob("lora_targets", "run.lora_targets", "tuple",
+         "with --finetune lora or qlora: the linears of each layer that get adapters "
+         "(default all four: attention's qkv and output projections, the MLP's fc1 and "
+         "fc2)", choices=LORA_TARGETS, cli=_flag("--lora-targets"),
+         tessel=_flag("lora_targets")),
     # Knobs without a flag of `plan`'s own.
     Knob("data", "parallel.data", "int",
          "Data-parallel degree; -1: the GPUs the other degrees leave (--gpus sets them).",
@@ -490,9 +543,9 @@ KNOBS: dict[str, Knob] = _knobs(
 
 
 def _unpriced(flag: str, what: str, *neutral: Any, dest: str | None = None,
-              needs: str = "", deepspeed: Spelling | None = None) -> Knob:
+              needs: str = "") -> Knob:
     return Knob(flag, None, "", what, megatron=Spelling(flag, dest=dest), priced=False,
-                neutral=neutral, needs=needs, deepspeed=deepspeed)
+                neutral=neutral, needs=needs)
 
 
 UNPRICED_FLAGS: dict[str, Knob] = _knobs(
@@ -523,11 +576,7 @@ UNPRICED_FLAGS: dict[str, Knob] = _knobs(
     _unpriced("--exp-avg-dtype", "Adam moments other than fp32 or bf16", "bf16"),
     _unpriced("--exp-avg-sq-dtype", "Adam moments other than fp32 or bf16", "bf16"),
     _unpriced("--optimizer", "an optimizer other than Adam (its state differs)"),
-    _unpriced("--optimizer-cpu-offload", "optimizer state offloaded to the CPU",
-              deepspeed=Spelling("zero_optimization.offload_optimizer.device",
-                                 table=((True, "cpu"), (False, "none")))),
     # Activations kept elsewhere, or recomputed beyond Tessel's three modes.
-    _unpriced("--cpu-offloading-num-layers", "activations offloaded to the CPU"),
     _unpriced("--fine-grained-activation-offloading", "activations offloaded to the CPU"),
     _unpriced("--offload-modules", "activations offloaded to the CPU"),
     _unpriced("--distribute-saved-activations",

@@ -33,6 +33,9 @@ RecomputeModule = Literal["core_attn", "mlp", "layernorm", "moe_act", "mla_up_pr
 StateDtype = Literal["fp32", "bf16"]
 CudaGraphScope = Literal["full", "attn", "mlp", "moe", "moe_router", "moe_preprocess",
                          "full_iteration"]
+OffloadTarget = Literal["none", "cpu", "nvme"]
+Finetune = Literal["none", "full", "lora", "qlora"]
+LoraTarget = Literal["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
 
 _Frozen = TypeVar("_Frozen")
 RECOMPUTE: tuple[str, ...] = get_args(Recompute)
@@ -46,6 +49,9 @@ RESHARD_POLICIES: tuple[str, ...] = get_args(ReshardPolicy)
 RECOMPUTE_MODULES: tuple[str, ...] = get_args(RecomputeModule)
 STATE_DTYPES: tuple[str, ...] = get_args(StateDtype)
 CUDA_GRAPH_SCOPES: tuple[str, ...] = get_args(CudaGraphScope)
+OFFLOAD_TARGETS: tuple[str, ...] = get_args(OffloadTarget)
+FINETUNES: tuple[str, ...] = get_args(Finetune)
+LORA_TARGETS: tuple[str, ...] = get_args(LoraTarget)
 
 
 @dataclass(frozen=True)
@@ -237,6 +243,54 @@ class Moe:
 
 
 @dataclass(frozen=True)
+class Offload:
+    """Model state and activations kept in host memory or on NVMe instead of the GPU
+    (`cost_models.offload` prices each transfer and the CPU's optimizer step)."""
+
+    offload_optimizer: OffloadTarget = "none"
+    """Where the optimizer's state (fp32 master weights and Adam's moments) lives and its
+    step runs: none (the GPU), cpu (ZeRO-Offload, Megatron-LM's --optimizer-cpu-offload,
+    FSDP2's CPUOffloadPolicy: gradients copied to the host, Adam on its cores, weights
+    copied back) or nvme (ZeRO-Infinity: the state read from and written to NVMe each
+    step)."""
+    optimizer_offload_fraction: float = 1.0
+    """The share of the optimizer's state and step on the CPU, the rest on the GPU
+    (Megatron-LM's --optimizer-offload-fraction; DeepSpeed's offload_optimizer.ratio)."""
+    offload_params: OffloadTarget = "none"
+    """Where ZeRO-3's parameter shards live between uses (ZeRO-Infinity's offload_param):
+    none (the GPU), cpu or nvme; each is fetched to the GPU for every forward and backward
+    pass, behind the compute of the layers before it. Needs zero_stage 3."""
+    offload_activation_layers: int = 0
+    """Layers of each pipeline stage whose saved activations are copied to the host in
+    forward and back in backward, behind the next layer's compute (Megatron-LM's
+    --cpu-offloading-num-layers); 0: none."""
+
+
+@dataclass(frozen=True)
+class Finetuning:
+    """What is trained: every weight (pre-training, full fine-tuning) or low-rank adapters
+    beside frozen ones (LoRA, QLoRA) (`cost_models.adapters` prices them)."""
+
+    finetune: Finetune = "none"
+    """none (pre-training), full (supervised fine-tuning of every weight: priced as
+    pre-training on packed sequences), lora (Hu et al. 2021: the base weights frozen in
+    16 bits, rank-r adapters A and B beside each targeted linear trained) or qlora
+    (Dettmers et al. 2023: LoRA over a base stored in 4-bit NF4 with double-quantized
+    block scales, dequantized to bf16 for each matmul)."""
+    lora_rank: int = 16
+    """The adapters' rank r: each targeted linear of in x out gains r x (in + out)
+    trained parameters."""
+    lora_alpha: float = 32.0
+    """The adapters' scale alpha / r on their output: no effect on time or memory."""
+    lora_targets: tuple[LoraTarget, ...] = ("linear_qkv", "linear_proj", "linear_fc1",
+                                            "linear_fc2")
+    """The linears of each layer that get adapters, in Megatron-Bridge's names: linear_qkv
+    (the query, key and value projections), linear_proj (attention's output), linear_fc1
+    (the MLP's up and gate projections, the experts' too) and linear_fc2 (its down
+    projection)."""
+
+
+@dataclass(frozen=True)
 class ParallelConfig:
     """How one training step is split over GPUs, in sections as torchtitan's job config
     has them; each knob's Megatron-LM flag in parentheses. A knob is read where it lives
@@ -266,6 +320,10 @@ class ParallelConfig:
     """The engine, attention kernels, CUDA graphs and torch.compile."""
     moe: Moe = Moe()
     """Token dispatch to experts."""
+    offload: Offload = Offload()
+    """Optimizer state, parameters and activations kept off the GPU."""
+    finetuning: Finetuning = Finetuning()
+    """Pre-training, full fine-tuning, or adapters over a frozen base."""
 
     @classmethod
     def of(cls, **knobs: Any) -> ParallelConfig:
@@ -319,7 +377,7 @@ class ParallelConfig:
         for section in SECTION_NAMES[1:]:  # the degrees are ParallelDims' to check
             for name, value in vars(getattr(self, section)).items():
                 if isinstance(value, int) and not isinstance(value, bool) \
-                        and value < (name != "zero_stage"):
+                        and value < (name not in ("zero_stage", "offload_activation_layers")):
                     problems.append(f"{name} must be positive, got {value}")
         if self.sharding.zero_stage > 3:
             problems.append(f"zero_stage must be 0-3, got {self.sharding.zero_stage}")
@@ -332,11 +390,15 @@ class ParallelConfig:
                               ("engine", ENGINES),
                               ("fsdp_reshard_after_forward", RESHARD_POLICIES),
                               ("main_grads_dtype", STATE_DTYPES),
-                              ("exp_avg_dtype", STATE_DTYPES)):
+                              ("exp_avg_dtype", STATE_DTYPES),
+                              ("offload_optimizer", OFFLOAD_TARGETS),
+                              ("offload_params", OFFLOAD_TARGETS),
+                              ("finetune", FINETUNES)):
             if self.knob(name) not in allowed:
                 problems.append(f"{name} must be one of {', '.join(allowed)}")
         for name, allowed in (("cuda_graph_scope", CUDA_GRAPH_SCOPES),
-                              ("recompute_modules", RECOMPUTE_MODULES)):
+                              ("recompute_modules", RECOMPUTE_MODULES),
+                              ("lora_targets", LORA_TARGETS)):
             unknown = [m for m in self.knob(name) if m not in allowed]
             if unknown:
                 problems.append(f"{name} must be among {', '.join(allowed)}, "
@@ -360,6 +422,7 @@ class ParallelConfig:
                                               or self.numerics.fp8_recipe != "mxfp8"):
             # Megatron-Core's TransformerConfig.__post_init__ raises without both.
             problems.append("fp8_output_proj needs precision fp8 with the mxfp8 fp8_recipe")
+        problems += self._offload_problems()
         if moe.delay_wgrad_compute and not moe.overlap_moe_expert_parallel_comm:
             # Megatron-Core's TransformerConfig.__post_init__ asserts it.
             problems.append("delay_wgrad_compute needs overlap_moe_expert_parallel_comm")
@@ -393,6 +456,34 @@ class ParallelConfig:
                 f"the interleaved schedule needs the {m} micro-batches per step to be a "
                 f"multiple of pipeline ({p}); change the batch or the pipeline.")
         return resolved
+
+
+    def _offload_problems(self) -> list[str]:
+        """The offload and fine-tuning rules (DeepSpeed's and Megatron-LM's)."""
+        offload, tuning = self.offload, self.finetuning
+        problems = []
+        if not 0 <= offload.optimizer_offload_fraction <= 1:
+            problems.append("optimizer_offload_fraction must be within [0, 1], got "
+                            f"{offload.optimizer_offload_fraction}")
+        elif offload.optimizer_offload_fraction < 1 and offload.offload_optimizer != "cpu":
+            # Megatron-LM's HybridDeviceOptimizer splits the state between CPU and GPU;
+            # nothing splits it between NVMe and the GPU.
+            problems.append("optimizer_offload_fraction below 1 needs offload_optimizer cpu")
+        if offload.offload_params != "none" and self.sharding.zero_stage != 3:
+            # ZeRO-Infinity's offload_param is a ZeRO-3 option (DeepSpeed's config check).
+            problems.append("offload_params needs zero_stage 3 (parameters sharded)")
+        if offload.offload_activation_layers and (
+                self.dims.pipeline > 1 or self.recomputation.recompute != "none"):
+            # Megatron-Core's TransformerConfig.__post_init__ refuses both with CPU offloading.
+            problems.append("offload_activation_layers needs one pipeline stage and no "
+                            "recomputation")
+        if tuning.finetune in ("lora", "qlora") and not tuning.lora_targets:
+            problems.append("lora_targets must name at least one linear")
+        if tuning.finetune == "qlora" and self.numerics.precision not in ("bf16", "fp16"):
+            # bitsandbytes' and torchao's NF4 dequantize to a 16-bit compute dtype.
+            problems.append("qlora dequantizes its 4-bit base to bf16 or fp16 for each "
+                            f"matmul; precision {self.numerics.precision} has no 4-bit path")
+        return problems
 
 
 class FixedKnobs(Mapping[str, Any]):

@@ -35,8 +35,11 @@ from planner.vocabulary.parallel import (
     ParallelConfig,
     CudaGraphScope,
     Engine,
+    Finetune,
     Fp8Recipe,
+    LoraTarget,
     MoeDispatcher,
+    OffloadTarget,
     Precision,
     Recompute,
     RecomputeMethod,
@@ -334,6 +337,24 @@ class RunSettings(_Model):
     ddp_bucket_size: int | None = Field(
         default=None, ge=1, description="Parameters per gradient bucket of the overlapped "
         "reduction; None: Megatron-LM's default, max(40M, 1M x data).")
+    offload_optimizer: OffloadTarget = Field(
+        default="none", description="Where the optimizer's state lives and its step runs: "
+        "none (the GPU), cpu or nvme.")
+    optimizer_offload_fraction: float = Field(
+        default=1.0, ge=0, le=1, description="The share of the optimizer's state and step "
+        "on the CPU (offload_optimizer cpu).")
+    offload_params: OffloadTarget = Field(
+        default="none", description="Where ZeRO-3's parameter shards live between uses.")
+    offload_activation_layers: int = Field(
+        default=0, ge=0, description="Layers per stage whose saved activations go to the "
+        "host.")
+    finetune: Finetune = Field(
+        default="none", description="none (pre-training), full, lora or qlora.")
+    lora_rank: int = Field(default=16, ge=1, description="The adapters' rank.")
+    lora_alpha: float = Field(default=32.0, description="The adapters' scale alpha / rank.")
+    lora_targets: tuple[LoraTarget, ...] = Field(
+        default=("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"),
+        description="The linears of each layer that get adapters.")
 
 
 class Breakdown(_Model):
@@ -343,6 +364,8 @@ class Breakdown(_Model):
     data_parallel_comm_s: float = Field(description="Exposed gradient reduction.")
     bubble_s: float = Field(description="Pipeline fill and drain.")
     optimizer_s: float = Field(description="Optimizer update.")
+    offload_s: float = Field(default=0.0, description="What offload adds: the CPU's Adam "
+                             "step, NVMe swaps, copies compute does not hide.")
 
 
 class Predicted(_Model):
@@ -383,6 +406,15 @@ class Predicted(_Model):
         "since commit 8873b55d6a, attention scores halved for the causal mask, no router, "
         "what NeMo and Megatron-Bridge report) or 'traced' (graph plans: 3x the traced "
         "forward's matmuls and elementwise ops).")
+    host_memory_gib_per_host: float = Field(
+        default=0.0, ge=0, description="Host memory one host's offloaded state and "
+        "activations take, GiB.")
+    nvme_gb_per_step: float = Field(
+        default=0.0, ge=0, description="Bytes one host reads from and writes to NVMe per "
+        "step, GB.")
+    pcie_gb_per_step: float = Field(
+        default=0.0, ge=0, description="Bytes one GPU moves over its host link per step, "
+        "GB.")
     breakdown: Breakdown | None = Field(default=None, description="Where the step time goes.")
     step_time_band_s: tuple[float, float] | None = Field(
         default=None, description="The step time a run may measure, [low, high]: the "

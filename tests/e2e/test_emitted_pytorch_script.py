@@ -1,10 +1,13 @@
 """The PyTorch export trains: `pytorch_train.py`, as `plan --emit pytorch` writes it, runs
 three steps under torchrun on 4 CPU processes (gloo) and prints a finite loss each step.
 
-Two plans cover what the script does: pipeline x tensor parallelism with sequence
-parallelism, the distributed optimizer and full recomputation (1F1B over two stages); and a
+Three plans cover what the script does: pipeline x tensor parallelism with sequence
+parallelism, the distributed optimizer and full recomputation (1F1B over two stages); a
 GPT whose output layer is tied to the vocabulary-parallel embedding, with ZeRO-3 over two
-data-parallel ranks, selective recomputation and gradient accumulation over micro-batches.
+data-parallel ranks, selective recomputation and gradient accumulation over micro-batches;
+and LoRA fine-tuning (the script's own adapters beside tensor-parallel linears, the base
+frozen) with FSDP2's CPU offload of parameters, gradients and optimizer step (unpinned on
+CPU; priced on a cluster with host figures, which offload needs).
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ PLANS = {
     "gpt-tied-tp2-dp2-zero3-selective": ("gpt", {
         "tensor": 2, "sequence_parallel": True, "zero_stage": 3, "recompute": "selective",
         "micro_batch_size": 1, "global_batch_size": 8}),
+    "llama-tp2-dp2-zero3-lora-cpu-offload": ("llama", {
+        "tensor": 2, "sequence_parallel": True, "zero_stage": 3, "recompute": "full",
+        "micro_batch_size": 1, "global_batch_size": 4, "finetune": "lora", "lora_rank": 4,
+        "offload_optimizer": "cpu", "offload_params": "cpu"}),
 }
 
 
@@ -44,7 +51,8 @@ PLANS = {
 def test_emitted_pytorch_script_trains_on_four_cpu_ranks(name: str, tmp_path: Path) -> None:
     family, knobs = PLANS[name]
     model = zoo_config(family, SHAPE)
-    plan = training_plan(family, model, Cluster.load("cpu").with_devices(4),
+    cluster = "dgx-h100" if knobs.get("offload_params", "none") != "none" else "cpu"
+    plan = training_plan(family, model, Cluster.load(cluster).with_devices(4),
                          ParallelConfig.of(**knobs, precision="fp32"))
     text = engine_files("pytorch", plan, model)["pytorch_train.py"]
     # A short run, logged every step.

@@ -53,6 +53,10 @@ CASES = {
     "mixtral-dp4-ep2-zero3": (MIXTRAL, dict(expert=2, zero_stage=3)),
     "deepseek-v3-pp2-tp2-dp2-ep2-zero1": (DEEPSEEK_V3, dict(pipeline=2, tensor=2, expert=2,
                                                             zero_stage=1)),
+    # LoRA: each adapted linear's factors beside it (A whole and B by rows beside a
+    # column-parallel weight, A by columns and B whole beside a row-parallel one).
+    "llama-pp2-tp2-dp2-zero3-lora": (LLAMA, dict(pipeline=2, tensor=2, zero_stage=3,
+                                                 finetune="lora", lora_rank=4)),
 }
 
 
@@ -123,6 +127,8 @@ def test_every_stage_holds_the_plans_placements_and_bytes(case: str) -> None:
         assert placements == listed
         # Parameters at rest are the rank's shards under every ZeRO stage FSDP2 runs.
         assert stage.memory is not None
-        at_rest = stage.memory.optimizer_bytes // element.optimizer if plan.parallel.zero_stage \
+        # (Under LoRA only the adapters have optimizer state: ZeRO-3's parameters tell.)
+        at_rest = stage.memory.optimizer_bytes // element.optimizer \
+            if plan.parallel.zero_stage in (1, 2) \
             else stage.memory.parameters_bytes // element.params
         assert local == at_rest

@@ -34,9 +34,33 @@ KNOB_VALUES = {
     # Part of a node that fits nothing: the least size named, not "14 devices would leave a
     # node part-filled" (the search doubled 7 to a size no DGX has).
     "part-of-a-node-fits-nothing": (["deepseek-v3", *H100, "--gpus", "7",
-                                     "--global-batch-size", "64"],
+                                     "--global-batch-size", "64", "--offload-optimizer",
+                                     "none"],
                                     ["deepseek-v3 does not fit on 7 x H100-SXM5-80GB",
                                      "it needs at least 256 GPUs of this kind"]),
+    "lora-rank-zero": ([*SMALL, "--finetune", "lora", "--lora-rank", "0"],
+                       ["--lora-rank 0 must be from 1"]),
+    "lora-rank-above-the-hidden-size": ([*SMALL, "--finetune", "lora", "--lora-rank", "1024"],
+                                        ["--lora-rank 1024 must be from 1 to the hidden size "
+                                         "(768)"]),
+    "lora-targets-naming-no-linear": ([*SMALL, "--finetune", "lora", "--lora-targets",
+                                       "linear_foo"], ["--lora-targets", "linear_foo"]),
+    "lora-rank-without-adapters": ([*SMALL, "--lora-rank", "8"],
+                                   ["--lora-rank set the adapters of --finetune lora"]),
+    "qlora-without-a-4-bit-path": ([*SMALL, "--finetune", "qlora", "--precision", "fp8"],
+                                   ["--finetune qlora", "--precision fp8 has no 4-bit path"]),
+    "nvme-offload-without-nvme-figures": (
+        ["gpt3-125m", "--cluster", str(FIXTURES / "host_without_nvme.yaml"), "--gpus", "8",
+         "--global-batch-size", "64", "--offload-optimizer", "nvme"],
+        ["offload to nvme needs the cluster's NVMe figures"]),
+    "offload-fraction-above-one": ([*SMALL, "--offload-optimizer", "cpu",
+                                    "--optimizer-offload-fraction", "1.5"],
+                                   ["--optimizer-offload-fraction", "1.5 is not between 0 "
+                                    "and 1"]),
+    "offload-fraction-below-zero": ([*SMALL, "--offload-optimizer", "cpu",
+                                     "--optimizer-offload-fraction", "-0.5"],
+                                    ["--optimizer-offload-fraction", "-0.5 is not between 0 "
+                                     "and 1"]),
     "tensor-divides-nothing": ([*GPT3, "--tensor-model-parallel-size", "5"],
                                ["--tensor-model-parallel-size 5 must divide the 96 attention "
                                 "heads and the 8 GPUs of a node"]),
@@ -134,9 +158,10 @@ KNOB_VALUES = {
     "what-if-that-does-not-fit": (
         ["gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "8", "--global-batch-size", "8",
          "--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "1",
-         "--micro-batch-size", "1"], None),
+         "--micro-batch-size", "1", "--offload-optimizer", "none"], None),
     "nothing-fits": (["gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "8",
-                      "--global-batch-size", "64"], ["no plan fits", "at least 64 GPUs"]),
+                      "--global-batch-size", "64", "--offload-optimizer", "none"],
+                     ["no plan fits", "at least 64 GPUs"]),
 }
 
 ESCAPED_TRACEBACKS = {

@@ -59,8 +59,11 @@ def test_no_plan_fits_is_one_line_naming_what_the_model_needs(
     schedule: str, engine: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     model, gpus = CASES[schedule, engine]
+    # Offload fixed off: the search would otherwise keep state on the host (see
+    # tests/cost_models/test_offload.py).
     text = refusal([model, "--gpus", str(gpus), "--global-batch-size", "64",
-                    "--engine", engine, "--schedule", schedule], capsys)
+                    "--engine", engine, "--schedule", schedule, "--offload-optimizer",
+                    "none"], capsys)
     if (schedule, engine) == ("dualpipev", "megatron"):
         assert text == ("error: --schedule dualpipev is TorchTitan's and Tessel's runtime's, "
                         "not Megatron-LM's (it has no DualPipe schedule); add --engine "
@@ -102,8 +105,24 @@ def test_virtual_stages_are_released_as_the_flag_that_set_them(
                     "--pipeline-model-parallel-size", "2",
                     "--num-layers-per-virtual-pipeline-stage", "1", "--micro-batch-size", "2",
                     "--recompute-granularity", "selective", "--zero-stage", "1",
-                    "--tensor-model-parallel-size", "1"], capsys)
+                    "--tensor-model-parallel-size", "1", "--offload-optimizer", "none"],
+                   capsys)
     assert re.search(
         r"; or, on these 16 GPUs, leave --num-layers-per-virtual-pipeline-stage 1 to the "
         r"search: the fastest plan then takes the 1f1b schedule \(\d+\.\d{3} s a step\)$",
         text), text
+
+
+def test_a_model_that_fits_even_offloaded_nowhere_says_so(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    # One GB200 tray: 960 GiB of host memory and no NVMe figures, against DeepSeek-V3's
+    # 671B parameters' 18 bytes each of weights, gradients and optimizer state.
+    code = main(["deepseek-v3", "--gpus", "4", "--global-batch-size", "64", "--cluster",
+                 "gb200-nvl72"])
+    captured = capsys.readouterr()
+    text = " ".join((captured.out + captured.err).split())
+    assert code == 2
+    assert re.search(r"no plan fits: deepseek-v3 does not fit on 4 x \S+ \(\S+ GiB\) with "
+                     r"global batch 64; even with its state offloaded to the host and NVMe; "
+                     r"without offload needs at least \d+ GPUs of this kind", text), text

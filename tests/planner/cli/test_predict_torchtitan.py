@@ -356,8 +356,8 @@ BAD = {
                      "job config (did you mean parallelism.pipeline_parallel_degree?)"]),
     "unknown table": (GOOD + "[float8]\nenable_fsdp_float8_all_gather = true\n",
                       ["--gpus", "8"], ["(did you mean [quantize.linear.float8]?)"]),
-    "unpriced key": (GOOD + "enable_cpu_offload = true\n", ["--gpus", "8"],
-                     ["training.enable_cpu_offload = true changes where parameters"]),
+    "unpriced key": (GOOD + "gc_debug = true\n", ["--gpus", "8"],
+                     ["training.gc_debug = true changes the step's time"]),
     "no GPU count": (GOOD, [], ["data_parallel_shard_degree is -1", "add --gpus N"]),
     "float8 on an A100": (
         GOOD.replace('"8B"\n', '"8B"\nconverters = ["quantize.linear.float8"]\n'),

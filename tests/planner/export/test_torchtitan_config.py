@@ -62,6 +62,9 @@ PLANNED = {
     "8b-dualpipev-loss-compiled": ("llama3-8b", 32, titan(
         tensor=2, pipeline=4, data=4, micro_batch_size=1, global_batch_size=64,
         schedule="dualpipev", virtual_pipeline=2, compile_loss=True)),
+    "8b-tp2-cpu-offload": ("llama3-8b", 16, titan(
+        tensor=2, data=8, micro_batch_size=1, global_batch_size=64, recompute="full",
+        offload_optimizer="cpu", offload_params="cpu")),
 }
 
 
@@ -179,6 +182,7 @@ def test_torchtitans_config_manager_builds_the_emitted_config(
                                               "selective": "SelectiveAC.Config"}[plan.recompute]
     assert built["model"] == ["llama3", plan.model.removeprefix("llama3-").upper()]
     assert built["compile"]["enable_async_tensor_parallel"] == plan.run.tp_comm_overlap
+    assert built["training"]["enable_cpu_offload"] == (plan.run.offload_params == "cpu")
 
 
 @pytest.mark.parametrize("name", REGISTRY_BUILT)

@@ -170,6 +170,16 @@ def test_tensor_context_and_fsdp_degrees() -> None:
                ).parallel.sharding.zero_stage == 3
 
 
+def test_cpu_offload_is_fsdp2s_policy_over_parameters_and_optimizer() -> None:
+    """Checks: training.enable_cpu_offload (FSDP2's CPUOffloadPolicy in apply_fsdp) reads
+    as both the optimizer and the parameters on the CPU; absent, neither."""
+    offload = job(LLAMA8 + "[training]\nenable_cpu_offload = true\n", 8).parallel.offload
+    assert (offload.offload_optimizer, offload.offload_params) == ("cpu", "cpu")
+    assert offload.optimizer_offload_fraction == 1.0
+    offload = job(LLAMA8, 8).parallel.offload
+    assert (offload.offload_optimizer, offload.offload_params) == ("none", "none")
+
+
 def test_ddp_runs_alone_and_hsdp_is_refused() -> None:
     q = job(LLAMA8 + "[parallelism]\ndata_parallel_replicate_degree = 8\n"
             "data_parallel_shard_degree = 1\n").parallel
@@ -309,8 +319,12 @@ BAD = {
         "[training]\nseq_len = 8192\n", "must divide the model's 32 attention heads and 8"),
     "seq_len not splitting": (LLAMA8 + "[parallelism]\ncontext_parallel_degree = 4\n"
                               "[training]\nseq_len = 100\n", "must be a multiple of"),
-    "unpriced key": (LLAMA8 + "[training]\nenable_cpu_offload = true\n",
-                     "training.enable_cpu_offload = true changes where parameters"),
+    "unpriced key": (LLAMA8 + "[training]\ngc_debug = true\n",
+                     "training.gc_debug = true changes the step's time"),
+    "cpu offload under DDP": (
+        LLAMA8 + "[parallelism]\ndata_parallel_shard_degree = 1\n"
+        "data_parallel_replicate_degree = 8\n[training]\nenable_cpu_offload = true\n",
+        "training.enable_cpu_offload = true without FSDP2"),
     "float8 with 16-bit weight gradients": (
         LLAMA8 + 'converters = ["quantize.linear.float8"]\n'
         '[quantize.linear.float8]\nrecipe_name = "rowwise_with_gw_hp"\n',

@@ -10,11 +10,15 @@ from planner.vocabulary.cluster import MAX_DEVICES, Cluster, LinkSpec
 
 PRESETS = (
     "cpu", "dgx-a100-40g", "dgx-a100-80g", "dgx-h100", "dgx-h200", "dgx-b200",
-    "gb200-nvl72", "mi300x", "mi325x", "gaudi3", "aws-p3.16xlarge",
+    "gb200-nvl72", "mi300x", "mi325x", "gaudi3", "aws-p3.16xlarge", "rtx-4090",
+    "rtx-a6000",
 )
 # Volta predates the sanity checks' assumptions (bf16, >= 40 GiB, > 1 TB/s HBM);
 # tests/planner/test_aws_p3_preset.py checks its datasheet numbers instead.
 PRE_BF16 = ("cpu", "aws-p3.16xlarge")
+# Workstation GPUs have GDDR, not HBM (24 GiB, 768 GB/s) and PCIe past an NVLink bridge,
+# if any: tests/planner/vocabulary/test_host_presets.py checks their datasheet numbers.
+WORKSTATION = ("rtx-4090", "rtx-a6000")
 
 
 def test_every_preset_is_listed() -> None:
@@ -33,7 +37,7 @@ def test_presets_load(name: str) -> None:
     assert isinstance(cluster.device.efficiency, Efficiency)
 
 
-@pytest.mark.parametrize("name", [p for p in PRESETS if p not in PRE_BF16])
+@pytest.mark.parametrize("name", [p for p in PRESETS if p not in PRE_BF16 + WORKSTATION])
 def test_preset_numbers_are_sane(name: str) -> None:
     cluster = Cluster.load(name)
     peaks = cluster.device.peak_tflops

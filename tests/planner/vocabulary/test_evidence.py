@@ -84,3 +84,22 @@ def test_every_kind_without_rows_prints_a_wider_band_than_its_source() -> None:
                     continue
                 source = measured[band.borrowed_from]
                 assert band.low < source.low and band.high > source.high, band.kind
+
+
+def test_offload_and_adapter_plans_span_the_finetune_runs_errors() -> None:
+    """FINETUNE_OFFLOAD covers every published fine-tuning and offload run's measured over
+    predicted step time (benchmarks/finetune_accuracy.py), and a plan that offloads or
+    trains adapters gets at least it, saying why."""
+    from cost_models.published_finetune import predict, read_runs
+    from planner.vocabulary.evidence import FINETUNE_OFFLOAD, prediction_band
+
+    runs, _ = read_runs()
+    ratios = [1 + predict(run).speed_error for run in runs]
+    low, high = FINETUNE_OFFLOAD
+    assert low <= min(ratios) and max(ratios) <= high
+    assert min(ratios) - low < 0.02 and high - max(ratios) < 0.02  # not wider than they say
+    band = prediction_band("megatron", None, "H100-SXM5-80GB", True, offload_or_adapters=True)
+    assert (band.low, band.high) == FINETUNE_OFFLOAD
+    assert "fine-tuning and offload runs span" in band.method
+    plain = prediction_band("megatron", None, "H100-SXM5-80GB", True)
+    assert plain.high < high

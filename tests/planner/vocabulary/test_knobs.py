@@ -97,6 +97,8 @@ MEGATRON_CASES: dict[str, dict[str, Any]] = {
     "cuda_graph_scope": dict(cuda_graph_scope=("attn",)),
     "global_batch_size": dict(global_batch_size=32),
     "ddp_bucket_size": dict(ddp_bucket_size=10_000_000, overlap_grad_reduce=True),
+    "optimizer_offload_fraction": dict(offload_optimizer="cpu", optimizer_offload_fraction=0.5),
+    "offload_params": dict(zero_stage=3),
 }
 TORCHTITAN_CASES: dict[str, dict[str, Any]] = {
     "tensor": dict(tensor=2, sequence_parallel=True),
@@ -112,6 +114,8 @@ TORCHTITAN_CASES: dict[str, dict[str, Any]] = {
     "zero_stage": dict(zero_stage=3),
     "data": dict(data=4, tensor=2, sequence_parallel=True),
     "global_batch_size": dict(global_batch_size=32),
+    "offload_optimizer": dict(offload_params="cpu", zero_stage=3),
+    "offload_params": dict(offload_optimizer="cpu", zero_stage=3),
 }
 # The settings TorchTitan runs whatever the knobs (its FSDP2 overlaps everything).
 TORCHTITAN_BASE = dict(engine="torchtitan", zero_stage=3, overlap_grad_reduce=True,
@@ -259,7 +263,11 @@ def test_deepspeed_config_round_trips(name: str) -> None:
     cases = {"precision": dict(precision="fp16"), "overlap_grad_reduce": dict(zero_stage=1),
              "global_batch_size": dict(global_batch_size=32),
              "ddp_bucket_size": dict(zero_stage=1, overlap_grad_reduce=True,
-                                     ddp_bucket_size=10_000_000)}
+                                     ddp_bucket_size=10_000_000),
+             "offload_optimizer": dict(zero_stage=1),
+             "offload_params": dict(zero_stage=3),
+             "optimizer_offload_fraction": dict(zero_stage=3, offload_optimizer="cpu",
+                                                optimizer_offload_fraction=0.5)}
     config, gpus = configured(name, cases)
     plan = training_plan("llama3-8b", DENSE, cluster_of(gpus), config)
     assert deepspeed_incompatibility(plan) is None

@@ -1,0 +1,174 @@
+"""LoRA and QLoRA: which linears get adapters, the adapters' parameters, and the 4-bit base.
+
+- LoRA (Hu et al., "LoRA: Low-Rank Adaptation of Large Language Models", ICLR 2022, Sec. 4):
+  a frozen linear W (out x in) gains y += (alpha / r) x A^T B^T with A (r x in) and B
+  (out x r) trained, r (in + out) parameters. Only A and B have gradients and optimizer
+  state; W keeps its 16-bit copy and no gradient.
+- Tensor parallelism (Megatron-Bridge's `ParallelLinearAdapter`, src/megatron/bridge/peft/
+  utils.py): beside a column-parallel W (split by output rows) A is whole on every tensor
+  rank and B split like W; beside a row-parallel W (split by input columns) A is split
+  like W and B whole, the adapter's partial sums joining W's before its all-reduce.
+- QLoRA (Dettmers et al., "QLoRA: Efficient Finetuning of Quantized LLMs", NeurIPS 2023,
+  Sec. 3): the base of each adapted linear stored as 4-bit NormalFloat in blocks of 64,
+  each block's absmax quantized to 8 bits with one fp32 constant per 256 blocks ("double
+  quantization"): 4 + 8/64 + 32/(64 x 256) = 4.127 bits a weight. Every use of the weight
+  (forward, and backward's input gradient) dequantizes it to bf16 first.
+
+Adapters sit on the layers' linears only (not the embedding or the head), the experts'
+included, as Megatron-Bridge's and torchtune's default targets do.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from cost_models.identity_memo import IdentityMemo
+from cost_models.stage_parameters import ParameterLayout, layer_parameter_layouts, local_shape
+from cost_models.transformer_ops import Matmul, Memory, Op
+from planner.models.config import TransformerConfig
+from planner.vocabulary.parallel import Finetuning, ParallelConfig
+
+ADAPTER_FINETUNES = ("lora", "qlora")
+"""Fine-tuning modes that train adapters over a frozen base."""
+
+TARGET_LINEARS: dict[str, tuple[str, ...]] = {
+    "linear_qkv": ("q_proj", "k_proj", "v_proj", "q_down_proj", "q_up_proj", "kv_down_proj",
+                   "kv_up_proj"),
+    "linear_proj": ("o_proj",),
+    "linear_fc1": ("gate_proj", "up_proj", "fc1"),
+    "linear_fc2": ("down_proj", "fc2"),
+}
+"""Each LoRA target (Megatron-Bridge's module names) -> the zoo transformer's linears it
+names (`planner.models.transformer`; multi-latent attention's projections under qkv)."""
+
+NF4_BITS = 4 + 8 / 64 + 32 / (64 * 256)
+"""Bits a QLoRA base weight takes: 4-bit NF4, an 8-bit absmax per block of 64, an fp32
+constant per 256 blocks (Dettmers et al. 2023, Sec. 3, "Double Quantization")."""
+NF4_BYTES = NF4_BITS / 8
+ADAPTER_TIME_SCALE = 0.0
+"""The adapters' kernels' time over what the roofline of `cost_models.kernel_time` prices
+for them (each a small GEMM re-reading its linear's input, plus the per-kernel cost: 30-60
+us each on an H100). Fitted (benchmarks/finetune_accuracy.py) to the three published
+adapter runs, torchtune's LoRA and QLoRA on an RTX 4090 and Megatron-Bridge's 70B LoRA on
+8 H100: each is best predicted with the adapters costing nothing beside the frozen base
+(their runs compile or overlap them), and each held out of the fit still takes 0. The
+base's own saving, no weight gradients, is priced whatever the scale."""
+
+
+def adapters_trained(finetuning: Finetuning) -> bool:
+    """Whether `finetuning` trains adapters over a frozen base (LoRA, QLoRA)."""
+    return finetuning.finetune in ADAPTER_FINETUNES
+
+
+def adapted(param: ParameterLayout, targets: tuple[str, ...]) -> bool:
+    """Whether `param` is the weight of a linear one of `targets` names."""
+    parts = param.name.split(".")
+    if len(parts) < 2 or parts[-1] != "weight":
+        return False
+    return any(parts[-2] in TARGET_LINEARS[target] for target in targets)
+
+
+def adapter_layouts(param: ParameterLayout, rank: int) -> list[ParameterLayout]:
+    """The LoRA factors of the adapted linear weight `param` (out x in): ``lora_a``
+    (rank x in) and ``lora_b`` (out x rank), split over the tensor ranks as Megatron-Bridge
+    splits them: beside a column-parallel weight A whole and B by rows, beside a
+    row-parallel one A by columns and B whole, beside a replicated one both whole; in the
+    linear's ZeRO group and expert."""
+    base = param.name.removesuffix(".weight")
+    out, inputs = param.shape
+    # Column-parallel (rows split): B split as W, A whole; row-parallel (columns split):
+    # A split as W, B whole; a linear whole on every tensor rank: both whole.
+    a_dim = 1 if param.tensor_dim == 1 else None
+    b_dim = 0 if param.tensor_dim == 0 else None
+    return [
+        ParameterLayout(f"{base}.lora_a.weight", (rank, inputs), a_dim, param.group,
+                        param.expert),
+        ParameterLayout(f"{base}.lora_b.weight", (out, rank), b_dim, param.group,
+                        param.expert),
+    ]
+
+
+_LAYER_SPLITS: IdentityMemo[tuple[float, float, float, float]] = IdentityMemo(4096)
+
+
+def layer_split(model: TransformerConfig, parallel: ParallelConfig,
+                tensor: int | None = None) -> tuple[float, float, float, float]:
+    """(adapted, adapters, expert adapted, expert adapters): of one mean layer on one GPU
+    of a stage `tensor` wide (default `parallel`'s), the parameters of the adapted linears'
+    weights and of their adapters, apart from the routed experts' (each expert whole on
+    its rank: split over the expert ranks, and by the expert-tensor degree)."""
+    tuning = parallel.finetuning
+    t = tensor or parallel.dims.tensor
+    experts = max(parallel.dims.expert, 1) * (parallel.dims.expert_tensor or t)
+    key = (tuning.lora_targets, tuning.lora_rank, t, experts)
+    return _LAYER_SPLITS.get((model,), key, lambda: _layer_split(model, *key))
+
+
+def _layer_split(model: TransformerConfig, targets: tuple[str, ...], rank: int, t: int,
+                 expert_shards: int) -> tuple[float, float, float, float]:
+    kinds = model.layer_kinds()
+    totals = [0.0, 0.0, 0.0, 0.0]
+    for kind in set(kinds):
+        share = kinds.count(kind) / len(kinds)
+        for param in layer_parameter_layouts(model, kind):
+            if not adapted(param, targets):
+                continue
+            if param.expert is not None:
+                # Each routed expert whole on one rank of its group (`layer_parameters`).
+                whole = math.prod(param.shape)
+                adapters = sum(math.prod(a.shape) for a in adapter_layouts(param, rank))
+                totals[2] += share * whole / expert_shards
+                totals[3] += share * adapters / expert_shards
+                continue
+            totals[0] += share * math.prod(local_shape(param, t, 1, 0))
+            totals[1] += share * sum(math.prod(local_shape(a, t, 1, 0))
+                                     for a in adapter_layouts(param, rank))
+    return totals[0], totals[1], totals[2], totals[3]
+
+
+@dataclass(frozen=True)
+class AdapterOps:
+    """The kernels adapters add to one layer's micro-batch."""
+
+    matmuls: list[Op]
+    """The adapters' two matmuls per adapted linear (their backward: input and weight
+    gradients, as any linear's)."""
+    dequantize: list[Op]
+    """Under QLoRA, the base weights' dequantization, run before the forward's matmuls
+    and again before the backward's input gradients."""
+
+
+def adapter_ops(model: TransformerConfig, parallel: ParallelConfig, seq: float) -> AdapterOps:
+    """The kernels of one mean layer's adapters on one GPU for a micro-batch of
+    `seq`-token sequences: x A^T then (x A^T) B^T for each adapted linear (a routed
+    expert's on its share of the tokens), and QLoRA's dequantization of the adapted
+    weights (reading NF4, writing bf16) before each use."""
+    tuning, t = parallel.finetuning, parallel.dims.tensor
+    tokens = parallel.batch.micro_batch_size * seq
+    kinds = model.layer_kinds()
+    matmuls: list[Op] = []
+    for kind in set(kinds):
+        share = kinds.count(kind) / len(kinds)
+        for param in layer_parameter_layouts(model, kind):
+            if not adapted(param, tuning.lora_targets):
+                continue
+            rows, cols = param.shape
+            count, rows_here, cols_here = share, rows, cols
+            if param.expert is None:
+                rows_here, cols_here = local_shape(param, t, 1, 0)
+                m = tokens
+            else:
+                # Each routed expert sees top-k / experts of the tokens; this GPU holds
+                # experts / expert-degree of them.
+                m = tokens * (model.moe_top_k or 1) / (model.num_experts or 1)
+                count = share / max(parallel.dims.expert, 1)
+            r = tuning.lora_rank
+            matmuls += [Matmul(f"{param.name} lora_a", m, r, cols_here, count),
+                        Matmul(f"{param.name} lora_b", m, rows_here, r, count)]
+    dequantize: list[Op] = []
+    if tuning.finetune == "qlora":
+        adapted_weights, _, expert_weights, _ = layer_split(model, parallel)
+        dequantize.append(Memory("nf4 dequantize", (adapted_weights + expert_weights)
+                                 * (NF4_BYTES + 2)))
+    return AdapterOps(matmuls, dequantize)

@@ -1,0 +1,260 @@
+"""Offload: model state and activations kept in host memory or on NVMe, priced by mechanism.
+
+What moves, per GPU and step, and what it waits for:
+
+- Optimizer offload (ZeRO-Offload, Ren et al., USENIX ATC 2021, Sec. 4; Megatron-Core's
+  HybridDeviceOptimizer, --optimizer-cpu-offload): the GPU sends its gradient shard to the
+  host (bucket by bucket as the backward reduces it: hidden behind the last micro-batch's
+  backward), the CPU runs Adam over the fp32 master weights and moments, and the updated
+  16-bit weights come back before the next forward (exposed). Under ZeRO 2-3 the fp32
+  gradients live on the host too (DeepSpeed's offload_optimizer); Megatron-LM keeps its
+  main-gradient buffer on the GPU. `optimizer_offload_fraction` of the state and step move;
+  the rest stays on the GPU.
+- The CPU's Adam step is bound by the host's memory bandwidth: DeepSpeed's CPU-Adam
+  (AVX-512, ZeRO-Offload Table 3) reads the fp32 weight, gradient and two moments and
+  writes the weight, the moments and the 16-bit copy, `CPU_ADAM_BYTES` a parameter; the
+  GPUs of a host share its bandwidth, at `HOST_MEMORY_EFFICIENCY` of the peak.
+- NVMe (ZeRO-Infinity, Rajbhandari et al., SC 2021, Sec. 5-6): optimizer state on NVMe is
+  read before and written after each CPU step (the moments and master weights, 12 bytes a
+  parameter each way); parameters on NVMe are read for every forward and backward pass
+  (ZeRO-3 fetches each layer's shard before it runs) and written once after the step. The
+  GPUs of a host share its drives.
+- Parameter offload (ZeRO-3 offload_param): every pass of every micro-batch fetches the
+  GPU's 16-bit shard over PCIe (and the recomputed forward again), prefetched behind the
+  compute of the layers before it: exposed only where the pass's transfer outlasts its
+  compute.
+- Activation offload (Megatron-LM's --cpu-offloading-num-layers, Transformer Engine's
+  CPU offload context): those layers' saved activations go to the host in forward and come
+  back in backward, each behind the next layer's compute.
+- PCIe: each GPU's host link at `PCIE_EFFICIENCY` of its rate, and no more than its share
+  of the host's memory bandwidth (every GPU of a host copies at once).
+
+`PCIE_EFFICIENCY` and `HOST_MEMORY_EFFICIENCY` are estimates, not fits: nothing in the
+calibration set measures a transfer alone; the fine-tuning rows with offload
+(`published_finetune_offload.csv`) judge them (benchmarks/finetune_accuracy.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.vocabulary.cluster import Cluster, HostSpec
+from planner.vocabulary.parallel import ParallelConfig
+
+PCIE_EFFICIENCY = 0.8
+"""Pinned host<->device copies over PCIe reach about 80% of the link's rate (128b/130b
+encoding and TLP headers on Gen3+): an estimate."""
+HOST_MEMORY_EFFICIENCY = 0.5
+"""The share of the host's peak memory bandwidth a streaming CPU kernel sustains across
+both sockets (STREAM-like triad, NUMA placement not tuned): an estimate. ZeRO-Offload's
+Table 3 (CPU-Adam 1B parameters in 0.22 s on a DGX-2's two 24-core Xeons, about 135 GB/s
+of `CPU_ADAM_BYTES` traffic) is about half of that host's 256 GB/s."""
+CPU_ADAM_BYTES = 4 + 4 + 8 + 4 + 8 + 2
+"""Host bytes of one parameter's Adam step: fp32 weight, gradient and two moments read,
+the weight and moments written, the 16-bit copy written."""
+NVME_STATE_BYTES = 12
+"""Bytes of one parameter's optimizer state on NVMe: fp32 master weight and two moments."""
+HOST_USABLE = 0.9
+"""The share of a host's memory offloaded state may take; the rest is the OS's, the data
+loader's and the pinned staging buffers' (an estimate)."""
+NVME_MIN_READ_GBS = 7.0
+"""NVMe read bandwidth per host below which NVMe offload is a cliff (a single Gen4 drive's
+rate; Gen5 drives read 12-14 GB/s): a plan on such a host is warned about, not refused."""
+
+
+@dataclass(frozen=True)
+class OffloadBytes:
+    """What one GPU keeps off the device, and what it moves per step, by mechanism."""
+
+    host_bytes: float = 0.0
+    """Host memory the GPU's offloaded state and activations take (its share of a host)."""
+    nvme_bytes: float = 0.0
+    """NVMe capacity its offloaded state takes."""
+    cpu_parameters: float = 0.0
+    """Parameters whose Adam step the CPU runs for it."""
+    gradients_out: float = 0.0
+    """Gradient bytes copied to the host after the last micro-batch's backward."""
+    weights_back: float = 0.0
+    """Updated 16-bit weight bytes copied back after the CPU's step."""
+    fetch_per_pass: float = 0.0
+    """Parameter bytes fetched for each forward and backward pass of a micro-batch."""
+    fetches: int = 0
+    """Passes that fetch them per micro-batch (forward, backward, a recomputed forward)."""
+    activations_per_layer: float = 0.0
+    """Bytes one offloaded layer's activations copy out in forward (and back in backward)
+    per micro-batch."""
+    activation_layers: int = 0
+    """Layers whose activations are offloaded."""
+    nvme_read: float = 0.0
+    """Optimizer-state bytes read from NVMe per step (parameters on NVMe are read as they
+    are fetched: `nvme_bytes_read`)."""
+    nvme_write: float = 0.0
+    """Bytes written to NVMe per step (optimizer state, updated weights)."""
+    params_on_nvme: bool = False
+    """Whether the fetched parameters come from NVMe."""
+
+    def nvme_bytes_read(self, micro_batches: int) -> float:
+        """Bytes read from NVMe per step, parameter fetches included."""
+        fetched = micro_batches * self.fetches * self.fetch_per_pass if self.params_on_nvme \
+            else 0.0
+        return self.nvme_read + fetched
+
+    def pcie_bytes(self, micro_batches: int) -> float:
+        """Bytes over the GPU's host link per step, both directions."""
+        return (self.gradients_out + self.weights_back
+                + micro_batches * (self.fetches * self.fetch_per_pass
+                                   + 2 * self.activation_layers * self.activations_per_layer))
+
+
+@dataclass(frozen=True)
+class OffloadTime:
+    """Seconds per step the offload adds, by mechanism (on the slowest stage's GPU)."""
+
+    optimizer_s: float = 0.0
+    """The CPU's Adam step, its NVMe swap and the updated weights' copy back: exposed."""
+    transfers_s: float = 0.0
+    """Parameter fetches, activation copies and the gradients' copy out left exposed."""
+
+    @property
+    def total(self) -> float:
+        return self.optimizer_s + self.transfers_s
+
+
+def offloads(parallel: ParallelConfig) -> bool:
+    """Whether `parallel` keeps anything off the GPU."""
+    offload = parallel.offload
+    return (offload.offload_optimizer != "none" or offload.offload_params != "none"
+            or offload.offload_activation_layers > 0)
+
+
+def pcie_bytes_per_s(cluster: Cluster) -> float:
+    """One GPU's host link while every GPU of its host copies: the link's rate at
+    `PCIE_EFFICIENCY`, at most its share of the host's memory bandwidth."""
+    host = _host(cluster)
+    share = host.memory_bandwidth_gbs / cluster.devices_per_host
+    return min(host.pcie_gbs * PCIE_EFFICIENCY, share) * 1e9
+
+
+def nvme_bytes_per_s(cluster: Cluster) -> tuple[float, float]:
+    """(read, write) NVMe bandwidth of one GPU's share of its host's drives."""
+    host = _host(cluster)
+    if host.nvme_read_gbs is None or host.nvme_write_gbs is None:
+        raise ValueError(f"cluster {cluster.name!r} has no NVMe figures (host.nvme_read_gbs, "
+                         "host.nvme_write_gbs); offload to cpu, or add them")
+    per_host = cluster.devices_per_host
+    return host.nvme_read_gbs * 1e9 / per_host, host.nvme_write_gbs * 1e9 / per_host
+
+
+def cpu_adam_seconds(parameters: float, cluster: Cluster) -> float:
+    """The CPU's Adam step over `parameters` of one GPU, while every GPU of the host steps
+    its own share (`CPU_ADAM_BYTES` each over its share of the host's bandwidth)."""
+    host = _host(cluster)
+    share = host.memory_bandwidth_gbs * 1e9 * HOST_MEMORY_EFFICIENCY / cluster.devices_per_host
+    return parameters * CPU_ADAM_BYTES / share
+
+
+def _host(cluster: Cluster) -> HostSpec:
+    if cluster.host is None:
+        raise ValueError(f"cluster {cluster.name!r} has no host figures (host memory, PCIe, "
+                         "NVMe), so offload cannot be priced; add a host: section to it")
+    return cluster.host
+
+
+@dataclass(frozen=True)
+class StageState:
+    """What one GPU of a stage holds before offload, as the offload rules read it."""
+
+    optimizer_parameters: float
+    """Parameters whose optimizer state and step this GPU owns (its ZeRO shard)."""
+    optimizer_bytes: float
+    """Their optimizer state."""
+    gradient_bytes: float
+    """Its gradients."""
+    weight_shard_bytes: float
+    """Its weights (a ZeRO-3 shard): what parameter offload fetches each pass."""
+    activation_bytes_per_layer: float
+    """Activations one layer keeps per micro-batch."""
+    layers: int
+    """Layers of the stage."""
+
+
+def offload_bytes(state: StageState, parallel: ParallelConfig, in_flight: int) -> OffloadBytes:
+    """What one GPU's offload keeps on the host and NVMe and moves per step, under the
+    rules of this module's docstring; `in_flight`: micro-batches whose activations the
+    stage keeps at once."""
+    offload = parallel.offload
+    f = offload.optimizer_offload_fraction if offload.offload_optimizer != "none" else 0.0
+    shard = state.optimizer_parameters * f
+    host = nvme = read = write = 0.0
+    if f:
+        # Under ZeRO 2-3 the fp32 gradient shard lives on the host (DeepSpeed).
+        moved_grads = state.gradient_bytes * f if parallel.sharding.zero_stage >= 2 else 0.0
+        host += moved_grads
+        if offload.offload_optimizer == "nvme":
+            nvme += state.optimizer_bytes * f
+            read += shard * NVME_STATE_BYTES
+            write += shard * NVME_STATE_BYTES
+        else:
+            host += state.optimizer_bytes * f
+    fetch, fetches = 0.0, 0
+    if offload.offload_params != "none":
+        fetch, fetches = state.weight_shard_bytes, (
+            3 if parallel.recomputation.recompute == "full" else 2)
+        if offload.offload_params == "nvme":
+            nvme += fetch
+            write += fetch  # the updated weights, once a step
+        else:
+            host += fetch
+    layers = min(offload.offload_activation_layers, state.layers)
+    host += layers * state.activation_bytes_per_layer * in_flight
+    return OffloadBytes(
+        host_bytes=host, nvme_bytes=nvme, cpu_parameters=shard, gradients_out=2 * shard,
+        weights_back=2 * shard, fetch_per_pass=fetch, fetches=fetches,
+        activations_per_layer=state.activation_bytes_per_layer, activation_layers=layers,
+        nvme_read=read, nvme_write=write, params_on_nvme=offload.offload_params == "nvme")
+
+
+def offload_time(moved: OffloadBytes, parallel: ParallelConfig, cluster: Cluster,
+                 micro_batches: int, forward_s: float, backward_s: float,
+                 layers: int) -> OffloadTime:
+    """Seconds one GPU's offload (`moved`) adds to a step: `forward_s` and `backward_s`
+    are its stage's compute per micro-batch over its `layers` layers, what prefetches and
+    copies hide behind."""
+    pcie = pcie_bytes_per_s(cluster)
+    optimizer = transfers = 0.0
+    if moved.cpu_parameters:
+        # Gradients out during the last micro-batch's backward: what outlasts it waits;
+        # then the CPU's step and the weights' copy back.
+        transfers += max(0.0, moved.gradients_out / pcie - backward_s)
+        optimizer += cpu_adam_seconds(moved.cpu_parameters, cluster) + moved.weights_back / pcie
+    if moved.nvme_read or moved.nvme_write:
+        read, write = nvme_bytes_per_s(cluster)
+        optimizer += moved.nvme_read / read + moved.nvme_write / write
+    if moved.fetches:
+        fetch = moved.fetch_per_pass / pcie
+        if moved.params_on_nvme:
+            read, _ = nvme_bytes_per_s(cluster)
+            fetch = max(fetch, moved.fetch_per_pass / read)  # NVMe -> host -> GPU, pipelined
+        # Each pass's fetch is prefetched behind that pass's compute.
+        forwards = moved.fetches - 1
+        transfers += micro_batches * (forwards * max(0.0, fetch - forward_s)
+                                      + max(0.0, fetch - backward_s))
+    if moved.activation_layers and layers:
+        # Each offloaded layer's copy runs beside the next layer's compute.
+        copy = moved.activations_per_layer / pcie
+        transfers += micro_batches * moved.activation_layers * (
+            max(0.0, copy - forward_s / layers) + max(0.0, copy - backward_s / layers))
+    return OffloadTime(optimizer, transfers)
+
+
+def host_fits(host_bytes: float, nvme_bytes: float, cluster: Cluster) -> bool:
+    """Whether every GPU of a host keeping `host_bytes` in its memory and `nvme_bytes` on
+    its drives fits in the host's usable memory and drives; True where nothing is."""
+    if not host_bytes and not nvme_bytes:
+        return True
+    host = _host(cluster)
+    per_host = min(cluster.devices_per_host, cluster.num_devices)
+    if host_bytes * per_host > host.memory_gib * 2**30 * HOST_USABLE:
+        return False
+    return not nvme_bytes or (host.nvme_tb is not None
+                              and nvme_bytes * per_host <= host.nvme_tb * 1e12)

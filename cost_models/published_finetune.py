@@ -1,0 +1,203 @@
+"""Published fine-tuning and offload runs as runs Tessel can predict: the rows of
+`../shared/calibration/published_finetune_offload.csv`, each in Tessel's vocabulary on the
+machine it ran on, with what it measured.
+
+The rows name their recipe; what a row does not say is set as the recipe's published
+config sets it, each setting citing where:
+
+- torchtune's single-device and distributed recipes (pytorch/torchtune, recipes/configs/
+  llama3_1/8B_lora_single_device.yaml, 8B_qlora_single_device.yaml,
+  8B_full_single_device.yaml, 70B_full.yaml): the model in bf16 throughout (no fp32
+  master weights: `dtype: bf16`), activation checkpointing on, the loss chunked over the
+  vocabulary (CEWithChunkedOutputLoss), LoRA rank 8 on q, v, the attention's output and
+  the MLP; the README's table ran them at batch 2 of packed 2048-token sequences with
+  torch.compile.
+- Megatron-Bridge's 26.06 performance recipes (NVIDIA-NeMo/Megatron-Bridge,
+  scripts/performance, llama3 70B SFT and LoRA): the row's degrees, MBS 1, packed
+  4096-token sequences, fp8 with current scaling on H100, full recomputation off (the
+  SFT and LoRA recipes set recompute_granularity None), LoRA of rank 32 on linear_qkv,
+  linear_proj, linear_fc1 and linear_fc2 (src/megatron/bridge/peft/lora.py: dim 32).
+- DeepSpeed's Azure post (docs/_posts/2022-07-26-deepspeed-azure.md): ZeRO-3 with the
+  optimizer's state on the CPU and activation checkpoints, GPT-3 175B at 16 sequences of
+  1024 tokens per GPU; its TFLOP/s count the recomputed forward (DeepSpeed's flops
+  profiler counts what runs), so it is compared with the executed TFLOP/s.
+
+A row Tessel cannot describe is kept with the reason (`Unpriced`), never dropped.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+from cost_models.engine_memory import NON_ALLOCATOR_BYTES
+from cost_models.published_memory import CALIBRATION
+from cost_models.step_time import StepPrediction, predict_step
+from planner.models.config import TransformerConfig
+from planner.models.presets import zoo_config
+from planner.vocabulary.cluster import Cluster, HostSpec
+from planner.vocabulary.parallel import ParallelConfig
+
+CSV = CALIBRATION / "published_finetune_offload.csv"
+TORCHTUNE_LORA_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+"""torchtune's q, v and output projections with the MLP: Tessel's targets adapt k too,
+a rank-8 adapter of 4096 + 1024 per layer more (0.01% of the model)."""
+
+
+@dataclass(frozen=True)
+class FinetuneRun:
+    """One published row, in Tessel's vocabulary."""
+
+    line: int
+    name: str
+    model: TransformerConfig
+    parallel: ParallelConfig
+    cluster: Cluster
+    memory_gib: float | None
+    """Peak memory per GPU as measured (torch.cuda.max_memory_allocated), or None."""
+    tokens_per_s: float | None
+    """Tokens per second over the whole job, as measured, or None."""
+    tflops_per_gpu: float | None
+    """TFLOP/s per GPU as the row counts them, or None."""
+    tflops_count: str = "model"
+    """'model' (Megatron-Bridge's model FLOPs) or 'executed' (recomputation counted)."""
+
+
+@dataclass(frozen=True)
+class Unpriced:
+    """A row Tessel cannot describe, and why."""
+
+    line: int
+    name: str
+    why: str
+
+
+@dataclass(frozen=True)
+class FinetuneResult:
+    """A row's prediction beside its measurement."""
+
+    run: FinetuneRun
+    prediction: StepPrediction
+
+    @property
+    def allocated_gib(self) -> float:
+        """The predicted peak allocated (what torch.cuda.max_memory_allocated reports, which
+        the rows log): the peak less the memory outside the caching allocator."""
+        return self.prediction.memory_gib_per_gpu - NON_ALLOCATOR_BYTES / 2**30
+
+    @property
+    def memory_error(self) -> float | None:
+        if self.run.memory_gib is None:
+            return None
+        return self.allocated_gib / self.run.memory_gib - 1
+
+    @property
+    def speed_error(self) -> float | None:
+        """Predicted over measured throughput, less one (tokens/s, or TFLOP/s per GPU)."""
+        p, run = self.prediction, self.run
+        if run.tokens_per_s is not None:
+            return p.tokens_per_s / run.tokens_per_s - 1
+        if run.tflops_per_gpu is not None:
+            predicted = p.model_tflops_per_gpu if run.tflops_count == "model" \
+                else p.hardware_tflops_per_gpu
+            return predicted / run.tflops_per_gpu - 1
+        return None
+
+
+def _workstation(preset: str, gpus: int) -> Cluster:
+    return Cluster.load(preset).with_devices(gpus)
+
+
+def _azure_ndm_a100_v4(gpus: int) -> Cluster:
+    """Azure's NDm A100 v4 (the row's own words: 8x A100 80GB, 1.7 TB of host memory, 200
+    Gb/s HDR InfiniBand per GPU): the DGX A100 80 GB preset with that host memory."""
+    cluster = Cluster.load("dgx-a100-80g").with_devices(gpus)
+    assert cluster.host is not None
+    host = HostSpec.model_validate({**cluster.host.model_dump(), "memory_gib": 1700 * 1e9
+                                    / 2**30, "source": "Azure NDm A100 v4: 1.7 TB (the row)"})
+    return cluster.model_copy(update={"host": host})
+
+
+def _torchtune(finetune: str) -> ParallelConfig:
+    """torchtune's single-device recipe settings (this module's docstring): batch 2 of
+    2048 tokens, bf16 throughout, activation checkpointing, torch.compile of the blocks
+    and a chunked loss that keeps the bf16 logits (as a compiled loss does), under torch's
+    own modules (the torchtitan engine's rules)."""
+    return ParallelConfig.of(
+        global_batch_size=2, micro_batch_size=2, recompute="full", engine="torchtitan",
+        compile=True, compile_loss=True, finetune=finetune, lora_rank=8, lora_alpha=16.0,
+        lora_targets=TORCHTUNE_LORA_TARGETS, main_grads_dtype="bf16", exp_avg_dtype="bf16")
+
+
+def read_runs(path: Path = CSV) -> tuple[list[FinetuneRun], list[Unpriced]]:
+    """The rows of the CSV Tessel describes, and those it cannot (with why). Each row is
+    recognised by its method, model and hardware columns; a row of another kind is
+    refused by name, so a new row is never silently skipped."""
+    runs: list[FinetuneRun] = []
+    unpriced: list[Unpriced] = []
+    with path.open() as handle:
+        for line, row in enumerate(csv.DictReader(handle), start=2):
+            method, model, hardware = row["method"], row["model"], row["hardware"]
+            name = f"{model} {method}"
+            values = [part.strip() for part in row["value"].split(";")]
+            if "torchtune" in row["source"] and hardware.startswith("RTX 4090"):
+                if method == "Full finetune":
+                    unpriced.append(Unpriced(line, name, (
+                        "torchtune's single-device full fine-tune steps a paged 8-bit AdamW "
+                        "(bitsandbytes' PagedAdamW8bit) inside the backward: neither 8-bit "
+                        "optimizer state nor unified-memory paging is a Tessel knob")))
+                    continue
+                finetune = {"LoRA": "lora", "QLoRA": "qlora"}[method]
+                runs.append(FinetuneRun(
+                    line, name, zoo_config("llama3-8b", {"seq_length": 2048}),
+                    _torchtune(finetune), _workstation("rtx-4090", 1),
+                    memory_gib=float(values[0]), tokens_per_s=float(values[1]),
+                    tflops_per_gpu=None))
+            elif "torchtune" in row["source"] and "70B" in model:
+                # fsdp_cpu_offload: FSDP2's CPUOffloadPolicy (parameters, gradients and the
+                # optimizer's step on the CPU), over the 8 GPUs; 1,568 tokens/s can only be
+                # the job's (16 x 2048 tokens a step in 10.4 s).
+                runs.append(FinetuneRun(
+                    line, name, zoo_config("llama3-70b", {"seq_length": 2048}),
+                    ParallelConfig.of(global_batch_size=16, micro_batch_size=2,
+                                      recompute="full", engine="torchtitan", zero_stage=3,
+                                      offload_optimizer="cpu", offload_params="cpu",
+                                      finetune="full", compile=True, compile_loss=True),
+                    _workstation("dgx-a100-80g", 8), memory_gib=float(values[0]),
+                    tokens_per_s=float(values[1]), tflops_per_gpu=None))
+            elif "Megatron-Bridge" in row["source"]:
+                lora = method == "LoRA"
+                gpus = int(row["num_gpus"])
+                tensor, pipeline = int(row["tp"]), int(row["pp"].split()[0])
+                virtual = int(row["pp"].split("VP")[1].strip(" )"))
+                parallel = ParallelConfig.of(
+                    tensor=tensor, pipeline=pipeline, global_batch_size=32,
+                    micro_batch_size=1, schedule="interleaved",
+                    virtual_pipeline=80 // (pipeline * virtual) if lora else virtual,
+                    sequence_parallel=True, precision="fp8", fp8_recipe="tensorwise",
+                    zero_stage=1, overlap_grad_reduce=True, overlap_param_gather=True,
+                    tp_comm_overlap=True, finetune="lora" if lora else "full",
+                    lora_rank=32, lora_alpha=32.0)
+                runs.append(FinetuneRun(
+                    line, name, zoo_config("llama3-70b", {"seq_length": 4096}), parallel,
+                    Cluster.load("dgx-h100").with_devices(gpus), memory_gib=None,
+                    tokens_per_s=float(values[0]) * gpus, tflops_per_gpu=None))
+            elif "deepspeed" in row["source"].lower():
+                model_ = zoo_config("gpt3-175b", {"seq_length": 1024})
+                runs.append(FinetuneRun(
+                    line, "gpt3-175b ZeRO-3 offload, 1024 A100", model_,
+                    ParallelConfig.of(global_batch_size=16 * 1024, micro_batch_size=16,
+                                      recompute="full", zero_stage=3, engine="tessel",
+                                      offload_optimizer="cpu", overlap_grad_reduce=True),
+                    _azure_ndm_a100_v4(1024), memory_gib=None, tokens_per_s=None,
+                    tflops_per_gpu=150.0, tflops_count="executed"))
+            else:
+                raise ValueError(f"{path}:{line}: a row Tessel does not know ({name} on "
+                                 f"{hardware}); describe it in cost_models/published_finetune")
+    return runs, unpriced
+
+
+def predict(run: FinetuneRun) -> FinetuneResult:
+    """The row's prediction with its published configuration."""
+    return FinetuneResult(run, predict_step(run.model, run.cluster, run.parallel))
