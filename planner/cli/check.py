@@ -120,6 +120,16 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
             "dequantized to bf16; check the same plan with --finetune lora (its adapters "
             "and their collectives are QLoRA's)"
         )
+    offloaded = [flag for flag, dest in (("--offload-optimizer", "offload_optimizer"),
+                                         ("--offload-params", "offload_params"))
+                 if getattr(args, dest, None) not in (None, "none")]
+    if offloaded or getattr(args, "offload_activation_layers", None):
+        flags = offloaded or ["--cpu-offloading-num-layers"]
+        raise UsageError(
+            f"{' and '.join(flags)}: plan check trains on CPU ranks, whose tensors are all in "
+            "host memory already, so offload has nothing to move; check the plan without "
+            "it (what offload moves is priced, not run: tests/cost_models/test_offload.py)"
+        )
     check_fault_flags(args, args.gpus)
     if args.engine not in (None, "tessel"):
         raise UsageError(

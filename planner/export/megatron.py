@@ -72,7 +72,7 @@ def megatron_incompatibility(
     if finetune in ("lora", "qlora"):
         # Megatron-LM's arguments have no adapters; Megatron-Bridge's PEFT adds them.
         return (f"{finetune} adapters (Megatron-LM has none; Megatron-Bridge's PEFT LoRA "
-                "runs them: use --emit pytorch or --emit deepspeed)")
+                "runs them: use --emit pytorch)")
     if offload.offload_optimizer == "nvme" or offload.offload_params != "none":
         return "offload to NVMe or of parameters (Megatron-LM offloads optimizer state and " \
                "activations to the CPU only)"

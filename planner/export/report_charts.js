@@ -12,13 +12,14 @@
   const TIMELINE_COLORS = {
     forward: "#4c78a8", backward: "#54a24b", recompute: "#f2a93b",
     communication: "#e45756", bubble: "#e9e9ee",
-    "data-parallel communication": "#b279a2", optimizer: "#8c6d31",
+    "data-parallel communication": "#b279a2", optimizer: "#8c6d31", offload: "#9d755d",
   };
   const MEMORY_COLORS = {
     weights: "#4c78a8", gradients: "#72b7b2", optimizer: "#b279a2",
     activations: "#f2a93b", working: "#e45756", reserve: "#bab0ac",
   };
-  const BREAKDOWN_COLORS = ["#4c78a8", "#e45756", "#ff9d98", "#e9e9ee", "#b279a2", "#8c6d31"];
+  const BREAKDOWN_COLORS = ["#4c78a8", "#e45756", "#ff9d98", "#e9e9ee", "#b279a2", "#8c6d31",
+    "#9d755d"];
 
   function el(tag, attrs, parent) {
     const node = document.createElementNS(NS, tag);

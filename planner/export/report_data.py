@@ -15,15 +15,17 @@ from planner.models.config import TransformerConfig
 from planner.vocabulary.plan import Plan
 
 GIB = 2**30
-TAIL_KINDS = ("data-parallel communication", "optimizer")
+TAIL_KINDS = ("data-parallel communication", "optimizer", "offload")
 """What every stage runs after the pipeline drains: the exposed gradient reduction (and
-parameter gathering), then the optimizer update."""
+parameter gathering), the optimizer update, then what offload adds (the CPU's step, NVMe
+swaps and the copies compute does not hide, drawn after the step as a whole)."""
 TIMELINE_KINDS = (*BAR_KINDS, *TAIL_KINDS)
 MEMORY_KINDS = ("weights", "gradients", "optimizer", "activations", "working", "reserve")
 BREAKDOWN = (
     ("compute_s", "compute"), ("tensor_parallel_comm_s", "tensor/context communication"),
     ("pipeline_comm_s", "pipeline communication"), ("bubble_s", "pipeline bubble"),
     ("data_parallel_comm_s", "data-parallel communication"), ("optimizer_s", "optimizer"),
+    ("offload_s", "offload"),
 )
 """The step-time breakdown's fields, in the order a step spends them, and their names."""
 
@@ -49,7 +51,7 @@ def timeline_data(plan: Plan) -> dict[str, Any]:
     assert breakdown is not None  # stage_times refused a plan without one
     t = timeline.length
     for name, seconds in zip(TAIL_KINDS, (breakdown.data_parallel_comm_s,
-                                          breakdown.optimizer_s)):
+                                          breakdown.optimizer_s, breakdown.offload_s)):
         if seconds > 0:
             bars += [[s, _round(t), _round(t + seconds), kind[name], -1, 0]
                      for s in range(timeline.num_stages)]

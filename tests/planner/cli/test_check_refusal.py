@@ -176,3 +176,19 @@ def test_an_hf_deepseek_v3_is_planned_without_the_mtp_layer_transformers_does_no
                          "--global-batch-size", "4", "--engine", engine, "--top", "1",
                          "--json", str(out)]) == 0
         assert json.loads(out.read_text())["architecture"]["mtp_num_layers"] == layers
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--zero-stage", "3", "--offload-optimizer", "cpu", "--offload-params", "cpu"],
+     "--offload-optimizer and --offload-params"),
+    (["--cpu-offloading-num-layers", "1"], "--cpu-offloading-num-layers"),
+])
+def test_offload_is_refused_by_plan_check_in_one_line(flags: list[str], named: str,
+                                                      capsys) -> None:
+    code = cli.main(["check", "llama", "--num-layers", "2", "--hidden-size", "64",
+                     "--num-attention-heads", "4", "--vocab-size", "256", "--seq-length",
+                     "16", "--gpus", "2", "--global-batch-size", "4", *flags])
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    assert code == 2 and text.count("\n") == 1 and "Traceback" not in text
+    assert text.startswith(f"error: {named}: plan check trains on CPU ranks")

@@ -127,8 +127,8 @@ def test_flags_without_time_or_memory_are_ignored_and_listed() -> None:
 
 
 @pytest.mark.parametrize("extra, fragments", [
-    ("--cpu-offloading-num-layers 2", ["--cpu-offloading-num-layers changes time or memory",
-                                       "drop it"]),
+    ("--fine-grained-activation-offloading", ["--fine-grained-activation-offloading "
+                                              "changes time or memory", "drop it"]),
     ("--num-distributed-optimizer-instances 2", ["--num-distributed-optimizer-instances"]),
     ("--num-experts 8 --moe-latent-size 128", ["--moe-latent-size"]),
     ("--position-embedding-type none", ["--position-embedding-type"]),
@@ -263,3 +263,23 @@ def test_cuda_graph_modules_is_read_as_the_deprecated_scope_is() -> None:
     for flag in ("--cuda-graph-modules", "--cuda-graph-scope"):
         run = run_of(f"{SHAPE}{graphs} {flag} attn mlp")
         assert run.parallel.execution.cuda_graph_scope == ("attn", "mlp") and not run.ignored
+
+
+def test_offload_flags_are_read_as_megatron_lm_runs_them() -> None:
+    """--optimizer-cpu-offload (with the precision-aware optimizer Megatron-LM requires),
+    --optimizer-offload-fraction and --cpu-offloading-num-layers are priced, not refused;
+    the offload without the precision-aware optimizer, or offloading every layer, is
+    refused as Megatron-LM refuses it."""
+    run = run_of(SHAPE + " --bf16 --use-distributed-optimizer --optimizer-cpu-offload "
+                 "--use-precision-aware-optimizer --overlap-cpu-optimizer-d2h-h2d "
+                 "--optimizer-offload-fraction 0.5")
+    offload = run.parallel.offload
+    assert (offload.offload_optimizer, offload.optimizer_offload_fraction) == ("cpu", 0.5)
+    layers = run_of(SHAPE + " --bf16 --cpu-offloading-num-layers 3")
+    assert layers.parallel.offload.offload_activation_layers == 3
+    assert "--use-precision-aware-optimizer" in error_of(
+        SHAPE + " --bf16 --optimizer-cpu-offload")
+    assert "must be from 0 to 7" in error_of(SHAPE + " --bf16 --cpu-offloading-num-layers 8")
+    assert "offload_activation_layers needs one pipeline stage and no recomputation" in \
+        error_of(SHAPE + " --bf16 --cpu-offloading-num-layers 2 --recompute-granularity full "
+                 "--recompute-method uniform --recompute-num-layers 1")
