@@ -12,7 +12,9 @@
   Sec. 3): the base of each adapted linear stored as 4-bit NormalFloat in blocks of 64,
   each block's absmax quantized to 8 bits with one fp32 constant per 256 blocks ("double
   quantization"): 4 + 8/64 + 32/(64 x 256) = 4.127 bits a weight. Every use of the weight
-  (forward, and backward's input gradient) dequantizes it to bf16 first.
+  (forward, and backward's input gradient) dequantizes it to bf16 first: in one fused
+  kernel (bitsandbytes' `dequantize_4bit`), or in torchao's ten eager kernels under the
+  torch-native engine (`TORCHAO_DEQUANTIZE`: TorchTitan's stack, where torchtune runs it).
 
 Adapters sit on the layers' linears only (not the embedding or the head), the experts'
 included, as Megatron-Bridge's and torchtune's default targets do.
@@ -46,6 +48,17 @@ NF4_BITS = 4 + 8 / 64 + 32 / (64 * 256)
 """Bits a QLoRA base weight takes: 4-bit NF4, an 8-bit absmax per block of 64, an fp32
 constant per 256 blocks (Dettmers et al. 2023, Sec. 3, "Double Quantization")."""
 NF4_BYTES = NF4_BITS / 8
+FUSED_DEQUANTIZE = (NF4_BYTES + 2, 1)
+"""(bytes a weight, kernels a linear) of one dequantization in one fused kernel, as
+bitsandbytes' `dequantize_4bit` runs it: the NF4 codes and scales read, bf16 written."""
+TORCHAO_DEQUANTIZE = (1 + 4.5 + 1 + 4.5 + 5 + 5 + 2 + 2 + 4 + 4, 10)
+"""The same as torchao's NF4Tensor.get_original_weight runs it (torchao/dtypes/
+nf4tensor.py), eagerly even under torch.compile (its __torch_dispatch__ is wrapped in
+torch._dynamo.disable), per weight: the high and low nibbles shifted out of the packed
+bytes (read and write half a byte each) and widened to int64 (8 bytes each, for half the
+weights), each half looked up in the NF4 table (the int64 index read, bf16 written),
+scaled by its block's absmax (read and write), then stacked and reshaped into the
+weight's layout (two copies of the bf16 weight): ten kernels, 33 bytes a weight."""
 ADAPTER_TIME_SCALE = 0.0
 """The adapters' kernels' time over what the roofline of `cost_models.kernel_time` prices
 for them (each a small GEMM re-reading its linear's input, plus the per-kernel cost: 30-60
@@ -169,6 +182,10 @@ def adapter_ops(model: TransformerConfig, parallel: ParallelConfig, seq: float) 
     dequantize: list[Op] = []
     if tuning.finetune == "qlora":
         adapted_weights, _, expert_weights, _ = layer_split(model, parallel)
+        torch_native = parallel.execution.engine == "torchtitan"
+        per_weight, kernels = (TORCHAO_DEQUANTIZE if torch_native else FUSED_DEQUANTIZE)
+        linears = sum(1 for param in layer_parameter_layouts(model, model.layer_kinds()[0])
+                      if adapted(param, tuning.lora_targets))
         dequantize.append(Memory("nf4 dequantize", (adapted_weights + expert_weights)
-                                 * (NF4_BYTES + 2)))
+                                 * per_weight, launches=kernels * linears))
     return AdapterOps(matmuls, dequantize)

@@ -265,6 +265,11 @@ def stage_memory(
     )
 
 
+OUTSIDE_LAYERS = ("loss", "head", "embedding")
+"""Kinds of kept activations that belong to no layer (the ends' embedding, head and loss):
+activation offload moves the layers' only."""
+
+
 def _offloaded(
     model: TransformerConfig, parallel: ParallelConfig, state: memory.ModelStateBytes,
     gathered: float, kinds: dict[str, float], layers: int, params: float, in_flight: int,
@@ -275,7 +280,8 @@ def _offloaded(
     trained = params if not adapters_trained(parallel.finetuning) else \
         layers * sum(layer_split(model, parallel)[1::2])
     owned = trained / shards if parallel.sharding.zero_stage >= 1 else trained
-    per_layer = sum(kinds.values()) / max(layers * in_flight, 1)
+    in_layers = {kind: bytes_ for kind, bytes_ in kinds.items() if kind not in OUTSIDE_LAYERS}
+    per_layer = sum(in_layers.values()) / max(layers * in_flight, 1)
     stage = offload.StageState(
         optimizer_parameters=owned, optimizer_bytes=state.optimizer,
         gradient_bytes=state.gradients, weight_shard_bytes=state.weights,
@@ -295,7 +301,8 @@ def _offloaded(
     if offloaded:
         # The offloaded layers' activations leave but for one layer's staging buffer.
         share = 1 - (offloaded - 1) / layers if offloaded < layers else 1 / layers
-        kinds = {kind: bytes_ * share for kind, bytes_ in kinds.items()}
+        kinds = {kind: bytes_ * (share if kind in in_layers else 1.0)
+                 for kind, bytes_ in kinds.items()}
     return memory.ModelStateBytes(
         weights=weights, gradients=state.gradients * keep_grads,
         optimizer=state.optimizer * (1 - f), experts=state.experts,

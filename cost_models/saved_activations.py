@@ -44,8 +44,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from cost_models.adapters import adapted, adapters_trained
 from cost_models.identity_memo import IdentityMemo
 from cost_models.layer_mix import layer_variants
+from cost_models.stage_parameters import layer_parameter_layouts
 from planner.models.config import TransformerConfig
 from planner.vocabulary.parallel import Moe, ParallelConfig
 
@@ -372,10 +374,13 @@ def tessel_counted(model: TransformerConfig) -> bool:
     return not model.is_moe
 
 
-def tessel_layer(model: TransformerConfig, parallel: ParallelConfig) -> dict[str, float]:
+def tessel_layer(
+    model: TransformerConfig, parallel: ParallelConfig, input_grad: bool = True,
+) -> dict[str, float]:
     """Bytes one zoo block saves for backward per micro-batch on one rank of Tessel's
     runtime, by kind, when not recomputed whole (`parallel.recomputation.recompute` none or
-    selective).
+    selective). `input_grad`: whether the block's input requires grad (under LoRA, not the
+    first block's on the first stage: the embedding is frozen; see `tessel_block`).
 
     Element sizes: activations at the run's precision (e); fp32 where the code computes in
     fp32 (RMSNorm's normalisation, SDPA's log-sum-exp); LayerNorm's mean and rstd in the
@@ -384,57 +389,137 @@ def tessel_layer(model: TransformerConfig, parallel: ParallelConfig) -> dict[str
     mask) as the checkpoint's inputs and o_proj saves the core's output, so it drops only
     what SDPA itself keeps beyond them: the log-sum-exp (and the mask's converted copy).
     """
+    return tessel_block(model, parallel, input_grad)[0]
+
+
+def tessel_block(
+    model: TransformerConfig, parallel: ParallelConfig, input_grad: bool = True,
+) -> tuple[dict[str, float], bool]:
+    """(`tessel_layer`'s bytes by kind, whether the block's output requires grad).
+
+    Autograd saves a tensor only for a gradient it will compute: an op with no input that
+    requires grad records nothing, and one whose derivative formulas for its inputs read
+    different tensors saves each only where that input requires grad (the generated
+    VariableType code guards each save on ``grad_fn->should_compute_output(i)``: pytorch's
+    tools/autograd/gen_variable_type.py, `guard_for`). Pre-training and full fine-tuning
+    train every weight, so every op of the block records and saves all it reads. Under
+    LoRA (`tessel_adapters`; `runtime/adapters.py`) the base is frozen:
+
+    - a base linear saves no input: its ``mm``/``addmm`` saves ``self`` (the input) only
+      for ``mat2``'s (the weight's) gradient (tools/autograd/derivatives.yaml: ``mm``,
+      ``mat2: mm_mat2_backward(grad, self, ...)``). The adapter's ``lora_a`` saves that
+      input instead (A trains), once for the linears that read one tensor (q, k and v;
+      gate and up), and ``lora_b`` saves x A^T, tokens x rank, for each adapted linear
+      (whole on every tensor rank: A is whole beside a column-parallel linear, and beside
+      a row-parallel one its output is a partial sum of the whole shape);
+    - RMSNorm's scale multiplication saves the normalised input only for the scale's
+      gradient (``mul.Tensor``: ``other: mul_tensor_backward(grad, self, ...)``), so a
+      frozen scale drops it; LayerNorm's one joint formula (``native_layer_norm``: input,
+      mean, rstd) saves it all whenever its input requires grad;
+    - a region whose inputs need no grad saves nothing: the first block's norm, its
+      attention (SDPA's joint formula, the rotary tables' multiplications) until an
+      adapter makes q, k and v require grad; the MLP's activation likewise.
+
+    Selective recomputation's checkpoint saves q, k, v and the mask whatever they require
+    (torch/utils/checkpoint.py: `_CheckpointFrame.save_inputs` packs every tensor input
+    as soon as grad mode is on), so those stay; SDPA's output is then kept only by the
+    o_proj that reads it (its adapter, under LoRA)."""
     x = layer_shape(model, parallel)
     e = activation_element_bytes(parallel.numerics.precision)
     n, sp, b = x.tokens, x.sequence_shards, parallel.batch.micro_batch_size
     s = n / b  # this rank's positions: the sequence over the context degree
     selective = parallel.recomputation.recompute == "selective"
+    adapters = tessel_adapters(model, parallel)
+    trained = adapters is None
+
+    def reads(target: str) -> bool:
+        """Whether the linears of `target` save their input: a trained weight's
+        gradient, or an adapter's A, reads it."""
+        return trained or bool(adapters.get(target))
+
     # Keys and values as SDPA gets them: repeat_kv's copy for every local query head; no
     # copy with as many key/value heads as query heads, nor with one key/value head per
     # tensor rank (the reshape of its expand then merges a size-1 dim: a view).
     local_groups = model.num_kv_heads // parallel.dims.tensor
     kv = x.key if local_groups in (1, model.num_attention_heads // parallel.dims.tensor) \
         else x.query
-    attention = (
+    # q, k and v require grad where the block's input does or their linears train.
+    qkv_grad = input_grad or reads("linear_qkv")
+    attention = 0.0
+    if qkv_grad or selective:
         # q on this rank's positions; k and v over the whole sequence (gathered over the
-        # context group).
-        e * n * x.query + 2 * e * b * s * parallel.dims.context * kv
+        # context group): SDPA's, or the checkpoint's, inputs.
+        attention += e * n * x.query + 2 * e * b * s * parallel.dims.context * kv
+    if (qkv_grad and not selective) or reads("linear_proj"):
         # SDPA's output: the flash kernel lays it out [b, s, heads, d], so the transpose
         # and reshape before o_proj are views of it and o_proj saves the same storage.
-        + e * n * x.query
-    )
-    if not selective:
+        attention += e * n * x.query
+    if qkv_grad and not selective:
         attention += FP32 * n * x.heads  # the log-sum-exp of each query row
-    if parallel.dims.context > 1:
+    if parallel.dims.context > 1 and (selective or qkv_grad):
         # The causal mask offset by the rank's first position [s, s c]: a bool checkpoint
         # input under selective recomputation, else the copy SDPA converts it to.
         attention += (1 if selective else e) * s * s * parallel.dims.context
+    # The residual after attention requires grad where the input, attention or o_proj do.
+    mid_grad = qkv_grad or reads("linear_proj")
+    # The MLP's first matmuls' outputs, and so its activation, require grad likewise.
+    up_grad = mid_grad or reads("linear_fc1")
     up = 4 if model.activation == "swiglu" else 2  # silu's input and output, up's output
     # and their product; or GeLU's input and output (fc2's input)
+    mlp = e * n * x.ffn * (up - 1) if up_grad else 0.0
+    if reads("linear_fc2"):
+        mlp += e * n * x.ffn  # the down projection's input
+    norm = _tessel_norm(model, n / sp, x.hidden, e, trained)
     kinds = {
-        "norms": 2 * _tessel_norm(model, n / sp, x.hidden, e),
+        "norms": (input_grad + mid_grad) * norm,
         # q, k, v (and fc1, or gate and up) read one tensor: the norm's output whole on
         # every tensor rank (replicated), or under sequence parallelism the copy
         # PrepareModuleInput all-gathers once per block input.
-        "linear inputs": 2 * e * n * x.hidden,
+        "linear inputs": (reads("linear_qkv") + reads("linear_fc1")) * e * n * x.hidden,
         "attention": attention,
-        "mlp": e * n * x.ffn * up,
+        "mlp": mlp,
     }
     if model.position_embedding == "rope":
         # Each block's attention computes its own cos and sin tables [s, head_dim], which
-        # the rotation's multiplications keep (q's and k's share them).
-        kinds["rotary"] = 2 * e * s * model.head_dim
-    return kinds
+        # the rotation's multiplications keep (q's and k's share them) where q or k
+        # requires grad.
+        kinds["rotary"] = 2 * e * s * model.head_dim if qkv_grad else 0.0
+    if adapters is not None:
+        # Each adapted linear's x A^T, which lora_b keeps for B's gradient.
+        kinds["adapters"] = sum(adapters.values()) * e * n * parallel.finetuning.lora_rank
+    return kinds, up_grad or reads("linear_fc2")
 
 
-def _tessel_norm(model: TransformerConfig, tokens: float, hidden: float, e: int) -> float:
-    """What one of the zoo's norms saves on `tokens` tokens: LayerNorm its input, mean and
-    rstd; RMSNorm (`planner/models/transformer.py`, computed in fp32) the fp32 input (or
-    its fp32 copy), rstd and the normalised input cast back, which the scale multiplies.
-    Its output is saved by whoever reads it (`tessel_layer`'s linear inputs)."""
+_ADAPTED: IdentityMemo[dict[str, int] | None] = IdentityMemo(4096)
+
+
+def tessel_adapters(model: TransformerConfig, parallel: ParallelConfig) -> dict[str, int] | None:
+    """Under LoRA (or QLoRA) fine-tuning, the adapted linears of one block by LoRA target
+    (`cost_models.adapters`' rules: linear_qkv q, k and v; linear_fc1 gate and up, or
+    fc1; ...), the targets the plan names only; None where every base weight trains."""
+    tuning = parallel.finetuning
+    if not adapters_trained(tuning):
+        return None
+    key = tuning.lora_targets
+    return _ADAPTED.get((model,), key, lambda: _adapted_linears(model, key))
+
+
+def _adapted_linears(model: TransformerConfig, targets: tuple[str, ...]) -> dict[str, int]:
+    params = layer_parameter_layouts(model, model.layer_kinds()[0])
+    return {target: sum(adapted(p, (target,)) for p in params) for target in targets}
+
+
+def _tessel_norm(model: TransformerConfig, tokens: float, hidden: float, e: int,
+                 scale_trained: bool = True) -> float:
+    """What one of the zoo's norms saves on `tokens` tokens when its input requires grad:
+    LayerNorm its input, mean and rstd; RMSNorm (`planner/models/transformer.py`, computed
+    in fp32) the fp32 input (or its fp32 copy), rstd and, where its scale trains, the
+    normalised input cast back, which the scale multiplies. Its output is saved by whoever
+    reads it (`tessel_layer`'s linear inputs)."""
     if model.norm == "layernorm":
         return e * tokens * hidden + 2 * e * tokens
-    return FP32 * tokens * hidden + FP32 * tokens + e * tokens * hidden
+    kept = FP32 * tokens * hidden + FP32 * tokens
+    return kept + e * tokens * hidden if scale_trained else kept
 
 
 def tessel_stage(
@@ -444,28 +529,48 @@ def tessel_stage(
     micro-batch in Tessel's runtime, by kind: the blocks (`tessel_layer`, or under full
     recomputation each block's input, which `checkpoint_wrapper` keeps), and on the first
     chunk (`first`) what the embeddings keep, on the last (`last`) the final norm, the
-    head and the loss (`runtime/training_loop.py` `lm_loss`)."""
+    head and the loss (`runtime/training_loop.py` `lm_loss`).
+
+    Under LoRA the embeddings, the final norm and the head are frozen: the first chunk's
+    first block gets an input that requires no grad (`tessel_block`), the embeddings keep
+    no indices (``embedding``'s only derivative is the weight's), the head no input (a
+    frozen ``mm``'s), the final norm no normalised input. A later chunk's input requires
+    grad (`torch.distributed.pipelining` receives it so)."""
     x = layer_shape(model, parallel)
     e = activation_element_bytes(parallel.numerics.precision)
     n, sp = x.tokens, x.sequence_shards
+    trained = not adapters_trained(parallel.finetuning)
+    # The chunk's input requires grad: a received activation, or a trained embedding's.
+    grad = trained or not first
+    kinds: dict[str, float] = {}
+    for index in range(layers):
+        block, grad_out = tessel_block(model, parallel, grad)
+        if grad_out == grad:  # every later block alike
+            block = {kind: (layers - index) * bytes_ for kind, bytes_ in block.items()}
+        for kind, bytes_ in block.items():
+            kinds[kind] = kinds.get(kind, 0.0) + bytes_
+        if grad_out == grad:
+            break
+        grad = grad_out
     if parallel.recomputation.recompute == "full":
         # Non-reentrant checkpointing saves the block's input (its sequence shard under
-        # sequence parallelism) outside its own hooks, and hides what the block saves.
+        # sequence parallelism) outside its own hooks, whatever it requires, and hides
+        # what the block saves.
         kinds = {"checkpointed inputs": layers * e * n * x.hidden / sp}
-    else:
-        kinds = {kind: layers * bytes_ for kind, bytes_ in tessel_layer(model, parallel).items()}
     if first:
         # The embedding keeps its int64 indices: the token ids (whole on every tensor
-        # rank) and, for learned positions, the positions' ids.
+        # rank) and, for learned positions, the positions' ids; a frozen one none.
         positions = n / parallel.batch.micro_batch_size if model.position_embedding == "learned" \
             else 0
-        kinds["embedding"] = INT64 * (n + positions)
+        kinds["embedding"] = INT64 * (n + positions) if trained else 0.0
     if last:
         # The final norm on its shard; the head's input whole (gathered under sequence
         # parallelism); the loss the fp32 log-softmax of the whole logits (gathered over
-        # the tensor group), the int64 targets and the scalar total weight.
-        kinds["head"] = _tessel_norm(model, n / sp, x.hidden, e) + e * n * x.hidden
-        kinds["loss"] = FP32 * n * model.vocab_size + INT64 * n + FP32
+        # the tensor group), the int64 targets and the scalar total weight: each where
+        # what it reads requires grad.
+        kinds["head"] = (_tessel_norm(model, n / sp, x.hidden, e, trained) if grad else 0.0) \
+            + (e * n * x.hidden if trained else 0.0)
+        kinds["loss"] = FP32 * n * model.vocab_size + INT64 * n + FP32 if grad else 0.0
     return kinds
 
 

@@ -99,7 +99,7 @@ def test_offload_and_adapter_plans_span_the_finetune_runs_errors() -> None:
     assert low <= min(ratios) and max(ratios) <= high
     assert min(ratios) - low < 0.02 and high - max(ratios) < 0.02  # not wider than they say
     band = prediction_band("megatron", None, "H100-SXM5-80GB", True, offload_or_adapters=True)
-    assert (band.low, band.high) == FINETUNE_OFFLOAD
+    assert band.low <= low and band.high == high
     assert "fine-tuning and offload runs span" in band.method
     plain = prediction_band("megatron", None, "H100-SXM5-80GB", True)
     assert plain.high < high
