@@ -25,8 +25,12 @@ a user waits for count. Two groups of rows (`--rows`):
 
 - `moe` (issue 30): DeepSeek-V3 at 8192 sequences of 4096 tokens on 1024 H100s and 256
   GB200s, each command under 5 s.
+- `finetune` (issue 46): Llama 3 70B on 8 H100 at 32 sequences of 4096 tokens with
+  `--finetune lora --lora-rank 16` and `--finetune qlora`, each under 2 s; and, beside them,
+  the full fine-tune of the same model on the same GPUs, which the search must offload.
 
-    .venv/bin/python benchmarks/planner_speed.py [--quick] [--rows all|zoo|traced|moe]
+    .venv/bin/python benchmarks/planner_speed.py [--quick]
+        [--rows all|zoo|traced|moe|finetune]
         [--timeout S] [--json PATH]
 """
 
@@ -63,6 +67,8 @@ HF_BEFORE_S = 5.7
 DEPTHS = (24, 48, 96, 192)
 # Issue 30: DeepSeek-V3 at 8192 x 4096 tokens, (cluster, GPUs, target s).
 MOE_ROWS = (("dgx-h100", 1024, 5.0), ("gb200-nvl72", 256, 5.0))
+FINETUNE_ROWS = ((("--finetune", "lora", "--lora-rank", "16"), 2.0),
+                 (("--finetune", "qlora"), 2.0), (("--finetune", "full"), None))
 
 
 class TracedRow(NamedTuple):
@@ -251,11 +257,30 @@ def moe_rows() -> tuple[list[dict], bool]:
     return rows, ok
 
 
+def finetune_rows() -> tuple[list[dict], bool]:
+    """Issue 46's rows: Llama 3 70B fine-tuned on 8 H100 (the median of three commands)."""
+    ok, rows = True, []
+    print(f"{'fine-tune':<12} {'cluster':<12} {'GPUs':>5} {'plan s':>7}  target")
+    for flags, target in FINETUNE_ROWS:
+        runs = [plan_seconds("llama3-70b", "--seq-length", "4096", *flags, gpus=8, batch=32,
+                             cluster="dgx-h100") for _ in range(3)]
+        seconds, planned = sorted(runs)[1][0], all(done for _, done in runs)
+        met = planned and (target is None or seconds < target)
+        ok &= met
+        rows.append({"model": "llama3-70b", "flags": list(flags), "gpus": 8,
+                     "command_s": seconds, "runs_s": [r for r, _ in runs],
+                     "target_s": target, "met": met})
+        verdict = "-" if target is None else f"< {target:g} s: {'ok' if met else 'MISSED'}"
+        print(f"{flags[1]:<12} {'dgx-h100':<12} {8:>5} {seconds:>7.2f}  {verdict}", flush=True)
+    return rows, ok
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="zoo rows: only those with a target, and the sweep")
-    parser.add_argument("--rows", choices=("all", "zoo", "traced", "moe"), default="all")
+    parser.add_argument("--rows", choices=("all", "zoo", "traced", "moe", "finetune"),
+                        default="all")
     parser.add_argument("--timeout", type=float, default=900.0,
                         help="seconds each traced row's command may run (default 900)")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
@@ -269,6 +294,11 @@ def main(argv: list[str]) -> int:
             print()
         rows["moe"], moe_ok = moe_rows()
         ok &= moe_ok
+    if args.rows in ("all", "finetune"):
+        if rows:
+            print()
+        rows["finetune"], finetune_ok = finetune_rows()
+        ok &= finetune_ok
     if args.rows in ("all", "traced"):
         if rows:
             print()

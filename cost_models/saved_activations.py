@@ -33,7 +33,11 @@ what their kernels save rather than by GPT's total:
   context group), the output (which o_proj reads as a view) and an fp32 log-sum-exp;
   rotary embeddings their cos and sin tables; the MLP its activation's inputs and
   outputs. The first stage keeps the token ids, the last the final norm's, the head's
-  input and the fp32 log-softmax of the whole logits. `plan check` measures it.
+  input and the fp32 log-softmax of the whole logits. Under LoRA a frozen weight's
+  gradient reads nothing, so autograd keeps what only it would (`tessel_block`): no
+  linear's input but through its adapter, which adds x A^T; no frozen norm scale's
+  normalised input, embedding ids or head input; nothing of the first block until an
+  adapter makes a tensor require grad. `plan check` measures it.
 
 Bytes are per micro-batch on one GPU: s tokens of the (context-parallel) sequence, b
 sequences, tensor degree t.
@@ -420,10 +424,13 @@ def tessel_block(
       attention (SDPA's joint formula, the rotary tables' multiplications) until an
       adapter makes q, k and v require grad; the MLP's activation likewise.
 
-    Selective recomputation's checkpoint saves q, k, v and the mask whatever they require
-    (torch/utils/checkpoint.py: `_CheckpointFrame.save_inputs` packs every tensor input
-    as soon as grad mode is on), so those stay; SDPA's output is then kept only by the
-    o_proj that reads it (its adapter, under LoRA)."""
+    Selective recomputation's checkpoint keeps q, k, v and the mask as its inputs
+    (torch/utils/checkpoint.py: `_CheckpointFrame.save_inputs`) only as long as something
+    the region saved refers to its frame (the unpack hooks of `_checkpoint_hook`): a core
+    none of whose inputs requires grad records nothing, and checkpoint's return frees them
+    (`runtime.activation_counter` still counts them when they are packed: `plan check`
+    leaves that case out). SDPA's output is kept by the o_proj that reads it (its adapter,
+    under LoRA)."""
     x = layer_shape(model, parallel)
     e = activation_element_bytes(parallel.numerics.precision)
     n, sp, b = x.tokens, x.sequence_shards, parallel.batch.micro_batch_size
@@ -435,7 +442,7 @@ def tessel_block(
     def reads(target: str) -> bool:
         """Whether the linears of `target` save their input: a trained weight's
         gradient, or an adapter's A, reads it."""
-        return trained or bool(adapters.get(target))
+        return trained or bool((adapters or {}).get(target))
 
     # Keys and values as SDPA gets them: repeat_kv's copy for every local query head; no
     # copy with as many key/value heads as query heads, nor with one key/value head per
@@ -446,7 +453,7 @@ def tessel_block(
     # q, k and v require grad where the block's input does or their linears train.
     qkv_grad = input_grad or reads("linear_qkv")
     attention = 0.0
-    if qkv_grad or selective:
+    if qkv_grad:
         # q on this rank's positions; k and v over the whole sequence (gathered over the
         # context group): SDPA's, or the checkpoint's, inputs.
         attention += e * n * x.query + 2 * e * b * s * parallel.dims.context * kv
@@ -456,7 +463,7 @@ def tessel_block(
         attention += e * n * x.query
     if qkv_grad and not selective:
         attention += FP32 * n * x.heads  # the log-sum-exp of each query row
-    if parallel.dims.context > 1 and (selective or qkv_grad):
+    if parallel.dims.context > 1 and qkv_grad:
         # The causal mask offset by the rank's first position [s, s c]: a bool checkpoint
         # input under selective recomputation, else the copy SDPA converts it to.
         attention += (1 if selective else e) * s * s * parallel.dims.context

@@ -3,9 +3,11 @@ one process: tp2 x dp2 and pp2 x dp2 (with ZeRO-0, 2 and 3, sequence parallelism
 adapters on the MLP alone), and cp2 x dp2, in one launch of the ranks. Each trains as one
 process does (losses within 1e-4, the adapters too), leaves every base weight as it was
 initialised, bit for bit, changes every adapter, and every rank issues exactly the
-collectives the Plan predicts, kind by kind in count and bytes, and holds exactly the parameters,
-gradients and optimizer state it predicts. Then `plan check --finetune lora` itself, the
-way a user gets there."""
+collectives the Plan predicts, kind by kind in count and bytes, holds exactly the parameters,
+gradients and optimizer state it predicts, and saves for backward in each micro-batch
+exactly the bytes it predicts (the frozen base's linears, embedding, head and norm scales
+keep what only their weights' gradients would read; the adapters keep their inputs).
+Then `plan check --finetune lora` itself, the way a user gets there."""
 
 from __future__ import annotations
 
@@ -54,6 +56,11 @@ def _plan(knobs: dict):
                          parallel)
 
 
+def _full_plan(name: str):
+    """Layout `name` fully fine-tuned: every weight trained."""
+    return _plan({**LAYOUTS[name], "finetune": "full"})
+
+
 def _train_each(rank: int, world: int, specs: list) -> list[dict]:
     from runtime.training_loop import train_on_rank
 
@@ -95,15 +102,26 @@ def test_lora_plans_train_as_one_process_and_as_predicted() -> None:
                 (name, n)
         comparison = compare(plan, [r["coords"] for r in ranks],
                              [r["collectives"] for r in ranks],
-                             [r["local_bytes"] for r in ranks], STEPS)
+                             [r["local_bytes"] for r in ranks], STEPS,
+                             [r["saved_activations"] for r in ranks])
         assert comparison.passed, (name, comparison.mismatches)
         assert comparison.measured == comparison.predicted, name
         rows = comparison.memory
         assert len(rows) == 3 * GPUS and not any(row.note for row in rows), name
         assert all(row.measured == row.predicted for row in rows), (name, rows)
+        # What each micro-batch of each chunk saves for backward, byte for byte: 2 per
+        # rank (global batch 8 over data 2, micro-batches of 2).
+        saved = comparison.activations
+        assert len(saved) == 2 * GPUS and not any(row.note for row in saved), name
+        assert all(row.measured == row.predicted for row in saved), (name, saved)
+        # The frozen base saves less than full fine-tuning would (no embedding indices,
+        # head input or normalised inputs of the norms' scales).
+        full_saved = _full_plan(name).stages
+        assert all(row.predicted < full_saved[row.stage].saved_activation_bytes[0]
+                   for row in saved), name
         # The frozen base has neither gradients nor optimizer state: a rank holds the
         # adapters' only, a small share of what full fine-tuning would hold.
-        full = _plan({**LAYOUTS[name], "finetune": "full"})
+        full = _full_plan(name)
         for row in rows:
             if row.kind != "parameters":
                 held = full.stages[ranks[row.rank]["coords"]["pp"]].memory
@@ -113,8 +131,8 @@ def test_lora_plans_train_as_one_process_and_as_predicted() -> None:
 @pytest.mark.timeout(300)
 def test_plan_check_fine_tunes_with_lora(tmp_path, capsys) -> None:
     """`plan check llama ... --finetune lora` under tp2 x dp2: the plan's flags reach the
-    runtime, which trains it as one process does and as the Plan predicts (what LoRA
-    saves for backward is not counted by the Plan yet: marked, not compared)."""
+    runtime, which trains it as one process does and as the Plan predicts, what it saves
+    for backward included."""
     from planner import cli
 
     report = tmp_path / "check.json"
@@ -138,4 +156,6 @@ def test_plan_check_fine_tunes_with_lora(tmp_path, capsys) -> None:
     assert comparison["passed"] and comparison["measured"] == comparison["predicted"]
     assert all(row["measured"] == row["predicted"] and not row["note"]
                for row in comparison["memory"])
-    assert all(row["note"].startswith("not compared") for row in comparison["activations"])
+    saved = comparison["activations"]
+    assert saved and all(row["measured"] == row["predicted"] and not row["note"]
+                         for row in saved)

@@ -1,7 +1,8 @@
 """What one rank of the runtime saves for backward, counted by `runtime.activation_counter`,
 equals the Plan's prediction (`cost_models.saved_activations.tessel_stage`) byte for byte:
 the zoo GPT and Llama, every recompute mode, whole and split over two tensor ranks (with
-and without sequence parallelism), grouped keys and values, a context-parallel rank. Each
+and without sequence parallelism), grouped keys and values, a context-parallel rank, and
+under LoRA (a frozen base, adapters on some or all of the linears). Each
 runs a one-stage plan's step in this process as rank 0 (or 1) of a fake process group:
 collectives do nothing, shapes and saved tensors are the real rank's."""
 
@@ -74,3 +75,42 @@ def test_grouped_keys_and_context_parallelism_are_counted(groups, tensor, contex
             model, dict(tensor=tensor, context=context, recompute=recompute),
             rank=context - 1)
         assert measured == [predicted] * 2, recompute
+
+
+LORA = dict(finetune="lora", lora_rank=4)
+
+
+@pytest.mark.parametrize("family", ["gpt", "llama"])
+def test_a_lora_stage_saves_what_the_plan_predicts(family: str) -> None:
+    # The frozen base keeps what only its weights' gradients read no more (a linear's
+    # input, a norm scale's normalised input, the embedding's ids, the head's input) and
+    # the first block's input requires no grad; the adapters keep their inputs and x A^T.
+    torch.set_num_threads(1)
+    model = TransformerConfig(**SHAPE, **FAMILIES[family])
+    for recompute in ("none", "selective", "full"):
+        for split, knobs in SPLITS.items():
+            measured, predicted = _measure(model, dict(recompute=recompute, **LORA, **knobs))
+            full, _ = _measure(model, dict(recompute=recompute, **knobs))
+            assert measured == [predicted] * 2, (recompute, split)
+            assert predicted < full[0], (recompute, split)
+
+
+@pytest.mark.parametrize("targets", [("linear_fc1", "linear_fc2"), ("linear_proj",),
+                                     ("linear_qkv",), ("linear_fc2",)])
+def test_lora_targets_decide_what_the_first_block_saves(targets) -> None:
+    # Without adapters on q, k and v the first block's attention records nothing until
+    # o_proj's adapter (or the MLP's) makes its output require grad. Grouped keys and
+    # values over one and two tensor ranks (with sequence parallelism), a context rank.
+    # (Selective recomputation then checkpoints a core whose q, k and v need no grad:
+    # the checkpoint packs them, which the counter counts, and frees them; `plan check`
+    # does not compare that case.)
+    torch.set_num_threads(1)
+    model = TransformerConfig(**SHAPE, **FAMILIES["llama"], num_query_groups=2)
+    recomputes = ("none", "selective", "full") if "linear_qkv" in targets \
+        else ("none", "full")
+    for recompute in recomputes:
+        for knobs, rank in ((dict(tensor=1), 0), (dict(tensor=2, sequence_parallel=True), 1),
+                            (dict(context=2), 1)):
+            measured, predicted = _measure(
+                model, dict(recompute=recompute, lora_targets=targets, **LORA, **knobs), rank)
+            assert measured == [predicted] * 2, (recompute, knobs)
