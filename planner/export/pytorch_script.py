@@ -43,6 +43,7 @@ import re
 import textwrap
 from string import Template
 
+from planner.export.fsdp_offload import fsdp2_offload_refusal
 from planner.vocabulary.placement_text import placement_pieces
 from planner.models.config import TransformerConfig
 from planner.vocabulary.plan import Plan, RunSettings
@@ -81,22 +82,11 @@ def pytorch_incompatibility(plan: Plan, model: TransformerConfig | None) -> str 
 
 def _offload_or_adapters(run: RunSettings | None) -> str | None:
     """Why the script cannot run the plan's offload or adapters (one line), or None: its
-    offload is FSDP2's CPUOffloadPolicy (parameters, gradients and optimizer step on the
-    host together), its adapters LoRA's over a 16-bit base."""
-    if run is None:
-        return None
-    if run.offload_activation_layers:
-        return ("activation offload is Megatron-LM's (--cpu-offloading-num-layers): use "
-                "--emit megatron")
-    if "nvme" in (run.offload_optimizer, run.offload_params):
-        return "NVMe offload is ZeRO-Infinity's: use --emit deepspeed"
-    if run.offload_optimizer != run.offload_params:
-        return ("FSDP2's CPUOffloadPolicy puts parameters, gradients and the optimizer step "
-                "on the host together: plan with both --offload-optimizer cpu and "
-                "--offload-params cpu, or neither (--emit deepspeed offloads one alone)")
-    if run.offload_optimizer == "cpu" and run.optimizer_offload_fraction < 1:
-        return ("FSDP2's CPUOffloadPolicy moves all of the optimizer's state to the host, not "
-                "a fraction (--optimizer-offload-fraction is Megatron-LM's: --emit megatron)")
+    offload is FSDP2's CPUOffloadPolicy (`planner.export.fsdp_offload`), its adapters
+    LoRA's over a 16-bit base."""
+    why = fsdp2_offload_refusal(run)
+    if run is None or why is not None:
+        return why
     if run.finetune == "qlora":
         return ("QLoRA's 4-bit NF4 base needs torchao or bitsandbytes beyond torch's own "
                 "pieces: plan with --finetune lora")

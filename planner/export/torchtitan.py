@@ -43,6 +43,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from planner.export.fsdp_offload import fsdp2_offload_refusal
 from planner.export.torchrun import RDZV_PORT, allocator_exports
 from planner.models.config import TransformerConfig
 from planner.vocabulary.knobs import KNOBS, engine_value, plan_value, spelt
@@ -109,23 +110,10 @@ def torchtitan_incompatibility(plan: Plan, model: TransformerConfig | None) -> s
 def _offload_or_adapters(run: RunSettings | None) -> str | None:
     """Why TorchTitan cannot run the plan's offload or adapters (one line), or None. Its
     one offload is FSDP2's CPUOffloadPolicy (training.enable_cpu_offload, applied in
-    apply_fsdp): the sharded parameters, their gradients and the whole optimizer step on
-    the host, together."""
-    if run is None:
-        return None
-    if run.offload_activation_layers:
-        return ("TorchTitan offloads no activations (--cpu-offloading-num-layers is "
-                "Megatron-LM's): use --emit megatron")
-    if "nvme" in (run.offload_optimizer, run.offload_params):
-        return ("TorchTitan offloads to host memory only (FSDP2's CPUOffloadPolicy), not "
-                "NVMe: ZeRO-Infinity's NVMe offload is DeepSpeed's (--emit deepspeed)")
-    if run.offload_optimizer != run.offload_params:
-        return ("FSDP2's CPUOffloadPolicy (training.enable_cpu_offload) puts parameters, "
-                "gradients and the optimizer step on the host together: plan with both "
-                "--offload-optimizer cpu and --offload-params cpu, or neither")
-    if run.offload_optimizer == "cpu" and run.optimizer_offload_fraction < 1:
-        return ("FSDP2's CPUOffloadPolicy moves all of the optimizer's state to the host, not "
-                "a fraction: plan without --optimizer-offload-fraction")
+    apply_fsdp: `planner.export.fsdp_offload`)."""
+    why = fsdp2_offload_refusal(run)
+    if run is None or why is not None:
+        return why
     if run.finetune in ("lora", "qlora"):
         # 0.2 has no adapters; 0.3's LoRAConverter gives the fused wqkv one adapter where
         # Tessel prices one per projection, and adapts no grouped experts.

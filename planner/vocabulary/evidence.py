@@ -26,7 +26,7 @@ from planner.models.config import TransformerConfig
 Family = Literal["dense", "moe", "mla"]
 FAMILIES: tuple[Family, ...] = ("dense", "moe", "mla")
 EVIDENCE_FILE = Path(__file__).resolve().parent.parent / "presets" / "evidence.json"
-GENERATIONS = ("volta", "ampere", "hopper", "blackwell", "blackwell-ultra")
+GENERATIONS = ("volta", "ampere", "ada", "hopper", "blackwell", "blackwell-ultra")
 """NVIDIA's data-centre generations in order: a kind's nearest evidence is the nearest
 generation's. Other devices (AMD, Gaudi, CPUs) are their own generation, far from all."""
 # Device names (`DeviceSpec.name`) to their generation: the chips' product names, the
@@ -34,6 +34,7 @@ generation's. Other devices (AMD, Gaudi, CPUs) are their own generation, far fro
 _GENERATION_NAMES = (
     ("volta", r"V100"),
     ("ampere", r"A100|A800|A40|A30|A10\b|A6000|RTX 30|RTX 3090"),
+    ("ada", r"RTX 40|RTX-40|4090|L40|L4\b|RTX 6000 Ada"),
     ("hopper", r"H100|H200|H800|H20\b|GH200"),
     ("blackwell-ultra", r"B300|GB300|Blackwell.?Ultra"),
     ("blackwell", r"B100|B200|GB200|RTX 50|Blackwell"),

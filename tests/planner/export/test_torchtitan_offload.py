@@ -71,19 +71,18 @@ def test_no_offload_writes_no_key() -> None:
 
 @pytest.mark.parametrize(("knobs", "fragment"), [
     (dict(TITAN, offload_optimizer="cpu"),
-     "FSDP2's CPUOffloadPolicy (training.enable_cpu_offload) puts parameters, gradients "
-     "and the optimizer step on the host together: plan with both --offload-optimizer cpu "
-     "and --offload-params cpu, or neither"),
+     "FSDP2's CPUOffloadPolicy puts parameters, gradients and the optimizer step on the "
+     "host together: plan with both --offload-optimizer cpu and --offload-params cpu, or "
+     "neither"),
     (dict(TITAN, offload_params="cpu"), "plan with both --offload-optimizer cpu"),
     (dict(TITAN, offload_optimizer="nvme", offload_params="nvme"),
-     "TorchTitan offloads to host memory only (FSDP2's CPUOffloadPolicy), not NVMe: "
-     "ZeRO-Infinity's NVMe offload is DeepSpeed's (--emit deepspeed)"),
+     "NVMe offload is ZeRO-Infinity's: use --emit deepspeed"),
     (dict(TITAN, **BOTH, optimizer_offload_fraction=0.5),
      "FSDP2's CPUOffloadPolicy moves all of the optimizer's state to the host, not a "
-     "fraction: plan without --optimizer-offload-fraction"),
+     "fraction"),
     (dict(zero_stage=3, offload_activation_layers=2),
-     "TorchTitan offloads no activations (--cpu-offloading-num-layers is Megatron-LM's): "
-     "use --emit megatron"),
+     "activation offload is Megatron-LM's (--cpu-offloading-num-layers): use --emit "
+     "megatron"),
     (dict(TITAN, finetune="lora"),
      "lora adapters are not written for TorchTitan (0.2 has none; 0.3's LoRAConverter "
      "adapts its fused wqkv with one adapter, not one per projection as priced): use "
