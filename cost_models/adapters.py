@@ -102,6 +102,16 @@ def adapter_layouts(param: ParameterLayout, rank: int) -> list[ParameterLayout]:
     ]
 
 
+def trained_parameters(model: TransformerConfig, parallel: ParallelConfig, params: float,
+                       layers: int) -> float:
+    """Of the `params` one GPU of a stage of `layers` layers holds, those trained: all, or
+    under LoRA and QLoRA the adapters alone."""
+    if not adapters_trained(parallel.finetuning):
+        return params
+    _, adapters, _, expert_adapters = layer_split(model, parallel)
+    return layers * (adapters + expert_adapters)
+
+
 _LAYER_SPLITS: IdentityMemo[tuple[float, float, float, float]] = IdentityMemo(4096)
 
 

@@ -127,6 +127,13 @@ def offloads(parallel: ParallelConfig) -> bool:
             or offload.offload_activation_layers > 0)
 
 
+def optimizer_off_gpu(parallel: ParallelConfig) -> float:
+    """The share of the optimizer's state and step kept off the GPU: the offload fraction,
+    or 0 without optimizer offload."""
+    offload = parallel.offload
+    return offload.optimizer_offload_fraction if offload.offload_optimizer != "none" else 0.0
+
+
 def pcie_bytes_per_s(cluster: Cluster) -> float:
     """One GPU's host link while every GPU of its host copies: the link's rate at
     `PCIE_EFFICIENCY`, at most its share of the host's memory bandwidth."""
@@ -183,7 +190,7 @@ def offload_bytes(state: StageState, parallel: ParallelConfig, in_flight: int) -
     rules of this module's docstring; `in_flight`: micro-batches whose activations the
     stage keeps at once."""
     offload = parallel.offload
-    f = offload.optimizer_offload_fraction if offload.offload_optimizer != "none" else 0.0
+    f = optimizer_off_gpu(parallel)
     shard = state.optimizer_parameters * f
     host = nvme = read = write = 0.0
     if f:

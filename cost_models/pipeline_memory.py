@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from cost_models import engine_memory, graph_pool, memory, offload, pipeline_schedule
-from cost_models.adapters import adapters_trained, layer_split
+from cost_models.adapters import adapters_trained, trained_parameters
 from cost_models.saved_activations import (
     checkpoint_bytes,
     saved_per_layer,
@@ -277,8 +277,7 @@ def _offloaded(
     """One GPU's state, working buffers and kept activations with what `parallel` offloads
     taken off it (`cost_models.offload`), and what goes to the host and NVMe."""
     shards = parallel.dims.data * parallel.dims.context
-    trained = params if not adapters_trained(parallel.finetuning) else \
-        layers * sum(layer_split(model, parallel)[1::2])
+    trained = trained_parameters(model, parallel, params, layers)
     owned = trained / shards if parallel.sharding.zero_stage >= 1 else trained
     in_layers = {kind: bytes_ for kind, bytes_ in kinds.items() if kind not in OUTSIDE_LAYERS}
     per_layer = sum(in_layers.values()) / max(layers * in_flight, 1)
@@ -288,7 +287,7 @@ def _offloaded(
         activation_bytes_per_layer=per_layer, layers=layers)
     moved = offload.offload_bytes(stage, parallel, in_flight)
     config = parallel.offload
-    f = config.optimizer_offload_fraction if config.offload_optimizer != "none" else 0.0
+    f = offload.optimizer_off_gpu(parallel)
     keep_grads = 1 - f if parallel.sharding.zero_stage >= 2 else 1.0
     weights = state.weights
     if config.offload_params != "none":

@@ -35,9 +35,9 @@ from cost_models.identity_memo import IdentityMemo
 from cost_models import engine_memory, memory
 from cost_models.comm import group_collective_time
 from cost_models.data_parallel import data_parallel_comm, hidden
-from cost_models.offload import host_fits, offload_time
+from cost_models.offload import host_fits, offload_time, optimizer_off_gpu
 from cost_models import adapters
-from cost_models.adapters import adapter_ops, adapters_trained, layer_split
+from cost_models.adapters import adapter_ops, adapters_trained, trained_parameters
 from planner.vocabulary.efficiency import Efficiency
 from cost_models.kernel_time import Pass, pass_seconds, weight_gradient_seconds
 from cost_models.layer_mix import layer_variants
@@ -439,10 +439,7 @@ def predict_stages(
                            sum(layer_parameters(model, local[i][0])), trained[i])
         for i in reductions.values()
     )
-    offload = parallel.offload
-    on_gpu = 1 - offload.optimizer_offload_fraction \
-        if offload.offload_optimizer != "none" else 1.0
-    optimizer_s = on_gpu * max(
+    optimizer_s = (1 - optimizer_off_gpu(parallel)) * max(
         trained[i] / (stages[i].data if parallel.sharding.zero_stage >= 1 else 1)
         for i in range(p)
     ) * ADAM_BYTES_PER_PARAMETER / (device.memory_bandwidth_gbs * 1e9 * eff.memory)
@@ -483,16 +480,6 @@ def predict_stages(
         reserved_fits=worst_memory.reserved_fits(cluster.usable_memory_bytes),
         memory_breakdown_gib=memory.breakdown_gib(worst_memory),
     )
-
-
-def trained_parameters(model: TransformerConfig, parallel: ParallelConfig, params: float,
-                       layers: int) -> float:
-    """Of the `params` one GPU of a stage of `layers` layers holds, those trained: all, or
-    under LoRA and QLoRA the adapters alone (`cost_models.adapters`)."""
-    if not adapters_trained(parallel.finetuning):
-        return params
-    _, adapters, _, expert_adapters = layer_split(model, parallel)
-    return layers * (adapters + expert_adapters)
 
 
 def stage_phases(

@@ -129,7 +129,7 @@ class StageAttention(Attention):
         if isinstance(sinks, DTensor):  # tensor parallelism: this rank's heads' sinks
             sinks = sinks.to_local()
         extra = () if sinks is None else (sinks,)
-        if self.recompute_core:
+        if self.recompute_core and needs_grad(q, k, v):
             return checkpoint(_attention_core, q, k, v, mask, *extra, use_reentrant=False)
         return _attention_core(q, k, v, mask, *extra)
 
@@ -176,7 +176,7 @@ class StageMLAttention(MLAttention):
         if context is not None or self.window is not None:
             positions = torch.arange(first, first + s, device=q.device)
             mask = attention_mask(positions, k.shape[2], self.window)
-        if self.recompute_core:
+        if self.recompute_core and needs_grad(q, k, v):
             y = checkpoint(_attention_core, q, k, v, mask, use_reentrant=False)
         else:
             y = _attention_core(q, k, v, mask)
@@ -192,6 +192,13 @@ def sum_gradient_over(mesh: DeviceMesh):
         return whole.to_local(grad_placements=[Partial()])
 
     return hook
+
+
+def needs_grad(*tensors: torch.Tensor) -> bool:
+    """Whether backward reaches any of `tensors`: where none needs a gradient (the first
+    block of a LoRA stage without adapters on q, k and v, its embedding frozen), selective
+    recomputation has nothing to replay, and a checkpoint would only pack and free them."""
+    return any(t.requires_grad for t in tensors)
 
 
 def _attention_core(

@@ -196,8 +196,7 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
     # A restarted job's collectives are counted over the steps its last attempt ran.
     # A Hugging Face model runs transformers' own modules, which save other tensors than
     # the zoo's decoder the Plan counts (its rotary tables once per stage, for one).
-    note = "not compared: transformers' own modules" if hf_config is not None \
-        else _lora_saved_note(spec)
+    note = "not compared: transformers' own modules" if hf_config is not None else ""
     comparison = compare(plan, report.coordinates, report.collectives, report.local_bytes,
                          report.steps_run, report.saved_activations, note)
     if resilience is not None:
@@ -210,20 +209,6 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
     if args.json:
         _write_report(args.json, training_report(plan, report, comparison, passed))
     return 0 if passed else 1
-
-
-def _lora_saved_note(spec) -> str:
-    """Why a LoRA run's saved activations are not compared, or "" where they are
-    (`cost_models.saved_activations.tessel_block` counts the frozen base and the
-    adapters). Selective recomputation without adapters on q, k and v: the first block's
-    input requires no grad (the embedding is frozen), yet its attention core is still
-    checkpointed, and the checkpoint packs q, k and v, which the counter counts, before
-    it frees them with the region, which saved nothing that needs them."""
-    if spec.adapters and spec.recompute == "selective" \
-            and "linear_qkv" not in spec.lora_targets:
-        return "not compared: the first block's checkpointed attention packs q, k and v " \
-            "it frees (no adapter on them: no grad), which the counter counts"
-    return ""
 
 
 def _refuse_what_the_runtime_cannot_run(args: argparse.Namespace, plans, parts):

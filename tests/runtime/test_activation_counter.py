@@ -99,16 +99,13 @@ def test_a_lora_stage_saves_what_the_plan_predicts(family: str) -> None:
                                      ("linear_qkv",), ("linear_fc2",)])
 def test_lora_targets_decide_what_the_first_block_saves(targets) -> None:
     # Without adapters on q, k and v the first block's attention records nothing until
-    # o_proj's adapter (or the MLP's) makes its output require grad. Grouped keys and
-    # values over one and two tensor ranks (with sequence parallelism), a context rank.
-    # (Selective recomputation then checkpoints a core whose q, k and v need no grad:
-    # the checkpoint packs them, which the counter counts, and frees them; `plan check`
-    # does not compare that case.)
+    # o_proj's adapter (or the MLP's) makes its output require grad, and selective
+    # recomputation checkpoints no core whose q, k and v need no grad
+    # (`runtime.stages.needs_grad`). Grouped keys and values over one and two tensor ranks
+    # (with sequence parallelism), a context rank.
     torch.set_num_threads(1)
     model = TransformerConfig(**SHAPE, **FAMILIES["llama"], num_query_groups=2)
-    recomputes = ("none", "selective", "full") if "linear_qkv" in targets \
-        else ("none", "full")
-    for recompute in recomputes:
+    for recompute in ("none", "selective", "full"):
         for knobs, rank in ((dict(tensor=1), 0), (dict(tensor=2, sequence_parallel=True), 1),
                             (dict(context=2), 1)):
             measured, predicted = _measure(
