@@ -28,6 +28,7 @@ from planner.vocabulary.cluster import Cluster
 from planner.search.knobs import FLAG, check_knobs, default_precision
 from planner.vocabulary.parallel import KNOB_NAMES, FixedKnobs, ParallelConfig
 from planner.models.config import TransformerConfig
+from planner.vocabulary.knobs import plan_value
 from planner.vocabulary.plan import Plan
 from planner.plans.transformer_plan import plan_training
 
@@ -323,17 +324,18 @@ def _layer_split(plan: Plan) -> str:
 
 def distinct_layouts(plans: list[Plan]) -> list[str]:
     """Each plan's `layout`, with the knobs that tell apart plans whose layouts read the
-    same ('moe_token_dispatcher=alltoall'), so that no two rows of a table print alike."""
+    same ('moe_token_dispatcher=alltoall'; offload has a column of its own), so that no
+    two rows of a table print alike."""
     labels = [layout(plan) for plan in plans]
     rows = [(label, plan.recompute) for label, plan in zip(labels, plans)]
     for row in set(rows):
         same = [i for i, other in enumerate(rows) if other == row]
         if len(same) < 2:
             continue
-        names = [name for name in sorted(KNOB_NAMES)
-                 if len({repr(plans[i].parallel.knob(name)) for i in same}) > 1]
+        names = [name for name in sorted(KNOB_NAMES - OFFLOAD_KNOBS)
+                 if len({repr(plan_value(plans[i], name)) for i in same}) > 1]
         for i in same:
-            labels[i] += "".join(f" {name}={_shown(plans[i].parallel.knob(name))}"
+            labels[i] += "".join(f" {name}={_shown(plan_value(plans[i], name))}"
                                  for name in names)
     return labels
 
@@ -395,6 +397,11 @@ def print_training_plans(plans: list[Plan], console: Console, megatron: bool = T
                       soft_wrap=True, markup=False)
     else:
         console.print(f"not runnable by Megatron-LM: {best.megatron_incompatibility}")
+
+
+OFFLOAD_KNOBS = frozenset({"offload_optimizer", "optimizer_offload_fraction", "offload_params",
+                           "offload_activation_layers"})
+"""The knobs the table's offload column shows (`offloaded`), not repeated in the layout."""
 
 
 def offloaded(plan: Plan, short: bool = False) -> str:

@@ -50,35 +50,37 @@ def search(
                            collectives)
     if result.ranked or not offload_candidates(cluster, fixed):
         return result
-    # Nothing fits on the GPUs: the same space with state kept off them, least offload
-    # first, each setting searched whole; the fastest plan of the first that fits wins
-    # (offload given as knobs is never varied).
+    from planner.search.megatron_space import rank_key
+
+    # Nothing fits on the GPUs: the same space with state kept off them, each offload
+    # setting searched whole and the plans of all ranked together, so that more offload
+    # wins where the memory it frees buys a faster layout (less recomputation, fewer
+    # pipeline stages) than its transfers cost. Offload given as knobs is never varied.
     for offload in offload_candidates(cluster, fixed):
         tried = _search_space(model, cluster, gbs, fixed.but(**offload), space, progress,
                               flash_attention, collectives)
         result.evaluated += tried.evaluated
         for phase, seconds in tried.timings.items():
             result.timings[phase] = result.timings.get(phase, 0.0) + seconds
-        if tried.ranked:
-            result.ranked = tried.ranked
-            break
+        result.ranked += tried.ranked
+    result.ranked.sort(key=lambda item: rank_key(item[1]))
     return result
 
 
-OFFLOAD_STEPS: tuple[dict[str, str | int], ...] = (
+OFFLOAD_SETTINGS: tuple[dict[str, str | int], ...] = (
     {"offload_optimizer": "cpu"},
     {"offload_optimizer": "cpu", "offload_params": "cpu", "zero_stage": 3},
     {"offload_optimizer": "nvme", "offload_params": "cpu", "zero_stage": 3},
     {"offload_optimizer": "cpu", "offload_params": "nvme", "zero_stage": 3},
     {"offload_optimizer": "nvme", "offload_params": "nvme", "zero_stage": 3},
 )
-"""Offload the search tries when nothing fits, least first: the optimizer's state to the
-host (ZeRO-Offload), then ZeRO-3's parameters too (ZeRO-Infinity), then NVMe for the one
-that does not fit the host, then for both."""
+"""Offload the search tries when nothing fits: the optimizer's state to the host
+(ZeRO-Offload), ZeRO-3's parameters too (ZeRO-Infinity), NVMe for either or both where the
+host's memory is short."""
 
 
 def offload_candidates(cluster: Cluster, fixed: FixedKnobs) -> list[dict[str, str | int]]:
-    """The offload settings `search` tries when nothing fits: `OFFLOAD_STEPS` the cluster
+    """The offload settings `search` tries when nothing fits: `OFFLOAD_SETTINGS` the cluster
     can hold (NVMe only with its figures) and the fixed knobs allow; none where offload is
     fixed, the cluster has no host figures, or the engine does not offload (Megatron-LM
     moves only the optimizer's state, to the CPU)."""
@@ -87,7 +89,7 @@ def offload_candidates(cluster: Cluster, fixed: FixedKnobs) -> list[dict[str, st
         return []
     nvme = cluster.host.nvme_read_gbs is not None and cluster.host.nvme_write_gbs is not None
     steps = []
-    for step in OFFLOAD_STEPS:
+    for step in OFFLOAD_SETTINGS:
         if "nvme" in step.values() and not nvme:
             continue
         if fixed.get("zero_stage", step.get("zero_stage")) != step.get(
