@@ -10,10 +10,11 @@ What moves, per GPU and step, and what it waits for:
   gradients live on the host too (DeepSpeed's offload_optimizer); Megatron-LM keeps its
   main-gradient buffer on the GPU. `optimizer_offload_fraction` of the state and step move;
   the rest stays on the GPU.
-- The CPU's Adam step is bound by the host's memory bandwidth: DeepSpeed's CPU-Adam
-  (AVX-512, ZeRO-Offload Table 3) reads the fp32 weight, gradient and two moments and
-  writes the weight, the moments and the 16-bit copy, `CPU_ADAM_BYTES` a parameter; the
-  GPUs of a host share its bandwidth, at `HOST_MEMORY_EFFICIENCY` of the peak.
+- The CPU's Adam step is bound by the host's memory bandwidth: a vectorised CPU Adam
+  (DeepSpeed's CPU-Adam, torch's fused AdamW on the CPU) reads the fp32 weight, gradient and
+  two moments and writes the weight, the moments and the 16-bit copy, `CPU_ADAM_BYTES` a
+  parameter; the GPUs of a host share its bandwidth, at `HOST_MEMORY_EFFICIENCY` of the
+  peak.
 - NVMe (ZeRO-Infinity, Rajbhandari et al., SC 2021, Sec. 5-6): optimizer state on NVMe is
   read before and written after each CPU step (the moments and master weights, 12 bytes a
   parameter each way); parameters on NVMe are read for every forward and backward pass
@@ -31,7 +32,8 @@ What moves, per GPU and step, and what it waits for:
 
 `PCIE_EFFICIENCY` and `HOST_MEMORY_EFFICIENCY` are estimates, not fits: nothing in the
 calibration set measures a transfer alone; the fine-tuning rows with offload
-(`published_finetune_offload.csv`) judge them (benchmarks/finetune_accuracy.py).
+(`published_finetune_offload.csv`) judge them (benchmarks/finetune_accuracy.py), and a plan
+that offloads carries the band those rows leave (`evidence.FINETUNE_OFFLOAD`).
 """
 
 from __future__ import annotations
@@ -46,9 +48,11 @@ PCIE_EFFICIENCY = 0.8
 encoding and TLP headers on Gen3+): an estimate."""
 HOST_MEMORY_EFFICIENCY = 0.5
 """The share of the host's peak memory bandwidth a streaming CPU kernel sustains across
-both sockets (STREAM-like triad, NUMA placement not tuned): an estimate. ZeRO-Offload's
-Table 3 (CPU-Adam 1B parameters in 0.22 s on a DGX-2's two 24-core Xeons, about 135 GB/s
-of `CPU_ADAM_BYTES` traffic) is about half of that host's 256 GB/s."""
+both sockets (STREAM-like triad, NUMA placement not tuned): an estimate, not a fit. One
+published run checks it: torchtune's Llama 3.1 70B full fine-tune with FSDP's CPU offload on
+8 A100 (published_finetune_offload.csv), whose predicted step is half the CPU's Adam step on
+the DGX A100 host's 409.6 GB/s, and whose throughput is predicted within 3%
+(benchmarks/finetune_accuracy.py)."""
 CPU_ADAM_BYTES = 4 + 4 + 8 + 4 + 8 + 2
 """Host bytes of one parameter's Adam step: fp32 weight, gradient and two moments read,
 the weight and moments written, the 16-bit copy written."""

@@ -19,11 +19,14 @@ config sets it, each setting citing where:
   without checkpointing the activations (about 11 GiB) fit beside the 15 GiB base in 24
   GiB only off the GPU. The 70B full fine-tune's recipe sets checkpointing and FSDP's CPU
   offload, as the row says.
-- Megatron-Bridge's 26.06 performance recipes (NVIDIA-NeMo/Megatron-Bridge,
-  scripts/performance, llama3 70B SFT and LoRA): the row's degrees, MBS 1, packed
-  4096-token sequences, fp8 with current scaling on H100, full recomputation off (the
-  SFT and LoRA recipes set recompute_granularity None), LoRA of rank 32 on linear_qkv,
-  linear_proj, linear_fc1 and linear_fc2 (src/megatron/bridge/peft/lora.py: dim 32).
+- Megatron-Bridge's performance recipes (NVIDIA-NeMo/Megatron-Bridge,
+  src/megatron/bridge/perf_recipes/llama/h100/llama3.py, llama3_70b_sft_32gpu_h100_fp8cs
+  and the 70B LoRA on 8 H100 with fp8 current scaling): the row's degrees (VP is virtual
+  stages per rank), MBS 1, 4096-token sequences, fp8 with current scaling, the distributed
+  optimizer, bf16 gradient reduction (grad_reduce_in_fp32 False), sequence parallelism
+  with TP communication overlap, no recomputation; the SFT recipe captures each layer's
+  MLP in CUDA graphs (cuda_graph_scope ["mlp"]); the LoRA recipe adapts linear_qkv alone
+  (peft.target_modules) at LoRA's default rank 32 (src/megatron/bridge/peft/lora.py).
 - DeepSpeed's Azure post (docs/_posts/2022-07-26-deepspeed-azure.md): ZeRO-3 with the
   optimizer's state on the CPU and activation checkpoints, GPT-3 175B at 16 sequences of
   1024 tokens per GPU; its TFLOP/s count the recomputed forward (DeepSpeed's flops
@@ -183,12 +186,13 @@ def read_runs(path: Path = CSV) -> tuple[list[FinetuneRun], list[Unpriced]]:
                 virtual = int(row["pp"].split("VP")[1].strip(" )"))
                 parallel = ParallelConfig.of(
                     tensor=tensor, pipeline=pipeline, global_batch_size=32,
-                    micro_batch_size=1, schedule="interleaved",
-                    virtual_pipeline=80 // (pipeline * virtual) if lora else virtual,
+                    micro_batch_size=1, schedule="interleaved", virtual_pipeline=virtual,
                     sequence_parallel=True, precision="fp8", fp8_recipe="tensorwise",
                     zero_stage=1, overlap_grad_reduce=True, overlap_param_gather=True,
-                    tp_comm_overlap=True, finetune="lora" if lora else "full",
-                    lora_rank=32, lora_alpha=32.0)
+                    tp_comm_overlap=True, main_grads_dtype="bf16",
+                    cuda_graph_scope=() if lora else ("mlp",),
+                    finetune="lora" if lora else "full", lora_rank=32, lora_alpha=32.0,
+                    lora_targets=("linear_qkv",))
                 runs.append(FinetuneRun(
                     line, name, zoo_config("llama3-70b", {"seq_length": 4096}), parallel,
                     Cluster.load("dgx-h100").with_devices(gpus), memory_gib=None,
