@@ -23,16 +23,14 @@ included, as Megatron-Bridge's and torchtune's default targets do.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cost_models.identity_memo import IdentityMemo
 from cost_models.stage_parameters import ParameterLayout, layer_parameter_layouts, local_shape
 from cost_models.transformer_ops import Matmul, Memory, Op
 from planner.models.config import TransformerConfig
-from planner.vocabulary.parallel import Finetuning, ParallelConfig
-
-ADAPTER_FINETUNES = ("lora", "qlora")
-"""Fine-tuning modes that train adapters over a frozen base."""
+from planner.vocabulary.parallel import ParallelConfig
 
 TARGET_LINEARS: dict[str, tuple[str, ...]] = {
     "linear_qkv": ("q_proj", "k_proj", "v_proj", "q_down_proj", "q_up_proj", "kv_down_proj",
@@ -69,11 +67,6 @@ adapter runs, torchtune's LoRA and QLoRA on an RTX 4090 and Megatron-Bridge's 70
 base's own saving, no weight gradients, is priced whatever the scale."""
 
 
-def adapters_trained(finetuning: Finetuning) -> bool:
-    """Whether `finetuning` trains adapters over a frozen base (LoRA, QLoRA)."""
-    return finetuning.finetune in ADAPTER_FINETUNES
-
-
 def adapted(param: ParameterLayout, targets: tuple[str, ...]) -> bool:
     """Whether `param` is the weight of a linear one of `targets` names."""
     parts = param.name.split(".")
@@ -106,23 +99,35 @@ def trained_parameters(model: TransformerConfig, parallel: ParallelConfig, param
                        layers: int) -> float:
     """Of the `params` one GPU of a stage of `layers` layers holds, those trained: all, or
     under LoRA and QLoRA the adapters alone."""
-    if not adapters_trained(parallel.finetuning):
+    if not parallel.finetuning.adapters:
         return params
     _, adapters, _, expert_adapters = layer_split(model, parallel)
     return layers * (adapters + expert_adapters)
 
 
+def adapted_linears(model: TransformerConfig, targets: tuple[str, ...]
+                    ) -> Iterator[tuple[float, ParameterLayout]]:
+    """(share of the layers, weight) of each linear `targets` adapts in one mean layer:
+    each kind of layer's adapted weights, weighted by the share of the layers of that kind
+    (dense and MoE layers apart)."""
+    kinds = model.layer_kinds()
+    for kind in set(kinds):
+        share = kinds.count(kind) / len(kinds)
+        for param in layer_parameter_layouts(model, kind):
+            if adapted(param, targets):
+                yield share, param
+
+
 _LAYER_SPLITS: IdentityMemo[tuple[float, float, float, float]] = IdentityMemo(4096)
 
 
-def layer_split(model: TransformerConfig, parallel: ParallelConfig,
-                tensor: int | None = None) -> tuple[float, float, float, float]:
+def layer_split(model: TransformerConfig, parallel: ParallelConfig
+                ) -> tuple[float, float, float, float]:
     """(adapted, adapters, expert adapted, expert adapters): of one mean layer on one GPU
-    of a stage `tensor` wide (default `parallel`'s), the parameters of the adapted linears'
-    weights and of their adapters, apart from the routed experts' (each expert whole on
-    its rank: split over the expert ranks, and by the expert-tensor degree)."""
-    tuning = parallel.finetuning
-    t = tensor or parallel.dims.tensor
+    of `parallel`'s stage, the parameters of the adapted linears' weights and of their
+    adapters, apart from the routed experts' (each expert whole on its rank: split over
+    the expert ranks, and by the expert-tensor degree)."""
+    tuning, t = parallel.finetuning, parallel.dims.tensor
     experts = max(parallel.dims.expert, 1) * (parallel.dims.expert_tensor or t)
     key = (tuning.lora_targets, tuning.lora_rank, t, experts)
     return _LAYER_SPLITS.get((model,), key, lambda: _layer_split(model, *key))
@@ -130,23 +135,16 @@ def layer_split(model: TransformerConfig, parallel: ParallelConfig,
 
 def _layer_split(model: TransformerConfig, targets: tuple[str, ...], rank: int, t: int,
                  expert_shards: int) -> tuple[float, float, float, float]:
-    kinds = model.layer_kinds()
     totals = [0.0, 0.0, 0.0, 0.0]
-    for kind in set(kinds):
-        share = kinds.count(kind) / len(kinds)
-        for param in layer_parameter_layouts(model, kind):
-            if not adapted(param, targets):
-                continue
-            if param.expert is not None:
-                # Each routed expert whole on one rank of its group (`layer_parameters`).
-                whole = math.prod(param.shape)
-                adapters = sum(math.prod(a.shape) for a in adapter_layouts(param, rank))
-                totals[2] += share * whole / expert_shards
-                totals[3] += share * adapters / expert_shards
-                continue
+    for share, param in adapted_linears(model, targets):
+        factors = adapter_layouts(param, rank)
+        if param.expert is not None:
+            # Each routed expert whole on one rank of its group (`layer_parameters`).
+            totals[2] += share * math.prod(param.shape) / expert_shards
+            totals[3] += share * sum(math.prod(a.shape) for a in factors) / expert_shards
+        else:
             totals[0] += share * math.prod(local_shape(param, t, 1, 0))
-            totals[1] += share * sum(math.prod(local_shape(a, t, 1, 0))
-                                     for a in adapter_layouts(param, rank))
+            totals[1] += share * sum(math.prod(local_shape(a, t, 1, 0)) for a in factors)
     return totals[0], totals[1], totals[2], totals[3]
 
 
@@ -167,28 +165,20 @@ def adapter_ops(model: TransformerConfig, parallel: ParallelConfig, seq: float) 
     `seq`-token sequences: x A^T then (x A^T) B^T for each adapted linear (a routed
     expert's on its share of the tokens), and QLoRA's dequantization of the adapted
     weights (reading NF4, writing bf16) before each use."""
-    tuning, t = parallel.finetuning, parallel.dims.tensor
+    tuning, t, r = parallel.finetuning, parallel.dims.tensor, parallel.finetuning.lora_rank
     tokens = parallel.batch.micro_batch_size * seq
-    kinds = model.layer_kinds()
     matmuls: list[Op] = []
-    for kind in set(kinds):
-        share = kinds.count(kind) / len(kinds)
-        for param in layer_parameter_layouts(model, kind):
-            if not adapted(param, tuning.lora_targets):
-                continue
+    for share, param in adapted_linears(model, tuning.lora_targets):
+        if param.expert is None:
+            (rows, cols), m, count = local_shape(param, t, 1, 0), tokens, share
+        else:
+            # Each routed expert sees top-k / experts of the tokens; this GPU holds
+            # experts / expert-degree of them.
             rows, cols = param.shape
-            count, rows_here, cols_here = share, rows, cols
-            if param.expert is None:
-                rows_here, cols_here = local_shape(param, t, 1, 0)
-                m = tokens
-            else:
-                # Each routed expert sees top-k / experts of the tokens; this GPU holds
-                # experts / expert-degree of them.
-                m = tokens * (model.moe_top_k or 1) / (model.num_experts or 1)
-                count = share / max(parallel.dims.expert, 1)
-            r = tuning.lora_rank
-            matmuls += [Matmul(f"{param.name} lora_a", m, r, cols_here, count),
-                        Matmul(f"{param.name} lora_b", m, rows_here, r, count)]
+            m = tokens * (model.moe_top_k or 1) / (model.num_experts or 1)
+            count = share / max(parallel.dims.expert, 1)
+        matmuls += [Matmul(f"{param.name} lora_a", m, r, cols, count),
+                    Matmul(f"{param.name} lora_b", m, rows, r, count)]
     dequantize: list[Op] = []
     if tuning.finetune == "qlora":
         adapted_weights, _, expert_weights, _ = layer_split(model, parallel)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from cost_models.adapters import NF4_BYTES, adapted, adapter_layouts, adapters_trained
+from cost_models.adapters import NF4_BYTES, adapted, adapter_layouts
 from cost_models.stage_parameters import ParameterLayout, chunk_parameters
 from planner.models.config import TransformerConfig
 from planner.vocabulary.parallel import Finetuning
@@ -24,7 +24,7 @@ def finetuned(params: list[ParameterLayout], finetuning: Finetuning) -> list[Par
     """`params` as `finetuning` trains them: unchanged, or under LoRA and QLoRA every one
     frozen (QLoRA's adapted weights in NF4) and each adapted weight followed by its
     adapter factors."""
-    if not adapters_trained(finetuning):
+    if not finetuning.adapters:
         return params
     out: list[ParameterLayout] = []
     for p in params:

@@ -56,6 +56,9 @@ the DGX A100 host's 409.6 GB/s, and whose throughput is predicted within 3%
 CPU_ADAM_BYTES = 4 + 4 + 8 + 4 + 8 + 2
 """Host bytes of one parameter's Adam step: fp32 weight, gradient and two moments read,
 the weight and moments written, the 16-bit copy written."""
+COPY_BYTES = 2
+"""Bytes of a gradient copied out, and of a weight copied back, per offloaded parameter:
+16 bits each."""
 NVME_STATE_BYTES = 12
 """Bytes of one parameter's optimizer state on NVMe: fp32 master weight and two moments."""
 HOST_USABLE = 0.9
@@ -75,11 +78,9 @@ class OffloadBytes:
     nvme_bytes: float = 0.0
     """NVMe capacity its offloaded state takes."""
     cpu_parameters: float = 0.0
-    """Parameters whose Adam step the CPU runs for it."""
-    gradients_out: float = 0.0
-    """Gradient bytes copied to the host after the last micro-batch's backward."""
-    weights_back: float = 0.0
-    """Updated 16-bit weight bytes copied back after the CPU's step."""
+    """Parameters whose Adam step the CPU runs for it: their 16-bit gradients copied to the
+    host after the last micro-batch's backward, their updated 16-bit weights back after
+    the step (`COPY_BYTES` each way)."""
     fetch_per_pass: float = 0.0
     """Parameter bytes fetched for each forward and backward pass of a micro-batch."""
     fetches: int = 0
@@ -105,7 +106,7 @@ class OffloadBytes:
 
     def pcie_bytes(self, micro_batches: int) -> float:
         """Bytes over the GPU's host link per step, both directions."""
-        return (self.gradients_out + self.weights_back
+        return (2 * COPY_BYTES * self.cpu_parameters
                 + micro_batches * (self.fetches * self.fetch_per_pass
                                    + 2 * self.activation_layers * self.activations_per_layer))
 
@@ -219,8 +220,8 @@ def offload_bytes(state: StageState, parallel: ParallelConfig, in_flight: int) -
     layers = min(offload.offload_activation_layers, state.layers)
     host += layers * state.activation_bytes_per_layer * in_flight
     return OffloadBytes(
-        host_bytes=host, nvme_bytes=nvme, cpu_parameters=shard, gradients_out=2 * shard,
-        weights_back=2 * shard, fetch_per_pass=fetch, fetches=fetches,
+        host_bytes=host, nvme_bytes=nvme, cpu_parameters=shard, fetch_per_pass=fetch,
+        fetches=fetches,
         activations_per_layer=state.activation_bytes_per_layer, activation_layers=layers,
         nvme_read=read, nvme_write=write, params_on_nvme=offload.offload_params == "nvme")
 
@@ -236,8 +237,9 @@ def offload_time(moved: OffloadBytes, parallel: ParallelConfig, cluster: Cluster
     if moved.cpu_parameters:
         # Gradients out during the last micro-batch's backward: what outlasts it waits;
         # then the CPU's step and the weights' copy back.
-        transfers += max(0.0, moved.gradients_out / pcie - backward_s)
-        optimizer += cpu_adam_seconds(moved.cpu_parameters, cluster) + moved.weights_back / pcie
+        copy = COPY_BYTES * moved.cpu_parameters / pcie
+        transfers += max(0.0, copy - backward_s)
+        optimizer += cpu_adam_seconds(moved.cpu_parameters, cluster) + copy
     if moved.nvme_read or moved.nvme_write:
         read, write = nvme_bytes_per_s(cluster)
         optimizer += moved.nvme_read / read + moved.nvme_write / write

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from cost_models import engine_memory, graph_pool, memory, offload, pipeline_schedule
-from cost_models.adapters import adapters_trained, trained_parameters
+from cost_models.adapters import trained_parameters
 from cost_models.saved_activations import (
     checkpoint_bytes,
     saved_per_layer,
@@ -222,7 +222,7 @@ def stage_memory(
     layers' activations, by the rules of the engine that runs it
     (`cost_models.engine_memory`, `cost_models.saved_activations`)."""
     other, expert = layer_parameters(model, parallel)
-    if adapters_trained(parallel.finetuning):
+    if parallel.finetuning.adapters:
         state, gathered = engine_memory.adapter_state(model, params, layers, parallel,
                                                       expert_params)
     else:

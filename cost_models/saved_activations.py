@@ -48,10 +48,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from cost_models.adapters import adapted, adapters_trained
+from cost_models.adapters import adapted_linears
 from cost_models.identity_memo import IdentityMemo
 from cost_models.layer_mix import layer_variants
-from cost_models.stage_parameters import layer_parameter_layouts
 from planner.models.config import TransformerConfig
 from planner.vocabulary.parallel import Moe, ParallelConfig
 
@@ -427,10 +426,9 @@ def tessel_block(
     Selective recomputation's checkpoint keeps q, k, v and the mask as its inputs
     (torch/utils/checkpoint.py: `_CheckpointFrame.save_inputs`) only as long as something
     the region saved refers to its frame (the unpack hooks of `_checkpoint_hook`): a core
-    none of whose inputs requires grad records nothing, and checkpoint's return frees them
-    (`runtime.activation_counter` still counts them when they are packed: `plan check`
-    leaves that case out). SDPA's output is kept by the o_proj that reads it (its adapter,
-    under LoRA)."""
+    none of whose inputs requires grad would record nothing, so the runtime does not
+    checkpoint it (`runtime.stages.needs_grad`). SDPA's output is kept by the o_proj that
+    reads it (its adapter, under LoRA)."""
     x = layer_shape(model, parallel)
     e = activation_element_bytes(parallel.numerics.precision)
     n, sp, b = x.tokens, x.sequence_shards, parallel.batch.micro_batch_size
@@ -505,15 +503,17 @@ def tessel_adapters(model: TransformerConfig, parallel: ParallelConfig) -> dict[
     (`cost_models.adapters`' rules: linear_qkv q, k and v; linear_fc1 gate and up, or
     fc1; ...), the targets the plan names only; None where every base weight trains."""
     tuning = parallel.finetuning
-    if not adapters_trained(tuning):
+    if not tuning.adapters:
         return None
     key = tuning.lora_targets
     return _ADAPTED.get((model,), key, lambda: _adapted_linears(model, key))
 
 
 def _adapted_linears(model: TransformerConfig, targets: tuple[str, ...]) -> dict[str, int]:
-    params = layer_parameter_layouts(model, model.layer_kinds()[0])
-    return {target: sum(adapted(p, (target,)) for p in params) for target in targets}
+    """How many of a block's linears each target adapts (Tessel's runtime counts dense
+    blocks only: `tessel_counted`)."""
+    return {target: round(sum(share for share, _ in adapted_linears(model, (target,))))
+            for target in targets}
 
 
 def _tessel_norm(model: TransformerConfig, tokens: float, hidden: float, e: int,
@@ -546,7 +546,7 @@ def tessel_stage(
     x = layer_shape(model, parallel)
     e = activation_element_bytes(parallel.numerics.precision)
     n, sp = x.tokens, x.sequence_shards
-    trained = not adapters_trained(parallel.finetuning)
+    trained = not parallel.finetuning.adapters
     # The chunk's input requires grad: a received activation, or a trained embedding's.
     grad = trained or not first
     kinds: dict[str, float] = {}
@@ -562,7 +562,7 @@ def tessel_stage(
     if parallel.recomputation.recompute == "full":
         # Non-reentrant checkpointing saves the block's input (its sequence shard under
         # sequence parallelism) outside its own hooks, whatever it requires, and hides
-        # what the block saves.
+        # what the block saves (the loop above still says what reaches the head).
         kinds = {"checkpointed inputs": layers * e * n * x.hidden / sp}
     if first:
         # The embedding keeps its int64 indices: the token ids (whole on every tensor

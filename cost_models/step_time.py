@@ -37,7 +37,7 @@ from cost_models.comm import group_collective_time
 from cost_models.data_parallel import data_parallel_comm, hidden
 from cost_models.offload import host_fits, offload_time, optimizer_off_gpu
 from cost_models import adapters
-from cost_models.adapters import adapter_ops, adapters_trained, trained_parameters
+from cost_models.adapters import adapter_ops, trained_parameters
 from planner.vocabulary.efficiency import Efficiency
 from cost_models.kernel_time import Pass, pass_seconds, weight_gradient_seconds
 from cost_models.layer_mix import layer_variants
@@ -265,7 +265,7 @@ def _price_layer(
         eff = eff.model_copy(update={"attention": eff.attention * eff.sink_attention})
     forward = pass_seconds(ops, device, eff, precision, graphed=graphed)
     backward = pass_seconds(ops, device, eff, precision, backward=True, graphed=graphed)
-    if adapters_trained(parallel.finetuning):
+    if parallel.finetuning.adapters:
         # A frozen base computes no weight gradients; the adapters (and QLoRA's
         # dequantization of each base weight before its matmuls) run beside it.
         backward -= sum(weight_gradient_seconds(op, device, eff, precision)

@@ -55,7 +55,6 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
-from cost_models.adapters import adapters_trained
 from cost_models.finetuned_parameters import finetuned_chunk
 from cost_models.stage_parameters import (
     ParameterLayout,
@@ -143,7 +142,7 @@ class RankLayout:
     @property
     def adapters(self) -> bool:
         """Whether only adapters are trained, over a frozen base."""
-        return adapters_trained(self.finetuning)
+        return self.finetuning.adapters
 
     @property
     def tensor(self) -> int:

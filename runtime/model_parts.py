@@ -87,12 +87,13 @@ def _never(reason: str) -> Rule:
 def _finetuning_rules(what: str | None) -> list[Rule]:
     """What the runtime runs of fine-tuning: LoRA on `what` is not run where given (a
     clause naming the model's part it does not adapt yet); QLoRA never."""
-    rules = [_when(lambda spec: spec.finetune == "qlora",
+    rules = [_when(lambda spec: spec.finetuning.finetune == "qlora",
                    "QLoRA's 4-bit NF4 base (dequantized to bf16 for each matmul) is not run "
                    "by this runtime, which trains in fp32 to compare with one process; "
                    "check the same plan with --finetune lora")]
     if what is not None:
-        rules.append(_when(lambda spec: spec.adapters, f"LoRA on {what} is not run yet"))
+        rules.append(_when(lambda spec: spec.finetuning.adapters,
+                           f"LoRA on {what} is not run yet"))
     return rules
 
 
@@ -165,7 +166,7 @@ class ZooParts:
         """Under LoRA: `module` (the stage of `layers`, with the embeddings if `first`
         and the head if `last`; or the whole model) frozen, with the adapters its Plan
         lists beside its linears (`runtime.adapters`); else nothing."""
-        if spec.adapters:
+        if spec.finetuning.adapters:
             params = finetuned_chunk(self.config, layers, first, last, spec.finetuning)
             add_adapters(module, params, spec.finetuning, tp_mesh, seed)
 

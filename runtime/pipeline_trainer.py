@@ -211,7 +211,7 @@ class PipelineTrainer(checkpoint.Checkpointing):
         """Both copies of a tied embedding get the sum of their gradients, so both take the
         same step: added locally when one rank holds both, else one all-reduce over the
         embedding group per shard."""
-        if not self._shared_embedding or self.spec.num_stages == 1 or self.spec.adapters:
+        if not self._shared_embedding or self.spec.num_stages == 1 or self.spec.finetuning.adapters:
             return  # (a frozen embedding has no gradient)
         grads = []
         for module in self.modules.values():

@@ -12,15 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from planner.vocabulary.parallel import (
-    FINETUNES,
-    LORA_TARGETS,
-    RECOMPUTE,
-    Finetune,
-    Finetuning,
-    LoraTarget,
-    Recompute,
-)
+from planner.vocabulary.parallel import FINETUNES, LORA_TARGETS, RECOMPUTE, Finetuning, Recompute
 from planner.vocabulary.parallel_dims import ParallelDims
 from planner.vocabulary.schedules import (
     MULTI_CHUNK,
@@ -57,13 +49,11 @@ class RunSpec:
     force_balance: bool = False
     """Forced load balancing of the routers (--moe-router-force-load-balancing): every
     expert gets the same tokens (`planner.models.transformer.forced_experts`)."""
-    finetune: Finetune = "none"
-    """none and full train every weight; lora trains rank-`lora_rank` adapters beside
-    the `lora_targets` linears over a frozen base (`runtime.adapters`). qlora's 4-bit
-    NF4 base is not run (`runtime.model_parts` refuses it)."""
-    lora_rank: int = 16
-    lora_alpha: float = 32.0
-    lora_targets: tuple[LoraTarget, ...] = LORA_TARGETS
+    finetuning: Finetuning = Finetuning()
+    """What is trained, in the planner's vocabulary: none and full train every weight; lora
+    trains rank-`lora_rank` adapters beside the `lora_targets` linears over a frozen base
+    (`runtime.adapters`). qlora's 4-bit NF4 base is not run (`runtime.model_parts`
+    refuses it)."""
 
     def __post_init__(self) -> None:
         d = self.degrees
@@ -110,32 +100,21 @@ class RunSpec:
             problems.append("expert_dispatcher must be allgather or alltoall")
         if d.cp > 1 and self.expert > 1:
             problems.append("expert parallelism with context parallelism is not run yet")
-        if self.finetune not in FINETUNES:
+        tuning = self.finetuning
+        if tuning.finetune not in FINETUNES:
             problems.append(f"finetune must be one of {', '.join(FINETUNES)}")
-        if self.lora_rank < 1:
-            problems.append(f"lora_rank must be at least 1, got {self.lora_rank}")
-        unknown = [t for t in self.lora_targets if t not in LORA_TARGETS]
-        if unknown or (self.adapters and not self.lora_targets):
+        if tuning.lora_rank < 1:
+            problems.append(f"lora_rank must be at least 1, got {tuning.lora_rank}")
+        unknown = [t for t in tuning.lora_targets if t not in LORA_TARGETS]
+        if unknown or (tuning.adapters and not tuning.lora_targets):
             problems.append(f"lora_targets must be among {', '.join(LORA_TARGETS)} (at "
-                            f"least one), got {', '.join(self.lora_targets) or 'none'}")
+                            f"least one), got {', '.join(tuning.lora_targets) or 'none'}")
         if d.cp > 1 and self.force_balance:
             problems.append("forced load balancing routes by sequence position, which a "
                             "context shard does not see whole; not run with context "
                             "parallelism")
         if problems:
             raise ValueError("; ".join(problems) + ".")
-
-    @property
-    def adapters(self) -> bool:
-        """Whether the run trains adapters over a frozen base (lora, qlora)."""
-        return self.finetune in ("lora", "qlora")
-
-    @property
-    def finetuning(self) -> Finetuning:
-        """The fine-tuning knobs as the planner's vocabulary holds them
-        (`cost_models.finetuned_parameters` lists the adapters from them)."""
-        return Finetuning(finetune=self.finetune, lora_rank=self.lora_rank,
-                          lora_alpha=self.lora_alpha, lora_targets=self.lora_targets)
 
     @property
     def expert(self) -> int:
@@ -238,7 +217,7 @@ def from_training_plan(plan) -> RunSpec:
         expert_dispatcher=_dispatcher(getattr(plan, "run", None)),
         force_balance=bool(getattr(getattr(plan, "run", None),
                                    "moe_router_force_load_balancing", False)),
-        **_finetuning(getattr(plan, "run", None)),
+        finetuning=_finetuning(getattr(plan, "run", None)),
     )
     planned = getattr(plan, "global_batch_size", None)
     if planned is not None and planned != spec.global_batch_size:
@@ -249,14 +228,15 @@ def from_training_plan(plan) -> RunSpec:
     return spec
 
 
-def _finetuning(run: object) -> dict:
-    """The fine-tuning fields of a plan's run settings (their defaults where a plan has
+def _finetuning(run: object) -> Finetuning:
+    """The fine-tuning knobs of a plan's run settings (their defaults where a plan has
     none)."""
     defaults = Finetuning()
-    return {"finetune": getattr(run, "finetune", defaults.finetune),
-            "lora_rank": getattr(run, "lora_rank", defaults.lora_rank),
-            "lora_alpha": getattr(run, "lora_alpha", defaults.lora_alpha),
-            "lora_targets": tuple(getattr(run, "lora_targets", defaults.lora_targets))}
+    return Finetuning(
+        finetune=getattr(run, "finetune", defaults.finetune),
+        lora_rank=getattr(run, "lora_rank", defaults.lora_rank),
+        lora_alpha=getattr(run, "lora_alpha", defaults.lora_alpha),
+        lora_targets=tuple(getattr(run, "lora_targets", defaults.lora_targets)))
 
 
 def _dispatcher(run: object) -> str:

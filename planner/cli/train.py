@@ -26,7 +26,13 @@ from planner.cli.run_flags import objective_key, wants_totals
 from planner.cli.whole_run import emit_totals_and_json, fewer_gpu_plans, with_totals
 from planner.vocabulary.cluster import Cluster
 from planner.search.knobs import FLAG, check_knobs, default_precision
-from planner.vocabulary.parallel import KNOB_NAMES, FixedKnobs, ParallelConfig
+from planner.vocabulary.parallel import (
+    ADAPTER_FINETUNES,
+    KNOB_NAMES,
+    OFFLOAD_KNOBS,
+    FixedKnobs,
+    ParallelConfig,
+)
 from planner.models.config import TransformerConfig
 from planner.vocabulary.knobs import plan_value
 from planner.vocabulary.plan import Plan
@@ -381,7 +387,7 @@ def print_training_plans(plans: list[Plan], console: Console, megatron: bool = T
                           "run it out of memory; it may need "
                           "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", highlight=False)
         _note_faster_past_the_reserve(plans, console)
-    if best.run is not None and (offloaded(best) or best.run.finetune in ("lora", "qlora")):
+    if best.run is not None and (offloaded(best) or best.run.finetune in ADAPTER_FINETUNES):
         print_offload(best, console)
     if not megatron:
         return
@@ -397,11 +403,6 @@ def print_training_plans(plans: list[Plan], console: Console, megatron: bool = T
                       soft_wrap=True, markup=False)
     else:
         console.print(f"not runnable by Megatron-LM: {best.megatron_incompatibility}")
-
-
-OFFLOAD_KNOBS = frozenset({"offload_optimizer", "optimizer_offload_fraction", "offload_params",
-                           "offload_activation_layers"})
-"""The knobs the table's offload column shows (`offloaded`), not repeated in the layout."""
 
 
 def offloaded(plan: Plan, short: bool = False) -> str:

@@ -32,6 +32,7 @@ import shlex
 from typing import Any
 
 from planner.vocabulary.knobs import KNOBS, engine_value, plan_value, spelt
+from planner.vocabulary.parallel import ADAPTER_FINETUNES
 from planner.vocabulary.plan import Plan, RunSettings
 
 # The knobs DeepSpeed's config keys spell (the knob registry's: `planner.vocabulary.knobs`),
@@ -71,7 +72,7 @@ def deepspeed_incompatibility(plan: Plan) -> str | None:
         return "activation offload is Megatron-LM's (--cpu-offloading-num-layers)"
     if run is not None and run.offload_optimizer != "none" and q.zero_stage == 0:
         return "ZeRO-Offload needs ZeRO stage 1 or more: plan with --zero-stage 1"
-    if run is not None and run.finetune in ("lora", "qlora"):
+    if run is not None and run.finetune in ADAPTER_FINETUNES:
         return (f"{run.finetune} adapters are the model's (peft), not DeepSpeed's config: "
                 "use --emit pytorch")
     return None

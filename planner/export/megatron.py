@@ -68,11 +68,11 @@ def megatron_incompatibility(
     model chunk's layers where the embedding or loss take a layer's place."""
     dims, sharding, moe = parallel.dims, parallel.sharding, parallel.moe
     p, schedule = dims.pipeline, parallel.pipelining.schedule
-    finetune, offload = parallel.finetuning.finetune, parallel.offload
-    if finetune in ("lora", "qlora"):
+    offload = parallel.offload
+    if parallel.finetuning.adapters:
         # Megatron-LM's arguments have no adapters; Megatron-Bridge's PEFT adds them.
-        return (f"{finetune} adapters (Megatron-LM has none; Megatron-Bridge's PEFT LoRA "
-                "runs them: use --emit pytorch)")
+        return (f"{parallel.finetuning.finetune} adapters (Megatron-LM has none; "
+                "Megatron-Bridge's PEFT LoRA runs them: use --emit pytorch)")
     if offload.offload_optimizer == "nvme" or offload.offload_params != "none":
         return "offload to NVMe or of parameters (Megatron-LM offloads optimizer state and " \
                "activations to the CPU only)"

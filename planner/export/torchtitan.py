@@ -47,6 +47,7 @@ from planner.export.fsdp_offload import fsdp2_offload_refusal
 from planner.export.torchrun import RDZV_PORT, allocator_exports
 from planner.models.config import TransformerConfig
 from planner.vocabulary.knobs import KNOBS, engine_value, plan_value, spelt
+from planner.vocabulary.parallel import ADAPTER_FINETUNES
 from planner.vocabulary.plan import Plan, RunSettings
 from planner.torchtitan.rules import DDP, FSDP, zero_stages
 
@@ -114,7 +115,7 @@ def _offload_or_adapters(run: RunSettings | None) -> str | None:
     why = fsdp2_offload_refusal(run)
     if run is None or why is not None:
         return why
-    if run.finetune in ("lora", "qlora"):
+    if run.finetune in ADAPTER_FINETUNES:
         # 0.2 has no adapters; 0.3's LoRAConverter gives the fused wqkv one adapter where
         # Tessel prices one per projection, and adapts no grouped experts.
         return (f"{run.finetune} adapters are not written for TorchTitan (0.2 has none; "

@@ -18,7 +18,6 @@ from cost_models.memory import breakdown_gib, state_element_bytes
 from cost_models.finetuned_parameters import finetuned_chunk
 from cost_models.stage_parameters import placement, rank_state_bytes
 from cost_models.offload import offloads
-from cost_models.adapters import adapters_trained
 from cost_models.pipeline_memory import StageLayout, even_split, stage_memories
 from cost_models.pipeline_schedule import stage_rank
 from cost_models.saved_activations import tessel_counted, tessel_stage_bytes
@@ -195,7 +194,7 @@ def _plan(
                                 parallel.execution.engine, model, cluster.device.name,
                                 cluster.device.calibration is not None,
                                 offload_or_adapters=offloads(parallel)
-                                or adapters_trained(parallel.finetuning))),
+                                or parallel.finetuning.adapters)),
         megatron_flags=flags, megatron_incompatibility=incompatibility,
         provenance=Provenance(model_spec=name, cluster=cluster.name,
                               calibration=calibration_of(cluster.device),

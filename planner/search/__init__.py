@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from planner.vocabulary.parallel import FixedKnobs
+from planner.vocabulary.parallel import OFFLOAD_KNOBS, FixedKnobs
 
 if TYPE_CHECKING:
     from cost_models.layer_collectives import LayerCollectives
@@ -84,22 +84,21 @@ def offload_candidates(cluster: Cluster, fixed: FixedKnobs) -> list[dict[str, st
     can hold (NVMe only with its figures) and the fixed knobs allow; none where offload is
     fixed, the cluster has no host figures, or the engine does not offload (Megatron-LM
     moves only the optimizer's state, to the CPU)."""
-    if cluster.host is None or any(name in fixed for name in (
-            "offload_optimizer", "offload_params", "optimizer_offload_fraction")):
+    # (Activations offloaded as a knob still leave the state's offload to the search.)
+    if cluster.host is None or (OFFLOAD_KNOBS - {"offload_activation_layers"}) & set(fixed):
         return []
     nvme = cluster.host.nvme_read_gbs is not None and cluster.host.nvme_write_gbs is not None
-    steps = []
-    for step in OFFLOAD_SETTINGS:
-        if "nvme" in step.values() and not nvme:
+    settings = []
+    for setting in OFFLOAD_SETTINGS:
+        if "nvme" in setting.values() and not nvme:
             continue
-        if fixed.get("zero_stage", step.get("zero_stage")) != step.get(
-                "zero_stage", fixed.get("zero_stage")):
+        if "zero_stage" in setting and fixed.get("zero_stage", 3) != setting["zero_stage"]:
             continue
-        if fixed.get("engine") in ("megatron", "torchtitan") and step.get("offload_params"):
+        if fixed.get("engine") in ("megatron", "torchtitan") and "offload_params" in setting:
             continue  # parameters offload is DeepSpeed's ZeRO-Infinity (and FSDP2's CPU
             # offload, which TorchTitan runs only with the optimizer's, both to the CPU)
-        steps.append(step)
-    return steps
+        settings.append(setting)
+    return settings
 
 
 def _search_space(

@@ -15,7 +15,7 @@ from __future__ import annotations
 from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
 from planner.vocabulary.knobs import KNOBS, spelt
-from planner.vocabulary.parallel import PRECISIONS, FixedKnobs
+from planner.vocabulary.parallel import ADAPTER_FINETUNES, PRECISIONS, QLORA_PRECISIONS, FixedKnobs
 from planner.vocabulary.schedules import runs_on
 from planner.search.megatron_space import SearchSpace, data_degrees
 
@@ -202,7 +202,7 @@ def _offload_problems(knobs: FixedKnobs, model: TransformerConfig, cluster: Clus
         problems.append(f"{FLAG['offload_activation_layers']} {layers} must be fewer than the "
                         f"model's {model.num_layers} layers")
     finetune = knobs.get("finetune", "none")
-    adapters = finetune in ("lora", "qlora")
+    adapters = finetune in ADAPTER_FINETUNES
     given = [FLAG[name] for name in ("lora_rank", "lora_alpha", "lora_targets") if name in knobs]
     if given and not adapters:
         problems.append(f"{', '.join(given)} set the adapters of --finetune lora or qlora; "
@@ -211,7 +211,7 @@ def _offload_problems(knobs: FixedKnobs, model: TransformerConfig, cluster: Clus
     if rank is not None and not 1 <= rank <= model.hidden_size:
         problems.append(f"{FLAG['lora_rank']} {rank} must be from 1 to the hidden size "
                         f"({model.hidden_size})")
-    if finetune == "qlora" and precision not in ("bf16", "fp16"):
+    if finetune == "qlora" and precision not in QLORA_PRECISIONS:
         problems.append(f"--finetune qlora dequantizes its 4-bit base to bf16 or fp16 for each "
                         f"matmul, and {FLAG['precision']} {precision} has no 4-bit path; use "
                         "--precision bf16")

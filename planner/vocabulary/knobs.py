@@ -463,19 +463,20 @@ KNOBS: dict[str, Knob] = _knobs(
     Knob("finetune", "run.finetune", "str",
          "none (pre-training), full (every weight fine-tuned), lora (rank-r adapters over "
          "a frozen 16-bit base) or qlora (adapters over a 4-bit NF4 base)",
-         choices=FINETUNES, cli=_flag("--finetune"), tessel=_flag("finetune")),
+         choices=FINETUNES, cli=_flag("--finetune"), tessel=_flag("finetuning.finetune")),
     Knob("lora_rank", "run.lora_rank", "int",
          "with --finetune lora or qlora: the adapters' rank (at least 1, at most the "
-         "hidden size)", cli=_flag("--lora-rank"), tessel=_flag("lora_rank"), most=1 << 20),
+         "hidden size)", cli=_flag("--lora-rank"), tessel=_flag("finetuning.lora_rank"),
+         most=1 << 20),
     Knob("lora_alpha", "run.lora_alpha", "float",
          "with --finetune lora or qlora: the adapters' scale alpha / rank (no effect on "
          "time or memory)", time=False, memory=False, cli=_flag("--lora-alpha"),
-         tessel=_flag("lora_alpha")),
+         tessel=_flag("finetuning.lora_alpha")),
     Knob("lora_targets", "run.lora_targets", "tuple",
          "with --finetune lora or qlora: the linears of each layer that get adapters "
          "(default all four: attention's qkv and output projections, the MLP's fc1 and "
          "fc2)", choices=LORA_TARGETS, cli=_flag("--lora-targets"),
-         tessel=_flag("lora_targets")),
+         tessel=_flag("finetuning.lora_targets")),
     # Knobs without a flag of `plan`'s own.
     Knob("data", "parallel.data", "int",
          "Data-parallel degree; -1: the GPUs the other degrees leave (--gpus sets them).",

@@ -52,6 +52,11 @@ CUDA_GRAPH_SCOPES: tuple[str, ...] = get_args(CudaGraphScope)
 OFFLOAD_TARGETS: tuple[str, ...] = get_args(OffloadTarget)
 FINETUNES: tuple[str, ...] = get_args(Finetune)
 LORA_TARGETS: tuple[str, ...] = get_args(LoraTarget)
+ADAPTER_FINETUNES: tuple[str, ...] = ("lora", "qlora")
+"""The fine-tuning modes that train adapters over a frozen base."""
+QLORA_PRECISIONS: tuple[str, ...] = ("bf16", "fp16")
+"""The matmul precisions QLoRA's 4-bit base dequantizes to (bitsandbytes' and torchao's
+NF4 take a 16-bit compute dtype)."""
 
 
 @dataclass(frozen=True)
@@ -289,6 +294,11 @@ class Finetuning:
     (the MLP's up and gate projections, the experts' too) and linear_fc2 (its down
     projection)."""
 
+    @property
+    def adapters(self) -> bool:
+        """Whether adapters are trained over a frozen base (LoRA, QLoRA)."""
+        return self.finetune in ADAPTER_FINETUNES
+
 
 @dataclass(frozen=True)
 class ParallelConfig:
@@ -477,10 +487,9 @@ class ParallelConfig:
             # Megatron-Core's TransformerConfig.__post_init__ refuses both with CPU offloading.
             problems.append("offload_activation_layers needs one pipeline stage and no "
                             "recomputation")
-        if tuning.finetune in ("lora", "qlora") and not tuning.lora_targets:
+        if tuning.adapters and not tuning.lora_targets:
             problems.append("lora_targets must name at least one linear")
-        if tuning.finetune == "qlora" and self.numerics.precision not in ("bf16", "fp16"):
-            # bitsandbytes' and torchao's NF4 dequantize to a 16-bit compute dtype.
+        if tuning.finetune == "qlora" and self.numerics.precision not in QLORA_PRECISIONS:
             problems.append("qlora dequantizes its 4-bit base to bf16 or fp16 for each "
                             f"matmul; precision {self.numerics.precision} has no 4-bit path")
         return problems
@@ -553,3 +562,5 @@ DEGREE_NAMES = frozenset(f.name for f in fields(ParallelDims))
 """The degrees, which `ParallelConfig` holds in its `dims` (`ParallelDims` validates them)."""
 KNOB_NAMES = frozenset(SECTION_OF)
 """Every knob a plan can fix, by name: the degrees and every section's fields."""
+OFFLOAD_KNOBS = frozenset(name for name, section in SECTION_OF.items() if section == "offload")
+"""The knobs of what is kept off the GPU (the `offload` section)."""

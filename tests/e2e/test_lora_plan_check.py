@@ -77,7 +77,8 @@ def _relative(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> fl
 def test_lora_plans_train_as_one_process_and_as_predicted() -> None:
     plans = {name: _plan(knobs) for name, knobs in LAYOUTS.items()}
     specs = {name: from_training_plan(plan) for name, plan in plans.items()}
-    assert all(spec.finetune == "lora" and spec.lora_rank == 4 for spec in specs.values())
+    assert all(spec.finetuning.finetune == "lora" and spec.finetuning.lora_rank == 4
+               for spec in specs.values())
     results = launch(_train_each, GPUS, list(specs.values()))
     initial = dict(build_reference(LLAMA, SEED).named_parameters())
     tokens, targets = batches(LLAMA, specs["pp2-dp2-zero2"], 1, SEED)[0]

@@ -27,7 +27,7 @@ LORA = Finetuning(finetune="lora", lora_rank=4, lora_alpha=8.0)
 def _spec(**finetuning) -> RunSpec:
     return RunSpec(degrees=ParallelDims(pipeline=1, data=1, context=1, tensor=1),
                    chunks=((0, LLAMA.num_layers),), micro_batch_size=1, num_micro_batches=1,
-                   **finetuning)
+                   finetuning=Finetuning(**finetuning))
 
 
 def test_adapters_are_the_plans_parameters_and_start_as_the_base_model() -> None:

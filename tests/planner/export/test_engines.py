@@ -50,6 +50,7 @@ from planner.models.presets import get_preset, zoo_config
 from planner.vocabulary.parallel import ParallelConfig
 from planner.vocabulary.plan import Plan
 from planner.plans.transformer_plan import training_plan
+from tests.planner.export.emitted_script import built_on_rank_0, imported
 
 HERE = Path(__file__).resolve().parent
 
@@ -465,36 +466,20 @@ def test_pytorch_script_builds_rank_0_with_torch_itself(case_id: str, tmp_path: 
     plan's pp x dp x tp, its model chunks (the plan's layers, parallelize_module and
     fully_shard applied by torch) and the plan's torch.distributed.pipelining schedule, on a
     fake process group of the plan's size."""
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    text = emitted(case_id, "pytorch")["pytorch_train.py"]
     plan = plan_of(case_id)
-    ast.parse(text)
-    path = tmp_path / "pytorch_train.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location(f"emitted_{case_id.replace('-', '_')}", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    if dist.is_initialized():
-        if dist.get_backend() != "fake":
-            pytest.skip("a real process group is running in this test process")
-        dist.destroy_process_group()
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=plan.num_gpus)
-    try:
-        mesh, mine, chunks, schedule = script.build("cpu")
-        q = plan.parallel
-        assert tuple(mesh.shape) == (q.pipeline, q.data, q.tensor)
-        assert mine == list(range(0, q.pipeline * q.virtual_pipeline, q.pipeline))
-        first = plan.stages[0].chunks or [plan.stages[0].layers]
-        assert [sorted(int(i) for i in chunk.layers) for chunk in chunks] == \
-            [list(range(*c)) for c in first]
-        expected = {"1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B",
-                    "gpipe": "ScheduleGPipe"}
-        assert type(schedule).__name__ == (expected[plan.schedule] if q.pipeline > 1
-                                           else "NoneType")
-    finally:
-        dist.destroy_process_group()
+    script = imported(emitted(case_id, "pytorch")["pytorch_train.py"], tmp_path,
+                      case_id.replace("-", "_"))
+    mesh, mine, chunks, schedule = built_on_rank_0(script, plan.num_gpus)
+    q = plan.parallel
+    assert tuple(mesh.shape) == (q.pipeline, q.data, q.tensor)
+    assert mine == list(range(0, q.pipeline * q.virtual_pipeline, q.pipeline))
+    first = plan.stages[0].chunks or [plan.stages[0].layers]
+    assert [sorted(int(i) for i in chunk.layers) for chunk in chunks] == \
+        [list(range(*c)) for c in first]
+    expected = {"1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B",
+                "gpipe": "ScheduleGPipe"}
+    assert type(schedule).__name__ == (expected[plan.schedule] if q.pipeline > 1
+                                       else "NoneType")
 
 
 # ---------------------------------------------------------------------------- Slurm

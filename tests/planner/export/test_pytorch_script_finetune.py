@@ -15,16 +15,12 @@
 
 from __future__ import annotations
 
-import ast
-import importlib.util
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch.distributed as dist
 from torch.distributed.fsdp import CPUOffloadPolicy
 from torch.distributed.tensor import DTensor
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from passes.dtensor_rules import placement_str
 from planner.export.pytorch_script import lora_linears, pytorch_files, pytorch_incompatibility
@@ -34,6 +30,7 @@ from planner.vocabulary.cluster import Cluster
 from planner.vocabulary.parallel import ParallelConfig
 from planner.vocabulary.placement_text import placement_pieces
 from planner.vocabulary.plan import Plan
+from tests.planner.export.emitted_script import built_on_rank_0, imported
 
 SHAPE = {"num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 256,
          "seq_length": 16}
@@ -51,27 +48,13 @@ def plan_of(**knobs: Any) -> Plan:
 
 def script_of(plan: Plan, tmp_path: Path, name: str) -> tuple[str, Any]:
     text = pytorch_files(plan, MODEL)["pytorch_train.py"]
-    ast.parse(text)
-    path = tmp_path / "pytorch_train.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location(f"emitted_{name}", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return text, script
+    return text, imported(text, tmp_path, name)
 
 
 def built(script: Any, plan: Plan) -> tuple[Any, list, list, Any]:
     """Rank 0's mesh, chunk indices, chunks and schedule, built on a fake process group
     of the plan's size."""
-    if dist.is_initialized():
-        if dist.get_backend() != "fake":
-            pytest.skip("a real process group is running in this test process")
-        dist.destroy_process_group()
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=plan.num_gpus)
-    try:
-        return script.build("cpu")
-    finally:
-        dist.destroy_process_group()
+    return built_on_rank_0(script, plan.num_gpus)
 
 
 def planned(plan: Plan, text: str, param: DTensor) -> str:
