@@ -139,11 +139,17 @@ def optimizer_off_gpu(parallel: ParallelConfig) -> float:
     return offload.optimizer_offload_fraction if offload.offload_optimizer != "none" else 0.0
 
 
+def gpus_per_host(cluster: Cluster) -> int:
+    """The job's GPUs on one host, which share its memory, bandwidth and drives: a whole
+    host's, or the few of a job smaller than one."""
+    return min(cluster.devices_per_host, cluster.num_devices)
+
+
 def pcie_bytes_per_s(cluster: Cluster) -> float:
-    """One GPU's host link while every GPU of its host copies: the link's rate at
-    `PCIE_EFFICIENCY`, at most its share of the host's memory bandwidth."""
+    """One GPU's host link while every GPU of the job on its host copies: the link's rate
+    at `PCIE_EFFICIENCY`, at most its share of the host's memory bandwidth."""
     host = _host(cluster)
-    share = host.memory_bandwidth_gbs / cluster.devices_per_host
+    share = host.memory_bandwidth_gbs / gpus_per_host(cluster)
     return min(host.pcie_gbs * PCIE_EFFICIENCY, share) * 1e9
 
 
@@ -153,7 +159,7 @@ def nvme_bytes_per_s(cluster: Cluster) -> tuple[float, float]:
     if host.nvme_read_gbs is None or host.nvme_write_gbs is None:
         raise ValueError(f"cluster {cluster.name!r} has no NVMe figures (host.nvme_read_gbs, "
                          "host.nvme_write_gbs); offload to cpu, or add them")
-    per_host = cluster.devices_per_host
+    per_host = gpus_per_host(cluster)
     return host.nvme_read_gbs * 1e9 / per_host, host.nvme_write_gbs * 1e9 / per_host
 
 
@@ -161,7 +167,7 @@ def cpu_adam_seconds(parameters: float, cluster: Cluster) -> float:
     """The CPU's Adam step over `parameters` of one GPU, while every GPU of the host steps
     its own share (`CPU_ADAM_BYTES` each over its share of the host's bandwidth)."""
     host = _host(cluster)
-    share = host.memory_bandwidth_gbs * 1e9 * HOST_MEMORY_EFFICIENCY / cluster.devices_per_host
+    share = host.memory_bandwidth_gbs * 1e9 * HOST_MEMORY_EFFICIENCY / gpus_per_host(cluster)
     return parameters * CPU_ADAM_BYTES / share
 
 
@@ -266,7 +272,7 @@ def host_fits(host_bytes: float, nvme_bytes: float, cluster: Cluster) -> bool:
     if not host_bytes and not nvme_bytes:
         return True
     host = _host(cluster)
-    per_host = min(cluster.devices_per_host, cluster.num_devices)
+    per_host = gpus_per_host(cluster)
     if host_bytes * per_host > host.memory_gib * 2**30 * HOST_USABLE:
         return False
     return not nvme_bytes or (host.nvme_tb is not None

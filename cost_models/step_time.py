@@ -35,7 +35,7 @@ from cost_models.identity_memo import IdentityMemo
 from cost_models import engine_memory, memory
 from cost_models.comm import group_collective_time
 from cost_models.data_parallel import data_parallel_comm, hidden
-from cost_models.offload import host_fits, offload_time, optimizer_off_gpu
+from cost_models.offload import gpus_per_host, host_fits, offload_time, optimizer_off_gpu
 from cost_models import adapters
 from cost_models.adapters import adapter_ops, trained_parameters
 from planner.vocabulary.efficiency import Efficiency
@@ -471,9 +471,8 @@ def predict_stages(
         fits=worst_memory.fits(cluster.usable_memory_bytes)
         and host_fits(worst_memory.host, worst_memory.nvme, cluster),
         offload_s=offload_s,
-        host_memory_gib_per_host=worst_memory.host * min(
-            cluster.devices_per_host, num_gpus) / 2**30,
-        nvme_gb_per_step=0.0 if moved is None else min(cluster.devices_per_host, num_gpus)
+        host_memory_gib_per_host=worst_memory.host * gpus_per_host(cluster) / 2**30,
+        nvme_gb_per_step=0.0 if moved is None else gpus_per_host(cluster)
         * (moved.nvme_bytes_read(m) + moved.nvme_write) / 1e9,
         pcie_gb_per_step=0.0 if moved is None else moved.pcie_bytes(m) / 1e9,
         reserved_gib_per_gpu=(worst_memory.reserved + worst_memory.reserve) / 2**30,

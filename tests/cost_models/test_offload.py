@@ -119,3 +119,12 @@ def test_no_offload_without_host_figures() -> None:
     model = zoo_config("llama3-405b", {"seq_length": 8192})
     bare = Cluster.load("dgx-h100").with_devices(32).model_copy(update={"host": None})
     assert search(model, bare, 16, FixedKnobs(), "megatron").ranked == []
+
+
+def test_a_job_smaller_than_a_host_shares_it_among_its_own_gpus() -> None:
+    # One GPU of a DGX H100 has the host's bandwidth and drives to itself.
+    one = Cluster.load("dgx-h100").with_devices(1)
+    assert pcie_bytes_per_s(one) == pytest.approx(64e9 * PCIE_EFFICIENCY)
+    assert nvme_bytes_per_s(one) == pytest.approx((55.2e9, 32e9))
+    assert cpu_adam_seconds(SHARD, one) == pytest.approx(
+        SHARD * CPU_ADAM_BYTES / (563.2e9 * HOST_MEMORY_EFFICIENCY))
