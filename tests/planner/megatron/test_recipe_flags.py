@@ -54,7 +54,8 @@ def test_the_corpus_holds_the_2026_moe_recipes() -> None:
     assert len(ALL) >= 12
     assert all(r.flags and not r.flags[0].endswith(".py") for r in ALL)  # flags only
     given = {flag for r in ALL for flag in r.flags}
-    assert {"--delay-wgrad-compute", "--moe-paged-stash", "--fp8-output-proj"} <= given
+    assert {"--delay-wgrad-compute", "--moe-paged-stash", "--fp8-output-proj",
+            "--optimizer-cpu-offload"} <= given
 
 
 @pytest.mark.parametrize("recipe", ALL, ids=lambda r: r.name)
@@ -71,6 +72,9 @@ def test_no_recipe_flag_is_refused_as_unpriced(recipe: Recipe) -> None:
     assert moe.delay_wgrad_compute == ("--delay-wgrad-compute" in given)
     assert moe.moe_paged_stash == ("--moe-paged-stash" in given)
     assert run.parallel.numerics.fp8_output_proj == ("--fp8-output-proj" in given)
+    # The ModelZoo's long-context DeepSeek-V3 keeps its optimizer on the CPU.
+    assert (run.parallel.offload.offload_optimizer == "cpu") == \
+        ("--optimizer-cpu-offload" in given)
 
 
 @pytest.mark.parametrize("recipe", [r for r in ALL if r.refused is None
