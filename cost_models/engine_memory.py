@@ -55,22 +55,24 @@ def _moment_bytes(parallel: ParallelConfig) -> int:
 
 def model_state(
     params: float, block_params: float, end_params: float, parallel: ParallelConfig,
-    expert_params: float = 0.0,
+    expert_params: float = 0.0, end_unit: float | None = None,
 ) -> tuple[memory.ModelStateBytes, float]:
     """(state, gathered): the weights, gradients and optimizer state one GPU holds for
     `params` parameters (its tensor shard of a stage) and `expert_params` of routed
     experts (its expert shard), and the bytes of gathered weights and unsharded gradients
     it holds at the peak beyond them. `block_params`: one layer's parameters on this GPU;
-    `end_params`: the embedding's and head's on this stage. Expert state is sharded over
+    `end_params`: the embedding's and head's on this stage, the larger of them `end_unit`
+    (None: one unit holds them all). Expert state is sharded over
     the expert-data-parallel ranks, as Megatron-Core's distributed optimizer (and FSDP2
     over TorchTitan's expert mesh) shard it; the rest over the data x context ranks."""
-    dense, gathered = _model_state(params, block_params, end_params, parallel)
+    dense, gathered = _model_state(params, block_params, end_params, parallel,
+                                   end_params if end_unit is None else end_unit)
     if not expert_params:
         return dense, gathered
     # Each kind of expert state the engine shards over data x context ranks is sharded
     # over the expert-data ranks instead: whole on one rank, divided by them.
-    sharded, _ = _model_state(expert_params, 0.0, 0.0, parallel)
-    whole, _ = _model_state(expert_params, 0.0, 0.0, _unsharded(parallel))
+    sharded, _ = _model_state(expert_params, 0.0, 0.0, parallel, 0.0)
+    whole, _ = _model_state(expert_params, 0.0, 0.0, _unsharded(parallel), 0.0)
     # Tessel's runtime keeps experts out of ZeRO (`runtime/experts.py`): whole per rank.
     edp = 1 if parallel.execution.engine == "tessel" else max(parallel.dims.expert_data, 1)
     kinds = {kind: getattr(whole, kind) / edp
@@ -117,23 +119,37 @@ def _unsharded(parallel: ParallelConfig) -> ParallelConfig:
 
 
 def _model_state(
-    params: float, block_params: float, end_params: float, parallel: ParallelConfig
+    params: float, block_params: float, end_params: float, parallel: ParallelConfig,
+    end_unit: float,
 ) -> tuple[memory.ModelStateBytes, float]:
     """`model_state` of parameters sharded over the data x context ranks."""
     shards = parallel.dims.data * parallel.dims.context
     if parallel.execution.engine == "torchtitan" and parallel.sharding.zero_stage >= 1:
         weight = 1 if parallel.numerics.fp8_param_gather else activation_element_bytes(
             parallel.numerics.precision)
+        # FSDP2's reduce dtype (MixedPrecisionPolicy.reduce_dtype): fp32 as TorchTitan
+        # sets it, or the 16-bit gradients themselves where nothing upcasts them
+        # (torchtune's bf16 model under FSDP2 without a mixed-precision policy).
+        reduced = 4 if parallel.numerics.main_grads_dtype == "fp32" else 2
         state = memory.ModelStateBytes(weights=4 * params / shards,
-                                       gradients=4 * params / shards,
+                                       gradients=reduced * params / shards,
                                        optimizer=_moment_bytes(parallel) * params / shards)
         pipelined = parallel.dims.pipeline > 1
-        keep = parallel.sharding.fsdp_reshard_after_forward == "never" or (
-            parallel.sharding.fsdp_reshard_after_forward == "default" and pipelined)
-        gathered = weight * (params if keep else 2 * block_params + end_params)
-        # A block's bf16 gradient and its fp32 reduce-scatter input; under a pipeline the
-        # whole stage's fp32 gradients, accumulated unsharded over the micro-batches.
-        gradients = 4 * params if pipelined else (2 + 4) * block_params
+        policy = parallel.sharding.fsdp_reshard_after_forward
+        keep = policy == "never" or (policy == "default" and pipelined)
+        if keep:
+            gathered = weight * params
+        elif policy == "always":
+            # Every unit resharded after its forward, the ends' too (TorchTitan's
+            # embedding and [norm, output] units; torchtune's custom_sharded_layers): two
+            # blocks gathered (FSDP2 prefetches the next), or an end beside its neighbour.
+            gathered = weight * max(2 * block_params, block_params + end_unit)
+        else:
+            # The root's ends stay gathered from forward to backward.
+            gathered = weight * (2 * block_params + end_params)
+        # A block's bf16 gradient and its reduce-scatter input; under a pipeline the
+        # whole stage's gradients, accumulated unsharded over the micro-batches.
+        gradients = reduced * params if pipelined else (2 + reduced) * block_params
         return state, gathered + gradients
     if parallel.execution.engine == "megatron" and parallel.sharding.zero_stage <= 1:
         fp32 = parallel.numerics.precision == "fp32"
@@ -163,7 +179,10 @@ def loss_bytes(model: TransformerConfig, parallel: ParallelConfig) -> tuple[floa
     place) or log-softmax (torch) of the logits, 4 s b v / t, with the head's input; at the
     peak the bf16 logits and (torch) the fp32 copy they were cast to are alive beside it,
     or under TorchTitan's loss parallelism three fp32 copies, in its backward.
-    A compiled loss (TorchTitan's compile.components "loss") keeps the bf16 logits."""
+    A compiled loss (TorchTitan's compile.components "loss") keeps the bf16 logits.
+    A chunked loss (`loss_chunks`, torchtune's LinearCrossEntropyLoss) keeps every chunk's
+    graph, so the same bytes, but its backward walks the chunks one at a time: the buffers
+    at its peak are one chunk's."""
     x = layer_shape(model, parallel)
     e = activation_element_bytes(parallel.numerics.precision)
     split = 1 if parallel.execution.engine == "tessel" else parallel.dims.tensor
@@ -176,11 +195,20 @@ def loss_bytes(model: TransformerConfig, parallel: ParallelConfig) -> tuple[floa
         head_input = element * x.tokens * x.hidden / x.sequence_shards
         return FP32_BYTES * logits + head_input, e * logits
     head_input = e * x.tokens * x.hidden  # the gathered norm output the head's mm keeps
+    saved, working = _torch_loss_bytes(parallel, logits, split, e)
+    return saved + head_input, working / parallel.execution.loss_chunks
+
+
+def _torch_loss_bytes(
+    parallel: ParallelConfig, logits: float, split: int, e: int
+) -> tuple[float, float]:
+    """(saved, working) of torch's cross-entropy over `logits` logits of `e` bytes, split
+    over `split` tensor ranks, beside the head's input."""
     if parallel.execution.compile_loss:
         # Inductor fuses the fp32 cast, the log-softmax and the gather into kernels that
         # write no fp32 copy of the logits; AOTAutograd's partitioner saves the bf16 logits
         # (and a log-sum-exp per token) for the backward, which writes their bf16 gradient.
-        return e * logits + head_input, e * logits
+        return e * logits, e * logits
     if split > 1:
         # Loss parallelism (TorchTitan's default under tensor parallelism): the loss runs
         # as DTensor's handlers (torch/distributed/tensor/parallel/loss.py), which follow
@@ -189,8 +217,8 @@ def loss_bytes(model: TransformerConfig, parallel: ParallelConfig) -> tuple[floa
         # a logit); backward, `_nll_loss_and_log_softmax_backward` returns
         # `(zeros_like(x) + exp(x)) * grad_output` beside the saved fp32 log-probabilities:
         # four fp32 copies, 16 bytes a logit, 12 beyond what the forward saved.
-        return FP32_BYTES * logits + head_input, 3 * FP32_BYTES * logits
-    return FP32_BYTES * logits + head_input, (e + FP32_BYTES) * logits
+        return FP32_BYTES * logits, 3 * FP32_BYTES * logits
+    return FP32_BYTES * logits, (e + FP32_BYTES) * logits
 
 
 FP32_BYTES = 4

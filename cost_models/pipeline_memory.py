@@ -226,8 +226,11 @@ def stage_memory(
         state, gathered = engine_memory.adapter_state(model, params, layers, parallel,
                                                       expert_params)
     else:
+        ends = max(params - layers * other, 0)
+        # The larger end, the embedding or the head (one tensor where they are tied).
+        end_unit = min(ends, model.vocab_size * model.hidden_size / parallel.dims.tensor)
         state, gathered = engine_memory.model_state(
-            params, other + expert, max(params - layers * other, 0), parallel, expert_params)
+            params, other + expert, ends, parallel, expert_params, end_unit)
     kinds, working = stage_activations(model, parallel, layers, index, num_stages,
                                        num_micro_batches, flash)
     host = nvme = 0.0

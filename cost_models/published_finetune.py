@@ -9,7 +9,7 @@ config sets it, each setting citing where:
   recipes/configs/llama3_1/8B_lora_single_device.yaml, 8B_qlora_single_device.yaml,
   8B_full_single_device.yaml, 70B_full.yaml): the model in bf16 throughout (no fp32
   master weights: `dtype: bf16`), the loss projected and scored in chunks
-  (LinearCrossEntropyLoss), LoRA rank 8 on q, v, the attention's output and the MLP; the
+  (LinearCrossEntropyLoss, 8 chunks), LoRA rank 8 on q, v, the attention's output and the MLP; the
   README's table ran them at batch 2 of packed 2048-token sequences with torch.compile.
   Its RTX 4090 rows state no more, and only one setting of torchtune's memory flags
   explains both of their numbers: activation offloading (`enable_activation_offloading`:
@@ -53,6 +53,9 @@ CSV = CALIBRATION / "published_finetune_offload.csv"
 TORCHTUNE_LORA_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 """torchtune's q, v and output projections with the MLP: Tessel's targets adapt k too,
 a rank-8 adapter of 4096 + 1024 per layer more (0.01% of the model)."""
+TORCHTUNE_LOSS_CHUNKS = 8
+"""LinearCrossEntropyLoss's num_output_chunks, which the recipes leave at its default
+(torchtune/modules/loss/cross_entropy_loss.py)."""
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,8 @@ def _torchtune(finetune: str, layers: int) -> ParallelConfig:
     return ParallelConfig.of(
         global_batch_size=2, micro_batch_size=2, recompute="none",
         offload_activation_layers=layers, engine="torchtitan", compile=True,
-        compile_loss=True, finetune=finetune, lora_rank=8, lora_alpha=16.0,
+        compile_loss=True, loss_chunks=TORCHTUNE_LOSS_CHUNKS, finetune=finetune,
+        lora_rank=8, lora_alpha=16.0,
         lora_targets=TORCHTUNE_LORA_TARGETS, main_grads_dtype="bf16", exp_avg_dtype="bf16")
 
 
@@ -170,13 +174,19 @@ def read_runs(path: Path = CSV) -> tuple[list[FinetuneRun], list[Unpriced]]:
             elif "torchtune" in row["source"] and "70B" in model:
                 # fsdp_cpu_offload: FSDP2's CPUOffloadPolicy (parameters, gradients and the
                 # optimizer's step on the CPU), over the 8 GPUs; 1,568 tokens/s can only be
-                # the job's (16 x 2048 tokens a step in 10.4 s).
+                # the job's (16 x 2048 tokens a step in 10.4 s). The recipe shards
+                # tok_embeddings and output as units of their own (custom_sharded_layers),
+                # every unit resharded after forward, and its bf16 model under FSDP2 with no
+                # mixed-precision policy reduces bf16 gradients.
                 runs.append(FinetuneRun(
                     line, name, zoo_config("llama3-70b", {"seq_length": 2048}),
                     ParallelConfig.of(global_batch_size=16, micro_batch_size=2,
                                       recompute="full", engine="torchtitan", zero_stage=3,
+                                      fsdp_reshard_after_forward="always",
+                                      main_grads_dtype="bf16", exp_avg_dtype="bf16",
                                       offload_optimizer="cpu", offload_params="cpu",
-                                      finetune="full", compile=True, compile_loss=True),
+                                      finetune="full", compile=True, compile_loss=True,
+                                      loss_chunks=TORCHTUNE_LOSS_CHUNKS),
                     _workstation("dgx-a100-80g", 8), memory_gib=float(values[0]),
                     tokens_per_s=float(values[1]), tflops_per_gpu=None))
             elif "Megatron-Bridge" in row["source"]:

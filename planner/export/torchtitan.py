@@ -157,6 +157,9 @@ def _not_as_torchtitan_runs(plan: Plan) -> str | None:
             run.main_grads_dtype, run.exp_avg_dtype) != ("fp32", "fp32"):
         return ("TorchTitan runs no CUDA graphs, SDPA's own attention kernels and fp32 "
                 "gradients and Adam moments")
+    if run.loss_chunks > 1:
+        return ("TorchTitan's ChunkedLossWrapper runs each chunk's backward at once, not "
+                "torchtune's chunked loss (--loss-chunks) this plan prices: plan without it")
     # The knobs the registry gives other engines only, at another value than their default.
     for name, knob in KNOBS.items():
         if "torchtitan" not in knob.engines and plan_value(plan, name) != knob.default:

@@ -530,6 +530,11 @@ KNOBS: dict[str, Knob] = _knobs(
          "torch.compile of the loss: it keeps the bf16 logits, not an fp32 log-softmax",
          torchtitan=_engine("compile.components", '"loss" among them, compile.enable',
                             reads=("compile.enable",))),
+    Knob("loss_chunks", "run.loss_chunks", "int",
+         "the output layer and its loss in this many chunks of tokens, every chunk's graph "
+         "kept for the backward (torchtune's LinearCrossEntropyLoss): the loss backward's "
+         "buffers are one chunk's",
+         cli=_flag("--loss-chunks"), time=False, most=1 << 20, engines=("torchtitan",)),
     Knob("fp8_param_gather", "run.fp8_param_gather", "bool",
          "gather fp8 weights rather than bf16 ones",
          megatron=_engine("--fp8-param-gather", "with fp8", switch=True),

@@ -201,6 +201,11 @@ class Execution:
     """torch.compile of the loss (TorchTitan's "loss" in compile.components): the fp32
     cast, log-softmax and gather are fused, so the loss keeps the bf16 logits rather than
     an fp32 log-softmax of them."""
+    loss_chunks: int = 1
+    """The output layer and its loss made and scored in this many chunks of tokens
+    (torchtune's LinearCrossEntropyLoss, num_output_chunks 8), every chunk's graph kept
+    for the backward: what the loss keeps is unchanged, the gradient buffers of its
+    backward are one chunk's."""
 
 
 @dataclass(frozen=True)

@@ -323,6 +323,8 @@ class RunSettings(_Model):
     compile: bool = Field(default=False, description="Blocks compiled by torch.compile.")
     compile_loss: bool = Field(default=False, description="The loss compiled by "
                                "torch.compile.")
+    loss_chunks: int = Field(default=1, ge=1, description="Chunks of tokens the output "
+                             "layer and its loss run in (torchtune's chunked loss).")
     fp8_param_gather: bool = Field(default=False, description="fp8 weights gathered.")
     fp8_output_proj: bool = Field(default=False, description="The output layer's matmul "
                                   "in fp8 (MXFP8).")

@@ -44,7 +44,26 @@ def test_fsdp2_under_a_pipeline_keeps_the_stage_gathered_and_its_gradients_unsha
     assert piped == 2 * PARAMS + 4 * PARAMS
     _, always = model_state(PARAMS, BLOCK, ENDS, ParallelConfig.of(
         data=8, pipeline=4, zero_stage=3, engine="torchtitan", fsdp_reshard_after_forward="always"))
-    assert always == 2 * (2 * BLOCK + ENDS) + 4 * PARAMS
+    # Every unit resharded after forward, the ends' too: an end beside the block next to it.
+    assert always == 2 * (BLOCK + ENDS) + 4 * PARAMS
+
+
+def test_fsdp2_resharding_every_unit_holds_one_end_at_a_time() -> None:
+    # TorchTitan's "always" (and torchtune's custom_sharded_layers): the embedding and the
+    # head are units of their own, gathered only around their passes, beside one block.
+    always = ParallelConfig.of(data=8, zero_stage=3, engine="torchtitan",
+                               fsdp_reshard_after_forward="always")
+    _, two_ends = model_state(PARAMS, BLOCK, ENDS, always, end_unit=ENDS / 2)
+    assert two_ends == 2 * (BLOCK + ENDS / 2) + 6 * BLOCK
+    # Ends smaller than a block: two blocks are the most gathered at once.
+    _, small = model_state(PARAMS, BLOCK, ENDS, always, end_unit=BLOCK / 2)
+    assert small == 2 * (2 * BLOCK) + 6 * BLOCK
+    # A 16-bit model under FSDP2 with no mixed-precision policy reduces its bf16
+    # gradients: a block's gradient and its reduce-scatter input, 2 + 2 bytes.
+    bf16 = always.but(main_grads_dtype="bf16")
+    state, reduced = model_state(PARAMS, BLOCK, ENDS, bf16, end_unit=ENDS / 2)
+    assert reduced == 2 * (BLOCK + ENDS / 2) + 4 * BLOCK
+    assert state.gradients == 2 * PARAMS / 8
 
 
 def test_torchtitans_405b_run_is_not_predicted_at_a_third_of_its_memory() -> None:
@@ -96,6 +115,18 @@ def test_a_compiled_loss_keeps_the_bf16_logits() -> None:
     assert loss_bytes(model, eager) == (4 * logits + head_input, 6 * logits)
     compiled = eager.but(compile_loss=True)
     assert loss_bytes(model, compiled) == (2 * logits + head_input, 2 * logits)
+
+
+def test_a_chunked_loss_keeps_every_chunk_and_works_on_one() -> None:
+    # torchtune's LinearCrossEntropyLoss in 8 chunks: each chunk's graph is kept for the
+    # backward (the same bytes as one whole loss), which then walks them one at a time.
+    model = get_preset("llama3-8b")
+    logits = model.seq_length * 2 * model.vocab_size
+    head_input = 2 * model.seq_length * 2 * model.hidden_size
+    eager = ParallelConfig.of(engine="torchtitan", micro_batch_size=2, loss_chunks=8)
+    assert loss_bytes(model, eager) == (4 * logits + head_input, 6 * logits / 8)
+    compiled = eager.but(compile_loss=True)
+    assert loss_bytes(model, compiled) == (2 * logits + head_input, 2 * logits / 8)
 
 
 def test_torchtitans_fragmentation_is_their_fit_and_predicts_each_row_left_out() -> None:
