@@ -158,6 +158,8 @@ def pytorch_files(plan: Plan, model: TransformerConfig | None) -> dict[str, str]
         "RESHARD": repr(q.zero_stage == 3),
         "RECOMPUTE": repr(plan.recompute),
         "DTYPE": "torch.float32" if plan.precision == "fp32" else "torch.bfloat16",
+        "REDUCE_DTYPE": "torch.bfloat16" if plan.run is not None
+        and plan.run.main_grads_dtype == "bf16" else "torch.float32",
         "MICRO": str(plan.micro_batch_size),
         "MICRO_BATCHES": str(plan.num_micro_batches),
         "GLOBAL": str(plan.global_batch_size),
@@ -248,6 +250,7 @@ RESHARD_AFTER_FORWARD = $RESHARD
 CPU_OFFLOAD = $OFFLOAD
 ${LORA_CONSTANTS}RECOMPUTE = $RECOMPUTE
 PARAM_DTYPE = $DTYPE
+REDUCE_DTYPE = $REDUCE_DTYPE  # FSDP2's gradient reduce-scatters, as the plan prices them
 MICRO_BATCH_SIZE, MICRO_BATCHES, GLOBAL_BATCH_SIZE = $MICRO, $MICRO_BATCHES, $GLOBAL
 STEPS, LOG_EVERY = $STEPS, 10
 
@@ -325,7 +328,7 @@ ${LORA_APPLY}    for name, block in list(chunk.layers.items()):
             chunk.layers[name] = checkpoint_wrapper(block)
         elif RECOMPUTE == "selective":
             block.attn.recompute_core = True  # recompute softmax(QK^T)V only
-    policy = MixedPrecisionPolicy(param_dtype=PARAM_DTYPE, reduce_dtype=torch.float32)
+    policy = MixedPrecisionPolicy(param_dtype=PARAM_DTYPE, reduce_dtype=REDUCE_DTYPE)
     # Pinned host memory needs a GPU; a CPU smoke test offloads unpinned.
     offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if CPU_OFFLOAD \\
         else OffloadPolicy()

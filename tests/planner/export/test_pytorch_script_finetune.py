@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from torch.distributed.fsdp import CPUOffloadPolicy
 from torch.distributed.tensor import DTensor
 
@@ -124,6 +125,21 @@ def test_a_plain_script_has_no_offload_and_no_adapters(tmp_path: Path) -> None:
     assert not isinstance(group.offload_policy, CPUOffloadPolicy)
 
 
+def test_a_bf16_gradient_plans_script_reduce_scatters_bf16(tmp_path: Path) -> None:
+    # The plan prices bf16 reduce-scatters (main_grads_dtype): FSDP2's policy says so.
+    plan = plan_of(zero_stage=3, precision="bf16", main_grads_dtype="bf16",
+                   engine="torchtitan")
+    _, script = script_of(plan, tmp_path, "bf16_reduce")
+    _, _, chunks, _ = built(script, plan)
+    policy = chunks[0]._get_fsdp_state()._fsdp_param_group.mp_policy
+    assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.bfloat16)
+    default = plan_of(zero_stage=3, precision="bf16", engine="torchtitan")
+    _, script = script_of(default, tmp_path, "fp32_reduce")
+    _, _, chunks, _ = built(script, default)
+    assert chunks[0]._get_fsdp_state()._fsdp_param_group.mp_policy.reduce_dtype \
+        == torch.float32
+
+
 @pytest.mark.parametrize(("knobs", "fragment"), [
     (dict(zero_stage=3, offload_optimizer="cpu"),
      "FSDP2's CPUOffloadPolicy puts parameters, gradients and the optimizer step on the "
@@ -136,6 +152,8 @@ def test_a_plain_script_has_no_offload_and_no_adapters(tmp_path: Path) -> None:
      "not a fraction (--optimizer-offload-fraction is Megatron-LM's: --emit megatron)"),
     (dict(offload_activation_layers=2),
      "activation offload is Megatron-LM's (--cpu-offloading-num-layers): use --emit megatron"),
+    (dict(loss_chunks=8, engine="torchtitan"),
+     "the script scores the whole output at once, not torchtune's chunked loss"),
     (dict(finetune="qlora", precision="bf16"),
      "QLoRA's 4-bit NF4 base needs torchao or bitsandbytes beyond torch's own pieces: plan "
      "with --finetune lora"),

@@ -88,6 +88,9 @@ def test_no_offload_writes_no_key() -> None:
      "adapts its fused wqkv with one adapter, not one per projection as priced): use "
      "--emit pytorch"),
     (dict(TITAN, finetune="qlora"), "qlora adapters are not written for TorchTitan"),
+    (dict(TITAN, loss_chunks=8),
+     "TorchTitan's ChunkedLossWrapper runs each chunk's backward at once, not torchtune's "
+     "chunked loss (--loss-chunks) this plan prices"),
 ])
 def test_what_torchtitan_cannot_run_is_refused_in_one_line_by_both_forms(
         knobs: dict, fragment: str) -> None:
