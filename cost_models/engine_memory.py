@@ -32,6 +32,7 @@ from functools import lru_cache
 
 from cost_models import memory
 from cost_models.adapters import NF4_BYTES, layer_split
+from cost_models.eight_bit_adam import STATE_BYTES, eight_bit
 from cost_models.saved_activations import activation_element_bytes, layer_shape
 from planner.models.config import TransformerConfig
 from planner.vocabulary.parallel import ParallelConfig
@@ -49,7 +50,10 @@ FRAGMENTATION = {"megatron": 0.093, "torchtitan": 0.137, "tessel": 0.137}
 NON_ALLOCATOR_BYTES = 1.0 * 2**30
 
 
-def _moment_bytes(parallel: ParallelConfig) -> int:
+def _moment_bytes(parallel: ParallelConfig) -> float:
+    """Adam's two moments, per parameter."""
+    if eight_bit(parallel):
+        return STATE_BYTES
     return 2 * (2 if parallel.numerics.exp_avg_dtype == "bf16" else 4)
 
 
@@ -163,9 +167,15 @@ def _model_state(
             optimizer=optimizer * params / (shards if parallel.sharding.zero_stage == 1 else 1),
         ), 0.0
     element = memory.state_element_bytes(parallel.numerics.precision)
+    grads, optimizer = element.grads, element.optimizer
+    if eight_bit(parallel):
+        # bitsandbytes steps the 16-bit weights in place with their own 16-bit gradients:
+        # no fp32 master copy, only the 8-bit moments.
+        grads = 4 if parallel.numerics.main_grads_dtype == "fp32" else 2
+        optimizer = STATE_BYTES
     return memory.model_state_bytes(
         params, shards, parallel.sharding.zero_stage, params_bytes=element.params,
-        grads_bytes=element.grads, optimizer_bytes=element.optimizer,
+        grads_bytes=grads, optimizer_bytes=optimizer,
     ), 0.0
 
 

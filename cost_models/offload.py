@@ -27,6 +27,10 @@ What moves, per GPU and step, and what it waits for:
 - Activation offload (Megatron-LM's --cpu-offloading-num-layers, Transformer Engine's
   CPU offload context): those layers' saved activations go to the host in forward and come
   back in backward, each behind the next layer's compute.
+- Paged optimizer state (bitsandbytes' PagedAdamW8bit, `cost_models.eight_bit_adam`): the
+  state in CUDA unified memory stays on the GPU while it fits beside torch's reserved
+  pool; what does not is paged out to the host and back for every step, in line with the
+  compute (each paged step synchronizes): exposed.
 - PCIe: each GPU's host link at `PCIE_EFFICIENCY` of its rate, and no more than its share
   of the host's memory bandwidth (every GPU of a host copies at once).
 
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cost_models.eight_bit_adam import paged
 from planner.vocabulary.cluster import Cluster, HostSpec
 from planner.vocabulary.parallel import ParallelConfig
 
@@ -97,6 +102,12 @@ class OffloadBytes:
     """Bytes written to NVMe per step (optimizer state, updated weights)."""
     params_on_nvme: bool = False
     """Whether the fetched parameters come from NVMe."""
+    paged_state: float = 0.0
+    """Optimizer state in CUDA unified memory (bitsandbytes' paged optimizers), outside
+    torch's allocator."""
+    paged_moved: float = 0.0
+    """Of it, what does not fit on the GPU beside torch's reserved pool: paged out to the
+    host and back each step (`eight_bit_adam.paged_bytes`, set once the peak is known)."""
 
     def nvme_bytes_read(self, micro_batches: int) -> float:
         """Bytes read from NVMe per step, parameter fetches included."""
@@ -106,7 +117,7 @@ class OffloadBytes:
 
     def pcie_bytes(self, micro_batches: int) -> float:
         """Bytes over the GPU's host link per step, both directions."""
-        return (2 * COPY_BYTES * self.cpu_parameters
+        return (2 * COPY_BYTES * self.cpu_parameters + 2 * self.paged_moved
                 + micro_batches * (self.fetches * self.fetch_per_pass
                                    + 2 * self.activation_layers * self.activations_per_layer))
 
@@ -116,7 +127,8 @@ class OffloadTime:
     """Seconds per step the offload adds, by mechanism (on the slowest stage's GPU)."""
 
     optimizer_s: float = 0.0
-    """The CPU's Adam step, its NVMe swap and the updated weights' copy back: exposed."""
+    """The CPU's Adam step, its NVMe swap and the updated weights' copy back, and paged
+    optimizer state out and back: exposed."""
     transfers_s: float = 0.0
     """Parameter fetches, activation copies and the gradients' copy out left exposed."""
 
@@ -129,7 +141,7 @@ def offloads(parallel: ParallelConfig) -> bool:
     """Whether `parallel` keeps anything off the GPU."""
     offload = parallel.offload
     return (offload.offload_optimizer != "none" or offload.offload_params != "none"
-            or offload.offload_activation_layers > 0)
+            or offload.offload_activation_layers > 0 or paged(parallel))
 
 
 def optimizer_off_gpu(parallel: ParallelConfig) -> float:
@@ -225,7 +237,10 @@ def offload_bytes(state: StageState, parallel: ParallelConfig, in_flight: int) -
             host += fetch
     layers = min(offload.offload_activation_layers, state.layers)
     host += layers * state.activation_bytes_per_layer * in_flight
+    in_unified = state.optimizer_bytes * (1 - f) if paged(parallel) else 0.0
+    host += in_unified  # what backs it when it is paged out
     return OffloadBytes(
+        paged_state=in_unified,
         host_bytes=host, nvme_bytes=nvme, cpu_parameters=shard, fetch_per_pass=fetch,
         fetches=fetches,
         activations_per_layer=state.activation_bytes_per_layer, activation_layers=layers,
@@ -246,6 +261,8 @@ def offload_time(moved: OffloadBytes, parallel: ParallelConfig, cluster: Cluster
         copy = COPY_BYTES * moved.cpu_parameters / pcie
         transfers += max(0.0, copy - backward_s)
         optimizer += cpu_adam_seconds(moved.cpu_parameters, cluster) + copy
+    if moved.paged_moved:
+        optimizer += 2 * moved.paged_moved / pcie
     if moved.nvme_read or moved.nvme_write:
         read, write = nvme_bytes_per_s(cluster)
         optimizer += moved.nvme_read / read + moved.nvme_write / write

@@ -8,10 +8,17 @@ layouts it tries do not fit, and their time is never needed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from cost_models import engine_memory, graph_pool, memory, offload, pipeline_schedule
+from cost_models import (
+    eight_bit_adam,
+    engine_memory,
+    graph_pool,
+    memory,
+    offload,
+    pipeline_schedule,
+)
 from cost_models.adapters import trained_parameters
 from cost_models.saved_activations import (
     checkpoint_bytes,
@@ -231,6 +238,8 @@ def stage_memory(
         end_unit = min(ends, model.vocab_size * model.hidden_size / parallel.dims.tensor)
         state, gathered = engine_memory.model_state(
             params, other + expert, ends, parallel, expert_params, end_unit)
+        if parallel.execution.optimizer_in_backward:
+            state = replace(state, gradients=_one_gradient(model, parallel, end_unit))
     kinds, working = stage_activations(model, parallel, layers, index, num_stages,
                                        num_micro_batches, flash)
     host = nvme = 0.0
@@ -268,6 +277,18 @@ def stage_memory(
     )
 
 
+def _one_gradient(model: TransformerConfig, parallel: ParallelConfig, end_unit: float) -> float:
+    """The gradient bytes alive at once when each parameter is stepped and freed as its
+    gradient is made (`optimizer_in_backward`): the largest parameter's, the head's or the
+    embedding's (`end_unit`) or an MLP projection's, sharded under ZeRO 2-3."""
+    element = 4 if parallel.numerics.main_grads_dtype == "fp32" else 2
+    projection = model.hidden_size * (model.ffn_hidden_size or 4 * model.hidden_size) \
+        / parallel.dims.tensor
+    shards = parallel.dims.data * parallel.dims.context \
+        if parallel.sharding.zero_stage >= 2 else 1
+    return element * max(end_unit, projection) / shards
+
+
 OUTSIDE_LAYERS = ("loss", "head", "embedding")
 """Kinds of kept activations that belong to no layer (the ends' embedding, head and loss):
 activation offload moves the layers' only."""
@@ -292,6 +313,8 @@ def _offloaded(
     config = parallel.offload
     f = offload.optimizer_off_gpu(parallel)
     keep_grads = 1 - f if parallel.sharding.zero_stage >= 2 else 1.0
+    # Paged state lives outside torch's allocator, which is what the peak counts.
+    kept_optimizer = 0.0 if eight_bit_adam.paged(parallel) else 1 - f
     weights = state.weights
     if config.offload_params != "none":
         # Only the layer computing and the one prefetched are on the GPU, gathered (the
@@ -307,7 +330,7 @@ def _offloaded(
                  for kind, bytes_ in kinds.items()}
     return memory.ModelStateBytes(
         weights=weights, gradients=state.gradients * keep_grads,
-        optimizer=state.optimizer * (1 - f), experts=state.experts,
+        optimizer=state.optimizer * kept_optimizer, experts=state.experts,
         frozen=state.frozen if weights else 0.0), gathered, kinds, moved
 
 

@@ -28,13 +28,14 @@ pipeline; so tensor groups stay in a node and pipeline neighbours are far apart.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from cost_models.identity_memo import IdentityMemo
 from cost_models import engine_memory, memory
 from cost_models.comm import group_collective_time
 from cost_models.data_parallel import data_parallel_comm, hidden
+from cost_models.eight_bit_adam import STEP_BYTES, eight_bit, paged_bytes
 from cost_models.offload import gpus_per_host, host_fits, offload_time, optimizer_off_gpu
 from cost_models import adapters
 from cost_models.adapters import adapter_ops, trained_parameters
@@ -439,16 +440,20 @@ def predict_stages(
                            sum(layer_parameters(model, local[i][0])), trained[i])
         for i in reductions.values()
     )
+    step_bytes = STEP_BYTES if eight_bit(parallel) else ADAM_BYTES_PER_PARAMETER
     optimizer_s = (1 - optimizer_off_gpu(parallel)) * max(
         trained[i] / (stages[i].data if parallel.sharding.zero_stage >= 1 else 1)
         for i in range(p)
-    ) * ADAM_BYTES_PER_PARAMETER / (device.memory_bandwidth_gbs * 1e9 * eff.memory)
+    ) * step_bytes / (device.memory_bandwidth_gbs * 1e9 * eff.memory)
 
     replays = sum(recomputed_layers(parallel, stage.layers) for stage in stages)
     model_flops, hardware_flops = step_flops(model, parallel, replays)
     worst_memory = stages_peak_memory(model, cluster, parallel, stages, flash_attention)
     offload_s = 0.0
     moved = worst_memory.offloaded
+    if moved is not None and moved.paged_state:
+        free = device.memory_gib * 2**30 - worst_memory.reserved - worst_memory.reserve
+        moved = replace(moved, paged_moved=paged_bytes(moved.paged_state, free))
     if moved is not None:
         offload_s = max(
             offload_time(moved, parallel, cluster, m, phases[i].forward, phases[i].backward,

@@ -69,6 +69,11 @@ def megatron_incompatibility(
     dims, sharding, moe = parallel.dims, parallel.sharding, parallel.moe
     p, schedule = dims.pipeline, parallel.pipelining.schedule
     offload = parallel.offload
+    # The knobs the registry gives other engines only, at another value than their default.
+    for name, knob in KNOBS.items():
+        if "megatron" not in knob.engines and parallel.knob(name) != knob.default:
+            flag = knob.cli.key if knob.cli else name
+            return f"{flag} ({' and '.join(knob.engines)} only)"
     if parallel.finetuning.adapters:
         # Megatron-LM's arguments have no adapters; Megatron-Bridge's PEFT adds them.
         return (f"{parallel.finetuning.finetune} adapters (Megatron-LM has none; "

@@ -77,6 +77,11 @@ def pytorch_incompatibility(plan: Plan, model: TransformerConfig | None) -> str 
         looped = ", ".join(TORCH_SCHEDULE_CLASSES)
         return (f"the script lays chunks out in loop order for {looped}; "
                 f"{plan.schedule} runs them in V order: use --emit torchtitan")
+    if plan.run is not None and (plan.run.optimizer != "adam"
+                                 or plan.run.optimizer_in_backward):
+        return ("the script steps torch's AdamW after the backward, not bitsandbytes' 8-bit "
+                "optimizers or a step in backward: plan without --optimizer and "
+                "--optimizer-in-backward")
     if plan.run is not None and plan.run.loss_chunks > 1:
         return ("the script scores the whole output at once, not torchtune's chunked loss "
                 "(--loss-chunks): plan without it")

@@ -157,6 +157,10 @@ def _not_as_torchtitan_runs(plan: Plan) -> str | None:
             run.main_grads_dtype, run.exp_avg_dtype) != ("fp32", "fp32"):
         return ("TorchTitan runs no CUDA graphs, SDPA's own attention kernels and fp32 "
                 "gradients and Adam moments")
+    if run.optimizer != "adam" or run.optimizer_in_backward:
+        return ("TorchTitan steps torch's Adam after the backward here, not bitsandbytes' "
+                "8-bit optimizers or a step in backward: plan without --optimizer and "
+                "--optimizer-in-backward")
     if run.loss_chunks > 1:
         return ("TorchTitan's ChunkedLossWrapper runs each chunk's backward at once, not "
                 "torchtune's chunked loss (--loss-chunks) this plan prices: plan without it")

@@ -261,6 +261,9 @@ def _knob_choices(
     micro = _divisors(per_replica, MAX_MICRO_BATCH)
     if "micro_batch_size" in fixed:
         micro = [fixed["micro_batch_size"]] if per_replica % fixed["micro_batch_size"] == 0 else []
+    if fixed.get("optimizer_in_backward"):
+        # A step in backward leaves no gradient to accumulate: one micro-batch, one stage.
+        micro = [mb for mb in micro if mb == per_replica] if p == 1 else []
     # Megatron-LM requires sequence parallelism when experts and tensors are split, and
     # TorchTitan always runs it with tensor parallelism; fixed on, it needs a
     # tensor-parallel group to shard over.

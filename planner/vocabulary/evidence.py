@@ -151,9 +151,10 @@ erred by 20-50% on published Megatron-LM runs (Tessel's own, mostly optimistic),
 band is wide and leans towards slower than predicted."""
 
 
-FINETUNE_OFFLOAD = (0.89, 1.62)
+FINETUNE_OFFLOAD = (0.85, 1.62)
 """Measured over predicted step time of the published fine-tuning and offload runs
-(`benchmarks/finetune_accuracy.py`: torchtune's LoRA and QLoRA on an RTX 4090 and its 70B
+(`benchmarks/finetune_accuracy.py`: torchtune's full fine-tune with a paged 8-bit Adam,
+LoRA and QLoRA on an RTX 4090 and its 70B
 full fine-tune with CPU offload, Megatron-Bridge's 70B SFT and LoRA, DeepSpeed's ZeRO-3
 offload at 1,024 A100; the adapter rows held out of the one fit): the least a band spans
 for a plan that offloads or trains adapters, whose mechanisms the pre-training runs of

@@ -45,6 +45,7 @@ from planner.vocabulary.parallel import (
     LORA_TARGETS,
     MOE_DISPATCHERS,
     OFFLOAD_TARGETS,
+    OPTIMIZERS,
     PRECISIONS,
     RECOMPUTE,
     RECOMPUTE_METHODS,
@@ -530,6 +531,15 @@ KNOBS: dict[str, Knob] = _knobs(
          "torch.compile of the loss: it keeps the bf16 logits, not an fp32 log-softmax",
          torchtitan=_engine("compile.components", '"loss" among them, compile.enable',
                             reads=("compile.enable",))),
+    Knob("optimizer", "run.optimizer", "str",
+         "adam; adam8bit (bitsandbytes' AdamW8bit: 8-bit blockwise moments, the 16-bit "
+         "weights stepped in place); paged_adam8bit (its PagedAdamW8bit: that state in CUDA "
+         "unified memory, paged to the host and back for each step)",
+         cli=_flag("--optimizer"), choices=OPTIMIZERS, engines=("torchtitan",)),
+    Knob("optimizer_in_backward", "run.optimizer_in_backward", "bool",
+         "step each parameter as its gradient is made and free the gradient (torchtune's "
+         "optimizer_in_bwd): one micro-batch per step, one pipeline stage",
+         cli=_flag("--optimizer-in-backward"), engines=("torchtitan",)),
     Knob("loss_chunks", "run.loss_chunks", "int",
          "the output layer and its loss in this many chunks of tokens, every chunk's graph "
          "kept for the backward (torchtune's LinearCrossEntropyLoss): the loss backward's "

@@ -31,6 +31,7 @@ ReshardPolicy = Literal["default", "always", "never"]
 RecomputeModule = Literal["core_attn", "mlp", "layernorm", "moe_act", "mla_up_proj", "moe",
                           "shared_experts"]
 StateDtype = Literal["fp32", "bf16"]
+Optimizer = Literal["adam", "adam8bit", "paged_adam8bit"]
 CudaGraphScope = Literal["full", "attn", "mlp", "moe", "moe_router", "moe_preprocess",
                          "full_iteration"]
 OffloadTarget = Literal["none", "cpu", "nvme"]
@@ -48,6 +49,7 @@ ENGINES: tuple[str, ...] = get_args(Engine)
 RESHARD_POLICIES: tuple[str, ...] = get_args(ReshardPolicy)
 RECOMPUTE_MODULES: tuple[str, ...] = get_args(RecomputeModule)
 STATE_DTYPES: tuple[str, ...] = get_args(StateDtype)
+OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
 CUDA_GRAPH_SCOPES: tuple[str, ...] = get_args(CudaGraphScope)
 OFFLOAD_TARGETS: tuple[str, ...] = get_args(OffloadTarget)
 FINETUNES: tuple[str, ...] = get_args(Finetune)
@@ -131,6 +133,12 @@ class Numerics:
     exp_avg_dtype: StateDtype = "fp32"
     """Adam's two moments (Megatron-LM's --exp-avg-dtype / --exp-avg-sq-dtype; bf16 with
     --use-precision-aware-optimizer)."""
+    optimizer: Optimizer = "adam"
+    """adam (Adam/AdamW, moments as exp_avg_dtype says), adam8bit (bitsandbytes' AdamW8bit:
+    both moments quantized blockwise to 8 bits, the 16-bit weights stepped in place, no
+    fp32 copy) or paged_adam8bit (bitsandbytes' PagedAdamW8bit: that state in CUDA unified
+    memory, outside torch's allocator, paged to the host when the GPU is full and back
+    for each step)."""
     fp8_output_proj: bool = False
     """Run the output layer (the LM head's logits projection) in fp8 too
     (--fp8-output-proj: Transformer Engine's linear under the MXFP8 recipe; otherwise
@@ -201,6 +209,11 @@ class Execution:
     """torch.compile of the loss (TorchTitan's "loss" in compile.components): the fp32
     cast, log-softmax and gather are fused, so the loss keeps the bf16 logits rather than
     an fp32 log-softmax of them."""
+    optimizer_in_backward: bool = False
+    """Step each parameter as soon as its gradient is made, and free the gradient
+    (torchtune's optimizer_in_bwd, TorchTitan's optimizer step in backward; torch's
+    register_post_accumulate_grad_hook): one gradient alive at a time. Needs one
+    micro-batch per step and one pipeline stage."""
     loss_chunks: int = 1
     """The output layer and its loss made and scored in this many chunks of tokens
     (torchtune's LinearCrossEntropyLoss, num_output_chunks 8), every chunk's graph kept
@@ -406,6 +419,7 @@ class ParallelConfig:
                               ("fsdp_reshard_after_forward", RESHARD_POLICIES),
                               ("main_grads_dtype", STATE_DTYPES),
                               ("exp_avg_dtype", STATE_DTYPES),
+                              ("optimizer", OPTIMIZERS),
                               ("offload_optimizer", OFFLOAD_TARGETS),
                               ("offload_params", OFFLOAD_TARGETS),
                               ("finetune", FINETUNES)):
@@ -465,6 +479,14 @@ class ParallelConfig:
                     "asks.")
         elif schedule != "interleaved" and v != 1:
             raise ValueError("virtual_pipeline > 1 needs the interleaved schedule.")
+        if self.execution.optimizer_in_backward and (m > 1 or p > 1):
+            # A step in backward frees each gradient at once: nothing is left to accumulate
+            # over micro-batches (torchtune refuses gradient_accumulation_steps > 1), and
+            # torch.distributed.pipelining keeps a stage's gradients until the last one.
+            raise ValueError(
+                f"optimizer_in_backward needs one micro-batch per step and one pipeline "
+                f"stage (got {m} micro-batches, pipeline {p}); set the micro-batch to the "
+                f"global batch over data, or step after the backward.")
         if self.execution.engine == "megatron" and schedule == "interleaved" and v > 1 and m % p:
             # Megatron-LM's rule (torch's Interleaved1F1B runs other counts, in rounds).
             raise ValueError(
@@ -492,6 +514,10 @@ class ParallelConfig:
             # Megatron-Core's TransformerConfig.__post_init__ refuses both with CPU offloading.
             problems.append("offload_activation_layers needs one pipeline stage and no "
                             "recomputation")
+        if self.numerics.optimizer != "adam" and offload.offload_optimizer != "none":
+            # bitsandbytes' optimizers step on the GPU; its paged one pages by itself.
+            problems.append(f"optimizer {self.numerics.optimizer} steps on the GPU: "
+                            "offload_optimizer must be none")
         if tuning.adapters and not tuning.lora_targets:
             problems.append("lora_targets must name at least one linear")
         if tuning.finetune == "qlora" and self.numerics.precision not in QLORA_PRECISIONS:

@@ -40,6 +40,7 @@ from planner.vocabulary.parallel import (
     LoraTarget,
     MoeDispatcher,
     OffloadTarget,
+    Optimizer,
     Precision,
     Recompute,
     RecomputeMethod,
@@ -323,6 +324,10 @@ class RunSettings(_Model):
     compile: bool = Field(default=False, description="Blocks compiled by torch.compile.")
     compile_loss: bool = Field(default=False, description="The loss compiled by "
                                "torch.compile.")
+    optimizer: Optimizer = Field(default="adam", description="adam, bitsandbytes' "
+                                 "adam8bit, or its paged_adam8bit.")
+    optimizer_in_backward: bool = Field(default=False, description="Each parameter "
+                                        "stepped as its gradient is made.")
     loss_chunks: int = Field(default=1, ge=1, description="Chunks of tokens the output "
                              "layer and its loss run in (torchtune's chunked loss).")
     fp8_param_gather: bool = Field(default=False, description="fp8 weights gathered.")

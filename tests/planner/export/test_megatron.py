@@ -395,3 +395,16 @@ def test_hugging_face_families_launch_as_their_blocks_are_built() -> None:
                               knobs)
         assert other.megatron_flags is None
         assert named in other.megatron_incompatibility
+
+
+def test_a_knob_megatron_does_not_run_leaves_the_plan_without_a_line() -> None:
+    """A knob the registry gives other engines only (torchtune's chunked loss,
+    bitsandbytes' optimizers), off its default: no Megatron-LM line, the plan names it."""
+    llama = get_preset("llama3-8b")
+    cluster = Cluster.load("dgx-h100").with_devices(8)
+    for knobs, named in ((dict(loss_chunks=8), "--loss-chunks (torchtitan only)"),
+                         (dict(optimizer="adam8bit"), "--optimizer (torchtitan only)")):
+        plan = training_plan("llama3-8b", llama, cluster, ParallelConfig.of(
+            data=8, micro_batch_size=1, global_batch_size=8, engine="torchtitan", **knobs))
+        assert plan.megatron_flags is None
+        assert named in plan.megatron_incompatibility

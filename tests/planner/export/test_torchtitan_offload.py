@@ -88,6 +88,9 @@ def test_no_offload_writes_no_key() -> None:
      "adapts its fused wqkv with one adapter, not one per projection as priced): use "
      "--emit pytorch"),
     (dict(TITAN, finetune="qlora"), "qlora adapters are not written for TorchTitan"),
+    (dict(TITAN, optimizer="adam8bit"),
+     "TorchTitan steps torch's Adam after the backward here, not bitsandbytes' 8-bit "
+     "optimizers"),
     (dict(TITAN, loss_chunks=8),
      "TorchTitan's ChunkedLossWrapper runs each chunk's backward at once, not torchtune's "
      "chunked loss (--loss-chunks) this plan prices"),

@@ -99,6 +99,7 @@ MEGATRON_CASES: dict[str, dict[str, Any]] = {
     "ddp_bucket_size": dict(ddp_bucket_size=10_000_000, overlap_grad_reduce=True),
     "optimizer_offload_fraction": dict(offload_optimizer="cpu", optimizer_offload_fraction=0.5),
     "offload_params": dict(zero_stage=3),
+    "optimizer_in_backward": dict(engine="torchtitan", micro_batch_size=2),
 }
 TORCHTITAN_CASES: dict[str, dict[str, Any]] = {
     "tensor": dict(tensor=2, sequence_parallel=True),
