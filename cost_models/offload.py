@@ -237,7 +237,7 @@ def offload_bytes(state: StageState, parallel: ParallelConfig, in_flight: int) -
             host += fetch
     layers = min(offload.offload_activation_layers, state.layers)
     host += layers * state.activation_bytes_per_layer * in_flight
-    in_unified = state.optimizer_bytes * (1 - f) if paged(parallel) else 0.0
+    in_unified = state.optimizer_bytes if paged(parallel) else 0.0
     host += in_unified  # what backs it when it is paged out
     return OffloadBytes(
         paged_state=in_unified,

@@ -416,6 +416,8 @@ def offloaded(plan: Plan, short: bool = False) -> str:
         share = f" ({run.optimizer_offload_fraction:.0%})" \
             if run.optimizer_offload_fraction < 1 else ""
         parts.append(("opt:", "optimizer: ", f"{run.offload_optimizer}{share}"))
+    if run.optimizer == "paged_adam8bit":
+        parts.append(("opt:", "optimizer: ", "paged"))
     if run.offload_params != "none":
         parts.append(("par:", "parameters: ", run.offload_params))
     if run.offload_activation_layers:

@@ -198,8 +198,13 @@ def _offload_problems(knobs: FixedKnobs, model: TransformerConfig, cluster: Clus
         problems.append(f"{FLAG['offload_params']} {knobs['offload_params']} offloads ZeRO-3's "
                         f"parameter shards; it needs {FLAG['zero_stage']} 3")
     layers = knobs.get("offload_activation_layers")
-    if layers is not None and layers >= model.num_layers:
+    if layers is not None and knobs.get("engine", "megatron") == "megatron" \
+            and layers >= model.num_layers:
+        # Megatron-Core's TransformerConfig.__post_init__; torchtune offloads every layer.
         problems.append(f"{FLAG['offload_activation_layers']} {layers} must be fewer than the "
+                        f"model's {model.num_layers} layers")
+    elif layers is not None and layers > model.num_layers:
+        problems.append(f"{FLAG['offload_activation_layers']} {layers} must be at most the "
                         f"model's {model.num_layers} layers")
     finetune = knobs.get("finetune", "none")
     adapters = finetune in ADAPTER_FINETUNES

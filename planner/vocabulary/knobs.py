@@ -458,8 +458,11 @@ KNOBS: dict[str, Knob] = _knobs(
                            "with pin_memory, nvme_path, buffer sizes")),
     Knob("offload_activation_layers", "run.offload_activation_layers", "int",
          "layers whose saved activations are copied to the host in forward and back in "
-         "backward, behind the next layer's compute (one pipeline stage, no recomputation)",
-         most=1 << 20, engines=("megatron",), cli=_flag("--cpu-offloading-num-layers"),
+         "backward, behind the next layer's compute (one pipeline stage, no recomputation; "
+         "under --engine torchtitan every layer, as torchtune's enable_activation_offloading "
+         "does)",
+         most=1 << 20, engines=("megatron", "torchtitan"),
+         cli=_flag("--cpu-offloading-num-layers"),
          megatron=_engine("--cpu-offloading-num-layers", "0: none")),
     Knob("finetune", "run.finetune", "str",
          "none (pre-training), full (every weight fine-tuned), lora (rank-r adapters over "

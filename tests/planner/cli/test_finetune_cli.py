@@ -60,3 +60,36 @@ def test_nvme_offload_on_slow_drives_is_a_warning(tmp_path: Path, capsys) -> Non
     assert plan["run"]["offload_optimizer"] == "nvme"
     words = " ".join(out.split())
     assert "warning: slow-nvme's NVMe reads 3.5 GB/s per host, below the 7 GB/s" in words
+
+
+TORCHTUNE_8B = ["llama3-8b", "--cluster", "rtx-4090", "--gpus", "1", "--global-batch-size",
+                "2", "--seq-length", "2048", "--finetune", "full", "--engine", "torchtitan"]
+
+
+def test_torchtunes_single_gpu_full_fine_tune_is_planned_as_its_recipe_runs(
+        tmp_path: Path, capsys) -> None:
+    """8B_full_single_device.yaml on an RTX 4090: PagedAdamW8bit stepped in backward, a
+    chunked loss, every layer's activations offloaded (torchtune's enable_activation_
+    offloading, which Megatron-LM's rule of fewer than the layers does not bind)."""
+    plan, out = planned([*TORCHTUNE_8B, "--optimizer", "paged_adam8bit",
+                         "--optimizer-in-backward", "--loss-chunks", "8",
+                         "--cpu-offloading-num-layers", "32", "--recompute-granularity",
+                         "none"], tmp_path, capsys)
+    run, predicted = plan["run"], plan["predicted"]
+    assert (run["optimizer"], run["optimizer_in_backward"], run["loss_chunks"],
+            run["offload_activation_layers"]) == ("paged_adam8bit", True, 8, 32)
+    assert plan["micro_batch_size"] == 2  # one micro-batch: nothing to accumulate
+    assert predicted["memory_breakdown_gib"]["optimizer"] == 0.0  # paged, off the allocator
+    assert predicted["pcie_gb_per_step"] > 0
+    assert "opt:paged act:32" in out
+
+
+def test_megatron_offloads_fewer_activation_layers_than_the_model_has(capsys) -> None:
+    argv = [*TORCHTUNE_8B[:-2], "--cpu-offloading-num-layers", "32"]
+    assert main(argv) == 2
+    said = capsys.readouterr()
+    assert (said.out + said.err).strip() == ("error: --cpu-offloading-num-layers 32 must be "
+                                             "fewer than the model's 32 layers.")
+    assert main([*TORCHTUNE_8B, "--cpu-offloading-num-layers", "33"]) == 2
+    said = capsys.readouterr()
+    assert "must be at most the model's 32 layers" in said.out + said.err
