@@ -25,12 +25,14 @@ a user waits for count. Two groups of rows (`--rows`):
 
 - `moe` (issue 30): DeepSeek-V3 at 8192 sequences of 4096 tokens on 1024 H100s and 256
   GB200s, each command under 5 s.
+- `million` (issue 47): GPT-3 175B, the 1T GPT and DeepSeek-V3 on 2^20 H100s at the
+  sequences per GPU of their 1,024-GPU rows beside them, each command under 5 s.
 - `finetune` (issue 46): Llama 3 70B on 8 H100 at 32 sequences of 4096 tokens with
   `--finetune lora --lora-rank 16` and `--finetune qlora`, each under 2 s; and, beside them,
   the full fine-tune of the same model on the same GPUs, which the search must offload.
 
     .venv/bin/python benchmarks/planner_speed.py [--quick]
-        [--rows all|zoo|traced|moe|finetune]
+        [--rows all|zoo|traced|moe|finetune|million]
         [--timeout S] [--json PATH]
 """
 
@@ -67,6 +69,11 @@ HF_BEFORE_S = 5.7
 DEPTHS = (24, 48, 96, 192)
 # Issue 30: DeepSeek-V3 at 8192 x 4096 tokens, (cluster, GPUs, target s).
 MOE_ROWS = (("dgx-h100", 1024, 5.0), ("gb200-nvl72", 256, 5.0))
+# Issue 47: a million GPUs (2^20 H100s) beside 1,024, at the same sequences per GPU:
+# (model and its flags, sequences per GPU); each command under 5 s at 2^20.
+MILLION_GPUS = 1 << 20
+MILLION_ROWS = ((("gpt3-175b",), 2), (("gpt-1t",), 2),
+                (("deepseek-v3", "--seq-length", "4096"), 8))
 FINETUNE_ROWS = ((("--finetune", "lora", "--lora-rank", "16"), 2.0),
                  (("--finetune", "qlora"), 2.0), (("--finetune", "full"), None))
 
@@ -257,6 +264,28 @@ def moe_rows() -> tuple[list[dict], bool]:
     return rows, ok
 
 
+def million_rows() -> tuple[list[dict], bool]:
+    """Issue 47's rows: GPT-3 175B, the 1T GPT and DeepSeek-V3 on 2^20 H100s, each command
+    under 5 s, beside the same model on 1,024 (the median of three commands)."""
+    ok, rows = True, []
+    print(f"{'million':<12} {'GPUs':>9} {'batch':>9} {'plan s':>7}  target")
+    for model, per_gpu in MILLION_ROWS:
+        for gpus in (1024, MILLION_GPUS):
+            runs = [plan_seconds(*model, gpus=gpus, batch=per_gpu * gpus,
+                                 cluster="dgx-h100") for _ in range(3)]
+            seconds, planned = sorted(runs)[1][0], all(done for _, done in runs)
+            target = 5.0 if gpus == MILLION_GPUS else None
+            met = planned and (target is None or seconds < target)
+            ok &= met
+            rows.append({"model": model[0], "gpus": gpus, "global_batch": per_gpu * gpus,
+                         "command_s": seconds, "runs_s": [r for r, _ in runs],
+                         "target_s": target, "met": met})
+            verdict = "-" if target is None else f"< {target:g} s: {'ok' if met else 'MISSED'}"
+            print(f"{model[0]:<12} {gpus:>9,} {per_gpu * gpus:>9,} {seconds:>7.2f}  {verdict}",
+                  flush=True)
+    return rows, ok
+
+
 def finetune_rows() -> tuple[list[dict], bool]:
     """Issue 46's rows: Llama 3 70B fine-tuned on 8 H100 (the median of three commands)."""
     ok, rows = True, []
@@ -279,7 +308,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="zoo rows: only those with a target, and the sweep")
-    parser.add_argument("--rows", choices=("all", "zoo", "traced", "moe", "finetune"),
+    parser.add_argument("--rows", choices=("all", "zoo", "traced", "moe", "finetune",
+                                           "million"),
                         default="all")
     parser.add_argument("--timeout", type=float, default=900.0,
                         help="seconds each traced row's command may run (default 900)")
@@ -299,6 +329,11 @@ def main(argv: list[str]) -> int:
             print()
         rows["finetune"], finetune_ok = finetune_rows()
         ok &= finetune_ok
+    if args.rows in ("all", "million"):
+        if rows:
+            print()
+        rows["million"], million_ok = million_rows()
+        ok &= million_ok
     if args.rows in ("all", "traced"):
         if rows:
             print()

@@ -116,7 +116,7 @@ def _search_space(
         from planner.search.megatron_space import search_megatron
 
         return search_megatron(model, cluster, gbs, fixed, flash_attention, progress,
-                               collectives)
+                               collectives, both_cores=True)
     from planner.search.alpa_space import search_auto
 
     return search_auto(model, cluster, gbs, fixed, flash_attention, progress, collectives)

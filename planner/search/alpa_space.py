@@ -15,6 +15,7 @@ never worse than the Megatron one.
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from typing import TYPE_CHECKING, Callable
 
@@ -48,13 +49,27 @@ MAX_LAYER_GROUPS = 32
 MAX_STAGES = 16
 
 
+MAX_DEVICE_STATES = 1 << 14
+"""The most device counts the stage DP indexes (`inter_op`: its tables have one column per
+device count in units of the submeshes' greatest common divisor). On a cluster larger than
+this many of its smallest submeshes, the smallest are dropped until it is not: at 2^20 GPUs
+no stage runs on fewer than 64 (1/16,384 of the cluster, 8 nodes), and the DP keeps 16,385
+columns, not 2^20 + 1. Clusters up to 16,384 GPUs keep every submesh."""
+
+
 def submeshes(cluster: Cluster) -> list[int]:
-    """Alpa's submesh sizes: powers of two within a node, then whole nodes."""
+    """Alpa's submesh sizes: powers of two within a node, then whole nodes (powers of two
+    of them, and all), without those too small for `MAX_DEVICE_STATES`."""
     per_node, nodes = cluster.devices_per_node, cluster.num_nodes
     sizes = [2**i for i in range(per_node.bit_length()) if 2**i <= min(per_node,
                                                                           cluster.num_devices)]
     sizes += [per_node * k for k in range(2, nodes + 1) if k & (k - 1) == 0 or k == nodes]
-    return sorted(set(sizes))
+    sizes = sorted(set(sizes))
+    # The first size to keep: the smallest whose states fit; where none but the whole
+    # cluster does (a node count with few factors of two), all of them, as they are.
+    first = next((i for i in range(len(sizes) - 1)
+                  if cluster.num_devices // math.gcd(*sizes[i:]) <= MAX_DEVICE_STATES), 0)
+    return sizes[first:]
 
 
 def layer_group_size(num_layers: int) -> int:

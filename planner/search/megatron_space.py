@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Literal, get_args
 
 from cost_models.pipeline_memory import StageLayout, fits_memory
 from cost_models.step_time import StepPrediction, predict_step
+from planner.search.forked_call import BothEnds, start_forked
 from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
 from planner.vocabulary.parallel import (
@@ -54,7 +55,7 @@ CONTEXT_PARALLEL_MIN_SEQ = 8192
 # count, so its time grows with the GPUs; the bound keeps a search at the largest size
 # interactive (timings: docs/cli.md, "Errors, exit codes and bounds"). Past today's
 # largest clusters (~100K GPUs).
-MAX_GPUS = 1 << 17
+MAX_GPUS = 1 << 20
 
 Progress = Callable[[int, int], None]
 SearchSpace = Literal["auto", "megatron"]
@@ -381,54 +382,96 @@ def _splits(model: TransformerConfig, config: ParallelConfig
 def search_megatron(
     model: TransformerConfig, cluster: Cluster, gbs: int, fixed: FixedKnobs,
     flash_attention: bool = True, progress: Progress | None = None,
-    collectives: LayerCollectives | None = None,
+    collectives: LayerCollectives | None = None, both_cores: bool = False,
 ) -> SearchResult:
     """The Megatron space, each layout with the least recomputation that fits (and, where
-    that one's reserved memory does not, also the least whose reserved memory fits)."""
+    that one's reserved memory does not, also the least whose reserved memory fits).
+    `both_cores`: a forked child searches layouts from the back of the list while this
+    process takes them from the front (`forked_call.BothEnds`); the ranking is the same."""
     start = time.perf_counter()
-    recomputes = [fixed["recompute"]] if "recompute" in fixed else list(RECOMPUTE)
-    ranked: list[tuple[Candidate, StepPrediction]] = []
-    evaluated = 0
     layouts = list(_layouts(model, cluster, gbs, fixed))
-    # Memory does not depend on how tokens reach their experts: one check per layout of
-    # the other knobs serves every dispatcher.
-    fitted: dict[tuple, bool] = {}
-    # The smallest micro-batch that fitted under no recomputation, per layout of the other
-    # knobs: micro-batches come smallest first, and a larger one keeps at least as many
-    # activations (`micro_batch x min(micro-batches, stages)` in flight), so it cannot fit.
-    too_large: dict[tuple, int] = {}
-    for index, layout in enumerate(layouts):
-        for config in _knob_choices(layout, model, gbs, fixed, "megatron", cluster):
-            memory_knobs = config.but(moe_token_dispatcher="allgather",
-                                      overlap_moe_expert_parallel_comm=False)
-            others = memory_knobs.but(micro_batch_size=1)
-            for split, chunk_layers in _splits(model, config):
-                if config.batch.micro_batch_size >= too_large.get((others, split), gbs + 1):
-                    continue
-                fitting = False
-                for recompute in recomputes:
-                    candidate = Candidate(configure(config, recompute), split,
-                                          chunk_layers=chunk_layers)
-                    evaluated += 1
-                    key = (memory_knobs, split, recompute)
-                    if key not in fitted:
-                        fitted[key] = fits_memory(model, cluster, candidate.parallel,
-                                                  flash_attention, list(split))
-                    fitting = fitted[key]
-                    if fitting:
-                        prediction = predict_step(model, cluster, candidate.parallel,
-                                                  flash_attention, list(split), collectives)
-                        ranked.append((candidate, prediction))
-                        if prediction.reserved_fits:
-                            break  # more recomputation would only be slower
-                        # More recomputation may keep the caching allocator's reserve
-                        # within the device too (`rank_key` ranks that plan first).
-                if not fitting:
-                    too_large[others, split] = config.batch.micro_batch_size
-        if progress:
-            progress(index + 1, len(layouts))
-    ranked.sort(key=lambda item: rank_key(item[1]))
-    return SearchResult(ranked, evaluated, {"search_s": time.perf_counter() - start})
+    search = _LayoutSearch(model, cluster, gbs, fixed, flash_attention, collectives)
+    if both_cores and len(layouts) > 1:
+        queue = BothEnds(len(layouts))
+        other = start_forked(search.run, layouts, queue.back)
+        found = search.run(layouts, queue.front, progress, queue.taken)
+        more = other()
+    else:
+        counter = itertools.count()
+        found = search.run(layouts, lambda: next(counter), progress)
+        more = ([], 0)
+    # Layout by layout and in each the order tried, as one process would have found them,
+    # so that ties rank the same however the layouts were shared out.
+    entries = sorted(found[0] + more[0], key=lambda e: (rank_key(e[2]), e[0]))
+    ranked = [(candidate, prediction) for _, candidate, prediction in entries]
+    return SearchResult(ranked, found[1] + more[1], {"search_s": time.perf_counter() - start})
+
+
+@dataclass
+class _LayoutSearch:
+    """`search_megatron`'s work on one layout of degrees at a time."""
+
+    model: TransformerConfig
+    cluster: Cluster
+    gbs: int
+    fixed: FixedKnobs
+    flash_attention: bool
+    collectives: LayerCollectives | None
+
+    def run(
+        self, layouts: list[tuple[int, int, int, int, int]], take: Callable[[], int | None],
+        progress: Progress | None = None, done: Callable[[], int] | None = None,
+    ) -> tuple[list[tuple[tuple[int, int], Candidate, StepPrediction]], int]:
+        """((layout index, order), candidate, prediction) of the layouts `take` hands out
+        (None: no more), and how many configurations were tried."""
+        model, cluster, gbs, fixed = self.model, self.cluster, self.gbs, self.fixed
+        recomputes = [fixed["recompute"]] if "recompute" in fixed else list(RECOMPUTE)
+        found: list[tuple[tuple[int, int], Candidate, StepPrediction]] = []
+        evaluated = 0
+        # Memory does not depend on how tokens reach their experts: one check per layout
+        # of the other knobs serves every dispatcher.
+        fitted: dict[tuple, bool] = {}
+        # The smallest micro-batch that fitted under no recomputation, per layout of the
+        # other knobs: micro-batches come smallest first, and a larger one keeps at least
+        # as many activations (`micro_batch x min(micro-batches, stages)` in flight), so it
+        # cannot fit.
+        too_large: dict[tuple, int] = {}
+        while (index := take()) is not None and index < len(layouts):
+            order = itertools.count()
+            for config in _knob_choices(layouts[index], model, gbs, fixed, "megatron",
+                                        cluster):
+                memory_knobs = config.but(moe_token_dispatcher="allgather",
+                                          overlap_moe_expert_parallel_comm=False)
+                others = memory_knobs.but(micro_batch_size=1)
+                for split, chunk_layers in _splits(model, config):
+                    if config.batch.micro_batch_size >= too_large.get((others, split),
+                                                                      gbs + 1):
+                        continue
+                    fitting = False
+                    for recompute in recomputes:
+                        candidate = Candidate(configure(config, recompute), split,
+                                              chunk_layers=chunk_layers)
+                        evaluated += 1
+                        key = (memory_knobs, split, recompute)
+                        if key not in fitted:
+                            fitted[key] = fits_memory(model, cluster, candidate.parallel,
+                                                      self.flash_attention, list(split))
+                        fitting = fitted[key]
+                        if fitting:
+                            prediction = predict_step(
+                                model, cluster, candidate.parallel, self.flash_attention,
+                                list(split), self.collectives)
+                            found.append(((index, next(order)), candidate, prediction))
+                            if prediction.reserved_fits:
+                                break  # more recomputation would only be slower
+                            # More recomputation may keep the caching allocator's
+                            # reserve within the device too (`rank_key` ranks that plan
+                            # first).
+                    if not fitting:
+                        too_large[others, split] = config.batch.micro_batch_size
+            if progress:
+                progress(done() if done else index + 1, len(layouts))
+        return found, evaluated
 
 
 def best_exhaustive(

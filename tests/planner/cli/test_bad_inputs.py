@@ -185,7 +185,7 @@ ESCAPED_TRACEBACKS = {
                         "fix the factory"]),
     "hf-config-field-transformers-rejects": (["inspect", "hf:badfield"], ["badfield"]),
     "gpus-huge": (["gpt3-175b", *H100, "--gpus", "1000000000", "--global-batch-size", "8"],
-                  ["--gpus 1000000000 must be from 1 to 131,072"]),
+                  ["--gpus 1000000000 must be from 1 to 1,048,576"]),
     "gpus-not-a-number": ([*SMALL[:-4], "--gpus", "eight"], ["--gpus 'eight' is not a whole"]),
 }
 

@@ -72,7 +72,7 @@ def test_no_plan_fits_is_one_line_naming_what_the_model_needs(
     head = (f"error: no plan fits: {model} does not fit on {gpus} x {H100} with global "
             f"batch 64; ")
     assert text.startswith(head)
-    needs = (rf"with --schedule {schedule} no cluster of this kind up to 131072 GPUs fits "
+    needs = (rf"with --schedule {schedule} no cluster of this kind up to 1048576 GPUs fits "
              rf"it, without it at least \d+ GPUs do"
              if (schedule, engine) in NO_SIZE_RUNS else r"it needs at least \d+ GPUs of this kind")
     assert re.fullmatch(needs, text.removeprefix(head)), text

@@ -130,3 +130,16 @@ def test_every_pipelined_plan_has_a_micro_batch_per_stage(space: str) -> None:
         stages = len(candidate.stages) if candidate.stages else candidate.parallel.dims.pipeline
         whole = candidate.parallel.batch.micro_batch_size * candidate.parallel.dims.data
         assert stages == 1 or 16 // whole >= stages, candidate
+
+
+def test_the_megatron_space_on_both_cores_ranks_as_on_one() -> None:
+    # A forked child takes layouts from the back while the caller takes them from the
+    # front: the same plans, in the same order, ties included.
+    from planner.search.megatron_space import search_megatron
+
+    model = get_preset("mixtral-8x7b").model_copy(update={"seq_length": 4096})
+    cluster = Cluster.load("dgx-h100").with_devices(64)
+    one = search_megatron(model, cluster, 256, FixedKnobs())
+    both = search_megatron(model, cluster, 256, FixedKnobs(), both_cores=True)
+    assert len(one.ranked) > 1000 and both.evaluated == one.evaluated
+    assert both.ranked == one.ranked
