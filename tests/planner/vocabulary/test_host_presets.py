@@ -19,6 +19,9 @@ HOSTS = {
                  8 * 6.9, 8 * 4.0, 8 * 3.84),
     "dgx-h200": (2 * TB_OF_DRAM_GIB, 2 * 8 * 4400 * 8 / 1000, 112, 128 / 2,
                  8 * 6.9, 8 * 4.0, 8 * 3.84),
+    # The DGX H800: the DGX H100 chassis with H800 GPUs (assumed: no English guide).
+    "dgx-h800": (2 * TB_OF_DRAM_GIB, 2 * 8 * 4400 * 8 / 1000, 112, 128 / 2,
+                 8 * 6.9, 8 * 4.0, 8 * 3.84),
     # DGX B200 user guide: 2x Xeon 8570 (56 cores each), 2 TB in 32 DIMMs, 8x 3.84 TB U.2.
     "dgx-b200": (2 * TB_OF_DRAM_GIB, 2 * 8 * 4400 * 8 / 1000, 2 * 56, 64,
                  8 * 6.9, 8 * 4.0, 8 * 3.84),
@@ -122,3 +125,23 @@ def test_workstation_presets_resize_and_say_their_host_is_assumed(name: str) -> 
     assert cluster.with_devices(1).num_devices == 1
     assert cluster.with_devices(4).num_hosts == 4 // cluster.devices_per_host
     assert cluster.host is not None and "assumption" in cluster.host.source.lower()
+
+
+def test_dgx_h800_is_the_h100_with_deepseeks_nvlink() -> None:
+    """DeepSeek-V3's cluster: the H100's compute and HBM3 (the same GH100 die), NVLink cut to
+    400 GB/s per GPU, and DeepSeek-V3's report's achieved 160 GB/s NVLink and 50 GB/s IB."""
+    h800, h100 = Cluster.load("dgx-h800"), Cluster.load("dgx-h100")
+    assert h800.device.peak_tflops == h100.device.peak_tflops
+    assert h800.device.peak_tflops["bf16"] == 1979 / 2 and h800.device.peak_tflops["fp8"] == 1979
+    assert h800.device.memory_gib == h100.device.memory_gib == 79.6
+    assert h800.device.memory_bandwidth_gbs == 3350
+    assert h800.intra_node.bandwidth_gbs == 400 / 2  # per direction
+    achieved = h800.intra_node.bandwidth_gbs * h800.device.efficiency.intra_node_bandwidth
+    assert achieved == pytest.approx(160)  # "NVLink offers a bandwidth of 160 GB/s"
+    assert h800.inter_node.bandwidth_gbs == 50  # "IB (50 GB/s)", 400 Gb/s NDR per GPU
+    # The H100's fitted kernels, which the H800 shares; no H800 run fitted anything.
+    assert h800.device.efficiency.model_copy(update={"intra_node_bandwidth": 0.0}) \
+        == h100.device.efficiency.model_copy(update={"intra_node_bandwidth": 0.0})
+    assert h800.device.calibration is not None
+    assert "No H800 run was fitted" in h800.device.calibration.data
+    assert h800.run_costs is None
