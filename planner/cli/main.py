@@ -42,6 +42,7 @@ from planner.cli.errors import check_output_file, check_output_folder, report_fa
 from planner.cli.output import json_to_stdout
 from planner.cli.fault_flags import add_fault_flags
 from planner.cli.model_args import MAX_STEPS, add_mesh_arguments, add_model_arguments
+from planner.cli.network_report import add_network_flags
 from planner.cli.parallel_flags import add_parallel_flags
 from planner.cli.report_flags import add_report_flags
 from planner.cli.run_flags import add_run_flags
@@ -91,7 +92,8 @@ def _plan_parser() -> Parser:
         formatter_class=_HelpWithCommands,
     )
     for add_arguments in (add_model_arguments, add_mesh_arguments, _emit_code,
-                          add_parallel_flags, add_run_flags, add_report_flags, add_emit_flags):
+                          add_parallel_flags, add_run_flags, add_report_flags,
+                          add_network_flags, add_emit_flags):
         add_arguments(parser)
     return parser
 
