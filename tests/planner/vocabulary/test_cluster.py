@@ -10,7 +10,7 @@ from planner.vocabulary.cluster import MAX_DEVICES, Cluster, LinkSpec
 
 PRESETS = (
     "cpu", "dgx-a100-40g", "dgx-a100-80g", "dgx-h100", "dgx-h200", "dgx-h800", "dgx-b200",
-    "gb200-nvl72", "mi300x", "mi325x", "gaudi3", "aws-p3.16xlarge", "rtx-4090",
+    "gb200-nvl72", "gb300-nvl72", "mi300x", "mi325x", "gaudi3", "aws-p3.16xlarge", "rtx-4090",
     "rtx-a6000",
 )
 # Volta predates the sanity checks' assumptions (bf16, >= 40 GiB, > 1 TB/s HBM);

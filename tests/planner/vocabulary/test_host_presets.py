@@ -34,6 +34,10 @@ HOSTS = {
     # GB200 NVL72 compute tray: 2 Grace (72 cores, 480 GB LPDDR5X at 512 GB/s each);
     # NVLink-C2C 900 GB/s both ways per Grace, shared by its 2 GPUs; drives unpublished.
     "gb200-nvl72": (2 * 480, 2 * 512, 2 * 72, 900 / 2 / 2, None, None, None),
+    # GB300 NVL72: the rack's 17 TB of LPDDR5X at 14 TB/s over 36 Graces, 2 per tray
+    # (decimal bytes); NVLink-C2C as GB200's; drives unpublished.
+    "gb300-nvl72": (2 * 17e12 / 36 / 2**30, 2 * 14_000 / 36, 2 * 72, 900 / 2 / 2,
+                    None, None, None),
     # p3.16xlarge: 488 GiB, 64 vCPUs = 32 cores, 2x 4 channels of DDR4-2400, PCIe Gen3 x16,
     # EBS only.
     "aws-p3.16xlarge": (488, 2 * 4 * 2400 * 8 / 1000, 32, 16, None, None, None),
@@ -145,3 +149,21 @@ def test_dgx_h800_is_the_h100_with_deepseeks_nvlink() -> None:
     assert h800.device.calibration is not None
     assert "No H800 run was fitted" in h800.device.calibration.data
     assert h800.run_costs is None
+
+
+def test_gb300_nvl72_is_the_specifications_per_gpu() -> None:
+    """NVIDIA's GB300 NVL72 rack figures per GPU: the GB200's bf16 and fp8 tensor rates (360
+    and 720 PF with sparsity per rack), 288 GB of HBM3e at 576 TB/s / 72, NVLink 1.8 TB/s,
+    one 800 Gb/s ConnectX-8 per GPU; kernels borrowed from the GB200 fit, none fitted."""
+    gb300, gb200 = Cluster.load("gb300-nvl72"), Cluster.load("gb200-nvl72")
+    peaks = gb300.device.peak_tflops
+    assert peaks["bf16"] == 360_000 / 72 / 2 and peaks["fp8"] == 720_000 / 72 / 2
+    assert peaks == gb200.device.peak_tflops
+    assert gb300.device.memory_gib == pytest.approx(288e9 / 2**30, abs=0.05)
+    assert gb300.device.memory_bandwidth_gbs == 576_000 / 72
+    assert gb300.intra_node.bandwidth_gbs == 1800 / 2
+    assert gb300.inter_node.bandwidth_gbs == 800 / 8
+    assert (gb300.devices_per_node, gb300.devices_per_host) == (72, 4)
+    assert gb300.device.efficiency == gb200.device.efficiency
+    assert gb300.device.calibration is not None
+    assert "No GB300 run was fitted" in gb300.device.calibration.data
