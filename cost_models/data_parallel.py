@@ -116,7 +116,7 @@ def fsdp2_comm(
     numerics = parallel.numerics
     gathered = 1 if numerics.precision == "fp8" and numerics.fp8_param_gather else \
         memory.state_element_bytes(numerics.precision).params
-    reduced = 4 if numerics.main_grads_dtype == "fp32" else 2
+    reduced = memory.gradient_element_bytes(numerics.main_grads_dtype)
     bandwidth = device.memory_bandwidth_gbs * 1e9 * device.efficiency.memory
     slowdown = device.efficiency.overlap_slowdown
 

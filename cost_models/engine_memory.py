@@ -11,12 +11,14 @@ what the caching allocator reserves beyond what is allocated.
   `--fp8-param-gather` keep only those (`transformer_engine/pytorch/module/base.py`).
 - torchtitan (FSDP2, `torch/distributed/fsdp/_fully_shard`; TorchTitan's
   `parallelize.py`): fp32 parameters, gradients and moments sharded over the data group
-  (mixed_precision_param bf16, reduce fp32). Gathered bf16 weights live per block from its
-  forward to the next block's, two blocks at a time (FSDP2 prefetches the next), and the
-  root's (embedding, norm, output) until backward; with `reshard_after_forward` off (the
-  default under pipeline parallelism) a stage's whole weights stay gathered, and the
-  pipeline keeps unsharded fp32 gradients across micro-batches (`PipelineStage` turns
-  gradient sync and reshard-after-backward off until the last micro-batch).
+  (mixed_precision_param bf16, reduce fp32, or bf16 with `main_grads_dtype` bf16 as
+  torchtune's bf16 model reduces). Gathered bf16 weights live per block from its forward
+  to the next block's, two blocks at a time (FSDP2 prefetches the next), and the root's
+  (embedding, norm, output) until backward; resharded always, the ends are units of their
+  own, gathered only beside their neighbouring block; with `reshard_after_forward` off
+  (the default under pipeline parallelism) a stage's whole weights stay gathered, and the
+  pipeline keeps unsharded gradients across micro-batches (`PipelineStage` turns gradient
+  sync and reshard-after-backward off until the last micro-batch).
 - tessel: ZeRO's accounting of the runtime's own state (`cost_models.memory`).
 
 Reserved memory: the caching allocator (PyTorch's "CUDA memory management" notes) keeps
@@ -134,7 +136,7 @@ def _model_state(
         # FSDP2's reduce dtype (MixedPrecisionPolicy.reduce_dtype): fp32 as TorchTitan
         # sets it, or the 16-bit gradients themselves where nothing upcasts them
         # (torchtune's bf16 model under FSDP2 without a mixed-precision policy).
-        reduced = 4 if parallel.numerics.main_grads_dtype == "fp32" else 2
+        reduced = memory.gradient_element_bytes(parallel.numerics.main_grads_dtype)
         state = memory.ModelStateBytes(weights=4 * params / shards,
                                        gradients=reduced * params / shards,
                                        optimizer=_moment_bytes(parallel) * params / shards)
@@ -160,7 +162,7 @@ def _model_state(
         weight = 4 if fp32 else 2
         if parallel.numerics.precision == "fp8":
             weight = 2 if parallel.numerics.fp8_param_gather else 2 + 2
-        grads = 4 if fp32 or parallel.numerics.main_grads_dtype == "fp32" else 2
+        grads = 4 if fp32 else memory.gradient_element_bytes(parallel.numerics.main_grads_dtype)
         optimizer = (0 if fp32 else 4) + _moment_bytes(parallel)
         return memory.ModelStateBytes(
             weights=weight * params, gradients=grads * params,
@@ -171,7 +173,7 @@ def _model_state(
     if eight_bit(parallel):
         # bitsandbytes steps the 16-bit weights in place with their own 16-bit gradients:
         # no fp32 master copy, only the 8-bit moments.
-        grads = 4 if parallel.numerics.main_grads_dtype == "fp32" else 2
+        grads = memory.gradient_element_bytes(parallel.numerics.main_grads_dtype)
         optimizer = STATE_BYTES
     return memory.model_state_bytes(
         params, shards, parallel.sharding.zero_stage, params_bytes=element.params,

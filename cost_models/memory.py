@@ -75,6 +75,13 @@ def state_element_bytes(precision: str) -> StateElementBytes:
     return StateElementBytes(params=2, grads=4, optimizer=12)
 
 
+def gradient_element_bytes(main_grads_dtype: str) -> int:
+    """Bytes of one gradient element the optimizer reads and data parallelism reduces:
+    fp32 main gradients, or 16-bit ones (Megatron-LM's --grad-reduce-in-bf16, FSDP2 with a
+    bf16 reduce dtype)."""
+    return 4 if main_grads_dtype == "fp32" else 2
+
+
 def model_state_bytes(
     num_parameters: float,
     data_parallel: int,

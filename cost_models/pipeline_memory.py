@@ -281,7 +281,7 @@ def _one_gradient(model: TransformerConfig, parallel: ParallelConfig, end_unit: 
     """The gradient bytes alive at once when each parameter is stepped and freed as its
     gradient is made (`optimizer_in_backward`): the largest parameter's, the head's or the
     embedding's (`end_unit`) or an MLP projection's, sharded under ZeRO 2-3."""
-    element = 4 if parallel.numerics.main_grads_dtype == "fp32" else 2
+    element = memory.gradient_element_bytes(parallel.numerics.main_grads_dtype)
     projection = model.hidden_size * (model.ffn_hidden_size or 4 * model.hidden_size) \
         / parallel.dims.tensor
     shards = parallel.dims.data * parallel.dims.context \

@@ -16,8 +16,9 @@ def fsdp2_offload_refusal(run: RunSettings | None) -> str | None:
     if run is None:
         return None
     if run.offload_activation_layers:
-        return ("activation offload is Megatron-LM's (--cpu-offloading-num-layers): use "
-                "--emit megatron")
+        return ("activation offload is Megatron-LM's (--cpu-offloading-num-layers, fewer "
+                "layers than the model's: --emit megatron) and torchtune's "
+                "(enable_activation_offloading), not FSDP2's")
     if "nvme" in (run.offload_optimizer, run.offload_params):
         return "NVMe offload is ZeRO-Infinity's: use --emit deepspeed"
     if run.offload_optimizer != run.offload_params:

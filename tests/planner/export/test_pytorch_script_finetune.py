@@ -151,7 +151,9 @@ def test_a_bf16_gradient_plans_script_reduce_scatters_bf16(tmp_path: Path) -> No
     (dict(zero_stage=3, **OFFLOAD, optimizer_offload_fraction=0.5),
      "not a fraction (--optimizer-offload-fraction is Megatron-LM's: --emit megatron)"),
     (dict(offload_activation_layers=2),
-     "activation offload is Megatron-LM's (--cpu-offloading-num-layers): use --emit megatron"),
+     "activation offload is Megatron-LM's (--cpu-offloading-num-layers, fewer layers than "
+     "the model's: --emit megatron) and torchtune's (enable_activation_offloading), not "
+     "FSDP2's"),
     (dict(optimizer="paged_adam8bit", engine="torchtitan"),
      "the script steps torch's AdamW after the backward, not bitsandbytes' 8-bit"),
     (dict(optimizer_in_backward=True, global_batch_size=4, engine="torchtitan"),

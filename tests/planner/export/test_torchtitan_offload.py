@@ -81,8 +81,9 @@ def test_no_offload_writes_no_key() -> None:
      "FSDP2's CPUOffloadPolicy moves all of the optimizer's state to the host, not a "
      "fraction"),
     (dict(zero_stage=3, offload_activation_layers=2),
-     "activation offload is Megatron-LM's (--cpu-offloading-num-layers): use --emit "
-     "megatron"),
+     "activation offload is Megatron-LM's (--cpu-offloading-num-layers, fewer layers than "
+     "the model's: --emit megatron) and torchtune's (enable_activation_offloading), not "
+     "FSDP2's"),
     (dict(TITAN, finetune="lora"),
      "lora adapters are not written for TorchTitan (0.2 has none; 0.3's LoRAConverter "
      "adapts its fused wqkv with one adapter, not one per projection as priced): use "
