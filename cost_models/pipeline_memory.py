@@ -42,6 +42,9 @@ class StageLayout:
     """Tensor-parallel degree inside the stage."""
     data: int
     """Data-parallel degree inside the stage: replicas that split each micro-batch."""
+    pool: int = 0
+    """The pool of a mixed cluster the stage runs on (`planner.vocabulary.pools`); 0 on
+    a cluster of one kind."""
 
     @property
     def devices(self) -> int:

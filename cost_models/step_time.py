@@ -36,13 +36,24 @@ from cost_models import engine_memory, memory
 from cost_models.comm import group_collective_time
 from cost_models.data_parallel import data_parallel_comm, hidden
 from cost_models.eight_bit_adam import STEP_BYTES, eight_bit, paged_bytes
-from cost_models.offload import gpus_per_host, host_fits, offload_time, optimizer_off_gpu
+from cost_models.offload import (
+    OffloadBytes,
+    gpus_per_host,
+    host_fits,
+    offload_time,
+    optimizer_off_gpu,
+)
 from cost_models import adapters
 from cost_models.adapters import adapter_ops, trained_parameters
 from planner.vocabulary.efficiency import Efficiency
 from cost_models.kernel_time import Pass, pass_seconds, weight_gradient_seconds
 from cost_models.layer_mix import layer_variants
-from cost_models.model_flops import MODEL_FLOPS_COUNT, model_flops_utilization, step_flops
+from cost_models.model_flops import (
+    MODEL_FLOPS_COUNT,
+    model_flops_utilization,
+    peak_flops,
+    step_flops,
+)
 from cost_models.pipeline_timing import StagePhases, pipeline_time
 from cost_models.moe_dispatch import expert_split, host_sync, moe_layer_comm
 from cost_models.saved_activations import activation_element_bytes as activation_bytes
@@ -53,6 +64,7 @@ from cost_models.pipeline_memory import (
     layer_parameters,
     recomputed_layers,
     stage_parameters,
+    stage_memories,
     stages_peak_memory,
     uniform_stages,
 )
@@ -75,6 +87,7 @@ from cost_models.torchtitan_kernels import (
     torchtitan_layer_ops,
 )
 from planner.vocabulary.cluster import Cluster, DeviceSpec
+from planner.vocabulary.pools import AnyCluster, PooledCluster, on_pool
 
 if TYPE_CHECKING:
     from cost_models.layer_collectives import LayerCollectives
@@ -403,25 +416,26 @@ def predict_step(
 
 def predict_stages(
     model: TransformerConfig,
-    cluster: Cluster,
+    cluster: AnyCluster,
     parallel: ParallelConfig,
     stages: list[StageLayout],
     flash_attention: bool | None = None,
     collectives: LayerCollectives | None = None,
 ) -> StepPrediction:
-    """Predict a pipeline whose stages may differ in layers and mesh (Alpa's space).
+    """Predict a pipeline whose stages may differ in layers and mesh (Alpa's space), and
+    on a pooled cluster in the machines they run on (each stage on its `pool`'s).
 
     `parallel` gives the knobs shared by all stages; its data degree and micro-batch size
     fix the sequences of one micro-batch (`micro_batch_size x data`), which each stage
     splits over its own data-parallel replicas.
     """
-    if flash_attention is None:  # 'auto' attention runs as the device does
-        flash_attention = cluster.device.flash_attention
+    on = [on_pool(cluster, stage.pool) for stage in stages]
+    if flash_attention is None:  # 'auto' attention runs as the devices do
+        flash_attention = all(here.device.flash_attention for here in on)
     num_gpus = cluster.num_devices
     p, v = len(stages), parallel.pipelining.virtual_pipeline
     sequences = parallel.batch.micro_batch_size * parallel.dims.data
     m = parallel.batch.global_batch_size // sequences
-    device, eff = cluster.device, cluster.device.efficiency
     p2p = _pipeline_p2p(model, parallel, stages, cluster) if p > 1 else 0.0
     phases, local = _stage_phases(model, cluster, parallel, stages, flash_attention,
                                   collectives, p2p)
@@ -433,9 +447,10 @@ def predict_stages(
     params = stage_parameters(model, stages, parallel)
     trained = [trained_parameters(model, local[i][0], params[i], stages[i].layers)
                for i in range(p)]
-    reductions = {(params[i], id(local[i][0]), stages[i].layers): i for i in range(p)}
+    reductions = {(params[i], id(local[i][0]), stages[i].layers, stages[i].pool): i
+                  for i in range(p)}
     data_s = max(
-        data_parallel_comm(params[i], local[i][0], cluster, local[i][1], stages[i].layers,
+        data_parallel_comm(params[i], local[i][0], on[i], local[i][1], stages[i].layers,
                            recomputed_layers(parallel, stages[i].layers),
                            sum(layer_parameters(model, local[i][0])), trained[i])
         for i in reductions.values()
@@ -443,22 +458,33 @@ def predict_stages(
     step_bytes = STEP_BYTES if eight_bit(parallel) else ADAM_BYTES_PER_PARAMETER
     optimizer_s = (1 - optimizer_off_gpu(parallel)) * max(
         trained[i] / (stages[i].data if parallel.sharding.zero_stage >= 1 else 1)
+        * step_bytes / (on[i].device.memory_bandwidth_gbs * 1e9
+                        * on[i].device.efficiency.memory)
         for i in range(p)
-    ) * step_bytes / (device.memory_bandwidth_gbs * 1e9 * eff.memory)
+    )
 
     replays = sum(recomputed_layers(parallel, stage.layers) for stage in stages)
     model_flops, hardware_flops = step_flops(model, parallel, replays)
-    worst_memory = stages_peak_memory(model, cluster, parallel, stages, flash_attention)
-    offload_s = 0.0
-    moved = worst_memory.offloaded
-    if moved is not None and moved.paged_state:
-        free = device.memory_gib * 2**30 - worst_memory.reserved - worst_memory.reserve
-        moved = replace(moved, paged_moved=paged_bytes(moved.paged_state, free))
-    if moved is not None:
-        offload_s = max(
-            offload_time(moved, parallel, cluster, m, phases[i].forward, phases[i].backward,
-                         stages[i].layers).total for i in range(p))
+    if isinstance(cluster, Cluster):
+        # Stages alike but in their in-flight micro-batches: the worst stands for all.
+        worst = 0
+        held = [stages_peak_memory(model, cluster, parallel, stages, flash_attention)] * p
+    else:  # each stage against its own pool's devices and hosts
+        held = stage_memories(model, on[0], parallel, stages, flash_attention)
+        worst = max(range(p), key=lambda i: held[i].total / on[i].usable_memory_bytes)
+    moved = [_paged_in(held[i], on[i]) for i in range(p)]
+    offload_s = max((offload_time(moved[i], parallel, on[i], m, phases[i].forward,
+                                  phases[i].backward, stages[i].layers).total
+                     for i in range(p) if moved[i] is not None), default=0.0)
     step = pipeline_s + data_s + optimizer_s + offload_s
+    precision = parallel.numerics.precision
+    if isinstance(cluster, Cluster):
+        mfu = model_flops_utilization(model_flops, step, num_gpus, cluster.device, precision)
+    else:  # PaLM's MFU over the summed peaks of the devices the stages run on
+        mfu = model_flops / step / sum(
+            stage.devices * parallel.dims.context * peak_flops(here.device, precision)
+            for stage, here in zip(stages, on))
+    worst_memory, host, moved_here = held[worst], on[worst], moved[worst]
     return StepPrediction(
         step_time_s=step,
         compute_s=m * compute[slowest],
@@ -470,25 +496,35 @@ def predict_stages(
         tokens_per_s=parallel.batch.global_batch_size * model.seq_length / step,
         model_tflops_per_gpu=model_flops / step / num_gpus / 1e12,
         hardware_tflops_per_gpu=hardware_flops / step / num_gpus / 1e12,
-        mfu=model_flops_utilization(model_flops, step, num_gpus, device,
-                                    parallel.numerics.precision),
+        mfu=mfu,
         memory_gib_per_gpu=worst_memory.total / 2**30,
-        fits=worst_memory.fits(cluster.usable_memory_bytes)
-        and host_fits(worst_memory.host, worst_memory.nvme, cluster),
+        fits=all(held[i].fits(on[i].usable_memory_bytes)
+                 and host_fits(held[i].host, held[i].nvme, on[i]) for i in range(p)),
         offload_s=offload_s,
-        host_memory_gib_per_host=worst_memory.host * gpus_per_host(cluster) / 2**30,
-        nvme_gb_per_step=0.0 if moved is None else gpus_per_host(cluster)
-        * (moved.nvme_bytes_read(m) + moved.nvme_write) / 1e9,
-        pcie_gb_per_step=0.0 if moved is None else moved.pcie_bytes(m) / 1e9,
+        host_memory_gib_per_host=worst_memory.host * gpus_per_host(host) / 2**30,
+        nvme_gb_per_step=0.0 if moved_here is None else gpus_per_host(host)
+        * (moved_here.nvme_bytes_read(m) + moved_here.nvme_write) / 1e9,
+        pcie_gb_per_step=0.0 if moved_here is None else moved_here.pcie_bytes(m) / 1e9,
         reserved_gib_per_gpu=(worst_memory.reserved + worst_memory.reserve) / 2**30,
-        reserved_fits=worst_memory.reserved_fits(cluster.usable_memory_bytes),
+        reserved_fits=all(held[i].reserved_fits(on[i].usable_memory_bytes)
+                          for i in range(p)),
         memory_breakdown_gib=memory.breakdown_gib(worst_memory),
     )
 
 
+def _paged_in(held: memory.MemoryBreakdown, cluster: Cluster) -> OffloadBytes | None:
+    """What a stage holding `held` moves off its GPUs, with a paged optimizer's state
+    paged out where it does not fit beside the allocator's pool (`eight_bit_adam`)."""
+    moved = held.offloaded
+    if moved is not None and moved.paged_state:
+        free = cluster.device.memory_gib * 2**30 - held.reserved - held.reserve
+        moved = replace(moved, paged_moved=paged_bytes(moved.paged_state, free))
+    return moved
+
+
 def stage_phases(
     model: TransformerConfig,
-    cluster: Cluster,
+    cluster: AnyCluster,
     parallel: ParallelConfig,
     stages: list[StageLayout],
     flash_attention: bool | None = None,
@@ -497,14 +533,15 @@ def stage_phases(
     """Each stage's seconds per micro-batch by phase, as `predict_stages` prices them (the
     pipeline's time is made of these)."""
     if flash_attention is None:
-        flash_attention = cluster.device.flash_attention
+        flash_attention = all(on_pool(cluster, stage.pool).device.flash_attention
+                              for stage in stages)
     p2p = _pipeline_p2p(model, parallel, stages, cluster) if len(stages) > 1 else 0.0
     return _stage_phases(model, cluster, parallel, stages, flash_attention, collectives,
                          p2p)[0]
 
 
 def _stage_phases(
-    model: TransformerConfig, cluster: Cluster, parallel: ParallelConfig,
+    model: TransformerConfig, cluster: AnyCluster, parallel: ParallelConfig,
     stages: list[StageLayout], flash_attention: bool, collectives: LayerCollectives | None,
     p2p: float,
 ) -> tuple[list[StagePhases], list[tuple[ParallelConfig, Pass]]]:
@@ -513,29 +550,30 @@ def _stage_phases(
     collectives on the end stages, each chunk gathering the slices it receives."""
     p, v = len(stages), parallel.pipelining.virtual_pipeline
     sequences = parallel.batch.micro_batch_size * parallel.dims.data
-    device = cluster.device
     phases, local = [], []
-    passes: dict[tuple[int, int], tuple[Pass, Pass]] = {}  # stages alike share one
+    passes: dict[tuple[int, int, int], tuple[Pass, Pass]] = {}  # stages alike share one
     priced: dict[tuple, tuple[StagePhases, ParallelConfig, Pass]] = {}
     for index, stage in enumerate(stages):
         first, last = index == 0, index == p - 1
-        key = (stage.tensor, stage.data, stage.layers, first, last)
+        key = (stage.tensor, stage.data, stage.layers, first, last, stage.pool)
         if key not in priced:
+            machines = on_pool(cluster, stage.pool)
             here = parallel.but(tensor=stage.tensor, data=stage.data,
                                 micro_batch_size=sequences // stage.data)
-            if (stage.tensor, stage.data) not in passes:
-                passes[stage.tensor, stage.data] = _layer_pass(model, here, cluster,
-                                                              flash_attention, collectives)
-            kernels, layer_comm = passes[stage.tensor, stage.data]
+            mesh = (stage.tensor, stage.data, stage.pool)
+            if mesh not in passes:
+                passes[mesh] = _layer_pass(model, here, machines, flash_attention, collectives)
+            kernels, layer_comm = passes[mesh]
             replayed = recomputed_layers(parallel, stage.layers)
-            head = _head_pass(model, here, device, stage.tensor) if last else Pass(0.0, 0.0)
+            head = _head_pass(model, here, machines.device, stage.tensor) if last \
+                else Pass(0.0, 0.0)
             # The embedding's and the head's own collectives on the first and last stage.
             layout = rank_layout(here)
-            ends = price(end_collectives(model, layout, first, last), here, cluster)
+            ends = price(end_collectives(model, layout, first, last), here, machines)
             # Each of the stage's v chunks gathers the slices it receives and their
             # gradients.
             slices = price(boundary_collectives(model, layout, first and v == 1,
-                                                last and v == 1), here, cluster) \
+                                                last and v == 1), here, machines) \
                 if p > 1 else Pass(0.0, 0.0)
             priced[key] = (StagePhases(
                 forward=stage.layers * kernels.forward + head.forward,
@@ -556,22 +594,39 @@ def _stage_phases(
 
 def _pipeline_p2p(
     model: TransformerConfig, parallel: ParallelConfig, stages: list[StageLayout],
-    cluster: Cluster,
+    cluster: AnyCluster,
 ) -> float:
     """Activation out and gradient in, per micro-batch, across the slowest stage boundary;
     each rank sends its 1/t slice (sequence parallelism's, or Megatron's scatter-gather:
-    the all-gathers that undo it are priced with the stage's collectives)."""
+    the all-gathers that undo it are priced with the stage's collectives). On a pooled
+    cluster, the stages of each pool as above on its machines, and each boundary from one
+    pool to the next over the link between pools."""
     seq = model.seq_length / parallel.dims.context
     sequences = parallel.batch.micro_batch_size * parallel.dims.data
     element = activation_bytes(parallel.numerics.precision)
-    nbytes = max(
-        sequences / stage.data * seq * model.hidden_size * element
-        / stage.tensor
-        for stage in stages
-    )
-    # The stages as one group, `devices` apart: it spans domains when the pipeline does.
-    stride = min(stage.devices for stage in stages) * parallel.dims.context
-    return 2 * group_collective_time("send_recv", nbytes, len(stages), stride, cluster)
+
+    def slice_bytes(group: list[StageLayout]) -> float:
+        return max(sequences / stage.data * seq * model.hidden_size * element / stage.tensor
+                   for stage in group)
+
+    if isinstance(cluster, Cluster):
+        runs, crossings = [stages], []
+    else:
+        runs = [[s for s in stages if s.pool == pool] for pool in dict.fromkeys(
+            stage.pool for stage in stages)]
+        crossings = [pair for pair in zip(stages, stages[1:]) if pair[0].pool != pair[1].pool]
+    seconds = [
+        # The stages as one group, `devices` apart: it spans domains when the pipeline does.
+        2 * group_collective_time("send_recv", slice_bytes(run), len(run),
+                                  min(stage.devices for stage in run) * parallel.dims.context,
+                                  on_pool(cluster, run[0].pool))
+        for run in runs if len(run) > 1
+    ] + [
+        2 * group_collective_time("send_recv", slice_bytes(list(pair)), 2, 1,
+                                  cluster.crossing)
+        for pair in crossings if isinstance(cluster, PooledCluster)
+    ]
+    return max(seconds, default=0.0)
 
 
 @dataclass(frozen=True)

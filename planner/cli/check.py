@@ -15,11 +15,12 @@ from rich.table import Table
 from planner.cli.console import console
 from planner.cli.errors import UsageError
 from planner.cli.fault_flags import check_fault_flags, faults_given, refuse_faults
-from planner.cli.model_args import load, load_cluster
+from planner.cli.model_args import load, load_any_cluster
 from planner.checks.operator import RELATIVE_TOLERANCE
 from planner.checks.check_report import PlanCheckReport, operator_report, training_report
 from planner.cli.plan_command import mesh_for, plan_on_mesh, print_plan
 from planner.vocabulary.cluster import Cluster
+from planner.vocabulary.pools import AnyCluster, PooledCluster
 from planner.models.sources import with_weights
 from planner.checks.training_check import ActivationRow, PlanComparison, compare
 from planner.cli.fault_report import (
@@ -39,9 +40,13 @@ MAX_LOCAL_RANKS = 16
 def run_check(args: argparse.Namespace) -> int:
     from planner.checks.operator import check_plan
 
-    cluster = load_cluster(args)
+    cluster = load_any_cluster(args)
     if args.gpus is not None:
         return run_training_check(args, cluster)
+    if isinstance(cluster, PooledCluster):
+        raise UsageError(f"--cluster {args.cluster} has pools: check a training plan "
+                         f"(--gpus {cluster.num_devices} --global-batch-size B); a --mesh "
+                         "plan runs on one kind of device")
     refuse_faults(args, "give --gpus (a training plan of a zoo or hf: transformer)")
     ranks = math.prod(mesh_for(args, cluster))
     if ranks > MAX_LOCAL_RANKS:
@@ -94,7 +99,7 @@ def print_check(report) -> None:
         console.print(f"  {line}")
 
 
-def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
+def run_training_check(args: argparse.Namespace, cluster: AnyCluster) -> int:
     """`plan check MODEL --gpus N ...`: plan (keeping the knobs given) as Tessel's runtime
     runs it (engine tessel), train the best plan on N local gloo ranks and the same steps
     in one process, and compare the losses and parameters with one process and the
@@ -141,6 +146,9 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
     # A model of one's own, or a transformer whose operators the intra-op ILP shards: its
     # traced graph is planned (a zoo or hf: model trains with weights of its own
     # initialisation).
+    if isinstance(cluster, PooledCluster) and (loaded.config is None or faults_given(args)):
+        raise UsageError(f"--cluster {args.cluster} has pools: plan check runs a zoo or hf: "
+                         "transformer's plan across them, without faults")
     if loaded.config is None or args.intra_op == "ilp":
         refuse_faults(args, "they run the transformer plans of --intra-op analytic, not "
                       "graph plans")
@@ -163,8 +171,13 @@ def run_training_check(args: argparse.Namespace, cluster: Cluster) -> int:
     # What the runtime runs of this model fixes knobs before the search, and of the
     # plans ranked the best it runs is the one trained: no rank refuses it.
     parts = _fix_what_the_runtime_dictates(args, loaded, hf_config)
-    plans, model, loaded = plan_from_flags(args, cluster, console, top=RUNNABLE_CANDIDATES,
-                                           loaded=loaded)
+    if isinstance(cluster, PooledCluster):
+        from planner.cli.pool_command import pooled_plans
+
+        plans, model = pooled_plans(args, cluster, console, RUNNABLE_CANDIDATES, loaded)
+    else:
+        plans, model, loaded = plan_from_flags(args, cluster, console,
+                                               top=RUNNABLE_CANDIDATES, loaded=loaded)
     plan, spec = _refuse_what_the_runtime_cannot_run(args, plans, parts)
     if not faults_given(args):  # a fault run is read for its verdict: the plan follows it
         print_training_plans([plan], console)

@@ -9,6 +9,7 @@ from typing import Any
 from planner.cli.errors import UsageError
 from planner.cli.parsing import gibibytes, seconds, whole
 from planner.vocabulary.cluster import Cluster
+from planner.vocabulary.pools import AnyCluster, PooledCluster, load_any
 from planner.megatron.arguments import layer_pattern
 from planner.models.flags import NORMALIZATION, POSITION_EMBEDDING, SWITCHES, VALUE_FLAGS
 from planner.models.sources import ACCEPTED_FORMS, LoadedModel
@@ -127,8 +128,25 @@ def add_segment_argument(parser: argparse.ArgumentParser) -> None:
 
 def load_cluster(args: argparse.Namespace) -> Cluster:
     """--cluster with the --segment and --memory-headroom asked for; UsageError naming
-    the flag."""
-    cluster = Cluster.load(args.cluster)
+    the flag (and for a mixed cluster's file, which only `plan` takes)."""
+    cluster = load_any_cluster(args)
+    if isinstance(cluster, PooledCluster):
+        raise UsageError(f"--cluster {args.cluster}: a mixed cluster (pools) is planned by "
+                         "`plan` and `plan check` only; give one pool's cluster here")
+    return cluster
+
+
+def load_any_cluster(args: argparse.Namespace) -> AnyCluster:
+    """--cluster, one kind of machine or pools of several (`planner.vocabulary.pools`),
+    with the --segment and --memory-headroom asked for; UsageError naming the flag."""
+    cluster = load_any(args.cluster)
+    if isinstance(cluster, PooledCluster):
+        if not args.memory_headroom:
+            return cluster
+        try:
+            return cluster.with_memory_headroom(args.memory_headroom)
+        except ValueError as error:
+            raise UsageError(f"--memory-headroom {args.memory_headroom:g}: {error}") from None
     if getattr(args, "segment", None) is not None:
         try:
             cluster = cluster.with_segments(args.segment)

@@ -13,9 +13,10 @@ from passes.deadline import DeadlinePassed
 from planner.cli.console import console
 from planner.cli.errors import UsageError
 from planner.cli.output import write_json
-from planner.cli.model_args import load, load_cluster
+from planner.cli.model_args import load, load_any_cluster
 from planner.cli.parallel_flags import training_flags_given
 from planner.vocabulary.cluster import Cluster
+from planner.vocabulary.pools import PooledCluster
 from planner.models.sources import LoadedModel
 
 # Strategies per op grow exponentially with mesh axes (each axis multiplies the
@@ -89,7 +90,16 @@ def plan_on_mesh(args: argparse.Namespace, loaded: LoadedModel, cluster: Cluster
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    cluster = load_cluster(args)
+    any_cluster = load_any_cluster(args)
+    if isinstance(any_cluster, PooledCluster):
+        if args.gpus is None:
+            raise UsageError(f"--cluster {args.cluster} has pools: give --gpus "
+                             f"{any_cluster.num_devices} --global-batch-size B for a training "
+                             "plan (an operator-level --mesh plan runs on one kind of device)")
+        from planner.cli.pool_command import run_pooled_training
+
+        return run_pooled_training(args, any_cluster, console)
+    cluster = any_cluster
     if args.gpus is not None:
         from planner.cli.train import run_training
 

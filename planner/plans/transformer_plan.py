@@ -29,7 +29,8 @@ from cost_models.step_time import (
 )
 from cost_models.training_collectives import by_kind, rank_collectives
 from planner.vocabulary.cluster import Cluster, calibration_of
-from planner.vocabulary.evidence import prediction_band
+from planner.vocabulary.pools import AnyCluster, PooledCluster, on_pool
+from planner.vocabulary.evidence import Band, prediction_band
 from planner.export.megatron import (
     megatron_flags,
     megatron_incompatibility,
@@ -90,7 +91,7 @@ def ranked_plans(
 
 
 def training_plan(
-    name: str, model: TransformerConfig, cluster: Cluster, parallel: ParallelConfig,
+    name: str, model: TransformerConfig, cluster: AnyCluster, parallel: ParallelConfig,
     layers_per_stage: list[int] | None = None, stages: tuple[StageLayout, ...] | None = None,
     collectives: LayerCollectives | None = None, prediction: StepPrediction | None = None,
     parameter_names: Callable[[str], str] | None = None,
@@ -109,13 +110,16 @@ def training_plan(
     else:
         layouts, layers = list(stages), [stage.layers for stage in stages]
     if prediction is None:
-        prediction = predict_stages(model, cluster, parallel, layouts,
-                                    cluster.device.flash_attention, collectives)
+        prediction = predict_stages(model, cluster, parallel, layouts, None, collectives)
     if stages is None:
         incompatibility = megatron_model_incompatibility(model) or \
             megatron_incompatibility(parallel, layers, chunk_layers)
     else:
         incompatibility = "its pipeline stages run on different meshes (Alpa's space)"
+        if isinstance(cluster, PooledCluster):
+            used = [cluster.pools[i].name for i in dict.fromkeys(s.pool for s in stages)]
+            incompatibility = (f"its pipeline stages run on different machines (pools "
+                               f"{', '.join(used)}); Megatron-LM runs one kind of GPU")
         first = stages[0]
         # Degrees as the first stage sees them; `stages` in the plan has every mesh.
         parallel = parallel.but(
@@ -135,7 +139,7 @@ def training_plan(
 
 
 def _plan(
-    name: str, model: TransformerConfig, cluster: Cluster, parallel: ParallelConfig,
+    name: str, model: TransformerConfig, cluster: AnyCluster, parallel: ParallelConfig,
     layouts: list[StageLayout], prediction: StepPrediction, flags: list[str] | None,
     incompatibility: str | None, chunk_layers: list[int] | None = None,
     collectives: LayerCollectives | None = None,
@@ -143,7 +147,7 @@ def _plan(
     """The Plan of a configuration whose stages run on `layouts`' meshes, each stage with
     its phases and peak memory as the predictor priced them."""
     phases = stage_phases(model, cluster, parallel, layouts, None, collectives)
-    peaks = stage_memories(model, cluster, parallel, layouts)
+    peaks = stage_memories(model, on_pool(cluster, layouts[0].pool), parallel, layouts)
     stages, first_layer, first_device = [], 0, 0
     virtual = parallel.pipelining.virtual_pipeline
     interleaved = _chunk_bounds(chunk_layers) if chunk_layers and virtual > 1 \
@@ -159,6 +163,8 @@ def _plan(
         devices = layout.devices * parallel.dims.context
         layers = (first_layer, first_layer + layout.layers)
         stage = Stage(layers=layers, first_device=first_device, num_devices=devices,
+                      pool=cluster.pools[layout.pool].name
+                      if isinstance(cluster, PooledCluster) else None,
                       mesh_axes=axes, mesh_shape=shape,
                       virtual_chunks=parallel.pipelining.virtual_pipeline,
                       chunks=[c for c, at in zip(interleaved, owner) if at == index]
@@ -176,10 +182,12 @@ def _plan(
     breakdown = Breakdown(**{k: values.pop(k) for k in Breakdown.model_fields})
     communication = (breakdown.tensor_parallel_comm_s + breakdown.pipeline_comm_s
                      + breakdown.data_parallel_comm_s)
+    machines = [on_pool(cluster, pool) for pool in dict.fromkeys(s.pool for s in layouts)]
     return Plan(
         model=name, architecture=model, cluster=cluster.name, num_gpus=first_device,
-        devices_per_host=min(cluster.devices_per_host, first_device),
-        devices_per_node=min(cluster.devices_per_node, first_device), mesh_axes=mesh_axes,
+        devices_per_host=min(min(m.devices_per_host for m in machines), first_device),
+        devices_per_node=min(min(m.devices_per_node for m in machines), first_device),
+        mesh_axes=mesh_axes,
         mesh_shape=mesh_shape,
         parallel=ParallelDegrees.of(parallel, model.is_moe),
         run=RunSettings(**{name: parallel.knob(name) for name in RunSettings.model_fields}),
@@ -190,16 +198,32 @@ def _plan(
         precision=parallel.numerics.precision, stages=stages,
         predicted=Predicted(**values, compute_s=breakdown.compute_s,
                             communication_s=communication, breakdown=breakdown,
-                            ).with_band(prediction_band(
-                                parallel.execution.engine, model, cluster.device.name,
-                                cluster.device.calibration is not None,
-                                offload_or_adapters=offloads(parallel)
-                                or parallel.finetuning.adapters)),
+                            ).with_band(_band(model, parallel, machines)),
         megatron_flags=flags, megatron_incompatibility=incompatibility,
         provenance=Provenance(model_spec=name, cluster=cluster.name,
-                              calibration=calibration_of(cluster.device),
+                              calibration="; ".join(
+                                  f"{m.device.name}: {calibration_of(m.device)}"
+                                  for m in machines) if len(machines) > 1
+                              else calibration_of(machines[0].device),
                               tessel_version=tessel_version()),
     )
+
+
+def _band(model: TransformerConfig, parallel: ParallelConfig, machines: list[Cluster]) -> Band:
+    """The band of a plan on `machines` (one kind, or the pools a pipeline crosses): the
+    evidence's for its kind of run; across pools, the widest of the pools' bands taken as
+    uncalibrated, since no published run mixes GPU kinds."""
+    bands = [prediction_band(parallel.execution.engine, model, m.device.name,
+                             m.device.calibration is not None and len(machines) == 1,
+                             offload_or_adapters=offloads(parallel)
+                             or parallel.finetuning.adapters) for m in machines]
+    widest = max(bands, key=lambda band: band.high / band.low)
+    if len(machines) == 1:
+        return widest
+    return widest.model_copy(update={
+        "method": f"a pipeline across pools of {' and '.join(m.device.name for m in machines)}"
+                  f": no published run mixes GPU kinds, so the widest pool's band as "
+                  f"uncalibrated ({widest.method})"})
 
 
 def _with_contents(

@@ -86,7 +86,7 @@ def search_auto(
     # The Megatron space and the stage DPs of each micro-batch size are independent: a
     # forked child runs the first and then takes micro-batch sizes from the largest down,
     # while this process takes them from the smallest up, until the two meet.
-    groups = _shared_knobs(model, cluster, gbs, fixed)
+    groups = shared_knob_groups(model, cluster, gbs, fixed)
     queue = BothEnds(len(groups))
     other = start_forked(_megatron_and_stages, model, cluster, gbs, fixed, flash_attention,
                          collectives, groups, queue)
@@ -170,7 +170,7 @@ def _candidate(stages: list[StageLayout], shared: ParallelConfig) -> Candidate:
     return Candidate(uniform, split)
 
 
-def _shared_knobs(
+def shared_knob_groups(
     model: TransformerConfig, cluster: Cluster, gbs: int, fixed: FixedKnobs
 ) -> list[list[ParallelConfig]]:
     """Per micro-batch size, the settings all stages share, least memory relief first.

@@ -162,6 +162,9 @@ class Stage(_Model):
     first_device: int = Field(default=0, ge=0, description="First global rank of the stage; "
                               "it runs on ranks first_device .. first_device + num_devices - 1.")
     num_devices: int = Field(ge=1, description="Devices the stage runs on.")
+    pool: str | None = Field(default=None, description="The pool of a mixed cluster whose "
+                             "machines the stage runs on (`plan` with a cluster file of "
+                             "pools); None on a cluster of one kind.")
     mesh_axes: list[str] = Field(description="Names of the stage mesh's axes, outermost first.")
     mesh_shape: list[int] = Field(description="Logical mesh of the stage, e.g. [data, tensor].")
     virtual_chunks: int = Field(default=1, ge=1, description="Model chunks the stage holds "
