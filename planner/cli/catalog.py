@@ -121,6 +121,9 @@ def run_clusters(args: argparse.Namespace) -> int:
             _figure(cluster.inter_node.bandwidth_gbs),
         )
     console.print(table)
+    console.print("sources (each preset's description; the preset file cites every number):")
+    for name, cluster in clusters.items():
+        console.print(f"  {name}: {' '.join(cluster.description.split())}", highlight=False)
     # Whether each preset's efficiency was fitted and to what; the band of a dense
     # Megatron-LM prediction on it (every kind's: `plan calibration`).
     console.print("calibration (band: measured / predicted step time of a dense Megatron-LM "

@@ -1,7 +1,7 @@
 """`plan ... --emit ENGINES DIR`: the best plan's launch files for the engines people run.
 
     plan llama3-70b --cluster dgx-h100 --gpus 256 --global-batch-size 1024 \\
-        --emit megatron,torchtitan,deepspeed,pytorch,slurm,ray launch/
+        --emit megatron,torchtitan,deepspeed,pytorch,slurm,ray,maxtext,neuronx launch/
 
 writes each engine's files into DIR (`planner.export.engines`) and prints one line per
 engine: the files written, or why that engine cannot run the plan (and no file). Both

@@ -140,14 +140,8 @@ def load_any_cluster(args: argparse.Namespace) -> AnyCluster:
     """--cluster, one kind of machine or pools of several (`planner.vocabulary.pools`),
     with the --segment and --memory-headroom asked for; UsageError naming the flag."""
     cluster = load_any(args.cluster)
-    if isinstance(cluster, PooledCluster):
-        if not args.memory_headroom:
-            return cluster
-        try:
-            return cluster.with_memory_headroom(args.memory_headroom)
-        except ValueError as error:
-            raise UsageError(f"--memory-headroom {args.memory_headroom:g}: {error}") from None
-    if getattr(args, "segment", None) is not None:
+    # (A mixed cluster takes no --segment: `plan` refuses it there by name.)
+    if getattr(args, "segment", None) is not None and isinstance(cluster, Cluster):
         try:
             cluster = cluster.with_segments(args.segment)
         except ValueError as error:

@@ -5,7 +5,9 @@ does not hold); this registry is the one place that knows them all. Slurm and Ra
 are launchers: they start what torchrun would, Megatron-LM's `pretrain_gpt.py` with the
 plan's flags where Megatron-LM can run the plan, else the PyTorch export's script; for a
 graph plan (a model of one's own), the PyTorch export is `train_graph.py` on Tessel's
-runtime (`planner.export.graph_script`).
+runtime (`planner.export.graph_script`). MaxText (TPUs, and GPUs) and NeuronX Distributed
+Training (Trainium) get the plan's degrees in their own config keys
+(`planner.export.maxtext`, `planner.export.neuronx`).
 
 `engine_files(name, plan, model)` returns {file name: text}, or raises `Refusal` with the
 one line saying why that engine cannot run the plan.
@@ -20,7 +22,8 @@ if TYPE_CHECKING:  # the exporters are imported when used: `plan` starts without
     from planner.models.config import TransformerConfig
     from planner.vocabulary.plan import Plan
 
-ENGINES = ("megatron", "torchtitan", "deepspeed", "pytorch", "slurm", "ray")
+ENGINES = ("megatron", "torchtitan", "deepspeed", "pytorch", "slurm", "ray", "maxtext",
+           "neuronx")
 
 
 class Refusal(ValueError):
@@ -50,7 +53,7 @@ def workload(plan: Plan, model: TransformerConfig | None) -> tuple[list[str], di
 
 def _exporters() -> dict[str, Callable[[Plan, TransformerConfig | None], dict[str, str]]]:
     from planner.export import deepspeed, megatron_launch, pytorch_script, ray_train, slurm
-    from planner.export import torchtitan
+    from planner.export import maxtext, neuronx, torchtitan
 
     return {
         "megatron": lambda plan, model: megatron_launch.megatron_script(plan),
@@ -59,6 +62,8 @@ def _exporters() -> dict[str, Callable[[Plan, TransformerConfig | None], dict[st
         "pytorch": pytorch_script.pytorch_files,
         "slurm": lambda plan, model: slurm.slurm_files(plan, *workload(plan, model)),
         "ray": lambda plan, model: ray_train.ray_files(plan, *workload(plan, model)),
+        "maxtext": maxtext.maxtext_files,
+        "neuronx": neuronx.neuronx_files,
     }
 
 

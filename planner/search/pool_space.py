@@ -27,8 +27,8 @@ from typing import Sequence
 import numpy as np
 
 from cost_models import pipeline_schedule
-from cost_models.memory import FRAMEWORK_RESERVE_BYTES
-from cost_models.pipeline_memory import StageLayout
+from cost_models.engine_memory import NON_ALLOCATOR_BYTES
+from cost_models.pipeline_memory import StageLayout, stage_memories
 from cost_models.pipeline_timing import paced_micro_batches
 from cost_models.step_time import StageCosts, StepPrediction, predict_stages, stage_mesh_costs
 from planner.models.config import TransformerConfig
@@ -37,7 +37,6 @@ from planner.search import offload_candidates, search
 from planner.search.alpa_space import MAX_STAGES, shared_knob_groups
 from planner.search.megatron_space import (
     Candidate,
-    SearchResult,
     SearchSpace,
     rank_key,
     tensor_degrees,
@@ -169,13 +168,15 @@ def _placements(
     fixed: FixedKnobs,
 ) -> tuple[list[PoolPlan], int]:
     """Pipelines across every pool under `shared`'s knobs: the best few by stage costs
-    predicted whole, the best of those refined; and how many predictions that took."""
+    predicted whole (each fitted to its pools' memory), the best of those refined; and how
+    many predictions that took."""
     b = shared.batch.micro_batch_size
     micro_batches = shared.batch.global_batch_size // b
     most = min(MAX_STAGES, model.num_layers, micro_batches)
     costs: dict[tuple[int, int, int], StageCosts] = {}
-    options = [_pool_meshes(model, pooled.pool(i), shared, fixed) for i in range(len(pooled.pools))]
-    scored: list[tuple[float, list[StageLayout]]] = []
+    options = [_pool_meshes(model, pooled.pool(i), shared, fixed)
+               for i in range(len(pooled.pools))]
+    scored: list[tuple[float, _Placement]] = []
     for order in itertools.permutations(range(len(pooled.pools))):
         for meshes in itertools.product(*(options[i] for i in order)):
             count = sum(stages for _, _, stages in meshes)
@@ -186,23 +187,97 @@ def _placements(
             for pool, (t, d) in zip(pools, shapes):
                 if (pool, t, d) not in costs:
                     costs[pool, t, d] = stage_mesh_costs(model, pooled.pool(pool), shared, t, d)
-            layers = _balanced(model, pooled, shared, pools, shapes, costs, micro_batches)
-            if layers is None:
-                continue
-            stages = [StageLayout(n, t, d, pool)
-                      for n, (t, d), pool in zip(layers, shapes, pools)]
-            scored.append((_objective(stages, costs, micro_batches), stages))
+            placement = _Placement.of(model, pooled, shared, pools, shapes, costs,
+                                      micro_batches)
+            layers = placement.balanced()
+            if layers is not None:
+                scored.append((placement.objective(layers), placement))
     scored.sort(key=lambda item: item[0])
-    plans = [_predicted(model, pooled, shared, stages) for _, stages in
-             scored[:PREDICTED_PER_SETTING]]
-    evaluated = len(plans)
-    fitting = [plan for plan in plans if plan.prediction.fits]
-    if fitting:
+    plans, evaluated = [], 0
+    for _, placement in scored[:PREDICTED_PER_SETTING]:
+        plan, tries = _fitted(model, pooled, shared, placement)
+        evaluated += tries
+        if plan is not None:
+            plans.append(plan)
+    if plans:
         refined, tries = _refine(model, pooled, shared,
-                                 min(fitting, key=lambda plan: rank_key(plan.prediction)))
+                                 min(plans, key=lambda plan: rank_key(plan.prediction)))
         plans.append(refined)
         evaluated += tries
     return plans, evaluated
+
+
+@dataclass
+class _Placement:
+    """Stages on pools with linear costs: stage k takes slopes[k] x its layers + offsets[k]
+    seconds a micro-batch and holds at most caps[k] layers."""
+
+    pools: list[int]
+    shapes: list[tuple[int, int]]
+    slopes: list[float]
+    offsets: list[float]
+    caps: list[int]
+    num_layers: int
+    paced: int
+
+    @classmethod
+    def of(cls, model: TransformerConfig, pooled: PooledCluster, shared: ParallelConfig,
+           pools: list[int], shapes: list[tuple[int, int]],
+           costs: dict[tuple[int, int, int], StageCosts], micro_batches: int) -> _Placement:
+        """Each stage's cost by `costs`, capped by its pool's memory for the micro-batches
+        it holds in flight (`pipeline_schedule.in_flight`) besides what a device keeps
+        outside the allocator."""
+        p = len(pools)
+        slopes, offsets, caps = [], [], []
+        for k, (pool, (t, d)) in enumerate(zip(pools, shapes)):
+            c = costs[pool, t, d]
+            first, last = k == 0, k == p - 1
+            in_flight = pipeline_schedule.in_flight(shared.pipelining.schedule, p - k, 0,
+                                                    micro_batches)
+            per_layer = c.state_bytes_per_layer + c.activation_bytes_per_layer * in_flight
+            ends = (first + last) * c.state_bytes_embedding + last * c.head_activation_bytes
+            room = pooled.pool(pool).usable_memory_bytes - NON_ALLOCATOR_BYTES - ends
+            slopes.append(c.layer_s)
+            offsets.append(c.p2p_s + last * c.head_s)
+            caps.append(int(room // per_layer) if per_layer > 0 else model.num_layers)
+        return cls(pools, shapes, slopes, offsets, caps, model.num_layers,
+                   paced_micro_batches(micro_batches))
+
+    def balanced(self) -> tuple[int, ...] | None:
+        return balance_layers(self.slopes, self.offsets, self.caps, self.num_layers,
+                              self.paced)
+
+    def objective(self, layers: Sequence[int]) -> float:
+        """Alpa's pipeline objective of `layers` by the linear costs."""
+        times = [a * n + f for a, n, f in zip(self.slopes, layers, self.offsets)]
+        return sum(times) + self.paced * max(times)
+
+    def stages(self, layers: Sequence[int]) -> list[StageLayout]:
+        return [StageLayout(n, t, d, pool)
+                for n, (t, d), pool in zip(layers, self.shapes, self.pools)]
+
+
+def _fitted(model: TransformerConfig, pooled: PooledCluster, shared: ParallelConfig,
+            placement: _Placement) -> tuple[PoolPlan | None, int]:
+    """The balanced split of `placement` predicted whole; where a stage does not fit its
+    pool's memory (the linear costs leave out working buffers), that stage capped below the
+    layers it was given and the split balanced again. None when no split fits."""
+    tries = 0
+    while (layers := placement.balanced()) is not None:
+        stages = placement.stages(layers)
+        plan = _predicted(model, pooled, shared, stages)
+        tries += 1
+        if plan.prediction.fits:
+            return plan, tries
+        held = stage_memories(model, pooled.pool(stages[0].pool), plan.candidate.parallel,
+                              stages)
+        over = [k for k, stage in enumerate(stages)
+                if not held[k].fits(pooled.pool(stage.pool).usable_memory_bytes)]
+        if not over:
+            return None, tries  # the hosts' memory, which more layers elsewhere cannot free
+        for k in over:
+            placement.caps[k] = layers[k] - 1
+    return None, tries
 
 
 def _pool_meshes(model: TransformerConfig, cluster: Cluster, shared: ParallelConfig,
@@ -224,40 +299,6 @@ def _pool_meshes(model: TransformerConfig, cluster: Cluster, shared: ParallelCon
             if not rest and stages >= 1:
                 out.append((tensor, data, stages))
     return out
-
-
-def _balanced(
-    model: TransformerConfig, pooled: PooledCluster, shared: ParallelConfig,
-    pools: list[int], shapes: list[tuple[int, int]],
-    costs: dict[tuple[int, int, int], StageCosts], micro_batches: int,
-) -> tuple[int, ...] | None:
-    """Layers per stage by `balance_layers`, each stage capped by its pool's memory for the
-    micro-batches it holds in flight (`pipeline_schedule.in_flight`)."""
-    p = len(pools)
-    slopes, offsets, caps = [], [], []
-    for k, (pool, (t, d)) in enumerate(zip(pools, shapes)):
-        c = costs[pool, t, d]
-        first, last = k == 0, k == p - 1
-        in_flight = pipeline_schedule.in_flight(shared.pipelining.schedule, p - k, 0,
-                                                micro_batches)
-        per_layer = c.state_bytes_per_layer + c.activation_bytes_per_layer * in_flight
-        fixed_bytes = (first + last) * c.state_bytes_embedding + last * c.head_activation_bytes
-        room = pooled.pool(pool).usable_memory_bytes - FRAMEWORK_RESERVE_BYTES - fixed_bytes
-        slopes.append(c.layer_s)
-        offsets.append(c.p2p_s + last * c.head_s)
-        caps.append(int(room // per_layer) if per_layer > 0 else model.num_layers)
-    return balance_layers(slopes, offsets, caps, model.num_layers,
-                          paced_micro_batches(micro_batches))
-
-
-def _objective(stages: list[StageLayout], costs: dict[tuple[int, int, int], StageCosts],
-               micro_batches: int) -> float:
-    """Alpa's pipeline objective of `stages` by their linear stage costs."""
-    times = [costs[s.pool, s.tensor, s.data].layer_s * s.layers
-             + costs[s.pool, s.tensor, s.data].p2p_s for s in stages]
-    last = stages[-1]
-    times[-1] += costs[last.pool, last.tensor, last.data].head_s
-    return sum(times) + paced_micro_batches(micro_batches) * max(times)
 
 
 def _predicted(model: TransformerConfig, pooled: PooledCluster, shared: ParallelConfig,
@@ -292,9 +333,3 @@ def _refine(model: TransformerConfig, pooled: PooledCluster, shared: ParallelCon
         if not better:
             return plan, tries
         plan = min(better, key=lambda m: rank_key(m.prediction))
-
-
-def as_result(plans: list[PoolPlan], evaluated: int) -> SearchResult:
-    """The pooled search's plans as a `SearchResult` (candidates on the pooled cluster)."""
-    return SearchResult(ranked=[(plan.candidate, plan.prediction) for plan in plans],
-                        evaluated=evaluated)

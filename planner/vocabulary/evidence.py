@@ -39,6 +39,17 @@ _GENERATION_NAMES = (
     ("blackwell-ultra", r"B300|GB300|Blackwell.?Ultra"),
     ("blackwell", r"B100|B200|GB200|RTX 50|Blackwell"),
 )
+_OTHER_GENERATION_NAMES = (
+    ("tpu-v5p", r"TPU.?v5p"),
+    ("tpu-v6e", r"TPU.?v6e|Trillium"),
+    ("tpu-v7", r"TPU.?v?7|Ironwood"),
+    ("trainium2", r"Trainium.?2|Trn2\b"),
+    ("trainium1", r"Trainium|Trn1\b"),
+)
+"""Accelerators outside NVIDIA's line whose generations span several device names (a TPU
+generation's chip by any of its names; Trainium 1 before Trainium 2, which its pattern
+would also match): each is its own generation, far from all (`distance`). Devices named
+by neither table (AMD's, Gaudi's, CPUs) are their own generation by their name."""
 UNSEEN_WIDENING = 2.0
 """How much wider (in log space, each side) the band of a kind with no published run is
 than its nearest measured kind's: an unmeasured kind is assumed twice as uncertain."""
@@ -97,9 +108,10 @@ def family_of(model: TransformerConfig | None) -> Family:
 
 
 def generation_of(device_name: str) -> str:
-    """The GPU generation of a device by its name ('H100-SXM5-80GB' -> 'hopper'); other
-    devices are their own ('MI300X-192GB' -> 'mi300x-192gb')."""
-    for generation, pattern in _GENERATION_NAMES:
+    """The GPU generation of a device by its name ('H100-SXM5-80GB' -> 'hopper'); TPU and
+    Trainium chips by their generation ('TPU7x-Ironwood' -> 'tpu-v7'); other devices are
+    their own ('MI300X-192GB' -> 'mi300x-192gb')."""
+    for generation, pattern in _GENERATION_NAMES + _OTHER_GENERATION_NAMES:
         if re.search(pattern, device_name, re.IGNORECASE):
             return generation
     return device_name.lower()

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 from planner.vocabulary.parallel import (
     ATTENTION_BACKENDS,
@@ -640,6 +640,21 @@ def plan_value(plan: Any, name: str) -> Any:
         if holder is None:
             return knob.default
     return getattr(holder, field)
+
+
+def unmapped_knob(plan: Any, spelt_otherwise: Iterable[str]) -> str | None:
+    """The first priced knob `plan` sets away from its default that an engine has no key
+    for (it spells the knobs in `spelt_otherwise` its own way or leaves them to its
+    compiler), as 'FLAG (plan.field = value)'; None when there is none."""
+    skipped = set(spelt_otherwise)
+    for name, knob in KNOBS.items():
+        if not knob.priced or name in skipped:
+            continue
+        value = plan_value(plan, name)
+        if value != knob.default:
+            flag = knob.cli.key if knob.cli else (knob.megatron.key if knob.megatron else name)
+            return f"{flag} ({knob.plan_field} = {value!r})"
+    return None
 
 
 def spelt(engine: str) -> dict[str, Spelling]:

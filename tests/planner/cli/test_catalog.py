@@ -8,6 +8,7 @@ from pathlib import Path
 
 from planner import cli
 from planner.models.presets import PRESETS
+from planner.vocabulary.cluster import Cluster
 
 
 def test_plan_models_lists_total_and_active_parameters(capsys, monkeypatch,
@@ -48,3 +49,15 @@ def test_plan_clusters_rounds_its_table_and_keeps_the_json_exact(
     presets = json.loads(path.read_text())
     assert presets["aws-p3.16xlarge"]["device"]["memory_gib"] == 15.78125
     assert presets["aws-p3.16xlarge"]["inter_node"]["bandwidth_gbs"] == 0.390625
+
+
+def test_plan_clusters_lists_every_preset_with_its_sources(capsys, monkeypatch) -> None:
+    monkeypatch.setattr(cli.console, "_width", 4000)  # each preset's sources on one line
+    assert cli.main(["clusters"]) == 0
+    out = capsys.readouterr().out
+    listed = out.split("sources (")[1].split("calibration (")[0].splitlines()[1:]
+    sources = {line.split(":")[0].strip(): line for line in listed if line.strip()}
+    assert set(sources) == set(Cluster.presets())
+    for name in ("tpu-v5p", "tpu-v6e", "tpu-v7", "trn1", "trn2", "mi355x", "dgx-b300",
+                 "dgx-h800", "gb300-nvl72"):
+        assert "Sources:" in sources[name] or "Source:" in sources[name], sources[name]

@@ -179,9 +179,10 @@ def case_id(request) -> str:
 
 # Which engines run which case: every other engine must refuse it in one line.
 RUNS = {
-    "gpt3-1.3b-8gpus-data-parallel": {"megatron", "deepspeed", "pytorch", "slurm", "ray"},
-    "gpt3-2.7b-16gpus-tp2-sp-zero0": {"megatron", "pytorch", "slurm", "ray"},
-    "llama3-8b-8gpus-zero3": {"torchtitan", "deepspeed", "pytorch", "slurm", "ray"},
+    "gpt3-1.3b-8gpus-data-parallel": {"megatron", "deepspeed", "pytorch", "slurm", "ray",
+                                      "maxtext"},
+    "gpt3-2.7b-16gpus-tp2-sp-zero0": {"megatron", "pytorch", "slurm", "ray", "maxtext"},
+    "llama3-8b-8gpus-zero3": {"torchtitan", "deepspeed", "pytorch", "slurm", "ray", "maxtext"},
     "llama3-8b-64gpus-interleaved": {"megatron", "torchtitan", "pytorch", "slurm", "ray"},
     # DualPipeV: TorchTitan's; Megatron-LM has no such schedule, the PyTorch script lays
     # chunks out in loop order only.
@@ -579,7 +580,7 @@ def test_cli_emit_writes_every_engine_or_says_why(tmp_path: Path, capsys) -> Non
     written = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert written == sorted(["ds_config.json", "deepspeed.sh", "pytorch_train.py",
                               "ray_train.py", "slurm.sh", "torchtitan.sh",
-                              "torchtitan_config.py"])
+                              "torchtitan_config.py", "maxtext.sh", "maxtext.yml"])
 
 
 @pytest.mark.parametrize(("engines", "fragment"), [

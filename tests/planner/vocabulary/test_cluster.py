@@ -11,7 +11,7 @@ from planner.vocabulary.cluster import MAX_DEVICES, Cluster, LinkSpec
 PRESETS = (
     "cpu", "dgx-a100-40g", "dgx-a100-80g", "dgx-h100", "dgx-h200", "dgx-h800", "dgx-b200",
     "gb200-nvl72", "gb300-nvl72", "mi300x", "mi325x", "gaudi3", "aws-p3.16xlarge", "rtx-4090",
-    "rtx-a6000",
+    "rtx-a6000", "dgx-b300", "mi355x", "tpu-v5p", "tpu-v6e", "tpu-v7", "trn1", "trn2",
 )
 # Volta predates the sanity checks' assumptions (bf16, >= 40 GiB, > 1 TB/s HBM);
 # tests/planner/test_aws_p3_preset.py checks its datasheet numbers instead.
@@ -19,6 +19,9 @@ PRE_BF16 = ("cpu", "aws-p3.16xlarge")
 # Workstation GPUs have GDDR, not HBM (24 GiB, 768 GB/s) and PCIe past an NVLink bridge,
 # if any: tests/planner/vocabulary/test_host_presets.py checks their datasheet numbers.
 WORKSTATION = ("rtx-4090", "rtx-a6000")
+# TPUs list no fp16 peak, Trainium's TF32 runs at its bf16 rate, and v6e and Trainium 1
+# have 32 GiB: tests/planner/vocabulary/test_accelerator_presets.py checks their numbers.
+NOT_GPU = ("tpu-v5p", "tpu-v6e", "tpu-v7", "trn1", "trn2")
 
 
 def test_every_preset_is_listed() -> None:
@@ -37,7 +40,8 @@ def test_presets_load(name: str) -> None:
     assert isinstance(cluster.device.efficiency, Efficiency)
 
 
-@pytest.mark.parametrize("name", [p for p in PRESETS if p not in PRE_BF16 + WORKSTATION])
+@pytest.mark.parametrize("name", [p for p in PRESETS
+                                  if p not in PRE_BF16 + WORKSTATION + NOT_GPU])
 def test_preset_numbers_are_sane(name: str) -> None:
     cluster = Cluster.load(name)
     peaks = cluster.device.peak_tflops

@@ -25,6 +25,10 @@ HOSTS = {
     # DGX B200 user guide: 2x Xeon 8570 (56 cores each), 2 TB in 32 DIMMs, 8x 3.84 TB U.2.
     "dgx-b200": (2 * TB_OF_DRAM_GIB, 2 * 8 * 4400 * 8 / 1000, 2 * 56, 64,
                  8 * 6.9, 8 * 4.0, 8 * 3.84),
+    # DGX B300 (summaries of NVIDIA's figures): 2x Xeon 6776P (64 cores each), 2 TB, 8x 3.84
+    # TB E1.S; memory speed and drive speeds estimated as dgx-b200.yaml's (the preset says).
+    "dgx-b300": (2 * TB_OF_DRAM_GIB, 2 * 8 * 5200 * 8 / 1000, 2 * 64, 64,
+                 8 * 6.9, 8 * 4.0, 8 * 3.84),
     # DGX A100: 2x EPYC 7742 (128 cores, 8 channels of DDR4-3200 each); A100 "PCIe Gen4:
     # 64GB/s"; 640GB model 2 TB and 8x 3.84 TB, 320GB model 1 TB and 4x 3.84 TB.
     "dgx-a100-80g": (2 * TB_OF_DRAM_GIB, 2 * 8 * 3200 * 8 / 1000, 128, 64 / 2,
@@ -46,7 +50,9 @@ HOSTS = {
     "rtx-4090": (128, 2 * 5600 * 8 / 1000, 16, 32, 7, 5, 2),
     "rtx-a6000": (256, 8 * 3200 * 8 / 1000, 32, 32, 7, 5, 2),
 }
-NO_HOST = ("cpu", "mi300x", "mi325x", "gaudi3")  # host chosen by the server vendor
+# Host chosen by the server vendor, or (TPU, Trainium) not published per chip.
+NO_HOST = ("cpu", "mi300x", "mi325x", "gaudi3", "mi355x", "tpu-v5p", "tpu-v6e", "tpu-v7",
+           "trn1", "trn2")
 
 
 @pytest.mark.parametrize("name", sorted(HOSTS))
