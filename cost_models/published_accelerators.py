@@ -70,6 +70,7 @@ from cost_models.step_time import StepPrediction, predict_step
 from planner.models.config import TransformerConfig
 from planner.models.presets import zoo_config
 from planner.vocabulary.cluster import Cluster
+from planner.vocabulary.efficiency import Efficiency
 from planner.vocabulary.parallel import ParallelConfig
 
 CSV = CALIBRATION / "published_accelerators.csv"
@@ -98,18 +99,6 @@ TRILLIUM_LLAMA_8B = TRILLIUM_LLAMA_70B | {"out_proj"}
 """tpu-recipes training/trillium/Llama3.1-8B-MaxText/v6e-256/README.md @a9e09290: those and
 out_proj = offload (llama3_1_8b_8192)."""
 
-KNOWN_MISSES = {
-    "GB300": "gb300-nvl72 borrows GB200's fitted efficiency at the same datasheet bf16/fp8 "
-             "peaks, so it predicts GB200's speed; NeMo measured GB300 24% faster than "
-             "GB200 in this very recipe (5,248 vs 4,224 tok/s, the row's notes), plausibly "
-             "because Blackwell Ultra sustains more of the same datasheet peaks (1,400 W "
-             "boards against 1,200 W, twice the softmax rate); the row is held out, not "
-             "fitted",
-    "Trainium1": "trn1 is uncalibrated (typical GPU efficiencies: matmuls at 80% of peak); "
-                 "the run reached 21% MFU (Megatron-LM's model FLOPs over 190 TFLOP/s) at TP=32 "
-                 "NeuronCores, and one row cannot both fit Trainium's efficiency and check it",
-}
-"""Rows outside the 15% target, by hardware, and why (tests pin them)."""
 
 
 @dataclass(frozen=True)
@@ -136,11 +125,6 @@ class AcceleratorRun:
     def tpu(self) -> bool:
         """Whether the TPU fit sees it."""
         return self.cluster.name in TPU_PRESETS
-
-    @property
-    def known_miss(self) -> str | None:
-        """Why the run misses the target, if it is a known miss."""
-        return next((why for key, why in KNOWN_MISSES.items() if key in self.name), None)
 
 
 @dataclass(frozen=True)
@@ -264,6 +248,51 @@ def fit_tpu_matmul(runs: list[AcceleratorRun]) -> float:
     def loss(matmul: float) -> float:
         return sum(math.log1p(predict(run, matmul).error) ** 2 for run in tpu)
     return min(MATMUL_GRID, key=loss)
+
+
+SCALED = {
+    "gb300-nvl72": ("gb200-nvl72", ("fp8_matmul", "attention")),
+    "trn1": (None, ("matmul", "attention")),
+}
+"""Presets whose compute efficiency is one row's fit: preset -> (the preset whose fitted
+efficiency it starts from, None for typical values; the kernels' fractions of peak scaled
+together by `fit_scale`). GB300 runs GB200's kernels at the same datasheet peaks and was
+measured 24% faster in the same recipe (its row's notes): Blackwell Ultra sustains more of
+them, a uniform scale of GB200's fit. Trainium 1 has no fit to start from."""
+SCALE_GRID = tuple(i / 200 for i in range(40, 401))
+"""The scales `fit_scale` tries: 0.2 to 2 in steps of 0.005."""
+
+
+def prior_efficiency(preset: str) -> Efficiency:
+    """What `preset`'s efficiency is without its row: the preset it starts from (`SCALED`),
+    or typical values."""
+    start, _ = SCALED[preset]
+    return Cluster.load(start).device.efficiency if start else Efficiency()
+
+
+def scaled(preset: str, scale: float) -> Efficiency:
+    """`preset`'s prior efficiency with its kernels' fractions of peak times `scale`."""
+    prior = prior_efficiency(preset)
+    _, fields = SCALED[preset]
+    return prior.model_copy(update={f: getattr(prior, f) * scale for f in fields})
+
+
+def predict_scaled(run: AcceleratorRun, scale: float) -> AcceleratorResult:
+    """The run on its preset with `scaled(preset, scale)` as its efficiency."""
+    cluster = run.cluster.with_efficiency(scaled(run.cluster.name, scale))
+    return AcceleratorResult(run, predict_step(run.model, cluster, run.parallel))
+
+
+def fit_scale(runs: list[AcceleratorRun], preset: str) -> float:
+    """The scale (`SCALE_GRID`) of `preset`'s prior efficiency whose log errors over its
+    runs in `runs` have the least squares; 1 (the prior) where `runs` has none of them."""
+    mine = [run for run in runs if run.cluster.name == preset]
+    if not mine:
+        return 1.0
+
+    def loss(scale: float) -> float:
+        return sum(math.log1p(predict_scaled(run, scale).error) ** 2 for run in mine)
+    return min(SCALE_GRID, key=loss)
 
 
 def held_out(runs: list[AcceleratorRun]) -> dict[int, float]:

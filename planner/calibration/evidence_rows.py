@@ -114,8 +114,36 @@ def torchtitan_rows(folder: Path = CALIBRATION, hold_out: bool = True) -> list[E
             for speed, shipped, held in published_memory.speed_leave_one_out(hold_out)]
 
 
+def accelerator_rows(folder: Path = CALIBRATION, hold_out: bool = True) -> list[EvidenceRow]:
+    """The TPU, GB300 and Trainium runs (`cost_models.published_accelerators`), priced under
+    Megatron-LM's rules as Tessel prices plans on those presets: each TPU row left out of
+    the TPU presets' matmul fit, each GB300 and Trainium row left out of its preset's
+    one-row fit (what the preset starts from without it). Throughput over throughput is
+    measured over predicted step time."""
+    from cost_models import published_accelerators as accelerators
+
+    runs, _ = accelerators.read_runs(folder / accelerators.CSV.name)
+    left_out = accelerators.held_out(runs) if hold_out else {}
+    rows = []
+    for run in runs:
+        shipped = 1 + accelerators.predict(run).error
+        if not hold_out:
+            held, how = shipped, "as shipped"
+        elif run.tpu:
+            held = 1 + accelerators.predict(run, left_out[run.line]).error
+            how = "each row left out of the TPU presets' matmul fit"
+        else:
+            held = 1 + accelerators.predict_scaled(run, 1.0).error
+            how = "left out of its preset's one-row fit"
+        rows.append(EvidenceRow("megatron", family_of(run.model),
+                                generation_of(run.cluster.device.name),
+                                f"{accelerators.CSV.name} line {run.line}", run.name,
+                                float(shipped), float(held), how))
+    return rows
+
+
 COLLECTORS: tuple[Callable[[Path, bool], list[EvidenceRow]], ...] = (
-    vtrain_rows, published_table_rows, moe_rows, torchtitan_rows)
+    vtrain_rows, published_table_rows, moe_rows, torchtitan_rows, accelerator_rows)
 
 
 def every_row(folder: Path = CALIBRATION, hold_out: bool = True) -> list[EvidenceRow]:
