@@ -3,7 +3,9 @@ tier at which its communication hides: the inverse question an operator asks ("w
 each tier carry for this model's communication to hide behind compute?").
 
 A tier is one of the cluster's links per GPU: the scale-up domain's (`intra_node`: NVLink,
-NVSwitch) and the scale-out network's (`inter_node`: InfiniBand, RoCE). Each sweep keeps
+NVSwitch), the scale-out network's (`inter_node`: InfiniBand, RoCE, the NICs) and, where
+the cluster describes its fabric's levels above the domains (`Cluster.tiers`: leaf, spine,
+WAN), each of those (`tiers.0`, `tiers.1`, ...). Each sweep keeps
 the plan (degrees, stages, micro-batches, knobs) and the other tier as they are, scales the
 tier's bandwidth, and prices the step again with the step-time model: every collective is
 priced on the links it crosses (`cost_models.comm`), and overlap hides what it hides
@@ -76,18 +78,46 @@ class TierSweep:
     the tier carries nothing this plan waits on (no bandwidth changes its step)."""
 
 
+def tier_keys(cluster: Cluster) -> tuple[str, ...]:
+    """The tiers of `cluster` a sweep can vary: its two links and each level of `tiers`."""
+    return TIERS + tuple(f"tiers.{i}" for i in range(len(cluster.tiers)))
+
+
+def tier_name(cluster: Cluster, key: str) -> str:
+    """How a report names tier `key` of `cluster` ('scale-up', 'spine')."""
+    return TIER_NAMES.get(key) or cluster.tiers[int(key.split(".")[1])].name
+
+
+def _bandwidth(cluster: Cluster, key: str) -> float:
+    if key in TIERS:
+        return getattr(cluster, key).bandwidth_gbs
+    return cluster.tiers[int(key.split(".")[1])].bandwidth_gbs
+
+
+def _with_bandwidth(cluster: Cluster, key: str, gbs: float) -> Cluster:
+    """`cluster` with tier `key` at `gbs` GB/s per GPU (a copy: prices are memoised per
+    cluster object)."""
+    if key in TIERS:
+        link = getattr(cluster, key).model_copy(update={"bandwidth_gbs": gbs})
+        return cluster.model_copy(update={key: link})
+    index = int(key.split(".")[1])
+    tiers = list(cluster.tiers)
+    tiers[index] = tiers[index].model_copy(update={"bandwidth_gbs": gbs})
+    return cluster.model_copy(update={"tiers": tiers})
+
+
 def tier_sweep(
     model: TransformerConfig, cluster: Cluster, parallel: ParallelConfig,
     stages: list[StageLayout], tier: str, flash_attention: bool | None = None,
 ) -> TierSweep:
-    """Sweep `tier`'s bandwidth for the plan (`parallel` on `stages`) on `cluster`."""
-    if tier not in TIERS:
-        raise ValueError(f"tier must be one of {', '.join(TIERS)}, got {tier!r}")
-    preset = getattr(cluster, tier).bandwidth_gbs
+    """Sweep `tier`'s bandwidth (one of `tier_keys`) for the plan (`parallel` on
+    `stages`) on `cluster`."""
+    if tier not in tier_keys(cluster):
+        raise ValueError(f"tier must be one of {', '.join(tier_keys(cluster))}, got {tier!r}")
+    preset = _bandwidth(cluster, tier)
 
     def step(bandwidth: float) -> float:
-        link = getattr(cluster, tier).model_copy(update={"bandwidth_gbs": bandwidth})
-        return predict_stages(model, cluster.model_copy(update={tier: link}), parallel,
+        return predict_stages(model, _with_bandwidth(cluster, tier, bandwidth), parallel,
                               stages, flash_attention).step_time_s
 
     unbounded = step(UNBOUNDED_GBS)

@@ -86,21 +86,28 @@ def tree_all_reduce_time(nbytes: float, group_size: int, link: LinkSpec) -> floa
     return 2 * nbytes / (link.bandwidth_gbs * 1e9) + 2 * depth * link.latency_us * 1e-6
 
 
-def effective_link(cluster: Cluster, group_stride: int, group_size: int) -> LinkSpec:
+def effective_link(cluster: Cluster, group_stride: int, group_size: int,
+                   point_to_point: bool = False) -> LinkSpec:
     """The link a group's collectives cross, at the bandwidth collectives reach on it.
 
     The scale-up link at `bandwidth * efficiency.intra_node_bandwidth` when the group
-    stays in one domain; otherwise the scale-out link per device at `bandwidth *
+    stays in one domain (on a torus, in the share of its dimensions the group spans:
+    `Cluster.torus_share`); otherwise the scale-out link per device at `bandwidth *
     efficiency.inter_node_bandwidth` for the whole collective, because a ring (or a
-    tree) is as slow as its slowest hop. Latency is the crossed link's per step: a ring
-    spanning domains is charged every step at the scale-out latency, the same
-    slowest-hop reasoning (pessimistic by the few steps that stay inside a domain).
+    tree) is as slow as its slowest hop: on a fabric of tiers, the narrowest tier the
+    group crosses (`Cluster.scale_out_link`). Latency is the crossed link's per step: a
+    ring spanning domains is charged every step at the scale-out latency, the same
+    slowest-hop reasoning (pessimistic by the few steps that stay inside a domain), but
+    for a WAN tier's, paid only by the steps between data centres.
     """
     efficiency = cluster.device.efficiency
     if cluster.spans_domains(group_stride, group_size):
-        link, fraction = cluster.inter_node, efficiency.inter_node_bandwidth
+        link = cluster.scale_out_link(group_stride, group_size, point_to_point)
+        fraction = efficiency.inter_node_bandwidth
     else:
-        link, fraction = cluster.intra_node, efficiency.intra_node_bandwidth
+        link = cluster.intra_node
+        fraction = efficiency.intra_node_bandwidth * cluster.torus_share(group_stride,
+                                                                           group_size)
     return link.model_copy(update={"bandwidth_gbs": link.bandwidth_gbs * fraction})
 
 
@@ -194,7 +201,7 @@ def _memo(cluster: Cluster) -> dict:
 def _group_time(
     kind: str, nbytes: float, group_size: int, group_stride: int, cluster: Cluster
 ) -> float:
-    link = effective_link(cluster, group_stride, group_size)
+    link = effective_link(cluster, group_stride, group_size, kind == "send_recv")
     spans = cluster.spans_domains(group_stride, group_size)
     if kind == "all_to_all" and spans:
         local = cluster.ranks_per_domain(group_stride, group_size)

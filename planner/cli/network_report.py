@@ -37,25 +37,25 @@ def print_bandwidth_sweep_if_asked(args: argparse.Namespace, plan: Plan,
     """With --bandwidth-sweep, the sweep of `plan` (the best) on `cluster`, tier by tier."""
     if not getattr(args, "bandwidth_sweep", False):
         return
-    from cost_models.bandwidth_sweep import FACTORS, HIDDEN, TIER_NAMES, TIERS, tier_sweep
+    from cost_models.bandwidth_sweep import FACTORS, HIDDEN, tier_keys, tier_name, tier_sweep
     from planner.export.plan_config import parallel_config, stage_layouts
 
     cluster = cluster.with_devices(plan.num_gpus)
     parallel, stages = parallel_config(plan), stage_layouts(plan)
-    sweeps = [tier_sweep(model, cluster, parallel, stages, tier) for tier in TIERS]
+    sweeps = [tier_sweep(model, cluster, parallel, stages, tier) for tier in tier_keys(cluster)]
     table = Table(title=f"the best plan's step by bandwidth, {plan.num_gpus:,} x "
                   f"{cluster.device.name}")
     for column in ("tier", "GB/s per GPU", "of the cluster's", "step s", "exposed comm."):
         table.add_column(column, justify="left" if column == "tier" else "right")
     for sweep in sweeps:
         for factor, point in zip(FACTORS, sweep.points):
-            table.add_row(TIER_NAMES[sweep.tier] if factor == FACTORS[0] else "",
+            table.add_row(tier_name(cluster, sweep.tier) if factor == FACTORS[0] else "",
                           f"{point.bandwidth_gbs:,.4g}", f"{factor:g}x", f"{point.step_s:.3f}",
                           f"{point.exposed_s:.3f} s ({point.exposed_s / point.step_s:.0%})",
                           end_section=factor == FACTORS[-1])
     console.print(table)
     for sweep in sweeps:
-        name = TIER_NAMES[sweep.tier]
+        name = tier_name(cluster, sweep.tier)
         if sweep.hides_at_gbs is None:
             console.print(f"{name}: this plan sends nothing over it that its step waits on",
                           highlight=False)

@@ -106,6 +106,16 @@ def _degree_problems(
         problems.append(
             f"{FLAG['expert']} {e} must divide the model's {model.num_experts} experts"
         )
+    # Groups that exchange activations every layer stay inside one data centre.
+    for name, stride, size in (("tensor", 1, t), ("context", t, c),
+                               ("expert", knobs.get("expert_tensor") or t, e)):
+        wan = cluster.crosses_wan(stride, size) if name in knobs and size > 1 else None
+        if wan:
+            problems.append(
+                f"{FLAG[name]} {size}: its groups of {stride * size} ranks would cross the "
+                f"WAN tier {wan!r} between data centres; keep tensor, context and expert "
+                "groups inside one data centre (a smaller degree) and cross it with "
+                "pipeline or data parallelism")
     sp = knobs.get("sequence_parallel")
     if sp and knobs.get("tensor") == 1:
         problems.append(

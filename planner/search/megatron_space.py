@@ -163,8 +163,8 @@ def _degree_layouts(
         _powers_of_two_dividing(n, 8) if model.seq_length >= CONTEXT_PARALLEL_MIN_SEQ else [1]
     )
     for t, c in itertools.product(tensors, contexts):
-        if n % (t * c):
-            continue
+        if n % (t * c) or cluster.crosses_wan(t, c):
+            continue  # (a context ring across data centres: never, as a tensor group)
         pipelines = [fixed["pipeline"]] if "pipeline" in fixed else _divisors(
             n // (t * c), model.num_layers
         )
@@ -181,7 +181,7 @@ def _degree_layouts(
                 if model.num_experts else [1]
             )
             for e in experts:
-                if stage % e == 0:
+                if stage % e == 0 and not cluster.crosses_wan(t, e):
                     yield t, c, p, d, e
 
 

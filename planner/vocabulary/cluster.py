@@ -163,6 +163,31 @@ class LinkSpec(_Config):
     )
 
 
+class Tier(_Config):
+    """A level of the scale-out fabric above the scale-up domains: leaves (or rail
+    groups), spines, the link between data centres. A collective whose group spans
+    domains crosses every tier up to the lowest whose one unit holds it: the narrowest of
+    those (and of the NICs, `inter_node`) sets its bandwidth, the highest its latency."""
+
+    name: str = Field(min_length=1, description="The tier's name: leaf, rail, spine, wan.")
+    devices: int = Field(
+        ge=1, le=MAX_DEVICES, description="Devices one unit of the tier joins: a leaf's (or a "
+        "rail-optimized group's: NCCL keeps a collective's traffic on its rail), a spine "
+        "pod's, a data centre's for the tier above it; a multiple of devices_per_node and "
+        "of the tier below's.")
+    bandwidth_gbs: float = Field(
+        gt=0, description="Bandwidth per device for traffic between the units below this "
+        "tier, GB/s per direction, before oversubscription.")
+    latency_us: float = Field(ge=0, description="Per-message latency across the tier, us.")
+    oversubscription: float = Field(
+        default=1.0, ge=1, description="Downlink over uplink bandwidth of the tier's "
+        "switches (2 for 2:1): traffic through it gets bandwidth_gbs / oversubscription.")
+    wan: bool = Field(
+        default=False, description="The tier joins data centres (tens of ms apart): only "
+        "pipeline and data-parallel traffic may cross it, never a tensor, context or "
+        "expert group.")
+
+
 class HostSpec(_Config):
     """One host's memory, PCIe and NVMe: where offloaded state lives and how fast it moves
     (`cost_models.offload`)."""
@@ -260,6 +285,14 @@ class Cluster(_Config):
         default=0.0, ge=0, description="GiB of each device a plan must leave free: a plan "
         "fits only in the device's memory less this margin (--memory-headroom).",
     )
+    tiers: list[Tier] = Field(
+        default_factory=list, description="The scale-out fabric's levels above the domains, "
+        "lowest first (leaf or rail, spine, WAN); empty: one flat network at inter_node.")
+    torus: list[int] | None = Field(
+        default=None, description="The scale-up domain's torus dimensions, fastest first "
+        "(a TPU slice's ICI: [4, 4, 4]); their product is devices_per_node. A group "
+        "inside a domain gets intra_node's bandwidth in the share of the torus's "
+        "dimensions it spans (one ring per dimension).")
 
     @model_validator(mode="before")
     @classmethod
@@ -299,6 +332,20 @@ class Cluster(_Config):
                 "divisor, or leave devices_per_host out when a domain is one host"
             )
         _check_size(self.num_devices, self.devices_per_host, self.devices_per_node, self.name)
+        if self.torus is not None and (any(d < 1 for d in self.torus)
+                                       or math.prod(self.torus) != self.devices_per_node):
+            raise ValueError(
+                f"torus {self.torus} holds {math.prod(self.torus)} chips, but a scale-up "
+                f"domain has devices_per_node {self.devices_per_node}; give dimensions that "
+                "multiply to it")
+        below = self.devices_per_node
+        for index, tier in enumerate(self.tiers):
+            if tier.devices <= below or tier.devices % below:
+                raise ValueError(
+                    f"tiers.{index}.devices: {tier.name} joins {tier.devices} devices, which "
+                    f"is not a multiple above {below} (the domain's or the tier below's); "
+                    "give each tier more devices than the one below, a multiple of them")
+            below = tier.devices
         return self
 
     @property
@@ -337,7 +384,7 @@ class Cluster(_Config):
                 f"a segment of {hosts} hosts is {devices} devices, more than the "
                 f"{self.devices_per_node} of one {self.name} scale-up domain; use at most "
                 f"{self.devices_per_node // self.devices_per_host} hosts")
-        return self.model_copy(update={"devices_per_node": devices})
+        return self.model_copy(update={"devices_per_node": devices, "torus": None})
 
     @property
     def usable_memory_bytes(self) -> float:
@@ -393,6 +440,60 @@ class Cluster(_Config):
             self.num_devices, self.devices_per_node, group_stride, group_size
         )
 
+    def scale_out_link(self, group_stride: int, group_size: int,
+                       point_to_point: bool = False) -> LinkSpec:
+        """The link a group spanning domains crosses: `inter_node` on a flat network; with
+        `tiers`, the narrowest of it and every tier up to the lowest whose unit holds the
+        group's aligned block (`stride * size` ranks; past the top tier, all of them), at
+        that tier's latency. Across a WAN tier only the ring steps between data centres
+        pay its latency, (d - 1) of a ring's (n - 1) when the group spans d of them: the
+        rest of each step's latency is the tier's below; a `point_to_point` message (a
+        pipeline's, across the slowest boundary) pays all of it."""
+        link = self.inter_node
+        extent = group_stride * group_size
+        bandwidth, latency, below = link.bandwidth_gbs, link.latency_us, self.devices_per_node
+        for tier in self.tiers:
+            bandwidth = min(bandwidth, tier.bandwidth_gbs / tier.oversubscription)
+            if tier.wan and point_to_point:
+                latency = max(latency, tier.latency_us)
+            elif tier.wan:
+                spanned = math.ceil(extent / below)
+                latency += (tier.latency_us - latency) * (spanned - 1) / max(group_size - 1, 1)
+            else:
+                latency = max(latency, tier.latency_us)
+            if extent <= tier.devices and tier.devices % extent == 0:
+                break
+            below = tier.devices
+        if (bandwidth, latency) == (link.bandwidth_gbs, link.latency_us):
+            return link
+        return LinkSpec(bandwidth_gbs=bandwidth, latency_us=latency)
+
+    def torus_share(self, group_stride: int, group_size: int) -> float:
+        """The share of the domain's torus dimensions a group inside one domain spans (1
+        without a torus): ranks fill the fastest dimension first, so a group `stride`
+        apart spans the dimensions from the one its stride steps in to the one its
+        extent reaches."""
+        if not self.torus:
+            return 1.0
+        sizes = [1]
+        for dimension in self.torus:
+            sizes.append(sizes[-1] * dimension)
+        first = max(i for i in range(len(self.torus)) if sizes[i] <= group_stride)
+        extent = group_stride * group_size
+        last = next((i for i in range(len(self.torus)) if sizes[i + 1] >= extent),
+                    len(self.torus) - 1)
+        return (last - first + 1) / len(self.torus)
+
+    def crosses_wan(self, group_stride: int, group_size: int) -> str | None:
+        """The WAN tier a group's aligned block crosses (the block is larger than one data
+        centre, the unit of the tier below it), or None."""
+        below = self.devices_per_node
+        for tier in self.tiers:
+            if tier.wan and group_stride * group_size > below:
+                return tier.name
+            below = tier.devices
+        return None
+
     def link_for_group(self, group_stride: int, group_size: int) -> LinkSpec:
         """The link a collective among `group_size` ranks spaced `group_stride` apart crosses.
 
@@ -401,7 +502,7 @@ class Cluster(_Config):
         slowest hop.
         """
         if self.spans_domains(group_stride, group_size):
-            return self.inter_node
+            return self.scale_out_link(group_stride, group_size)
         return self.intra_node
 
     @staticmethod
