@@ -14,7 +14,8 @@ from planner.cli.errors import UsageError
 from planner.cli.model_args import load
 from planner.cli.output import write_json
 from planner.cli.parallel_flags import fixed_knobs
-from planner.cli.train import print_training_plans, transformer_config
+from planner.cli.report_flags import write_report_if_asked
+from planner.cli.train import layout, print_training_plans, transformer_config
 from planner.plans.pool_plan import plan_pools
 from planner.search.knobs import check_knobs
 from planner.models.config import TransformerConfig
@@ -22,7 +23,7 @@ from planner.models.sources import LoadedModel
 from planner.vocabulary.plan import Plan
 from planner.vocabulary.pools import PooledCluster
 
-UNPOOLED_FLAGS = (("--segment", "segment"), ("--report", "report"),
+UNPOOLED_FLAGS = (("--segment", "segment"),
                   ("--bandwidth-sweep", "bandwidth_sweep"), ("--train-tokens", "train_tokens"),
                   ("--train-iters", "train_iters"), ("--objective", "objective"),
                   ("--elastic", "elastic"), ("--intra-op", "intra_op"))
@@ -49,6 +50,10 @@ def run_pooled_training(args: argparse.Namespace, pooled: PooledCluster,
         emit_if_asked(args, plans[0], model, console)
     if args.json:
         write_json(args.json, plans[0].to_json(), "plan")
+    # The report's memory chart against the pool with the least memory per device.
+    tightest = min((pool.cluster for pool in pooled.pools),
+                   key=lambda cluster: cluster.usable_memory_bytes)
+    write_report_if_asked(args, plans, model, tightest, console, layout)
     return 0
 
 

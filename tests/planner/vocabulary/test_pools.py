@@ -4,6 +4,7 @@ a bad pooled file is refused in one line naming the field."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,35 @@ def test_a_mixed_cluster_is_refused_where_it_cannot_be_planned(
         said = capsys.readouterr()
         said = said.out + said.err
         assert code == 2 and words in said and len(said.strip().splitlines()) == 1, said
+
+
+SLOW_CPU = {"name": "slow-cpu", "device": {"name": "slow-cpu", "peak_tflops": {"fp32": 0.06},
+                                           "memory_gib": 24, "memory_bandwidth_gbs": 12},
+            "devices_per_node": 8, "intra_node": {"bandwidth_gbs": 0.5, "latency_us": 200},
+            "inter_node": {"bandwidth_gbs": 1, "latency_us": 100}}
+TINY_LLAMA = ["llama", "--num-layers", "8", "--hidden-size", "256", "--num-attention-heads",
+              "4", "--vocab-size", "256", "--seq-length", "64", "--gpus", "4",
+              "--global-batch-size", "32"]
+
+
+def test_plan_on_pools_writes_its_plan_and_report_and_refuses_engines_by_name(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path, {
+        "name": "fast-slow", "pools": [{"name": "fast", "cluster": "cpu", "devices": 2},
+                                       {"name": "slow", "cluster": SLOW_CPU, "devices": 2}],
+        "between_pools": {"bandwidth_gbs": 0.5, "latency_us": 200}})
+    plan_path, report = tmp_path / "plan.json", tmp_path / "report.html"
+    code = cli.main([*TINY_LLAMA, "--cluster", path, "--json", str(plan_path),
+                     "--report", str(report)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    plan = json.loads(plan_path.read_text())
+    assert [(s["pool"], s["layers"], s["first_device"]) for s in plan["stages"]] == [
+        ("slow", [0, 3], 0), ("fast", [3, 8], 2)]
+    assert "stages by pool" in out and report.read_text().startswith("<!DOCTYPE html>")
+    code = cli.main([*TINY_LLAMA, "--cluster", path, "--emit", "pytorch", str(tmp_path)])
+    said = capsys.readouterr()
+    said = said.out + said.err
+    assert code == 2 and said.strip().splitlines()[-1].startswith(
+        "error: --emit: the best plan's pipeline crosses pools (fast, slow); Megatron-LM, "
+        "TorchTitan and DeepSpeed run one kind of GPU")
