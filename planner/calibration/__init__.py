@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from planner.calibration.bands import draw_band, pooled_spread
-from planner.calibration.evidence_rows import EvidenceRow, every_row
+from planner.calibration.evidence_rows import ONE_ROW_FIT, EvidenceRow, every_row
 from planner.vocabulary.evidence import EVIDENCE_FILE, Band
 
 
@@ -31,7 +31,8 @@ def bands_of(rows: list[EvidenceRow]) -> list[Band]:
     spread = pooled_spread([np.log([r.held_out for r in group]) for group in grouped.values()])
     bands = []
     for (engine, family, generation), group in grouped.items():
-        low, high, method = draw_band(np.array([r.held_out for r in group]), spread)
+        low, high, method = draw_band(np.array([r.held_out for r in group]), spread,
+                                      either_side=all(r.how == ONE_ROW_FIT for r in group))
         bands.append(Band(engine=engine, family=family, generation=generation,
                           low=round(low, 4), high=round(high, 4), rows=len(group),
                           method=method, held_out="; ".join(dict.fromkeys(r.how for r in group))))

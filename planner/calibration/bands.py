@@ -35,17 +35,24 @@ def pooled_spread(log_ratios: list[np.ndarray]) -> float:
     return float(math.sqrt(float((deviations ** 2).sum()) / counted))
 
 
-def draw_band(ratios: np.ndarray, spread: float) -> tuple[float, float, str]:
+def draw_band(ratios: np.ndarray, spread: float,
+              either_side: bool = False) -> tuple[float, float, str]:
     """(low, high, how) of a kind whose held-out measured/predicted ratios are `ratios`,
-    `spread` being `pooled_spread` of all kinds."""
+    `spread` being `pooled_spread` of all kinds. `either_side`: the held-out errors came
+    from another fit than the shipped one (a preset fitted to its one row: without it,
+    what the preset started from), so their mean is no bias of the shipped predictions;
+    the errors count as scatter around 1 (no mean estimated: n degrees of freedom), and
+    the band spans them on either side."""
     n = len(ratios)
-    if n >= MANY_ROWS:
+    if n >= MANY_ROWS and not either_side:
         low, high = np.quantile(ratios, PERCENTILES)
         return float(low), float(high), "5th-95th percentile"
     logs = np.log(ratios)
-    mean = float(logs.mean())
+    mean = 0.0 if either_side else float(logs.mean())
     own = float(((logs - mean) ** 2).sum())
-    pooled = math.sqrt((own + PSEUDO_ROWS * spread ** 2) / (n - 1 + PSEUDO_ROWS))
+    dof = n if either_side else n - 1
+    pooled = math.sqrt((own + PSEUDO_ROWS * spread ** 2) / (dof + PSEUDO_ROWS))
     half = Z_90 * pooled * math.sqrt(1 + 1 / n)
     return (math.exp(mean - half), math.exp(mean + half),
-            "90% interval, spread pooled")
+            "90% interval around 1, spread pooled" if either_side
+            else "90% interval, spread pooled")

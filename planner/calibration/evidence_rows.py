@@ -33,6 +33,11 @@ CALIBRATION = Path(__file__).resolve().parents[3] / "shared" / "calibration"
 """`../shared/calibration/`, beside the repository (read-only)."""
 
 
+ONE_ROW_FIT = "left out of its preset's one-row fit (predicted from what it started from)"
+"""How a row is held out whose preset was fitted to it alone: its band is drawn around 1
+(`bands.draw_band`'s either_side)."""
+
+
 @dataclass(frozen=True)
 class EvidenceRow:
     """One published run: its kind and its measured over predicted step time."""
@@ -134,7 +139,7 @@ def accelerator_rows(folder: Path = CALIBRATION, hold_out: bool = True) -> list[
             how = "each row left out of the TPU presets' matmul fit"
         else:
             held = 1 + accelerators.predict_scaled(run, 1.0).error
-            how = "left out of its preset's one-row fit"
+            how = ONE_ROW_FIT
         rows.append(EvidenceRow("megatron", family_of(run.model),
                                 generation_of(run.cluster.device.name),
                                 f"{accelerators.CSV.name} line {run.line}", run.name,

@@ -31,37 +31,55 @@ def add_network_flags(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(training_flags=(*given, (FLAG, action.dest, action.default)))
 
 
-def print_bandwidth_sweep_if_asked(args: argparse.Namespace, plan: Plan,
-                                   model: TransformerConfig, cluster: Cluster,
-                                   console: Console) -> None:
-    """With --bandwidth-sweep, the sweep of `plan` (the best) on `cluster`, tier by tier."""
+def with_network_if_asked(args: argparse.Namespace, plan: Plan,
+                          model: TransformerConfig, cluster: Cluster) -> Plan:
+    """With --bandwidth-sweep, `plan` (the best) with its sweep on `cluster`, tier by tier
+    (`Plan.network`: what the table below and the report read); else `plan`."""
     if not getattr(args, "bandwidth_sweep", False):
-        return
-    from cost_models.bandwidth_sweep import FACTORS, HIDDEN, tier_keys, tier_name, tier_sweep
+        return plan
+    from cost_models.bandwidth_sweep import FACTORS, tier_keys, tier_name, tier_sweep
     from planner.export.plan_config import parallel_config, stage_layouts
+    from planner.vocabulary.plan import BandwidthPoint, TierSweep
 
     cluster = cluster.with_devices(plan.num_gpus)
     parallel, stages = parallel_config(plan), stage_layouts(plan)
-    sweeps = [tier_sweep(model, cluster, parallel, stages, tier) for tier in tier_keys(cluster)]
+    sweeps = []
+    for key in tier_keys(cluster):
+        sweep = tier_sweep(model, cluster, parallel, stages, key)
+        sweeps.append(TierSweep(
+            tier=key, name=tier_name(cluster, key), cluster_gbs=sweep.preset_gbs,
+            unbounded_step_s=sweep.unbounded_step_s, hides_at_gbs=sweep.hides_at_gbs,
+            points=[BandwidthPoint(bandwidth_gbs=point.bandwidth_gbs, factor=factor,
+                                   step_s=point.step_s, exposed_s=point.exposed_s)
+                    for factor, point in zip(FACTORS, sweep.points)]))
+    return plan.model_copy(update={"network": sweeps})
+
+
+def print_network(plan: Plan, console: Console) -> None:
+    """The best plan's sweep (`Plan.network`), tier by tier; nothing when it has none."""
+    if not plan.network:
+        return
+    from cost_models.bandwidth_sweep import HIDDEN
+
     table = Table(title=f"the best plan's step by bandwidth, {plan.num_gpus:,} x "
-                  f"{cluster.device.name}")
+                  f"{plan.cluster}")
     for column in ("tier", "GB/s per GPU", "of the cluster's", "step s", "exposed comm."):
         table.add_column(column, justify="left" if column == "tier" else "right")
-    for sweep in sweeps:
-        for factor, point in zip(FACTORS, sweep.points):
-            table.add_row(tier_name(cluster, sweep.tier) if factor == FACTORS[0] else "",
-                          f"{point.bandwidth_gbs:,.4g}", f"{factor:g}x", f"{point.step_s:.3f}",
+    for sweep in plan.network:
+        for k, point in enumerate(sweep.points):
+            table.add_row(sweep.name if k == 0 else "",
+                          f"{point.bandwidth_gbs:,.4g}", f"{point.factor:g}x",
+                          f"{point.step_s:.3f}",
                           f"{point.exposed_s:.3f} s ({point.exposed_s / point.step_s:.0%})",
-                          end_section=factor == FACTORS[-1])
+                          end_section=k == len(sweep.points) - 1)
     console.print(table)
-    for sweep in sweeps:
-        name = tier_name(cluster, sweep.tier)
+    for sweep in plan.network:
         if sweep.hides_at_gbs is None:
-            console.print(f"{name}: this plan sends nothing over it that its step waits on",
-                          highlight=False)
+            console.print(f"{sweep.name}: this plan sends nothing over it that its step "
+                          "waits on", highlight=False)
             continue
         console.print(
-            f"{name}: communication hides (step within {HIDDEN:.0%} of an unbounded link's, "
-            f"{sweep.unbounded_step_s:.3f} s) at {sweep.hides_at_gbs:,.1f} GB/s per GPU and "
-            f"direction, {sweep.hides_at_gbs / sweep.preset_gbs:.2g}x the cluster's "
-            f"{sweep.preset_gbs:g}", highlight=False)
+            f"{sweep.name}: communication hides (step within {HIDDEN:.0%} of an unbounded "
+            f"link's, {sweep.unbounded_step_s:.3f} s) at {sweep.hides_at_gbs:,.1f} GB/s per "
+            f"GPU and direction, {sweep.hides_at_gbs / sweep.cluster_gbs:.2g}x the "
+            f"cluster's {sweep.cluster_gbs:g}", highlight=False)

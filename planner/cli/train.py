@@ -21,7 +21,7 @@ from planner.cli.errors import UsageError
 from planner.cli.model_args import load
 from planner.cli.output import shell_lines
 from planner.cli.parallel_flags import fixed_knobs
-from planner.cli.network_report import print_bandwidth_sweep_if_asked
+from planner.cli.network_report import print_network, with_network_if_asked
 from planner.cli.report_flags import write_report_if_asked
 from planner.cli.run_flags import objective_key, wants_totals
 from planner.cli.whole_run import emit_totals_and_json, fewer_gpu_plans, with_totals
@@ -73,10 +73,11 @@ def run_training(args: argparse.Namespace, cluster: Cluster, console: Console) -
             plans = sorted(plans, key=objective_key(args.objective))[:args.top]
     print_training_plans(plans, console)
     warn_slow_nvme(plans[0], cluster, console)
+    plans[0] = with_network_if_asked(args, plans[0], model, cluster)
     emit_totals_and_json(args, plans, model, console, totals)
     _refuse_what_does_not_fit(plans[0], cluster.with_devices(args.gpus))
     write_report_if_asked(args, plans, model, cluster, console, layout)
-    print_bandwidth_sweep_if_asked(args, plans[0], model, cluster, console)
+    print_network(plans[0], console)
     return 0
 
 

@@ -23,8 +23,9 @@ from planner.export.report_data import Label, report_data
 from planner.models.config import TransformerConfig
 from planner.vocabulary.plan import Plan
 
-CHARTS = ("timeline", "memory", "breakdown", "plans", "totals")
-"""Each chart's figure id, in page order ("totals" only with whole-run totals)."""
+CHARTS = ("timeline", "memory", "breakdown", "plans", "totals", "network")
+"""Each chart's figure id, in page order ("totals" only with whole-run totals, "network"
+only with --bandwidth-sweep)."""
 SCRIPT = Path(__file__).with_name("report_charts.js")
 # Inline script and style only; nothing from anywhere, not even this page's folder.
 POLICY = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'"
@@ -98,6 +99,7 @@ def render_report(plans: list[Plan], model: TransformerConfig, cluster: Cluster,
         _breakdown_section(data["breakdown"], best),
         _plans_section(data["plans"]),
         _totals_section(data["totals"]) if data["totals"] else "",
+        _network_section(data["network"]) if data["network"] else "",
         _flags_section(best),
         '<script id="report-data" type="application/json">' + payload + "</script>",
         "<script>",
@@ -218,6 +220,22 @@ def _plans_section(plans: list[dict[str, Any]]) -> str:
     caption = _e("Each plan's predicted step time against the peak memory of its fullest "
                  "GPU; the best is the largest point.")
     return ("<h2>Top plans: step time against memory</h2>" + _figure("plans", caption)
+            + table)
+
+
+def _network_section(sweeps: list[dict[str, Any]]) -> str:
+    table = _table(
+        ["tier", "GB/s per GPU", "step s", "exposed", "hides at GB/s per GPU"],
+        [[_e(s["name"]), f"{s['cluster_gbs']:,.4g}",
+          f"{s['points'][len(s['points']) // 2]['step_s']:.3f}",
+          f"{s['points'][len(s['points']) // 2]['exposed_s']:.3f} s",
+          "-" if s["hides_at_gbs"] is None else f"{s['hides_at_gbs']:,.1f} "
+          f"({s['hides_at_gbs'] / s['cluster_gbs']:.2g}x)"] for s in sweeps],
+        text_columns=(0,))
+    caption = _e("The best plan's step as each tier's bandwidth goes from 1/8x to 8x the "
+                 "cluster's, the other tiers as they are (--bandwidth-sweep); the ring marks "
+                 "where its communication hides (the step within 1% of an unbounded link's).")
+    return ("<h2>Step time by the fabric's bandwidth</h2>" + _figure("network", caption)
             + table)
 
 

@@ -329,7 +329,51 @@
     return drawn;
   }
 
-  const charts = { timeline, memory, breakdown, plans, totals };
+  // Each tier's step against its bandwidth as a multiple of the cluster's (log scale).
+  function network(figure) {
+    const sweeps = data.network;
+    const height = 320;
+    const svg = svgIn(figure, height);
+    const colors = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#b279a2", "#9d755d"];
+    const steps = sweeps.flatMap((s) => s.points.map((p) => p.step_s));
+    const [y0, y1] = padded(Math.min(...steps), Math.max(...steps));
+    const factors = sweeps[0].points.map((p) => Math.log2(p.factor));
+    const x = scale(Math.min(...factors), Math.max(...factors), LEFT, WIDTH - RIGHT);
+    const y = scale(y0, y1, height - 44, 16);
+    yAxis(svg, y, y0, y1, LEFT, WIDTH - RIGHT, "step, seconds");
+    xAxis(svg, x, Math.min(...factors), Math.max(...factors), height - 40,
+      "log2 of the bandwidth over the cluster's");
+    let drawn = 0;
+    sweeps.forEach((s, k) => {
+      const color = colors[k % colors.length];
+      el("polyline", {
+        points: s.points.map((p) => `${x(Math.log2(p.factor))},${y(p.step_s)}`).join(" "),
+        fill: "none", stroke: color, "stroke-width": 2,
+      }, svg);
+      s.points.forEach((p) => {
+        el("circle", {
+          cx: x(Math.log2(p.factor)), cy: y(p.step_s), r: 4, fill: color, class: "mark",
+          "data-tip": `${s.name} at ${number(p.bandwidth_gbs)} GB/s per GPU (${p.factor}x): ` +
+            `step ${seconds(p.step_s)}, exposed ${seconds(p.exposed_s)}`,
+        }, svg);
+        drawn += 1;
+      });
+      const hides = s.hides_at_gbs === null ? null : Math.log2(s.hides_at_gbs / s.cluster_gbs);
+      if (hides !== null && hides >= Math.min(...factors) && hides <= Math.max(...factors)) {
+        el("circle", {
+          cx: x(hides), cy: y(s.unbounded_step_s), r: 8, fill: "none", stroke: color,
+          "stroke-width": 2, class: "mark",
+          "data-tip": `${s.name}: communication hides at ${number(s.hides_at_gbs)} GB/s per GPU`,
+        }, svg);
+        drawn += 1;
+      }
+    });
+    hover(svg, (node) => node.dataset.tip);
+    legend(figure, sweeps.map((s, k) => [s.name, colors[k % colors.length]]));
+    return drawn;
+  }
+
+  const charts = { timeline, memory, breakdown, plans, totals, network };
   const done = [];
   for (const [name, draw] of Object.entries(charts)) {
     const figure = document.getElementById(name);

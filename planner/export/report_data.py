@@ -115,4 +115,5 @@ def report_data(plans: list[Plan], model: TransformerConfig, cluster: Cluster,
         "breakdown": breakdown_data(best),
         "plans": plans_data(plans, label),
         "totals": totals_data(plans, label),
+        "network": [sweep.model_dump() for sweep in best.network] or None,
     }

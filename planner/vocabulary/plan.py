@@ -523,6 +523,28 @@ class TrainingTotals(_Model):
     expected_cost_usd: float = Field(description="Expected cost with failures, USD.")
 
 
+class BandwidthPoint(_Model):
+    """The plan's step at one bandwidth of one tier."""
+
+    bandwidth_gbs: float = Field(description="The tier's bandwidth, GB/s per GPU and direction.")
+    factor: float = Field(description="That bandwidth over the cluster's.")
+    step_s: float = Field(description="The predicted step there.")
+    exposed_s: float = Field(description="The step less the step with the tier unbounded.")
+
+
+class TierSweep(_Model):
+    """One tier of the fabric swept (`plan --bandwidth-sweep`, `cost_models.bandwidth_sweep`)."""
+
+    tier: str = Field(description="The cluster's link: intra_node, inter_node, tiers.N.")
+    name: str = Field(description="How it is called: scale-up, scale-out, leaf, spine, ...")
+    cluster_gbs: float = Field(description="Its bandwidth in the cluster, GB/s per GPU.")
+    unbounded_step_s: float = Field(description="The step with the tier unbounded.")
+    points: list[BandwidthPoint] = Field(description="The step at 1/8x to 8x its bandwidth.")
+    hides_at_gbs: float | None = Field(description="The least bandwidth whose step is within "
+                                       "1% of the unbounded one; None: nothing the step "
+                                       "waits on crosses the tier.")
+
+
 class Plan(_Model):
     """How to train one model: stages over a device mesh, and what that is predicted to do."""
 
@@ -577,6 +599,10 @@ class Plan(_Model):
         default=None, description="The whole run (--train-tokens or --train-iters): days, "
         "GPU-hours, cost, energy, and with failures, checkpoints and restarts.",
     )
+    network: list[TierSweep] = Field(
+        default_factory=list, description="--bandwidth-sweep: the step and exposed "
+        "communication as each tier of the fabric's bandwidth varies, and where its "
+        "communication hides; empty unless asked for.")
     megatron_flags: list[str] | None = Field(
         default=None, description="Megatron-LM launch flags, when Megatron-LM can run it."
     )

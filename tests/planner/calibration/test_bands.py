@@ -64,3 +64,13 @@ def test_bands_are_drawn_per_kind_and_count_their_rows() -> None:
     assert bands["TorchTitan, dense on Hopper"].rows == 2
     assert bands["TorchTitan, dense on Hopper"].method == "90% interval, spread pooled"
     assert bands["TorchTitan, dense on Hopper"].held_out == "each left out"
+
+
+def test_one_row_fits_errors_are_scatter_around_one() -> None:
+    """A preset fitted to its one row predicts it exactly; the row's error without the fit
+    (0.78: GB300 from GB200's fit) says how far a new run may fall, on either side."""
+    low, high, how = draw_band(np.array([0.78]), spread=0.1, either_side=True)
+    sigma = math.sqrt((math.log(0.78) ** 2 + 2 * 0.1 ** 2) / 3)
+    half = 1.6449 * sigma * math.sqrt(2)
+    assert (low, high) == pytest.approx((math.exp(-half), math.exp(half)))
+    assert low < 0.78 < 1 < high and how == "90% interval around 1, spread pooled"

@@ -51,7 +51,9 @@ def test_every_file_and_kind_is_there(rows) -> None:
     assert files == {"vtrain_a100_single_node.csv", "vtrain_a100_multi_node.csv",
                      "megatron_core_h100_weak_scaling.csv", "nemo_llama3_pretrain.csv",
                      "published_moe_runs.csv", "moe_recipes.csv",
-                     "published_torchtitan_runs.csv"}
+                     "published_torchtitan_runs.csv", "published_accelerators.csv"}
     kinds = {(row.engine, row.family, row.generation) for row in rows}
     assert {("megatron", "moe", "blackwell"), ("megatron", "mla", "hopper"),
-            ("torchtitan", "dense", "hopper")} <= kinds
+            ("torchtitan", "dense", "hopper"), ("megatron", "dense", "tpu-v5p"),
+            ("megatron", "dense", "blackwell-ultra"), ("megatron", "dense", "trainium1")
+            } <= kinds

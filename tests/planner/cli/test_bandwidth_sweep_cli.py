@@ -12,7 +12,7 @@ def test_plan_prints_the_best_plans_sweep(capsys) -> None:
     assert main(["gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "1024",
                  "--global-batch-size", "1536", "--bandwidth-sweep"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "the best plan's step by bandwidth, 1,024 x A100-SXM4-80GB" in out
+    assert "the best plan's step by bandwidth, 1,024 x dgx-a100-80g" in out
     for tier in ("scale-up", "scale-out"):
         assert f"{tier}: communication hides (step within {HIDDEN:.0%} of an unbounded " \
                "link's" in out

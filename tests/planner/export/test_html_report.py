@@ -35,8 +35,10 @@ DUALPIPEV = ["llama3-8b", "--cluster", "dgx-h100", "--gpus", "32", "--global-bat
              "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "4",
              "--micro-batch-size", "1", "--schedule", "dualpipev", "--engine", "torchtitan",
              "--top", "1"]
-CASES = {"gpt3-175b": (GPT3_175B, CHARTS[:-1]), "llama3-70b-1T": (LLAMA_RUN, CHARTS),
-         "llama3-8b-dualpipev": (DUALPIPEV, CHARTS[:-1])}
+# The 175B plan with its fabric swept (--bandwidth-sweep), the 70B one with a run length.
+CASES = {"gpt3-175b": ([*GPT3_175B, "--bandwidth-sweep"], (*CHARTS[:4], "network")),
+         "llama3-70b-1T": (LLAMA_RUN, CHARTS[:5]),
+         "llama3-8b-dualpipev": (DUALPIPEV, CHARTS[:4])}
 needs_chromium = pytest.mark.skipif(
     chromium() is None, reason="Debian's chromium is not installed (`make browser` installs "
     "it where apt-get can reach Debian's packages); the page is checked without rendering")
@@ -103,6 +105,10 @@ def test_the_175b_report_agrees_with_its_plan(reports) -> None:
     assert len(plans) == 5 and plans[0]["step_s"] == plan.predicted.step_time_s
     assert [p["step_s"] for p in plans] == sorted(p["step_s"] for p in plans)
     assert data["totals"] is None
+    # The fabric's sweep is the plan's (--bandwidth-sweep), drawn as it was predicted.
+    assert data["network"] == [sweep.model_dump() for sweep in plan.network]
+    assert [s["name"] for s in data["network"]] == ["scale-up", "scale-out"]
+    assert all(s["hides_at_gbs"] > s["cluster_gbs"] for s in data["network"])
     # The band says how sure it is: GPT-3 on A100 is dense Megatron-LM on Ampere, measured.
     assert "How sure: Megatron-LM, dense on Ampere: " in page.read_text()
     assert "step (expect " in page.read_text()  # a predicted band, not a measurement
@@ -198,3 +204,6 @@ def test_the_report_renders_in_headless_chromium_with_every_chart(
     assert pixels_of(image, "#f58518") > 50  # top plans: the best plan's point
     if "totals" in expected:
         assert pixels_of(image, "#e45756") > 2000  # expected days with failures
+    if "network" in expected:  # each tier's points, and the ring where it hides
+        sweeps = page_data(page)["network"]
+        assert marks.drawn["network"] == sum(len(s["points"]) + 1 for s in sweeps)
