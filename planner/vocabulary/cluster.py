@@ -38,6 +38,7 @@ from pydantic import (
 
 from planner.user_files import parse_nested, read_user_file
 from planner.vocabulary.efficiency import Efficiency, without_retired
+from planner.vocabulary.fabric import crossed_link, crossed_wan, fabric_problem, torus_share
 
 _FILE_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -332,20 +333,9 @@ class Cluster(_Config):
                 "divisor, or leave devices_per_host out when a domain is one host"
             )
         _check_size(self.num_devices, self.devices_per_host, self.devices_per_node, self.name)
-        if self.torus is not None and (any(d < 1 for d in self.torus)
-                                       or math.prod(self.torus) != self.devices_per_node):
-            raise ValueError(
-                f"torus {self.torus} holds {math.prod(self.torus)} chips, but a scale-up "
-                f"domain has devices_per_node {self.devices_per_node}; give dimensions that "
-                "multiply to it")
-        below = self.devices_per_node
-        for index, tier in enumerate(self.tiers):
-            if tier.devices <= below or tier.devices % below:
-                raise ValueError(
-                    f"tiers.{index}.devices: {tier.name} joins {tier.devices} devices, which "
-                    f"is not a multiple above {below} (the domain's or the tier below's); "
-                    "give each tier more devices than the one below, a multiple of them")
-            below = tier.devices
+        problem = fabric_problem(self.devices_per_node, self.tiers, self.torus)
+        if problem:
+            raise ValueError(problem)
         return self
 
     @property
@@ -442,57 +432,22 @@ class Cluster(_Config):
 
     def scale_out_link(self, group_stride: int, group_size: int,
                        point_to_point: bool = False) -> LinkSpec:
-        """The link a group spanning domains crosses: `inter_node` on a flat network; with
-        `tiers`, the narrowest of it and every tier up to the lowest whose unit holds the
-        group's aligned block (`stride * size` ranks; past the top tier, all of them), at
-        that tier's latency. Across a WAN tier only the ring steps between data centres
-        pay its latency, (d - 1) of a ring's (n - 1) when the group spans d of them: the
-        rest of each step's latency is the tier's below; a `point_to_point` message (a
-        pipeline's, across the slowest boundary) pays all of it."""
-        link = self.inter_node
-        extent = group_stride * group_size
-        bandwidth, latency, below = link.bandwidth_gbs, link.latency_us, self.devices_per_node
-        for tier in self.tiers:
-            bandwidth = min(bandwidth, tier.bandwidth_gbs / tier.oversubscription)
-            if tier.wan and point_to_point:
-                latency = max(latency, tier.latency_us)
-            elif tier.wan:
-                spanned = math.ceil(extent / below)
-                latency += (tier.latency_us - latency) * (spanned - 1) / max(group_size - 1, 1)
-            else:
-                latency = max(latency, tier.latency_us)
-            if extent <= tier.devices and tier.devices % extent == 0:
-                break
-            below = tier.devices
-        if (bandwidth, latency) == (link.bandwidth_gbs, link.latency_us):
-            return link
+        """The link a group spanning domains crosses: `inter_node` on a flat network, the
+        narrowest tier it crosses on a fabric of `tiers` (`fabric.crossed_link`)."""
+        if not self.tiers:
+            return self.inter_node
+        bandwidth, latency = crossed_link(
+            self.inter_node.bandwidth_gbs, self.inter_node.latency_us, self.devices_per_node,
+            self.tiers, group_stride, group_size, point_to_point)
         return LinkSpec(bandwidth_gbs=bandwidth, latency_us=latency)
 
     def torus_share(self, group_stride: int, group_size: int) -> float:
-        """The share of the domain's torus dimensions a group inside one domain spans (1
-        without a torus): ranks fill the fastest dimension first, so a group `stride`
-        apart spans the dimensions from the one its stride steps in to the one its
-        extent reaches."""
-        if not self.torus:
-            return 1.0
-        sizes = [1]
-        for dimension in self.torus:
-            sizes.append(sizes[-1] * dimension)
-        first = max(i for i in range(len(self.torus)) if sizes[i] <= group_stride)
-        extent = group_stride * group_size
-        last = next((i for i in range(len(self.torus)) if sizes[i + 1] >= extent),
-                    len(self.torus) - 1)
-        return (last - first + 1) / len(self.torus)
+        """The share of the domain's torus a group inside it spans (`fabric.torus_share`)."""
+        return torus_share(self.torus, group_stride, group_size)
 
     def crosses_wan(self, group_stride: int, group_size: int) -> str | None:
-        """The WAN tier a group's aligned block crosses (the block is larger than one data
-        centre, the unit of the tier below it), or None."""
-        below = self.devices_per_node
-        for tier in self.tiers:
-            if tier.wan and group_stride * group_size > below:
-                return tier.name
-            below = tier.devices
-        return None
+        """The WAN tier a group crosses, or None (`fabric.crossed_wan`)."""
+        return crossed_wan(self.devices_per_node, self.tiers, group_stride, group_size)
 
     def link_for_group(self, group_stride: int, group_size: int) -> LinkSpec:
         """The link a collective among `group_size` ranks spaced `group_stride` apart crosses.
