@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from cost_models.identity_memo import IdentityMemo
 from cost_models.layer_mix import layer_variants
 from cost_models.transformer_ops import (
@@ -147,3 +149,13 @@ def model_flops_utilization(model_flops: float, step_s: float, num_gpus: int,
     `MODEL_FLOPS_COUNT`); the graph plans' are the traced forward's (`ModelLayers.flops`),
     which also charges each elementwise op one FLOP per output element."""
     return model_flops / step_s / num_gpus / peak_flops(device, precision)
+
+
+def mixed_flops_utilization(model_flops: float, step_s: float,
+                            devices: Sequence[tuple[int, DeviceSpec]],
+                            precision: Precision) -> float:
+    """MFU over devices of several kinds (`devices`: how many of each): the same ratio as
+    `model_flops_utilization`, over the summed dense peaks of every device at `precision`
+    (a pipeline across pools of a mixed cluster)."""
+    return model_flops / step_s / sum(count * peak_flops(device, precision)
+                                      for count, device in devices)

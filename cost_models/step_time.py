@@ -50,8 +50,8 @@ from cost_models.kernel_time import Pass, pass_seconds, weight_gradient_seconds
 from cost_models.layer_mix import layer_variants
 from cost_models.model_flops import (
     MODEL_FLOPS_COUNT,
+    mixed_flops_utilization,
     model_flops_utilization,
-    peak_flops,
     step_flops,
 )
 from cost_models.pipeline_timing import StagePhases, pipeline_time
@@ -478,12 +478,10 @@ def predict_stages(
                      for i in range(p) if moved[i] is not None), default=0.0)
     step = pipeline_s + data_s + optimizer_s + offload_s
     precision = parallel.numerics.precision
-    if isinstance(cluster, Cluster):
-        mfu = model_flops_utilization(model_flops, step, num_gpus, cluster.device, precision)
-    else:  # PaLM's MFU over the summed peaks of the devices the stages run on
-        mfu = model_flops / step / sum(
-            stage.devices * parallel.dims.context * peak_flops(here.device, precision)
-            for stage, here in zip(stages, on))
+    mfu = model_flops_utilization(model_flops, step, num_gpus, cluster.device, precision) \
+        if isinstance(cluster, Cluster) else mixed_flops_utilization(
+            model_flops, step, [(stage.devices * parallel.dims.context, here.device)
+                                for stage, here in zip(stages, on)], precision)
     worst_memory, host, moved_here = held[worst], on[worst], moved[worst]
     return StepPrediction(
         step_time_s=step,
@@ -609,23 +607,17 @@ def _pipeline_p2p(
         return max(sequences / stage.data * seq * model.hidden_size * element / stage.tensor
                    for stage in group)
 
-    if isinstance(cluster, Cluster):
-        runs, crossings = [stages], []
-    else:
-        runs = [[s for s in stages if s.pool == pool] for pool in dict.fromkeys(
-            stage.pool for stage in stages)]
-        crossings = [pair for pair in zip(stages, stages[1:]) if pair[0].pool != pair[1].pool]
-    seconds = [
-        # The stages as one group, `devices` apart: it spans domains when the pipeline does.
-        2 * group_collective_time("send_recv", slice_bytes(run), len(run),
-                                  min(stage.devices for stage in run) * parallel.dims.context,
-                                  on_pool(cluster, run[0].pool))
-        for run in runs if len(run) > 1
-    ] + [
-        2 * group_collective_time("send_recv", slice_bytes(list(pair)), 2, 1,
-                                  cluster.crossing)
-        for pair in crossings if isinstance(cluster, PooledCluster)
-    ]
+    # Each pool's stages as one group, `devices` apart: it spans domains when they do.
+    runs = [[s for s in stages if s.pool == pool]
+            for pool in dict.fromkeys(stage.pool for stage in stages)]
+    seconds = [2 * group_collective_time(
+        "send_recv", slice_bytes(run), len(run),
+        min(stage.devices for stage in run) * parallel.dims.context,
+        on_pool(cluster, run[0].pool)) for run in runs if len(run) > 1]
+    if isinstance(cluster, PooledCluster):  # and each boundary between two pools
+        seconds += [2 * group_collective_time("send_recv", slice_bytes([a, b]), 2, 1,
+                                              cluster.crossing)
+                    for a, b in zip(stages, stages[1:]) if a.pool != b.pool]
     return max(seconds, default=0.0)
 
 

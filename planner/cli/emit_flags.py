@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from planner.cli.errors import UsageError, check_output_folder
-from planner.cli.parsing import rank_range
+from planner.cli.parsing import rank_range, training_only
 from planner.export.engines import ENGINES
 from planner.search.megatron_space import MAX_GPUS
 
@@ -83,11 +83,7 @@ def add_emit_flags(parser: argparse.ArgumentParser) -> None:
         "--torchtitan-version", choices=TORCHTITAN_VERSIONS, default=TORCHTITAN_VERSIONS[0],
         help="with --emit torchtitan: the form of the config written, 0.3 (default: a "
         "config function, torchtitan_config.py) or 0.2 (a TOML job config, torchtitan.toml)")
-    given = parser.get_default("training_flags") or ()
-    parser.set_defaults(training_flags=(*given, (FLAG, action.dest, action.default),
-                                        ("--elastic", elastic.dest, elastic.default),
-                                        ("--torchtitan-version", version.dest,
-                                         version.default)))
+    training_only(parser, action, elastic, version)
 
 
 def emit(plan: Plan, engines: list[str], folder: str | Path, console: Console,

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
+from planner.cli.parsing import training_only
 from planner.vocabulary.cluster import Cluster
 from planner.vocabulary.plan import Plan
 
@@ -27,8 +28,7 @@ def add_network_flags(parser: argparse.ArgumentParser) -> None:
         "each tier of the fabric (scale-up within a node, scale-out between nodes) at 1/8x "
         "to 8x its bandwidth, and the bandwidth per GPU at which each tier's communication "
         "hides (the step within one percent of an unbounded link's)")
-    given = parser.get_default("training_flags") or ()
-    parser.set_defaults(training_flags=(*given, (FLAG, action.dest, action.default)))
+    training_only(parser, action)
 
 
 def with_network_if_asked(args: argparse.Namespace, plan: Plan,

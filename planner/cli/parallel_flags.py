@@ -14,7 +14,7 @@ import argparse
 from typing import Any
 
 from planner.cli.errors import UsageError
-from planner.cli.parsing import number, whole
+from planner.cli.parsing import number, training_only, whole
 from planner.cli.run_flags import positive
 from planner.vocabulary.cluster import MAX_DEVICES
 from planner.vocabulary.knobs import KNOBS, Knob, Spelling, knob_value
@@ -105,10 +105,7 @@ def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
         help="auto: stages may differ in size and mesh (Alpa); megatron: only layouts "
         "Megatron-LM runs",
     )
-    # (flag, dest, default) of each, so that a plan on --mesh can refuse them by name.
-    parser.set_defaults(training_flags=tuple(
-        (action.option_strings[0], action.dest, action.default) for action in actions
-    ))
+    training_only(parser, *actions)
 
 
 def training_flags_given(args: argparse.Namespace) -> list[str]:

@@ -128,3 +128,12 @@ def rank_range(most: int) -> Callable[[str], tuple[int, int]]:
             raise argparse.ArgumentTypeError(f"{text} needs 1 <= MIN <= MAX <= {most:,}")
         return pair
     return parse
+
+
+def training_only(parser: argparse.ArgumentParser, *actions: argparse.Action) -> None:
+    """Mark `actions` as training-plan flags: (flag, dest, default) of each joins the
+    parser's `training_flags`, so that a plan on --mesh refuses them by name
+    (`parallel_flags.training_flags_given`)."""
+    given = parser.get_default("training_flags") or ()
+    parser.set_defaults(training_flags=(*given, *(
+        (action.option_strings[0], action.dest, action.default) for action in actions)))

@@ -9,6 +9,7 @@ from typing import Callable
 from rich.console import Console
 
 from planner.cli.errors import UsageError, check_output_file
+from planner.cli.parsing import training_only
 from planner.vocabulary.cluster import Cluster
 from planner.models.config import TransformerConfig
 from planner.vocabulary.plan import Plan
@@ -35,8 +36,7 @@ def add_report_flags(parser: argparse.ArgumentParser) -> None:
         "plan's pipeline schedule of one step, its memory per stage, its step-time "
         "breakdown, the top plans' step time against memory, and the whole-run totals "
         "with --train-tokens or --train-iters")
-    given = parser.get_default("training_flags") or ()
-    parser.set_defaults(training_flags=(*given, (FLAG, action.dest, action.default)))
+    training_only(parser, action)
 
 
 def write_report_if_asked(args: argparse.Namespace, plans: list[Plan],

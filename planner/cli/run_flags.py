@@ -9,7 +9,7 @@ from typing import Any
 
 from cost_models.economics import DEFAULT_PUE, RunAssumptions
 from planner.cli.errors import UsageError
-from planner.cli.parsing import whole
+from planner.cli.parsing import training_only, whole
 from planner.vocabulary.cluster import Cluster
 
 CHECKPOINT_WRITE_GBPS = 5.0
@@ -98,10 +98,7 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
                        help="rank plans by the expected whole-run time or cost with failures "
                        "(cost: fewer GPUs than --gpus are tried too)")
     # An operator-level --mesh plan has no run to total: these are training-plan flags.
-    given = parser.get_default("training_flags") or ()
-    parser.set_defaults(training_flags=(*given, *(
-        (action.option_strings[0], action.dest, action.default)
-        for action in actions)))
+    training_only(parser, *actions)
 
 
 def wants_totals(args: argparse.Namespace) -> bool:

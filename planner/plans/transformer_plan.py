@@ -115,11 +115,12 @@ def training_plan(
         incompatibility = megatron_model_incompatibility(model) or \
             megatron_incompatibility(parallel, layers, chunk_layers)
     else:
-        incompatibility = "its pipeline stages run on different meshes (Alpa's space)"
         if isinstance(cluster, PooledCluster):
-            used = [cluster.pools[i].name for i in dict.fromkeys(s.pool for s in stages)]
+            used = dict.fromkeys(cluster.pools[stage.pool].name for stage in stages)
             incompatibility = (f"its pipeline stages run on different machines (pools "
                                f"{', '.join(used)}); Megatron-LM runs one kind of GPU")
+        else:
+            incompatibility = "its pipeline stages run on different meshes (Alpa's space)"
         first = stages[0]
         # Degrees as the first stage sees them; `stages` in the plan has every mesh.
         parallel = parallel.but(

@@ -237,7 +237,7 @@ def _best_stages(
     if fixed.get("sequence_parallel"):
         degrees = [t for t in degrees if t > 1]
     for s, devices in enumerate(sizes):
-        options = _meshes(degrees, shared, devices, fixed)
+        options = stage_meshes(degrees, shared, devices, fixed)
         meshes.append(options)
         best = np.full((groups, groups + 1, most), np.inf)
         for option, (tensor, data) in enumerate(options):
@@ -266,7 +266,7 @@ def _best_stages(
     return stages
 
 
-def _meshes(
+def stage_meshes(
     degrees: list[int], shared: ParallelConfig, devices: int, fixed: FixedKnobs
 ) -> list[tuple[int, int]]:
     """(tensor, data) meshes of `devices` GPUs (with `shared.context` context ranks),

@@ -21,7 +21,7 @@ best of those refined by moving one layer across a boundary while that helps.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -34,7 +34,7 @@ from cost_models.step_time import StageCosts, StepPrediction, predict_stages, st
 from planner.models.config import TransformerConfig
 from cost_models.offload import offloads
 from planner.search import offload_candidates, search
-from planner.search.alpa_space import MAX_STAGES, shared_knob_groups
+from planner.search.alpa_space import MAX_STAGES, shared_knob_groups, stage_meshes
 from planner.search.megatron_space import (
     Candidate,
     SearchSpace,
@@ -282,23 +282,14 @@ def _fitted(model: TransformerConfig, pooled: PooledCluster, shared: ParallelCon
 
 def _pool_meshes(model: TransformerConfig, cluster: Cluster, shared: ParallelConfig,
                  fixed: FixedKnobs) -> list[tuple[int, int, int]]:
-    """(tensor, data, stages) that use every device of `cluster`: stages of one
-    (tensor x data) mesh, the data replicas splitting the micro-batch."""
-    context = shared.dims.context
+    """(tensor, data, stages) that use every device of `cluster`: stages of one of the
+    stage DP's (tensor x data) meshes (`alpa_space.stage_meshes`), as many as fill it."""
     degrees = [fixed["tensor"]] if "tensor" in fixed else tensor_degrees(model, cluster)
-    out = []
-    for tensor in degrees:
-        for data in range(1, shared.batch.micro_batch_size + 1):
-            if shared.batch.micro_batch_size % data or data % shared.dims.expert \
-                    or data != fixed.get("data", data):
-                continue
-            if "micro_batch_size" in fixed and \
-                    shared.batch.micro_batch_size // data != fixed["micro_batch_size"]:
-                continue
-            stages, rest = divmod(cluster.num_devices, tensor * data * context)
-            if not rest and stages >= 1:
-                out.append((tensor, data, stages))
-    return out
+    n = cluster.num_devices
+    return [(tensor, data, n // devices)
+            for devices in range(1, n + 1) if n % devices == 0
+            for tensor, data in stage_meshes(degrees, shared, devices, fixed)
+            if data == fixed.get("data", data)]
 
 
 def _predicted(model: TransformerConfig, pooled: PooledCluster, shared: ParallelConfig,
@@ -322,10 +313,8 @@ def _refine(model: TransformerConfig, pooled: PooledCluster, shared: ParallelCon
             for give, take in ((k, k + 1), (k + 1, k)):
                 if stages[give].layers > 1:
                     moved = list(stages)
-                    moved[give] = StageLayout(stages[give].layers - 1, stages[give].tensor,
-                                              stages[give].data, stages[give].pool)
-                    moved[take] = StageLayout(stages[take].layers + 1, stages[take].tensor,
-                                              stages[take].data, stages[take].pool)
+                    moved[give] = replace(stages[give], layers=stages[give].layers - 1)
+                    moved[take] = replace(stages[take], layers=stages[take].layers + 1)
                     moves.append(_predicted(model, pooled, shared, moved))
         tries += len(moves)
         better = [m for m in moves if m.prediction.fits

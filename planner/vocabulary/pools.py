@@ -3,9 +3,9 @@
 Fleets mix generations (H100 beside A100, B200 beside H100). A `PooledCluster` lists
 `Pool`s, each a homogeneous `Cluster` (a preset or a cluster file, sized to the pool's
 devices), and the link between pools: bandwidth per GPU and latency, as a pipeline's
-stage-to-stage transfer crossing from one pool to the next sees it. Ranks are numbered
-pool by pool in the order listed (pool 0's devices first), so a launcher starts each
-pool's machines with that pool's devices per host.
+stage-to-stage transfer crossing from one pool to the next sees it. A plan numbers its
+ranks in pipeline order, each pool's together, and names each stage's pool, so a launcher
+starts each pool's machines with that pool's devices per host.
 
 A pipeline stage runs inside one pool; the pipeline may cross pools (Metis, ATC'24, plans
 stages over device types the same way). Tensor, data and context parallel groups stay in
@@ -58,7 +58,8 @@ class PooledCluster(_Config):
 
     name: str = Field(description="Short name of the mixed cluster.")
     description: str = Field(default="", description="Free text: what the pools are.")
-    pools: list[Pool] = Field(min_length=1, description="The pools, in rank order.")
+    pools: list[Pool] = Field(min_length=1, description="The pools (a plan may visit them "
+                              "in any order).")
     between_pools: LinkSpec | None = Field(
         default=None, description="The link a transfer from one pool to another crosses, "
         "per GPU (needed with more than one pool).")
@@ -88,10 +89,6 @@ class PooledCluster(_Config):
     def pool(self, index: int) -> Cluster:
         """Pool `index`'s machines, sized to its devices."""
         return self.pools[index].cluster
-
-    def first_device(self, index: int) -> int:
-        """The global rank of pool `index`'s first device."""
-        return sum(pool.devices for pool in self.pools[:index])
 
     @cached_property
     def crossing(self) -> Cluster:

@@ -25,7 +25,7 @@ MIXED = FIXTURES / "h100-a100.yaml"
 def test_a_file_of_pools_loads_each_pool_sized() -> None:
     pooled = load_any(str(MIXED))
     assert isinstance(pooled, PooledCluster)
-    assert pooled.num_devices == 16 and pooled.first_device(1) == 8
+    assert pooled.num_devices == 16 and pooled.pool(0).num_devices == 8
     assert pooled.pool(0).device.name == "H100-SXM5-80GB"
     assert pooled.pool(1).device.name == "A100-SXM4-80GB"
     assert pooled.pool(1).num_devices == 8
