@@ -31,6 +31,7 @@ import json
 import shlex
 from typing import Any
 
+from planner.export.plan_config import one_layout_problem
 from planner.vocabulary.knobs import KNOBS, engine_value, plan_value, spelt
 from planner.vocabulary.parallel import ADAPTER_FINETUNES
 from planner.vocabulary.plan import Plan, RunSettings
@@ -54,11 +55,11 @@ TRAIN_SCRIPT = "train.py"
 
 def deepspeed_incompatibility(plan: Plan) -> str | None:
     """Why DeepSpeed alone cannot run `plan` (one line), or None."""
+    problem = one_layout_problem(plan)
+    if problem:
+        return problem
     q = plan.parallel
-    if q is None or plan.micro_batch_size is None or plan.global_batch_size is None:
-        return "it is an operator-level plan (no data-parallel degree or batch)"
-    if plan.mesh_axes == ["device"]:
-        return "its pipeline stages run on different meshes"
+    assert q is not None
     model_parallel = {"tensor": q.tensor, "pipeline": q.pipeline, "expert": q.expert}
     used = [f"{name} {size}" for name, size in model_parallel.items() if size > 1]
     if used:

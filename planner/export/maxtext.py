@@ -78,6 +78,7 @@ from typing import Any
 
 import yaml
 
+from planner.export.plan_config import one_layout_problem, plan_model
 from planner.models.config import TransformerConfig
 from planner.vocabulary.knobs import unmapped_knob
 from planner.vocabulary.plan import Plan
@@ -125,17 +126,13 @@ def jax_devices_per_chip(plan: Plan) -> int:
     return 2 if any(fragment in name for fragment in IRONWOOD_NAMES) else 1
 
 
-def _model(plan: Plan, model: TransformerConfig | None) -> TransformerConfig | None:
-    return model if model is not None else plan.architecture
-
-
 def maxtext_incompatibility(plan: Plan, model: TransformerConfig | None) -> str | None:
     """Why MaxText cannot run `plan` of `model` (one line), or None."""
-    q, run, shape = plan.parallel, plan.run, _model(plan, model)
-    if q is None or plan.micro_batch_size is None or plan.global_batch_size is None:
-        return "it is an operator-level plan (no data-parallel degree or batch)"
-    if plan.mesh_axes == ["device"]:
-        return "its pipeline stages run on different meshes"
+    problem = one_layout_problem(plan)
+    if problem:
+        return problem
+    q, run, shape = plan.parallel, plan.run, plan_model(plan, model)
+    assert q is not None
     other = [fragment for fragment in OTHER_DEVICES if fragment in plan.cluster.lower()]
     if other:
         return (f"MaxText runs on TPUs and GPUs, and this plan was priced on {plan.cluster}"
@@ -378,7 +375,7 @@ def maxtext_files(plan: Plan, model: TransformerConfig | None) -> dict[str, str]
     why = maxtext_incompatibility(plan, model)
     if why:
         raise ValueError(f"MaxText cannot run this plan: {why}")
-    shape = _model(plan, model)
+    shape = plan_model(plan, model)
     assert shape is not None
     config = maxtext_config(plan, shape)
     per_chip = jax_devices_per_chip(plan)

@@ -45,6 +45,7 @@ from typing import Any
 
 import yaml
 
+from planner.export.plan_config import one_layout_problem, plan_model
 from planner.models.config import TransformerConfig
 from planner.vocabulary.knobs import unmapped_knob
 from planner.vocabulary.plan import Plan
@@ -92,10 +93,6 @@ def trainium(plan: Plan) -> tuple[int, int | None] | None:
     return next((value for fragment, value in TRAINIUM.items() if fragment in name), None)
 
 
-def _model(plan: Plan, model: TransformerConfig | None) -> TransformerConfig | None:
-    return model if model is not None else plan.architecture
-
-
 def _family(model: TransformerConfig) -> str | None:
     """'llama' or 'mixtral' where NxDT's HF modules build the shape, else None."""
     if (model.norm, model.activation, model.position_embedding, model.bias) != (
@@ -110,11 +107,11 @@ def _family(model: TransformerConfig) -> str | None:
 
 def neuronx_incompatibility(plan: Plan, model: TransformerConfig | None) -> str | None:
     """Why NeuronX Distributed Training cannot run `plan` of `model` (one line), or None."""
-    q, run, shape = plan.parallel, plan.run, _model(plan, model)
-    if q is None or plan.micro_batch_size is None or plan.global_batch_size is None:
-        return "it is an operator-level plan (no data-parallel degree or batch)"
-    if plan.mesh_axes == ["device"]:
-        return "its pipeline stages run on different meshes"
+    problem = one_layout_problem(plan)
+    if problem:
+        return problem
+    q, run, shape = plan.parallel, plan.run, plan_model(plan, model)
+    assert q is not None
     if trainium(plan) is None:
         return (f"it runs on Trainium, and this plan was priced on {plan.cluster}: plan with "
                 "--cluster trn1 or trn2")
@@ -275,7 +272,7 @@ def neuronx_files(plan: Plan, model: TransformerConfig | None) -> dict[str, str]
     why = neuronx_incompatibility(plan, model)
     if why:
         raise ValueError(f"NeuronX Distributed cannot run this plan: {why}")
-    shape = _model(plan, model)
+    shape = plan_model(plan, model)
     assert shape is not None
     ranks, nodes = neuronx_config_devices(plan)
     header = (f"# NeuronX Distributed Training config ({SOURCE}, keys of docs/general/"

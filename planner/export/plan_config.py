@@ -4,8 +4,29 @@ stage layouts it was predicted with, read back from the plan (no search)."""
 from __future__ import annotations
 
 from cost_models.pipeline_memory import StageLayout
+from planner.models.config import TransformerConfig
 from planner.vocabulary.parallel import ParallelConfig
 from planner.vocabulary.plan import Plan, RunSettings
+
+
+def plan_model(plan: Plan, model: TransformerConfig | None) -> TransformerConfig | None:
+    """The model's shape: as given, else as the plan records it (`Plan.architecture`)."""
+    return model if model is not None else plan.architecture
+
+
+def one_layout_problem(plan: Plan) -> str | None:
+    """Why `plan` is not one training layout on one kind of machine, what an engine's
+    config describes (one line), or None: an operator-level plan has no degrees or batch;
+    an Alpa-space plan gives each stage its own mesh; a plan across a mixed cluster's
+    pools runs its stages on different machines."""
+    if plan.parallel is None or plan.micro_batch_size is None or plan.global_batch_size is None:
+        return "it is an operator-level plan (no data-parallel degree or batch)"
+    if plan.mesh_axes == ["device"]:
+        return "its pipeline stages run on different meshes"
+    pools = dict.fromkeys(stage.pool for stage in plan.stages)
+    if len(pools) > 1:
+        return f"its pipeline stages run on different machines (pools {', '.join(map(str, pools))})"
+    return None
 
 
 def parallel_config(plan: Plan) -> ParallelConfig:

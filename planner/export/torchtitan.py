@@ -43,6 +43,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from planner.export.plan_config import one_layout_problem
 from planner.export.fsdp_offload import fsdp2_offload_refusal
 from planner.export.torchrun import RDZV_PORT, allocator_exports
 from planner.models.config import TransformerConfig
@@ -94,8 +95,9 @@ def torchtitan_incompatibility(plan: Plan, model: TransformerConfig | None) -> s
     if llama3_flavor(model) is None:
         return (f"TorchTitan {RELEASE} builds Llama 3 8B, 70B and 405B (and its own "
                 f"DeepSeek-V3, Qwen3 and Llama 4), not {plan.model}'s shape")
-    if plan.mesh_axes == ["device"]:
-        return "its pipeline stages run on different meshes"
+    problem = one_layout_problem(plan)
+    if problem:
+        return problem
     if plan.precision == "fp16":
         return "TorchTitan trains in bf16 or fp32, not fp16"
     if plan.precision == "fp8" and plan.run and plan.run.fp8_recipe not in FP8_RECIPES:

@@ -159,3 +159,27 @@ def test_plan_on_pools_writes_its_plan_and_report_and_refuses_engines_by_name(
     assert code == 2 and said.strip().splitlines()[-1].startswith(
         "error: --emit: the best plan's pipeline crosses pools (fast, slow); Megatron-LM, "
         "TorchTitan and DeepSpeed run one kind of GPU")
+
+
+def test_engines_that_describe_one_layout_refuse_a_plan_across_pools() -> None:
+    """The engines' own configs describe one layout on one kind of machine: a plan whose
+    stages run on two pools is refused by name, not written for the first pool's GPUs."""
+    from planner.export.engines import Refusal, engine_files
+    from planner.models.config import TransformerConfig
+    from planner.models.presets import FAMILIES
+    from planner.plans.pool_plan import plan_pools
+    from planner.vocabulary.parallel import FixedKnobs
+
+    pooled = PooledCluster.model_validate({
+        "name": "fast-slow", "pools": [{"name": "fast", "cluster": "cpu", "devices": 2},
+                                       {"name": "slow", "cluster": SLOW_CPU, "devices": 2}],
+        "between_pools": {"bandwidth_gbs": 0.5, "latency_us": 200}})
+    model = TransformerConfig(**FAMILIES["llama"], num_layers=8, hidden_size=256,
+                              num_attention_heads=4, vocab_size=256, seq_length=64)
+    plan = plan_pools("llama", model, pooled, 32,
+                      FixedKnobs({"engine": "tessel", "precision": "fp32"}))[0][0]
+    assert [stage.pool for stage in plan.stages] == ["slow", "fast"]
+    for engine in ("megatron", "deepspeed", "maxtext", "neuronx"):
+        with pytest.raises(Refusal, match="different machines") as refused:
+            engine_files(engine, plan, model)
+        assert "\n" not in str(refused.value), engine
