@@ -28,11 +28,11 @@ formula of its own.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from cost_models.step_time import predict_stages
 from planner.vocabulary.cluster import Cluster
+from planner.vocabulary.plan import BandwidthPoint, TierSweep
 
 if TYPE_CHECKING:
     from cost_models.pipeline_memory import StageLayout
@@ -52,30 +52,6 @@ UNBOUNDED_GBS = 1e9
 """A link no collective waits on (GB/s per GPU): the reference of exposed communication."""
 SEARCH_STEPS = 40
 """Bisection steps over log2 of the bandwidth: 2^-40 of the bracket's span."""
-
-
-@dataclass(frozen=True)
-class SweepPoint:
-    """The step at one bandwidth of one tier."""
-
-    bandwidth_gbs: float
-    step_s: float
-    exposed_s: float
-    """The step less the step with the tier unbounded."""
-
-
-@dataclass(frozen=True)
-class TierSweep:
-    """One tier's sweep and where its communication hides."""
-
-    tier: str
-    preset_gbs: float
-    """The tier's bandwidth in the cluster as given (GB/s per GPU and direction)."""
-    unbounded_step_s: float
-    points: tuple[SweepPoint, ...]
-    hides_at_gbs: float | None
-    """The least bandwidth whose step is within `HIDDEN` of the unbounded step; None when
-    the tier carries nothing this plan waits on (no bandwidth changes its step)."""
 
 
 def tier_keys(cluster: Cluster) -> tuple[str, ...]:
@@ -111,7 +87,7 @@ def tier_sweep(
     stages: list[StageLayout], tier: str, flash_attention: bool | None = None,
 ) -> TierSweep:
     """Sweep `tier`'s bandwidth (one of `tier_keys`) for the plan (`parallel` on
-    `stages`) on `cluster`."""
+    `stages`) on `cluster`, as the Plan keeps it (`Plan.network`)."""
     if tier not in tier_keys(cluster):
         raise ValueError(f"tier must be one of {', '.join(tier_keys(cluster))}, got {tier!r}")
     preset = _bandwidth(cluster, tier)
@@ -121,9 +97,12 @@ def tier_sweep(
                               stages, flash_attention).step_time_s
 
     unbounded = step(UNBOUNDED_GBS)
-    points = tuple(SweepPoint(preset * f, s, s - unbounded)
-                   for f in FACTORS for s in (step(preset * f),))
-    return TierSweep(tier, preset, unbounded, points, hiding_bandwidth(step, unbounded))
+    points = [BandwidthPoint(bandwidth_gbs=preset * f, factor=f, step_s=s,
+                             exposed_s=s - unbounded)
+              for f in FACTORS for s in (step(preset * f),)]
+    return TierSweep(tier=tier, name=tier_name(cluster, tier), cluster_gbs=preset,
+                     unbounded_step_s=unbounded, points=points,
+                     hides_at_gbs=hiding_bandwidth(step, unbounded))
 
 
 def hiding_bandwidth(step: Callable[[float], float], unbounded_s: float) -> float | None:

@@ -37,21 +37,12 @@ def with_network_if_asked(args: argparse.Namespace, plan: Plan,
     (`Plan.network`: what the table below and the report read); else `plan`."""
     if not getattr(args, "bandwidth_sweep", False):
         return plan
-    from cost_models.bandwidth_sweep import FACTORS, tier_keys, tier_name, tier_sweep
+    from cost_models.bandwidth_sweep import tier_keys, tier_sweep
     from planner.export.plan_config import parallel_config, stage_layouts
-    from planner.vocabulary.plan import BandwidthPoint, TierSweep
 
     cluster = cluster.with_devices(plan.num_gpus)
     parallel, stages = parallel_config(plan), stage_layouts(plan)
-    sweeps = []
-    for key in tier_keys(cluster):
-        sweep = tier_sweep(model, cluster, parallel, stages, key)
-        sweeps.append(TierSweep(
-            tier=key, name=tier_name(cluster, key), cluster_gbs=sweep.preset_gbs,
-            unbounded_step_s=sweep.unbounded_step_s, hides_at_gbs=sweep.hides_at_gbs,
-            points=[BandwidthPoint(bandwidth_gbs=point.bandwidth_gbs, factor=factor,
-                                   step_s=point.step_s, exposed_s=point.exposed_s)
-                    for factor, point in zip(FACTORS, sweep.points)]))
+    sweeps = [tier_sweep(model, cluster, parallel, stages, key) for key in tier_keys(cluster)]
     return plan.model_copy(update={"network": sweeps})
 
 
