@@ -62,6 +62,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from cost_models.published_finetune import Unpriced
 from cost_models.published_memory import CALIBRATION
@@ -231,11 +232,24 @@ class _Unpriceable(Exception):
 def predict(run: AcceleratorRun, tpu_matmul: float | None = None) -> AcceleratorResult:
     """The run's prediction with its published configuration; `tpu_matmul`: the TPU
     presets' matmul efficiency in place of the shipped one (TPU runs only)."""
-    cluster = run.cluster
-    if tpu_matmul is not None and run.tpu:
-        efficiency = cluster.device.efficiency.model_copy(update={"matmul": tpu_matmul})
-        cluster = cluster.with_efficiency(efficiency)
+    if tpu_matmul is None or not run.tpu:
+        return _predicted(run, run.cluster.device.efficiency)
+    return _predicted(run, run.cluster.device.efficiency.model_copy(
+        update={"matmul": tpu_matmul}))
+
+
+def _predicted(run: AcceleratorRun, efficiency: Efficiency) -> AcceleratorResult:
+    """The run on its preset at `efficiency`."""
+    cluster = run.cluster.with_efficiency(efficiency)
     return AcceleratorResult(run, predict_step(run.model, cluster, run.parallel))
+
+
+def _least_squares(grid: tuple[float, ...], runs: list[AcceleratorRun],
+                   predicted: Callable[[AcceleratorRun, float], AcceleratorResult]) -> float:
+    """The value of `grid` whose log throughput errors over `runs` (each predicted at it)
+    have the least squares."""
+    return min(grid, key=lambda value: sum(math.log1p(predicted(run, value).error) ** 2
+                                           for run in runs))
 
 
 def fit_tpu_matmul(runs: list[AcceleratorRun]) -> float:
@@ -244,10 +258,7 @@ def fit_tpu_matmul(runs: list[AcceleratorRun]) -> float:
     tpu = [run for run in runs if run.tpu]
     if not tpu:
         raise ValueError("no TPU run to fit the TPU matmul efficiency to")
-
-    def loss(matmul: float) -> float:
-        return sum(math.log1p(predict(run, matmul).error) ** 2 for run in tpu)
-    return min(MATMUL_GRID, key=loss)
+    return _least_squares(MATMUL_GRID, tpu, predict)
 
 
 SCALED = {
@@ -279,20 +290,14 @@ def scaled(preset: str, scale: float) -> Efficiency:
 
 def predict_scaled(run: AcceleratorRun, scale: float) -> AcceleratorResult:
     """The run on its preset with `scaled(preset, scale)` as its efficiency."""
-    cluster = run.cluster.with_efficiency(scaled(run.cluster.name, scale))
-    return AcceleratorResult(run, predict_step(run.model, cluster, run.parallel))
+    return _predicted(run, scaled(run.cluster.name, scale))
 
 
 def fit_scale(runs: list[AcceleratorRun], preset: str) -> float:
     """The scale (`SCALE_GRID`) of `preset`'s prior efficiency whose log errors over its
     runs in `runs` have the least squares; 1 (the prior) where `runs` has none of them."""
     mine = [run for run in runs if run.cluster.name == preset]
-    if not mine:
-        return 1.0
-
-    def loss(scale: float) -> float:
-        return sum(math.log1p(predict_scaled(run, scale).error) ** 2 for run in mine)
-    return min(SCALE_GRID, key=loss)
+    return _least_squares(SCALE_GRID, mine, predict_scaled) if mine else 1.0
 
 
 def held_out(runs: list[AcceleratorRun]) -> dict[int, float]:

@@ -95,8 +95,8 @@ class PooledCluster(_Config):
         """A cluster whose scale-out link is `between_pools`, on the slower pool's devices
         (its collective overheads and efficiency): what a transfer between pools costs.
         One object per pooled cluster, so its prices are memoised (`cost_models.comm`)."""
-        assert self.between_pools is not None or len(self.pools) == 1
-        link = self.between_pools or self.pools[0].cluster.inter_node
+        assert self.between_pools is not None  # two pools or more (`_joined`)
+        link = self.between_pools
         slowest = min((pool.cluster for pool in self.pools),
                       key=lambda c: c.device.peak_tflops.get(c.device.default_precision,
                                                              c.device.peak_tflops["fp32"]))
