@@ -8,7 +8,9 @@ Targets (issue 46): peak memory within 10% where the row measured it, throughput
 15%. One number is fitted to these rows: `ADAPTER_TIME_SCALE`, the adapters' kernels'
 time over their roofline price, on the LoRA and QLoRA rows by least squares of the log
 throughput error; beside the fit, each of those rows predicted by the fit without it
-(leave-one-out). A row Tessel cannot describe is printed with the reason.
+(leave-one-out). A row Tessel cannot describe is printed with the reason. Held out beside:
+every other bar of the DeepSpeed post's Figure 5 (`published_finetune.AZURE_175B_FIGURE5`),
+the row's recipe at each sequence length, GPU count and batch a GPU.
 
     .venv/bin/python benchmarks/finetune_accuracy.py [--json PATH]
 """
@@ -26,11 +28,15 @@ sys.path.insert(0, str(ROOT))
 
 from cost_models import adapters, step_time  # noqa: E402
 from cost_models.published_finetune import (  # noqa: E402
+    AZURE_175B_FIGURE5,
     FinetuneResult,
     FinetuneRun,
+    azure_175b_parallel,
+    azure_ndm_a100_v4,
     predict,
     read_runs,
 )
+from planner.models.presets import zoo_config  # noqa: E402
 
 MEMORY_TARGET = 0.10
 SPEED_TARGET = 0.15
@@ -97,11 +103,40 @@ def main() -> int:
           f"rows within {MEMORY_TARGET:.0%}; throughput: "
           f"{sum(e <= SPEED_TARGET for e in speed_errors)}/{len(speed_errors)} within "
           f"{SPEED_TARGET:.0%}; {len(unpriced)} row(s) not predicted")
+    figure = figure5()
     if args.json:
         args.json.write_text(json.dumps({"adapter_time_scale": fitted, "rows": rows,
-                                         "unpriced": [vars(u) for u in unpriced]},
+                                         "unpriced": [vars(u) for u in unpriced],
+                                         "deepspeed_figure5_held_out": figure},
                                         indent=2) + "\n")
     return 0
+
+
+def figure5() -> list[dict]:
+    """DeepSpeed's Figure 5, held out: each bar beside its prediction, then the mean
+    absolute error by tokens a GPU (the prediction's error grows as the batch shrinks)."""
+    print("\nheld out: DeepSpeed's Figure 5, 175B ZeRO-3 with CPU offload on A100, "
+          "TFLOP/s per GPU measured/predicted (error) by sequences a GPU")
+    bars, by_tokens = [], {}
+    for (seq, gpus), measured in AZURE_175B_FIGURE5.items():
+        model = zoo_config("gpt3-175b", {"seq_length": seq})
+        cells = []
+        for i, value in enumerate(measured):
+            per_gpu = 2**i
+            p = step_time.predict_step(model, azure_ndm_a100_v4(gpus),
+                                       azure_175b_parallel(per_gpu, gpus))
+            error = p.hardware_tflops_per_gpu / value - 1
+            by_tokens.setdefault(per_gpu * seq, []).append(abs(error))
+            bars.append({"seq_length": seq, "gpus": gpus, "per_gpu": per_gpu,
+                         "measured_tflops": value,
+                         "predicted_tflops": p.hardware_tflops_per_gpu, "error": error})
+            cells.append(f"{per_gpu}: {value:.0f}/{p.hardware_tflops_per_gpu:.0f} "
+                         f"({error:+.0%})")
+        print(f"  seq {seq:>4}, {gpus:>4} GPUs  " + "  ".join(cells))
+    print("  mean |error| by tokens a GPU: " + ", ".join(
+        f"{tokens:,}: {sum(e) / len(e):.0%} ({len(e)})"
+        for tokens, e in sorted(by_tokens.items())))
+    return bars
 
 
 def _throughput(result: FinetuneResult) -> tuple[str, str]:

@@ -27,6 +27,14 @@ What moves, per GPU and step, and what it waits for:
 - Activation offload (Megatron-LM's --cpu-offloading-num-layers, Transformer Engine's
   CPU offload context): those layers' saved activations go to the host in forward and come
   back in backward, each behind the next layer's compute.
+- Checkpoint offload (DeepSpeed's activation_checkpointing.cpu_checkpointing): under full
+  recomputation each layer's checkpointed input goes to the host in forward and comes back
+  before the layer is recomputed, each copy blocking (DeepSpeed's checkpointing.py copies
+  with `.cpu()` and `.to(device)`, on the compute stream, through v0.18; v0.6.2's
+  transport stream is created and never used). `.cpu()` lands in pageable memory, which
+  the CUDA driver stages through a pinned buffer of its own: the bytes cross the host link
+  into it, then the CPU copies them on (NVIDIA, "How to Optimize Data Transfers in CUDA
+  C/C++", 2012): `pageable_bytes_per_s`.
 - Paged optimizer state (bitsandbytes' PagedAdamW8bit, `cost_models.eight_bit_adam`): the
   state in CUDA unified memory stays on the GPU while it fits beside torch's reserved
   pool; what does not is paged out to the host and back for every step, in line with the
@@ -95,6 +103,9 @@ class OffloadBytes:
     per micro-batch."""
     activation_layers: int = 0
     """Layers whose activations are offloaded."""
+    blocking: bool = False
+    """Whether those copies hold the compute stream, staged through pageable memory
+    (checkpoint offload), rather than run beside the next layer's compute."""
     nvme_read: float = 0.0
     """Optimizer-state bytes read from NVMe per step (parameters on NVMe are read as they
     are fetched: `nvme_bytes_read`)."""
@@ -141,7 +152,8 @@ def offloads(parallel: ParallelConfig) -> bool:
     """Whether `parallel` keeps anything off the GPU."""
     offload = parallel.offload
     return (offload.offload_optimizer != "none" or offload.offload_params != "none"
-            or offload.offload_activation_layers > 0 or paged(parallel))
+            or offload.offload_activation_layers > 0 or offload.offload_checkpoints
+            or paged(parallel))
 
 
 def optimizer_off_gpu(parallel: ParallelConfig) -> float:
@@ -163,6 +175,16 @@ def pcie_bytes_per_s(cluster: Cluster) -> float:
     host = _host(cluster)
     share = host.memory_bandwidth_gbs / gpus_per_host(cluster)
     return min(host.pcie_gbs * PCIE_EFFICIENCY, share) * 1e9
+
+
+def pageable_bytes_per_s(cluster: Cluster) -> float:
+    """One GPU's blocking copy to or from pageable host memory: the host link into the
+    driver's pinned staging buffer (`pcie_bytes_per_s`), then the CPU's copy between it and
+    the pageable pages, which reads and writes each byte in the GPU's share of the host's
+    streaming bandwidth; the two in turn."""
+    host = _host(cluster)
+    copy = host.memory_bandwidth_gbs * 1e9 * HOST_MEMORY_EFFICIENCY / gpus_per_host(cluster) / 2
+    return 1 / (1 / pcie_bytes_per_s(cluster) + 1 / copy)
 
 
 def nvme_bytes_per_s(cluster: Cluster) -> tuple[float, float]:
@@ -235,7 +257,8 @@ def offload_bytes(state: StageState, parallel: ParallelConfig, in_flight: int) -
             write += fetch  # the updated weights, once a step
         else:
             host += fetch
-    layers = min(offload.offload_activation_layers, state.layers)
+    layers = state.layers if offload.offload_checkpoints \
+        else min(offload.offload_activation_layers, state.layers)
     host += layers * state.activation_bytes_per_layer * in_flight
     in_unified = state.optimizer_bytes if paged(parallel) else 0.0
     host += in_unified  # what backs it when it is paged out
@@ -244,6 +267,7 @@ def offload_bytes(state: StageState, parallel: ParallelConfig, in_flight: int) -
         host_bytes=host, nvme_bytes=nvme, cpu_parameters=shard, fetch_per_pass=fetch,
         fetches=fetches,
         activations_per_layer=state.activation_bytes_per_layer, activation_layers=layers,
+        blocking=offload.offload_checkpoints,
         nvme_read=read, nvme_write=write, params_on_nvme=offload.offload_params == "nvme")
 
 
@@ -275,7 +299,11 @@ def offload_time(moved: OffloadBytes, parallel: ParallelConfig, cluster: Cluster
         forwards = moved.fetches - 1
         transfers += micro_batches * (forwards * max(0.0, fetch - forward_s)
                                       + max(0.0, fetch - backward_s))
-    if moved.activation_layers and layers:
+    if moved.activation_layers and moved.blocking:
+        # Each checkpoint out in forward and back before its recomputation, nothing beside.
+        transfers += micro_batches * moved.activation_layers * 2 \
+            * moved.activations_per_layer / pageable_bytes_per_s(cluster)
+    elif moved.activation_layers and layers:
         # Each offloaded layer's copy runs beside the next layer's compute.
         copy = moved.activations_per_layer / pcie
         transfers += micro_batches * moved.activation_layers * (

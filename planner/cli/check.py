@@ -128,8 +128,12 @@ def run_training_check(args: argparse.Namespace, cluster: AnyCluster) -> int:
     offloaded = [flag for flag, dest in (("--offload-optimizer", "offload_optimizer"),
                                          ("--offload-params", "offload_params"))
                  if getattr(args, dest, None) not in (None, "none")]
-    if offloaded or getattr(args, "offload_activation_layers", None):
-        flags = offloaded or ["--cpu-offloading-num-layers"]
+    offloaded += [flag for flag, dest in (("--cpu-offloading-num-layers",
+                                           "offload_activation_layers"),
+                                          ("--offload-checkpoints", "offload_checkpoints"))
+                  if getattr(args, dest, None)]
+    if offloaded:
+        flags = offloaded
         raise UsageError(
             f"{' and '.join(flags)}: plan check trains on CPU ranks, whose tensors are all in "
             "host memory already, so offload has nothing to move; check the plan without "

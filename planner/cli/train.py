@@ -426,6 +426,8 @@ def offloaded(plan: Plan, short: bool = False) -> str:
     if run.offload_activation_layers:
         layers = run.offload_activation_layers
         parts.append(("act:", "activations: ", f"{layers}" if short else f"{layers} layers"))
+    if run.offload_checkpoints:
+        parts.append(("ckpt:", "checkpoints: ", "cpu"))
     if short:
         return " ".join(tag + value.replace(" ", "") for tag, _, value in parts)
     return ", ".join(word + value for _, word, value in parts)

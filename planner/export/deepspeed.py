@@ -11,6 +11,9 @@ a zero_optimization key spells, where the plan sets it.
 - Offload is ZeRO-Offload's and ZeRO-Infinity's: `offload_optimizer` and `offload_param`
   with the plan's device, pinned host buffers, and for NVMe a placeholder path
   (`NVME_PATH`) with DeepSpeed's default buffer counts and sizes.
+- Checkpoint offload (`offload_checkpoints`) is DeepSpeed's activation checkpointing with
+  `cpu_checkpointing`: the blocks run under `deepspeed.checkpointing.checkpoint`, whose
+  checkpointed inputs go to the host.
 - A context degree is Ulysses (Jacobs et al. 2023, `sequence_parallel_size`; the model's
   attention wrapped in `deepspeed.sequence.layer.DistributedAttention`, as Snowflake's
   Arctic long-sequence training runs it beside ZeRO-3 and offload). Tessel prices it as
@@ -104,6 +107,12 @@ def ds_config(plan: Plan) -> dict[str, Any]:
         "zero_optimization": zero,
         "steps_per_print": 10,
     }
+    if run is not None and run.offload_checkpoints:
+        # deepspeed.checkpointing keeps each checkpointed block's input on the host; the
+        # launch script wraps the blocks in it (deepspeed.checkpointing.configure reads
+        # this section).
+        config[KEY["offload_checkpoints"].split(".")[0]] = {
+            "partition_activations": False, "cpu_checkpointing": True}
     if q.context > 1:
         # Ulysses: each sequence split over `context` ranks, attention's heads exchanged by
         # all-to-alls (deepspeed.sequence.layer.DistributedAttention); DeepSpeed's data-

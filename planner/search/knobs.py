@@ -193,7 +193,10 @@ def _offload_problems(knobs: FixedKnobs, model: TransformerConfig, cluster: Clus
                         f"optimizer between CPU and GPU; add {FLAG['offload_optimizer']} cpu")
     targets = [knobs.get(name) for name in ("offload_optimizer", "offload_params")]
     offloaded = [t for t in targets if t not in (None, "none")]
-    if offloaded or knobs.get("offload_activation_layers"):
+    if knobs.get("offload_checkpoints") and knobs.get("recompute") != "full":
+        problems.append(f"{FLAG['offload_checkpoints']} offloads the inputs full "
+                        f"recomputation keeps; add {FLAG['recompute']} full")
+    if offloaded or knobs.get("offload_activation_layers") or knobs.get("offload_checkpoints"):
         host = cluster.host
         if host is None:
             problems.append(f"cluster {cluster.name!r} has no host figures (host memory, "

@@ -163,7 +163,7 @@ erred by 20-50% on published Megatron-LM runs (Tessel's own, mostly optimistic),
 band is wide and leans towards slower than predicted."""
 
 
-FINETUNE_OFFLOAD = (0.85, 1.62)
+FINETUNE_OFFLOAD = (0.85, 1.27)
 """Measured over predicted step time of the published fine-tuning and offload runs
 (`benchmarks/finetune_accuracy.py`: torchtune's full fine-tune with a paged 8-bit Adam,
 LoRA and QLoRA on an RTX 4090 and its 70B

@@ -464,6 +464,13 @@ KNOBS: dict[str, Knob] = _knobs(
          most=1 << 20, engines=("megatron", "torchtitan"),
          cli=_flag("--cpu-offloading-num-layers"),
          megatron=_engine("--cpu-offloading-num-layers", "0: none")),
+    Knob("offload_checkpoints", "run.offload_checkpoints", "bool",
+         "with --recompute-granularity full: every layer's checkpointed input kept in host "
+         "memory, copied out in forward and back before its recomputation, each copy "
+         "blocking (DeepSpeed's cpu_checkpointing)",
+         engines=("tessel",), cli=_flag("--offload-checkpoints"),
+         deepspeed=_engine("activation_checkpointing.cpu_checkpointing",
+                           "the model's blocks under deepspeed.checkpointing")),
     Knob("finetune", "run.finetune", "str",
          "none (pre-training), full (every weight fine-tuned), lora (rank-r adapters over "
          "a frozen 16-bit base) or qlora (adapters over a 4-bit NF4 base)",

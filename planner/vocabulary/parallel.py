@@ -287,6 +287,12 @@ class Offload:
     """Layers of each pipeline stage whose saved activations are copied to the host in
     forward and back in backward, behind the next layer's compute (Megatron-LM's
     --cpu-offloading-num-layers); 0: none."""
+    offload_checkpoints: bool = False
+    """Under full recomputation, every layer's checkpointed input kept in host memory:
+    copied out as the forward makes it and back before the layer is recomputed, each copy
+    holding the GPU's stream and staged through pageable memory (DeepSpeed's
+    activation_checkpointing.cpu_checkpointing: checkpointing.py's blocking .cpu() and
+    .to(device) copies, through v0.18)."""
 
 
 @dataclass(frozen=True)
@@ -514,6 +520,10 @@ class ParallelConfig:
             # Megatron-Core's TransformerConfig.__post_init__ refuses both with CPU offloading.
             problems.append("offload_activation_layers needs one pipeline stage and no "
                             "recomputation")
+        if offload.offload_checkpoints and self.recomputation.recompute != "full":
+            # DeepSpeed offloads the inputs its checkpointed layers keep: no recomputation,
+            # no checkpoints (its checkpointing.py).
+            problems.append("offload_checkpoints needs full recomputation")
         if self.numerics.optimizer != "adam" and offload.offload_optimizer != "none":
             # bitsandbytes' optimizers step on the GPU; its paged one pages by itself.
             problems.append(f"optimizer {self.numerics.optimizer} steps on the GPU: "

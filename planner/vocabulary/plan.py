@@ -358,6 +358,9 @@ class RunSettings(_Model):
     offload_activation_layers: int = Field(
         default=0, ge=0, description="Layers per stage whose saved activations go to the "
         "host.")
+    offload_checkpoints: bool = Field(
+        default=False, description="Every layer's checkpointed input kept in host memory, "
+        "each copy blocking (DeepSpeed's cpu_checkpointing; full recomputation).")
     finetune: Finetune = Field(
         default="none", description="none (pre-training), full, lora or qlora.")
     lora_rank: int = Field(default=16, ge=1, description="The adapters' rank.")

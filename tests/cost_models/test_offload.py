@@ -17,6 +17,7 @@ from cost_models.offload import (
     nvme_bytes_per_s,
     offload_bytes,
     offload_time,
+    pageable_bytes_per_s,
     pcie_bytes_per_s,
 )
 from cost_models.step_time import predict_step
@@ -128,3 +129,30 @@ def test_a_job_smaller_than_a_host_shares_it_among_its_own_gpus() -> None:
     assert nvme_bytes_per_s(one) == pytest.approx((55.2e9, 32e9))
     assert cpu_adam_seconds(SHARD, one) == pytest.approx(
         SHARD * CPU_ADAM_BYTES / (563.2e9 * HOST_MEMORY_EFFICIENCY))
+
+
+def test_checkpoint_offload_blocks_on_pageable_copies_by_hand() -> None:
+    """DeepSpeed's cpu_checkpointing: every layer's checkpointed input out in forward and
+    back before its recomputation, each copy blocking and staged through pageable memory:
+    the host link (51.2 GB/s on the DGX H100) then the CPU's copy in the GPU's share of
+    host memory (563.2 GB/s x 0.5 / 8, read and written: 17.6 GB/s), in turn."""
+    model = zoo_config("llama3-8b", {"seq_length": 4096})
+    base = ParallelConfig.of(zero_stage=3, recompute="full", global_batch_size=32,
+                             micro_batch_size=2, engine="tessel")
+    kept = predict_step(model, H100, base)
+    moved = predict_step(model, H100, base.but(offload_checkpoints=True))
+    per_layer = 2 * 4096 * 4096 * 2  # a micro-batch's checkpointed input, 16 bits
+    rate = 1 / (1 / (64e9 * PCIE_EFFICIENCY) + 2 / (563.2e9 * HOST_MEMORY_EFFICIENCY / 8))
+    assert pageable_bytes_per_s(H100) == pytest.approx(rate)
+    micro_batches = 32 // (2 * 8)
+    assert moved.offload_s - kept.offload_s == pytest.approx(
+        micro_batches * 32 * 2 * per_layer / rate)
+    assert moved.pcie_gb_per_step == pytest.approx(micro_batches * 32 * 2 * per_layer / 1e9)
+    # On the GPU only the layer being recomputed keeps its input; the host holds the rest.
+    checkpoints = kept.memory_breakdown_gib["activations: checkpointed inputs"]
+    assert checkpoints == pytest.approx(32 * per_layer / 2**30)
+    assert moved.memory_breakdown_gib["activations: checkpointed inputs"] == pytest.approx(
+        checkpoints / 32)
+    assert moved.host_memory_gib_per_host == pytest.approx(8 * checkpoints, rel=0.01)
+    with pytest.raises(ValueError, match="offload_checkpoints needs full recomputation"):
+        ParallelConfig.of(offload_checkpoints=True).resolve(8)

@@ -182,6 +182,7 @@ def test_an_hf_deepseek_v3_is_planned_without_the_mtp_layer_transformers_does_no
     (["--zero-stage", "3", "--offload-optimizer", "cpu", "--offload-params", "cpu"],
      "--offload-optimizer and --offload-params"),
     (["--cpu-offloading-num-layers", "1"], "--cpu-offloading-num-layers"),
+    (["--recompute-granularity", "full", "--offload-checkpoints"], "--offload-checkpoints"),
 ])
 def test_offload_is_refused_by_plan_check_in_one_line(flags: list[str], named: str,
                                                       capsys) -> None:

@@ -79,3 +79,42 @@ def test_emit_deepspeed_refuses_degrees_it_cannot_run(capsys) -> None:
     said = capsys.readouterr()
     assert "--emit deepspeed runs data parallelism, ZeRO and Ulysses sequence parallelism, " \
         "not --tensor-model-parallel-size 8" in said.out + said.err
+
+
+AZURE_175B = ["gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "128", "--global-batch-size",
+              "2048", "--seq-length", "1024", "--micro-batch-size", "16", "--zero-stage", "3",
+              "--engine", "tessel", "--offload-optimizer", "cpu"]
+
+
+def test_deepspeeds_azure_recipe_offloads_its_checkpoints_and_deepspeed_accepts_it(
+        tmp_path: Path, monkeypatch, capsys) -> None:
+    """DeepSpeed's 175B recipe with cpu_checkpointing (its Azure post): the checkpointed
+    inputs leave the GPU for the host, their blocking copies cost time, and the config
+    carries activation_checkpointing.cpu_checkpointing."""
+    argv = [*AZURE_175B, "--recompute-granularity", "full", "--top", "1"]
+    assert main([*argv, "--json", str(tmp_path / "kept.json")]) == 0
+    assert main([*argv, "--offload-checkpoints", "--emit", "deepspeed", str(tmp_path),
+                 "--json", str(tmp_path / "plan.json")]) == 0
+    out = " ".join((capsys.readouterr().out).split())
+    assert "checkpoints: cpu" in out
+    kept = json.loads((tmp_path / "kept.json").read_text())["predicted"]
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    predicted = plan["predicted"]
+    assert plan["run"]["offload_checkpoints"] is True
+    checkpoints = "activations: checkpointed inputs"
+    assert predicted["memory_breakdown_gib"][checkpoints] == pytest.approx(
+        kept["memory_breakdown_gib"][checkpoints] / 96)
+    assert predicted["breakdown"]["offload_s"] > kept["breakdown"]["offload_s"] + 5
+    config = json.loads((tmp_path / "ds_config.json").read_text())
+    assert config["activation_checkpointing"] == {"partition_activations": False,
+                                                  "cpu_checkpointing": True}
+    checked = deepspeed_accepts(config, 128, monkeypatch)
+    assert checked.activation_checkpointing_config.cpu_checkpointing is True
+
+
+def test_checkpoint_offload_without_full_recomputation_is_one_line(capsys) -> None:
+    assert main([*AZURE_175B, "--offload-checkpoints"]) == 2
+    said = capsys.readouterr()
+    text = (said.out + said.err).strip()
+    assert text == ("error: --offload-checkpoints offloads the inputs full recomputation "
+                    "keeps; add --recompute-granularity full.")

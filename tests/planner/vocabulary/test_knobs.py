@@ -99,6 +99,7 @@ MEGATRON_CASES: dict[str, dict[str, Any]] = {
     "ddp_bucket_size": dict(ddp_bucket_size=10_000_000, overlap_grad_reduce=True),
     "optimizer_offload_fraction": dict(offload_optimizer="cpu", optimizer_offload_fraction=0.5),
     "offload_params": dict(zero_stage=3),
+    "offload_checkpoints": dict(zero_stage=3, recompute="full", engine="tessel"),
     "optimizer_in_backward": dict(engine="torchtitan", micro_batch_size=2),
 }
 TORCHTITAN_CASES: dict[str, dict[str, Any]] = {
@@ -267,6 +268,7 @@ def test_deepspeed_config_round_trips(name: str) -> None:
                                      ddp_bucket_size=10_000_000),
              "offload_optimizer": dict(zero_stage=1),
              "offload_params": dict(zero_stage=3),
+             "offload_checkpoints": dict(zero_stage=3, recompute="full"),
              "optimizer_offload_fraction": dict(zero_stage=3, offload_optimizer="cpu",
                                                 optimizer_offload_fraction=0.5)}
     config, gpus = configured(name, cases)
