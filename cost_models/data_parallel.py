@@ -2,10 +2,14 @@
 or reduce-scatter under ZeRO), the updated weights' all-gather, and ZeRO-3's gathers per
 micro-batch, each hidden where Megatron-LM's bucketed overlap runs it beside compute, or
 where FSDP2's per-block gathers and reduce-scatters run beside TorchTitan's blocks
-(`fsdp2_comm`).
+(`fsdp2_comm`); or, where ZeRO-3's offloaded gradients are copied to the host one bucket
+at a time (`offload_copies` blocking, DeepSpeed before v0.15.4), each bucket's
+reduce-scatter beside no compute (`deepspeed_buckets`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from cost_models import memory
 from cost_models.comm import group_collective_time
@@ -17,11 +21,40 @@ from planner.vocabulary.parallel import ParallelConfig
 # (megatron/core/distributed/distributed_data_parallel.py, bucket_size's default).
 DDP_BUCKET_PARAMETERS = 40_000_000
 DDP_BUCKET_PARAMETERS_PER_RANK = 1_000_000
+DEEPSPEED_REDUCE_BUCKET = 500_000_000
+"""DeepSpeed's zero_optimization.reduce_bucket_size default, in elements
+(deepspeed/runtime/zero/config.py)."""
+
+
+def deepspeed_buckets(gradients: Sequence[float], bucket: float) -> list[float]:
+    """The buckets ZeRO-3 reduces, in elements, as DeepSpeed's stage3.py fills them from
+    `gradients` in the order backward makes them (reduce_independent_p_g_buckets_and_remove_
+    grads): a gradient that would overflow a bucket already holding some has that bucket
+    reduced first, so one larger than `bucket` is reduced alone and the small ones between
+    two large ones together."""
+    buckets, filled = [], 0.0
+    for n in gradients:
+        if filled and filled + n > bucket:
+            buckets.append(filled)
+            filled = 0.0
+        filled += n
+    return buckets + [filled] if filled else buckets
+
+
+def blocking_reductions(parallel: ParallelConfig) -> bool:
+    """Whether ZeRO-3 reduces its gradients one bucket at a time beside no compute: each
+    reduced partition of an offloaded optimizer is copied to the host before the CPU goes
+    on (`offload_copies` blocking: stage3.py's __partition_grads copies with a blocking
+    copy_ on the reduction stream, which waited for the compute stream; DeepSpeed PR #6670,
+    v0.15.4, calls that copy the backward's bottleneck and makes it async)."""
+    return (parallel.offload.offload_copies == "blocking" and parallel.sharding.zero_stage == 3
+            and parallel.offload.offload_optimizer != "none")
 
 
 def data_parallel_comm(
     params: float, parallel: ParallelConfig, cluster: Cluster, kernels: Pass, layers: int,
     replayed: int, block_params: float | None = None, trained: float | None = None,
+    layer_gradients: Sequence[float] = (),
 ) -> float:
     """Exposed gradient reduction (and weight gathering) of a stage whose ranks hold
     `params` parameters, `layers` layers of `kernels` each (of `block_params` parameters;
@@ -29,7 +62,9 @@ def data_parallel_comm(
     overlap with the last backward (and the next forward) leaves exposed, or under
     TorchTitan's FSDP2 what its per-block overlap leaves (`fsdp2_comm`). `trained`: the
     parameters with gradients (default all; a LoRA stage's adapters), the only ones
-    reduced and, once updated, gathered; ZeRO-3 gathers every parameter each pass."""
+    reduced and, once updated, gathered; ZeRO-3 gathers every parameter each pass.
+    `layer_gradients`: one layer's gradients by tensor in the order backward makes them,
+    which blocking reductions bucket as DeepSpeed does (default: the layer as one)."""
     if parallel.execution.engine == "torchtitan" and parallel.sharding.zero_stage == 3:
         block = params / max(layers, 1) if block_params is None else block_params
         return fsdp2_comm(params, block, parallel, cluster, kernels, layers, replayed,
@@ -64,7 +99,23 @@ def data_parallel_comm(
             "all_gather", all_params * element.params, d, stride, cluster
         )
     slowdown = cluster.device.efficiency.overlap_slowdown
-    if parallel.overlap.overlap_grad_reduce:
+    if blocking_reductions(parallel):
+        # Each bucket's reduce-scatter waits for the compute before it and holds the CPU
+        # until its partition is on the host: the reductions run one after another, beside
+        # no compute, each paying its latency, in the training's 16 bits (stage3.py asserts
+        # a 16-bit communication_data_type). The root (embeddings, final norm and output)
+        # comes out of backward last.
+        layer = list(layer_gradients) or [params / max(layers, 1)]
+        root = max(params - layers * sum(layer), 0.0)
+        size = parallel.overlap.ddp_bucket_size or DEEPSPEED_REDUCE_BUCKET
+        forwards = reduce - reduced(params)  # each micro-batch's gathers, prefetched
+        reduce = sum(group_collective_time("reduce_scatter", n * element.params, d, stride,
+                                           cluster)
+                     for n in deepspeed_buckets(layer * layers + [root], size))
+        reduce += hidden(forwards, parallel.num_micro_batches * (
+            layers * kernels.forward + replayed * kernels.recompute),
+            gathered(all_params / max(layers, 1)), slowdown)
+    elif parallel.overlap.overlap_grad_reduce:
         # Buckets reduce as the last micro-batch's backward produces them.
         window = layers * kernels.backward + replayed * kernels.recompute
         reduce = hidden(reduce, window, reduced(bucket), slowdown)

@@ -29,12 +29,14 @@ What moves, per GPU and step, and what it waits for:
   back in backward, each behind the next layer's compute.
 - Checkpoint offload (DeepSpeed's activation_checkpointing.cpu_checkpointing): under full
   recomputation each layer's checkpointed input goes to the host in forward and comes back
-  before the layer is recomputed, each copy blocking (DeepSpeed's checkpointing.py copies
-  with `.cpu()` and `.to(device)`, on the compute stream, through v0.18; v0.6.2's
-  transport stream is created and never used). `.cpu()` lands in pageable memory, which
-  the CUDA driver stages through a pinned buffer of its own: the bytes cross the host link
-  into it, then the CPU copies them on (NVIDIA, "How to Optimize Data Transfers in CUDA
-  C/C++", 2012): `pageable_bytes_per_s`.
+  before the layer is recomputed. With async copies (DeepSpeed's offload engine of 2026,
+  PR #8282) each runs beside the next layer's compute, as activation offload does. With
+  blocking copies (`offload_copies`: checkpointing.py's `.cpu()` and `.to(device)` on the
+  compute stream, before that; v0.6.2's transport stream is created and never used) each
+  holds the stream, and `.cpu()` lands in pageable memory, which the CUDA driver stages
+  through a pinned buffer of its own: the bytes cross the host link into it, then the CPU
+  copies them on (NVIDIA, "How to Optimize Data Transfers in CUDA C/C++", 2012):
+  `pageable_bytes_per_s`.
 - Paged optimizer state (bitsandbytes' PagedAdamW8bit, `cost_models.eight_bit_adam`): the
   state in CUDA unified memory stays on the GPU while it fits beside torch's reserved
   pool; what does not is paged out to the host and back for every step, in line with the
@@ -104,8 +106,8 @@ class OffloadBytes:
     activation_layers: int = 0
     """Layers whose activations are offloaded."""
     blocking: bool = False
-    """Whether those copies hold the compute stream, staged through pageable memory
-    (checkpoint offload), rather than run beside the next layer's compute."""
+    """Whether the copies hold the compute stream (`offload_copies` blocking): the
+    activations' staged through pageable memory, the gradients' beside no backward."""
     nvme_read: float = 0.0
     """Optimizer-state bytes read from NVMe per step (parameters on NVMe are read as they
     are fetched: `nvme_bytes_read`)."""
@@ -267,7 +269,7 @@ def offload_bytes(state: StageState, parallel: ParallelConfig, in_flight: int) -
         host_bytes=host, nvme_bytes=nvme, cpu_parameters=shard, fetch_per_pass=fetch,
         fetches=fetches,
         activations_per_layer=state.activation_bytes_per_layer, activation_layers=layers,
-        blocking=offload.offload_checkpoints,
+        blocking=offload.offload_copies == "blocking",
         nvme_read=read, nvme_write=write, params_on_nvme=offload.offload_params == "nvme")
 
 
@@ -280,10 +282,10 @@ def offload_time(moved: OffloadBytes, parallel: ParallelConfig, cluster: Cluster
     pcie = pcie_bytes_per_s(cluster)
     optimizer = transfers = 0.0
     if moved.cpu_parameters:
-        # Gradients out during the last micro-batch's backward: what outlasts it waits;
-        # then the CPU's step and the weights' copy back.
+        # Gradients out during the last micro-batch's backward: what outlasts it waits (all
+        # of it where each copy blocks); then the CPU's step and the weights' copy back.
         copy = COPY_BYTES * moved.cpu_parameters / pcie
-        transfers += max(0.0, copy - backward_s)
+        transfers += copy if moved.blocking else max(0.0, copy - backward_s)
         optimizer += cpu_adam_seconds(moved.cpu_parameters, cluster) + copy
     if moved.paged_moved:
         optimizer += 2 * moved.paged_moved / pcie

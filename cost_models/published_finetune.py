@@ -34,8 +34,10 @@ config sets it, each setting citing where:
   optimizer's state and the activation checkpoints on the CPU, GPT-3 175B at 16 sequences
   of 1024 tokens per GPU on 1,024 A100, as its recipe runs it
   (Megatron-DeepSpeed's examples_deepspeed/azure/run-175b.sh: fp16, TP1 PP1, ZeRO-3 with
-  overlap_comm, --checkpoint-activations under --deepspeed-activation-checkpointing;
-  Megatron's own attention, a fused scale-mask-softmax: `attention_backend` local). Its
+  overlap_comm and reduce buckets of 9e7 elements, --checkpoint-activations under
+  --deepspeed-activation-checkpointing; Megatron's own attention, a fused
+  scale-mask-softmax: `attention_backend` local) on DeepSpeed 0.6.2, whose copies to the
+  host block (`offload_copies`: its reductions run one bucket at a time). Its
   TFLOP/s are the post's formula, 96 B s l h^2 (1 + s/6h + V/16lh): the recomputed
   forward counted, so it is compared with the executed TFLOP/s. The measurement is
   `AZURE_175B_TFLOPS`, the post's figure of the row's two batches, not its 150.
@@ -165,13 +167,31 @@ the two bars the row names are compared in its place; the rest judge how the pre
 moves with the batch a GPU and the GPUs (benchmarks/finetune_accuracy.py)."""
 
 
+RECIPE_REDUCE_BUCKET = 90_000_000
+"""The recipe's zero_optimization.reduce_bucket_size (run-175b.sh), in elements."""
+
+
+def azure_175b_figure5() -> list[FinetuneRun]:
+    """Figure 5's bars (`AZURE_175B_FIGURE5`) as runs of the row's recipe, held out."""
+    runs = []
+    for (seq, gpus), measured in AZURE_175B_FIGURE5.items():
+        model = zoo_config("gpt3-175b", {"seq_length": seq})
+        for i, value in enumerate(measured):
+            runs.append(FinetuneRun(
+                2, f"Figure 5: seq {seq}, {gpus} GPUs, {2**i}/GPU", model,
+                azure_175b_parallel(2**i, gpus), azure_ndm_a100_v4(gpus), memory_gib=None,
+                tokens_per_s=None, tflops_per_gpu=value, tflops_count="executed"))
+    return runs
+
+
 def azure_175b_parallel(per_gpu: int, gpus: int) -> ParallelConfig:
     """DeepSpeed's 175B recipe (this module's docstring) at `per_gpu` sequences a GPU, one
     micro-batch a step, on `gpus` GPUs."""
     return ParallelConfig.of(
         global_batch_size=per_gpu * gpus, micro_batch_size=per_gpu, recompute="full",
         zero_stage=3, engine="tessel", precision="fp16", attention_backend="local",
-        offload_optimizer="cpu", offload_checkpoints=True, overlap_grad_reduce=True)
+        offload_optimizer="cpu", offload_checkpoints=True, offload_copies="blocking",
+        overlap_grad_reduce=True, ddp_bucket_size=RECIPE_REDUCE_BUCKET)
 
 
 def _torchtune(finetune: str, layers: int) -> ParallelConfig:

@@ -100,6 +100,13 @@ def layer_parameter_layouts(model: TransformerConfig, kind: LayerKind) -> list[P
     return _layer(model, "layers.0", kind)
 
 
+def layer_gradients(model: TransformerConfig) -> tuple[float, ...]:
+    """The first layer's parameter tensors, in elements, in the order backward makes
+    their gradients: the forward's, reversed."""
+    params = layer_parameter_layouts(model, model.layer_kinds()[0])
+    return tuple(float(math.prod(p.shape)) for p in reversed(params))
+
+
 def _layer(
     model: TransformerConfig, prefix: str, kind: LayerKind, group: str | None = None,
 ) -> list[ParameterLayout]:

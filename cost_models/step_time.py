@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from cost_models.identity_memo import IdentityMemo
 from cost_models import engine_memory, memory
 from cost_models.comm import group_collective_time
-from cost_models.data_parallel import data_parallel_comm, hidden
+from cost_models.data_parallel import blocking_reductions, data_parallel_comm, hidden
 from cost_models.eight_bit_adam import STEP_BYTES, eight_bit, paged_bytes
 from cost_models.offload import (
     OffloadBytes,
@@ -56,6 +56,7 @@ from cost_models.model_flops import (
 )
 from cost_models.pipeline_timing import StagePhases, pipeline_time
 from cost_models.moe_dispatch import expert_split, host_sync, moe_layer_comm
+from cost_models.stage_parameters import layer_gradients
 from cost_models.saved_activations import activation_element_bytes as activation_bytes
 from cost_models.saved_activations import checkpoint_bytes, saved_per_layer
 from cost_models.pipeline_memory import (
@@ -452,7 +453,8 @@ def predict_stages(
     data_s = max(
         data_parallel_comm(params[i], local[i][0], on[i], local[i][1], stages[i].layers,
                            recomputed_layers(parallel, stages[i].layers),
-                           sum(layer_parameters(model, local[i][0])), trained[i])
+                           sum(layer_parameters(model, local[i][0])), trained[i],
+                           layer_gradients(model) if blocking_reductions(parallel) else ())
         for i in reductions.values()
     )
     step_bytes = STEP_BYTES if eight_bit(parallel) else ADAM_BYTES_PER_PARAMETER

@@ -44,6 +44,7 @@ from planner.vocabulary.parallel import (
     FP8_RECIPES,
     LORA_TARGETS,
     MOE_DISPATCHERS,
+    OFFLOAD_COPIES,
     OFFLOAD_TARGETS,
     OPTIMIZERS,
     PRECISIONS,
@@ -466,11 +467,17 @@ KNOBS: dict[str, Knob] = _knobs(
          megatron=_engine("--cpu-offloading-num-layers", "0: none")),
     Knob("offload_checkpoints", "run.offload_checkpoints", "bool",
          "with --recompute-granularity full: every layer's checkpointed input kept in host "
-         "memory, copied out in forward and back before its recomputation, each copy "
-         "blocking (DeepSpeed's cpu_checkpointing)",
+         "memory, copied out in forward and back before its recomputation (DeepSpeed's "
+         "cpu_checkpointing)",
          engines=("tessel",), cli=_flag("--offload-checkpoints"),
          deepspeed=_engine("activation_checkpointing.cpu_checkpointing",
                            "the model's blocks under deepspeed.checkpointing")),
+    Knob("offload_copies", "run.offload_copies", "str",
+         "how offload's copies to the host run: async (pinned, beside the compute) or "
+         "blocking, as DeepSpeed before v0.15.4 copies (ZeRO-3's reduced gradients one "
+         "bucket at a time, cpu_checkpointing's checkpoints through pageable memory)",
+         choices=OFFLOAD_COPIES, engines=("tessel",), memory=False,
+         cli=_flag("--offload-copies")),
     Knob("finetune", "run.finetune", "str",
          "none (pre-training), full (every weight fine-tuned), lora (rank-r adapters over "
          "a frozen 16-bit base) or qlora (adapters over a 4-bit NF4 base)",

@@ -35,6 +35,7 @@ Optimizer = Literal["adam", "adam8bit", "paged_adam8bit"]
 CudaGraphScope = Literal["full", "attn", "mlp", "moe", "moe_router", "moe_preprocess",
                          "full_iteration"]
 OffloadTarget = Literal["none", "cpu", "nvme"]
+OffloadCopies = Literal["async", "blocking"]
 Finetune = Literal["none", "full", "lora", "qlora"]
 LoraTarget = Literal["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
 
@@ -52,6 +53,7 @@ STATE_DTYPES: tuple[str, ...] = get_args(StateDtype)
 OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
 CUDA_GRAPH_SCOPES: tuple[str, ...] = get_args(CudaGraphScope)
 OFFLOAD_TARGETS: tuple[str, ...] = get_args(OffloadTarget)
+OFFLOAD_COPIES: tuple[str, ...] = get_args(OffloadCopies)
 FINETUNES: tuple[str, ...] = get_args(Finetune)
 LORA_TARGETS: tuple[str, ...] = get_args(LoraTarget)
 ADAPTER_FINETUNES: tuple[str, ...] = ("lora", "qlora")
@@ -289,10 +291,15 @@ class Offload:
     --cpu-offloading-num-layers); 0: none."""
     offload_checkpoints: bool = False
     """Under full recomputation, every layer's checkpointed input kept in host memory:
-    copied out as the forward makes it and back before the layer is recomputed, each copy
-    holding the GPU's stream and staged through pageable memory (DeepSpeed's
-    activation_checkpointing.cpu_checkpointing: checkpointing.py's blocking .cpu() and
-    .to(device) copies, through v0.18)."""
+    copied out as the forward makes it and back before the layer is recomputed (DeepSpeed's
+    activation_checkpointing.cpu_checkpointing)."""
+    offload_copies: OffloadCopies = "async"
+    """How offload's copies to the host run: async (into pinned buffers, beside the
+    compute) or blocking, as DeepSpeed before v0.15.4 copies: under ZeRO-3 each reduced
+    gradient partition goes to the host before the next bucket is reduced (stage3.py's
+    __partition_grads), so the reductions run one bucket at a time beside no compute; and
+    cpu_checkpointing's .cpu() and .to(device) hold the stream, staged through pageable
+    memory (checkpointing.py, until its async engine of 2026)."""
 
 
 @dataclass(frozen=True)
@@ -428,6 +435,7 @@ class ParallelConfig:
                               ("optimizer", OPTIMIZERS),
                               ("offload_optimizer", OFFLOAD_TARGETS),
                               ("offload_params", OFFLOAD_TARGETS),
+                              ("offload_copies", OFFLOAD_COPIES),
                               ("finetune", FINETUNES)):
             if self.knob(name) not in allowed:
                 problems.append(f"{name} must be one of {', '.join(allowed)}")

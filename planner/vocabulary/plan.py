@@ -39,6 +39,7 @@ from planner.vocabulary.parallel import (
     Fp8Recipe,
     LoraTarget,
     MoeDispatcher,
+    OffloadCopies,
     OffloadTarget,
     Optimizer,
     Precision,
@@ -359,8 +360,11 @@ class RunSettings(_Model):
         default=0, ge=0, description="Layers per stage whose saved activations go to the "
         "host.")
     offload_checkpoints: bool = Field(
-        default=False, description="Every layer's checkpointed input kept in host memory, "
-        "each copy blocking (DeepSpeed's cpu_checkpointing; full recomputation).")
+        default=False, description="Every layer's checkpointed input kept in host memory "
+        "(DeepSpeed's cpu_checkpointing; full recomputation).")
+    offload_copies: OffloadCopies = Field(
+        default="async", description="How offload's copies to the host run: async or "
+        "blocking (DeepSpeed before v0.15.4).")
     finetune: Finetune = Field(
         default="none", description="none (pre-training), full, lora or qlora.")
     lora_rank: int = Field(default=16, ge=1, description="The adapters' rank.")

@@ -133,12 +133,13 @@ def test_a_job_smaller_than_a_host_shares_it_among_its_own_gpus() -> None:
 
 def test_checkpoint_offload_blocks_on_pageable_copies_by_hand() -> None:
     """DeepSpeed's cpu_checkpointing: every layer's checkpointed input out in forward and
-    back before its recomputation, each copy blocking and staged through pageable memory:
+    back before its recomputation; with blocking copies (DeepSpeed until its 2026 offload
+    engine) each holds the stream, staged through pageable memory:
     the host link (51.2 GB/s on the DGX H100) then the CPU's copy in the GPU's share of
     host memory (563.2 GB/s x 0.5 / 8, read and written: 17.6 GB/s), in turn."""
     model = zoo_config("llama3-8b", {"seq_length": 4096})
     base = ParallelConfig.of(zero_stage=3, recompute="full", global_batch_size=32,
-                             micro_batch_size=2, engine="tessel")
+                             micro_batch_size=2, engine="tessel", offload_copies="blocking")
     kept = predict_step(model, H100, base)
     moved = predict_step(model, H100, base.but(offload_checkpoints=True))
     per_layer = 2 * 4096 * 4096 * 2  # a micro-batch's checkpointed input, 16 bits
@@ -154,5 +155,10 @@ def test_checkpoint_offload_blocks_on_pageable_copies_by_hand() -> None:
     assert moved.memory_breakdown_gib["activations: checkpointed inputs"] == pytest.approx(
         checkpoints / 32)
     assert moved.host_memory_gib_per_host == pytest.approx(8 * checkpoints, rel=0.01)
+    # Async (DeepSpeed's offload engine of 2026): pinned, each beside the next layer.
+    overlapped = predict_step(model, H100, base.but(offload_checkpoints=True,
+                                                    offload_copies="async"))
+    assert overlapped.offload_s == kept.offload_s == 0.0
+    assert overlapped.pcie_gb_per_step == pytest.approx(moved.pcie_gb_per_step)
     with pytest.raises(ValueError, match="offload_checkpoints needs full recomputation"):
         ParallelConfig.of(offload_checkpoints=True).resolve(8)

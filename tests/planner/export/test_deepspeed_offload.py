@@ -83,14 +83,16 @@ def test_emit_deepspeed_refuses_degrees_it_cannot_run(capsys) -> None:
 
 AZURE_175B = ["gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "128", "--global-batch-size",
               "2048", "--seq-length", "1024", "--micro-batch-size", "16", "--zero-stage", "3",
-              "--engine", "tessel", "--offload-optimizer", "cpu"]
+              "--engine", "tessel", "--offload-optimizer", "cpu", "--offload-copies",
+              "blocking"]
 
 
 def test_deepspeeds_azure_recipe_offloads_its_checkpoints_and_deepspeed_accepts_it(
         tmp_path: Path, monkeypatch, capsys) -> None:
-    """DeepSpeed's 175B recipe with cpu_checkpointing (its Azure post): the checkpointed
-    inputs leave the GPU for the host, their blocking copies cost time, and the config
-    carries activation_checkpointing.cpu_checkpointing."""
+    """DeepSpeed's 175B recipe with cpu_checkpointing, as its Azure post ran it on
+    DeepSpeed 0.6 (blocking copies): the checkpointed inputs leave the GPU for the host,
+    their copies cost time, and the config carries activation_checkpointing.cpu_
+    checkpointing."""
     argv = [*AZURE_175B, "--recompute-granularity", "full", "--top", "1"]
     assert main([*argv, "--json", str(tmp_path / "kept.json")]) == 0
     assert main([*argv, "--offload-checkpoints", "--emit", "deepspeed", str(tmp_path),

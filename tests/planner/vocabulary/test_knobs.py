@@ -100,6 +100,7 @@ MEGATRON_CASES: dict[str, dict[str, Any]] = {
     "optimizer_offload_fraction": dict(offload_optimizer="cpu", optimizer_offload_fraction=0.5),
     "offload_params": dict(zero_stage=3),
     "offload_checkpoints": dict(zero_stage=3, recompute="full", engine="tessel"),
+    "offload_copies": dict(offload_copies="blocking", engine="tessel"),
     "optimizer_in_backward": dict(engine="torchtitan", micro_batch_size=2),
 }
 TORCHTITAN_CASES: dict[str, dict[str, Any]] = {
