@@ -90,40 +90,50 @@ def data_parallel_comm(
 
     # ZeRO 1-3 reduce-scatter the gradients and all-gather the updated weights.
     reduce, gather = reduced(params), gathered(params) if parallel.sharding.zero_stage else 0.0
-    if parallel.sharding.zero_stage == 3:
-        # Weights gathered again for every micro-batch's forward, and once for the
-        # backward (FSDP2 keeps them gathered between micro-batches' backwards): m + 1
-        # gathers in all, as `cost_models.training_collectives` counts them. FSDP
-        # prefetches them beside the compute, as bucketed reduction does.
-        reduce += parallel.num_micro_batches * group_collective_time(
-            "all_gather", all_params * element.params, d, stride, cluster
-        )
+    # ZeRO-3 gathers the weights again for every micro-batch's forward, and once for the
+    # backward (FSDP2 keeps them gathered between micro-batches' backwards): m + 1 gathers
+    # in all, as `cost_models.training_collectives` counts them.
+    forwards = parallel.num_micro_batches * group_collective_time(
+        "all_gather", all_params * element.params, d, stride, cluster
+    ) if parallel.sharding.zero_stage == 3 else 0.0
     slowdown = cluster.device.efficiency.overlap_slowdown
     if blocking_reductions(parallel):
-        # Each bucket's reduce-scatter waits for the compute before it and holds the CPU
-        # until its partition is on the host: the reductions run one after another, beside
-        # no compute, each paying its latency, in the training's 16 bits (stage3.py asserts
-        # a 16-bit communication_data_type). The root (embeddings, final norm and output)
-        # comes out of backward last.
-        layer = list(layer_gradients) or [params / max(layers, 1)]
-        root = max(params - layers * sum(layer), 0.0)
-        size = parallel.overlap.ddp_bucket_size or DEEPSPEED_REDUCE_BUCKET
-        forwards = reduce - reduced(params)  # each micro-batch's gathers, prefetched
-        reduce = sum(group_collective_time("reduce_scatter", n * element.params, d, stride,
-                                           cluster)
-                     for n in deepspeed_buckets(layer * layers + [root], size))
-        reduce += hidden(forwards, parallel.num_micro_batches * (
-            layers * kernels.forward + replayed * kernels.recompute),
-            gathered(all_params / max(layers, 1)), slowdown)
+        # The forward's gathers are prefetched beside the forward (and the recomputation);
+        # the reductions run one bucket after another beside nothing.
+        window = parallel.num_micro_batches * (layers * kernels.forward
+                                               + replayed * kernels.recompute)
+        reduce = serial_reductions(params, layer_gradients, layers, parallel, cluster) \
+            + hidden(forwards, window, gathered(all_params / max(layers, 1)), slowdown)
     elif parallel.overlap.overlap_grad_reduce:
-        # Buckets reduce as the last micro-batch's backward produces them.
+        # Buckets reduce as the last micro-batch's backward produces them; FSDP prefetches
+        # ZeRO-3's gathers beside the compute, as bucketed reduction does.
         window = layers * kernels.backward + replayed * kernels.recompute
-        reduce = hidden(reduce, window, reduced(bucket), slowdown)
+        reduce = hidden(reduce + forwards, window, reduced(bucket), slowdown)
+    else:
+        reduce += forwards
     if parallel.overlap.overlap_param_gather or (parallel.overlap.overlap_grad_reduce
                                          and parallel.sharding.zero_stage == 3):
         # The updated weights are gathered bucket by bucket as the next forward needs them.
         gather = hidden(gather, layers * kernels.forward, gathered(bucket), slowdown)
     return reduce + gather
+
+
+def serial_reductions(params: float, layer_gradients: Sequence[float], layers: int,
+                      parallel: ParallelConfig, cluster: Cluster) -> float:
+    """ZeRO-3's gradient reduce-scatters under blocking copies (`blocking_reductions`):
+    each bucket's waits for the compute before it and holds the CPU until its partition is
+    on the host, so they run one after another, beside no compute, each paying its
+    latency, in the training's 16 bits (stage3.py asserts a 16-bit communication_data_
+    type). The buckets are DeepSpeed's (`deepspeed_buckets`) over `layers` layers of
+    `layer_gradients` (default: a layer as one tensor), the root (embeddings, final norm,
+    output) out of backward last; --ddp-bucket-size is DeepSpeed's reduce_bucket_size."""
+    layer = list(layer_gradients) or [params / max(layers, 1)]
+    root = max(params - layers * sum(layer), 0.0)
+    size = parallel.overlap.ddp_bucket_size or DEEPSPEED_REDUCE_BUCKET
+    element = memory.state_element_bytes(parallel.numerics.precision).params
+    d, stride = parallel.dims.data, parallel.dims.tensor * parallel.dims.context
+    return sum(group_collective_time("reduce_scatter", n * element, d, stride, cluster)
+               for n in deepspeed_buckets(layer * layers + [root], size))
 
 
 def hidden(seconds: float, window: float, tail: float, slowdown: float) -> float:

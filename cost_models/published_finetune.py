@@ -37,7 +37,9 @@ config sets it, each setting citing where:
   overlap_comm and reduce buckets of 9e7 elements, --checkpoint-activations under
   --deepspeed-activation-checkpointing; Megatron's own attention, a fused
   scale-mask-softmax: `attention_backend` local) on DeepSpeed 0.6.2, whose copies to the
-  host block (`offload_copies`: its reductions run one bucket at a time). Its
+  host block (`offload_copies`: its reductions run one bucket at a time). The recipe file
+  leaves offload off (its comments turn it on for larger models); the row and the post's
+  text say these runs kept the optimizer's state and the activations in host memory. Its
   TFLOP/s are the post's formula, 96 B s l h^2 (1 + s/6h + V/16lh): the recomputed
   forward counted, so it is compared with the executed TFLOP/s. The measurement is
   `AZURE_175B_TFLOPS`, the post's figure of the row's two batches, not its 150.
