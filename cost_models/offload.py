@@ -105,9 +105,6 @@ class OffloadBytes:
     per micro-batch."""
     activation_layers: int = 0
     """Layers whose activations are offloaded."""
-    blocking: bool = False
-    """Whether the copies hold the compute stream (`offload_copies` blocking): the
-    activations' staged through pageable memory, the gradients' beside no backward."""
     nvme_read: float = 0.0
     """Optimizer-state bytes read from NVMe per step (parameters on NVMe are read as they
     are fetched: `nvme_bytes_read`)."""
@@ -156,6 +153,14 @@ def offloads(parallel: ParallelConfig) -> bool:
     return (offload.offload_optimizer != "none" or offload.offload_params != "none"
             or offload.offload_activation_layers > 0 or offload.offload_checkpoints
             or paged(parallel))
+
+
+def offloaded_layers(parallel: ParallelConfig, layers: int) -> int:
+    """Layers of a stage of `layers` whose saved activations (or, under checkpoint
+    offload, checkpointed inputs) go to the host."""
+    offload = parallel.offload
+    return layers if offload.offload_checkpoints \
+        else min(offload.offload_activation_layers, layers)
 
 
 def optimizer_off_gpu(parallel: ParallelConfig) -> float:
@@ -259,8 +264,7 @@ def offload_bytes(state: StageState, parallel: ParallelConfig, in_flight: int) -
             write += fetch  # the updated weights, once a step
         else:
             host += fetch
-    layers = state.layers if offload.offload_checkpoints \
-        else min(offload.offload_activation_layers, state.layers)
+    layers = offloaded_layers(parallel, state.layers)
     host += layers * state.activation_bytes_per_layer * in_flight
     in_unified = state.optimizer_bytes if paged(parallel) else 0.0
     host += in_unified  # what backs it when it is paged out
@@ -269,7 +273,6 @@ def offload_bytes(state: StageState, parallel: ParallelConfig, in_flight: int) -
         host_bytes=host, nvme_bytes=nvme, cpu_parameters=shard, fetch_per_pass=fetch,
         fetches=fetches,
         activations_per_layer=state.activation_bytes_per_layer, activation_layers=layers,
-        blocking=offload.offload_copies == "blocking",
         nvme_read=read, nvme_write=write, params_on_nvme=offload.offload_params == "nvme")
 
 
@@ -280,12 +283,13 @@ def offload_time(moved: OffloadBytes, parallel: ParallelConfig, cluster: Cluster
     are its stage's compute per micro-batch over its `layers` layers, what prefetches and
     copies hide behind."""
     pcie = pcie_bytes_per_s(cluster)
+    blocking = parallel.offload.offload_copies == "blocking"
     optimizer = transfers = 0.0
     if moved.cpu_parameters:
         # Gradients out during the last micro-batch's backward: what outlasts it waits (all
         # of it where each copy blocks); then the CPU's step and the weights' copy back.
         copy = COPY_BYTES * moved.cpu_parameters / pcie
-        transfers += copy if moved.blocking else max(0.0, copy - backward_s)
+        transfers += copy if blocking else max(0.0, copy - backward_s)
         optimizer += cpu_adam_seconds(moved.cpu_parameters, cluster) + copy
     if moved.paged_moved:
         optimizer += 2 * moved.paged_moved / pcie
@@ -301,7 +305,7 @@ def offload_time(moved: OffloadBytes, parallel: ParallelConfig, cluster: Cluster
         forwards = moved.fetches - 1
         transfers += micro_batches * (forwards * max(0.0, fetch - forward_s)
                                       + max(0.0, fetch - backward_s))
-    if moved.activation_layers and moved.blocking:
+    if moved.activation_layers and blocking:
         # Each checkpoint out in forward and back before its recomputation, nothing beside.
         transfers += micro_batches * moved.activation_layers * 2 \
             * moved.activations_per_layer / pageable_bytes_per_s(cluster)

@@ -325,8 +325,7 @@ def _offloaded(
         weights = 0.0
         if parallel.execution.engine != "torchtitan":
             gathered += 2 * state.weights * shards / max(layers, 1)
-    offloaded = layers if config.offload_checkpoints \
-        else min(config.offload_activation_layers, layers)
+    offloaded = offload.offloaded_layers(parallel, layers)
     if offloaded:
         # The offloaded layers' activations leave but for one layer's staging buffer.
         share = 1 - (offloaded - 1) / layers if offloaded < layers else 1 / layers

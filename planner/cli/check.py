@@ -126,16 +126,14 @@ def run_training_check(args: argparse.Namespace, cluster: AnyCluster) -> int:
             "and their collectives are QLoRA's)"
         )
     offloaded = [flag for flag, dest in (("--offload-optimizer", "offload_optimizer"),
-                                         ("--offload-params", "offload_params"))
-                 if getattr(args, dest, None) not in (None, "none")]
-    offloaded += [flag for flag, dest in (("--cpu-offloading-num-layers",
-                                           "offload_activation_layers"),
-                                          ("--offload-checkpoints", "offload_checkpoints"))
-                  if getattr(args, dest, None)]
+                                         ("--offload-params", "offload_params"),
+                                         ("--cpu-offloading-num-layers",
+                                          "offload_activation_layers"),
+                                         ("--offload-checkpoints", "offload_checkpoints"))
+                 if getattr(args, dest, None) not in (None, "none", 0, False)]
     if offloaded:
-        flags = offloaded
         raise UsageError(
-            f"{' and '.join(flags)}: plan check trains on CPU ranks, whose tensors are all in "
+            f"{' and '.join(offloaded)}: plan check trains on CPU ranks, whose tensors are all in "
             "host memory already, so offload has nothing to move; check the plan without "
             "it (what offload moves is priced, not run: tests/cost_models/test_offload.py)"
         )
